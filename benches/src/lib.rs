@@ -1,0 +1,1 @@
+//! Shared helpers for the floodgate benchmark suites.

@@ -1,0 +1,213 @@
+//! The pure-transition contract and the two cells that drive it.
+//!
+//! An [`Algorithm`] is a pure function from `(state, now, cost)` to a [`Decision`] and
+//! the state to write (`None`: nothing to write — a denial, a peek, cost 0). Its state
+//! is a `Copy` word of 8 bytes whose all-zero value means "fresh". Two drivers run any
+//! algorithm:
+//!
+//! * [`AtomicCell`]: the state in one cache-padded atomic word, updated by a
+//!   `compare_exchange_weak` loop — lock-free;
+//! * [`LockedCell`]: the same transition under a `Mutex` — the mutex twin, the
+//!   apples-to-apples baseline for benchmarks and an oracle for tests.
+//!
+//! # Memory ordering
+//!
+//! The state word publishes nothing but itself, so every access is `Relaxed`: all
+//! read-modify-writes of one location are totally ordered (its modification order),
+//! and a CAS only succeeds against the latest value, so no update is lost. A `Relaxed`
+//! load may return an older value; with it the transition either writes (and the CAS
+//! then fails and retries with the current value) or denies. A denial from an older
+//! state is still correct because every transition is monotone: a newer state is never
+//! more permissive than an older one at the same `now`.
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::sync::{lock, Atomic, Mutex, Ordering};
+
+/// A rate-limiting algorithm as a pure transition over a packed 64-bit state.
+///
+/// The all-zero state (`bytemuck::Zeroable::zeroed()`) is the fresh state of a key
+/// that has seen no traffic.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Algorithm, Gcra, Nanos, Policy};
+///
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let fresh = floodgate::GcraState::default();
+/// let (decision, next) = gcra.decide(fresh, Nanos::from_secs(10), 1);
+/// assert!(decision.is_allowed());
+/// let (denied, nothing) = gcra.decide(next.unwrap(), Nanos::from_secs(10), 1);
+/// assert!(!denied.is_allowed());
+/// assert!(nothing.is_none()); // a denial writes nothing
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait Algorithm: Send + Sync {
+    /// The packed state: 8 bytes of plain old data, zero = fresh.
+    type State: bytemuck::Pod + PartialEq + core::fmt::Debug + Send + Sync;
+
+    /// Decides a request of `cost` units at `now` against `state`.
+    ///
+    /// Returns the decision and the state to store, or `None` when nothing changes
+    /// (a denial, cost 0). Must be pure, must not panic for any input, and must be
+    /// monotone: a state it returns is never more permissive than `state`.
+    fn decide(&self, state: Self::State, now: Nanos, cost: u32) -> (Decision, Option<Self::State>);
+
+    /// Whether `state` at `now` is indistinguishable from a fresh state, so that
+    /// forgetting it loses nothing.
+    fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
+}
+
+/// Runs one decision on an atomic word: the crate's only `compare_exchange`.
+///
+/// One clock reading (`now`) serves every retry. A failed CAS hands back the current
+/// value, which the next round reuses instead of reloading; `Backoff::spin` runs only
+/// after a failure, so the uncontended path never spins.
+#[inline(always)]
+pub(crate) fn decide_on<A: Algorithm + ?Sized>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    now: Nanos,
+    cost: u32,
+) -> Decision {
+    // Relaxed: see the module docs; the word publishes nothing but itself.
+    let mut current = word.load(Ordering::Relaxed);
+    let backoff = Backoff::new();
+    loop {
+        let (decision, next) = algorithm.decide(current, now, cost);
+        let Some(next) = next else {
+            return decision;
+        };
+        match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return decision,
+            Err(actual) => {
+                current = actual;
+                backoff.spin();
+            }
+        }
+    }
+}
+
+/// Where a limiter keeps its state: an [`AtomicCell`] or its mutex twin [`LockedCell`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{AtomicCell, Gcra, LockedCell, Nanos, Policy, StateCell};
+///
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let a = AtomicCell::fresh();
+/// let l = LockedCell::fresh();
+/// let now = Nanos::from_secs(1);
+/// assert_eq!(a.apply(&gcra, now, 1), l.apply(&gcra, now, 1));
+/// assert_eq!(a.load(), l.load());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait StateCell<S>: Send + Sync {
+    /// A cell holding the fresh (all-zero) state.
+    fn fresh() -> Self;
+    /// The current state.
+    fn load(&self) -> S;
+    /// Overwrites the state (used when a policy changes or a test sets a state up).
+    fn store(&self, state: S);
+    /// Decides and, when the transition says so, writes the new state.
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision;
+}
+
+/// The lock-free cell: one cache-padded atomic word.
+///
+/// `CachePadded` keeps the word alone on its cache line (128 bytes on x86_64), so a
+/// hot limiter never false-shares with its neighbours.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{AtomicCell, Gcra, Nanos, Policy, StateCell};
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let cell = AtomicCell::fresh();
+/// assert!(cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// assert!(!cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub struct AtomicCell<S> {
+    word: CachePadded<Atomic<S>>,
+}
+
+impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
+    fn fresh() -> Self {
+        AtomicCell {
+            word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
+        }
+    }
+
+    #[inline]
+    fn load(&self) -> S {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    fn store(&self, state: S) {
+        self.word.store(state, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
+        decide_on(algorithm, &self.word, now, cost)
+    }
+}
+
+impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for AtomicCell<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("AtomicCell").field(&self.load()).finish()
+    }
+}
+
+/// The mutex twin: the same transition behind a `std::sync::Mutex`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, LockedCell, Nanos, Policy, StateCell};
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let cell = LockedCell::fresh();
+/// assert!(cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// assert!(!cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub struct LockedCell<S> {
+    state: CachePadded<Mutex<S>>,
+}
+
+impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
+    fn fresh() -> Self {
+        LockedCell {
+            state: CachePadded::new(Mutex::new(bytemuck::Zeroable::zeroed())),
+        }
+    }
+
+    fn load(&self) -> S {
+        *lock(&self.state)
+    }
+
+    fn store(&self, state: S) {
+        *lock(&self.state) = state;
+    }
+
+    #[inline]
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
+        let mut guard = lock(&self.state);
+        let (decision, next) = algorithm.decide(*guard, now, cost);
+        if let Some(next) = next {
+            *guard = next;
+        }
+        decision
+    }
+}
+
+impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for LockedCell<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("LockedCell").field(&self.load()).finish()
+    }
+}

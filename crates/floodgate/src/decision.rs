@@ -1,0 +1,258 @@
+//! [`Decision`]: the one answer every algorithm and backend gives.
+
+use core::fmt;
+use core::time::Duration;
+
+/// `retry_after` when the cost exceeds the capacity.
+const NEVER: u64 = u64::MAX;
+
+/// The outcome of one request: allowed or not, and the numbers a client needs.
+///
+/// * `allowed` — [`is_allowed`](Decision::is_allowed)
+/// * `limit` — the capacity (GCRA: burst `B`; windows and log: `L`)
+/// * `remaining` — whole units that could still be admitted now (after this request
+///   if it was admitted), in `[0, limit]`
+/// * `reset_after` — until the limiter is back to its fresh state with no more traffic
+/// * `retry_after` — zero when allowed; when denied, the earliest wait after which the
+///   same request would be admitted if nothing else happened; `None` ("never") when
+///   the cost exceeds the capacity
+///
+/// `remaining` is derived lazily (a division), so a caller that reads only
+/// `is_allowed` pays for none of it. HTTP headers, CLI output and Redis replies are all
+/// rendered from this type.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Decision, ManualClock, Policy, RateLimiter};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(2)?, clock.clone());
+/// assert!(limiter.check().is_allowed());
+/// let d = limiter.check();
+/// assert!(d.is_allowed());
+/// assert_eq!(d.remaining(), 0);
+/// let d = limiter.check();
+/// assert!(!d.is_allowed());
+/// assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[must_use = "a rate-limit decision that is not looked at admits everything"]
+#[derive(Clone, Copy)]
+pub struct Decision {
+    allowed: bool,
+    limit: u64,
+    /// `remaining = min(headroom / unit, limit)`; GCRA stores nanoseconds of headroom
+    /// and `T`, the windows store the count itself and 1.
+    headroom: u64,
+    unit: u64,
+    reset_after: u64,
+    retry_after: u64,
+}
+
+impl Decision {
+    /// A decision from its parts, as a backend (Redis, a replay) reports it.
+    ///
+    /// `remaining` is clamped to `[0, limit]`; `retry_after` is forced to zero when
+    /// `allowed`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use std::time::Duration;
+    /// let d = Decision::new(false, 10, 99, Duration::from_secs(3), Some(Duration::from_secs(1)));
+    /// assert_eq!(d.remaining(), 10);
+    /// assert_eq!(d.retry_after(), Some(Duration::from_secs(1)));
+    /// ```
+    pub fn new(
+        allowed: bool,
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        retry_after: Option<Duration>,
+    ) -> Decision {
+        let retry_after = match (allowed, retry_after) {
+            (true, _) => 0,
+            (false, None) => NEVER,
+            (false, Some(d)) => crate::Nanos::from_duration(d).as_u64().min(NEVER - 1),
+        };
+        Decision {
+            allowed,
+            limit,
+            headroom: remaining.min(limit),
+            unit: 1,
+            reset_after: crate::Nanos::from_duration(reset_after).as_u64(),
+            retry_after,
+        }
+    }
+
+    /// An admission; `remaining` is `headroom / unit`.
+    #[inline(always)]
+    pub(crate) fn allow(limit: u64, headroom: u64, unit: u64, reset_after: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit,
+            headroom,
+            unit,
+            reset_after,
+            retry_after: 0,
+        }
+    }
+
+    /// A denial that could succeed after `retry_after` ns.
+    #[inline(always)]
+    pub(crate) fn deny(
+        limit: u64,
+        headroom: u64,
+        unit: u64,
+        reset_after: u64,
+        retry_after: u64,
+    ) -> Decision {
+        Decision {
+            allowed: false,
+            limit,
+            headroom,
+            unit,
+            reset_after,
+            retry_after: retry_after.min(NEVER - 1),
+        }
+    }
+
+    /// A denial that can never succeed: the cost exceeds the capacity.
+    #[inline(always)]
+    pub(crate) fn never(limit: u64, headroom: u64, unit: u64, reset_after: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit,
+            headroom,
+            unit,
+            reset_after,
+            retry_after: NEVER,
+        }
+    }
+
+    /// Whether the request was admitted (and, for a check, consumed).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let d = floodgate::Decision::new(true, 1, 0, Default::default(), None);
+    /// assert!(d.is_allowed());
+    /// ```
+    #[inline]
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The capacity: GCRA's burst `B`, a window's limit `L`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let d = floodgate::Decision::new(true, 7, 0, Default::default(), None);
+    /// assert_eq!(d.limit(), 7);
+    /// ```
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Whole units that could still be admitted now, in `[0, limit]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let d = floodgate::Decision::new(true, 7, 3, Default::default(), None);
+    /// assert_eq!(d.remaining(), 3);
+    /// ```
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        (self.headroom / self.unit).min(self.limit)
+    }
+
+    /// Until the limiter would be back to its fresh state with no more traffic.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let d = floodgate::Decision::new(true, 7, 3, Duration::from_secs(2), None);
+    /// assert_eq!(d.reset_after(), Duration::from_secs(2));
+    /// ```
+    #[inline]
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+
+    /// [`reset_after`](Decision::reset_after) in nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let d = floodgate::Decision::new(true, 7, 3, Duration::from_secs(2), None);
+    /// assert_eq!(d.reset_after_nanos(), 2_000_000_000);
+    /// ```
+    #[inline]
+    pub fn reset_after_nanos(&self) -> u64 {
+        self.reset_after
+    }
+
+    /// Zero when allowed; the earliest wait after which the same request would be
+    /// admitted if nothing else happened; `None` when it never can (cost > capacity).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let d = floodgate::Decision::new(false, 7, 0, Duration::ZERO, None);
+    /// assert_eq!(d.retry_after(), None);
+    /// let d = floodgate::Decision::new(true, 7, 0, Duration::ZERO, None);
+    /// assert_eq!(d.retry_after(), Some(Duration::ZERO));
+    /// ```
+    #[inline]
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after_nanos().map(Duration::from_nanos)
+    }
+
+    /// [`retry_after`](Decision::retry_after) in nanoseconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let d = floodgate::Decision::new(false, 7, 0, Duration::ZERO, Some(Duration::from_nanos(5)));
+    /// assert_eq!(d.retry_after_nanos(), Some(5));
+    /// ```
+    #[inline]
+    pub fn retry_after_nanos(&self) -> Option<u64> {
+        (self.retry_after != NEVER).then_some(self.retry_after)
+    }
+}
+
+/// Equal when every observable number is equal (`remaining` compared as derived).
+impl PartialEq for Decision {
+    fn eq(&self, other: &Decision) -> bool {
+        self.allowed == other.allowed
+            && self.limit == other.limit
+            && self.remaining() == other.remaining()
+            && self.reset_after == other.reset_after
+            && self.retry_after == other.retry_after
+    }
+}
+
+impl Eq for Decision {}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("allowed", &self.allowed)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining())
+            .field("reset_after", &self.reset_after())
+            .field("retry_after", &self.retry_after())
+            .finish()
+    }
+}

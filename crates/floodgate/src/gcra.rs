@@ -1,0 +1,462 @@
+//! GCRA — the generic cell rate algorithm — and the two buckets that are the same
+//! machine: [`TokenBucket`] and [`LeakyBucket`] (as a meter).
+//!
+//! # Semantics
+//!
+//! With `T = ⌈P/L⌉` ns and capacity `B`, the state is the theoretical arrival time
+//! `TAT` (zero: fresh). For a request of cost `n` at `now`, with `τ = B·T`:
+//!
+//! ```text
+//! tat     = max(TAT, now)
+//! new_tat = tat + n·T
+//! n > B                  → deny, retry_after = never
+//! new_tat ≤ now + τ      → allow, TAT = new_tat,
+//!                          remaining = ⌊(now + τ − new_tat)/T⌋, reset_after = new_tat − now
+//! otherwise              → deny, retry_after = new_tat − (now + τ), reset_after = tat − now,
+//!                          remaining = ⌊(now + τ − tat)/T⌋ clamped to [0, B]
+//! ```
+//!
+//! Cost 0 is always allowed and writes nothing. The code works on the offset
+//! `tat − now ≥ 0`, so no comparison needs a negative number and nothing overflows:
+//! `n·T ≤ B·T ≤ 2^62` is guaranteed by [`Policy`]. The one bound left is the end of
+//! time: a request whose new `TAT` would pass `u64::MAX` ns (the year 2554 for the
+//! Unix-epoch clocks) is denied with "never" — stricter, never looser.
+//!
+//! # Token bucket and leaky bucket are GCRA
+//!
+//! A token bucket of capacity `B` refilled with `L` tokens per `P` holds
+//! `tokens = (now + τ − TAT)/T` (capped at `B`) at any instant; taking `n` tokens is
+//! moving `TAT` by `n·T`. A leaky bucket (meter) of capacity `B` draining `L` per `P`
+//! holds `level = B − tokens`. All three admit exactly the same requests; the only
+//! difference from the textbook versions is that time and tokens are exact integers
+//! instead of `f64` (see [`reference`](crate::reference), which tests this).
+
+use crate::algorithm::Algorithm;
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::{Policy, PolicyError};
+use core::time::Duration;
+
+/// The GCRA transition for one [`Policy`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(10)?.with_burst(2)?, clock.clone());
+/// assert!(limiter.check().is_allowed());
+/// assert!(limiter.check().is_allowed());
+/// let denied = limiter.check();
+/// assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
+/// clock.advance(Duration::from_millis(100));
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Gcra {
+    /// `T`, ns.
+    interval: u64,
+    /// `τ = B·T`, ns.
+    tau: u64,
+    /// `B`.
+    burst: u64,
+    policy: Policy,
+}
+
+/// GCRA's packed state: the theoretical arrival time (`TAT`); zero is fresh.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{GcraState, Nanos};
+/// assert_eq!(GcraState::default().tat(), Nanos::ZERO);
+/// assert_eq!(GcraState::from_tat(Nanos::new(5)).tat(), Nanos::new(5));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct GcraState {
+    tat: Nanos,
+}
+
+impl GcraState {
+    /// A state with the given theoretical arrival time.
+    pub const fn from_tat(tat: Nanos) -> GcraState {
+        GcraState { tat }
+    }
+
+    /// The theoretical arrival time (zero for a fresh state).
+    pub const fn tat(self) -> Nanos {
+        self.tat
+    }
+}
+
+impl Gcra {
+    /// GCRA for `policy`: `T = ⌈P/L⌉`, capacity `B = policy.burst()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let g = floodgate::Gcra::new(floodgate::Policy::per_second(4)?);
+    /// assert_eq!(g.policy().burst(), 4);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub const fn new(policy: Policy) -> Gcra {
+        let interval = policy.interval_nanos();
+        let burst = policy.burst();
+        // Cannot overflow: Policy guarantees B·T ≤ 2^62.
+        Gcra {
+            interval,
+            tau: burst * interval,
+            burst,
+            policy,
+        }
+    }
+
+    /// The policy this transition enforces.
+    pub const fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    #[inline(always)]
+    fn headroom(&self, offset: u64) -> u64 {
+        self.tau.saturating_sub(offset)
+    }
+}
+
+impl Algorithm for Gcra {
+    type State = GcraState;
+
+    #[inline(always)]
+    fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
+        let now = now.as_u64();
+        let tat = state.tat.as_u64().max(now);
+        // tat − now: how far ahead of `now` the bucket is booked.
+        let offset = tat - now;
+        let n = u64::from(cost);
+        if n > self.burst {
+            let headroom = self.headroom(offset);
+            return (
+                Decision::never(self.burst, headroom, self.interval, offset),
+                None,
+            );
+        }
+        if n == 0 {
+            let headroom = self.headroom(offset);
+            return (
+                Decision::allow(self.burst, headroom, self.interval, offset),
+                None,
+            );
+        }
+        // n ≤ B, so n·T ≤ B·T = τ ≤ 2^62: neither line overflows.
+        let increment = n * self.interval;
+        let slack = self.tau - increment;
+        // new_tat ≤ now + τ  ⇔  offset + n·T ≤ τ  ⇔  offset ≤ τ − n·T
+        if offset <= slack {
+            let reset_after = offset + increment;
+            let decision = Decision::allow(self.burst, slack - offset, self.interval, reset_after);
+            match tat.checked_add(increment) {
+                Some(new_tat) => (
+                    decision,
+                    Some(GcraState {
+                        tat: Nanos::new(new_tat),
+                    }),
+                ),
+                // The new TAT would pass u64::MAX ns: since TAT ≥ now only grows, this
+                // request can never be represented — deny it for good (stricter, not looser).
+                None => {
+                    let headroom = self.headroom(offset);
+                    (
+                        Decision::never(self.burst, headroom, self.interval, offset),
+                        None,
+                    )
+                }
+            }
+        } else {
+            // retry = new_tat − (now + τ) = offset + n·T − τ = offset − slack > 0
+            let headroom = self.headroom(offset);
+            let retry = offset - slack;
+            (
+                Decision::deny(self.burst, headroom, self.interval, offset, retry),
+                None,
+            )
+        }
+    }
+
+    #[inline]
+    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
+        state.tat <= now
+    }
+}
+
+/// A token bucket — capacity `B`, refilled with `L` tokens per `P` — built as [`Gcra`].
+///
+/// It is the same machine: see the [module docs](crate::gcra) for the equivalence,
+/// and `tests/buckets.rs` for the test against the textbook `f64` bucket.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, RateLimiter, TokenBucket};
+/// use std::time::Duration;
+///
+/// // 5 tokens, one more every 200 ms.
+/// let bucket = TokenBucket::new(5, 1, Duration::from_millis(200))?;
+/// let limiter = RateLimiter::with_clock(bucket, ManualClock::new());
+/// assert!(limiter.check_n(5).is_allowed());
+/// assert!(!limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Debug)]
+pub struct TokenBucket {
+    _private: (),
+}
+
+impl TokenBucket {
+    /// A bucket of `capacity` tokens that gains `refill` tokens every `every`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = refill` and
+    /// `burst = capacity`.
+    pub fn new(capacity: u64, refill: u64, every: Duration) -> Result<Gcra, PolicyError> {
+        Ok(Gcra::new(Policy::new(refill, every)?.with_burst(capacity)?))
+    }
+}
+
+/// A leaky bucket used as a meter — capacity `B`, draining `L` units per `P`; a request
+/// fits if the level plus its cost stays within `B` — built as [`Gcra`].
+///
+/// For the leaky bucket as a *queue* (requests wait for their slot), see the
+/// reservations of the shaping module once it lands.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{LeakyBucket, ManualClock, RateLimiter};
+/// use std::time::Duration;
+///
+/// // Holds 3, leaks 1 per second.
+/// let meter = LeakyBucket::meter(3, 1, Duration::from_secs(1))?;
+/// let clock = ManualClock::new();
+/// let limiter = RateLimiter::with_clock(meter, clock.clone());
+/// assert!(limiter.check_n(3).is_allowed());
+/// assert!(!limiter.check().is_allowed());
+/// clock.advance(Duration::from_secs(1));
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Debug)]
+pub struct LeakyBucket {
+    _private: (),
+}
+
+impl LeakyBucket {
+    /// A meter of `capacity` units that drains `leak` units every `every`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = leak` and
+    /// `burst = capacity`.
+    pub fn meter(capacity: u64, leak: u64, every: Duration) -> Result<Gcra, PolicyError> {
+        Ok(Gcra::new(Policy::new(leak, every)?.with_burst(capacity)?))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn gcra(limit: u64, period: Duration, burst: u64) -> Gcra {
+        Gcra::new(
+            Policy::new(limit, period)
+                .unwrap()
+                .with_burst(burst)
+                .unwrap(),
+        )
+    }
+
+    /// Runs a sequence of (now, cost) on a fresh state; returns decisions and the state.
+    fn run(g: &Gcra, steps: &[(u64, u32)]) -> (Vec<Decision>, GcraState) {
+        let mut s = GcraState::default();
+        let mut out = Vec::new();
+        for &(now, cost) in steps {
+            let (d, next) = g.decide(s, Nanos::new(now), cost);
+            if let Some(next) = next {
+                s = next;
+            }
+            out.push(d);
+        }
+        (out, s)
+    }
+
+    #[test]
+    fn fresh_key_admits_burst_at_once_then_denies_with_retry_t() {
+        let g = gcra(10, Duration::from_secs(1), 3);
+        let now = 50 * S;
+        let (ds, s) = run(&g, &[(now, 1), (now, 1), (now, 1), (now, 1)]);
+        for (i, d) in ds[..3].iter().enumerate() {
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 2 - i as u64);
+            assert_eq!(d.reset_after_nanos(), (i as u64 + 1) * S / 10);
+            assert_eq!(d.retry_after_nanos(), Some(0));
+        }
+        let denied = ds[3];
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.retry_after_nanos(), Some(S / 10));
+        assert_eq!(denied.remaining(), 0);
+        assert_eq!(denied.reset_after_nanos(), 3 * S / 10);
+        assert_eq!(denied.limit(), 3);
+        assert_eq!(s.tat(), Nanos::new(now + 3 * S / 10));
+    }
+
+    #[test]
+    fn cost_above_burst_is_never_and_writes_nothing() {
+        let g = gcra(10, Duration::from_secs(1), 3);
+        let (d, next) = g.decide(GcraState::default(), Nanos::new(S), 4);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), None);
+        assert_eq!(d.remaining(), 3);
+        assert!(next.is_none());
+        let (d, _) = g.decide(GcraState::default(), Nanos::new(S), u32::MAX);
+        assert_eq!(d.retry_after(), None);
+    }
+
+    #[test]
+    fn cost_zero_reports_and_writes_nothing() {
+        let g = gcra(10, Duration::from_secs(1), 3);
+        let s = GcraState::from_tat(Nanos::new(S + 2 * S / 10));
+        let (d, next) = g.decide(s, Nanos::new(S), 0);
+        assert!(d.is_allowed());
+        assert!(next.is_none());
+        assert_eq!(d.remaining(), 1);
+        assert_eq!(d.reset_after_nanos(), 2 * S / 10);
+        // Even when the bucket is over-full (e.g. after a policy shrank), cost 0 is allowed.
+        let over = GcraState::from_tat(Nanos::new(S + 10 * S));
+        let (d, next) = g.decide(over, Nanos::new(S), 0);
+        assert!(d.is_allowed() && next.is_none());
+        assert_eq!(d.remaining(), 0);
+    }
+
+    #[test]
+    fn denial_changes_nothing_and_retry_is_exact() {
+        let g = gcra(1, Duration::from_secs(3), 1);
+        let (ds, s) = run(
+            &g,
+            &[
+                (10 * S, 1),
+                (11 * S, 1),
+                (12 * S + 999_999_999, 1),
+                (13 * S, 1),
+            ],
+        );
+        assert!(ds[0].is_allowed());
+        assert_eq!(ds[1].retry_after_nanos(), Some(2 * S));
+        assert_eq!(ds[2].retry_after_nanos(), Some(1));
+        assert!(ds[3].is_allowed());
+        assert_eq!(s.tat(), Nanos::new(16 * S));
+    }
+
+    #[test]
+    fn cost_n_retry_after_counts_the_whole_cost() {
+        let g = gcra(10, Duration::from_secs(1), 10);
+        let (ds, _) = run(&g, &[(0, 8), (0, 5)]);
+        assert!(ds[0].is_allowed());
+        assert_eq!(ds[0].remaining(), 2);
+        assert!(!ds[1].is_allowed());
+        // Needs 5 units, has 2: wait 3·T.
+        assert_eq!(ds[1].retry_after_nanos(), Some(3 * S / 10));
+    }
+
+    #[test]
+    fn an_earlier_reading_never_moves_the_state_back() {
+        let g = gcra(1, Duration::from_secs(1), 2);
+        let (_, s) = run(&g, &[(100 * S, 1)]);
+        assert_eq!(s.tat(), Nanos::new(101 * S));
+        // A reading 5 s earlier (another core's TSC): the state only moves forward.
+        let (d, next) = g.decide(s, Nanos::new(95 * S), 1);
+        assert!(!d.is_allowed(), "{d:?}");
+        assert!(next.is_none());
+        let (d, next) = g.decide(s, Nanos::new(100 * S), 1);
+        assert!(d.is_allowed());
+        assert_eq!(next.unwrap().tat(), Nanos::new(102 * S));
+    }
+
+    #[test]
+    fn idle_means_fresh() {
+        let g = gcra(1, Duration::from_secs(1), 2);
+        let s = GcraState::from_tat(Nanos::new(10));
+        assert!(!g.is_idle(s, Nanos::new(9)));
+        assert!(g.is_idle(s, Nanos::new(10)));
+        // An idle state decides exactly like a fresh one.
+        assert_eq!(
+            g.decide(s, Nanos::new(10), 2).0,
+            g.decide(GcraState::default(), Nanos::new(10), 2).0
+        );
+    }
+
+    #[test]
+    fn timestamps_near_the_top_of_u64_never_overflow() {
+        let g = gcra(1, Duration::from_secs(1), 5);
+        let top = u64::MAX - 2 * S;
+        let (ds, s) = run(
+            &g,
+            &[(top, 1), (top, 1), (top, 3), (u64::MAX, 1), (u64::MAX, 5)],
+        );
+        assert!(ds[0].is_allowed() && ds[1].is_allowed());
+        assert_eq!(s.tat(), Nanos::MAX);
+        // A TAT past u64::MAX cannot be stored: such a request is denied for good.
+        for d in &ds[2..] {
+            assert!(!d.is_allowed());
+            assert_eq!(d.retry_after(), None);
+        }
+        // A TAT far ahead of `now`: exact retry, no saturation.
+        let (d, _) = g.decide(GcraState::from_tat(Nanos::MAX), Nanos::ZERO, 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after_nanos(), Some(u64::MAX - 4 * S));
+    }
+
+    #[test]
+    fn extreme_but_valid_rates() {
+        // 10^9 per second: T = 1 ns.
+        let g = gcra(1_000_000_000, Duration::from_secs(1), 1_000_000_000);
+        let (d, next) = g.decide(GcraState::default(), Nanos::new(S), u32::MAX);
+        assert_eq!(d.retry_after(), None);
+        assert!(next.is_none());
+        let (d, next) = g.decide(GcraState::default(), Nanos::new(S), 1_000_000_000);
+        assert!(d.is_allowed());
+        assert_eq!(next.unwrap().tat(), Nanos::new(2 * S));
+        // One per 100 years: T = 100 y, τ = T.
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        let g = gcra(1, century, 1);
+        let (ds, _) = run(&g, &[(S, 1), (2 * S, 1)]);
+        assert!(ds[0].is_allowed());
+        assert_eq!(
+            ds[1].retry_after_nanos(),
+            Some(century.as_nanos() as u64 - S)
+        );
+        // Huge burst with T = 1 ns and the largest cost.
+        let g = gcra(1, Duration::from_nanos(1), 1 << 62);
+        let (d, next) = g.decide(GcraState::default(), Nanos::new(1 << 63), u32::MAX);
+        assert!(d.is_allowed());
+        assert_eq!(
+            next.unwrap().tat(),
+            Nanos::new((1 << 63) + u64::from(u32::MAX))
+        );
+        assert_eq!(d.remaining(), (1 << 62) - u64::from(u32::MAX));
+    }
+
+    #[test]
+    fn buckets_are_gcra() {
+        let tb = TokenBucket::new(5, 2, Duration::from_secs(1)).unwrap();
+        assert_eq!(tb, gcra(2, Duration::from_secs(1), 5));
+        let lb = LeakyBucket::meter(5, 2, Duration::from_secs(1)).unwrap();
+        assert_eq!(lb, tb);
+        assert!(TokenBucket::new(0, 1, Duration::from_secs(1)).is_err());
+    }
+}

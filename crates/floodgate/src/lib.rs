@@ -1,0 +1,72 @@
+//! # floodgate
+//!
+//! Lock-free rate limiting for programs on the request path. A decision costs one
+//! clock read and one compare-and-swap on one 64-bit word.
+//!
+//! ```
+//! use floodgate::{ManualClock, Policy, RateLimiter};
+//! use std::time::Duration;
+//!
+//! // 100 requests per minute, at most 10 at once.
+//! let policy = Policy::per_minute(100)?.with_burst(10)?;
+//! let clock = ManualClock::new(); // RateLimiter::gcra(policy) uses the TSC clock
+//! let limiter = RateLimiter::gcra_with_clock(policy, clock.clone());
+//!
+//! for _ in 0..10 {
+//!     assert!(limiter.check().is_allowed());
+//! }
+//! let denied = limiter.check();
+//! assert!(!denied.is_allowed());
+//! assert_eq!(denied.retry_after(), Some(Duration::from_millis(600)));
+//!
+//! clock.advance(Duration::from_millis(600));
+//! assert!(limiter.check().is_allowed());
+//! # Ok::<(), floodgate::PolicyError>(())
+//! ```
+//!
+//! ## Design
+//!
+//! * Every algorithm is a **pure transition** ([`Algorithm::decide`]) over a `Copy`
+//!   state that packs into 64 bits. One driver runs it in an [`AtomicCell`]
+//!   (`compare_exchange_weak` loop, no write on a denial) and the same transition runs
+//!   behind a `Mutex` in a [`LockedCell`] — the mutex twin.
+//! * [`reference`] holds oracles written apart from the transitions: exact models
+//!   (equality) and the textbook `f64` versions (baselines).
+//! * Time is injected ([`Clock`]): the TSC [`DefaultClock`] anchored to the Unix
+//!   epoch and clamped per thread, [`StdClock`], and [`ManualClock`] for tests.
+//! * No input panics: policies are validated once ([`PolicyError`]), and the
+//!   arithmetic after that is bounded or saturating.
+//!
+//! ## Model checking
+//!
+//! Built with `RUSTFLAGS="--cfg loom"`, every atomic in this crate is loom's (see
+//! the `sync` module), so a downstream crate that runs loom over its own code explores
+//! floodgate's interleavings too — use [`ManualClock`] there.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod algorithm;
+pub mod clock;
+mod decision;
+pub mod gcra;
+mod limiter;
+mod policy;
+pub mod reference;
+mod sync;
+
+pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
+pub use decision::Decision;
+pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
+pub use limiter::{LockedRateLimiter, RateLimiter};
+pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
+
+/// Compile-time proof that the public limiters can be shared across threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<RateLimiter<Gcra>>();
+    assert_send_sync::<LockedRateLimiter<Gcra>>();
+    assert_send_sync::<RateLimiter<Gcra, ManualClock>>();
+    assert_send_sync::<Decision>();
+};
