@@ -61,11 +61,9 @@ pub trait Algorithm: Send + Sync {
     fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
 }
 
-/// Runs one decision on an atomic word: the crate's only `compare_exchange`.
+/// Runs one decision on an atomic word (see [`update_word`]).
 ///
-/// One clock reading (`now`) serves every retry. A failed CAS hands back the current
-/// value, which the next round reuses instead of reloading; `Backoff::spin` runs only
-/// after a failure, so the uncontended path never spins.
+/// One clock reading (`now`) serves every retry.
 #[inline(always)]
 pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     algorithm: &A,
@@ -73,16 +71,32 @@ pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     now: Nanos,
     cost: u32,
 ) -> Decision {
+    update_word(word, |current| algorithm.decide(current, now, cost))
+}
+
+/// The crate's only `compare_exchange` loop: applies `step` to the word until the
+/// state it wants written is written, or it wants nothing written.
+///
+/// `step` maps the current state to an outcome and the state to store (`None`:
+/// nothing to write). A failed CAS hands back the current value, which the next round
+/// reuses instead of reloading; `Backoff::spin` runs only after a failure, so the
+/// uncontended path never spins. Every caller (decisions, the keyed table's
+/// retirement, refunds) goes through here.
+#[inline(always)]
+pub(crate) fn update_word<S, R>(word: &Atomic<S>, mut step: impl FnMut(S) -> (R, Option<S>)) -> R
+where
+    S: bytemuck::Pod,
+{
     // Relaxed: see the module docs; the word publishes nothing but itself.
     let mut current = word.load(Ordering::Relaxed);
     let backoff = Backoff::new();
     loop {
-        let (decision, next) = algorithm.decide(current, now, cost);
+        let (outcome, next) = step(current);
         let Some(next) = next else {
-            return decision;
+            return outcome;
         };
         match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return decision,
+            Ok(_) => return outcome,
             Err(actual) => {
                 current = actual;
                 backoff.spin();

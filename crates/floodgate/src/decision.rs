@@ -133,6 +133,16 @@ impl Decision {
         }
     }
 
+    /// This decision turned into a denial that never succeeds: used when the state the
+    /// transition wants to store cannot be stored (stricter, never looser).
+    pub(crate) fn refused(self) -> Decision {
+        Decision {
+            allowed: false,
+            retry_after: NEVER,
+            ..self
+        }
+    }
+
     /// Whether the request was admitted (and, for a check, consumed).
     ///
     /// # Examples

@@ -50,6 +50,7 @@ mod algorithm;
 pub mod clock;
 mod decision;
 pub mod gcra;
+pub mod keyed;
 mod limiter;
 mod policy;
 pub mod reference;
@@ -59,6 +60,9 @@ pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
+pub use keyed::{
+    KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, MAX_CAPACITY,
+};
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 
@@ -69,4 +73,6 @@ const _: () = {
     assert_send_sync::<LockedRateLimiter<Gcra>>();
     assert_send_sync::<RateLimiter<Gcra, ManualClock>>();
     assert_send_sync::<Decision>();
+    assert_send_sync::<KeyedLimiter<u64>>();
+    assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
 };

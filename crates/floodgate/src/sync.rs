@@ -12,15 +12,61 @@
 #[cfg(not(loom))]
 mod imp {
     pub(crate) use atomic::Atomic;
-    pub(crate) use core::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use core::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering};
+    pub(crate) use crossbeam_epoch::{pin, Guard};
     pub(crate) use std::sync::{Mutex, MutexGuard};
+
+    /// Frees `ptr` (a `Box::into_raw`) once no thread pinned now can still read it.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `Box::into_raw`, is retired once, and is no longer reachable
+    /// from any shared location: only threads pinned before this call may hold it.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn retire<T: Send + 'static>(guard: &Guard, ptr: *mut T) {
+        struct SendPtr<T>(*mut T);
+        // SAFETY: the pointee is `Send`; the pointer travels to the thread that
+        // finally drops it, and nothing else touches it by then.
+        unsafe impl<T: Send> Send for SendPtr<T> {}
+        let owned = SendPtr(ptr);
+        // SAFETY: the caller guarantees the pointer is unreachable for threads that
+        // pin after this call; crossbeam-epoch runs the closure only once every thread
+        // pinned now has unpinned. `T: 'static` so running it later is sound.
+        unsafe {
+            guard.defer_unchecked(move || {
+                let owned = owned;
+                drop(Box::from_raw(owned.0));
+            });
+        }
+    }
 }
 
 #[cfg(loom)]
 mod imp {
     use core::marker::PhantomData;
-    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+    pub(crate) use loom::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering};
     pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+    /// Epoch stand-in under loom: a pin is nothing and a retired entry is leaked.
+    ///
+    /// The models check the state hand-off of the keyed table (which never needs the
+    /// memory back); memory reclamation itself is crossbeam-epoch's, model-checked there.
+    pub(crate) struct Guard;
+
+    /// Pins nothing (see [`Guard`]).
+    pub(crate) fn pin() -> Guard {
+        Guard
+    }
+
+    /// Leaks `ptr` (see [`Guard`]).
+    ///
+    /// # Safety
+    ///
+    /// Same contract as the epoch version; leaking is always sound.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn retire<T: Send + 'static>(_guard: &Guard, ptr: *mut T) {
+        let _ = ptr;
+    }
 
     /// loom twin of `atomic::Atomic<T>` for 8-byte plain-old-data `T`.
     ///
@@ -96,4 +142,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
+///
+/// Plain std atomics in both configurations: the index is an identity, not a
+/// synchronisation point, and loom needs no say in it.
+pub(crate) fn thread_index() -> usize {
+    static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+    std::thread_local! {
+        static INDEX: core::cell::Cell<usize> = const { core::cell::Cell::new(usize::MAX) };
+    }
+    INDEX.with(|index| {
+        let mut i = index.get();
+        if i == usize::MAX {
+            // Relaxed: only uniqueness matters, which the RMW's total order gives.
+            i = NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            index.set(i);
+        }
+        i
+    })
 }

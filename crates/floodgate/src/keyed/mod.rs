@@ -1,0 +1,699 @@
+//! Keyed limiting: one limit per key (IP, user, API key, endpoint), millions of keys,
+//! bounded memory.
+//!
+//! [`KeyedLimiter<K, A>`] keeps one state word per key in a sharded table (see the
+//! design below) and runs any [`Algorithm`] on it. Around it:
+//!
+//! * [`plans`]: per-key quotas (`free`, `pro`, `enterprise`), loadable from TOML, with
+//!   a resolver from key to plan and runtime quota changes that keep every key's state;
+//! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
+//!   if any denies, none is charged;
+//! * brute-force protection, below.
+//!
+//! # Design
+//!
+//! * **Shards**: a power of two of them (by default 4 × `available_parallelism()`,
+//!   rounded up, at most one per 64 keys of capacity), each `CachePadded`; keys are
+//!   hashed once with `ahash` (random per-process seeds: no HashDoS) and the high hash
+//!   bits pick the shard.
+//! * **Hot path for a known key**: an epoch pin (a thread-local write), a linear probe
+//!   over a fixed slot array comparing hash tags, one key comparison, and the
+//!   algorithm's CAS on the key's own state word. No lock, no allocation, no other
+//!   shared write. A *new* key takes its shard's mutex once, to be inserted.
+//! * **Exact keys**: slots point to heap entries holding the key itself; two
+//!   different keys never share a state.
+//! * **Bounded memory**: the slot array is sized once from the capacity (load factor
+//!   ≤ 7/8) and never grows; at most `capacity` entries exist. Memory is
+//!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
+//!   (for `u64` keys: ≈ 18.3 + 16 bytes of payload per key at full capacity).
+//! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
+//!   share, a clock hand inspects the next few slots and drops idle keys (state equal
+//!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. A denied or cost-0
+//!   request for an unknown key stores nothing, so it inserts nothing.
+//! * **Eviction when full**: if the shard is full of live keys, the closest to idle
+//!   (least `reset_after`) of a sample of 8 is evicted and counted
+//!   ([`KeyedMetrics::evicted`]). *Accuracy cost*: an evicted key forgets its state,
+//!   so its next request sees a fresh key — up to one extra burst for that key. This
+//!   happens only when more keys are live at once than the capacity; size the capacity
+//!   for your live set (≈ keys seen within the longest `reset_after`).
+//! * **Retirement is exact under races**: a key is removed by first CASing its state
+//!   word to a reserved *dead* word; a concurrent decision either lands before (the
+//!   reclaimer sees it and re-judges) or fails its CAS, sees *dead* and retries on
+//!   the locked path. A removed slot never hands one key's state to another (loom:
+//!   `tests/loom_keyed.rs`).
+//!
+//! # Memory ordering
+//!
+//! State words are `Relaxed` (see [`Algorithm`]). Slot publication is Release/Acquire
+//! (entry before pointer before tag); entries are freed through crossbeam-epoch; a
+//! per-shard sequence number (Release/Acquire with an Acquire fence) lets a `peek`
+//! trust a miss. Writers serialise on the shard mutex.
+//!
+//! # Brute-force protection
+//!
+//! "At most 5 failed logins per 5 minutes per (IP, user)": `peek(1)` before checking
+//! the password — it writes nothing and inserts no key, so successful logins and
+//! unknown users cost no memory — and `check(1)` only on a failure.
+//!
+//! ```
+//! use floodgate::{KeyedLimiter, ManualClock, Policy};
+//! use std::net::IpAddr;
+//! use std::time::Duration;
+//!
+//! let clock = ManualClock::new();
+//! let failures: KeyedLimiter<(IpAddr, String), _, _> =
+//!     floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::new(5, Duration::from_secs(300))?))
+//!         .clock(clock.clone())
+//!         .build()?;
+//!
+//! let login = |ip: IpAddr, user: &str, password_ok: bool| -> Result<(), Option<Duration>> {
+//!     let key = (ip, user.to_owned());
+//!     let gate = failures.peek(&key, 1);
+//!     if !gate.is_allowed() {
+//!         return Err(gate.retry_after()); // locked out: do not even check the password
+//!     }
+//!     if password_ok {
+//!         return Ok(());
+//!     }
+//!     let _ = failures.check(&key); // count the failure
+//!     Err(None)
+//! };
+//!
+//! let ip: IpAddr = "192.0.2.7".parse()?;
+//! for _ in 0..5 {
+//!     assert_eq!(login(ip, "alice", false), Err(None));
+//! }
+//! // The sixth attempt is refused before the password check, even the right one.
+//! assert_eq!(login(ip, "alice", true), Err(Some(Duration::from_secs(60))));
+//! assert_eq!(login(ip, "bob", true), Ok(())); // other users are unaffected
+//! clock.advance(Duration::from_secs(60));
+//! assert_eq!(login(ip, "alice", true), Ok(()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod table;
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::Hash;
+
+use crossbeam_utils::CachePadded;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, DefaultClock, Nanos};
+use crate::decision::Decision;
+use crate::gcra::Gcra;
+use crate::policy::Policy;
+use crate::sync::{thread_index, AtomicU64, Ordering};
+use table::Table;
+
+/// The key capacity when none is set: 100 000 keys (≈ 3.5 MB for `u64` keys).
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The largest key capacity accepted: 2^32 keys.
+pub const MAX_CAPACITY: usize = 1 << 32;
+
+/// Keys per shard below which no more shards are added.
+const MIN_KEYS_PER_SHARD: usize = 64;
+
+/// A rate limiter with one state per key, in bounded memory.
+///
+/// See the [module docs](self) for the table design, reclamation, eviction and
+/// brute-force protection.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let per_ip = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(2)?))
+///     .capacity(10_000)
+///     .clock(clock)
+///     .build::<&str>()?;
+/// assert!(per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(!per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(per_ip.check(&"10.0.0.2").is_allowed()); // its own budget
+/// assert_eq!(per_ip.metrics().live_keys, 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, A: Algorithm = Gcra, C = DefaultClock> {
+    algorithm: A,
+    clock: C,
+    table: Table<K, A::State>,
+    stripes: Box<[CachePadded<Stripe>]>,
+}
+
+/// Per-thread decision counters (one cache line each).
+struct Stripe {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+}
+
+/// A snapshot of a [`KeyedLimiter`]'s counters.
+///
+/// `allowed` and `denied` are kept per thread stripe (a thread writes only its own
+/// cache line, with a plain load + store rather than an atomic read-modify-write) and
+/// summed when read. They are exact while no more threads use the limiter than it
+/// has stripes (2 × the shard count); beyond that two threads may share a stripe and
+/// an increment can occasionally be lost. The key counts are exact (written by the
+/// write path under its shard lock).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, ManualClock, Policy};
+/// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?))
+///     .clock(ManualClock::new())
+///     .build::<u64>()?;
+/// let _ = keyed.check(&1u64);
+/// let _ = keyed.check(&1u64);
+/// let m = keyed.metrics();
+/// assert_eq!((m.allowed, m.denied, m.live_keys), (1, 1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyedMetrics {
+    /// Checks admitted.
+    pub allowed: u64,
+    /// Checks denied.
+    pub denied: u64,
+    /// Keys in the table now.
+    pub live_keys: u64,
+    /// Idle keys dropped (lossless).
+    pub reclaimed: u64,
+    /// Live keys evicted because the table was full (their state was lost).
+    pub evicted: u64,
+}
+
+/// Why a [`KeyedBuilder`] could not build.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedError, KeyedLimiter, Policy};
+/// let err = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?))
+///     .capacity(0)
+///     .build::<u64>()
+///     .unwrap_err();
+/// assert_eq!(err, KeyedError::ZeroCapacity);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedError {
+    /// The key capacity was 0: set at least 1.
+    ZeroCapacity,
+    /// The key capacity exceeds [`MAX_CAPACITY`].
+    CapacityTooLarge {
+        /// The capacity asked for.
+        requested: usize,
+    },
+    /// The shard count was 0: set at least 1 (it is rounded up to a power of two).
+    ZeroShards,
+}
+
+impl fmt::Display for KeyedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedError::ZeroCapacity => f.write_str("key capacity must be at least 1"),
+            KeyedError::CapacityTooLarge { requested } => write!(
+                f,
+                "key capacity {requested} exceeds the maximum of {MAX_CAPACITY}"
+            ),
+            KeyedError::ZeroShards => f.write_str("shard count must be at least 1"),
+        }
+    }
+}
+
+impl std::error::Error for KeyedError {}
+
+/// Configures a [`KeyedLimiter`]: capacity, shard count, clock.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy, StdClock};
+/// let keyed: KeyedLimiter<String, _, _> = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_minute(60)?))
+///     .capacity(1_000)
+///     .shards(4)
+///     .clock(StdClock::new())
+///     .build()?;
+/// assert_eq!(keyed.capacity(), 1_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct KeyedBuilder<A, C = DefaultClock> {
+    algorithm: A,
+    clock: C,
+    capacity: usize,
+    shards: Option<usize>,
+}
+
+impl<A: Algorithm> KeyedBuilder<A> {
+    /// Starts configuring a keyed limiter running `algorithm` for every key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy, TokenBucket};
+    /// use std::time::Duration;
+    /// let bucket = TokenBucket::new(10, 1, Duration::from_millis(100))?;
+    /// let keyed: KeyedLimiter<u64, _> = floodgate::KeyedBuilder::new(bucket).capacity(1_000).build()?;
+    /// assert!(keyed.check_n(&7, 10).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(algorithm: A) -> KeyedBuilder<A> {
+        KeyedBuilder {
+            algorithm,
+            clock: DefaultClock::new(),
+            capacity: DEFAULT_CAPACITY,
+            shards: None,
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> KeyedBuilder<A, C> {
+    /// The most keys held at once (default [`DEFAULT_CAPACITY`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?));
+    /// assert_eq!(b.capacity(64).build::<u64>()?.capacity(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The number of shards, rounded up to a power of two and down to at most one
+    /// per key of capacity (default: 4 × `available_parallelism()`, at most one per 64
+    /// keys).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?));
+    /// assert_eq!(b.shards(3).build::<u64>()?.shards(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The clock decisions read (default [`DefaultClock`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Clock, ManualClock};
+    /// let clock = ManualClock::new();
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .clock(clock.clone())
+    ///     .build::<u64>()?;
+    /// assert_eq!(keyed.clock().now(), clock.now());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<A, C2> {
+        KeyedBuilder {
+            algorithm: self.algorithm,
+            clock,
+            capacity: self.capacity,
+            shards: self.shards,
+        }
+    }
+
+    fn default_shards(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores * 4).min((self.capacity / MIN_KEYS_PER_SHARD).max(1))
+    }
+
+    /// Builds the limiter, allocating its whole slot array now.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, or zero shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?)).build::<u64>()?;
+    /// assert_eq!(keyed.capacity(), floodgate::DEFAULT_CAPACITY);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build<K>(self) -> Result<KeyedLimiter<K, A, C>, KeyedError>
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+    {
+        if self.capacity == 0 {
+            return Err(KeyedError::ZeroCapacity);
+        }
+        if self.capacity > MAX_CAPACITY {
+            return Err(KeyedError::CapacityTooLarge {
+                requested: self.capacity,
+            });
+        }
+        let wanted = match self.shards {
+            Some(0) => return Err(KeyedError::ZeroShards),
+            Some(n) => n,
+            None => self.default_shards(),
+        };
+        Ok(self.assemble(wanted))
+    }
+
+    /// Builds with `wanted` shards (rounded to a power of two in `[1, capacity]`).
+    fn assemble<K>(self, wanted: usize) -> KeyedLimiter<K, A, C>
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+    {
+        let capacity = self.capacity.clamp(1, MAX_CAPACITY);
+        let shards = wanted
+            .clamp(1, 1 << 16)
+            .next_power_of_two()
+            .min(prev_power_of_two(capacity));
+        let stripes = (0..(2 * shards).next_power_of_two())
+            .map(|_| {
+                CachePadded::new(Stripe {
+                    allowed: AtomicU64::new(0),
+                    denied: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        KeyedLimiter {
+            algorithm: self.algorithm,
+            clock: self.clock,
+            table: Table::new(capacity, shards),
+            stripes,
+        }
+    }
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static> KeyedLimiter<K, Gcra> {
+    /// A GCRA keyed limiter for `policy` with the default capacity and clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// assert!(keyed.check(&42u64).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn gcra(policy: Policy) -> Self {
+        let builder = KeyedBuilder::new(Gcra::new(policy));
+        let shards = builder.default_shards();
+        builder.assemble(shards)
+    }
+}
+
+impl<K, A, C> KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    A: Algorithm,
+    C: Clock,
+{
+    /// Decides one unit for `key` now, consuming it if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.check("alice").is_allowed()); // &str looks up a String key
+    /// assert!(!keyed.check("alice").is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_n_at(key, self.clock.now(), 1)
+    }
+
+    /// Decides `cost` units for `key` now, consuming them if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// assert_eq!(keyed.check_n(&1u64, 4).remaining(), 6);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_n_at(key, self.clock.now(), cost)
+    }
+
+    /// [`check_n`](KeyedLimiter::check_n) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.check_n_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// assert!(!keyed.check_n_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let decision = self.table.check(&self.algorithm, key, now, cost);
+        self.count(decision.is_allowed());
+        decision
+    }
+
+    /// Exactly what [`check_n(key, cost)`](KeyedLimiter::check_n) would return now;
+    /// writes nothing and inserts no key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.peek(&9, 1).is_allowed());
+    /// assert_eq!(keyed.metrics().live_keys, 0); // nothing inserted
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn peek<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek_at(key, self.clock.now(), cost)
+    }
+
+    /// [`peek`](KeyedLimiter::peek) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let _ = keyed.check_n_at(&1u64, Nanos::from_secs(5), 1);
+    /// assert!(!keyed.peek_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// assert!(keyed.peek_at(&1u64, Nanos::from_secs(6), 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn peek_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.table.peek(&self.algorithm, key, now, cost)
+    }
+
+    /// Drops every idle key now and returns how many (never needed for bounded
+    /// memory — inserts reclaim on their own — but handy before a snapshot).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?)).clock(clock.clone()).build::<u64>()?;
+    /// let _ = keyed.check(&1u64);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(keyed.reclaim_idle(), 1);
+    /// assert_eq!(keyed.metrics().live_keys, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reclaim_idle(&self) -> usize {
+        self.table.reclaim_idle(&self.algorithm, self.clock.now())
+    }
+
+    #[inline(always)]
+    fn count(&self, allowed: bool) {
+        let stripe = &self.stripes[thread_index() & (self.stripes.len() - 1)];
+        let counter = if allowed {
+            &stripe.allowed
+        } else {
+            &stripe.denied
+        };
+        // A load and a store, not an RMW: the stripe belongs to this thread (see
+        // `KeyedMetrics` for what happens when threads outnumber stripes).
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl<K, A, C> KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    A: Algorithm,
+{
+    /// The counters, summed over stripes and shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let _ = keyed.check(&1u64);
+    /// assert_eq!(keyed.metrics().allowed, 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn metrics(&self) -> KeyedMetrics {
+        let mut m = KeyedMetrics::default();
+        for stripe in self.stripes.iter() {
+            // Relaxed: statistics.
+            m.allowed += stripe.allowed.load(Ordering::Relaxed);
+            m.denied += stripe.denied.load(Ordering::Relaxed);
+        }
+        let counts = self.table.counts();
+        m.live_keys = counts.live;
+        m.reclaimed = counts.reclaimed;
+        m.evicted = counts.evicted;
+        m
+    }
+
+    /// The most keys held at once (the configured capacity, rounded up to a multiple
+    /// of the shard count).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert_eq!(keyed.capacity(), floodgate::DEFAULT_CAPACITY);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// The number of shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert!(keyed.shards().is_power_of_two());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn shards(&self) -> usize {
+        self.table.shard_count()
+    }
+
+    /// Bytes of the fixed slot array (allocated once, at build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(700).shards(1).build::<u64>()?;
+    /// assert_eq!(keyed.slot_bytes(), 800 * 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_bytes(&self) -> usize {
+        self.table.slot_count() * table::SLOT_BYTES
+    }
+
+    /// Bytes one live key's entry holds on the heap (key + state, before allocator
+    /// overhead).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert_eq!(keyed.entry_bytes(), 16);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn entry_bytes(&self) -> usize {
+        core::mem::size_of::<(K, A::State)>()
+    }
+
+    /// The algorithm every key runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(3)?);
+    /// assert_eq!(keyed.algorithm().policy().limit(), 3);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Clock;
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(3)?);
+    /// let _now = keyed.clock().now();
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    pub(crate) fn table(&self) -> &Table<K, A::State> {
+        &self.table
+    }
+}
+
+impl<K, A: Algorithm + fmt::Debug, C: fmt::Debug> fmt::Debug for KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("clock", &self.clock)
+            .field("capacity", &self.capacity())
+            .field("shards", &self.shards())
+            .field("metrics", &self.metrics())
+            .finish()
+    }
+}

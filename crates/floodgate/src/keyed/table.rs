@@ -1,0 +1,630 @@
+//! The sharded key table behind [`KeyedLimiter`](super::KeyedLimiter).
+//!
+//! # Layout
+//!
+//! A power-of-two number of cache-padded shards; a key's 64-bit `ahash` picks its
+//! shard from the high bits. Each shard is an open-addressing table with linear
+//! probing over a fixed slot array sized once from the shard's share of the capacity
+//! (load factor ≤ 7/8, never resized). A slot is two words: a `tag` (the key's hash
+//! with the low bit set; 0 = empty) and a pointer to a heap [`Entry`] holding the key
+//! and its state word. The state lives in the entry, not the slot, so moving an entry
+//! between slots never changes which word a key's decisions use.
+//!
+//! # Readers (the hot path)
+//!
+//! A lookup pins the epoch (a thread-local write), walks the probe sequence comparing
+//! tags, dereferences an entry only on a tag match, and compares the key. On a hit it
+//! runs the algorithm's CAS on the entry's own state word. No lock, no allocation, no
+//! shared write other than that CAS. Entries are freed through the epoch, so an entry
+//! a reader holds stays allocated while it is pinned.
+//!
+//! # Writers (new keys, reclamation, eviction)
+//!
+//! Everything that changes the slot array holds the shard's mutex. Removing a key
+//! takes two steps:
+//!
+//! 1. **retire the state**: a CAS of the entry's state word to the reserved *dead*
+//!    word (all bits set). It succeeds only against the latest value, so a charge a
+//!    reader made is either seen by the reclaimer (which then re-judges idleness) or
+//!    made after it, in which case the reader's CAS fails, it sees *dead*, and it
+//!    retries on the shard's locked path. A retired entry can never hand its state to
+//!    anyone, and a reclaimed idle key is lossless.
+//! 2. **unlink** with backward-shift deletion (no tombstones: probe lengths stay
+//!    short under churn), bracketed by a per-shard sequence number (odd while entries
+//!    move). A reader can miss a key that is moving; a miss is never trusted on its
+//!    own: `check` goes to the locked path, `peek` validates the sequence number.
+//!
+//! The algorithm must never *store* the dead word; a transition that would is turned
+//! into a permanent denial (GCRA reaches it only at TAT = `u64::MAX` ns, in 2554).
+
+#![allow(unsafe_code)]
+
+use core::borrow::Borrow;
+use core::hash::Hash;
+use core::ptr;
+
+use crossbeam_utils::CachePadded;
+
+use crate::algorithm::{update_word, Algorithm};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::sync::{fence, lock, pin, retire, Atomic, AtomicPtr, AtomicU64, Guard, Mutex, Ordering};
+
+/// The tag of an empty slot. Occupied tags have the low bit set.
+const EMPTY: u64 = 0;
+
+/// How many slots the reclamation hand inspects per insert once a shard passes its
+/// share.
+const SWEEP_STEP: usize = 4;
+
+/// How many live keys an eviction compares before evicting the closest to idle.
+const EVICTION_SAMPLE: usize = 8;
+
+/// Bytes of one slot (tag + pointer), the table's fixed cost per slot.
+pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Slot<(), u64>>();
+
+/// The reserved *dead* state: all bits set.
+fn dead<S: bytemuck::Pod>() -> S {
+    let mut s: S = bytemuck::Zeroable::zeroed();
+    bytemuck::bytes_of_mut(&mut s).fill(0xFF);
+    s
+}
+
+fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
+    bytemuck::bytes_of(s).iter().all(|b| *b == 0xFF)
+}
+
+/// A key and its state word, on the heap so that slots can move it by pointer.
+pub(crate) struct Entry<K, S> {
+    key: K,
+    state: Atomic<S>,
+}
+
+struct Slot<K, S> {
+    tag: AtomicU64,
+    entry: AtomicPtr<Entry<K, S>>,
+}
+
+/// Writer-side bookkeeping, only touched under the shard's mutex.
+struct Writer {
+    live: usize,
+    /// The reclamation hand: the next slot to inspect.
+    hand: usize,
+}
+
+struct Shard<K, S> {
+    slots: Box<[Slot<K, S>]>,
+    /// Sequence number: odd while a writer moves entries.
+    version: AtomicU64,
+    /// The table's shard bits (the hash bits above the home index).
+    shard_bits: u32,
+    /// This shard's share of the key capacity.
+    capacity: usize,
+    /// The write side, on its own cache line: inserting a key never disturbs the
+    /// line readers load `slots` and `version` from.
+    write: CachePadded<WriteSide>,
+}
+
+struct WriteSide {
+    lock: Mutex<Writer>,
+    /// Counters written only under `lock`, read lock-free by metrics.
+    live: AtomicU64,
+    reclaimed: AtomicU64,
+    evicted: AtomicU64,
+}
+
+/// Writer-side counters of a table, summed over shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TableCounts {
+    pub(crate) live: u64,
+    pub(crate) reclaimed: u64,
+    pub(crate) evicted: u64,
+}
+
+/// The sharded table: keys `K` to state words `S`.
+pub(crate) struct Table<K, S> {
+    shards: Box<[CachePadded<Shard<K, S>>]>,
+    shard_bits: u32,
+    hasher: ahash::RandomState,
+}
+
+/// How a removal went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retired {
+    /// The key was idle: nothing lost.
+    Idle,
+    /// The key was live: its state is lost (an eviction).
+    Live,
+    /// Not retired (it was not idle and only idle keys were wanted).
+    Kept,
+}
+
+impl<K, S> Table<K, S>
+where
+    K: Eq + Hash + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
+{
+    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
+    pub(crate) fn new(capacity: usize, shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two() && shards <= capacity);
+        let per_shard = capacity.div_ceil(shards);
+        // Load factor ≤ 7/8, and always at least one empty slot so probes end.
+        let slots = per_shard + per_shard.div_ceil(7);
+        let shard_bits = shards.trailing_zeros();
+        let shards: Box<[CachePadded<Shard<K, S>>]> = (0..shards)
+            .map(|_| {
+                CachePadded::new(Shard {
+                    slots: (0..slots)
+                        .map(|_| Slot {
+                            tag: AtomicU64::new(EMPTY),
+                            entry: AtomicPtr::new(ptr::null_mut()),
+                        })
+                        .collect(),
+                    version: AtomicU64::new(0),
+                    shard_bits,
+                    capacity: per_shard,
+                    write: CachePadded::new(WriteSide {
+                        lock: Mutex::new(Writer { live: 0, hand: 0 }),
+                        live: AtomicU64::new(0),
+                        reclaimed: AtomicU64::new(0),
+                        evicted: AtomicU64::new(0),
+                    }),
+                })
+            })
+            .collect();
+        Table {
+            shards,
+            shard_bits,
+            hasher: ahash::RandomState::new(),
+        }
+    }
+
+    /// Number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Keys the table holds at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.capacity).sum()
+    }
+
+    /// Slots over all shards.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.shards.iter().map(|s| s.slots.len()).sum()
+    }
+
+    #[inline(always)]
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<K, S>, u64) {
+        let hash = self.hasher.hash_one(key);
+        // High bits pick the shard; `>> 1 >> (63 − bits)` is 0 when there is one shard.
+        let index = ((hash >> 1) >> (63 - self.shard_bits)) as usize;
+        (&self.shards[index], hash | 1)
+    }
+
+    /// Decides `cost` at `now` for `key`, inserting the key if it must store a state.
+    #[inline]
+    pub(crate) fn check<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        if let Some(entry) = shard.find(tag, key, &guard) {
+            if let Some(decision) = decide_live(algorithm, &entry.state, now, cost) {
+                return decision;
+            }
+        }
+        shard.check_locked(algorithm, tag, key, now, cost, &guard)
+    }
+
+    /// Exactly what `check` would decide now; writes nothing and inserts nothing.
+    #[inline]
+    pub(crate) fn peek<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        // Acquire: pairs with the writer's final Release store of the version, so a
+        // probe that starts on an even version sees every move before it.
+        let before = shard.version.load(Ordering::Acquire);
+        match shard.find(tag, key, &guard) {
+            Some(entry) => {
+                let state = entry.state.load(Ordering::Relaxed);
+                if !is_dead(&state) {
+                    return algorithm.decide(state, now, cost).0;
+                }
+            }
+            None => {
+                // Acquire fence: if the probe read anything a writer stored after
+                // making the version odd, the re-read below sees that odd version.
+                fence(Ordering::Acquire);
+                let after = shard.version.load(Ordering::Relaxed);
+                if before == after && before % 2 == 0 {
+                    return algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost).0;
+                }
+            }
+        }
+        let _writer = lock(&shard.write.lock);
+        let state = match shard.find(tag, key, &guard) {
+            Some(entry) => entry.state.load(Ordering::Relaxed),
+            None => bytemuck::Zeroable::zeroed(),
+        };
+        algorithm.decide(state, now, cost).0
+    }
+
+    /// Applies `step` to `key`'s state word if the key is present (no insertion).
+    /// Returns whether it was present.
+    pub(crate) fn update_existing<Q>(&self, key: &Q, step: impl Fn(S) -> Option<S>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        let apply = |word: &Atomic<S>| {
+            update_word(word, |s| {
+                if is_dead(&s) {
+                    return (false, None);
+                }
+                match step(s) {
+                    Some(next) if !is_dead(&next) => (true, Some(next)),
+                    _ => (true, None),
+                }
+            })
+        };
+        if let Some(entry) = shard.find(tag, key, &guard) {
+            if apply(&entry.state) {
+                return true;
+            }
+        }
+        let _writer = lock(&shard.write.lock);
+        shard
+            .find(tag, key, &guard)
+            .is_some_and(|entry| apply(&entry.state))
+    }
+
+    /// Counters summed over shards (each read lock-free).
+    pub(crate) fn counts(&self) -> TableCounts {
+        let mut c = TableCounts::default();
+        for shard in self.shards.iter() {
+            // Relaxed: statistics; each counter is written only under its shard lock.
+            c.live += shard.write.live.load(Ordering::Relaxed);
+            c.reclaimed += shard.write.reclaimed.load(Ordering::Relaxed);
+            c.evicted += shard.write.evicted.load(Ordering::Relaxed);
+        }
+        c
+    }
+
+    /// Reclaims every idle key now (a full sweep under each shard's lock).
+    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let mut total = 0;
+        for shard in self.shards.iter() {
+            let mut writer = lock(&shard.write.lock);
+            let before = shard.write.reclaimed.load(Ordering::Relaxed);
+            let start = writer.hand;
+            writer.hand = 0;
+            let steps = shard.slots.len();
+            shard.sweep(&mut writer, algorithm, now, steps);
+            writer.hand = start % shard.slots.len();
+            total += (shard.write.reclaimed.load(Ordering::Relaxed) - before) as usize;
+        }
+        total
+    }
+}
+
+/// Runs the decision on a live entry; `None` when the entry is dead.
+#[inline(always)]
+fn decide_live<A>(algorithm: &A, word: &Atomic<A::State>, now: Nanos, cost: u32) -> Option<Decision>
+where
+    A: Algorithm + ?Sized,
+{
+    update_word(word, |current| {
+        if is_dead(&current) {
+            return (None, None);
+        }
+        let (decision, next) = algorithm.decide(current, now, cost);
+        match next {
+            Some(next) if is_dead(&next) => (Some(decision.refused()), None),
+            next => (Some(decision), next),
+        }
+    })
+}
+
+impl<K, S> Shard<K, S>
+where
+    K: Eq + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
+{
+    /// The home slot of `tag`: multiply-shift over the bits below the shard bits.
+    #[inline(always)]
+    fn home(&self, tag: u64) -> usize {
+        let spread = tag << self.shard_bits;
+        ((u128::from(spread) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// Lock-free probe. A hit is always right; a miss may be spurious while entries
+    /// move (see the module docs).
+    #[inline(always)]
+    fn find<'g, Q>(&'g self, tag: u64, key: &Q, _guard: &'g Guard) -> Option<&'g Entry<K, S>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let mut i = self.home(tag);
+        for _ in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            // Acquire: pairs with the writer's Release store of the tag, which follows
+            // its store of the entry pointer.
+            let seen = slot.tag.load(Ordering::Acquire);
+            if seen == EMPTY {
+                return None;
+            }
+            if seen == tag {
+                // Acquire: the entry's contents were written before the pointer.
+                let p = slot.entry.load(Ordering::Acquire);
+                if !p.is_null() {
+                    // SAFETY: `p` was read from a slot while this thread is pinned
+                    // (`_guard`). Entries are freed only through `retire`, after being
+                    // unlinked from every slot, and the epoch frees them only once all
+                    // threads pinned at that time have unpinned; so `*p` is live for
+                    // `'g`. Its key is never written after publication.
+                    let entry = unsafe { &*p };
+                    if entry.key.borrow() == key {
+                        return Some(entry);
+                    }
+                }
+            }
+            i = self.next(i);
+        }
+        None
+    }
+}
+
+impl<K, S> Shard<K, S>
+where
+    K: Eq + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
+{
+    /// The write path: find or insert `key` under the shard lock, then decide.
+    #[cold]
+    fn check_locked<Q, A>(
+        &self,
+        algorithm: &A,
+        tag: u64,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+        guard: &Guard,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Eq + ToOwned<Owned = K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let mut writer = lock(&self.write.lock);
+        // Under the lock nothing moves and every linked entry is live: a writer
+        // retires and unlinks within one critical section.
+        if let Some(entry) = self.find(tag, key, guard) {
+            if let Some(decision) = decide_live(algorithm, &entry.state, now, cost) {
+                return decision;
+            }
+        }
+        let (decision, next) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
+        // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
+        let Some(next) = next else {
+            return decision;
+        };
+        if is_dead(&next) {
+            return decision.refused();
+        }
+        self.make_room(&mut writer, algorithm, now, guard);
+        let entry = Box::into_raw(Box::new(Entry {
+            key: key.to_owned(),
+            state: Atomic::new(next),
+        }));
+        let mut i = self.home(tag);
+        // There is always an empty slot: live ≤ capacity < slots.
+        while self.slots[i].tag.load(Ordering::Relaxed) != EMPTY {
+            i = self.next(i);
+        }
+        // Release (both): a reader that sees the tag sees the pointer, and one that
+        // sees the pointer sees the entry's contents.
+        self.slots[i].entry.store(entry, Ordering::Release);
+        self.slots[i].tag.store(tag, Ordering::Release);
+        writer.live += 1;
+        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        decision
+    }
+
+    /// Makes room for one more key: past 7/8 of the share, the hand reclaims idle
+    /// keys as it passes; when full, the closest-to-idle of a small sample goes.
+    fn make_room<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        if writer.live >= self.capacity - self.capacity / 8 {
+            self.sweep(writer, algorithm, now, SWEEP_STEP);
+        }
+        if writer.live >= self.capacity {
+            self.evict_one(writer, algorithm, now, guard);
+        }
+    }
+
+    /// The entry in slot `i`, if any (under the shard lock).
+    fn entry_at(&self, i: usize) -> Option<&Entry<K, S>> {
+        let p = self.slots[i].entry.load(Ordering::Relaxed);
+        // SAFETY: called only with the shard lock held; only lock holders unlink and
+        // retire entries, so a linked entry cannot be freed while we hold the lock.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// Moves the hand over `steps` slots, reclaiming idle keys.
+    fn sweep<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let guard = pin();
+        for _ in 0..steps {
+            let i = writer.hand;
+            let retired = match self.entry_at(i) {
+                Some(entry) => retire_state(algorithm, entry, now, true),
+                None => Retired::Kept,
+            };
+            if retired == Retired::Idle {
+                // A later entry may shift into `i`: look at it next.
+                self.unlink(writer, i, &guard);
+                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
+            } else {
+                writer.hand = self.next(i);
+            }
+        }
+    }
+
+    /// Removes one key: the first idle one met, else the closest to idle of a sample.
+    fn evict_one<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let mut best: Option<(u64, usize)> = None;
+        let mut sampled = 0;
+        let mut i = writer.hand;
+        for _ in 0..self.slots.len() {
+            if let Some(entry) = self.entry_at(i) {
+                let state = entry.state.load(Ordering::Relaxed);
+                if algorithm.is_idle(state, now) {
+                    if retire_state(algorithm, entry, now, true) == Retired::Idle {
+                        self.unlink(writer, i, guard);
+                        self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
+                        writer.hand = i;
+                        return;
+                    }
+                } else {
+                    // Closest to idle: the least time until the state is fresh again.
+                    let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
+                    if best.is_none_or(|(b, _)| until_idle < b) {
+                        best = Some((until_idle, i));
+                    }
+                    sampled += 1;
+                    if sampled == EVICTION_SAMPLE {
+                        break;
+                    }
+                }
+            }
+            i = self.next(i);
+        }
+        let Some((_, victim)) = best else {
+            return;
+        };
+        if let Some(entry) = self.entry_at(victim) {
+            let how = retire_state(algorithm, entry, now, false);
+            self.unlink(writer, victim, guard);
+            if how == Retired::Idle {
+                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.write.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+            writer.hand = self.next(i);
+        }
+    }
+
+    /// Unlinks the (retired) entry in slot `hole` by backward-shift deletion and
+    /// hands it to the epoch.
+    fn unlink(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
+        let dead_entry = self.slots[hole].entry.load(Ordering::Relaxed);
+        let n = self.slots.len();
+        // Sequence number odd: readers that miss during the moves retry.
+        let version = self.version.load(Ordering::Relaxed);
+        self.version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: a reader that reads any store below and then fences with
+        // Acquire also reads the odd version (the seqlock protocol).
+        fence(Ordering::Release);
+        let mut j = hole;
+        loop {
+            j = self.next(j);
+            let tag = self.slots[j].tag.load(Ordering::Relaxed);
+            if tag == EMPTY {
+                break;
+            }
+            // Keep the entry at j if its home lies cyclically in (hole, j].
+            let from_home = (j + n - self.home(tag)) % n;
+            let from_hole = (j + n - hole) % n;
+            if from_home < from_hole {
+                continue;
+            }
+            let p = self.slots[j].entry.load(Ordering::Relaxed);
+            // Pointer first, then tag (Release), as on insert; for a moment the entry
+            // sits in both slots, which is harmless: it is one entry, one state word.
+            self.slots[hole].entry.store(p, Ordering::Release);
+            self.slots[hole].tag.store(tag, Ordering::Release);
+            hole = j;
+        }
+        self.slots[hole].tag.store(EMPTY, Ordering::Release);
+        self.slots[hole]
+            .entry
+            .store(ptr::null_mut(), Ordering::Release);
+        // Release: a reader that reads this even version sees every move above.
+        self.version
+            .store(version.wrapping_add(2), Ordering::Release);
+        writer.live -= 1;
+        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        // SAFETY: `dead_entry` came from `Box::into_raw` on insert, is now unlinked
+        // from every slot (it was in exactly one at rest, and moves only copy other
+        // entries), and is retired exactly once, here, under the shard lock.
+        unsafe { retire(guard, dead_entry) };
+    }
+}
+
+/// Retires an entry's state: CAS to the dead word (only if idle when `idle_only`).
+fn retire_state<K, A>(
+    algorithm: &A,
+    entry: &Entry<K, A::State>,
+    now: Nanos,
+    idle_only: bool,
+) -> Retired
+where
+    A: Algorithm + ?Sized,
+{
+    let dead = dead::<A::State>();
+    update_word(&entry.state, |state| {
+        let idle = algorithm.is_idle(state, now);
+        if idle_only && !idle {
+            return (Retired::Kept, None);
+        }
+        let how = if idle { Retired::Idle } else { Retired::Live };
+        (how, Some(dead))
+    })
+}
+
+impl<K, S> Drop for Table<K, S> {
+    fn drop(&mut self) {
+        for shard in self.shards.iter() {
+            for slot in shard.slots.iter() {
+                let p = slot.entry.load(Ordering::Relaxed);
+                if !p.is_null() {
+                    // SAFETY: `&mut self`: no reader or writer is left; at rest every
+                    // entry is linked from exactly one slot, so each is freed once.
+                    drop(unsafe { Box::from_raw(p) });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+#![cfg(not(loom))]
+//! Public behaviour of `KeyedLimiter`: exact decisions per key, key types, no insert
+//! on peek, reclamation, eviction, and a differential test against an unbounded table.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use floodgate::{
+    Algorithm, Gcra, KeyedBuilder, KeyedLimiter, LeakyBucket, ManualClock, Nanos, Policy,
+    RateLimiter, TokenBucket,
+};
+use proptest::prelude::*;
+
+fn keyed<K, A>(alg: A, capacity: usize, clock: &ManualClock) -> KeyedLimiter<K, A, ManualClock>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    A: Algorithm,
+{
+    KeyedBuilder::new(alg)
+        .capacity(capacity)
+        .shards(1)
+        .clock(clock.clone())
+        .build()
+        .expect("valid configuration")
+}
+
+/// Every key behaves exactly like its own `RateLimiter`, for each GCRA flavour.
+fn same_as_direct<A: Algorithm + Clone>(alg: A) {
+    let clock = ManualClock::new();
+    let limiter = keyed::<u64, A>(alg.clone(), 1_000, &clock);
+    let direct: Vec<_> = (0..5)
+        .map(|_| RateLimiter::with_clock(alg.clone(), clock.clone()))
+        .collect();
+    let mut step = 0u64;
+    for round in 0..400u64 {
+        let key = (round * 7 + round / 3) % 5;
+        let cost = (round % 4) as u32;
+        step = step
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        if step >> 61 == 0 {
+            clock.advance(Duration::from_millis(step >> 54 & 0xFF));
+        }
+        let peeked = limiter.peek(&key, cost);
+        assert_eq!(
+            peeked,
+            direct[key as usize].peek(cost),
+            "peek key {key} round {round}"
+        );
+        let got = limiter.check_n(&key, cost);
+        assert_eq!(
+            got,
+            direct[key as usize].check_n(cost),
+            "key {key} round {round}"
+        );
+        assert_eq!(got, peeked, "peek must predict check");
+    }
+}
+
+#[test]
+fn gcra_per_key_is_exact() {
+    same_as_direct(Gcra::new(
+        Policy::per_second(10).unwrap().with_burst(3).unwrap(),
+    ));
+}
+
+#[test]
+fn token_bucket_per_key_is_exact() {
+    same_as_direct(TokenBucket::new(4, 2, Duration::from_millis(300)).unwrap());
+}
+
+#[test]
+fn leaky_bucket_per_key_is_exact() {
+    same_as_direct(LeakyBucket::meter(5, 10, Duration::from_secs(1)).unwrap());
+}
+
+#[test]
+fn key_types() {
+    let clock = ManualClock::new();
+    let policy = Gcra::new(Policy::per_minute(1).unwrap());
+
+    let by_ip = keyed::<IpAddr, _>(policy, 16, &clock);
+    let a: IpAddr = "2001:db8::1".parse().unwrap();
+    let b: IpAddr = "192.0.2.1".parse().unwrap();
+    assert!(by_ip.check(&a).is_allowed());
+    assert!(!by_ip.check(&a).is_allowed());
+    assert!(by_ip.check(&b).is_allowed());
+
+    let by_name = keyed::<String, _>(policy, 16, &clock);
+    assert!(by_name.check("alice").is_allowed());
+    assert!(!by_name.check(&"alice".to_owned()).is_allowed());
+    assert!(by_name.check("bob").is_allowed());
+
+    let by_pair = keyed::<(IpAddr, String), _>(policy, 16, &clock);
+    assert!(by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(by_pair.check(&(b, "alice".to_owned())).is_allowed());
+    assert!(!by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert_eq!(by_pair.metrics().live_keys, 2);
+}
+
+#[test]
+fn only_stored_states_insert_keys() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(2).unwrap()), 16, &clock);
+    let _ = limiter.peek(&1, 1); // a read
+    let _ = limiter.check_n(&2, 0); // cost 0 writes nothing
+    let never = limiter.check_n(&3, 3); // above the capacity: denied, nothing stored
+    assert_eq!(never.retry_after(), None);
+    assert_eq!(limiter.metrics().live_keys, 0);
+    assert!(limiter.check(&4).is_allowed());
+    assert_eq!(limiter.metrics().live_keys, 1);
+}
+
+#[test]
+fn idle_keys_are_reclaimed_without_a_call() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 64, &clock);
+    for key in 0..64 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    assert_eq!(limiter.metrics().live_keys, 64);
+    // Every key is idle one second later: new keys replace them losslessly.
+    clock.advance(Duration::from_secs(1));
+    for key in 64..1_000 {
+        assert!(limiter.check(&key).is_allowed());
+        clock.advance(Duration::from_secs(1));
+    }
+    let m = limiter.metrics();
+    assert_eq!(m.evicted, 0);
+    assert!(m.live_keys <= 64);
+    assert_eq!(m.reclaimed + m.live_keys, 1_000);
+}
+
+#[test]
+fn a_full_table_evicts_the_key_closest_to_idle() {
+    let clock = ManualClock::new();
+    // Capacity 8, one shard: the eviction sample covers every key.
+    let limiter = keyed::<u64, _>(
+        Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap()),
+        8,
+        &clock,
+    );
+    for key in 0..8u64 {
+        // Key k is booked k + 1 seconds ahead: key 0 is the closest to idle.
+        assert!(limiter.check_n(&key, key as u32 + 1).is_allowed());
+    }
+    assert!(limiter.check_n(&100, 50).is_allowed());
+    let m = limiter.metrics();
+    assert_eq!((m.live_keys, m.evicted, m.reclaimed), (8, 1, 0));
+    // Key 0 was evicted: it starts fresh (remaining = 100 − 1); the others kept their state.
+    assert_eq!(limiter.peek(&0, 1).remaining(), 99);
+    for key in 1..8u64 {
+        assert_eq!(
+            limiter.peek(&key, 0).remaining(),
+            100 - (key + 1),
+            "key {key}"
+        );
+    }
+}
+
+#[test]
+fn memory_stays_bounded_under_a_flood_of_live_keys() {
+    let clock = ManualClock::new();
+    let limiter = KeyedBuilder::new(Gcra::new(Policy::per_hour(1).unwrap()))
+        .capacity(1_000)
+        .shards(4)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for key in 0..20_000u64 {
+        assert!(limiter.check(&key).is_allowed());
+        assert!(limiter.metrics().live_keys <= 1_000);
+    }
+    let m = limiter.metrics();
+    assert_eq!(m.reclaimed, 0);
+    assert_eq!(m.live_keys + m.evicted, 20_000);
+}
+
+#[test]
+fn metrics_count_checks_not_peeks() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 16, &clock);
+    let _ = limiter.check(&1);
+    let _ = limiter.check(&1);
+    let _ = limiter.peek(&1, 1);
+    let m = limiter.metrics();
+    assert_eq!((m.allowed, m.denied), (1, 1));
+}
+
+#[test]
+fn threads_never_admit_more_than_the_burst_per_key() {
+    // A frozen clock: each key admits exactly its burst, however threads race to
+    // insert it.
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let limiter = KeyedBuilder::new(Gcra::new(
+        Policy::per_hour(1).unwrap().with_burst(3).unwrap(),
+    ))
+    .capacity(4_096)
+    .shards(4)
+    .clock(clock)
+    .build()
+    .unwrap();
+    let admitted: Vec<AtomicU64> = (0..512).map(|_| AtomicU64::new(0)).collect();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let limiter = &limiter;
+            let admitted = &admitted;
+            s.spawn(move || {
+                for round in 0..8u64 {
+                    for key in 0..512u64 {
+                        let key = (key + t * 131 + round * 17) % 512;
+                        if limiter.check(&key).is_allowed() {
+                            admitted[key as usize].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    for (key, n) in admitted.iter().enumerate() {
+        assert_eq!(n.load(Ordering::Relaxed), 3, "key {key}");
+    }
+    let m = limiter.metrics();
+    assert_eq!(
+        (m.allowed, m.denied, m.live_keys),
+        (512 * 3, 4 * 8 * 512 - 512 * 3, 512)
+    );
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Check { key: u8, cost: u8 },
+    Peek { key: u8, cost: u8 },
+    Advance { millis: u16 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..24, 0u8..4).prop_map(|(key, cost)| Op::Check { key, cost }),
+        1 => (0u8..24, 0u8..4).prop_map(|(key, cost)| Op::Peek { key, cost }),
+        2 => (0u16..2_000).prop_map(|millis| Op::Advance { millis }),
+    ]
+}
+
+proptest! {
+    /// A tiny table makes the same decisions as an unbounded one as long as it only
+    /// reclaimed idle keys (no eviction yet).
+    #[test]
+    fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(ops in prop::collection::vec(op(), 1..300)) {
+        let clock = ManualClock::new();
+        let gcra = Gcra::new(Policy::per_second(4).unwrap().with_burst(3).unwrap());
+        let tiny = keyed::<u8, _>(gcra, 6, &clock);
+        let full = keyed::<u8, _>(gcra, 1_000, &clock);
+        let mut model: HashMap<u8, RateLimiter<Gcra, ManualClock>> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Advance { millis } => { clock.advance(Duration::from_millis(u64::from(millis))); }
+                Op::Peek { key, cost } => {
+                    let a = tiny.peek(&key, u32::from(cost));
+                    let b = full.peek(&key, u32::from(cost));
+                    if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
+                }
+                Op::Check { key, cost } => {
+                    let a = tiny.check_n(&key, u32::from(cost));
+                    let b = full.check_n(&key, u32::from(cost));
+                    let c = model.entry(key).or_insert_with(|| RateLimiter::with_clock(gcra, clock.clone())).check_n(u32::from(cost));
+                    prop_assert_eq!(b, c);
+                    if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
+                }
+            }
+            prop_assert!(tiny.metrics().live_keys <= 6);
+        }
+    }
+}
