@@ -146,8 +146,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
 ///
-/// Plain std atomics in both configurations: the index is an identity, not a
-/// synchronisation point, and loom needs no say in it.
+/// Plain std atomics: the index is an identity, not a synchronisation point. Under
+/// loom it is always 0, so that every model execution touches the same words.
+#[cfg(loom)]
+pub(crate) fn thread_index() -> usize {
+    0
+}
+
+/// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
+#[cfg(not(loom))]
 pub(crate) fn thread_index() -> usize {
     static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
     std::thread_local! {

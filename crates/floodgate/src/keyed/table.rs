@@ -175,7 +175,12 @@ where
         Table {
             shards,
             shard_bits,
+            // Random per-process seeds (HashDoS resistance); fixed under loom, whose
+            // exploration must be deterministic.
+            #[cfg(not(loom))]
             hasher: ahash::RandomState::new(),
+            #[cfg(loom)]
+            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
         }
     }
 
