@@ -59,6 +59,27 @@ pub trait Algorithm: Send + Sync {
     /// Whether `state` at `now` is indistinguishable from a fresh state, so that
     /// forgetting it loses nothing.
     fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
+
+    /// Gives back `cost` units a previous admission took, or `None` if the algorithm
+    /// cannot (the default). Used by composite limits to undo a charge when another
+    /// limit denies. Must not panic for any input; it may be approximate when time has
+    /// passed since the charge, but must never give back more than `cost` units.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Gcra, GcraState, Nanos, Policy};
+    /// let gcra = Gcra::new(Policy::per_second(1)?);
+    /// let now = Nanos::from_secs(10);
+    /// let (_, charged) = gcra.decide(GcraState::default(), now, 1);
+    /// let refunded = gcra.refund(charged.unwrap(), now, 1).unwrap();
+    /// assert!(gcra.is_idle(refunded, now));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund(&self, state: Self::State, now: Nanos, cost: u32) -> Option<Self::State> {
+        let _ = (state, now, cost);
+        None
+    }
 }
 
 /// Runs one decision on an atomic word (see [`update_word`]).
@@ -148,6 +169,13 @@ pub trait StateCell<S>: Send + Sync {
 /// ```
 pub struct AtomicCell<S> {
     word: CachePadded<Atomic<S>>,
+}
+
+impl<S> AtomicCell<S> {
+    /// The atomic word itself (for transitions other than a decision: refunds).
+    pub(crate) fn word(&self) -> &Atomic<S> {
+        &self.word
+    }
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {

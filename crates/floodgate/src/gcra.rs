@@ -189,6 +189,15 @@ impl Algorithm for Gcra {
     fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
         state.tat <= now
     }
+
+    /// `TAT − n·T`: exactly undoes a charge of `n` while `TAT` stayed ahead of the
+    /// clock; once time has caught up, at most `n` units come back.
+    fn refund(&self, state: GcraState, _now: Nanos, cost: u32) -> Option<GcraState> {
+        let back = u64::from(cost).saturating_mul(self.interval);
+        Some(GcraState {
+            tat: Nanos::new(state.tat.as_u64().saturating_sub(back)),
+        })
+    }
 }
 
 /// A token bucket — capacity `B`, refilled with `L` tokens per `P` — built as [`Gcra`].

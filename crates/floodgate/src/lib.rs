@@ -49,6 +49,7 @@
 mod algorithm;
 pub mod clock;
 mod decision;
+mod duration;
 pub mod gcra;
 pub mod keyed;
 mod limiter;
@@ -59,6 +60,7 @@ mod sync;
 pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
+pub use duration::{parse_duration, DurationError};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::{
     KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, MAX_CAPACITY,

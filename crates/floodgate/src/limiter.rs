@@ -266,6 +266,11 @@ where
         &self.clock
     }
 
+    /// The state cell (for transitions other than a decision: refunds).
+    pub(crate) fn cell(&self) -> &S {
+        &self.cell
+    }
+
     /// The current packed state (for tests, metrics and persistence).
     ///
     /// # Examples

@@ -265,6 +265,22 @@ impl Policy {
     pub const fn interval_nanos(&self) -> u64 {
         self.interval
     }
+
+    /// The policy as four words, for storing it in atomics (plan tables).
+    pub(crate) const fn to_words(self) -> [u64; 4] {
+        [self.limit, self.period, self.burst, self.interval]
+    }
+
+    /// A policy back from [`to_words`](Policy::to_words). Only ever fed words that
+    /// came from a validated policy.
+    pub(crate) const fn from_words(words: [u64; 4]) -> Policy {
+        Policy {
+            limit: words[0],
+            period: words[1],
+            burst: words[2],
+            interval: words[3],
+        }
+    }
 }
 
 /// Why a [`Policy`] was rejected. Each variant names the field and the bad value.

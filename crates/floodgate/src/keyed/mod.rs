@@ -91,6 +91,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod composite;
+#[cfg(feature = "serde")]
+mod config;
+pub mod plans;
 mod table;
 
 use core::borrow::Borrow;
@@ -247,13 +251,13 @@ impl std::error::Error for KeyedError {}
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct KeyedBuilder<A, C = DefaultClock> {
-    algorithm: A,
-    clock: C,
-    capacity: usize,
-    shards: Option<usize>,
+    pub(crate) algorithm: A,
+    pub(crate) clock: C,
+    pub(crate) capacity: usize,
+    pub(crate) shards: Option<usize>,
 }
 
-impl<A: Algorithm> KeyedBuilder<A> {
+impl<A> KeyedBuilder<A> {
     /// Starts configuring a keyed limiter running `algorithm` for every key.
     ///
     /// # Examples
@@ -276,7 +280,7 @@ impl<A: Algorithm> KeyedBuilder<A> {
     }
 }
 
-impl<A: Algorithm, C: Clock> KeyedBuilder<A, C> {
+impl<A, C> KeyedBuilder<A, C> {
     /// The most keys held at once (default [`DEFAULT_CAPACITY`]).
     ///
     /// # Examples
@@ -320,7 +324,7 @@ impl<A: Algorithm, C: Clock> KeyedBuilder<A, C> {
     /// assert_eq!(keyed.clock().now(), clock.now());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<A, C2> {
+    pub fn clock<C2>(self, clock: C2) -> KeyedBuilder<A, C2> {
         KeyedBuilder {
             algorithm: self.algorithm,
             clock,
@@ -349,6 +353,7 @@ impl<A: Algorithm, C: Clock> KeyedBuilder<A, C> {
     /// ```
     pub fn build<K>(self) -> Result<KeyedLimiter<K, A, C>, KeyedError>
     where
+        A: Algorithm,
         K: Hash + Eq + Send + Sync + 'static,
     {
         if self.capacity == 0 {
@@ -370,6 +375,7 @@ impl<A: Algorithm, C: Clock> KeyedBuilder<A, C> {
     /// Builds with `wanted` shards (rounded to a power of two in `[1, capacity]`).
     fn assemble<K>(self, wanted: usize) -> KeyedLimiter<K, A, C>
     where
+        A: Algorithm,
         K: Hash + Eq + Send + Sync + 'static,
     {
         let capacity = self.capacity.clamp(1, MAX_CAPACITY);
@@ -482,7 +488,17 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let decision = self.table.check(&self.algorithm, key, now, cost);
+        self.check_with(&self.algorithm, key, now, cost)
+    }
+
+    /// A check with another algorithm over the same state type (plans).
+    #[inline]
+    pub(crate) fn check_with<Q>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let decision = self.table.check(algorithm, key, now, cost);
         self.count(decision.is_allowed());
         decision
     }

@@ -1,0 +1,307 @@
+//! Composite limits: one request checked against several limits — global, per user,
+//! per endpoint — as one decision.
+//!
+//! [`check_all`] charges the limits in order. If one denies, the ones already
+//! charged are refunded ([`Algorithm::refund`]), the rest are only peeked, and the
+//! most restrictive decision is returned: a denial with the longest `retry_after`
+//! ("never" longest of all). If all admit, the admission with the least `remaining`
+//! is returned.
+//!
+//! # Consistency under concurrency
+//!
+//! Charges are taken one limit at a time, not atomically across limits. A request
+//! racing with a composite that is later refunded may see that charge while it is
+//! held (a *phantom* charge: it may be denied although, in hindsight, the composite
+//! took nothing) — never the reverse: no request is admitted beyond any single
+//! limit. A GCRA refund removes exactly the units charged while the limit's `TAT`
+//! stayed ahead of the clock (the usual case: the refund follows within
+//! microseconds); otherwise it returns at most the units charged. A keyed entry
+//! reclaimed or evicted between charge and refund is left alone. Counters
+//! ([`KeyedMetrics`](super::KeyedMetrics)) count a refunded admission as allowed.
+//!
+//! ```
+//! use floodgate::keyed::composite::{check_all, Limit};
+//! use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter};
+//!
+//! let clock = ManualClock::new();
+//! let global = RateLimiter::gcra_with_clock(Policy::per_second(1_000)?, clock.clone());
+//! let per_user = KeyedBuilder::new(Gcra::new(Policy::per_minute(2)?)).clock(clock.clone()).build::<String>()?;
+//! let per_endpoint = KeyedBuilder::new(Gcra::new(Policy::per_minute(100)?)).clock(clock.clone()).build::<&str>()?;
+//!
+//! let request = |user: &str| {
+//!     check_all(&[&global, &per_user.limit("alice"), &per_endpoint.limit(&"/search")], 1)
+//! };
+//! assert!(request("alice").is_allowed());
+//! assert!(request("alice").is_allowed());
+//! let third = request("alice");
+//! assert!(!third.is_allowed()); // per-user limit
+//! // Nothing was charged for the denied request: the global and endpoint limits
+//! // still show exactly two units taken.
+//! assert_eq!(global.peek(0).remaining(), 998);
+//! assert_eq!(per_endpoint.peek(&"/search", 0).remaining(), 98);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use core::borrow::Borrow;
+use core::hash::Hash;
+
+use super::plans::{PlanId, PlanLimiter};
+use super::KeyedLimiter;
+use crate::algorithm::{update_word, Algorithm, AtomicCell};
+use crate::clock::{Clock, Nanos};
+use crate::decision::Decision;
+use crate::limiter::RateLimiter;
+
+/// One limit a composite can charge and refund.
+///
+/// Implemented by [`RateLimiter`] (the lock-free one), by [`KeyedLimit`] (a keyed
+/// limiter and a key: [`KeyedLimiter::limit`]) and by [`PlanLimit`]
+/// ([`PlanLimiter::limit`]).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::Limit;
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+/// let now = limiter.now();
+/// assert!(limiter.charge_at(now, 1).is_allowed());
+/// limiter.refund_at(now, 1);
+/// assert!(limiter.charge_at(now, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait Limit {
+    /// This limit's clock reading.
+    fn now(&self) -> Nanos;
+    /// Decides `cost` at `now`, consuming it if allowed.
+    fn charge_at(&self, now: Nanos, cost: u32) -> Decision;
+    /// What `charge_at` would decide, writing nothing.
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision;
+    /// Gives back `cost` units an admission at about `now` took.
+    fn refund_at(&self, now: Nanos, cost: u32);
+}
+
+/// Checks `cost` against every limit as one decision: if any denies, none is
+/// charged. See the [module docs](self) for the returned decision and consistency.
+///
+/// An empty list admits.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::check_all;
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// let clock = ManualClock::new();
+/// let a = RateLimiter::gcra_with_clock(Policy::per_second(5)?, clock.clone());
+/// let b = RateLimiter::gcra_with_clock(Policy::per_second(1)?, clock.clone());
+/// assert!(check_all(&[&a, &b], 1).is_allowed());
+/// let denied = check_all(&[&a, &b], 1);
+/// assert!(!denied.is_allowed());
+/// assert_eq!(a.peek(0).remaining(), 4); // refunded
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub fn check_all(limits: &[&dyn Limit], cost: u32) -> Decision {
+    let mut verdict: Option<Decision> = None;
+    for (i, limit) in limits.iter().enumerate() {
+        let decision = limit.charge_at(limit.now(), cost);
+        verdict = Some(match verdict {
+            Some(v) => most_restrictive(v, decision),
+            None => decision,
+        });
+        if !decision.is_allowed() {
+            // Undo what was taken, then learn the other limits' verdicts.
+            for taken in &limits[..i] {
+                taken.refund_at(taken.now(), cost);
+            }
+            for rest in &limits[i + 1..] {
+                let d = rest.peek_at(rest.now(), cost);
+                verdict = verdict.map(|v| most_restrictive(v, d));
+            }
+            break;
+        }
+    }
+    verdict.unwrap_or_else(|| Decision::new(true, 0, 0, Default::default(), None))
+}
+
+/// The more restrictive of two decisions.
+fn most_restrictive(a: Decision, b: Decision) -> Decision {
+    match (a.is_allowed(), b.is_allowed()) {
+        (true, false) => b,
+        (false, true) => a,
+        (false, false) => {
+            // None ("never") is the longest wait.
+            let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+            if wait(&b) > wait(&a) {
+                b
+            } else {
+                a
+            }
+        }
+        (true, true) => {
+            if (b.remaining(), core::cmp::Reverse(b.reset_after_nanos()))
+                < (a.remaining(), core::cmp::Reverse(a.reset_after_nanos()))
+            {
+                b
+            } else {
+                a
+            }
+        }
+    }
+}
+
+impl<A: Algorithm, C: Clock> Limit for RateLimiter<A, C, AtomicCell<A::State>> {
+    fn now(&self) -> Nanos {
+        self.clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.check_n_at(now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        RateLimiter::peek_at(self, now, cost)
+    }
+
+    fn refund_at(&self, now: Nanos, cost: u32) {
+        let algorithm = self.algorithm();
+        update_word(self.cell().word(), |s| ((), algorithm.refund(s, now, cost)));
+    }
+}
+
+/// A [`KeyedLimiter`] and one key, as a [`Limit`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::Limit;
+/// use floodgate::{KeyedLimiter, Policy};
+/// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let limit = keyed.limit(&7);
+/// assert!(limit.charge_at(limit.now(), 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub struct KeyedLimit<'a, K, Q: ?Sized, A: Algorithm, C> {
+    limiter: &'a KeyedLimiter<K, A, C>,
+    key: &'a Q,
+}
+
+impl<K, A, C> KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    A: Algorithm,
+    C: Clock,
+{
+    /// This limiter for one key, as a composite [`Limit`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::check_all;
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(check_all(&[&keyed.limit("alice")], 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> KeyedLimit<'a, K, Q, A, C>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        KeyedLimit { limiter: self, key }
+    }
+}
+
+impl<K, Q, A, C> Limit for KeyedLimit<'_, K, Q, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+{
+    fn now(&self) -> Nanos {
+        self.limiter.clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limiter.check_n_at(self.key, now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limiter.peek_at(self.key, now, cost)
+    }
+
+    fn refund_at(&self, now: Nanos, cost: u32) {
+        let algorithm = self.limiter.algorithm();
+        self.limiter
+            .table()
+            .update_existing(self.key, |s| algorithm.refund(s, now, cost));
+    }
+}
+
+/// A [`PlanLimiter`] and one key, as a [`Limit`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::check_all;
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::KeyedBuilder;
+/// let plans = Plans::classic();
+/// let free = plans.id("free").unwrap();
+/// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+/// assert_eq!(check_all(&[&limiter.limit(&1)], 10).remaining(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PlanLimit<'a, K, R, C> {
+    limiter: &'a PlanLimiter<K, R, C>,
+    key: &'a K,
+}
+
+impl<K, R, C> PlanLimiter<K, R, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    R: Fn(&K) -> PlanId + Send + Sync,
+    C: Clock,
+{
+    /// This limiter for one key, as a composite [`Limit`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::Limit;
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    /// let limit = limiter.limit(&1);
+    /// assert_eq!(limit.charge_at(limit.now(), 1).limit(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit<'a>(&'a self, key: &'a K) -> PlanLimit<'a, K, R, C> {
+        PlanLimit { limiter: self, key }
+    }
+}
+
+impl<K, R, C> Limit for PlanLimit<'_, K, R, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    R: Fn(&K) -> PlanId + Send + Sync,
+    C: Clock,
+{
+    fn now(&self) -> Nanos {
+        self.limiter.keyed().clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limiter.check_n_at(self.key, now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limiter.peek_at(self.key, now, cost)
+    }
+
+    fn refund_at(&self, now: Nanos, cost: u32) {
+        self.limiter.refund_at(self.key, now, cost);
+    }
+}

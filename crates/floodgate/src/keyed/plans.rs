@@ -1,0 +1,672 @@
+//! Per-key quotas: a table of named plans, a resolver from key to plan, and runtime
+//! quota changes that keep every key's state.
+//!
+//! ```
+//! use floodgate::keyed::plans::{PlanLimiter, Plans};
+//! use floodgate::{KeyedBuilder, ManualClock, Policy};
+//!
+//! let plans = Plans::classic(); // free 100/day burst 10, pro 10 000/day burst 100, enterprise 1 000 000/day burst 1 000
+//! let pro = plans.id("pro").unwrap();
+//! let free = plans.id("free").unwrap();
+//! let limiter = PlanLimiter::new(
+//!     &plans,
+//!     move |api_key: &String| if api_key.starts_with("pro_") { pro } else { free },
+//!     KeyedBuilder::new(()).clock(ManualClock::new()),
+//! )?;
+//! assert_eq!(limiter.check(&"pro_42".to_owned()).limit(), 100);
+//! assert_eq!(limiter.check(&"anon".to_owned()).limit(), 10);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Changing a quota at runtime
+//!
+//! [`PlanLimiter::set_policy`] swaps a plan's policy while requests run. Every key
+//! keeps its GCRA state (its theoretical arrival time): the new emission interval
+//! applies from the next decision on, and `remaining` is clamped to `[0, B]` of the
+//! new burst — as DESIGN.md "Changing a policy at runtime" specifies. Each plan's
+//! policy sits in a per-plan sequence lock (four words); a decision reads it with
+//! plain loads and retries only if an update ran at that very moment.
+
+use core::fmt;
+use core::hash::Hash;
+#[cfg(feature = "serde")]
+use std::collections::BTreeMap;
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use super::{KeyedBuilder, KeyedError, KeyedLimiter};
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, DefaultClock, Nanos};
+use crate::decision::Decision;
+use crate::gcra::Gcra;
+use crate::policy::{Policy, PolicyError};
+use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
+
+/// A plan's index in its [`Plans`] table.
+///
+/// # Examples
+///
+/// ```
+/// let plans = floodgate::keyed::plans::Plans::classic();
+/// assert_eq!(plans.name(plans.id("pro").unwrap()), Some("pro"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PlanId(u32);
+
+/// Named policies. The first plan inserted is the default (see
+/// [`Plans::set_default`]).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::Plans;
+/// use floodgate::Policy;
+/// let mut plans = Plans::new();
+/// let basic = plans.insert("basic", Policy::per_minute(60)?);
+/// assert_eq!(plans.policy(basic), Some(Policy::per_minute(60)?));
+/// assert_eq!(plans.default_plan(), Some(basic));
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plans {
+    names: Vec<String>,
+    policies: Vec<Policy>,
+    default: Option<PlanId>,
+}
+
+impl Plans {
+    /// No plans.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(floodgate::keyed::plans::Plans::new().is_empty());
+    /// ```
+    pub fn new() -> Plans {
+        Plans::default()
+    }
+
+    /// The classic table: `free` 100/day burst 10, `pro` 10 000/day burst 100,
+    /// `enterprise` 1 000 000/day burst 1 000; `free` is the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let plans = floodgate::keyed::plans::Plans::classic();
+    /// let pro = plans.policy(plans.id("pro").unwrap()).unwrap();
+    /// assert_eq!((pro.limit(), pro.burst()), (10_000, 100));
+    /// ```
+    pub fn classic() -> Plans {
+        let mut plans = Plans::new();
+        for (name, limit, burst) in [
+            ("free", 100, 10),
+            ("pro", 10_000, 100),
+            ("enterprise", 1_000_000, 1_000),
+        ] {
+            // Valid by construction: a day holds far more than 10^6 nanoseconds.
+            if let Ok(policy) = Policy::per_day(limit).and_then(|p| p.with_burst(burst)) {
+                plans.insert(name, policy);
+            }
+        }
+        plans
+    }
+
+    /// Adds a plan or replaces the policy of one with the same name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::Plans;
+    /// use floodgate::Policy;
+    /// let mut plans = Plans::classic();
+    /// let free = plans.insert("free", Policy::per_day(50)?);
+    /// assert_eq!(plans.policy(free).unwrap().limit(), 50);
+    /// assert_eq!(plans.len(), 3);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn insert(&mut self, name: &str, policy: Policy) -> PlanId {
+        if let Some(id) = self.id(name) {
+            self.policies[id.0 as usize] = policy;
+            return id;
+        }
+        let id = PlanId(self.names.len() as u32);
+        self.names.push(name.to_owned());
+        self.policies.push(policy);
+        self.default.get_or_insert(id);
+        id
+    }
+
+    /// Makes `name` the default plan (what an unknown [`PlanId`] resolves to).
+    ///
+    /// # Errors
+    ///
+    /// [`PlansError::UnknownPlan`] if there is no such plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let mut plans = floodgate::keyed::plans::Plans::classic();
+    /// plans.set_default("pro")?;
+    /// assert_eq!(plans.default_plan(), plans.id("pro"));
+    /// # Ok::<(), floodgate::keyed::plans::PlansError>(())
+    /// ```
+    pub fn set_default(&mut self, name: &str) -> Result<(), PlansError> {
+        let id = self.id(name).ok_or_else(|| PlansError::UnknownPlan {
+            name: name.to_owned(),
+        })?;
+        self.default = Some(id);
+        Ok(())
+    }
+
+    /// The id of the plan called `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let plans = floodgate::keyed::plans::Plans::classic();
+    /// assert!(plans.id("enterprise").is_some());
+    /// assert!(plans.id("platinum").is_none());
+    /// ```
+    pub fn id(&self, name: &str) -> Option<PlanId> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| PlanId(i as u32))
+    }
+
+    /// The name of plan `id`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let plans = floodgate::keyed::plans::Plans::classic();
+    /// assert_eq!(plans.name(plans.default_plan().unwrap()), Some("free"));
+    /// ```
+    pub fn name(&self, id: PlanId) -> Option<&str> {
+        self.names.get(id.0 as usize).map(String::as_str)
+    }
+
+    /// The policy of plan `id`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let plans = floodgate::keyed::plans::Plans::classic();
+    /// assert_eq!(plans.policy(plans.id("free").unwrap()).unwrap().burst(), 10);
+    /// ```
+    pub fn policy(&self, id: PlanId) -> Option<Policy> {
+        self.policies.get(id.0 as usize).copied()
+    }
+
+    /// The default plan (the first inserted unless [`set_default`](Plans::set_default)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(floodgate::keyed::plans::Plans::new().default_plan().is_none());
+    /// ```
+    pub fn default_plan(&self) -> Option<PlanId> {
+        self.default
+    }
+
+    /// How many plans.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(floodgate::keyed::plans::Plans::classic().len(), 3);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are no plans.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(!floodgate::keyed::plans::Plans::classic().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Every plan: id, name, policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let plans = floodgate::keyed::plans::Plans::classic();
+    /// let names: Vec<_> = plans.iter().map(|(_, name, _)| name).collect();
+    /// assert_eq!(names, ["free", "pro", "enterprise"]);
+    /// ```
+    pub fn iter(&self) -> impl Iterator<Item = (PlanId, &str, Policy)> + '_ {
+        self.names
+            .iter()
+            .zip(&self.policies)
+            .enumerate()
+            .map(|(i, (name, policy))| (PlanId(i as u32), name.as_str(), *policy))
+    }
+
+    /// Parses plans from TOML text (no file access: read the file yourself).
+    ///
+    /// ```toml
+    /// default = "free"            # optional; else the first plan
+    ///
+    /// [plans.free]
+    /// limit = 100
+    /// period = "1d"               # see floodgate::parse_duration
+    /// burst = 10                  # optional; default = limit
+    /// ```
+    ///
+    /// Plans are ordered by name.
+    ///
+    /// # Errors
+    ///
+    /// [`PlansError`] naming the plan and field for malformed TOML, a bad duration,
+    /// an invalid policy or an unknown default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::Plans;
+    /// let plans = Plans::from_toml(r#"
+    ///     default = "free"
+    ///     [plans.free]
+    ///     limit = 100
+    ///     period = "1d"
+    ///     burst = 10
+    ///     [plans.pro]
+    ///     limit = 10000
+    ///     period = "1d"
+    ///     burst = 100
+    /// "#)?;
+    /// let classic = Plans::classic();
+    /// for name in ["free", "pro"] {
+    ///     assert_eq!(plans.policy(plans.id(name).unwrap()), classic.policy(classic.id(name).unwrap()));
+    /// }
+    /// assert_eq!(plans.name(plans.default_plan().unwrap()), Some("free"));
+    /// # Ok::<(), floodgate::keyed::plans::PlansError>(())
+    /// ```
+    #[cfg(feature = "serde")]
+    pub fn from_toml(text: &str) -> Result<Plans, PlansError> {
+        super::config::parse(text)
+    }
+}
+
+impl FromIterator<(String, Policy)> for Plans {
+    /// Plans from `(name, policy)` pairs, in order; the first is the default.
+    fn from_iter<I: IntoIterator<Item = (String, Policy)>>(iter: I) -> Plans {
+        let mut plans = Plans::new();
+        for (name, policy) in iter {
+            plans.insert(&name, policy);
+        }
+        plans
+    }
+}
+
+/// Why plans could not be loaded or used.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{Plans, PlansError};
+/// let err = Plans::classic().set_default("gold").unwrap_err();
+/// assert_eq!(err, PlansError::UnknownPlan { name: "gold".into() });
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PlansError {
+    /// The TOML text is malformed or has the wrong shape.
+    Toml {
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// A plan's `period` is not a duration.
+    Period {
+        /// The plan.
+        plan: String,
+        /// What was wrong with it.
+        error: crate::duration::DurationError,
+    },
+    /// A plan's numbers make no valid policy.
+    Policy {
+        /// The plan.
+        plan: String,
+        /// What was wrong with it.
+        error: PolicyError,
+    },
+    /// No plan has this name.
+    UnknownPlan {
+        /// The name asked for.
+        name: String,
+    },
+    /// A plan limiter needs at least one plan.
+    NoPlans,
+    /// The key table could not be built.
+    Keyed(KeyedError),
+}
+
+impl fmt::Display for PlansError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlansError::Toml { message } => write!(f, "invalid plans TOML: {message}"),
+            PlansError::Period { plan, error } => write!(f, "plan {plan:?}: period: {error}"),
+            PlansError::Policy { plan, error } => write!(f, "plan {plan:?}: {error}"),
+            PlansError::UnknownPlan { name } => write!(f, "no plan named {name:?}"),
+            PlansError::NoPlans => f.write_str("at least one plan is needed"),
+            PlansError::Keyed(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for PlansError {}
+
+/// One plan's policy in four atomic words behind a sequence lock.
+struct PlanCell {
+    version: AtomicU64,
+    words: [AtomicU64; 4],
+}
+
+impl PlanCell {
+    fn new(policy: Policy) -> PlanCell {
+        PlanCell {
+            version: AtomicU64::new(0),
+            words: policy.to_words().map(AtomicU64::new),
+        }
+    }
+
+    /// The current policy: retried only while an update is mid-way.
+    #[inline]
+    fn load(&self) -> Policy {
+        let backoff = Backoff::new();
+        loop {
+            // Acquire: pairs with the writer's closing Release store.
+            let before = self.version.load(Ordering::Acquire);
+            let words = [0, 1, 2, 3].map(|i| self.words[i].load(Ordering::Relaxed));
+            // Acquire fence: if a word came from an update, the re-read sees its
+            // odd (or later) version.
+            fence(Ordering::Acquire);
+            if before % 2 == 0 && self.version.load(Ordering::Relaxed) == before {
+                return Policy::from_words(words);
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Replaces the policy; callers serialise on the limiter's update lock.
+    fn store(&self, policy: Policy) {
+        let version = self.version.load(Ordering::Relaxed);
+        self.version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: orders the odd version before the word stores.
+        fence(Ordering::Release);
+        for (word, value) in self.words.iter().zip(policy.to_words()) {
+            word.store(value, Ordering::Relaxed);
+        }
+        // Release: a reader that sees the even version sees every word.
+        self.version
+            .store(version.wrapping_add(2), Ordering::Release);
+    }
+}
+
+/// A keyed GCRA limiter whose policy depends on the key's plan.
+///
+/// See the [module docs](self) for an example and runtime changes.
+pub struct PlanLimiter<K, R, C = DefaultClock> {
+    keyed: KeyedLimiter<K, Gcra, C>,
+    names: Vec<String>,
+    cells: Box<[CachePadded<PlanCell>]>,
+    default: usize,
+    update: Mutex<()>,
+    resolver: R,
+}
+
+impl<K, R, C> PlanLimiter<K, R, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    R: Fn(&K) -> PlanId + Send + Sync,
+    C: Clock,
+{
+    /// A limiter for `plans`, mapping keys to plans with `resolver`, with the
+    /// capacity, shards and clock of `table` (its algorithm is not used: pass `()`).
+    ///
+    /// An id that is not in `plans` resolves to the default plan.
+    ///
+    /// # Errors
+    ///
+    /// [`PlansError::NoPlans`] for an empty table, [`PlansError::Keyed`] for a bad
+    /// table configuration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let enterprise = plans.id("enterprise").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| enterprise, KeyedBuilder::new(()).capacity(1_000))?;
+    /// assert_eq!(limiter.check(&1).limit(), 1_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(plans: &Plans, resolver: R, table: KeyedBuilder<(), C>) -> Result<Self, PlansError> {
+        let default = plans.default_plan().ok_or(PlansError::NoPlans)?;
+        let first = plans.policy(default).ok_or(PlansError::NoPlans)?;
+        // The table's own algorithm only judges idleness and closeness to idle, which
+        // for GCRA depend on the state alone, not on the policy.
+        let keyed = KeyedBuilder {
+            algorithm: Gcra::new(first),
+            clock: table.clock,
+            capacity: table.capacity,
+            shards: table.shards,
+        }
+        .build()
+        .map_err(PlansError::Keyed)?;
+        Ok(PlanLimiter {
+            keyed,
+            names: plans.names.clone(),
+            cells: plans
+                .policies
+                .iter()
+                .map(|p| CachePadded::new(PlanCell::new(*p)))
+                .collect(),
+            default: default.0 as usize,
+            update: Mutex::new(()),
+            resolver,
+        })
+    }
+
+    #[inline]
+    fn gcra_for(&self, key: &K) -> Gcra {
+        let id = (self.resolver)(key).0 as usize;
+        let cell = self.cells.get(id).unwrap_or(&self.cells[self.default]);
+        Gcra::new(cell.load())
+    }
+
+    /// Decides one unit for `key` under its plan, consuming it if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// assert_eq!(limiter.check(&7).remaining(), 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check(&self, key: &K) -> Decision {
+        self.check_n_at(key, self.keyed.clock().now(), 1)
+    }
+
+    /// Decides `cost` units for `key` at `now` under its plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, Nanos};
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    /// assert_eq!(limiter.check_n_at(&7, Nanos::from_secs(1), 100).remaining(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check_n_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
+        let gcra = self.gcra_for(key);
+        self.keyed.check_with(&gcra, key, now, cost)
+    }
+
+    /// What a check of `cost` would decide now; writes nothing, inserts nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// assert!(!limiter.peek(&7, 11).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn peek(&self, key: &K, cost: u32) -> Decision {
+        self.peek_at(key, self.keyed.clock().now(), cost)
+    }
+
+    /// [`peek`](PlanLimiter::peek) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, Nanos};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// assert!(limiter.peek_at(&7, Nanos::from_secs(3), 10).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn peek_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
+        let gcra = self.gcra_for(key);
+        self.keyed.table().peek(&gcra, key, now, cost)
+    }
+
+    /// Gives back `cost` units `key` was charged at `now` (see
+    /// [`composite`](super::composite)). A key no longer in the table is left alone.
+    pub(crate) fn refund_at(&self, key: &K, now: Nanos, cost: u32) {
+        let gcra = self.gcra_for(key);
+        self.keyed
+            .table()
+            .update_existing(key, |s| gcra.refund(s, now, cost));
+    }
+
+    /// Changes plan `name`'s policy now; every key keeps its state (GCRA: its TAT),
+    /// the new interval applies from the next decision and `remaining` is clamped to
+    /// the new burst.
+    ///
+    /// # Errors
+    ///
+    /// [`PlansError::UnknownPlan`] if no plan has this name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()).clock(ManualClock::new()))?;
+    /// for _ in 0..10 { assert!(limiter.check(&1).is_allowed()); }
+    /// assert!(!limiter.check(&1).is_allowed());
+    /// // Doubling the burst: the key's TAT is kept, so it gets the 10 extra at once.
+    /// limiter.set_policy("free", Policy::per_day(100)?.with_burst(20)?)?;
+    /// assert_eq!(limiter.check(&1).remaining(), 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&self, name: &str, policy: Policy) -> Result<(), PlansError> {
+        let id =
+            self.names
+                .iter()
+                .position(|n| n == name)
+                .ok_or_else(|| PlansError::UnknownPlan {
+                    name: name.to_owned(),
+                })?;
+        let _serial = lock(&self.update);
+        self.cells[id].store(policy);
+        Ok(())
+    }
+
+    /// The current policy of plan `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let limiter = PlanLimiter::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::new(()))?;
+    /// assert_eq!(limiter.policy("pro").unwrap().burst(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self, name: &str) -> Option<Policy> {
+        let id = self.names.iter().position(|n| n == name)?;
+        Some(self.cells[id].load())
+    }
+
+    /// The key table underneath (metrics, capacity).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let _ = limiter.check(&1);
+    /// assert_eq!(limiter.keyed().metrics().live_keys, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyed(&self) -> &KeyedLimiter<K, Gcra, C> {
+        &self.keyed
+    }
+}
+
+/// The TOML shape, parsed with serde.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlansFile {
+    #[serde(default)]
+    pub(super) default: Option<String>,
+    #[serde(default)]
+    pub(super) plans: BTreeMap<String, PlanEntry>,
+}
+
+/// One `[plans.<name>]` table.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlanEntry {
+    pub(super) limit: u64,
+    pub(super) period: String,
+    #[serde(default)]
+    pub(super) burst: Option<u64>,
+}
+
+impl<K, R, C: fmt::Debug> fmt::Debug for PlanLimiter<K, R, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlanLimiter")
+            .field("plans", &self.names)
+            .field("keyed", &self.keyed)
+            .finish_non_exhaustive()
+    }
+}
