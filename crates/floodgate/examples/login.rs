@@ -1,0 +1,84 @@
+//! Brute-force protection for a login endpoint: at most 5 failed attempts per
+//! 5 minutes per (IP, username).
+//!
+//! `peek(1)` before checking the password (it writes nothing and inserts no key, so
+//! successful logins cost no memory), `check(1)` only when the password was wrong.
+//!
+//! Run with `cargo run -p floodgate --example login`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy};
+
+/// Outcome of one login attempt.
+enum Login {
+    Welcome,
+    WrongPassword,
+    TryAgainIn(Duration),
+}
+
+impl std::fmt::Display for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Login::Welcome => f.write_str("welcome"),
+            Login::WrongPassword => f.write_str("wrong password"),
+            Login::TryAgainIn(wait) => write!(f, "too many failures, try again in {wait:?}"),
+        }
+    }
+}
+
+struct Server {
+    users: Vec<(&'static str, &'static str)>,
+    failures: KeyedLimiter<(IpAddr, String), Gcra, ManualClock>,
+}
+
+impl Server {
+    fn login(&self, ip: IpAddr, user: &str, password: &str) -> Login {
+        let key = (ip, user.to_owned());
+        let gate = self.failures.peek(&key, 1);
+        if !gate.is_allowed() {
+            // Do not even look at the password.
+            return Login::TryAgainIn(gate.retry_after().unwrap_or(Duration::MAX));
+        }
+        if self.users.iter().any(|&(u, p)| u == user && p == password) {
+            return Login::Welcome;
+        }
+        let _ = self.failures.check(&key); // one failure recorded
+        Login::WrongPassword
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(); // a real server uses the default clock
+    let server = Server {
+        users: vec![("alice", "correct horse")],
+        failures: KeyedBuilder::new(Gcra::new(Policy::new(5, Duration::from_secs(300))?))
+            .capacity(100_000)
+            .clock(clock.clone())
+            .build()?,
+    };
+    let attacker: IpAddr = "203.0.113.9".parse()?;
+    for guess in [
+        "123456",
+        "password",
+        "qwerty",
+        "letmein",
+        "dragon",
+        "correct horse",
+    ] {
+        println!("{guess:>14}: {}", server.login(attacker, "alice", guess));
+    }
+    clock.advance(Duration::from_secs(60));
+    println!(
+        "one minute later: {:?}",
+        server.login(attacker, "alice", "correct horse")
+    );
+    let home: IpAddr = "192.0.2.1".parse()?;
+    println!(
+        "alice from home: {:?}",
+        server.login(home, "alice", "correct horse")
+    );
+    println!("{:?}", server.failures.metrics());
+    Ok(())
+}
