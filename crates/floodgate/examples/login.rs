@@ -71,12 +71,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     clock.advance(Duration::from_secs(60));
     println!(
-        "one minute later: {:?}",
+        "one minute later: {}",
         server.login(attacker, "alice", "correct horse")
     );
     let home: IpAddr = "192.0.2.1".parse()?;
     println!(
-        "alice from home: {:?}",
+        "alice from home: {}",
         server.login(home, "alice", "correct horse")
     );
     println!("{:?}", server.failures.metrics());

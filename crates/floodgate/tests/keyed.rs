@@ -1,6 +1,6 @@
-#![cfg(not(loom))]
 //! Public behaviour of `KeyedLimiter`: exact decisions per key, key types, no insert
 //! on peek, reclamation, eviction, and a differential test against an unbounded table.
+#![cfg(not(loom))]
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -1,6 +1,6 @@
-#![cfg(not(loom))]
 //! Composite limits (refunds, the most restrictive decision) and the brute-force
 //! login pattern.
+#![cfg(not(loom))]
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -1,10 +1,10 @@
-#![cfg(not(loom))]
 //! A flood of 10 million unique keys through a limiter with capacity 1 million:
 //! the heap never grows past the bound, keys that stayed live keep their decisions,
 //! and a check on a known key allocates nothing.
 //!
 //! Too slow unoptimised; run it with
 //! `cargo test -p floodgate --release --test keyed_flood` (CI does).
+#![cfg(not(loom))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

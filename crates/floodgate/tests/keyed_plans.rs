@@ -1,6 +1,6 @@
-#![cfg(not(loom))]
 //! Plans: TOML loading, errors, the resolver, and runtime quota changes that keep
 //! every key's GCRA state.
+#![cfg(not(loom))]
 
 use std::time::Duration;
 

@@ -1,9 +1,9 @@
-#![cfg(loom)]
 //! loom models of the keyed table: insertion racing with lookup, and reclamation
 //! racing with a decision on the same key. A retired slot must never hand one key's
 //! state to another, and reclaiming an idle key must lose no charge.
 //!
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed`
+#![cfg(loom)]
 
 use std::sync::Arc;
 use std::time::Duration;
