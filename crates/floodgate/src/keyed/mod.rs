@@ -23,7 +23,8 @@
 //! * **Exact keys**: slots point to heap entries holding the key itself; two
 //!   different keys never share a state.
 //! * **Bounded memory**: the slot array is sized once from the capacity (load factor
-//!   ≤ 7/8) and never grows; at most `capacity` entries exist. Memory is
+//!   ≤ 7/8) and never grows; at most [`KeyedLimiter::max_keys`] entries exist (the
+//!   capacity plus ≈ 4/√share slack for uneven hashing across shards). Memory is
 //!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
 //!   (for `u64` keys: ≈ 18.3 + 16 bytes of payload per key at full capacity).
 //! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
@@ -143,6 +144,7 @@ const MIN_KEYS_PER_SHARD: usize = 64;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct KeyedLimiter<K, A: Algorithm = Gcra, C = DefaultClock> {
+    capacity: usize,
     algorithm: A,
     clock: C,
     table: Table<K, A::State>,
@@ -392,6 +394,7 @@ impl<A, C> KeyedBuilder<A, C> {
             })
             .collect();
         KeyedLimiter {
+            capacity,
             algorithm: self.algorithm,
             clock: self.clock,
             table: Table::new(capacity, shards),
@@ -612,8 +615,7 @@ where
         m
     }
 
-    /// The most keys held at once (the configured capacity, rounded up to a multiple
-    /// of the shard count).
+    /// The configured key capacity.
     ///
     /// # Examples
     ///
@@ -623,6 +625,25 @@ where
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The most keys the table can hold: each shard's share of the capacity plus a
+    /// slack for uneven hashing (4·√share + 8 per shard, about 1 % at 125 000 keys
+    /// per shard; none with one shard), so that `capacity` keys fit without evicting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let one = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(1_000).shards(1).build::<u64>()?;
+    /// assert_eq!(one.max_keys(), 1_000);
+    /// let four = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(1_000).shards(4).build::<u64>()?;
+    /// assert_eq!(four.max_keys(), 4 * (250 + 4 * 15 + 8));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_keys(&self) -> usize {
         self.table.capacity()
     }
 
