@@ -274,3 +274,62 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn reclamation_racing_with_decisions_never_over_admits() {
+    // 64 keys in a table of 64 while the clock moves: keys go idle, get reclaimed
+    // (by the sweeping main thread, and by the hand on inserts past 56 keys) and come
+    // back, with other threads deciding on them lock-free all along. No key may ever
+    // admit more than B + elapsed/T, and nothing live is evicted.
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let gcra = Gcra::new(Policy::per_second(1_000).unwrap().with_burst(2).unwrap());
+    let limiter = keyed::<u64, _>(gcra, 64, &clock);
+    let admitted: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
+    let finished = AtomicU64::new(0);
+    let start = floodgate::Clock::now(&clock);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (limiter, admitted, finished) = (&limiter, &admitted, &finished);
+            s.spawn(move || {
+                for i in 0..30_000u64 {
+                    let key = (i * 7 + t) % 64;
+                    if limiter.check(&key).is_allowed() {
+                        admitted[key as usize].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                finished.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        while finished.load(Ordering::Relaxed) < 3 {
+            clock.advance(Duration::from_micros(500));
+            let _ = limiter.reclaim_idle();
+        }
+    });
+    let elapsed_ms = (floodgate::Clock::now(&clock).as_u64() - start.as_u64()) / 1_000_000;
+    for (key, n) in admitted.iter().enumerate() {
+        let n = n.load(Ordering::Relaxed);
+        assert!(
+            n <= 2 + elapsed_ms,
+            "key {key}: {n} admitted in {elapsed_ms} ms"
+        );
+    }
+    clock.advance(Duration::from_millis(2));
+    let _ = limiter.reclaim_idle();
+    let m = limiter.metrics();
+    assert_eq!(m.evicted, 0);
+    assert_eq!((m.live_keys, m.reclaimed > 0), (0, true));
+}
+
+#[test]
+fn a_full_sweep_reclaims_every_idle_key() {
+    let clock = ManualClock::new();
+    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 1_000, &clock);
+    for key in 0..1_000 {
+        assert!(limiter.check(&key).is_allowed());
+    }
+    assert_eq!(limiter.reclaim_idle(), 0); // all live
+    clock.advance(Duration::from_secs(1));
+    // Removals shift later entries back into swept slots: every one must still go.
+    assert_eq!(limiter.reclaim_idle(), 1_000);
+    assert_eq!(limiter.metrics().live_keys, 0);
+}

@@ -504,13 +504,16 @@ where
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Moves the hand over `steps` slots, reclaiming idle keys.
+    /// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
     fn sweep<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
     where
         A: Algorithm<State = S> + ?Sized,
     {
         let guard = pin();
-        for _ in 0..steps {
+        // Count slots the hand moves past, not iterations: after a removal a later
+        // entry may have shifted into the same slot, which is inspected again.
+        let mut advanced = 0;
+        while advanced < steps {
             let i = writer.hand;
             let retired = match self.entry_at(i) {
                 Some(entry) => retire_state(algorithm, entry, now, true),
@@ -522,6 +525,7 @@ where
                 self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
             } else {
                 writer.hand = self.next(i);
+                advanced += 1;
             }
         }
     }
