@@ -660,3 +660,96 @@ impl<K, S> Drop for Table<K, S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Small enough for Miri, which checks the table's `unsafe` (entry lifetimes,
+    //! frees, data races). crossbeam-epoch casts integers to pointers and breaks
+    //! Stacked Borrows inside itself, and its global garbage outlives the process, so:
+    //! `MIRIFLAGS="-Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks"
+    //! cargo +nightly miri test -p floodgate --lib keyed::table -- --include-ignored`
+    use super::*;
+    use crate::gcra::{Gcra, GcraState};
+    use crate::policy::Policy;
+
+    fn gcra() -> Gcra {
+        Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap())
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
+    fn insert_find_retire_and_drop_heap_keys() {
+        let table: Table<String, GcraState> = Table::new(8, 1);
+        let g = gcra();
+        let t0 = Nanos::from_secs(1);
+        for i in 0..8 {
+            assert!(table
+                .check(&g, format!("k{i}").as_str(), t0, 1)
+                .is_allowed());
+        }
+        assert_eq!(table.counts().live, 8);
+        // Full of live keys: each new key evicts one (backward-shift unlinks).
+        for i in 8..20 {
+            assert!(table
+                .check(&g, format!("k{i}").as_str(), t0, 2)
+                .is_allowed());
+        }
+        assert_eq!(table.counts().live, 8);
+        assert_eq!(table.counts().evicted, 12);
+        // Everything idle later: a sweep reclaims all, entries freed via the epoch.
+        assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 8);
+        assert!(table.peek(&g, "k19", Nanos::from_secs(10), 2).is_allowed());
+        // Refill and drop the table with entries inside.
+        for i in 0..5 {
+            let _ = table.check(&g, format!("again{i}").as_str(), Nanos::from_secs(10), 1);
+        }
+        assert!(table.update_existing("again0", |s| g.refund(s, Nanos::from_secs(10), 1)));
+        assert!(!table.update_existing("missing", |s| Some(s)));
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
+    fn threads_race_on_insert_lookup_and_removal() {
+        let table: Table<u64, GcraState> = Table::new(4, 1);
+        let g = gcra();
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (table, g) = (&table, &g);
+                s.spawn(move || {
+                    for i in 0..12u64 {
+                        let now = Nanos::from_secs(1 + i);
+                        let _ = table.check(g, &((i + t) % 6), now, 1);
+                        let _ = table.peek(g, &(i % 6), now, 1);
+                    }
+                });
+            }
+        });
+        assert!(table.counts().live <= 4);
+    }
+
+    #[test]
+    fn the_dead_word_is_never_stored() {
+        assert!(is_dead(&dead::<GcraState>()));
+        assert!(!is_dead(&GcraState::from_tat(Nanos::new(u64::MAX - 1))));
+        // A transition that would store the dead word is refused instead.
+        let word = Atomic::new(GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000)));
+        let d = decide_live(&gcra(), &word, Nanos::new(u64::MAX - 1_500_000_000), 1);
+        assert!(d.is_some_and(|d| !d.is_allowed()));
+        assert!(!is_dead(&word.load(Ordering::Relaxed)));
+    }
+
+    #[test]
+    fn isqrt_is_exact() {
+        for n in [0usize, 1, 2, 3, 4, 15, 16, 17, 99, 100, 125_000, usize::MAX] {
+            let r = isqrt(n);
+            assert!(r.checked_mul(r).is_some_and(|sq| sq <= n));
+            assert!((r + 1).checked_mul(r + 1).is_none_or(|sq| sq > n), "{n}");
+        }
+    }
+}
