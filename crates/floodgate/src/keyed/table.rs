@@ -707,7 +707,7 @@ mod tests {
             let _ = table.check(&g, format!("again{i}").as_str(), Nanos::from_secs(10), 1);
         }
         assert!(table.update_existing("again0", |s| g.refund(s, Nanos::from_secs(10), 1)));
-        assert!(!table.update_existing("missing", |s| Some(s)));
+        assert!(!table.update_existing("missing", Some));
     }
 
     #[test]
