@@ -201,10 +201,13 @@ fn contenders(capacity: usize) -> Vec<(&'static str, Box<dyn Contender>)> {
     ]
 }
 
-/// A cyclic sequence of keys in `[base, base + n)`: uniform or Zipf(1.0).
+/// A cyclic sequence of keys in `[base, base + n)`: uniform or Zipf(1.0), of a
+/// power-of-two length.
 fn keys(n: u64, base: u64, zipf: bool, seed: u64) -> Vec<u64> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let len = 1 << 16;
+    // Long enough to touch (nearly) every key: a short cycle over a big table would
+    // measure a cache-resident subset.
+    let len = (2 * n as usize).next_power_of_two().max(1 << 16);
     if zipf {
         let dist = Zipf::new(n as f64, 1.0).expect("valid Zipf");
         (0..len)

@@ -16,7 +16,10 @@
 //! limit. A GCRA refund removes exactly the units charged while the limit's `TAT`
 //! stayed ahead of the clock (the usual case: the refund follows within
 //! microseconds); otherwise it returns at most the units charged. A keyed entry
-//! reclaimed or evicted between charge and refund is left alone. Counters
+//! found removed (reclaimed or evicted) at refund time is left alone; in the rare
+//! race where it was removed *and* re-created by another request before the refund
+//! looks it up, the new entry gets the units back (at most `cost` units too many,
+//! once). Counters
 //! ([`KeyedMetrics`](super::KeyedMetrics)) count a refunded admission as allowed.
 //!
 //! ```

@@ -293,10 +293,10 @@ where
             })
         };
         if let Some(entry) = shard.find(tag, key, &guard) {
-            if apply(&entry.state) {
-                return true;
-            }
+            // A dead entry means the key was removed since: leave its successor alone.
+            return apply(&entry.state);
         }
+        // A miss may be an entry moving: look again where nothing moves.
         let _writer = lock(&shard.write.lock);
         shard
             .find(tag, key, &guard)
