@@ -464,15 +464,21 @@ where
             return decision.refused();
         }
         self.make_room(&mut writer, algorithm, now, guard);
+        // There is always an empty slot: make_room leaves live < capacity < slots
+        // (it evicts whenever a shard is full and holds a key). Bounded all the same.
+        let mut i = self.home(tag);
+        let mut probes = 0;
+        while self.slots[i].tag.load(Ordering::Relaxed) != EMPTY {
+            i = self.next(i);
+            probes += 1;
+            if probes == self.slots.len() {
+                return decision.refused();
+            }
+        }
         let entry = Box::into_raw(Box::new(Entry {
             key: key.to_owned(),
             state: Atomic::new(next),
         }));
-        let mut i = self.home(tag);
-        // There is always an empty slot: live ≤ capacity < slots.
-        while self.slots[i].tag.load(Ordering::Relaxed) != EMPTY {
-            i = self.next(i);
-        }
         // Release (both): a reader that sees the tag sees the pointer, and one that
         // sees the pointer sees the entry's contents.
         self.slots[i].entry.store(entry, Ordering::Release);
@@ -540,24 +546,22 @@ where
         let mut i = writer.hand;
         for _ in 0..self.slots.len() {
             if let Some(entry) = self.entry_at(i) {
+                if retire_state(algorithm, entry, now, true) == Retired::Idle {
+                    self.unlink(writer, i, guard);
+                    self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    writer.hand = i;
+                    return;
+                }
+                // Live (or made live by a racing decision): a candidate. Closest to
+                // idle = the least time until the state is fresh again.
                 let state = entry.state.load(Ordering::Relaxed);
-                if algorithm.is_idle(state, now) {
-                    if retire_state(algorithm, entry, now, true) == Retired::Idle {
-                        self.unlink(writer, i, guard);
-                        self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-                        writer.hand = i;
-                        return;
-                    }
-                } else {
-                    // Closest to idle: the least time until the state is fresh again.
-                    let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
-                    if best.is_none_or(|(b, _)| until_idle < b) {
-                        best = Some((until_idle, i));
-                    }
-                    sampled += 1;
-                    if sampled == EVICTION_SAMPLE {
-                        break;
-                    }
+                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
+                if best.is_none_or(|(b, _)| until_idle < b) {
+                    best = Some((until_idle, i));
+                }
+                sampled += 1;
+                if sampled == EVICTION_SAMPLE {
+                    break;
                 }
             }
             i = self.next(i);
