@@ -98,3 +98,29 @@ fn a_retired_slot_never_hands_its_state_to_another_key() {
         assert!(!keyed.peek(&1, 1).is_allowed() || !keyed.peek(&2, 1).is_allowed());
     });
 }
+
+#[test]
+fn evicting_a_live_key_racing_with_its_decision() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        // Capacity 1, key 1 live (booked 1 s ahead): inserting key 2 evicts it.
+        let keyed = limiter(1, &clock);
+        assert!(keyed.check(&1).is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&1));
+        let two = keyed.check(&2);
+        let one = t.join().unwrap();
+        // Key 2 is fresh: never key 1's state.
+        assert!(two.is_allowed());
+        assert_eq!(two.reset_after(), Duration::from_secs(1));
+        // Key 1 saw either its own state (denied) or, evicted, a fresh one.
+        if one.is_allowed() {
+            assert_eq!(one.reset_after(), Duration::from_secs(1));
+        } else {
+            assert_eq!(one.retry_after(), Some(Duration::from_secs(1)));
+        }
+        let m = keyed.metrics();
+        assert_eq!(m.live_keys, 1);
+        assert!(m.evicted >= 1);
+    });
+}
