@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::cli::BenchArgs;
 use crate::Failure;
-use contenders::{groups, Group, Implementation, BURST, LIMIT};
+use contenders::{groups, Group, Implementation, Keys, BURST, LIMIT};
 use harness::{median_rate, Sample};
 
 /// The default total measuring time.
@@ -174,9 +174,10 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
                     implementation: contender.implementation,
                     run: contender.run,
                     label: format!(
-                        "{} {} keys, {n} thread{}, {}",
+                        "{}, {} key{}, {n} thread{}, {}",
                         group.algorithm,
                         group.keys.id(),
+                        if group.keys == Keys::Hot { "" } else { "s" },
                         if n == 1 { "" } else { "s" },
                         contender.implementation.heading()
                     ),
@@ -186,6 +187,8 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         }
     }
     let plan = plan(total, cells.len(), args.repeats.get());
+    // Calibrate and anchor the TSC clock now, not inside the first measured run.
+    let _ = floodgate::Clock::now(&floodgate::DefaultClock::new());
     let progress = progress_bar((cells.len() * plan.repeats) as u64);
     let started = Instant::now();
     for repeat in 1..=plan.repeats {
@@ -267,7 +270,7 @@ fn progress_bar(runs: u64) -> ProgressBar {
     }
     let bar = ProgressBar::new(runs);
     if let Ok(style) =
-        ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} of ~{duration}  {msg}")
+        ProgressStyle::with_template("{bar:24} {pos}/{len} runs, eta {eta}  {wide_msg}")
     {
         bar.set_style(style);
     }
