@@ -31,6 +31,7 @@ fn quick_json_is_a_well_formed_table() {
         serde_json::from_slice(&output.stdout).expect("stdout is one JSON document");
     assert_eq!(report["unit"], "million decisions per second");
     assert!(report["machine"]["available_parallelism"].as_u64() >= Some(1));
+    assert!(report["machine"]["cpu"].is_string());
     let repeats = report["repeats"].as_u64().expect("repeats");
     assert!(repeats >= 1);
     assert!(report["run_ms"].as_f64() >= Some(20.0));

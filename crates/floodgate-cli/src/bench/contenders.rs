@@ -9,10 +9,13 @@
 //!
 //! # Adding rows
 //!
-//! * A new algorithm (fixed window, sliding window counter, sliding log): a function
-//!   like [`gcra_hot`] returning its contenders, pushed in [`groups`]. Leave out an
-//!   implementation that does not exist (governor has only GCRA; a textbook version
-//!   only where `floodgate::reference` has one): the table prints `n/a`.
+//! * A new word-sized algorithm (fixed window, sliding window counter): a [`Workload`]
+//!   impl that builds it for the workload's rate, and one group in [`groups`] —
+//!   `hot_key::<FixedWindowWorkload>(textbook)` gives its floodgate and mutex-twin
+//!   contenders. Pass only the extra contenders that exist (governor has only GCRA; a
+//!   textbook version only where `floodgate::reference` has one): the table prints
+//!   `n/a` for the rest. The sliding log, which is not an `Algorithm`, gets runner
+//!   functions of its own, shaped like [`gcra_textbook`].
 //! * Many keys, once the keyed limiter lands: a group with `keys: Keys::Many` whose
 //!   floodgate contender checks `key_for(thread, op)` on the keyed limiter, its mutex
 //!   twin on the locked keyed limiter, and governor's `RateLimiter::keyed` (behind the
@@ -32,7 +35,7 @@ use std::time::Duration;
 use std::num::NonZeroU32;
 
 use floodgate::reference::TextbookTokenBucket;
-use floodgate::{Clock, DefaultClock, Gcra, Policy, RateLimiter};
+use floodgate::{Algorithm, Clock, DefaultClock, Gcra, Policy, RateLimiter};
 
 use super::harness::{measure, Sample};
 
@@ -131,11 +134,38 @@ impl Group {
 
 /// The whole matrix.
 pub(crate) fn groups() -> Vec<Group> {
+    let mut gcra_others = vec![Contender {
+        implementation: Implementation::Textbook,
+        run: gcra_textbook,
+    }];
+    #[cfg(feature = "compare")]
+    gcra_others.push(Contender {
+        implementation: Implementation::Governor,
+        run: gcra_governor,
+    });
     vec![Group {
         algorithm: "gcra",
         keys: Keys::Hot,
-        contenders: gcra_hot(),
+        contenders: hot_key::<GcraWorkload>(gcra_others),
     }]
+}
+
+/// A word-sized algorithm the matrix measures, built for the workload's rate.
+pub(crate) trait Workload {
+    /// The library type.
+    type Algorithm: Algorithm;
+    /// The algorithm enforcing [`LIMIT`] per second (burst [`BURST`] where it has one).
+    fn algorithm() -> Self::Algorithm;
+}
+
+/// GCRA (and so the token and leaky buckets).
+pub(crate) struct GcraWorkload;
+
+impl Workload for GcraWorkload {
+    type Algorithm = Gcra;
+    fn algorithm() -> Gcra {
+        Gcra::new(gcra_policy())
+    }
 }
 
 fn gcra_policy() -> Policy {
@@ -145,37 +175,29 @@ fn gcra_policy() -> Policy {
         .expect("the benchmark policy is valid")
 }
 
-/// GCRA on one hot key.
-pub(crate) fn gcra_hot() -> Vec<Contender> {
+/// `W` on one hot key, lock-free and as its mutex twin, followed by `others`.
+pub(crate) fn hot_key<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
     let mut contenders = vec![
         Contender {
             implementation: Implementation::Floodgate,
-            run: gcra_floodgate,
+            run: floodgate_hot::<W>,
         },
         Contender {
             implementation: Implementation::MutexTwin,
-            run: gcra_mutex_twin,
-        },
-        Contender {
-            implementation: Implementation::Textbook,
-            run: gcra_textbook,
+            run: mutex_twin_hot::<W>,
         },
     ];
-    #[cfg(feature = "compare")]
-    contenders.push(Contender {
-        implementation: Implementation::Governor,
-        run: gcra_governor,
-    });
+    contenders.extend(others);
     contenders
 }
 
-fn gcra_floodgate(threads: usize, run_time: Duration) -> Sample {
-    let limiter = RateLimiter::gcra(gcra_policy());
+fn floodgate_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let limiter = RateLimiter::new(W::algorithm());
     measure(threads, run_time, |_, _| limiter.check().is_allowed())
 }
 
-fn gcra_mutex_twin(threads: usize, run_time: Duration) -> Sample {
-    let limiter = RateLimiter::locked_with_clock(Gcra::new(gcra_policy()), DefaultClock::new());
+fn mutex_twin_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let limiter = RateLimiter::locked_with_clock(W::algorithm(), DefaultClock::new());
     measure(threads, run_time, |_, _| limiter.check().is_allowed())
 }
 

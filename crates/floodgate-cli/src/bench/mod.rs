@@ -77,6 +77,7 @@ struct Report {
 
 #[derive(Serialize)]
 struct Machine {
+    cpu: String,
     available_parallelism: usize,
     arch: &'static str,
     os: &'static str,
@@ -205,6 +206,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
             "{LIMIT} per second, burst {BURST}: every decision admits and writes the state"
         ),
         machine: Machine {
+            cpu: cpu_model(),
             available_parallelism: available,
             arch: std::env::consts::ARCH,
             os: std::env::consts::OS,
@@ -226,6 +228,19 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         write_table(&mut out, &report)
     };
     written.and_then(|()| out.flush()).map_err(Failure::output)
+}
+
+/// The CPU's model name where the OS says it (Linux), else `unknown`.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 fn rows(groups: &[Group], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
@@ -280,12 +295,16 @@ fn progress_bar(runs: u64) -> ProgressBar {
 fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
     writeln!(
         out,
-        "floodgate bench: {} ({}), {} {}, available parallelism {}",
-        report.unit,
-        report.workload,
+        "floodgate bench: {} ({})",
+        report.unit, report.workload
+    )?;
+    writeln!(
+        out,
+        "machine: {}, available parallelism {}, {} {}",
+        report.machine.cpu,
+        report.machine.available_parallelism,
         report.machine.arch,
-        report.machine.os,
-        report.machine.available_parallelism
+        report.machine.os
     )?;
     writeln!(
         out,
