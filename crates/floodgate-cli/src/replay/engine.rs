@@ -3,22 +3,22 @@
 //!
 //! [`engine_for`] is the single place that maps an `--algorithm` name to an engine.
 //! Every engine runs the library's transition through the library's own driver
-//! (`RateLimiter::check_n_at`), so replay shows what the library would have done — it
-//! is not a separate simulation.
+//! ([`StateCell::apply`], the code under `RateLimiter::check_n_at`), so replay shows
+//! what the library would have done — it is not a separate simulation.
 //!
 //! # Adding an algorithm
 //!
 //! A word-sized algorithm (anything implementing [`floodgate::Algorithm`]) needs one
-//! arm in [`engine_for`]: `Ok(Box::new(PerKeyLimiters::new(FixedWindow::new(policy)?)))`.
+//! arm in [`engine_for`]: `Ok(Box::new(PerKeyStates::new(FixedWindow::new(policy)?)))`.
 //! A structure that is not an `Algorithm` (the sliding log) implements
-//! [`ReplayEngine`] itself. When the keyed limiter lands, `PerKeyLimiters` can be
+//! [`ReplayEngine`] itself. When the keyed limiter lands, `PerKeyStates` can be
 //! replaced by an impl of [`ReplayEngine`] for it (sized so that nothing live is
 //! evicted), keeping this trait as the seam.
 
 use std::collections::HashMap;
 use std::fmt;
 
-use floodgate::{Algorithm, Decision, Gcra, ManualClock, Nanos, Policy, PolicyError, RateLimiter};
+use floodgate::{Algorithm, AtomicCell, Decision, Gcra, Nanos, Policy, PolicyError, StateCell};
 
 use crate::cli::AlgorithmName;
 
@@ -29,38 +29,45 @@ pub(crate) trait ReplayEngine {
     fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision;
 }
 
-/// One library [`RateLimiter`] per key, created fresh on first sight, on a shared
-/// [`ManualClock`] kept at the replay's current instant.
+/// The packed state of every key, each request run through one library cell.
 ///
-/// Nothing is ever evicted: replay is deterministic, and memory grows with the number
-/// of distinct keys (their states), not with the input.
-pub(crate) struct PerKeyLimiters<A: Algorithm> {
+/// A library limiter per key would cost 256 bytes a key (its state word is
+/// cache-padded, which is right for a shared limiter and wasted here: replay is one
+/// thread) — 1.3 GB for a log with a million clients. So the table holds only each
+/// key's 8-byte state; a request loads it into a library [`AtomicCell`], runs the
+/// library's driver on it ([`StateCell::apply`], exactly what
+/// `RateLimiter::check_n_at` runs) and stores the result back. A key first seen is
+/// fresh (the all-zero state). Nothing is ever evicted: replay is deterministic, and
+/// memory grows with the number of distinct keys, not with the input.
+pub(crate) struct PerKeyStates<A: Algorithm> {
     algorithm: A,
-    clock: ManualClock,
-    limiters: HashMap<Box<str>, RateLimiter<A, ManualClock>>,
+    cell: AtomicCell<A::State>,
+    /// The state of a key never seen (the library's fresh state).
+    fresh: A::State,
+    states: HashMap<Box<str>, A::State>,
 }
 
-impl<A: Algorithm + Clone> PerKeyLimiters<A> {
+impl<A: Algorithm> PerKeyStates<A> {
     pub(crate) fn new(algorithm: A) -> Self {
-        PerKeyLimiters {
+        let cell = AtomicCell::fresh();
+        PerKeyStates {
             algorithm,
-            clock: ManualClock::new(),
-            limiters: HashMap::new(),
+            fresh: cell.load(),
+            cell,
+            states: HashMap::new(),
         }
     }
 }
 
-impl<A: Algorithm + Clone> ReplayEngine for PerKeyLimiters<A> {
+impl<A: Algorithm> ReplayEngine for PerKeyStates<A> {
     fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision {
-        // The shared clock follows the replay (it never goes backwards), so a limiter's
-        // own `check_n` would read this same instant.
-        self.clock.set(now);
-        if let Some(limiter) = self.limiters.get(key) {
-            return limiter.check_n_at(now, cost);
-        }
-        let limiter = RateLimiter::with_clock(self.algorithm.clone(), self.clock.clone());
-        let decision = limiter.check_n_at(now, cost);
-        self.limiters.insert(key.into(), limiter);
+        let state = match self.states.get_mut(key) {
+            Some(state) => state,
+            None => self.states.entry(key.into()).or_insert(self.fresh),
+        };
+        self.cell.store(*state);
+        let decision = self.cell.apply(&self.algorithm, now, cost);
+        *state = self.cell.load();
         decision
     }
 }
@@ -141,7 +148,7 @@ pub(crate) fn engine_for(spec: &PolicySpec) -> Result<Box<dyn ReplayEngine>, Eng
                 Some(burst) => policy.with_burst(burst)?,
                 None => policy,
             };
-            Ok(Box::new(PerKeyLimiters::new(Gcra::new(policy))))
+            Ok(Box::new(PerKeyStates::new(Gcra::new(policy))))
         }
         AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
             Err(EngineError::NotInThisBuild(spec.algorithm))
