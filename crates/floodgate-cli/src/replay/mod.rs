@@ -421,6 +421,48 @@ mod tests {
     }
 
     #[test]
+    fn top_denied_keys_are_ten_by_count_then_key() {
+        let deny = Decision::new(false, 1, 0, Duration::ZERO, None);
+        let allow = Decision::new(true, 1, 0, Duration::ZERO, None);
+        let mut summary = Summary::default();
+        // k00 … k11 denied 1, 2, 1, 2, … times; "never" is only ever allowed.
+        for i in 0..12u64 {
+            for _ in 0..=(i % 2) {
+                summary.record(&format!("k{i:02}"), i, &deny);
+            }
+        }
+        summary.record("never", 0, &allow);
+        let top: Vec<(&str, u64)> = summary.top_denied();
+        assert_eq!(
+            top,
+            [
+                ("k01", 2),
+                ("k03", 2),
+                ("k05", 2),
+                ("k07", 2),
+                ("k09", 2),
+                ("k11", 2),
+                ("k00", 1),
+                ("k02", 1),
+                ("k04", 1),
+                ("k06", 1),
+            ]
+        );
+        assert_eq!(summary.denials.len(), 13);
+    }
+
+    #[test]
+    fn the_earliest_of_equally_busy_seconds_wins() {
+        let allow = Decision::new(true, 1, 0, Duration::ZERO, None);
+        let mut summary = Summary::default();
+        for t in [0, 1, 1, 2, 2, 3] {
+            summary.record("k", t * NANOS_PER_SEC, &allow);
+        }
+        summary.close_second();
+        assert_eq!(summary.busiest_second, Some((1, 2)));
+    }
+
+    #[test]
     fn summary_counts_keys_denials_and_the_busiest_second() {
         let mut engine = engine_for(&spec()).unwrap();
         let mut summary = Summary::default();
