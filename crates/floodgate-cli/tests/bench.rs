@@ -44,6 +44,9 @@ fn quick_json_is_a_well_formed_table() {
     for row in rows {
         assert_eq!(row["algorithm"], "gcra");
         assert_eq!(row["keys"], "hot");
+        assert!(row["workload"]
+            .as_str()
+            .is_some_and(|w| w.contains("burst")));
         for implementation in ["floodgate", "mutex_twin", "textbook"] {
             let m = &row[implementation];
             assert!(m["mdps"].as_f64() > Some(0.0), "{implementation}: {row}");

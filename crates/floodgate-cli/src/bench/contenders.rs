@@ -23,11 +23,14 @@
 //!
 //! # The workload
 //!
-//! Every contender enforces [`LIMIT`] per second with a burst of [`BURST`]: a rate far
-//! above what any of them can decide, so every decision admits and every admission
-//! writes the state — the contended worst case for a lock-free cell (a denial writes
-//! nothing). Every contender reads its own clock once per decision, as it would in
-//! production: floodgate's TSC clock, governor's quanta clock.
+//! Each group states its workload (the report prints it). GCRA's contenders enforce
+//! [`LIMIT`] per second with a burst of [`BURST`]: a rate far above what any of them
+//! can decide, so every decision admits and every admission writes the state — the
+//! contended worst case for a lock-free cell (a denial writes nothing). A window
+//! algorithm may not accept such a policy (its counters and window index share one
+//! word), so its [`Workload`] picks its own and says so. Every contender reads its
+//! own clock once per decision, as it would in production: floodgate's TSC clock,
+//! governor's quanta clock.
 
 use std::time::Duration;
 
@@ -39,7 +42,7 @@ use floodgate::{Algorithm, Clock, DefaultClock, Gcra, Policy, RateLimiter};
 
 use super::harness::{measure, Sample};
 
-/// Units per second every contender enforces.
+/// Units per second GCRA's contenders enforce.
 pub(crate) const LIMIT: u64 = 1_000_000_000;
 /// Their burst (capacity).
 pub(crate) const BURST: u64 = 1_000;
@@ -121,6 +124,8 @@ pub(crate) struct Contender {
 pub(crate) struct Group {
     pub(crate) algorithm: &'static str,
     pub(crate) keys: Keys,
+    /// The policy and what it makes the decisions do.
+    pub(crate) workload: String,
     pub(crate) contenders: Vec<Contender>,
 }
 
@@ -146,6 +151,7 @@ pub(crate) fn groups() -> Vec<Group> {
     vec![Group {
         algorithm: "gcra",
         keys: Keys::Hot,
+        workload: GcraWorkload::description(),
         contenders: hot_key::<GcraWorkload>(gcra_others),
     }]
 }
@@ -154,8 +160,10 @@ pub(crate) fn groups() -> Vec<Group> {
 pub(crate) trait Workload {
     /// The library type.
     type Algorithm: Algorithm;
-    /// The algorithm enforcing [`LIMIT`] per second (burst [`BURST`] where it has one).
+    /// The algorithm, built for this workload's policy.
     fn algorithm() -> Self::Algorithm;
+    /// The policy and what it makes the decisions do, for the report.
+    fn description() -> String;
 }
 
 /// GCRA (and so the token and leaky buckets).
@@ -165,6 +173,9 @@ impl Workload for GcraWorkload {
     type Algorithm = Gcra;
     fn algorithm() -> Gcra {
         Gcra::new(gcra_policy())
+    }
+    fn description() -> String {
+        format!("{LIMIT} per second, burst {BURST}: every decision admits and writes the state")
     }
 }
 

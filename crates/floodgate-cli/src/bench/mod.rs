@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::cli::BenchArgs;
 use crate::Failure;
-use contenders::{groups, Group, Implementation, Keys, BURST, LIMIT};
+use contenders::{groups, Group, Implementation, Keys};
 use harness::{median_rate, Sample};
 
 /// The default total measuring time.
@@ -67,7 +67,6 @@ pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
 #[derive(Serialize)]
 struct Report {
     unit: &'static str,
-    workload: String,
     machine: Machine,
     repeats: usize,
     run_ms: f64,
@@ -87,6 +86,7 @@ struct Machine {
 struct Row {
     algorithm: &'static str,
     keys: &'static str,
+    workload: String,
     threads: usize,
     floodgate: Option<Measured>,
     mutex_twin: Option<Measured>,
@@ -202,9 +202,6 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     progress.finish_and_clear();
     let report = Report {
         unit: "million decisions per second",
-        workload: format!(
-            "{LIMIT} per second, burst {BURST}: every decision admits and writes the state"
-        ),
         machine: Machine {
             cpu: cpu_model(),
             available_parallelism: available,
@@ -257,6 +254,7 @@ fn rows(groups: &[Group], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
             let mut row = Row {
                 algorithm: group.algorithm,
                 keys: group.keys.id(),
+                workload: group.workload.clone(),
                 threads: n,
                 floodgate: measured(Implementation::Floodgate),
                 mutex_twin: measured(Implementation::MutexTwin),
@@ -293,11 +291,7 @@ fn progress_bar(runs: u64) -> ProgressBar {
 }
 
 fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
-    writeln!(
-        out,
-        "floodgate bench: {} ({})",
-        report.unit, report.workload
-    )?;
+    writeln!(out, "floodgate bench: {}", report.unit)?;
     writeln!(
         out,
         "machine: {}, available parallelism {}, {} {}",
@@ -314,6 +308,20 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         report.run_ms,
         report.total_s
     )?;
+    let mut described: Vec<(&str, &str)> = Vec::new();
+    for row in &report.rows {
+        if !described.contains(&(row.algorithm, row.keys)) {
+            described.push((row.algorithm, row.keys));
+            writeln!(
+                out,
+                "workload {} ({} key{}): {}",
+                row.algorithm,
+                row.keys,
+                if row.keys == Keys::Hot.id() { "" } else { "s" },
+                row.workload
+            )?;
+        }
+    }
     writeln!(out)?;
     let mut header = format!("{:<10} {:<5} {:>7}", "algorithm", "keys", "threads");
     for implementation in Implementation::ALL {
