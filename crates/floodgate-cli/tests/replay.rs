@@ -354,8 +354,8 @@ fn bad_policies_exit_2() {
         ("--limit 0 --per 1s", "limit must be at least 1"),
         ("--limit 5 --per 0s", "period must be at least 1"),
         ("--limit 5 --per 1s --burst 0", "burst"),
-        ("--limit 5 --per 1fortnight", "invalid duration"),
-        ("--limit 5 --per=-1s", "invalid duration"),
+        ("--limit 5 --per 1fortnight", "'--per <DURATION>'"),
+        ("--limit 5 --per=-1s", "'--per <DURATION>'"),
         ("--limit=-5 --per 1s", "'--limit <N>'"),
     ];
     for (flags, message) in cases {

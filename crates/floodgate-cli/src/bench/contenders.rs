@@ -16,10 +16,13 @@
 //!   textbook version only where `floodgate::reference` has one): the table prints
 //!   `n/a` for the rest. The sliding log, which is not an `Algorithm`, gets runner
 //!   functions of its own, shaped like [`gcra_textbook`].
-//! * Many keys, once the keyed limiter lands: a group with `keys: Keys::Many` whose
-//!   floodgate contender checks `key_for(thread, op)` on the keyed limiter, its mutex
-//!   twin on the locked keyed limiter, and governor's `RateLimiter::keyed` (behind the
-//!   `compare` feature).
+//! * Many keys: the group "gcra, many keys" measures [`MANY_KEYS`] keys spread by
+//!   [`key_for`] — its mutex twin (the same transition over a sharded map of states,
+//!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
+//!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
+//!   Its floodgate column waits for the keyed limiter: a `floodgate_many::<W>`
+//!   runner calling `keyed.check(&key_for(thread, op))` on a `KeyedLimiter<u64, _>`
+//!   sized for [`MANY_KEYS`], pushed first in [`many_keys`].
 //!
 //! # The workload
 //!
@@ -32,13 +35,16 @@
 //! own clock once per decision, as it would in production: floodgate's TSC clock,
 //! governor's quanta clock.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[cfg(feature = "compare")]
 use std::num::NonZeroU32;
 
 use floodgate::reference::TextbookTokenBucket;
-use floodgate::{Algorithm, Clock, DefaultClock, Gcra, Policy, RateLimiter};
+use floodgate::{Algorithm, AtomicCell, Clock, DefaultClock, Gcra, Policy, RateLimiter, StateCell};
 
 use super::harness::{measure, Sample};
 
@@ -97,7 +103,6 @@ pub(crate) enum Keys {
     Hot,
     /// Threads spread over many keys (the keyed limiter's case). No group uses it
     /// until the keyed limiter lands.
-    #[allow(dead_code)]
     Many,
 }
 
@@ -139,6 +144,7 @@ impl Group {
 
 /// The whole matrix.
 pub(crate) fn groups() -> Vec<Group> {
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
     let mut gcra_others = vec![Contender {
         implementation: Implementation::Textbook,
         run: gcra_textbook,
@@ -148,12 +154,30 @@ pub(crate) fn groups() -> Vec<Group> {
         implementation: Implementation::Governor,
         run: gcra_governor,
     });
-    vec![Group {
-        algorithm: "gcra",
-        keys: Keys::Hot,
-        workload: GcraWorkload::description(),
-        contenders: hot_key::<GcraWorkload>(gcra_others),
-    }]
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut gcra_many_others = vec![Contender {
+        implementation: Implementation::Textbook,
+        run: gcra_textbook_many,
+    }];
+    #[cfg(feature = "compare")]
+    gcra_many_others.push(Contender {
+        implementation: Implementation::Governor,
+        run: gcra_governor_many,
+    });
+    vec![
+        Group {
+            algorithm: "gcra",
+            keys: Keys::Hot,
+            workload: GcraWorkload::description(),
+            contenders: hot_key::<GcraWorkload>(gcra_others),
+        },
+        Group {
+            algorithm: "gcra",
+            keys: Keys::Many,
+            workload: format!("{MANY_KEYS} keys, each {}", GcraWorkload::description()),
+            contenders: many_keys::<GcraWorkload>(gcra_many_others),
+        },
+    ]
 }
 
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
@@ -212,30 +236,110 @@ fn mutex_twin_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
     measure(threads, run_time, |_, _| limiter.check().is_allowed())
 }
 
-fn gcra_textbook(threads: usize, run_time: Duration) -> Sample {
+/// Distinct keys in the many-keys groups.
+pub(crate) const MANY_KEYS: u64 = 100_000;
+
+/// The key of operation `op` on thread `thread` in a many-keys group: spread over
+/// [`MANY_KEYS`] by a multiplicative scramble, each thread on its own sequence.
+pub(crate) fn key_for(thread: usize, op: u64) -> u64 {
+    let thread = (thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread) % MANY_KEYS
+}
+
+/// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
+pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
+    let mut contenders = vec![Contender {
+        implementation: Implementation::MutexTwin,
+        run: mutex_twin_many::<W>,
+    }];
+    contenders.extend(others);
+    contenders
+}
+
+/// A power of two: enough shards that threads rarely meet on one lock.
+const TWIN_SHARDS: usize = 64;
+
+/// One shard of the keyed mutex twin, alone on its cache lines.
+#[repr(align(128))]
+struct TwinShard<S>(Mutex<HashMap<u64, S>>);
+
+/// The keyed mutex twin: `W`'s transition over per-key states in sharded maps, one
+/// mutex per shard (the shard from the key's high hash bits).
+fn mutex_twin_many<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let algorithm = W::algorithm();
+    let fresh = AtomicCell::<<W::Algorithm as Algorithm>::State>::fresh().load();
     let clock = DefaultClock::new();
-    let bucket = std::sync::Mutex::new(TextbookTokenBucket::new(
-        BURST as f64,
-        LIMIT as f64,
-        Duration::from_secs(1),
-        clock.now().as_u64(),
-    ));
-    measure(threads, run_time, |_, _| {
-        // The clock is read before taking the lock, as the limiters do.
+    let shards: Vec<TwinShard<_>> = (0..TWIN_SHARDS)
+        .map(|_| TwinShard(Mutex::new(HashMap::new())))
+        .collect();
+    let hasher = RandomState::new();
+    measure(threads, run_time, |thread, op| {
+        let key = key_for(thread, op);
+        let now = clock.now();
+        let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
+        let mut states = lock(&shards[shard].0);
+        let state = states.entry(key).or_insert(fresh);
+        let (decision, next) = algorithm.decide(*state, now, 1);
+        if let Some(next) = next {
+            *state = next;
+        }
+        decision.is_allowed()
+    })
+}
+
+/// The textbook keyed limiter: one map of `f64` buckets under one mutex.
+fn gcra_textbook_many(threads: usize, run_time: Duration) -> Sample {
+    let clock = DefaultClock::new();
+    let buckets: Mutex<HashMap<u64, TextbookTokenBucket>> = Mutex::new(HashMap::new());
+    measure(threads, run_time, |thread, op| {
+        let key = key_for(thread, op);
         let now = clock.now().as_u64();
-        bucket
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&buckets)
+            .entry(key)
+            .or_insert_with(|| textbook_bucket(now))
             .allow(now, 1.0)
     })
 }
 
 #[cfg(feature = "compare")]
-fn gcra_governor(threads: usize, run_time: Duration) -> Sample {
+fn gcra_governor_many(threads: usize, run_time: Duration) -> Sample {
+    let limiter = governor::RateLimiter::keyed(governor_quota());
+    measure(threads, run_time, |thread, op| {
+        limiter.check_key(&key_for(thread, op)).is_ok()
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A full textbook bucket for GCRA's workload, created at `now`.
+fn textbook_bucket(now: u64) -> TextbookTokenBucket {
+    TextbookTokenBucket::new(BURST as f64, LIMIT as f64, Duration::from_secs(1), now)
+}
+
+fn gcra_textbook(threads: usize, run_time: Duration) -> Sample {
+    let clock = DefaultClock::new();
+    let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
+    measure(threads, run_time, |_, _| {
+        // The clock is read before taking the lock, as the limiters do.
+        let now = clock.now().as_u64();
+        lock(&bucket).allow(now, 1.0)
+    })
+}
+
+#[cfg(feature = "compare")]
+fn governor_quota() -> governor::Quota {
     let limit = NonZeroU32::new(LIMIT as u32).unwrap_or(NonZeroU32::MAX);
     let burst = NonZeroU32::new(BURST as u32).unwrap_or(NonZeroU32::MIN);
-    let limiter =
-        governor::RateLimiter::direct(governor::Quota::per_second(limit).allow_burst(burst));
+    governor::Quota::per_second(limit).allow_burst(burst)
+}
+
+#[cfg(feature = "compare")]
+fn gcra_governor(threads: usize, run_time: Duration) -> Sample {
+    let limiter = governor::RateLimiter::direct(governor_quota());
     measure(threads, run_time, |_, _| limiter.check().is_ok())
 }
 
