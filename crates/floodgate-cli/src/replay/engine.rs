@@ -15,11 +15,11 @@
 //! replaced by an impl of [`ReplayEngine`] for it (sized so that nothing live is
 //! evicted), keeping this trait as the seam.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use floodgate::{Algorithm, AtomicCell, Decision, Gcra, Nanos, Policy, PolicyError, StateCell};
 
+use super::KeyMap;
 use crate::cli::AlgorithmName;
 
 /// Decides requests for many keys at instants the caller supplies.
@@ -44,7 +44,7 @@ pub(crate) struct PerKeyStates<A: Algorithm> {
     cell: AtomicCell<A::State>,
     /// The state of a key never seen (the library's fresh state).
     fresh: A::State,
-    states: HashMap<Box<str>, A::State>,
+    states: KeyMap<A::State>,
 }
 
 impl<A: Algorithm> PerKeyStates<A> {
@@ -54,7 +54,7 @@ impl<A: Algorithm> PerKeyStates<A> {
             algorithm,
             fresh: cell.load(),
             cell,
-            states: HashMap::new(),
+            states: KeyMap::default(),
         }
     }
 }
@@ -160,6 +160,7 @@ pub(crate) fn engine_for(spec: &PolicySpec) -> Result<Box<dyn ReplayEngine>, Eng
 mod tests {
     use super::*;
     use floodgate::reference::ExactGcra;
+    use std::collections::HashMap;
     use std::time::Duration;
 
     fn spec(algorithm: AlgorithmName, burst: Option<u64>) -> PolicySpec {

@@ -187,6 +187,10 @@ pub(crate) fn write_json_line(
     out.write_all(&line)
 }
 
+/// Replay's key tables: `ahash` hashes short keys faster than the default SipHash, and
+/// replay's input is a file the user chose, not an attacker's stream.
+pub(crate) type KeyMap<V> = HashMap<Box<str>, V, ahash::RandomState>;
+
 /// The counts behind the summary.
 #[derive(Debug, Default)]
 pub(crate) struct Summary {
@@ -194,7 +198,7 @@ pub(crate) struct Summary {
     allowed: u64,
     denied: u64,
     /// Every key seen, with its number of denials.
-    denials: HashMap<Box<str>, u64>,
+    denials: KeyMap<u64>,
     /// (second, requests) of the second being counted; times arrive in order.
     current_second: Option<(u64, u64)>,
     busiest_second: Option<(u64, u64)>,
