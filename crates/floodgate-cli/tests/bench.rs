@@ -36,29 +36,27 @@ fn quick_json_is_a_well_formed_table() {
     assert!(repeats >= 1);
     assert!(report["run_ms"].as_f64() >= Some(20.0));
     let rows = report["rows"].as_array().expect("rows");
-    let cells: Vec<(&str, &str, u64)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r["algorithm"].as_str().unwrap(),
-                r["keys"].as_str().unwrap(),
-                r["threads"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        cells,
-        [
-            ("gcra", "hot", 1),
-            ("gcra", "hot", 2),
-            ("gcra", "many", 1),
-            ("gcra", "many", 2)
-        ]
-    );
+    // Every group (algorithm, keys) has one row per thread count, in order.
+    let mut groups: Vec<((&str, &str), Vec<u64>)> = Vec::new();
+    for r in rows {
+        let group = (
+            r["algorithm"].as_str().unwrap(),
+            r["keys"].as_str().unwrap(),
+        );
+        let threads = r["threads"].as_u64().unwrap();
+        match groups.last_mut() {
+            Some((g, t)) if *g == group => t.push(threads),
+            _ => groups.push((group, vec![threads])),
+        }
+    }
+    for (group, threads) in &groups {
+        assert_eq!(threads, &[1, 2], "{group:?}");
+    }
+    let names: Vec<(&str, &str)> = groups.iter().map(|(g, _)| *g).collect();
+    assert!(names.contains(&("gcra", "hot")), "{names:?}");
+    assert!(names.contains(&("gcra", "many")), "{names:?}");
     for row in rows {
-        assert!(row["workload"]
-            .as_str()
-            .is_some_and(|w| w.contains("burst")));
+        assert!(row["workload"].as_str().is_some_and(|w| !w.is_empty()));
         let mut required = vec!["mutex_twin", "textbook"];
         if row["keys"] == "hot" {
             required.push("floodgate");
@@ -83,7 +81,12 @@ fn quick_json_is_a_well_formed_table() {
                 Some(repeats as usize)
             );
             assert!(m["ran_s"].as_f64() > Some(0.0));
-            assert!(m["admitted_fraction"].as_f64() > Some(0.9), "{row}");
+            let admits_all = row["workload"]
+                .as_str()
+                .is_some_and(|w| w.contains("every decision admits"));
+            if admits_all {
+                assert!(m["admitted_fraction"].as_f64() > Some(0.9), "{row}");
+            }
         }
         for (column, baseline) in [("vs_mutex_twin", "mutex_twin"), ("vs_governor", "governor")] {
             let ratio = row["floodgate"]["mdps"]

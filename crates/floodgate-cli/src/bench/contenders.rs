@@ -360,6 +360,9 @@ mod tests {
             for contender in &group.contenders {
                 let sample = (contender.run)(2, Duration::from_millis(5));
                 assert!(sample.operations > 0, "{:?}", contender.implementation);
+                if !group.workload.contains("every decision admits") {
+                    continue;
+                }
                 // A rate far above the achievable one: (nearly) everything admits.
                 assert!(
                     sample.admitted * 10 >= sample.operations * 9,
