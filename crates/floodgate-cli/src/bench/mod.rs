@@ -323,14 +323,27 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         }
     }
     writeln!(out)?;
-    let mut header = format!("{:<10} {:<5} {:>7}", "algorithm", "keys", "threads");
+    let name_width = report
+        .rows
+        .iter()
+        .map(|r| r.algorithm.len())
+        .chain(["algorithm".len()])
+        .max()
+        .unwrap_or(0);
+    let mut header = format!(
+        "{:<name_width$} {:<5} {:>7}",
+        "algorithm", "keys", "threads"
+    );
     for implementation in Implementation::ALL {
         header += &format!(" {:>10}", implementation.heading());
     }
     header += &format!(" {:>9} {:>12} {:>7}", "vs mutex", "vs governor", "ran");
     writeln!(out, "{header}")?;
     for row in &report.rows {
-        let mut line = format!("{:<10} {:<5} {:>7}", row.algorithm, row.keys, row.threads);
+        let mut line = format!(
+            "{:<name_width$} {:<5} {:>7}",
+            row.algorithm, row.keys, row.threads
+        );
         for implementation in Implementation::ALL {
             match row.get(implementation) {
                 Some(m) => line += &format!(" {:>10.2}", m.mdps),
