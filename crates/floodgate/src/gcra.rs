@@ -337,7 +337,10 @@ mod tests {
             assert!(next.is_none());
         }
         // Cost exactly B still fits a fresh key.
-        assert!(g.decide(GcraState::default(), Nanos::new(S), 1).0.is_allowed());
+        assert!(g
+            .decide(GcraState::default(), Nanos::new(S), 1)
+            .0
+            .is_allowed());
     }
 
     #[test]
