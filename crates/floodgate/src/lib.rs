@@ -30,7 +30,7 @@
 //!   state that packs into 64 bits. One driver runs it in an [`AtomicCell`]
 //!   (`compare_exchange_weak` loop, no write on a denial) and the same transition runs
 //!   behind a `Mutex` in a [`LockedCell`] — the mutex twin.
-//! * [`reference`] holds oracles written apart from the transitions: exact models
+//! * [`reference`](mod@reference) holds oracles written apart from the transitions: exact models
 //!   (equality) and the textbook `f64` versions (baselines).
 //! * Time is injected ([`Clock`]): the TSC [`DefaultClock`] anchored to the Unix
 //!   epoch and clamped per thread, [`StdClock`], and [`ManualClock`] for tests.
