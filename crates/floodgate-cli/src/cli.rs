@@ -10,7 +10,15 @@ use crate::duration::parse_duration;
 
 /// floodgate: lock-free rate limiting — benchmarks and policy replay.
 #[derive(Debug, Parser)]
-#[command(name = "floodgate", version, about, long_about = None)]
+#[command(
+    name = "floodgate",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status: 0 on success (also when the reader of stdout goes away); \
+                  2 for bad arguments, a bad policy or a bad input line; 1 when reading \
+                  or writing fails."
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,

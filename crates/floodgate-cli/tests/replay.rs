@@ -379,3 +379,42 @@ fn window_algorithms_exit_2_and_say_why() {
         }
     }
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_run_quietly() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args([
+            "replay",
+            "--algorithm",
+            "gcra",
+            "--limit",
+            "5",
+            "--per",
+            "1s",
+            "--jsonl",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the floodgate binary starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut first = String::new();
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // Far more output than a pipe buffers, so the binary must meet the closed pipe.
+    let trace: String = (0..50_000).map(|i| format!("{i} key{i}\n")).collect();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(trace.as_bytes());
+    });
+    stdout.read_line(&mut first).expect("one line arrives");
+    assert!(
+        first.starts_with(r#"{"t": 0.000000000, "key": "key0""#),
+        "{first}"
+    );
+    drop(stdout);
+    writer.join().expect("the writer thread ends");
+    let output = child.wait_with_output().expect("the binary ends");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+}
