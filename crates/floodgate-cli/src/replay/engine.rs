@@ -1,5 +1,5 @@
-//! The decision engines replay drives: the library's own limiters, one per key, on
-//! a virtual clock.
+//! The decision engines replay drives: the library's own transitions and driver, one
+//! state per key, at the instants the input gives (virtual time, no clock read).
 //!
 //! [`engine_for`] is the single place that maps an `--algorithm` name to an engine.
 //! Every engine runs the library's transition through the library's own driver
