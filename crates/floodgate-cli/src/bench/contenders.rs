@@ -134,14 +134,6 @@ pub(crate) struct Group {
     pub(crate) contenders: Vec<Contender>,
 }
 
-impl Group {
-    pub(crate) fn contender(&self, implementation: Implementation) -> Option<&Contender> {
-        self.contenders
-            .iter()
-            .find(|c| c.implementation == implementation)
-    }
-}
-
 /// The whole matrix.
 pub(crate) fn groups() -> Vec<Group> {
     #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
