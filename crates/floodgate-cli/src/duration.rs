@@ -155,4 +155,21 @@ mod tests {
             Ok(Duration::from_nanos(u64::MAX))
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn whole_numbers_with_a_unit_parse_exactly(n in 0u64..1 << 40, unit in 0usize..UNITS.len()) {
+            let (name, scale) = UNITS[unit];
+            let want = match scale {
+                Unit::Nanos(k) => Duration::from_nanos(n * k),
+                Unit::Secs(k) => Duration::from_secs(n * k),
+            };
+            proptest::prop_assert_eq!(parse_duration(&format!("{n}{name}")), Ok(want));
+        }
+
+        #[test]
+        fn no_text_panics(text: String) {
+            let _ = parse_duration(&text);
+        }
+    }
 }

@@ -129,4 +129,16 @@ mod tests {
             assert_eq!(parse_seconds(&Seconds(ns).to_string()), Ok(ns));
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn every_nanosecond_count_round_trips(ns: u64) {
+            proptest::prop_assert_eq!(parse_seconds(&Seconds(ns).to_string()), Ok(ns));
+        }
+
+        #[test]
+        fn no_text_panics(text: String) {
+            let _ = parse_seconds(&text);
+        }
+    }
 }

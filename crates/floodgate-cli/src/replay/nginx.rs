@@ -150,9 +150,10 @@ fn parse_time_local(text: &str) -> Result<u64, LineError> {
         days_from_civil(year, month, day) * SECS_PER_DAY + hour * 3_600 + minute * 60 + second;
     // Local time = UTC + offset.
     let utc = local - offset;
-    u64::try_from(utc)
-        .map(|secs| secs * NANOS_PER_SEC)
-        .map_err(|_| bad("before the Unix epoch (1970-01-01T00:00:00Z)"))
+    let secs =
+        u64::try_from(utc).map_err(|_| bad("before the Unix epoch (1970-01-01T00:00:00Z)"))?;
+    secs.checked_mul(NANOS_PER_SEC)
+        .ok_or_else(|| bad("after 2554-07-21T23:34:33Z (u64 nanoseconds since the epoch)"))
 }
 
 fn is_leap(year: i64) -> bool {
@@ -247,6 +248,8 @@ mod tests {
             ("29/Feb/2024:12:00:00 +0000", 1_709_208_000),
             ("01/Mar/2000:00:00:00 +0000", 951_868_800),
             ("31/Dec/2099:23:59:59 +0000", 4_102_444_799),
+            // The last second u64 nanoseconds can hold.
+            ("21/Jul/2554:23:34:33 +0000", 18_446_744_073),
         ];
         for (text, secs) in cases {
             assert_eq!(parse_time_local(text), Ok(secs * NANOS_PER_SEC), "{text}");
@@ -278,6 +281,8 @@ mod tests {
             "31/Dec/1969:23:59:59 +0000",
             "1a/Oct/2000:13:55:36 -0700",
             "10/Oct/2000:13:55:36 -07é",
+            "21/Jul/2554:23:34:34 +0000",
+            "31/Dec/9999:23:59:59 -2359",
         ] {
             assert!(parse_time_local(text).is_err(), "{text}");
         }
@@ -316,5 +321,44 @@ mod tests {
             assert!(err.contains(want), "{line}: {err}");
         }
         assert_eq!(parse_nginx_line("  ").unwrap().map(|r| r.cost), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn written_times_parse_back(
+            unix in 86_400u64..253_402_214_400,
+            offset_minutes in -(23 * 60 + 59)..=(23i64 * 60 + 59),
+        ) {
+            // Write the local time for `offset_minutes` the way nginx does.
+            let local = unix as i64 + offset_minutes * 60;
+            let (days, secs) = (local.div_euclid(SECS_PER_DAY), local.rem_euclid(SECS_PER_DAY));
+            let (y, m, d) = civil_from_days(days);
+            let sign = if offset_minutes < 0 { '-' } else { '+' };
+            let off = offset_minutes.abs();
+            let text = format!(
+                "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} {sign}{:02}{:02}",
+                MONTHS[(m - 1) as usize],
+                secs / 3_600,
+                secs % 3_600 / 60,
+                secs % 60,
+                off / 60,
+                off % 60
+            );
+            match unix.checked_mul(NANOS_PER_SEC) {
+                Some(ns) => proptest::prop_assert_eq!(parse_time_local(&text), Ok(ns), "{}", text),
+                None => proptest::prop_assert!(parse_time_local(&text).is_err(), "{}", text),
+            }
+        }
+
+        #[test]
+        fn no_line_panics(line: String) {
+            let _ = parse_nginx_line(&line);
+        }
+
+        #[test]
+        fn no_near_miss_panics(tail: String) {
+            let _ = parse_nginx_line(&format!("1.2.3.4 - - [{tail}"));
+            let _ = parse_time_local(&format!("10/Oct/2000:13:55:36 {tail}"));
+        }
     }
 }

@@ -111,4 +111,30 @@ mod tests {
             assert!(err.contains(want), "{line:?}: {err}");
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn written_requests_parse_back(
+            ns: u64,
+            key in "[!-~&&[^#]][!-~]{0,20}|[а-я]{1,5}",
+            cost: Option<u32>,
+            sep in "[ \t]{1,3}",
+        ) {
+            let time = crate::seconds::Seconds(ns);
+            let line = match cost {
+                Some(c) => format!("{time}{sep}{key}{sep}{c}"),
+                None => format!("{time}{sep}{key}"),
+            };
+            let parsed = parse_trace_line(&line).unwrap().unwrap();
+            proptest::prop_assert_eq!(
+                (parsed.time, parsed.key, parsed.cost),
+                (ns, key.as_str(), cost.unwrap_or(1))
+            );
+        }
+
+        #[test]
+        fn no_line_panics(line: String) {
+            let _ = parse_trace_line(&line);
+        }
+    }
 }
