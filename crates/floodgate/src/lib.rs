@@ -49,18 +49,24 @@
 mod algorithm;
 pub mod clock;
 mod decision;
+mod fixed_window;
 pub mod gcra;
 mod limiter;
 mod policy;
 pub mod reference;
+mod sliding_window;
 mod sync;
+pub mod window;
 
 pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
+pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
+pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use window::YEAR_NANOS;
 
 /// Compile-time proof that the public limiters can be shared across threads.
 const _: () = {
