@@ -1,1 +1,3 @@
+//! GCRA throughput suite (filled in by the benchmarks work).
+
 fn main() {}

@@ -221,6 +221,8 @@ impl TokenBucket {
     ///
     /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = refill` and
     /// `burst = capacity`.
+    // The bucket *is* GCRA: `new` returns the machine that implements it.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(capacity: u64, refill: u64, every: Duration) -> Result<Gcra, PolicyError> {
         Ok(Gcra::new(Policy::new(refill, every)?.with_burst(capacity)?))
     }

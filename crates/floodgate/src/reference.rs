@@ -40,13 +40,21 @@ impl ExactGcra {
     /// [`Policy`](crate::Policy)).
     pub fn new(limit: u64, period_nanos: u64, burst: u64) -> ExactGcra {
         let (l, p) = (u128::from(limit.max(1)), u128::from(period_nanos));
-        // T = ⌈P / L⌉
+        // T = ⌈P / L⌉, spelled out rather than sharing the engine's `div_ceil`.
+        #[allow(clippy::manual_div_ceil)]
         let t = (p + l - 1) / l;
         ExactGcra {
             t,
             b: u128::from(burst),
             tat: None,
         }
+    }
+
+    /// Switches to a new rate, keeping the state (as a runtime policy change does).
+    pub fn set_policy(&mut self, limit: u64, period_nanos: u64, burst: u64) {
+        let tat = self.tat;
+        *self = ExactGcra::new(limit, period_nanos, burst);
+        self.tat = tat;
     }
 
     /// `check(n)` at `now`.
@@ -76,6 +84,11 @@ impl ExactGcra {
         }
         if n == 0 {
             return Decision::new(true, b64, remaining_at(tat), dur(tat - now), None);
+        }
+        // The engine's one documented bound: a TAT past u64::MAX ns (the year 2554)
+        // cannot be stored, so such a request is denied for good.
+        if new_tat <= limit_at && new_tat > u128::from(u64::MAX) {
+            return Decision::new(false, b64, remaining_at(tat), dur(tat - now), None);
         }
         if new_tat <= limit_at {
             if write {
