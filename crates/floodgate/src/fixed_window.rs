@@ -32,7 +32,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
-use crate::window::{saturate, Age, Reciprocal, WindowLayout};
+use crate::window::{counted, saturate, Age, Reciprocal, WindowLayout};
 
 /// The fixed-window transition for one [`Policy`] (`limit` per `period`; `burst` is
 /// not used).
@@ -220,24 +220,13 @@ impl Algorithm for FixedWindow {
         cost: u32,
     ) -> (Decision, Option<FixedWindowState>) {
         let (window, count, reset) = self.view(state, now.as_u64());
-        let limit = self.limit;
-        let headroom = limit.saturating_sub(count);
         let n = u64::from(cost);
-        if n > limit {
-            return (Decision::never(limit, headroom, 1, reset), None);
-        }
-        if n == 0 {
-            return (Decision::allow(limit, headroom, 1, reset), None);
-        }
-        if n <= headroom {
-            // count + n ≤ L < 2^c: fits its field.
-            let next = FixedWindowState {
-                packed: self.layout.pack(window, count + n),
-            };
-            (Decision::allow(limit, headroom - n, 1, reset), Some(next))
-        } else {
-            (Decision::deny(limit, headroom, 1, reset, reset), None)
-        }
+        let (decision, admit) = counted(self.limit, count, n, reset, || reset, || reset);
+        // Admitted: count + n ≤ L < 2^c fits its field.
+        let next = admit.then(|| FixedWindowState {
+            packed: self.layout.pack(window, count + n),
+        });
+        (decision, next)
     }
 
     #[inline]

@@ -54,6 +54,7 @@ pub mod gcra;
 mod limiter;
 mod policy;
 pub mod reference;
+mod sliding_log;
 mod sliding_window;
 mod sync;
 pub mod window;
@@ -65,6 +66,7 @@ pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
+pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use window::YEAR_NANOS;
 

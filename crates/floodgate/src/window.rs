@@ -24,6 +24,7 @@
 //! count weighs (1 for the fixed window, 2 for the sliding counter) so that an old
 //! count is ever forgotten: `k ≥ 2` and `k ≥ 3`.
 
+use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
 
 /// A `u128` nanosecond count as `u64`, saturating (only reachable by states far in
@@ -31,6 +32,32 @@ use crate::policy::{Policy, PolicyError};
 #[inline]
 pub(crate) fn saturate(ns: u128) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+/// The decision of an algorithm that counts units against `limit`: `used` units
+/// count now and `n` more are asked for. Returns the decision and whether to record
+/// the `n` units. `reset` is `reset_after` as things stand, `reset_if_admitted` after
+/// admitting, and `retry` computes `retry_after` for a denial that can succeed later.
+#[inline(always)]
+pub(crate) fn counted(
+    limit: u64,
+    used: u64,
+    n: u64,
+    reset: u64,
+    reset_if_admitted: impl FnOnce() -> u64,
+    retry: impl FnOnce() -> u64,
+) -> (Decision, bool) {
+    let headroom = limit.saturating_sub(used);
+    if n > limit {
+        (Decision::never(limit, headroom, 1, reset), false)
+    } else if n == 0 {
+        (Decision::allow(limit, headroom, 1, reset), false)
+    } else if n <= headroom {
+        let reset = reset_if_admitted();
+        (Decision::allow(limit, headroom - n, 1, reset), true)
+    } else {
+        (Decision::deny(limit, headroom, 1, reset, retry()), false)
+    }
 }
 
 /// One year of 365 days in nanoseconds: the least idle time that may wrap a window
@@ -258,6 +285,9 @@ mod tests {
     }
 
     proptest! {
+        // Miri runs these unit tests too: a few cases there, the full run natively.
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 2048 }))]
+
         #[test]
         fn reciprocal_equals_division(d in 1u64.., n in any::<u64>()) {
             check(d, n);

@@ -9,37 +9,12 @@ use floodgate::{
     YEAR_NANOS,
 };
 use proptest::prelude::*;
+
+mod common;
+use common::{advance, op, Op};
 use std::time::Duration;
 
 /// One step of a trace: move the clock by `step` (may be negative), then check or peek.
-#[derive(Clone, Debug)]
-struct Op {
-    step: i64,
-    cost: u32,
-    peek: bool,
-}
-
-fn op(period: u64, limit: u64) -> impl Strategy<Value = Op> {
-    let p = period as i64;
-    let step = prop_oneof![
-        6 => 0..=p / 4 + 1,
-        3 => 0..=2 * p,
-        // Gaps of many windows.
-        1 => 0..=(1000 * p).min(YEAR_NANOS as i64 / 8),
-        // Readings earlier than the last (another core's clock).
-        1 => -p..=0,
-    ];
-    let l = limit.min(u64::from(u32::MAX) - 4) as u32;
-    let cost = prop_oneof![
-        2 => Just(0u32),
-        8 => 1..=l,
-        1 => l + 1..=l + 3,
-        1 => Just(u32::MAX),
-    ];
-    let peek = prop_oneof![2 => Just(false), 1 => Just(true)];
-    (step, cost, peek).prop_map(|(step, cost, peek)| Op { step, cost, peek })
-}
-
 fn policy() -> impl Strategy<Value = (u64, u64)> {
     let period = prop_oneof![
         Just(1u64),
@@ -60,14 +35,6 @@ fn start() -> impl Strategy<Value = u64> {
         0u64..1 << 62,
         (u64::MAX - YEAR_NANOS)..=u64::MAX,
     ]
-}
-
-fn advance(now: u64, step: i64) -> u64 {
-    if step >= 0 {
-        now.saturating_add(step as u64)
-    } else {
-        now.saturating_sub(step.unsigned_abs())
-    }
 }
 
 /// Drives an algorithm, its twin and a model with the same trace.
@@ -114,7 +81,7 @@ fn case() -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
             Just(p),
             Just(l),
             start(),
-            proptest::collection::vec(op(p, l), 1..80),
+            proptest::collection::vec(op(p, l, (1000 * p).min(YEAR_NANOS / 8)), 1..80),
         )
     })
 }
