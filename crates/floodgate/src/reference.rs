@@ -609,3 +609,104 @@ impl TextbookSlidingLog {
         }
     }
 }
+
+/// A slot granted by [`ExactShaper::reserve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactSlot {
+    /// When the request may proceed.
+    pub ready_at: u64,
+    /// The theoretical arrival time right after the reservation.
+    pub tat: u128,
+    /// Units reserved.
+    pub units: u64,
+}
+
+/// Reservations on GCRA straight from their definition, in `u128`: the slot of `n`
+/// units is the instant `tat + n·T − B·T` at which a plain GCRA check of them would
+/// first succeed; a refund gives back the units nobody reserved after them
+/// (`x/time/rate`'s rule).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::ExactShaper;
+/// let mut m = ExactShaper::new(10, 1_000, 1); // T = 100 ns, B = 1
+/// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 0);
+/// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 100);
+/// assert_eq!(m.reserve(0, 1, 50), Err(Some(150)));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExactShaper {
+    t: u128,
+    b: u128,
+    tat: Option<u128>,
+}
+
+impl ExactShaper {
+    /// `limit` per `period_nanos` with capacity `burst` (assumed valid).
+    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> ExactShaper {
+        ExactShaper {
+            t: u128::from(period_nanos.div_ceil(limit.max(1))),
+            b: u128::from(burst),
+            tat: None,
+        }
+    }
+
+    /// Reserves `cost` units at `now` if their slot is at most `max_delay` ns away.
+    /// `Err(Some(wait))`: too far, retry after `wait`; `Err(None)`: never.
+    pub fn reserve(
+        &mut self,
+        now: u64,
+        cost: u32,
+        max_delay: u64,
+    ) -> Result<ExactSlot, Option<u64>> {
+        let now = u128::from(now);
+        let n = u128::from(cost);
+        if n > self.b {
+            return Err(None);
+        }
+        let tat = self.tat.unwrap_or(now).max(now);
+        if n == 0 {
+            return Ok(ExactSlot {
+                ready_at: now as u64,
+                tat,
+                units: 0,
+            });
+        }
+        let new_tat = tat + n * self.t;
+        let slot = (new_tat as i128 - (self.b * self.t) as i128).max(now as i128) as u128;
+        let delay = slot - now;
+        if delay > u128::from(max_delay) {
+            return Err(Some(
+                u64::try_from(delay - u128::from(max_delay)).unwrap_or(u64::MAX - 1),
+            ));
+        }
+        if new_tat > u128::from(u64::MAX) {
+            return Err(None);
+        }
+        self.tat = Some(new_tat);
+        Ok(ExactSlot {
+            ready_at: slot as u64,
+            tat: new_tat,
+            units: n as u64,
+        })
+    }
+
+    /// Cancels `slot` at `now`; returns the units given back.
+    pub fn cancel(&mut self, now: u64, slot: ExactSlot) -> u64 {
+        if u128::from(now) > u128::from(slot.ready_at) {
+            return 0;
+        }
+        let current = self.tat.unwrap_or(0);
+        let later = if current > slot.tat {
+            (current - slot.tat) / self.t
+        } else {
+            0
+        };
+        let back = u128::from(slot.units).saturating_sub(later);
+        if back > 0 {
+            self.tat = Some(current.saturating_sub(back * self.t));
+        }
+        back as u64
+    }
+}
