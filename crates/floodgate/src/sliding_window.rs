@@ -239,19 +239,24 @@ impl SlidingWindow {
         }
     }
 
-    /// `⌊L − n − cur − ⌊X/P⌋⌋⁺` as `(headroom, unit)` for [`Decision`]'s lazy division:
-    /// `⌊(A·P + P − 1 − X)/P⌋ = A − ⌊X/P⌋` for `A = L − n − cur`.
+    /// `max(L − used − ⌊X/P⌋, 0)` as `(headroom, unit)` for [`Decision`]'s lazy
+    /// division: with `A = L − used`, `⌊(A·P + P − 1 − X)/P⌋ = A − ⌊X/P⌋`.
     #[inline(always)]
     fn headroom(&self, used: u64, weighted: u128) -> (u64, u64) {
         let Some(a) = self.limit.checked_sub(used) else {
             return (0, 1);
         };
-        let p = u128::from(self.period);
-        let h = (u128::from(a) * p + (p - 1)).saturating_sub(weighted);
+        self.headroom_below((u128::from(a) + 1) * u128::from(self.period), weighted)
+    }
+
+    /// The same from `bound = (A + 1)·P`: headroom `bound − 1 − X`, clamped at 0.
+    #[inline(always)]
+    fn headroom_below(&self, bound: u128, weighted: u128) -> (u64, u64) {
+        let h = (bound - 1).saturating_sub(weighted);
         match u64::try_from(h) {
             Ok(h) => (h, self.period),
             // Only for long periods with large limits: divide here instead.
-            Err(_) => (saturate(h / p), 1),
+            Err(_) => (saturate(h / u128::from(self.period)), 1),
         }
     }
 
@@ -326,14 +331,15 @@ impl Algorithm for SlidingWindow {
             let (h, unit) = self.headroom(v.cur, weighted);
             return (Decision::allow(limit, h, unit, self.reset(&v, v.cur)), None);
         }
-        // ⌊X/P⌋ + cur + n ≤ L  ⇔  X < (L − cur − n + 1)·P
-        let fits = match limit.checked_sub(v.cur + n) {
-            Some(room) => weighted < (u128::from(room) + 1) * u128::from(self.period),
-            None => false,
+        // ⌊X/P⌋ + cur + n ≤ L  ⇔  X < (L − cur − n + 1)·P = bound
+        let bound = match limit.checked_sub(v.cur + n) {
+            Some(room) => (u128::from(room) + 1) * u128::from(self.period),
+            None => 0,
         };
-        if fits {
+        if weighted < bound {
             let cur = v.cur + n;
-            let (h, unit) = self.headroom(cur, weighted);
+            // remaining = L − cur − ⌊X/P⌋, from the same bound.
+            let (h, unit) = self.headroom_below(bound, weighted);
             let next = SlidingWindowState {
                 packed: self.layout.pack2(v.window, v.prev, cur),
             };
