@@ -24,13 +24,26 @@
 //! # Ok::<(), floodgate::PolicyError>(())
 //! ```
 //!
+//! ## Algorithms
+//!
+//! | algorithm | type | state | trade-off |
+//! |---|---|---|---|
+//! | GCRA (token bucket, leaky bucket as a meter) | [`Gcra`] | one word | smooth rate with a burst; the default |
+//! | fixed window | [`FixedWindow`] | one word | simplest counters, aligned to the clock; allows 2·L across an edge |
+//! | sliding window counter | [`SlidingWindow`] | one word | weighted two-window estimate; no edge spike, approximate |
+//! | sliding log | [`SlidingLog`] | `O(L)` ring, short mutex | exact; memory per key grows with `L` |
+//! | leaky bucket as a queue | [`Shaper`] | one word | requests wait for their slot (`reserve`, `wait`, `until_ready`) |
+//!
+//! The word-sized ones run in [`RateLimiter`] (lock-free) and [`LockedRateLimiter`]
+//! (the mutex twin); each module states its exact semantics.
+//!
 //! ## Design
 //!
 //! * Every algorithm is a **pure transition** ([`Algorithm::decide`]) over a `Copy`
 //!   state that packs into 64 bits. One driver runs it in an [`AtomicCell`]
 //!   (`compare_exchange_weak` loop, no write on a denial) and the same transition runs
 //!   behind a `Mutex` in a [`LockedCell`] — the mutex twin.
-//! * [`reference`] holds oracles written apart from the transitions: exact models
+//! * [`reference`](mod@reference) holds oracles written apart from the transitions: exact models
 //!   (equality) and the textbook `f64` versions (baselines).
 //! * Time is injected ([`Clock`]): the TSC [`DefaultClock`] anchored to the Unix
 //!   epoch and clamped per thread, [`StdClock`], and [`ManualClock`] for tests.

@@ -18,7 +18,7 @@
 //! compare-and-swap, so slots are handed out in reservation order and never overlap:
 //! **the reservation instant is the order**. Waiters then sleep until their slot —
 //! one `std::thread::sleep` ([`Shaper::wait`]) or one `tokio::time::sleep_until`
-//! ([`Shaper::until_ready`], feature `tokio`) — with no polling loop and no queue to
+//! (`Shaper::until_ready`, feature `tokio`) — with no polling loop and no queue to
 //! lock.
 //!
 //! [`Shaper::cancel`] gives units back as Go's `x/time/rate` does: the units reserved

@@ -1,6 +1,6 @@
 //! What the window algorithms share: a division by the period without a divide
-//! instruction ([`Reciprocal`]), and the packing of a window index and its counters in
-//! one 64-bit word ([`WindowLayout`]).
+//! instruction (`Reciprocal`), and the packing of a window index and its counters in
+//! one 64-bit word (`WindowLayout`).
 //!
 //! # Window state in a word
 //!
