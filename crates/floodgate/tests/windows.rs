@@ -64,6 +64,17 @@ where
         prop_assert_eq!(a, b, "step {} at {}: atomic vs twin", i, now);
         prop_assert_eq!(a, m, "step {} at {}: atomic vs model {:?}", i, now, o);
         prop_assert_eq!(atomic.state(), locked.state());
+        // An idle state decides exactly like a fresh one, so forgetting it loses nothing.
+        let alg = atomic.algorithm();
+        if alg.is_idle(atomic.state(), t) {
+            let fresh = bytemuck::Zeroable::zeroed();
+            for cost in [0, 1, o.cost] {
+                prop_assert_eq!(
+                    alg.decide(atomic.state(), t, cost),
+                    alg.decide(fresh, t, cost)
+                );
+            }
+        }
         // Peek is exactly the decision check would make.
         if o.peek {
             prop_assert_eq!(atomic.check_n_at(t, o.cost), a);
