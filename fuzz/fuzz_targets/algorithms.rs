@@ -172,7 +172,11 @@ fn sliding_log(policy: Policy, start: u64, ops: &[Op]) {
             }
             Op::Peek(cost) => {
                 let d = log.peek_at(Nanos::new(now), cost);
-                assert_eq!(d, model.peek(now, cost), "log peek vs model: {op:?} at {now}");
+                assert_eq!(
+                    d,
+                    model.peek(now, cost),
+                    "log peek vs model: {op:?} at {now}"
+                );
             }
         }
     }
