@@ -233,6 +233,22 @@ impl Algorithm for FixedWindow {
     fn is_idle(&self, state: FixedWindowState, now: Nanos) -> bool {
         self.view(state, now.as_u64()).1 == 0
     }
+
+    /// Same period: the count of the window in force carries over (re-packed for the
+    /// new limit, clamped to its width — a count above the new limit just leaves
+    /// nothing remaining). Another period: fresh windows.
+    fn carry_over(&self, previous: &Self, state: FixedWindowState, now: Nanos) -> FixedWindowState {
+        if previous.period != self.period || previous.is_idle(state, now) {
+            return FixedWindowState::default();
+        }
+        let (w, _) = self.reciprocal.split(now.as_u64());
+        let stored = previous.layout.window_of(state.packed);
+        let window = match previous.layout.age(stored, w) {
+            Age::Behind(a) => w.wrapping_add(a),
+            Age::Ahead(_) => w,
+        };
+        self.state(window, previous.count_of(state))
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -394,6 +410,33 @@ mod tests {
                 allowed: ALLOWED
             })
         );
+    }
+
+    #[test]
+    fn a_policy_change_carries_the_count_or_starts_fresh() {
+        let old = fw(10, Duration::from_secs(1));
+        let s = old.state(7, 6);
+        let big = fw(1000, Duration::from_secs(1));
+        let now = Nanos::new(7 * S + 1);
+        assert_eq!(big.carry_over(&old, s, now), big.state(7, 6));
+        // Earlier reading: the stored window is kept whole.
+        assert_eq!(big.carry_over(&old, s, Nanos::new(6 * S)), big.state(7, 6));
+        // Shrinking below the count: clamped to the 1-bit field, nothing remaining.
+        let one = fw(1, Duration::from_secs(1));
+        let c = one.carry_over(&old, s, now);
+        assert_eq!(one.count_of(c), 1);
+        assert_eq!(one.decide(c, now, 0).0.remaining(), 0);
+        // Next window, or another period: fresh.
+        assert_eq!(
+            big.carry_over(&old, s, Nanos::new(8 * S)),
+            FixedWindowState::default()
+        );
+        let two = fw(10, Duration::from_secs(2));
+        assert_eq!(two.carry_over(&old, s, now), FixedWindowState::default());
+        // GCRA keeps its state (the trait's default).
+        let g = crate::Gcra::new(Policy::per_second(1).unwrap());
+        let tat = crate::GcraState::from_tat(Nanos::new(5));
+        assert_eq!(g.carry_over(&g, tat, Nanos::ZERO), tat);
     }
 
     #[test]

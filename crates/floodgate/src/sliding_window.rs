@@ -362,6 +362,30 @@ impl Algorithm for SlidingWindow {
         let v = self.view(state, now.as_u64());
         v.prev == 0 && v.cur == 0
     }
+
+    /// Same period: the counts that weigh at `now` carry over, re-packed for the new
+    /// limit. A count wider than the new counters is clamped to their maximum
+    /// (`2^c − 1 ≥ L`): the current window stays full, but a clamped `prev` fades
+    /// faster than the original would have. Another period: fresh windows.
+    fn carry_over(
+        &self,
+        previous: &Self,
+        state: SlidingWindowState,
+        now: Nanos,
+    ) -> SlidingWindowState {
+        if previous.period != self.period || previous.is_idle(state, now) {
+            return SlidingWindowState::default();
+        }
+        let v = previous.view(state, now.as_u64());
+        // `view` gives `now`'s window, or the stored one (reduced) if `now` reads
+        // earlier: rebuild the full index from `now`'s.
+        let (w, _) = self.reciprocal.split(now.as_u64());
+        let window = match previous.layout.age(v.window, w) {
+            Age::Behind(a) => w.wrapping_add(a),
+            Age::Ahead(_) => w,
+        };
+        self.state(window, v.prev, v.cur)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -528,6 +552,46 @@ mod tests {
         assert!(f.is_idle(s, Nanos::new(8 * p - 1)));
         // Idle 8 windows: looks earlier, the stale unit counts again (stricter).
         assert!(!f.is_idle(s, Nanos::new(8 * p)));
+    }
+
+    #[test]
+    fn a_policy_change_carries_counts_or_starts_fresh() {
+        let old = sw(10, Duration::from_secs(1));
+        let s = old.state(4, 3, 6);
+        // Same period, larger limit: window 4's counts, read at 4.5 s.
+        let big = sw(100, Duration::from_secs(1));
+        let now = Nanos::new(4 * S + S / 2);
+        let c = big.carry_over(&old, s, now);
+        assert_eq!(big.fields(c), (4, 3, 6));
+        // ⌊3·0.5⌋ + 6 = 7 → remaining 93.
+        assert_eq!(big.decide(c, now, 0).0.remaining(), 93);
+        // One window later the counts have rolled: prev = 6.
+        assert_eq!(
+            big.fields(big.carry_over(&old, s, Nanos::new(5 * S))),
+            (5, 6, 0)
+        );
+        // An earlier reading keeps the stored window.
+        assert_eq!(
+            big.fields(big.carry_over(&old, s, Nanos::new(3 * S))),
+            (4, 3, 6)
+        );
+        // A smaller limit clamps to its 2-bit counters.
+        let small = sw(3, Duration::from_secs(1));
+        assert_eq!(small.fields(small.carry_over(&old, s, now)), (4, 3, 3));
+        assert!(!small
+            .decide(small.carry_over(&old, s, now), now, 1)
+            .0
+            .is_allowed());
+        // Another period, or nothing that weighs: fresh.
+        let minute = sw(10, Duration::from_secs(60));
+        assert_eq!(
+            minute.carry_over(&old, s, now),
+            SlidingWindowState::default()
+        );
+        assert_eq!(
+            big.carry_over(&old, s, Nanos::new(6 * S)),
+            SlidingWindowState::default()
+        );
     }
 
     #[test]

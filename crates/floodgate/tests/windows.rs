@@ -3,7 +3,9 @@
 //! than the limit; the textbook fixed window agrees where its semantics coincide.
 #![cfg(not(loom))]
 
-use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow, TextbookFixedWindow};
+use floodgate::reference::{
+    ExactFixedWindow, ExactSlidingWindow, TextbookFixedWindow, TextbookSlidingWindow,
+};
 use floodgate::{
     Algorithm, Decision, FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
     YEAR_NANOS,
@@ -154,6 +156,31 @@ proptest! {
                 let ours = fw.check_n_at(Nanos::new(now), cost as u32).is_allowed();
                 prop_assert_eq!(ours, textbook.allow(now, cost), "at {}", now);
             }
+        }
+    }
+}
+
+proptest! {
+    /// The textbook sliding counter (`total + n − 1 < L` in `f64`) and the exact one
+    /// (`⌊prev·w⌋ + cur + n ≤ L`) are the same test for integer counts, but the textbook
+    /// window starts at its first request and switches only *after* `P`, so the two
+    /// coincide only while that first window lasts: both start at 0, no switch yet.
+    #[test]
+    fn textbook_sliding_window_agrees_in_its_first_window(
+        limit in 1u64..20,
+        requests in proptest::collection::vec((0u64..1000, 0u64..5), 1..40),
+    ) {
+        let period = 1000;
+        let sw = RateLimiter::with_clock(
+            SlidingWindow::new(Policy::new(limit, Duration::from_nanos(period)).unwrap()).unwrap(),
+            ManualClock::new(),
+        );
+        let mut textbook = TextbookSlidingWindow::new(limit, period, 0);
+        let mut requests = requests;
+        requests.sort_unstable();
+        for (now, cost) in requests {
+            let ours = sw.check_n_at(Nanos::new(now), cost as u32).is_allowed();
+            prop_assert_eq!(ours, textbook.allow(now, cost), "at {}", now);
         }
     }
 }
