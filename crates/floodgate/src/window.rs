@@ -284,16 +284,19 @@ mod tests {
         }
     }
 
+    // Ignored under Miri: proptest's failure file needs the working directory, which
+    // Miri's isolation refuses; the edge-value test above runs there instead.
     proptest! {
-        // Miri runs these unit tests too: a few cases there, the full run natively.
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 2048 }))]
+        #![proptest_config(ProptestConfig::with_cases(2048))]
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn reciprocal_equals_division(d in 1u64.., n in any::<u64>()) {
             check(d, n);
         }
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn reciprocal_equals_division_near_multiples(d in 1u64.., k in any::<u64>(), off in 0u64..3) {
             let n = (k % (u64::MAX / d + 1)) * d;
             check(d, n);
@@ -302,6 +305,7 @@ mod tests {
         }
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn reciprocal_equals_division_small_divisors(d in 1u64..100_000, n in any::<u64>()) {
             check(d, n);
         }
