@@ -343,10 +343,12 @@ impl Algorithm for SlidingWindow {
             let next = SlidingWindowState {
                 packed: self.layout.pack2(v.window, v.prev, cur),
             };
-            (
-                Decision::allow(limit, h, unit, self.reset(&v, cur)),
-                Some(next),
-            )
+            // cur > 0 now: reset at the end of the next window.
+            let reset = v
+                .lag
+                .saturating_add(self.period - v.elapsed)
+                .saturating_add(self.period);
+            (Decision::allow(limit, h, unit, reset), Some(next))
         } else {
             let (h, unit) = self.headroom(v.cur, weighted);
             let retry = v.lag.saturating_add(self.retry(&v, n));
