@@ -1,8 +1,9 @@
 //! Every algorithm side by side: floodgate's lock-free cell vs its mutex twin vs the
-//! textbook version under a `Mutex`, one thread (`uncontended`) and two threads on one
-//! hot key (`contended_2t`), on the allow path and the deny path. The uncontended
-//! allow groups also hold floodgate's GCRA and the floor (one clock read + one CAS), so
-//! the report shows every word-sized algorithm's cost as a ratio to GCRA's.
+//! textbook version under a `Mutex` (`textbook_mutex`), one thread (`uncontended`) and
+//! two threads on one hot key (`contended/hot_key_2t`), on the allow path and the deny
+//! path. The uncontended allow groups also hold floodgate's GCRA and the floor (one
+//! clock read + one CAS), so the report shows every word-sized algorithm's cost as a
+//! ratio to GCRA's. `benches/run-interleaved.sh` tables it with `SUITES=algorithms`.
 //!
 //! Every contender reads the same clock ([`DefaultClock`]) once per decision.
 //!
@@ -19,8 +20,8 @@
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
@@ -30,6 +31,7 @@ use floodgate::reference::{
 use floodgate::{
     Clock, DefaultClock, FixedWindow, Gcra, Policy, RateLimiter, Shaper, SlidingLog, SlidingWindow,
 };
+use floodgate_benches::run_threads;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -67,8 +69,9 @@ impl Path {
 }
 
 /// Benchmarks `decide` on `threads` threads at once (1: plain `iter`). With several
-/// threads each runs `iters` decisions after a barrier; the slowest thread's time is
-/// the sample, so the report reads as time per decision per thread.
+/// threads, [`run_threads`] runs `iters` decisions on each behind a start barrier and
+/// the sample is the elapsed time over `threads`: the wall time per decision of the
+/// whole machine, as in the GCRA suite.
 fn contender<F: Fn() -> bool + Sync>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     id: &str,
@@ -92,26 +95,12 @@ fn contender<F: Fn() -> bool + Sync>(
     }
     group.bench_function(id, |b| {
         b.iter_custom(|iters| {
-            let barrier = Barrier::new(threads);
-            std::thread::scope(|s| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|_| {
-                        s.spawn(|| {
-                            barrier.wait();
-                            let start = Instant::now();
-                            for _ in 0..iters {
-                                black_box(decide());
-                            }
-                            start.elapsed()
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("bench thread"))
-                    .max()
-                    .unwrap_or_default()
-            })
+            let elapsed = run_threads(threads, iters, |_| {
+                || {
+                    black_box(decide());
+                }
+            });
+            elapsed / threads as u32
         })
     });
 }
@@ -120,7 +109,7 @@ fn group_name(threads: usize, algorithm: &str, path: Path) -> String {
     let kind = if threads == 1 {
         "uncontended".to_string()
     } else {
-        format!("contended_{threads}t")
+        format!("contended/hot_key_{threads}t")
     };
     format!("{kind}/{algorithm}/{}", path.name())
 }
@@ -162,7 +151,7 @@ fn fixed_window(c: &mut Criterion, threads: usize, path: Path) {
         policy.period_nanos(),
         clock.now().as_u64(),
     ));
-    contender(&mut group, "textbook", threads, path, || {
+    contender(&mut group, "textbook_mutex", threads, path, || {
         let now = clock.now().as_u64();
         textbook.lock().expect("unpoisoned").allow(now, 1)
     });
@@ -190,7 +179,7 @@ fn sliding_window(c: &mut Criterion, threads: usize, path: Path) {
         policy.period_nanos(),
         clock.now().as_u64(),
     ));
-    contender(&mut group, "textbook", threads, path, || {
+    contender(&mut group, "textbook_mutex", threads, path, || {
         let now = clock.now().as_u64();
         textbook.lock().expect("unpoisoned").allow(now, 1)
     });
@@ -210,7 +199,7 @@ fn sliding_log(c: &mut Criterion, threads: usize, path: Path) {
         policy.limit() as usize,
         policy.period_nanos(),
     ));
-    contender(&mut group, "textbook", threads, path, || {
+    contender(&mut group, "textbook_mutex", threads, path, || {
         let now = clock.now().as_u64();
         textbook.lock().expect("unpoisoned").allow(now)
     });
@@ -240,7 +229,7 @@ fn shaping(c: &mut Criterion, threads: usize, path: Path) {
         policy.period(),
         clock.now().as_u64(),
     ));
-    contender(&mut group, "textbook", threads, path, || {
+    contender(&mut group, "textbook_mutex", threads, path, || {
         let now = clock.now().as_u64();
         bucket.lock().expect("unpoisoned").allow(now, 1.0)
     });

@@ -1,1 +1,399 @@
-//! Shared helpers for the floodgate benchmark suites.
+//! Shared helpers for the floodgate benchmark suites: a multi-thread throughput harness.
+//!
+//! The criterion suites (`benches/*.rs`, through `iter_custom`) and the `floodgate bench`
+//! command drive concurrent runs with the same two functions, so both measure exactly
+//! the same thing:
+//!
+//! * [`run_threads`] — a fixed number of operations per thread (what criterion's
+//!   `iter_custom` asks for);
+//! * [`run_for`] — as many operations as fit in a duration (what a command with a time
+//!   budget wants).
+//!
+//! Both know nothing about rate limiting: they run closures. Each thread first builds
+//! its own operation (`make_op(thread_index)`: per-thread setup such as a key sequence
+//! or a counter, excluded from the timing), then all threads wait on one start barrier,
+//! then each runs its operation in a tight loop. The elapsed time is measured by the
+//! workers themselves, from the earliest start to the latest finish, so thread spawning,
+//! setup and joining are not counted, and the coordinating thread never competes with
+//! the workers for a core while they are timed.
+//!
+//! # Examples
+//!
+//! Two threads hammering one atomic counter:
+//!
+//! ```
+//! use floodgate_benches::run_threads;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//!
+//! let hits = AtomicU64::new(0);
+//! let elapsed = run_threads(2, 1_000, |_thread| {
+//!     || {
+//!         hits.fetch_add(1, Ordering::Relaxed);
+//!     }
+//! });
+//! assert_eq!(hits.load(Ordering::Relaxed), 2_000);
+//! println!("{:?} per operation", elapsed / 2_000);
+//! ```
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How many operations [`run_for`] runs between two looks at the clock.
+///
+/// Large enough that reading the clock is noise next to the operations (each look costs
+/// about as much as one cheap operation), small enough that a run overshoots its
+/// duration by well under a millisecond even at 100 ns per operation.
+pub const BATCH: u64 = 1024;
+
+/// What a concurrent run measured: the operations completed by all threads together and
+/// the wall-clock span from the first thread's start to the last thread's finish.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_benches::Measurement;
+/// use std::time::Duration;
+///
+/// let m = Measurement { ops: 2_000_000, elapsed: Duration::from_millis(500) };
+/// assert_eq!(m.ops_per_sec(), 4_000_000.0);
+/// assert_eq!(m.per_op(), Duration::from_nanos(250));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measurement {
+    /// Operations completed, summed over all threads.
+    pub ops: u64,
+    /// From the earliest start (after the barrier) to the latest finish.
+    pub elapsed: Duration,
+}
+
+impl Measurement {
+    /// Total throughput: operations per second over all threads (0 for an empty run).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_benches::Measurement;
+    /// use std::time::Duration;
+    ///
+    /// let m = Measurement { ops: 10, elapsed: Duration::from_secs(2) };
+    /// assert_eq!(m.ops_per_sec(), 5.0);
+    /// assert_eq!(Measurement { ops: 0, elapsed: Duration::ZERO }.ops_per_sec(), 0.0);
+    /// ```
+    pub fn ops_per_sec(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if self.ops == 0 || secs == 0.0 {
+            0.0
+        } else {
+            self.ops as f64 / secs
+        }
+    }
+
+    /// Wall-clock time per operation with all threads working together (the inverse of
+    /// [`ops_per_sec`](Measurement::ops_per_sec)); zero for an empty run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_benches::Measurement;
+    /// use std::time::Duration;
+    ///
+    /// let m = Measurement { ops: 4, elapsed: Duration::from_nanos(100) };
+    /// assert_eq!(m.per_op(), Duration::from_nanos(25));
+    /// ```
+    pub fn per_op(&self) -> Duration {
+        if self.ops == 0 {
+            return Duration::ZERO;
+        }
+        let nanos = self.elapsed.as_nanos() / u128::from(self.ops);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}
+
+/// Runs `ops_per_thread` operations on each of `threads` threads and returns the
+/// wall-clock time they took together.
+///
+/// `make_op(i)` is called once on thread `i` (0-based) before the start barrier; the
+/// closure it returns is then called `ops_per_thread` times on that thread. Setup and
+/// thread start-up are therefore not timed. For criterion's `iter_custom`, divide the
+/// result by `threads` (or declare `Throughput::Elements(threads)`) to report the time
+/// per operation of the whole machine, whose inverse is the total throughput.
+///
+/// # Panics
+///
+/// If `threads` is zero, or (re-raised here) if `make_op` or an operation panics.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_benches::run_threads;
+/// use std::hint::black_box;
+/// use std::sync::Mutex;
+///
+/// let shared = Mutex::new(0u64);
+/// let elapsed = run_threads(2, 500, |thread| {
+///     let step = thread as u64 + 1; // per-thread setup, not timed
+///     let shared = &shared;
+///     move || *shared.lock().unwrap() += black_box(step)
+/// });
+/// assert_eq!(*shared.lock().unwrap(), 500 * 1 + 500 * 2);
+/// assert!(elapsed > std::time::Duration::ZERO);
+/// ```
+pub fn run_threads<M, Op>(threads: usize, ops_per_thread: u64, make_op: M) -> Duration
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut(),
+{
+    on_threads(threads, make_op, |op| {
+        for _ in 0..ops_per_thread {
+            op();
+        }
+        ops_per_thread
+    })
+    .elapsed
+}
+
+/// Runs operations on each of `threads` threads until `duration` has passed on that
+/// thread, and returns how many ran and for how long.
+///
+/// As [`run_threads`], `make_op(i)` builds thread `i`'s operation before the start
+/// barrier. Each thread looks at the clock once every [`BATCH`] operations, so the run
+/// lasts at least `duration` and overshoots by at most one batch; the reported
+/// [`Measurement::elapsed`] is the real span, not `duration`.
+///
+/// # Panics
+///
+/// If `threads` is zero, or (re-raised here) if `make_op` or an operation panics.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_benches::{run_for, BATCH};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::time::Duration;
+///
+/// let hits = AtomicU64::new(0);
+/// let m = run_for(2, Duration::from_millis(5), |_| {
+///     || {
+///         hits.fetch_add(1, Ordering::Relaxed);
+///     }
+/// });
+/// assert_eq!(m.ops, hits.load(Ordering::Relaxed));
+/// assert_eq!(m.ops % BATCH, 0);
+/// assert!(m.elapsed >= Duration::from_millis(5));
+/// println!("{:.1} M ops/s", m.ops_per_sec() / 1e6);
+/// ```
+pub fn run_for<M, Op>(threads: usize, duration: Duration, make_op: M) -> Measurement
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut(),
+{
+    on_threads(threads, make_op, |op| {
+        let start = Instant::now();
+        let mut ops = 0u64;
+        loop {
+            for _ in 0..BATCH {
+                op();
+            }
+            ops += BATCH;
+            if start.elapsed() >= duration {
+                return ops;
+            }
+        }
+    })
+}
+
+/// The common core: on each of `threads` scoped threads, `make_op(i)` builds the
+/// thread's operation (untimed); after a barrier every thread runs `drive` over it once,
+/// which returns the number of operations it ran. Timestamps are taken by the workers
+/// around their own `drive`.
+fn on_threads<M, Op, D>(threads: usize, make_op: M, drive: D) -> Measurement
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut(),
+    D: Fn(&mut Op) -> u64 + Sync,
+{
+    assert!(threads > 0, "a run needs at least one thread");
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant, u64)> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|index| {
+                let (barrier, make_op, drive) = (&barrier, &make_op, &drive);
+                scope.spawn(move || {
+                    // A setup that panics must still reach the barrier, or the other
+                    // threads would wait forever; its panic is re-raised right after.
+                    let op = panic::catch_unwind(AssertUnwindSafe(|| make_op(index)));
+                    barrier.wait();
+                    let mut op = op.unwrap_or_else(|payload| panic::resume_unwind(payload));
+                    let start = Instant::now();
+                    let ops = drive(&mut op);
+                    (start, Instant::now(), ops)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|payload| panic::resume_unwind(payload))
+            })
+            .collect()
+    });
+    let first_start = spans.iter().map(|s| s.0).min();
+    let last_end = spans.iter().map(|s| s.1).max();
+    let elapsed = match (first_start, last_end) {
+        (Some(start), Some(end)) => end.saturating_duration_since(start),
+        _ => Duration::ZERO,
+    };
+    Measurement {
+        ops: spans.iter().map(|s| s.2).sum(),
+        elapsed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    #[test]
+    fn every_thread_runs_its_operation_exactly_ops_per_thread_times() {
+        for threads in [1, 2, 3, 5] {
+            let counts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+            let built = Mutex::new(Vec::new());
+            run_threads(threads, 777, |thread| {
+                built.lock().unwrap().push(thread);
+                let mine = &counts[thread];
+                move || {
+                    mine.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for (thread, count) in counts.iter().enumerate() {
+                assert_eq!(count.load(Ordering::Relaxed), 777, "thread {thread}");
+            }
+            // make_op ran once per thread index, each index once.
+            let mut built = built.into_inner().unwrap();
+            built.sort_unstable();
+            assert_eq!(built, (0..threads).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn each_operation_runs_on_its_own_thread() {
+        let owners = Mutex::new(std::collections::HashMap::new());
+        run_threads(3, 50, |thread| {
+            let owners = &owners;
+            move || {
+                let me = thread::current().id();
+                let mut map = owners.lock().unwrap();
+                let owner = *map.entry(thread).or_insert(me);
+                assert_eq!(owner, me, "operation of thread {thread} ran elsewhere");
+            }
+        });
+        let ids: std::collections::HashSet<_> =
+            owners.into_inner().unwrap().into_values().collect();
+        assert_eq!(ids.len(), 3);
+    }
+
+    #[test]
+    fn no_operation_starts_before_every_thread_is_set_up() {
+        let threads = 4;
+        let built = AtomicUsize::new(0);
+        let early = AtomicU64::new(0);
+        run_threads(threads, 10, |_| {
+            // Slow, uneven setup: without the barrier, fast threads would start early.
+            built.fetch_add(1, Ordering::SeqCst);
+            || {
+                if built.load(Ordering::SeqCst) != threads {
+                    early.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        assert_eq!(early.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn zero_operations_run_nothing() {
+        let calls = AtomicU64::new(0);
+        let built = AtomicU64::new(0);
+        run_threads(2, 0, |_| {
+            built.fetch_add(1, Ordering::Relaxed);
+            || {
+                calls.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 0);
+        assert_eq!(built.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn run_for_reports_the_operations_it_ran_in_whole_batches() {
+        let counts: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
+        let duration = Duration::from_millis(2);
+        let m = run_for(2, duration, |thread| {
+            let mine = &counts[thread];
+            move || {
+                mine.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let per_thread: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(m.ops, per_thread.iter().sum::<u64>());
+        for ops in per_thread {
+            assert!(ops >= BATCH && ops % BATCH == 0, "{ops}");
+        }
+        // Each worker stops only once its own clock has passed `duration`, and the span
+        // covers every worker, so this holds however slow the machine is.
+        assert!(m.elapsed >= duration);
+    }
+
+    #[test]
+    fn a_panicking_operation_is_re_raised() {
+        let result = std::panic::catch_unwind(|| {
+            run_threads(2, 3, |thread| {
+                move || {
+                    if thread == 1 {
+                        panic!("operation failed");
+                    }
+                }
+            })
+        });
+        let payload = result.expect_err("the panic must reach the caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"operation failed"));
+    }
+
+    #[test]
+    fn a_panicking_setup_is_re_raised_without_deadlock() {
+        let result = std::panic::catch_unwind(|| {
+            run_threads(3, 3, |thread| {
+                assert_ne!(thread, 2, "setup failed");
+                || {}
+            })
+        });
+        assert!(result.is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "at least one thread")]
+    fn zero_threads_is_refused() {
+        run_threads(0, 1, |_| || {});
+    }
+
+    #[test]
+    fn measurement_arithmetic() {
+        let m = Measurement {
+            ops: 3,
+            elapsed: Duration::from_nanos(10),
+        };
+        assert_eq!(m.per_op(), Duration::from_nanos(3));
+        assert_eq!(m.ops_per_sec(), 3e8);
+        let empty = Measurement {
+            ops: 0,
+            elapsed: Duration::from_secs(1),
+        };
+        assert_eq!(empty.per_op(), Duration::ZERO);
+        assert_eq!(empty.ops_per_sec(), 0.0);
+    }
+}

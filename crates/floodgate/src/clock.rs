@@ -247,10 +247,14 @@ std::thread_local! {
 /// thread so that no thread ever sees it go backwards.
 ///
 /// The anchor (one `SystemTime` reading paired with one TSC reading, plus quanta's
-/// calibration) is taken on first use and shared by every `DefaultClock`; a reading is
-/// then `unix_origin + (tsc − tsc_origin) · scale`. Fixed windows therefore align to
+/// calibration) is taken once per process, by the first [`DefaultClock::new`], and
+/// shared by every `DefaultClock`; a reading is then
+/// `unix_origin + (tsc − tsc_origin) · scale`. Fixed windows therefore align to
 /// wall-clock seconds, minutes, hours and days, and a reset instant is a Unix time.
 /// Later wall-clock adjustments (NTP slews, leap seconds) do not move it.
+///
+/// The clock holds a reference to that anchor, so a reading does not check whether
+/// the anchor exists yet.
 ///
 /// See the [module docs](self) for the per-thread clamp and the cross-core skew
 /// that remains. Not usable under Miri (quanta executes CPUID): use [`ManualClock`].
@@ -266,21 +270,14 @@ std::thread_local! {
 /// // Anchored to the Unix epoch: after 2020-01-01.
 /// assert!(a.as_u64() > 1_577_836_800_000_000_000);
 /// ```
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy)]
 pub struct DefaultClock {
-    _private: (),
+    anchor: &'static TscAnchor,
 }
 
 impl DefaultClock {
-    /// The process-wide TSC clock (calibrated and anchored on first use).
+    /// The process-wide TSC clock (calibrated and anchored by the first call).
     pub fn new() -> DefaultClock {
-        DefaultClock { _private: () }
-    }
-}
-
-impl Clock for DefaultClock {
-    #[inline]
-    fn now(&self) -> Nanos {
         let anchor = TSC_ANCHOR.get_or_init(|| {
             let clock = quanta::Clock::new();
             let raw_origin = clock.raw();
@@ -290,6 +287,28 @@ impl Clock for DefaultClock {
                 unix_origin: unix_now(),
             }
         });
+        DefaultClock { anchor }
+    }
+}
+
+impl Default for DefaultClock {
+    fn default() -> Self {
+        DefaultClock::new()
+    }
+}
+
+impl fmt::Debug for DefaultClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DefaultClock")
+            .field("unix_origin", &Nanos(self.anchor.unix_origin))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clock for DefaultClock {
+    #[inline]
+    fn now(&self) -> Nanos {
+        let anchor = self.anchor;
         let since = anchor
             .clock
             .delta_as_nanos(anchor.raw_origin, anchor.clock.raw());

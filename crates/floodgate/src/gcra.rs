@@ -143,13 +143,6 @@ impl Gcra {
         // tat − now: how far ahead of `now` the bucket is booked.
         let offset = tat - now;
         let n = u64::from(cost);
-        if n > self.burst {
-            let headroom = headroom(offset);
-            return (
-                Decision::never(self.burst, headroom, self.interval, offset),
-                None,
-            );
-        }
         if n == 0 {
             let headroom = headroom(offset);
             return (
@@ -157,9 +150,20 @@ impl Gcra {
                 None,
             );
         }
-        // n ≤ B, so n·T ≤ B·T = τ ≤ 2^62: neither line overflows.
-        let increment = n * self.interval;
-        let slack = tau - increment;
+        // n > B  ⇔  n·T > B·T = τ (T ≥ 1); a product past u64 saturates above τ ≤ 2^62.
+        // Folding the capacity check into the subtraction spares the hot path a
+        // separate compare against B.
+        let increment = n.saturating_mul(self.interval);
+        let Some(within_burst) = self.tau.checked_sub(increment) else {
+            let headroom = headroom(offset);
+            return (
+                Decision::never(self.burst, headroom, self.interval, offset),
+                None,
+            );
+        };
+        // The tolerance beyond τ: 0 for a check (folded away), max_delay for a
+        // reservation. tau ≥ τ, and the sum is tau − n·T: no overflow.
+        let slack = within_burst + (tau - self.tau);
         // new_tat ≤ now + τ  ⇔  offset + n·T ≤ τ  ⇔  offset ≤ τ − n·T
         if offset <= slack {
             let reset_after = offset + increment;
@@ -342,6 +346,20 @@ mod tests {
         assert!(next.is_none());
         let (d, _) = g.decide(GcraState::default(), Nanos::new(S), u32::MAX);
         assert_eq!(d.retry_after(), None);
+        // n·T past u64 (T = 100 years, n = u32::MAX) is still "never", not a wrap.
+        let g = gcra(1, Duration::from_secs(100 * 365 * 86_400), 1);
+        for cost in [2, u32::MAX] {
+            let (d, next) = g.decide(GcraState::default(), Nanos::new(S), cost);
+            assert!(!d.is_allowed());
+            assert_eq!(d.retry_after(), None);
+            assert_eq!(d.remaining(), 1);
+            assert!(next.is_none());
+        }
+        // Cost exactly B still fits a fresh key.
+        assert!(g
+            .decide(GcraState::default(), Nanos::new(S), 1)
+            .0
+            .is_allowed());
     }
 
     #[test]

@@ -32,8 +32,6 @@ fn gcra_tokens(tat: u64, now: u64, interval: u64, burst: u64) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
-
     #[test]
     fn token_bucket_matches_textbook(capacity in 1u64..50, refill in 1u64..20, interval in 1_000u64..1_000_000_000, steps in trace()) {
         let every = Duration::from_nanos(interval * refill);

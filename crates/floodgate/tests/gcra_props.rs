@@ -44,8 +44,6 @@ fn steps(max_cost: u32) -> impl Strategy<Value = Vec<Step>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
-
     #[test]
     fn atomic_twin_and_exact_model_agree(policy in policy(), start in 0u64..(1 << 62), trace in steps(2_100)) {
         let gcra = Gcra::new(policy);

@@ -1,0 +1,367 @@
+//! The benchmark matrix: which implementations run for which algorithm and key
+//! pattern.
+//!
+//! A [`Group`] is one algorithm on one key pattern ([`Keys`]); it has up to one
+//! [`Contender`] per [`Implementation`] (the table's columns). A contender is a plain
+//! function that builds its limiter and hands one decision closure to the generic
+//! [`measure`]; the closure receives `(thread_index, op_index)`, so a many-keys
+//! contender picks its key from them.
+//!
+//! # Adding rows
+//!
+//! * A new word-sized algorithm (fixed window, sliding window counter): a [`Workload`]
+//!   impl that builds it for the workload's rate, and one group in [`groups`] —
+//!   `hot_key::<FixedWindowWorkload>(textbook)` gives its floodgate and mutex-twin
+//!   contenders. Pass only the extra contenders that exist (governor has only GCRA; a
+//!   textbook version only where `floodgate::reference` has one): the table prints
+//!   `n/a` for the rest. The sliding log, which is not an `Algorithm`, gets runner
+//!   functions of its own, shaped like [`gcra_textbook`].
+//! * Many keys: the group "gcra, many keys" measures [`MANY_KEYS`] keys spread by
+//!   [`key_for`] — its mutex twin (the same transition over a sharded map of states,
+//!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
+//!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
+//!   Its floodgate column waits for the keyed limiter: a `floodgate_many::<W>`
+//!   runner calling `keyed.check(&key_for(thread, op))` on a `KeyedLimiter<u64, _>`
+//!   sized for [`MANY_KEYS`], pushed first in [`many_keys`].
+//!
+//! # The workload
+//!
+//! Each group states its workload (the report prints it). GCRA's contenders enforce
+//! [`LIMIT`] per second with a burst of [`BURST`]: a rate far above what any of them
+//! can decide, so every decision admits and every admission writes the state — the
+//! contended worst case for a lock-free cell (a denial writes nothing). A window
+//! algorithm may not accept such a policy (its counters and window index share one
+//! word), so its [`Workload`] picks its own and says so. Every contender reads its
+//! own clock once per decision, as it would in production: floodgate's TSC clock,
+//! governor's quanta clock.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[cfg(feature = "compare")]
+use std::num::NonZeroU32;
+
+use floodgate::reference::TextbookTokenBucket;
+use floodgate::{Algorithm, AtomicCell, Clock, DefaultClock, Gcra, Policy, RateLimiter, StateCell};
+
+use super::harness::{measure, Sample};
+
+/// Units per second GCRA's contenders enforce.
+pub(crate) const LIMIT: u64 = 1_000_000_000;
+/// Their burst (capacity).
+pub(crate) const BURST: u64 = 1_000;
+
+/// The columns of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Implementation {
+    /// floodgate's lock-free limiter.
+    Floodgate,
+    /// The same transition under a mutex.
+    MutexTwin,
+    /// The seed article's version under a mutex (`floodgate::reference`).
+    Textbook,
+    /// The `governor` crate.
+    Governor,
+}
+
+impl Implementation {
+    /// Every column, in table order.
+    pub(crate) const ALL: [Implementation; 4] = [
+        Implementation::Floodgate,
+        Implementation::MutexTwin,
+        Implementation::Textbook,
+        Implementation::Governor,
+    ];
+
+    /// The column heading.
+    pub(crate) fn heading(self) -> &'static str {
+        match self {
+            Implementation::Floodgate => "floodgate",
+            Implementation::MutexTwin => "mutex twin",
+            Implementation::Textbook => "textbook",
+            Implementation::Governor => "governor",
+        }
+    }
+
+    /// The name in JSON and CSV.
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Implementation::Floodgate => "floodgate",
+            Implementation::MutexTwin => "mutex_twin",
+            Implementation::Textbook => "textbook",
+            Implementation::Governor => "governor",
+        }
+    }
+}
+
+/// Which keys the decisions go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keys {
+    /// Every thread decides on the same key: maximum contention on one state.
+    Hot,
+    /// Threads spread over many keys (the keyed limiter's case). No group uses it
+    /// until the keyed limiter lands.
+    Many,
+}
+
+impl Keys {
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Keys::Hot => "hot",
+            Keys::Many => "many",
+        }
+    }
+}
+
+/// Builds a contender's limiter and measures it on `threads` threads for `run_time`.
+pub(crate) type Runner = fn(threads: usize, run_time: Duration) -> Sample;
+
+/// One implementation in one group.
+#[derive(Clone, Copy)]
+pub(crate) struct Contender {
+    pub(crate) implementation: Implementation,
+    pub(crate) run: Runner,
+}
+
+/// One algorithm on one key pattern: the rows of the table (one per thread count).
+pub(crate) struct Group {
+    pub(crate) algorithm: &'static str,
+    pub(crate) keys: Keys,
+    /// The policy and what it makes the decisions do.
+    pub(crate) workload: String,
+    pub(crate) contenders: Vec<Contender>,
+}
+
+/// The whole matrix.
+pub(crate) fn groups() -> Vec<Group> {
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut gcra_others = vec![Contender {
+        implementation: Implementation::Textbook,
+        run: gcra_textbook,
+    }];
+    #[cfg(feature = "compare")]
+    gcra_others.push(Contender {
+        implementation: Implementation::Governor,
+        run: gcra_governor,
+    });
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut gcra_many_others = vec![Contender {
+        implementation: Implementation::Textbook,
+        run: gcra_textbook_many,
+    }];
+    #[cfg(feature = "compare")]
+    gcra_many_others.push(Contender {
+        implementation: Implementation::Governor,
+        run: gcra_governor_many,
+    });
+    vec![
+        Group {
+            algorithm: "gcra",
+            keys: Keys::Hot,
+            workload: GcraWorkload::description(),
+            contenders: hot_key::<GcraWorkload>(gcra_others),
+        },
+        Group {
+            algorithm: "gcra",
+            keys: Keys::Many,
+            workload: format!("{MANY_KEYS} keys, each {}", GcraWorkload::description()),
+            contenders: many_keys::<GcraWorkload>(gcra_many_others),
+        },
+    ]
+}
+
+/// A word-sized algorithm the matrix measures, built for the workload's rate.
+pub(crate) trait Workload {
+    /// The library type.
+    type Algorithm: Algorithm;
+    /// The algorithm, built for this workload's policy.
+    fn algorithm() -> Self::Algorithm;
+    /// The policy and what it makes the decisions do, for the report.
+    fn description() -> String;
+}
+
+/// GCRA (and so the token and leaky buckets).
+pub(crate) struct GcraWorkload;
+
+impl Workload for GcraWorkload {
+    type Algorithm = Gcra;
+    fn algorithm() -> Gcra {
+        Gcra::new(gcra_policy())
+    }
+    fn description() -> String {
+        format!("{LIMIT} per second, burst {BURST}: every decision admits and writes the state")
+    }
+}
+
+fn gcra_policy() -> Policy {
+    // Constant and covered by a test below: this cannot fail.
+    Policy::per_second(LIMIT)
+        .and_then(|p| p.with_burst(BURST))
+        .expect("the benchmark policy is valid")
+}
+
+/// `W` on one hot key, lock-free and as its mutex twin, followed by `others`.
+pub(crate) fn hot_key<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
+    let mut contenders = vec![
+        Contender {
+            implementation: Implementation::Floodgate,
+            run: floodgate_hot::<W>,
+        },
+        Contender {
+            implementation: Implementation::MutexTwin,
+            run: mutex_twin_hot::<W>,
+        },
+    ];
+    contenders.extend(others);
+    contenders
+}
+
+fn floodgate_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let limiter = RateLimiter::new(W::algorithm());
+    measure(threads, run_time, |_, _| limiter.check().is_allowed())
+}
+
+fn mutex_twin_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let limiter = RateLimiter::locked_with_clock(W::algorithm(), DefaultClock::new());
+    measure(threads, run_time, |_, _| limiter.check().is_allowed())
+}
+
+/// Distinct keys in the many-keys groups.
+pub(crate) const MANY_KEYS: u64 = 100_000;
+
+/// The key of operation `op` on thread `thread` in a many-keys group: spread over
+/// [`MANY_KEYS`] by a multiplicative scramble, each thread on its own sequence.
+pub(crate) fn key_for(thread: usize, op: u64) -> u64 {
+    let thread = (thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread) % MANY_KEYS
+}
+
+/// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
+pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
+    let mut contenders = vec![Contender {
+        implementation: Implementation::MutexTwin,
+        run: mutex_twin_many::<W>,
+    }];
+    contenders.extend(others);
+    contenders
+}
+
+/// A power of two: enough shards that threads rarely meet on one lock.
+const TWIN_SHARDS: usize = 64;
+
+/// One shard of the keyed mutex twin, alone on its cache lines.
+#[repr(align(128))]
+struct TwinShard<S>(Mutex<HashMap<u64, S>>);
+
+/// The keyed mutex twin: `W`'s transition over per-key states in sharded maps, one
+/// mutex per shard (the shard from the key's high hash bits).
+fn mutex_twin_many<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+    let algorithm = W::algorithm();
+    let fresh = AtomicCell::<<W::Algorithm as Algorithm>::State>::fresh().load();
+    let clock = DefaultClock::new();
+    let shards: Vec<TwinShard<_>> = (0..TWIN_SHARDS)
+        .map(|_| TwinShard(Mutex::new(HashMap::new())))
+        .collect();
+    let hasher = RandomState::new();
+    measure(threads, run_time, |thread, op| {
+        let key = key_for(thread, op);
+        let now = clock.now();
+        let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
+        let mut states = lock(&shards[shard].0);
+        let state = states.entry(key).or_insert(fresh);
+        let (decision, next) = algorithm.decide(*state, now, 1);
+        if let Some(next) = next {
+            *state = next;
+        }
+        decision.is_allowed()
+    })
+}
+
+/// The textbook keyed limiter: one map of `f64` buckets under one mutex.
+fn gcra_textbook_many(threads: usize, run_time: Duration) -> Sample {
+    let clock = DefaultClock::new();
+    let buckets: Mutex<HashMap<u64, TextbookTokenBucket>> = Mutex::new(HashMap::new());
+    measure(threads, run_time, |thread, op| {
+        let key = key_for(thread, op);
+        let now = clock.now().as_u64();
+        lock(&buckets)
+            .entry(key)
+            .or_insert_with(|| textbook_bucket(now))
+            .allow(now, 1.0)
+    })
+}
+
+#[cfg(feature = "compare")]
+fn gcra_governor_many(threads: usize, run_time: Duration) -> Sample {
+    let limiter = governor::RateLimiter::keyed(governor_quota());
+    measure(threads, run_time, |thread, op| {
+        limiter.check_key(&key_for(thread, op)).is_ok()
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A full textbook bucket for GCRA's workload, created at `now`.
+fn textbook_bucket(now: u64) -> TextbookTokenBucket {
+    TextbookTokenBucket::new(BURST as f64, LIMIT as f64, Duration::from_secs(1), now)
+}
+
+fn gcra_textbook(threads: usize, run_time: Duration) -> Sample {
+    let clock = DefaultClock::new();
+    let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
+    measure(threads, run_time, |_, _| {
+        // The clock is read before taking the lock, as the limiters do.
+        let now = clock.now().as_u64();
+        lock(&bucket).allow(now, 1.0)
+    })
+}
+
+#[cfg(feature = "compare")]
+fn governor_quota() -> governor::Quota {
+    let limit = NonZeroU32::new(LIMIT as u32).unwrap_or(NonZeroU32::MAX);
+    let burst = NonZeroU32::new(BURST as u32).unwrap_or(NonZeroU32::MIN);
+    governor::Quota::per_second(limit).allow_burst(burst)
+}
+
+#[cfg(feature = "compare")]
+fn gcra_governor(threads: usize, run_time: Duration) -> Sample {
+    let limiter = governor::RateLimiter::direct(governor_quota());
+    measure(threads, run_time, |_, _| limiter.check().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workload_policy_is_valid_and_fits_governor() {
+        let policy = gcra_policy();
+        assert_eq!((policy.limit(), policy.burst()), (LIMIT, BURST));
+        assert!(u32::try_from(LIMIT).is_ok() && u32::try_from(BURST).is_ok());
+    }
+
+    #[test]
+    fn every_contender_runs_and_admits() {
+        for group in groups() {
+            for contender in &group.contenders {
+                let sample = (contender.run)(2, Duration::from_millis(5));
+                assert!(sample.operations > 0, "{:?}", contender.implementation);
+                if !group.workload.contains("every decision admits") {
+                    continue;
+                }
+                // A rate far above the achievable one: (nearly) everything admits.
+                assert!(
+                    sample.admitted * 10 >= sample.operations * 9,
+                    "{:?}: {sample:?}",
+                    contender.implementation
+                );
+            }
+        }
+    }
+}
