@@ -286,8 +286,14 @@ impl SlidingWindow {
             if weight == 0 {
                 return Some(from);
             }
-            // P − x ≤ ⌊((room + 1)·P − 1)/weight⌋
-            let most = ((room + 1) * p - 1) / weight;
+            // P − x ≤ ⌊((room + 1)·P − 1)/weight⌋: one 64-bit division whenever it fits
+            // (every period under 18 s, and longer ones with little room), which is
+            // many times cheaper than the 128-bit division routine.
+            let numerator = (room + 1) * p - 1;
+            let most = match (u64::try_from(numerator), u64::try_from(weight)) {
+                (Ok(num), Ok(weight)) => u128::from(num / weight),
+                _ => numerator / weight,
+            };
             let x = p.saturating_sub(most).max(from);
             (x < p).then_some(x)
         };
