@@ -1,12 +1,16 @@
-//! Differential fuzzing of every word-sized algorithm: the atomic cell, the mutex twin
-//! and the naive reference model must give equal decisions for any sequence of checks,
+//! Differential fuzzing of every algorithm: GCRA, the fixed window and the sliding
+//! window counter (atomic cell, mutex twin and naive reference model), and the sliding
+//! log (against its plain-`Vec` model) must give equal decisions for any sequence of checks,
 //! peeks, clock jumps (both ways) and policy changes that the constructors accept; no
 //! operation may panic or overflow (this profile keeps overflow checks on).
 #![no_main]
 
 use arbitrary::Arbitrary;
-use floodgate::reference::ExactGcra;
-use floodgate::{Algorithm, AtomicCell, Gcra, LockedCell, Nanos, Policy, StateCell};
+use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
+use floodgate::{
+    Algorithm, AtomicCell, Decision, FixedWindow, Gcra, LockedCell, ManualClock, Nanos, Policy,
+    PolicyError, SlidingLog, SlidingWindow, StateCell, YEAR_NANOS,
+};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -46,7 +50,137 @@ fuzz_target!(|input: Input| {
         return;
     };
     gcra(policy, input.start, &input.ops);
+    windows(
+        policy,
+        input.start,
+        &input.ops,
+        FixedWindow::new,
+        |p| ExactFixedWindow::new(p.limit(), p.period_nanos()),
+        ExactFixedWindow::check,
+        ExactFixedWindow::peek,
+    );
+    windows(
+        policy,
+        input.start,
+        &input.ops,
+        SlidingWindow::new,
+        |p| ExactSlidingWindow::new(p.limit(), p.period_nanos()),
+        ExactSlidingWindow::check,
+        ExactSlidingWindow::peek,
+    );
+    sliding_log(policy, input.start, &input.ops);
 });
+
+/// Window indices wrap (by design, see `floodgate::window`) only after a key is idle
+/// for a year; the models never wrap. Readings stay within half a year of each other.
+struct Span {
+    lo: u64,
+    now: u64,
+}
+
+impl Span {
+    fn new(start: u64) -> Span {
+        let lo = start.min(u64::MAX - YEAR_NANOS / 2);
+        Span { lo, now: lo }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let hi = self.lo + YEAR_NANOS / 2;
+        match *op {
+            Op::Advance(d) => self.now = self.now.saturating_add(d).min(hi),
+            Op::Back(d) => self.now = self.now.saturating_sub(u64::from(d)).max(self.lo),
+            _ => {}
+        }
+    }
+}
+
+/// A window algorithm: atomic cell, mutex twin and model on the same operations. A
+/// policy change starts the windows fresh (the engine's rule for windows).
+fn windows<A: Algorithm, M>(
+    policy: Policy,
+    start: u64,
+    ops: &[Op],
+    build: impl Fn(Policy) -> Result<A, PolicyError>,
+    exact: impl Fn(Policy) -> M,
+    check: impl Fn(&mut M, u64, u32) -> Decision,
+    peek: impl Fn(&M, u64, u32) -> Decision,
+) {
+    let Ok(mut alg) = build(policy) else {
+        return;
+    };
+    let mut atomic = AtomicCell::fresh();
+    let mut locked = LockedCell::fresh();
+    let mut model = exact(policy);
+    let mut span = Span::new(start);
+    for op in ops {
+        span.apply(op);
+        let now = span.now;
+        let t = Nanos::new(now);
+        match *op {
+            Op::Advance(_) | Op::Back(_) => {}
+            Op::Reconfigure(rate) => {
+                if let Some(p) = rate.policy() {
+                    if let Ok(next) = build(p) {
+                        alg = next;
+                        atomic = AtomicCell::fresh();
+                        locked = LockedCell::fresh();
+                        model = exact(p);
+                    }
+                }
+            }
+            Op::Check(cost) => {
+                let a = atomic.apply(&alg, t, cost);
+                let l = locked.apply(&alg, t, cost);
+                let m = check(&mut model, now, cost);
+                assert_eq!(a, m, "atomic vs model: {op:?} at {now}");
+                assert_eq!(l, m, "twin vs model: {op:?} at {now}");
+                assert_eq!(StateCell::<_>::load(&atomic), locked.load());
+            }
+            Op::Peek(cost) => {
+                let a = alg.decide(atomic.load(), t, cost).0;
+                assert_eq!(a, peek(&model, now, cost), "peek vs model: {op:?} at {now}");
+            }
+        }
+    }
+}
+
+/// The sliding log against its plain-`Vec` model (policies with small limits: the
+/// model stores one timestamp per unit).
+fn sliding_log(policy: Policy, start: u64, ops: &[Op]) {
+    if policy.limit() > 1 << 12 {
+        return;
+    }
+    let mut limit = policy.limit();
+    let mut log = SlidingLog::with_clock(policy, ManualClock::new());
+    let mut model = ExactSlidingLog::new(policy.limit(), policy.period_nanos());
+    let mut now = start;
+    for op in ops {
+        match *op {
+            Op::Advance(d) => now = now.saturating_add(d),
+            Op::Back(d) => now = now.saturating_sub(u64::from(d)),
+            Op::Reconfigure(rate) => {
+                if let Some(p) = rate.policy().filter(|p| p.limit() <= 1 << 12) {
+                    limit = p.limit();
+                    log = SlidingLog::with_clock(p, ManualClock::new());
+                    model = ExactSlidingLog::new(p.limit(), p.period_nanos());
+                }
+            }
+            Op::Check(cost) => {
+                let d = log.check_n_at(Nanos::new(now), cost);
+                assert_eq!(d, model.check(now, cost), "log vs model: {op:?} at {now}");
+                assert!(log.entries() as u64 <= limit);
+            }
+            Op::Peek(cost) => {
+                let d = log.peek_at(Nanos::new(now), cost);
+                assert_eq!(
+                    d,
+                    model.peek(now, cost),
+                    "log peek vs model: {op:?} at {now}"
+                );
+            }
+        }
+    }
+}
 
 fn gcra(policy: Policy, start: u64, ops: &[Op]) {
     let mut alg = Gcra::new(policy);

@@ -80,6 +80,37 @@ pub trait Algorithm: Send + Sync {
         let _ = (state, now, cost);
         None
     }
+
+    /// The state to keep when `self` replaces `previous` at runtime (a policy change),
+    /// given the state `previous` left, read at `now`.
+    ///
+    /// The default keeps the state as it is — GCRA's rule: the new `T` applies from
+    /// now on and `remaining` is clamped to `[0, B]`. The window algorithms start their
+    /// windows fresh when the period changes, and otherwise carry the counts into
+    /// their own packing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, FixedWindow, Nanos, Policy};
+    /// let old = FixedWindow::new(Policy::per_minute(10)?)?;
+    /// let new = FixedWindow::new(Policy::per_minute(1000)?)?;
+    /// let now = Nanos::from_secs(90);
+    /// let s = old.decide(Default::default(), now, 4).1.unwrap();
+    /// // Same period: the 4 units stay counted in this minute.
+    /// assert_eq!(new.decide(new.carry_over(&old, s, now), now, 0).0.remaining(), 996);
+    /// // A new period starts fresh.
+    /// let hourly = FixedWindow::new(Policy::per_hour(1000)?)?;
+    /// assert_eq!(hourly.carry_over(&old, s, now), Default::default());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn carry_over(&self, previous: &Self, state: Self::State, now: Nanos) -> Self::State
+    where
+        Self: Sized,
+    {
+        let _ = (previous, now);
+        state
+    }
 }
 
 /// Runs one decision on an atomic word (see [`update_word`]).

@@ -120,24 +120,31 @@ impl Gcra {
         self.policy
     }
 
-    #[inline(always)]
-    fn headroom(&self, offset: u64) -> u64 {
-        self.tau.saturating_sub(offset)
+    /// `τ = B·T` in nanoseconds.
+    pub(crate) const fn tolerance_nanos(&self) -> u64 {
+        self.tau
     }
-}
 
-impl Algorithm for Gcra {
-    type State = GcraState;
-
+    /// The transition with the tolerance `tau` in place of `τ = B·T`: the admission
+    /// test, `remaining` and `retry_after` use `tau`, "never" still means `n > B`.
+    /// [`Algorithm::decide`] passes `τ`; the shaper passes `τ + max_delay`, which
+    /// admits a request whose slot is at most `max_delay` away.
     #[inline(always)]
-    fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
+    pub(crate) fn decide_within(
+        &self,
+        tau: u64,
+        state: GcraState,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<GcraState>) {
+        let headroom = |offset: u64| tau.saturating_sub(offset);
         let now = now.as_u64();
         let tat = state.tat.as_u64().max(now);
         // tat − now: how far ahead of `now` the bucket is booked.
         let offset = tat - now;
         let n = u64::from(cost);
         if n == 0 {
-            let headroom = self.headroom(offset);
+            let headroom = headroom(offset);
             return (
                 Decision::allow(self.burst, headroom, self.interval, offset),
                 None,
@@ -147,13 +154,16 @@ impl Algorithm for Gcra {
         // Folding the capacity check into the subtraction spares the hot path a
         // separate compare against B.
         let increment = n.saturating_mul(self.interval);
-        let Some(slack) = self.tau.checked_sub(increment) else {
-            let headroom = self.headroom(offset);
+        let Some(within_burst) = self.tau.checked_sub(increment) else {
+            let headroom = headroom(offset);
             return (
                 Decision::never(self.burst, headroom, self.interval, offset),
                 None,
             );
         };
+        // The tolerance beyond τ: 0 for a check (folded away), max_delay for a
+        // reservation. tau ≥ τ, and the sum is tau − n·T: no overflow.
+        let slack = within_burst + (tau - self.tau);
         // new_tat ≤ now + τ  ⇔  offset + n·T ≤ τ  ⇔  offset ≤ τ − n·T
         if offset <= slack {
             let reset_after = offset + increment;
@@ -168,7 +178,7 @@ impl Algorithm for Gcra {
                 // The new TAT would pass u64::MAX ns: since TAT ≥ now only grows, this
                 // request can never be represented — deny it for good (stricter, not looser).
                 None => {
-                    let headroom = self.headroom(offset);
+                    let headroom = headroom(offset);
                     (
                         Decision::never(self.burst, headroom, self.interval, offset),
                         None,
@@ -177,13 +187,22 @@ impl Algorithm for Gcra {
             }
         } else {
             // retry = new_tat − (now + τ) = offset + n·T − τ = offset − slack > 0
-            let headroom = self.headroom(offset);
+            let headroom = headroom(offset);
             let retry = offset - slack;
             (
                 Decision::deny(self.burst, headroom, self.interval, offset, retry),
                 None,
             )
         }
+    }
+}
+
+impl Algorithm for Gcra {
+    type State = GcraState;
+
+    #[inline(always)]
+    fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
+        self.decide_within(self.tau, state, now, cost)
     }
 
     #[inline]

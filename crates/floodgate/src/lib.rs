@@ -24,6 +24,19 @@
 //! # Ok::<(), floodgate::PolicyError>(())
 //! ```
 //!
+//! ## Algorithms
+//!
+//! | algorithm | type | state | trade-off |
+//! |---|---|---|---|
+//! | GCRA (token bucket, leaky bucket as a meter) | [`Gcra`] | one word | smooth rate with a burst; the default |
+//! | fixed window | [`FixedWindow`] | one word | simplest counters, aligned to the clock; allows 2·L across an edge |
+//! | sliding window counter | [`SlidingWindow`] | one word | weighted two-window estimate; no edge spike, approximate |
+//! | sliding log | [`SlidingLog`] | `O(L)` ring, short mutex | exact; memory per key grows with `L` |
+//! | leaky bucket as a queue | [`Shaper`] | one word | requests wait for their slot (`reserve`, `wait`, `until_ready`) |
+//!
+//! The word-sized ones run in [`RateLimiter`] (lock-free) and [`LockedRateLimiter`]
+//! (the mutex twin); each module states its exact semantics.
+//!
 //! ## Design
 //!
 //! * Every algorithm is a **pure transition** ([`Algorithm::decide`]) over a `Copy`
@@ -50,23 +63,33 @@ mod algorithm;
 pub mod clock;
 mod decision;
 mod duration;
+mod fixed_window;
 pub mod gcra;
 pub mod keyed;
 mod limiter;
 mod policy;
 pub mod reference;
+pub mod shaping;
+mod sliding_log;
+mod sliding_window;
 mod sync;
+pub mod window;
 
 pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
 pub use duration::{parse_duration, DurationError};
+pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::{
     KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, MAX_CAPACITY,
 };
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
+pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};
+pub use sliding_log::SlidingLog;
+pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use window::YEAR_NANOS;
 
 /// Compile-time proof that the public limiters can be shared across threads.
 const _: () = {
@@ -77,4 +100,10 @@ const _: () = {
     assert_send_sync::<Decision>();
     assert_send_sync::<KeyedLimiter<u64>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
+    assert_send_sync::<RateLimiter<FixedWindow>>();
+    assert_send_sync::<RateLimiter<SlidingWindow>>();
+    assert_send_sync::<SlidingLog>();
+    assert_send_sync::<Shaper>();
+    assert_send_sync::<LockedShaper>();
+    assert_send_sync::<Reservation>();
 };

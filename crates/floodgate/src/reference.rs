@@ -12,6 +12,7 @@
 
 use crate::decision::Decision;
 use core::time::Duration;
+use std::collections::HashMap;
 
 fn dur(ns: u128) -> Duration {
     Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
@@ -212,5 +213,500 @@ impl TextbookLeakyBucket {
         let elapsed = now.saturating_sub(self.last_leak) as f64;
         self.level = (self.level - elapsed * self.per_nano).max(0.0);
         self.last_leak = self.last_leak.max(now);
+    }
+}
+
+/// Counts per window in a `HashMap`: `Some(w)` is the newest window that admitted a
+/// unit (an earlier reading is judged there, as the transitions do).
+fn newest_window(counts: &HashMap<u128, u128>) -> Option<u128> {
+    counts.keys().copied().max()
+}
+
+/// The fixed window straight from its definition: a `HashMap` from window index to
+/// count, in `u128`.
+///
+/// A reading earlier than the newest window with a count is judged in that window (the
+/// engine never moves a state back). No window index wraps here.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::ExactFixedWindow;
+/// let mut m = ExactFixedWindow::new(2, 1_000);
+/// assert!(m.check(1_500, 2).is_allowed());
+/// let d = m.check(1_999, 1);
+/// assert_eq!(d.retry_after_nanos(), Some(1));
+/// assert!(m.check(2_000, 1).is_allowed());
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExactFixedWindow {
+    limit: u128,
+    period: u128,
+    counts: HashMap<u128, u128>,
+}
+
+impl ExactFixedWindow {
+    /// `limit` per `period_nanos` (assumed valid).
+    pub fn new(limit: u64, period_nanos: u64) -> ExactFixedWindow {
+        ExactFixedWindow {
+            limit: u128::from(limit),
+            period: u128::from(period_nanos.max(1)),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// `check(n)` at `now`.
+    pub fn check(&mut self, now: u64, cost: u32) -> Decision {
+        self.decide(now, cost, true)
+    }
+
+    /// `peek(n)` at `now`.
+    pub fn peek(&self, now: u64, cost: u32) -> Decision {
+        self.clone().decide(now, cost, false)
+    }
+
+    fn decide(&mut self, now: u64, cost: u32, write: bool) -> Decision {
+        let now = u128::from(now);
+        let (l, p, n) = (self.limit, self.period, u128::from(cost));
+        let w = (now / p).max(newest_window(&self.counts).unwrap_or(0));
+        let count = self.counts.get(&w).copied().unwrap_or(0);
+        let reset = dur((w + 1) * p - now);
+        let l64 = l as u64;
+        let remaining = |c: u128| l.saturating_sub(c) as u64;
+        if n > l {
+            return Decision::new(false, l64, remaining(count), reset, None);
+        }
+        if n == 0 {
+            return Decision::new(true, l64, remaining(count), reset, None);
+        }
+        if count + n <= l {
+            if write {
+                self.counts.insert(w, count + n);
+            }
+            Decision::new(true, l64, remaining(count + n), reset, None)
+        } else {
+            Decision::new(false, l64, remaining(count), reset, Some(reset))
+        }
+    }
+}
+
+/// The sliding window counter straight from its definition: counts per window in a
+/// `HashMap`, the estimate `⌊prev·(P − e)/P⌋ + cur` in `u128`, and `retry_after` found
+/// by a binary search over time (the estimate never rises without traffic).
+///
+/// A reading earlier than the start of the newest window with a count is judged at
+/// that start. No window index wraps here.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::ExactSlidingWindow;
+/// let mut m = ExactSlidingWindow::new(10, 60);
+/// assert!(m.check(59, 10).is_allowed());
+/// // At 61: ⌊10·59/60⌋ = 9 still weigh.
+/// assert_eq!(m.peek(61, 0).remaining(), 1);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExactSlidingWindow {
+    limit: u128,
+    period: u128,
+    counts: HashMap<u128, u128>,
+}
+
+impl ExactSlidingWindow {
+    /// `limit` per `period_nanos` (assumed valid).
+    pub fn new(limit: u64, period_nanos: u64) -> ExactSlidingWindow {
+        ExactSlidingWindow {
+            limit: u128::from(limit),
+            period: u128::from(period_nanos.max(1)),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// `check(n)` at `now`.
+    pub fn check(&mut self, now: u64, cost: u32) -> Decision {
+        self.decide(now, cost, true)
+    }
+
+    /// `peek(n)` at `now`.
+    pub fn peek(&self, now: u64, cost: u32) -> Decision {
+        self.clone().decide(now, cost, false)
+    }
+
+    fn count(&self, w: u128) -> u128 {
+        self.counts.get(&w).copied().unwrap_or(0)
+    }
+
+    fn estimate(&self, t: u128) -> u128 {
+        let p = self.period;
+        let w = t / p;
+        let e = t - w * p;
+        let prev = if w == 0 { 0 } else { self.count(w - 1) };
+        prev * (p - e) / p + self.count(w)
+    }
+
+    fn decide(&mut self, now: u64, cost: u32, write: bool) -> Decision {
+        let now = u128::from(now);
+        let (l, p, n) = (self.limit, self.period, u128::from(cost));
+        let t = now.max(newest_window(&self.counts).map_or(0, |w| w * p));
+        let w = t / p;
+        let prev = if w == 0 { 0 } else { self.count(w - 1) };
+        let cur = self.count(w);
+        let estimate = self.estimate(t);
+        let reset = |cur: u128| {
+            dur(if cur > 0 {
+                (w + 2) * p - now
+            } else if prev > 0 {
+                (w + 1) * p - now
+            } else {
+                0
+            })
+        };
+        let l64 = l as u64;
+        let remaining = |used: u128| l.saturating_sub(used) as u64;
+        if n > l {
+            return Decision::new(false, l64, remaining(estimate), reset(cur), None);
+        }
+        if n == 0 {
+            return Decision::new(true, l64, remaining(estimate), reset(cur), None);
+        }
+        if estimate + n <= l {
+            if write {
+                self.counts.insert(w, cur + n);
+            }
+            return Decision::new(true, l64, remaining(estimate + n), reset(cur + n), None);
+        }
+        // The least instant in (t, t + 2P] that admits n: at t + 2P nothing weighs.
+        let (mut lo, mut hi) = (t, t + 2 * p);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.estimate(mid) + n <= l {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let retry = dur(hi - now);
+        Decision::new(false, l64, remaining(estimate), reset(cur), Some(retry))
+    }
+}
+
+/// The sliding log straight from its definition: every admitted unit's timestamp in a
+/// plain `Vec`, never pruned. A unit at `t` counts while `now < t + P`.
+///
+/// A reading earlier than the newest timestamp is judged at that timestamp (units are
+/// logged at the judged instant, so the log stays in order).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::ExactSlidingLog;
+/// let mut m = ExactSlidingLog::new(2, 100);
+/// assert!(m.check(10, 1).is_allowed());
+/// assert!(m.check(50, 1).is_allowed());
+/// assert_eq!(m.check(60, 1).retry_after_nanos(), Some(50));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExactSlidingLog {
+    limit: u128,
+    period: u128,
+    log: Vec<u128>,
+}
+
+impl ExactSlidingLog {
+    /// `limit` per `period_nanos` (assumed valid).
+    pub fn new(limit: u64, period_nanos: u64) -> ExactSlidingLog {
+        ExactSlidingLog {
+            limit: u128::from(limit),
+            period: u128::from(period_nanos),
+            log: Vec::new(),
+        }
+    }
+
+    /// `check(n)` at `now`.
+    pub fn check(&mut self, now: u64, cost: u32) -> Decision {
+        self.decide(now, cost, true)
+    }
+
+    /// `peek(n)` at `now`.
+    pub fn peek(&self, now: u64, cost: u32) -> Decision {
+        self.clone().decide(now, cost, false)
+    }
+
+    fn decide(&mut self, now: u64, cost: u32, write: bool) -> Decision {
+        let now = u128::from(now);
+        let (l, p, n) = (self.limit, self.period, u128::from(cost));
+        let t = self.log.iter().copied().fold(now, u128::max);
+        let mut live: Vec<u128> = self.log.iter().copied().filter(|&x| t < x + p).collect();
+        live.sort_unstable();
+        let units = live.len() as u128;
+        let reset = dur(live.last().map_or(0, |&x| x + p - now));
+        let l64 = l as u64;
+        let remaining = |used: u128| l.saturating_sub(used) as u64;
+        if n > l {
+            return Decision::new(false, l64, remaining(units), reset, None);
+        }
+        if n == 0 {
+            return Decision::new(true, l64, remaining(units), reset, None);
+        }
+        if units + n <= l {
+            if write {
+                self.log.extend((0..n).map(|_| t));
+            }
+            return Decision::new(true, l64, remaining(units + n), dur(t + p - now), None);
+        }
+        // The oldest `units + n − L` units must leave; the last of them leaves at x + P.
+        let must_leave = (units + n - l) as usize;
+        let retry = dur(live[must_leave - 1] + p - now);
+        Decision::new(false, l64, remaining(units), reset, Some(retry))
+    }
+}
+
+/// The seed article's fixed window: the window starts at the first request after the
+/// previous one expired (not aligned), compared with `>`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::TextbookFixedWindow;
+/// let mut w = TextbookFixedWindow::new(1, 100, 0);
+/// assert!(w.allow(10, 1));
+/// assert!(!w.allow(100, 1)); // 100 − 0 is not > 100
+/// assert!(w.allow(101, 1));
+/// ```
+#[derive(Clone, Debug)]
+pub struct TextbookFixedWindow {
+    limit: u64,
+    period: u64,
+    window_start: u64,
+    counter: u64,
+}
+
+impl TextbookFixedWindow {
+    /// `limit` per `period` ns, the first window starting at `now`.
+    pub fn new(limit: u64, period: u64, now: u64) -> Self {
+        TextbookFixedWindow {
+            limit,
+            period,
+            window_start: now,
+            counter: 0,
+        }
+    }
+
+    /// Restarts the window if it expired, then admits `cost` if it fits.
+    pub fn allow(&mut self, now: u64, cost: u64) -> bool {
+        if now.saturating_sub(self.window_start) > self.period {
+            self.window_start = now;
+            self.counter = 0;
+        }
+        if self.counter + cost <= self.limit {
+            self.counter += cost;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The seed article's sliding window counter: two counters and an `f64` weight, the
+/// window restarting at the first request after it expired.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::TextbookSlidingWindow;
+/// let mut w = TextbookSlidingWindow::new(2, 100, 0);
+/// assert!(w.allow(0, 2));
+/// assert!(!w.allow(50, 1));
+/// // The window restarts at 150 (not at 100), where the old 2 still weigh fully.
+/// assert!(!w.allow(150, 1));
+/// assert!(w.allow(200, 1)); // 2·(1 − 50/100) = 1 < 2
+/// ```
+#[derive(Clone, Debug)]
+pub struct TextbookSlidingWindow {
+    limit: f64,
+    period: u64,
+    current_window_start: u64,
+    current_counter: f64,
+    previous_counter: f64,
+}
+
+impl TextbookSlidingWindow {
+    /// `limit` per `period` ns, the first window starting at `now`.
+    pub fn new(limit: u64, period: u64, now: u64) -> Self {
+        TextbookSlidingWindow {
+            limit: limit as f64,
+            period,
+            current_window_start: now,
+            current_counter: 0.0,
+            previous_counter: 0.0,
+        }
+    }
+
+    /// Switches windows if the current one expired, then admits `cost` if the weighted
+    /// total is below the limit (the article's `total < limit`, for `cost` units:
+    /// `total + cost − 1 < limit`).
+    pub fn allow(&mut self, now: u64, cost: u64) -> bool {
+        if cost == 0 {
+            return true;
+        }
+        if now.saturating_sub(self.current_window_start) > self.period {
+            self.previous_counter = self.current_counter;
+            self.current_counter = 0.0;
+            self.current_window_start = now;
+        }
+        let elapsed = now.saturating_sub(self.current_window_start) as f64;
+        let prev_weight = 1.0 - elapsed / self.period as f64;
+        let total = self.current_counter + self.previous_counter * prev_weight;
+        if total + ((cost - 1) as f64) < self.limit {
+            self.current_counter += cost as f64;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The seed article's exact sliding log: a `Vec` of timestamps filtered with `retain`
+/// on every call.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::TextbookSlidingLog;
+/// let mut log = TextbookSlidingLog::new(1, 100);
+/// assert!(log.allow(0));
+/// assert!(!log.allow(99));
+/// assert!(log.allow(100));
+/// ```
+#[derive(Clone, Debug)]
+pub struct TextbookSlidingLog {
+    limit: usize,
+    period: u64,
+    requests: Vec<u64>,
+}
+
+impl TextbookSlidingLog {
+    /// `limit` per `period` ns.
+    pub fn new(limit: usize, period: u64) -> Self {
+        TextbookSlidingLog {
+            limit,
+            period,
+            requests: Vec::new(),
+        }
+    }
+
+    /// Drops timestamps older than the period, then admits one request if there is room.
+    pub fn allow(&mut self, now: u64) -> bool {
+        let period = self.period;
+        // t > now − period, without going below zero.
+        self.requests.retain(|&t| t.saturating_add(period) > now);
+        if self.requests.len() < self.limit {
+            self.requests.push(now);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A slot granted by [`ExactShaper::reserve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactSlot {
+    /// When the request may proceed.
+    pub ready_at: u64,
+    /// The theoretical arrival time right after the reservation.
+    pub tat: u128,
+    /// Units reserved.
+    pub units: u64,
+}
+
+/// Reservations on GCRA straight from their definition, in `u128`: the slot of `n`
+/// units is the instant `tat + n·T − B·T` at which a plain GCRA check of them would
+/// first succeed; a refund gives back the units nobody reserved after them
+/// (`x/time/rate`'s rule).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::reference::ExactShaper;
+/// let mut m = ExactShaper::new(10, 1_000, 1); // T = 100 ns, B = 1
+/// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 0);
+/// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 100);
+/// assert_eq!(m.reserve(0, 1, 50), Err(Some(150)));
+/// ```
+#[derive(Clone, Debug)]
+pub struct ExactShaper {
+    t: u128,
+    b: u128,
+    tat: Option<u128>,
+}
+
+impl ExactShaper {
+    /// `limit` per `period_nanos` with capacity `burst` (assumed valid).
+    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> ExactShaper {
+        ExactShaper {
+            t: u128::from(period_nanos.div_ceil(limit.max(1))),
+            b: u128::from(burst),
+            tat: None,
+        }
+    }
+
+    /// Reserves `cost` units at `now` if their slot is at most `max_delay` ns away.
+    /// `Err(Some(wait))`: too far, retry after `wait`; `Err(None)`: never.
+    pub fn reserve(
+        &mut self,
+        now: u64,
+        cost: u32,
+        max_delay: u64,
+    ) -> Result<ExactSlot, Option<u64>> {
+        let now = u128::from(now);
+        let n = u128::from(cost);
+        if n > self.b {
+            return Err(None);
+        }
+        let tat = self.tat.unwrap_or(now).max(now);
+        if n == 0 {
+            return Ok(ExactSlot {
+                ready_at: now as u64,
+                tat,
+                units: 0,
+            });
+        }
+        let new_tat = tat + n * self.t;
+        let slot = (new_tat as i128 - (self.b * self.t) as i128).max(now as i128) as u128;
+        let delay = slot - now;
+        if delay > u128::from(max_delay) {
+            return Err(Some(
+                u64::try_from(delay - u128::from(max_delay)).unwrap_or(u64::MAX - 1),
+            ));
+        }
+        if new_tat > u128::from(u64::MAX) {
+            return Err(None);
+        }
+        self.tat = Some(new_tat);
+        Ok(ExactSlot {
+            ready_at: slot as u64,
+            tat: new_tat,
+            units: n as u64,
+        })
+    }
+
+    /// Cancels `slot` at `now`; returns the units given back.
+    pub fn cancel(&mut self, now: u64, slot: ExactSlot) -> u64 {
+        if u128::from(now) > u128::from(slot.ready_at) {
+            return 0;
+        }
+        let current = self.tat.unwrap_or(0);
+        let later = if current > slot.tat {
+            (current - slot.tat) / self.t
+        } else {
+            0
+        };
+        let back = u128::from(slot.units).saturating_sub(later);
+        if back > 0 {
+            self.tat = Some(current.saturating_sub(back * self.t));
+        }
+        back as u64
     }
 }

@@ -1,0 +1,463 @@
+//! The fixed window: at most `L` units in each window `[w·P, (w+1)·P)`, windows aligned
+//! to the clock's origin (the Unix epoch for the default clocks, so a per-minute window
+//! starts on the minute).
+//!
+//! # Semantics
+//!
+//! ```text
+//! w = ⌊now/P⌋, count = units admitted in w
+//! n > L              → deny, retry_after = never
+//! count + n ≤ L      → allow, count += n
+//! otherwise          → deny, retry_after = reset_after
+//! remaining   = L − count (after the decision)
+//! reset_after = (w+1)·P − now
+//! ```
+//!
+//! Cost 0 is always allowed and writes nothing. A reading *earlier* than the window
+//! the state holds (another core's clock) is judged in the stored window — the state
+//! never moves back — so `reset_after` is then measured to the end of that window.
+//!
+//! # Packing
+//!
+//! `{window mod 2^k, count}` in one word, the count `c` = bit length of `L` bits wide
+//! and `k = 64 − c` (see [the layout rules](crate::window)). Because `P ≥ L ≥ 2^(c−1)`
+//! for every valid [`Policy`], the index wraps only after `2^(k−1)·P ≥ 2^62` ns
+//! (≈ 146 years) of idleness, so **every policy fits except `L = 2^62`** (the largest
+//! `L` is `2^62 − 1`; the smallest `P` is 1 ns, with `L = 1`).
+//!
+//! `⌊now/P⌋` is computed with a precomputed reciprocal (one 128-bit multiply-high),
+//! not a division instruction.
+
+use crate::algorithm::Algorithm;
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::{Policy, PolicyError};
+use crate::window::{counted, saturate, Age, Reciprocal, WindowLayout};
+
+/// The fixed-window transition for one [`Policy`] (`limit` per `period`; `burst` is
+/// not used).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{FixedWindow, ManualClock, Nanos, Policy, RateLimiter};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::starting_at(Nanos::from_secs(60)); // 1:00
+/// let limiter = RateLimiter::with_clock(FixedWindow::new(Policy::per_minute(2)?)?, clock.clone());
+/// clock.advance(Duration::from_secs(45));
+/// assert!(limiter.check().is_allowed());
+/// assert!(limiter.check().is_allowed());
+/// let denied = limiter.check();
+/// assert!(!denied.is_allowed());
+/// // The window ends at 2:00, 15 s from now.
+/// assert_eq!(denied.retry_after(), Some(Duration::from_secs(15)));
+/// clock.advance(Duration::from_secs(15));
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FixedWindow {
+    limit: u64,
+    period: u64,
+    reciprocal: Reciprocal,
+    layout: WindowLayout,
+    policy: Policy,
+}
+
+/// The fixed window's packed state: `{window mod 2^k, count}` (see [`FixedWindow`]);
+/// all-zero is fresh. Read it with [`FixedWindow::window_of`] and
+/// [`FixedWindow::count_of`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{FixedWindow, FixedWindowState, Policy};
+/// let fw = FixedWindow::new(Policy::per_second(5)?)?;
+/// let s = fw.state(7, 3);
+/// assert_eq!((fw.window_of(s), fw.count_of(s)), (7, 3));
+/// assert_eq!(fw.count_of(FixedWindowState::default()), 0);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(8))]
+pub struct FixedWindowState {
+    packed: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<FixedWindowState>() == 8);
+
+const ALLOWED: &str = "fixed window: limit < 2^62";
+
+impl FixedWindow {
+    /// The fixed window for `policy`.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Unrepresentable`] for `limit = 2^62`, the one valid policy whose
+    /// count leaves too few bits for the window index.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, Policy};
+    /// use std::time::Duration;
+    /// let fw = FixedWindow::new(Policy::per_hour(1000)?)?;
+    /// assert_eq!(fw.policy().limit(), 1000);
+    /// assert!(FixedWindow::new(Policy::new(1 << 62, Duration::from_nanos(1 << 62))?).is_err());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn new(policy: Policy) -> Result<FixedWindow, PolicyError> {
+        let layout = WindowLayout::for_policy(&policy, 1, ALLOWED)?;
+        Ok(FixedWindow {
+            limit: policy.limit(),
+            period: policy.period_nanos(),
+            reciprocal: Reciprocal::new(policy.period_nanos()),
+            layout,
+            policy,
+        })
+    }
+
+    /// The policy this transition enforces.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(3)?)?;
+    /// assert_eq!(fw.policy().period().as_secs(), 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub const fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Bits of the count (`c`, the bit length of `L`); the window index has `64 − c`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(1000)?)?;
+    /// assert_eq!(fw.count_bits(), 10);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub const fn count_bits(&self) -> u32 {
+        self.layout.count_bits()
+    }
+
+    /// A state holding `count` units (clamped to the count's width) in window `window`
+    /// (stored modulo `2^(64 − c)`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(3)?)?;
+    /// assert_eq!(fw.count_of(fw.state(1, 2)), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn state(&self, window: u64, count: u64) -> FixedWindowState {
+        let max = (1u64 << self.layout.count_bits()) - 1;
+        FixedWindowState {
+            packed: self.layout.pack(window, count.min(max)),
+        }
+    }
+
+    /// The window index a state holds, modulo `2^(64 − c)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(3)?)?;
+    /// assert_eq!(fw.window_of(fw.state(9, 1)), 9);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn window_of(&self, state: FixedWindowState) -> u64 {
+        self.layout.window_of(state.packed)
+    }
+
+    /// The count a state holds for its window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(3)?)?;
+    /// assert_eq!(fw.count_of(fw.state(9, 1)), 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn count_of(&self, state: FixedWindowState) -> u64 {
+        self.layout.counter(state.packed, 0)
+    }
+
+    /// The window to count in, its count, and `reset_after` (to that window's end).
+    #[inline(always)]
+    fn view(&self, state: FixedWindowState, now: u64) -> (u64, u64, u64) {
+        let (w, e) = self.reciprocal.split(now);
+        let count = self.layout.counter(state.packed, 0);
+        if count == 0 {
+            return (w, 0, self.period - e);
+        }
+        let stored = self.layout.window_of(state.packed);
+        match self.layout.age(stored, w) {
+            Age::Ahead(0) => (w, count, self.period - e),
+            Age::Ahead(_) => (w, 0, self.period - e),
+            // `now` reads before the stored window `w + a`: count there; it ends at
+            // (w + a + 1)·P = now + (a + 1)·P − e.
+            Age::Behind(a) => {
+                let end = u128::from(a + 1) * u128::from(self.period) - u128::from(e);
+                (stored, count, saturate(end))
+            }
+        }
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type State = FixedWindowState;
+
+    #[inline(always)]
+    fn decide(
+        &self,
+        state: FixedWindowState,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<FixedWindowState>) {
+        let (window, count, reset) = self.view(state, now.as_u64());
+        let n = u64::from(cost);
+        let (decision, admit) = counted(self.limit, count, n, reset, || reset, || reset);
+        // Admitted: count + n ≤ L < 2^c fits its field.
+        let next = admit.then(|| FixedWindowState {
+            packed: self.layout.pack(window, count + n),
+        });
+        (decision, next)
+    }
+
+    #[inline]
+    fn is_idle(&self, state: FixedWindowState, now: Nanos) -> bool {
+        self.view(state, now.as_u64()).1 == 0
+    }
+
+    /// Same period: the count of the window in force carries over (re-packed for the
+    /// new limit, clamped to its width — a count above the new limit just leaves
+    /// nothing remaining). Another period: fresh windows.
+    fn carry_over(&self, previous: &Self, state: FixedWindowState, now: Nanos) -> FixedWindowState {
+        if previous.period != self.period || previous.is_idle(state, now) {
+            return FixedWindowState::default();
+        }
+        let (w, _) = self.reciprocal.split(now.as_u64());
+        let stored = previous.layout.window_of(state.packed);
+        let window = match previous.layout.age(stored, w) {
+            Age::Behind(a) => w.wrapping_add(a),
+            Age::Ahead(_) => w,
+        };
+        self.state(window, previous.count_of(state))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use core::time::Duration;
+
+    const S: u64 = 1_000_000_000;
+
+    fn fw(limit: u64, period: Duration) -> FixedWindow {
+        FixedWindow::new(Policy::new(limit, period).unwrap()).unwrap()
+    }
+
+    fn run(
+        f: &FixedWindow,
+        mut s: FixedWindowState,
+        steps: &[(u64, u32)],
+    ) -> (Vec<Decision>, FixedWindowState) {
+        let mut out = Vec::new();
+        for &(now, cost) in steps {
+            let (d, next) = f.decide(s, Nanos::new(now), cost);
+            if let Some(next) = next {
+                s = next;
+            }
+            out.push(d);
+        }
+        (out, s)
+    }
+
+    #[test]
+    fn counts_within_the_window_and_denies_until_its_end() {
+        let f = fw(3, Duration::from_secs(1));
+        let t = 10 * S + S / 4;
+        let (ds, s) = run(
+            &f,
+            FixedWindowState::default(),
+            &[(t, 1), (t, 1), (t, 1), (t + 1, 1)],
+        );
+        for (i, d) in ds[..3].iter().enumerate() {
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), 2 - i as u64);
+            assert_eq!(d.reset_after_nanos(), 3 * S / 4);
+            assert_eq!(d.retry_after_nanos(), Some(0));
+            assert_eq!(d.limit(), 3);
+        }
+        assert!(!ds[3].is_allowed());
+        assert_eq!(ds[3].remaining(), 0);
+        assert_eq!(ds[3].retry_after_nanos(), Some(3 * S / 4 - 1));
+        assert_eq!(ds[3].reset_after_nanos(), 3 * S / 4 - 1);
+        assert_eq!((f.window_of(s), f.count_of(s)), (10, 3));
+    }
+
+    #[test]
+    fn window_edges() {
+        let f = fw(2, Duration::from_secs(1));
+        let (ds, s) = run(
+            &f,
+            FixedWindowState::default(),
+            &[
+                (5 * S, 2),
+                // The last instant of window 5.
+                (6 * S - 1, 1),
+                // The instant window 5 ends.
+                (6 * S, 2),
+                // A gap of two windows: fresh again.
+                (8 * S + 5, 1),
+            ],
+        );
+        assert!(ds[0].is_allowed());
+        assert_eq!(ds[0].reset_after_nanos(), S);
+        assert!(!ds[1].is_allowed());
+        assert_eq!(ds[1].retry_after_nanos(), Some(1));
+        assert!(ds[2].is_allowed());
+        assert_eq!(ds[2].remaining(), 0);
+        assert!(ds[3].is_allowed());
+        assert_eq!(ds[3].remaining(), 1);
+        assert_eq!(ds[3].reset_after_nanos(), S - 5);
+        assert_eq!((f.window_of(s), f.count_of(s)), (8, 1));
+    }
+
+    #[test]
+    fn costs_zero_n_and_above_the_limit() {
+        let f = fw(10, Duration::from_secs(60));
+        let s = f.state(0, 4);
+        let (d, next) = f.decide(s, Nanos::from_secs(15), 0);
+        assert!(d.is_allowed() && next.is_none());
+        assert_eq!(d.remaining(), 6);
+        assert_eq!(d.reset_after(), Duration::from_secs(45));
+        let (d, next) = f.decide(s, Nanos::from_secs(15), 6);
+        assert!(d.is_allowed());
+        assert_eq!(f.count_of(next.unwrap()), 10);
+        let (d, next) = f.decide(s, Nanos::from_secs(15), 7);
+        assert!(!d.is_allowed() && next.is_none());
+        assert_eq!(d.remaining(), 6);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(45)));
+        for cost in [11, u32::MAX] {
+            let (d, next) = f.decide(s, Nanos::from_secs(15), cost);
+            assert!(!d.is_allowed() && next.is_none());
+            assert_eq!(d.retry_after(), None);
+            assert_eq!(d.remaining(), 6);
+        }
+    }
+
+    #[test]
+    fn an_earlier_reading_counts_in_the_stored_window() {
+        let f = fw(3, Duration::from_secs(1));
+        let s = f.state(7, 2);
+        // 6.5 s reads a window behind the state's: judged in window 7, which ends in 1.5 s.
+        let (d, next) = f.decide(s, Nanos::new(6 * S + S / 2), 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.reset_after_nanos(), S + S / 2);
+        let next = next.unwrap();
+        assert_eq!((f.window_of(next), f.count_of(next)), (7, 3));
+        let (d, _) = f.decide(next, Nanos::new(6 * S + S / 2), 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after_nanos(), Some(S + S / 2));
+        assert!(!f.is_idle(next, Nanos::new(6 * S)));
+    }
+
+    #[test]
+    fn idle_means_fresh() {
+        let f = fw(3, Duration::from_secs(1));
+        let s = f.state(7, 2);
+        assert!(!f.is_idle(s, Nanos::new(8 * S - 1)));
+        assert!(f.is_idle(s, Nanos::new(8 * S)));
+        assert!(f.is_idle(FixedWindowState::default(), Nanos::new(123)));
+        assert_eq!(
+            f.decide(s, Nanos::new(8 * S), 3).0,
+            f.decide(FixedWindowState::default(), Nanos::new(8 * S), 3)
+                .0
+        );
+    }
+
+    #[test]
+    fn the_index_wraps_only_after_2_to_the_62_ns() {
+        // L = 1, P = 1 ns: c = 1, k = 63, half the index range is 2^62 windows.
+        let f = fw(1, Duration::from_nanos(1));
+        assert_eq!(f.count_bits(), 1);
+        let s = f.state(0, 1);
+        // Idle 2^62 − 1 windows: recognised as later, fresh.
+        assert!(f.is_idle(s, Nanos::new((1 << 62) - 1)));
+        assert!(f.decide(s, Nanos::new((1 << 62) - 1), 1).0.is_allowed());
+        // Idle 2^62 windows (146 years): looks earlier, the stale unit counts (stricter).
+        assert!(!f.is_idle(s, Nanos::new(1 << 62)));
+        let (d, _) = f.decide(s, Nanos::new(1 << 62), 1);
+        assert!(!d.is_allowed());
+        // The largest limit: L = 2^62 − 1 leaves k = 2, still ≥ 146 years per half range.
+        let f = fw((1 << 62) - 1, Duration::from_nanos((1 << 62) - 1));
+        assert_eq!(f.count_bits(), 62);
+        let s = f.state(0, 1);
+        assert!(f.is_idle(s, Nanos::new((1 << 62) - 1)));
+        assert!(!f.is_idle(s, Nanos::new((1 << 63) - 2)));
+        assert_eq!(
+            FixedWindow::new(Policy::new(1 << 62, Duration::from_nanos(1 << 62)).unwrap()),
+            Err(PolicyError::Unrepresentable {
+                field: "limit",
+                value: 1 << 62,
+                allowed: ALLOWED
+            })
+        );
+    }
+
+    #[test]
+    fn a_policy_change_carries_the_count_or_starts_fresh() {
+        let old = fw(10, Duration::from_secs(1));
+        let s = old.state(7, 6);
+        let big = fw(1000, Duration::from_secs(1));
+        let now = Nanos::new(7 * S + 1);
+        assert_eq!(big.carry_over(&old, s, now), big.state(7, 6));
+        // Earlier reading: the stored window is kept whole.
+        assert_eq!(big.carry_over(&old, s, Nanos::new(6 * S)), big.state(7, 6));
+        // Shrinking below the count: clamped to the 1-bit field, nothing remaining.
+        let one = fw(1, Duration::from_secs(1));
+        let c = one.carry_over(&old, s, now);
+        assert_eq!(one.count_of(c), 1);
+        assert_eq!(one.decide(c, now, 0).0.remaining(), 0);
+        // Next window, or another period: fresh.
+        assert_eq!(
+            big.carry_over(&old, s, Nanos::new(8 * S)),
+            FixedWindowState::default()
+        );
+        let two = fw(10, Duration::from_secs(2));
+        assert_eq!(two.carry_over(&old, s, now), FixedWindowState::default());
+        // GCRA keeps its state (the trait's default).
+        let g = crate::Gcra::new(Policy::per_second(1).unwrap());
+        let tat = crate::GcraState::from_tat(Nanos::new(5));
+        assert_eq!(g.carry_over(&g, tat, Nanos::ZERO), tat);
+    }
+
+    #[test]
+    fn timestamps_at_the_top_of_u64() {
+        let f = fw(2, Duration::from_secs(3600));
+        let top = u64::MAX;
+        let (ds, _) = run(
+            &f,
+            FixedWindowState::default(),
+            &[(top - 1, 1), (top, 1), (top, 1)],
+        );
+        let p = 3600 * S;
+        let reset = p - top % p;
+        assert!(ds[0].is_allowed() && ds[1].is_allowed());
+        assert_eq!(ds[1].reset_after_nanos(), reset);
+        assert_eq!(ds[2].retry_after_nanos(), Some(reset));
+        // A state far ahead of an early reading: exact, no overflow.
+        let s = f.state(u64::MAX / p, 2);
+        let (d, _) = f.decide(s, Nanos::ZERO, 1);
+        assert!(!d.is_allowed());
+        // (w + 1)·P is past u64::MAX ns: saturated.
+        assert_eq!(d.reset_after_nanos(), u64::MAX);
+    }
+}

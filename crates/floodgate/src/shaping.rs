@@ -1,0 +1,680 @@
+//! Shaping: the leaky bucket as a *queue*. A request is not refused when it arrives
+//! early — it is given a slot, the instant it may proceed, and waits for it.
+//!
+//! # Reservations on GCRA
+//!
+//! A reservation of `n` units is GCRA's transition with the tolerance raised from
+//! `τ = B·T` to `τ + max_delay`: with `tat = max(TAT, now)` and `new_tat = tat + n·T`,
+//!
+//! ```text
+//! n > B                          → never (ShapeError::Never)
+//! new_tat − τ − now ≤ max_delay  → TAT = new_tat; proceed at max(new_tat − τ, now)
+//! otherwise                      → denied without consuming; retry after
+//!                                  new_tat − τ − now − max_delay
+//! ```
+//!
+//! The slot is `new_tat − τ`: the instant a plain GCRA check of the same request would
+//! first succeed. Each reservation moves `TAT` forward by its own `n·T` in one
+//! compare-and-swap, so slots are handed out in reservation order and never overlap:
+//! **the reservation instant is the order**. Waiters then sleep until their slot —
+//! one `std::thread::sleep` ([`Shaper::wait`]) or one `tokio::time::sleep_until`
+//! (`Shaper::until_ready`, feature `tokio`) — with no polling loop and no queue to
+//! lock.
+//!
+//! [`Shaper::cancel`] gives units back as Go's `x/time/rate` does: the units reserved
+//! *after* the cancelled one stay spent (their slots were already handed out), the
+//! rest return; a reservation whose slot has passed is not refunded.
+//!
+//! # nginx `limit_req`
+//!
+//! For `rate=r` (`T = 1/r`):
+//!
+//! | nginx | floodgate |
+//! |---|---|
+//! | `burst=b` (queue, no `nodelay`) | burst `1`, `max_delay = b·T` |
+//! | `burst=b nodelay` | burst `b + 1`, `max_delay = 0` (plain GCRA) |
+//! | `burst=b delay=d` (two-stage) | burst `d + 1`, `max_delay = (b − d)·T` |
+//!
+//! `tests/shaping.rs` replays each against nginx's `excess` arithmetic.
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+use crate::clock::{Clock, DefaultClock, Nanos};
+use crate::decision::Decision;
+use crate::gcra::{Gcra, GcraState};
+use crate::policy::Policy;
+
+/// A shaper: reservations on one GCRA state. Lock-free by default; [`LockedShaper`]
+/// is its mutex twin.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, Shaper};
+/// use std::time::Duration;
+///
+/// // 10 per second, one at a time, queueing up to half a second.
+/// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
+/// let max = Duration::from_millis(500);
+/// let first = shaper.reserve(1, max)?;
+/// let second = shaper.reserve(1, max)?;
+/// assert_eq!(first.delay(), Duration::ZERO);
+/// assert_eq!(second.delay(), Duration::from_millis(100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Shaper<C = DefaultClock, S = AtomicCell<GcraState>> {
+    gcra: Gcra,
+    clock: C,
+    cell: S,
+}
+
+/// The mutex twin of [`Shaper`]: the same transitions, the state under a `Mutex`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{LockedShaper, ManualClock, Policy, Shaper};
+/// use std::time::Duration;
+/// let twin: LockedShaper<ManualClock> =
+///     Shaper::locked_with_clock(Policy::per_second(10)?.with_burst(2)?, ManualClock::new());
+/// assert_eq!(twin.reserve(2, Duration::from_secs(1))?.delay(), Duration::ZERO);
+/// assert_eq!(twin.reserve(1, Duration::from_secs(1))?.delay(), Duration::from_millis(100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
+
+/// A granted slot: the request may proceed at [`ready_at`](Reservation::ready_at).
+///
+/// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+/// use std::time::Duration;
+/// let shaper = Shaper::with_clock(Policy::per_second(2)?.with_burst(1)?, ManualClock::new());
+/// let _ = shaper.reserve(1, Duration::ZERO)?;
+/// let r = shaper.reserve(1, Duration::from_secs(1))?;
+/// assert_eq!(r.ready_at(), Nanos::ZERO.saturating_add(Duration::from_millis(500)));
+/// assert_eq!(r.cost(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a reservation holds units; drop it to keep them or cancel it to give them back"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    made_at: Nanos,
+    ready_at: Nanos,
+    /// `TAT` right after this reservation.
+    tat: Nanos,
+    cost: u32,
+    decision: Decision,
+}
+
+impl Reservation {
+    /// The instant the request may proceed.
+    pub fn ready_at(&self) -> Nanos {
+        self.ready_at
+    }
+
+    /// How long after the reservation was made the request may proceed.
+    pub fn delay(&self) -> Duration {
+        self.ready_at.saturating_since(self.made_at).as_duration()
+    }
+
+    /// The units reserved.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The decision behind the reservation: `remaining` counts the units that could
+    /// still be reserved within the same `max_delay`.
+    pub fn decision(&self) -> Decision {
+        self.decision
+    }
+}
+
+/// Why a reservation was refused. Nothing was consumed.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, ShapeError, Shaper};
+/// use std::time::Duration;
+/// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(2)?, ManualClock::new());
+/// assert_eq!(shaper.reserve(3, Duration::MAX), Err(ShapeError::Never { cost: 3, burst: 2 }));
+/// let _ = shaper.reserve(2, Duration::ZERO)?;
+/// assert_eq!(
+///     shaper.reserve(1, Duration::from_millis(40)),
+///     Err(ShapeError::TooLong { retry_after: Duration::from_millis(60) })
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShapeError {
+    /// The slot is further away than `max_delay`. Retryable: the same reservation fits
+    /// after `retry_after` if nothing else is reserved.
+    TooLong {
+        /// The wait after which the same reservation would fit.
+        retry_after: Duration,
+    },
+    /// The cost exceeds the burst (or the slot would pass the end of `u64` time): no
+    /// wait helps.
+    Never {
+        /// The cost asked for.
+        cost: u32,
+        /// The burst `B`.
+        burst: u64,
+    },
+}
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShapeError::TooLong { retry_after } => write!(
+                f,
+                "the slot is beyond the maximum delay; retry after {retry_after:?}"
+            ),
+            ShapeError::Never { cost, burst } => {
+                write!(f, "a cost of {cost} can never fit a burst of {burst}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+/// A reservation: GCRA with the tolerance `τ + max_delay`. Monotone like GCRA.
+struct Reserve {
+    gcra: Gcra,
+    tolerance: u64,
+}
+
+impl Algorithm for Reserve {
+    type State = GcraState;
+
+    #[inline(always)]
+    fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
+        self.gcra.decide_within(self.tolerance, state, now, cost)
+    }
+
+    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
+        self.gcra.is_idle(state, now)
+    }
+}
+
+/// A refund, as `x/time/rate` computes it. The one transition that is *not*
+/// monotone: it moves `TAT` back. It is still safe under the atomic driver, whose
+/// argument for monotone transitions only covers decisions taken on a stale load
+/// without writing: here a stale load shows a `TAT` no later than the current one
+/// (it never goes below this reservation's own write, which happened before), so it
+/// counts no more units reserved later and refunds no less — when it writes, the CAS
+/// fails and the loop retries on the current value; when it refunds nothing (slot
+/// passed, or every unit re-booked), the current value would refund nothing either.
+struct Refund {
+    interval: u64,
+    /// `TAT` right after the reservation.
+    tat: u64,
+    ready_at: u64,
+    units: u64,
+}
+
+impl Algorithm for Refund {
+    type State = GcraState;
+
+    fn decide(&self, state: GcraState, now: Nanos, _cost: u32) -> (Decision, Option<GcraState>) {
+        // `remaining` carries the units given back.
+        let refunded = |units| Decision::allow(self.units, units, 1, 0);
+        if now.as_u64() > self.ready_at {
+            return (refunded(0), None);
+        }
+        let current = state.tat().as_u64();
+        // Units reserved after this one: their slots are handed out, they stay spent.
+        let later = current.saturating_sub(self.tat) / self.interval;
+        let back = self.units.saturating_sub(later);
+        if back == 0 {
+            return (refunded(0), None);
+        }
+        let tat = current.saturating_sub(back * self.interval);
+        (refunded(back), Some(GcraState::from_tat(Nanos::new(tat))))
+    }
+
+    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
+        state.tat() <= now
+    }
+}
+
+impl Shaper<DefaultClock> {
+    /// A lock-free shaper for `policy` on the [`DefaultClock`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::new(Policy::per_second(100)?);
+    /// assert!(shaper.wait(1, Duration::from_millis(10)).is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn new(policy: Policy) -> Self {
+        Shaper::with_clock(policy, DefaultClock::new())
+    }
+}
+
+impl<C: Clock> Shaper<C> {
+    /// A lock-free shaper for `policy` on `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert_eq!(shaper.policy().limit(), 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn with_clock(policy: Policy, clock: C) -> Self {
+        Shaper {
+            gcra: Gcra::new(policy),
+            clock,
+            cell: AtomicCell::fresh(),
+        }
+    }
+}
+
+impl<C: Clock> LockedShaper<C> {
+    /// The mutex twin for `policy` on `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// let twin = Shaper::locked_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert_eq!(twin.policy().limit(), 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn locked_with_clock(policy: Policy, clock: C) -> Self {
+        Shaper {
+            gcra: Gcra::new(policy),
+            clock,
+            cell: LockedCell::fresh(),
+        }
+    }
+}
+
+impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
+    /// Reserves `cost` units now if their slot is at most `max_delay` away.
+    ///
+    /// # Errors
+    ///
+    /// [`ShapeError::TooLong`] when the slot is further than `max_delay` (nothing is
+    /// consumed), [`ShapeError::Never`] when `cost` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(4)?.with_burst(1)?, ManualClock::new());
+    /// let r = shaper.reserve(1, Duration::ZERO)?;
+    /// assert_eq!(r.delay(), Duration::ZERO);
+    /// assert!(shaper.reserve(1, Duration::ZERO).is_err());
+    /// assert_eq!(shaper.reserve(1, Duration::from_secs(1))?.delay(), Duration::from_millis(250));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(&self, cost: u32, max_delay: Duration) -> Result<Reservation, ShapeError> {
+        self.reserve_at(self.clock.now(), cost, max_delay)
+    }
+
+    /// [`reserve`](Shaper::reserve) at an instant the caller read.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](Shaper::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?.with_burst(1)?, ManualClock::new());
+    /// let r = shaper.reserve_at(Nanos::from_secs(10), 1, Duration::ZERO)?;
+    /// assert_eq!(r.ready_at(), Nanos::from_secs(10));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_at(
+        &self,
+        now: Nanos,
+        cost: u32,
+        max_delay: Duration,
+    ) -> Result<Reservation, ShapeError> {
+        let tau = self.gcra.tolerance_nanos();
+        let reserve = Reserve {
+            gcra: self.gcra,
+            tolerance: tau.saturating_add(Nanos::from_duration(max_delay).as_u64()),
+        };
+        let decision = self.cell.apply(&reserve, now, cost);
+        if !decision.is_allowed() {
+            return Err(match decision.retry_after() {
+                Some(retry_after) => ShapeError::TooLong { retry_after },
+                None => ShapeError::Never {
+                    cost,
+                    burst: self.gcra.policy().burst(),
+                },
+            });
+        }
+        // Admitted with cost ≥ 1: reset_after = new_tat − now, the slot new_tat − τ.
+        // Cost 0 reserves nothing and proceeds now.
+        let booked = decision.reset_after_nanos();
+        let delay = if cost == 0 {
+            0
+        } else {
+            booked.saturating_sub(tau)
+        };
+        Ok(Reservation {
+            made_at: now,
+            ready_at: Nanos::new(now.as_u64().saturating_add(delay)),
+            tat: Nanos::new(now.as_u64().saturating_add(booked)),
+            cost,
+            decision,
+        })
+    }
+
+    /// Gives back the units of `reservation` that nobody reserved after it, unless its
+    /// slot has passed. Returns the units given back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(3)?, ManualClock::new());
+    /// let max = Duration::from_secs(1);
+    /// let _now = shaper.reserve(1, max)?;
+    /// let three = shaper.reserve(3, max)?; // slot in 100 ms
+    /// let two = shaper.reserve(2, max)?; // slot in 300 ms
+    /// // Two units were reserved after `three`: they stay spent, one comes back.
+    /// assert_eq!(shaper.cancel(three), 1);
+    /// // Nothing was reserved after `two`: both come back.
+    /// assert_eq!(shaper.cancel(two), 2);
+    /// assert_eq!(shaper.reserve(1, max)?.delay(), Duration::from_millis(100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel(&self, reservation: Reservation) -> u32 {
+        self.cancel_at(self.clock.now(), reservation)
+    }
+
+    /// [`cancel`](Shaper::cancel) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?.with_burst(1)?, ManualClock::new());
+    /// let r = shaper.reserve_at(Nanos::from_secs(1), 1, Duration::ZERO)?;
+    /// // The slot (1 s) has passed at 2 s: nothing comes back.
+    /// assert_eq!(shaper.cancel_at(Nanos::from_secs(2), r), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel_at(&self, now: Nanos, reservation: Reservation) -> u32 {
+        let refund = Refund {
+            interval: self.gcra.policy().interval_nanos(),
+            tat: reservation.tat.as_u64(),
+            ready_at: reservation.ready_at.as_u64(),
+            units: u64::from(reservation.cost),
+        };
+        // remaining() ≤ cost ≤ u32::MAX
+        self.cell.apply(&refund, now, 0).remaining() as u32
+    }
+
+    /// Reserves `cost` units and blocks the thread until their slot: one
+    /// `std::thread::sleep`, no polling. Returns how long it slept.
+    ///
+    /// The wait is measured on this shaper's clock and slept in real time, so use a
+    /// real clock ([`DefaultClock`], [`StdClock`](crate::StdClock)) here.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](Shaper::reserve); then nothing was reserved and nothing slept.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::new(Policy::per_second(1000)?.with_burst(1)?);
+    /// assert!(shaper.wait(1, Duration::from_millis(50)).is_ok());
+    /// // The next slot is about 1 ms away: this sleeps until then.
+    /// let slept = shaper.wait(1, Duration::from_millis(50)).unwrap();
+    /// assert!(slept <= Duration::from_millis(1));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn wait(&self, cost: u32, max_delay: Duration) -> Result<Duration, ShapeError> {
+        let delay = self.reserve(cost, max_delay)?.delay();
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        Ok(delay)
+    }
+
+    /// Reserves `cost` units and waits asynchronously until their slot: one
+    /// `tokio::time::sleep_until`, no polling. Returns the wait. If the future is
+    /// dropped before the slot, the reservation is cancelled (as
+    /// [`cancel`](Shaper::cancel)).
+    ///
+    /// Must run inside a Tokio runtime with the time driver enabled. The wait is
+    /// measured on this shaper's clock and slept on Tokio's.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](Shaper::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, Shaper};
+    /// use std::time::Duration;
+    /// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    /// # rt.block_on(async {
+    /// let shaper = Shaper::new(Policy::per_second(1000)?.with_burst(1)?);
+    /// shaper.until_ready(1, Duration::from_millis(50)).await.unwrap();
+    /// let waited = shaper.until_ready(1, Duration::from_millis(50)).await.unwrap();
+    /// assert!(waited <= Duration::from_millis(1));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn until_ready(
+        &self,
+        cost: u32,
+        max_delay: Duration,
+    ) -> Result<Duration, ShapeError> {
+        let reservation = self.reserve(cost, max_delay)?;
+        let delay = reservation.delay();
+        if delay.is_zero() {
+            return Ok(delay);
+        }
+        let deadline = tokio::time::Instant::now() + delay;
+        let mut pending = CancelOnDrop {
+            shaper: self,
+            reservation: Some(reservation),
+        };
+        tokio::time::sleep_until(deadline).await;
+        // The slot has come: keep the units.
+        pending.reservation = None;
+        Ok(delay)
+    }
+
+    /// The policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let shaper = floodgate::Shaper::new(floodgate::Policy::per_second(3)?);
+    /// assert_eq!(shaper.policy().limit(), 3);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn policy(&self) -> Policy {
+        self.gcra.policy()
+    }
+
+    /// The clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Clock, ManualClock, Nanos, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(3)?, ManualClock::new());
+    /// assert_eq!(shaper.clock().now(), Nanos::ZERO);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The GCRA state (`TAT`: the end of the last reserved slot plus `τ`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let _ = shaper.reserve(1, Duration::ZERO);
+    /// assert_eq!(shaper.state().tat(), Nanos::from_secs(1));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn state(&self) -> GcraState {
+        self.cell.load()
+    }
+}
+
+/// Cancels a pending reservation when an `until_ready` future is dropped early.
+#[cfg(feature = "tokio")]
+struct CancelOnDrop<'a, C: Clock, S: StateCell<GcraState>> {
+    shaper: &'a Shaper<C, S>,
+    reservation: Option<Reservation>,
+}
+
+#[cfg(feature = "tokio")]
+impl<C: Clock, S: StateCell<GcraState>> Drop for CancelOnDrop<'_, C, S> {
+    fn drop(&mut self) {
+        if let Some(r) = self.reservation.take() {
+            let _ = self.shaper.cancel(r);
+        }
+    }
+}
+
+impl<C: fmt::Debug, S: StateCell<GcraState>> fmt::Debug for Shaper<C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shaper")
+            .field("gcra", &self.gcra)
+            .field("clock", &self.clock)
+            .field("state", &self.cell.load())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const MS: u64 = 1_000_000;
+
+    fn shaper(per_second: u64, burst: u64) -> Shaper<ManualClock> {
+        let policy = Policy::per_second(per_second)
+            .unwrap()
+            .with_burst(burst)
+            .unwrap();
+        Shaper::with_clock(policy, ManualClock::starting_at(Nanos::from_secs(100)))
+    }
+
+    #[test]
+    fn slots_follow_reservation_order() {
+        let s = shaper(10, 1);
+        let max = Duration::from_secs(1);
+        let delays: Vec<u64> = (0..5)
+            .map(|_| s.reserve(1, max).unwrap().delay().as_nanos() as u64)
+            .collect();
+        assert_eq!(delays, [0, 100 * MS, 200 * MS, 300 * MS, 400 * MS]);
+        // With burst 3, a cost of 3 books 3 intervals: its slot is where its last unit
+        // fits, TAT − τ = 6T − 3T.
+        let s = shaper(10, 3);
+        assert_eq!(s.reserve(3, max).unwrap().delay(), Duration::ZERO);
+        let r = s.reserve(3, max).unwrap();
+        assert_eq!(r.delay(), Duration::from_millis(300));
+        assert_eq!(r.ready_at(), Nanos::new(100_000 * MS + 300 * MS));
+    }
+
+    #[test]
+    fn too_long_is_denied_without_consuming() {
+        let s = shaper(10, 1);
+        let max = Duration::from_millis(250);
+        for _ in 0..3 {
+            let _ = s.reserve(1, max).unwrap();
+        }
+        let before = s.state();
+        assert_eq!(
+            s.reserve(1, max),
+            Err(ShapeError::TooLong {
+                retry_after: Duration::from_millis(50)
+            })
+        );
+        assert_eq!(s.state(), before);
+        s.clock().advance(Duration::from_millis(50));
+        assert_eq!(s.reserve(1, max).unwrap().delay(), max);
+        assert_eq!(
+            s.reserve(2, Duration::MAX),
+            Err(ShapeError::Never { cost: 2, burst: 1 })
+        );
+        // Cost 0 proceeds now and books nothing.
+        let r = s.reserve(0, Duration::ZERO).unwrap();
+        assert_eq!(r.delay(), Duration::ZERO);
+        assert_eq!(s.cancel(r), 0);
+    }
+
+    #[test]
+    fn cancel_keeps_later_reservations_spent() {
+        // τ = 3T: a slot is TAT − 3T.
+        let s = shaper(10, 3);
+        let max = Duration::from_secs(1);
+        let first = s.reserve(1, max).unwrap(); // TAT 1T, now
+        let three = s.reserve(3, max).unwrap(); // TAT 4T, slot 1T
+        let two = s.reserve(2, max).unwrap(); // TAT 6T, slot 3T
+        assert_eq!(three.delay(), Duration::from_millis(100));
+        assert_eq!(two.delay(), Duration::from_millis(300));
+        assert_eq!(s.cancel(three), 1); // 2 reserved later: TAT 5T
+        let one = s.reserve(1, max).unwrap(); // TAT 6T
+        assert_eq!(one.delay(), Duration::from_millis(300));
+        assert_eq!(s.cancel(one), 1); // the latest: all back, TAT 5T
+                                      // TAT 5T is below `two`'s own 6T: nothing after it is booked, both come back.
+        assert_eq!(s.cancel(two), 2); // TAT 3T: `first` and 2 units of `three`
+                                      // The first slot was at the start: 1 ns later it has passed, no refund.
+        s.clock().advance(Duration::from_nanos(1));
+        assert_eq!(s.cancel(first), 0);
+        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 300 * MS));
+    }
+
+    #[test]
+    fn atomic_and_twin_agree() {
+        let policy = Policy::per_second(10).unwrap().with_burst(2).unwrap();
+        let clock = ManualClock::new();
+        let a = Shaper::with_clock(policy, clock.clone());
+        let l = Shaper::locked_with_clock(policy, clock.clone());
+        for i in 0..50u32 {
+            let max = Duration::from_millis(u64::from(i % 7) * 90);
+            let (ra, rl) = (a.reserve(i % 3, max), l.reserve(i % 3, max));
+            assert_eq!(ra, rl);
+            if i % 4 == 0 {
+                if let (Ok(ra), Ok(rl)) = (ra, rl) {
+                    assert_eq!(a.cancel(ra), l.cancel(rl));
+                }
+            }
+            assert_eq!(a.state(), l.state());
+            clock.advance(Duration::from_millis(u64::from(i % 5) * 30));
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Trace generators shared by the property tests.
+#![allow(dead_code)]
+
+use proptest::prelude::*;
+
+/// One step of a trace: move the clock by `step` ns (negative: an earlier reading),
+/// then check (or peek) `cost` units.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub step: i64,
+    pub cost: u32,
+    pub peek: bool,
+}
+
+/// Steps mostly within a window, some across windows, some gaps of up to
+/// `max_gap` ns, some readings up to a period earlier; costs 0, within the limit,
+/// just above it and `u32::MAX`; a third of the operations are peeks.
+pub fn op(period: u64, limit: u64, max_gap: u64) -> impl Strategy<Value = Op> {
+    let p = period.min(i64::MAX as u64 / 4) as i64;
+    let step = prop_oneof![
+        6 => 0..=p / 4 + 1,
+        3 => 0..=2 * p,
+        1 => 0..=(max_gap.min(i64::MAX as u64) as i64),
+        1 => -p..=0,
+    ];
+    let l = limit.min(u64::from(u32::MAX) - 4) as u32;
+    let cost = prop_oneof![
+        2 => Just(0u32),
+        8 => 1..=l,
+        1 => l + 1..=l + 3,
+        1 => Just(u32::MAX),
+    ];
+    let peek = prop_oneof![2 => Just(false), 1 => Just(true)];
+    (step, cost, peek).prop_map(|(step, cost, peek)| Op { step, cost, peek })
+}
+
+/// `now` moved by `step`, saturating at both ends of `u64`.
+pub fn advance(now: u64, step: i64) -> u64 {
+    if step >= 0 {
+        now.saturating_add(step as u64)
+    } else {
+        now.saturating_sub(step.unsigned_abs())
+    }
+}

@@ -1,0 +1,69 @@
+//! loom model of the shaper: racing reservations get distinct slots in a sequential
+//! order, and a racing cancellation refunds what the exact model says.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_shaping`
+#![cfg(loom)]
+
+mod linearize;
+
+use floodgate::reference::ExactShaper;
+use floodgate::{ManualClock, Nanos, Policy, Shaper};
+use linearize::some_order_matches;
+use loom::sync::Arc;
+use loom::thread;
+use std::time::Duration;
+
+const T: u64 = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Reserve,
+    CancelFirst,
+}
+
+#[test]
+fn reservations_and_a_cancel_race() {
+    loom::model(|| {
+        let policy = Policy::new(1, Duration::from_nanos(T)).unwrap();
+        let shaper = Arc::new(Shaper::with_clock(policy, ManualClock::new()));
+        let max = Duration::from_nanos(10 * T);
+        // Booked before the race: now, then T (its slot is still ahead at 0).
+        let _ = shaper.reserve_at(Nanos::ZERO, 1, max).unwrap();
+        let first = shaper.reserve_at(Nanos::ZERO, 1, max).unwrap();
+        let mut model = ExactShaper::new(1, T, 1);
+        let _ = model.reserve(0, 1, 10 * T).unwrap();
+        let model_first = model.reserve(0, 1, 10 * T).unwrap();
+
+        let a = {
+            let s = Arc::clone(&shaper);
+            thread::spawn(move || {
+                s.reserve_at(Nanos::ZERO, 1, max)
+                    .map(|r| r.ready_at().as_u64())
+                    .ok()
+            })
+        };
+        let b = {
+            let s = Arc::clone(&shaper);
+            thread::spawn(move || {
+                s.reserve_at(Nanos::ZERO, 1, max)
+                    .map(|r| r.ready_at().as_u64())
+                    .ok()
+            })
+        };
+        let c = {
+            let s = Arc::clone(&shaper);
+            thread::spawn(move || Some(u64::from(s.cancel_at(Nanos::ZERO, first))))
+        };
+        let observed = [a.join().unwrap(), b.join().unwrap(), c.join().unwrap()];
+        // Two reservations never share a slot.
+        assert_ne!(observed[0], observed[1]);
+        let ops = [Op::Reserve, Op::Reserve, Op::CancelFirst];
+        assert!(
+            some_order_matches(&model, &ops, &observed, |m, op| match op {
+                Op::Reserve => m.reserve(0, 1, 10 * T).ok().map(|s| s.ready_at),
+                Op::CancelFirst => Some(m.cancel(0, model_first)),
+            }),
+            "{observed:?}"
+        );
+    });
+}

@@ -1,0 +1,106 @@
+//! loom models of the window cells: racing checks (including a reading from an earlier
+//! window than the one another thread just wrote) are linearizable against the exact
+//! models, and no admission is lost.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_windows`
+#![cfg(loom)]
+
+mod linearize;
+
+use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow};
+use floodgate::{
+    Algorithm, Decision, FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
+};
+use linearize::some_order_matches;
+use loom::sync::Arc;
+use loom::thread;
+use std::time::Duration;
+
+const P: u64 = 1_000;
+
+/// Runs `ops` (instant, cost) on one limiter, one thread each; returns the decisions.
+fn race<A: Algorithm + 'static>(
+    alg: A,
+    ops: &[(u64, u32)],
+) -> (Vec<Decision>, Arc<RateLimiter<A, ManualClock>>) {
+    let lim = Arc::new(RateLimiter::with_clock(alg, ManualClock::new()));
+    let handles: Vec<_> = ops
+        .iter()
+        .map(|&(now, cost)| {
+            let lim = Arc::clone(&lim);
+            thread::spawn(move || lim.check_n_at(Nanos::new(now), cost))
+        })
+        .collect();
+    let decisions = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    (decisions, lim)
+}
+
+fn policy(limit: u64) -> Policy {
+    Policy::new(limit, Duration::from_nanos(P)).unwrap()
+}
+
+#[test]
+fn fixed_window_three_threads_race_for_two_units() {
+    loom::model(|| {
+        let fw = FixedWindow::new(policy(2)).unwrap();
+        let ops = [(5 * P + 1, 1); 3];
+        let (decisions, lim) = race(fw, &ops);
+        assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 2);
+        assert_eq!(fw.count_of(lim.state()), 2);
+        let model = ExactFixedWindow::new(2, P);
+        assert!(some_order_matches(
+            &model,
+            &ops,
+            &decisions,
+            |m, &(t, n)| m.check(t, n)
+        ));
+    });
+}
+
+#[test]
+fn fixed_window_an_earlier_window_races_a_later_one() {
+    loom::model(|| {
+        let fw = FixedWindow::new(policy(2)).unwrap();
+        // Window 6 and window 5 (a late reading): whatever wins, the state stays in 6.
+        let ops = [(6 * P, 2), (5 * P + 500, 1)];
+        let (decisions, lim) = race(fw, &ops);
+        assert_eq!(fw.window_of(lim.state()), 6);
+        let model = ExactFixedWindow::new(2, P);
+        assert!(some_order_matches(
+            &model,
+            &ops,
+            &decisions,
+            |m, &(t, n)| m.check(t, n)
+        ));
+    });
+}
+
+#[test]
+fn sliding_window_races_across_an_edge() {
+    loom::model(|| {
+        let sw = SlidingWindow::new(policy(3)).unwrap();
+        // Two units in window 5, then a thread in window 6 and one still in window 5.
+        let lim = RateLimiter::with_clock(sw, ManualClock::new());
+        assert!(lim.check_n_at(Nanos::new(5 * P), 2).is_allowed());
+        let start = lim.state();
+        let lim = Arc::new(lim);
+        let ops = [(6 * P + 100, 2), (5 * P + 900, 1)];
+        let handles: Vec<_> = ops
+            .iter()
+            .map(|&(now, cost)| {
+                let lim = Arc::clone(&lim);
+                thread::spawn(move || lim.check_n_at(Nanos::new(now), cost))
+            })
+            .collect();
+        let decisions: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let mut model = ExactSlidingWindow::new(3, P);
+        let _ = model.check(5 * P, 2);
+        assert_ne!(lim.state(), start);
+        assert!(some_order_matches(
+            &model,
+            &ops,
+            &decisions,
+            |m, &(t, n)| m.check(t, n)
+        ));
+    });
+}
