@@ -54,9 +54,10 @@ pub const BATCH: u64 = 1024;
 
 /// What an operation returns, as the harness counts it.
 ///
-/// `()` counts nothing; `bool` counts its `true`s in [`Measurement::admitted`] (for a
-/// limiter: the decision admitted). The harness passes every result through
-/// [`std::hint::black_box`], so the work that produced it cannot be optimised away.
+/// `()` counts nothing and adds nothing to the loop (the criterion suites' operations);
+/// `bool` counts its `true`s in [`Measurement::admitted`] (for a limiter: the decision
+/// admitted) and goes through [`std::hint::black_box`] first, so the work that
+/// produced it cannot be optimised away.
 ///
 /// # Examples
 ///
@@ -80,7 +81,7 @@ impl Outcome for () {
 
 impl Outcome for bool {
     fn admitted(self) -> bool {
-        self
+        black_box(self)
     }
 }
 
@@ -190,7 +191,7 @@ where
     on_threads(threads, make_op, |op| {
         let mut admitted = 0u64;
         for _ in 0..ops_per_thread {
-            admitted += u64::from(black_box(op()).admitted());
+            admitted += u64::from(op().admitted());
         }
         (ops_per_thread, admitted)
     })
@@ -238,7 +239,7 @@ where
         let (mut ops, mut admitted) = (0u64, 0u64);
         loop {
             for _ in 0..BATCH {
-                admitted += u64::from(black_box(op()).admitted());
+                admitted += u64::from(op().admitted());
             }
             ops += BATCH;
             if start.elapsed() >= duration {
