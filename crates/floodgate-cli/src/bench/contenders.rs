@@ -23,7 +23,8 @@
 //!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
 //!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
 //!   Its floodgate column waits for the keyed limiter: a `floodgate_many::<W>`
-//!   runner calling `keyed.check(&key_for(thread, i))` on a `KeyedLimiter<u64, _>`
+//!   runner whose per-thread setup takes `keys_of(thread)` and whose decision calls
+//!   `keyed.check(&next_key())` on a `KeyedLimiter<u64, _>`
 //!   sized for [`MANY_KEYS`], pushed first in [`many_keys`].
 //!
 //! # The workload
