@@ -17,6 +17,10 @@
 //! setup and joining are not counted, and the coordinating thread never competes with
 //! the workers for a core while they are timed.
 //!
+//! An operation returns `()` or a `bool` (see [`Outcome`]); the `true`s are counted in
+//! [`Measurement::admitted`], so a limiter benchmark can report how many of its
+//! decisions admitted without a shared counter in the timed loop.
+//!
 //! # Examples
 //!
 //! Two threads hammering one atomic counter:
@@ -35,6 +39,7 @@
 //! println!("{:?} per operation", elapsed / 2_000);
 //! ```
 
+use std::hint::black_box;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Barrier;
 use std::thread;
@@ -47,8 +52,42 @@ use std::time::{Duration, Instant};
 /// duration by well under a millisecond even at 100 ns per operation.
 pub const BATCH: u64 = 1024;
 
-/// What a concurrent run measured: the operations completed by all threads together and
-/// the wall-clock span from the first thread's start to the last thread's finish.
+/// What an operation returns, as the harness counts it.
+///
+/// `()` counts nothing and adds nothing to the loop (the criterion suites' operations);
+/// `bool` counts its `true`s in [`Measurement::admitted`] (for a limiter: the decision
+/// admitted) and goes through [`std::hint::black_box`] first, so the work that
+/// produced it cannot be optimised away.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_benches::Outcome;
+///
+/// assert!(true.admitted());
+/// assert!(!false.admitted());
+/// assert!(!().admitted());
+/// ```
+pub trait Outcome {
+    /// Whether this result counts as admitted.
+    fn admitted(self) -> bool;
+}
+
+impl Outcome for () {
+    fn admitted(self) -> bool {
+        false
+    }
+}
+
+impl Outcome for bool {
+    fn admitted(self) -> bool {
+        black_box(self)
+    }
+}
+
+/// What a concurrent run measured: the operations completed by all threads together,
+/// how many of them returned `true`, and the wall-clock span from the first thread's
+/// start to the last thread's finish.
 ///
 /// # Examples
 ///
@@ -56,7 +95,7 @@ pub const BATCH: u64 = 1024;
 /// use floodgate_benches::Measurement;
 /// use std::time::Duration;
 ///
-/// let m = Measurement { ops: 2_000_000, elapsed: Duration::from_millis(500) };
+/// let m = Measurement { ops: 2_000_000, admitted: 0, elapsed: Duration::from_millis(500) };
 /// assert_eq!(m.ops_per_sec(), 4_000_000.0);
 /// assert_eq!(m.per_op(), Duration::from_nanos(250));
 /// ```
@@ -64,6 +103,9 @@ pub const BATCH: u64 = 1024;
 pub struct Measurement {
     /// Operations completed, summed over all threads.
     pub ops: u64,
+    /// Operations whose [`Outcome`] was admitted (returned `true`); 0 for operations
+    /// returning `()`.
+    pub admitted: u64,
     /// From the earliest start (after the barrier) to the latest finish.
     pub elapsed: Duration,
 }
@@ -77,9 +119,9 @@ impl Measurement {
     /// use floodgate_benches::Measurement;
     /// use std::time::Duration;
     ///
-    /// let m = Measurement { ops: 10, elapsed: Duration::from_secs(2) };
+    /// let m = Measurement { ops: 10, admitted: 5, elapsed: Duration::from_secs(2) };
     /// assert_eq!(m.ops_per_sec(), 5.0);
-    /// assert_eq!(Measurement { ops: 0, elapsed: Duration::ZERO }.ops_per_sec(), 0.0);
+    /// assert_eq!(Measurement { ops: 0, admitted: 0, elapsed: Duration::ZERO }.ops_per_sec(), 0.0);
     /// ```
     pub fn ops_per_sec(&self) -> f64 {
         let secs = self.elapsed.as_secs_f64();
@@ -99,7 +141,7 @@ impl Measurement {
     /// use floodgate_benches::Measurement;
     /// use std::time::Duration;
     ///
-    /// let m = Measurement { ops: 4, elapsed: Duration::from_nanos(100) };
+    /// let m = Measurement { ops: 4, admitted: 4, elapsed: Duration::from_nanos(100) };
     /// assert_eq!(m.per_op(), Duration::from_nanos(25));
     /// ```
     pub fn per_op(&self) -> Duration {
@@ -140,16 +182,18 @@ impl Measurement {
 /// assert_eq!(*shared.lock().unwrap(), 500 * 1 + 500 * 2);
 /// assert!(elapsed > std::time::Duration::ZERO);
 /// ```
-pub fn run_threads<M, Op>(threads: usize, ops_per_thread: u64, make_op: M) -> Duration
+pub fn run_threads<M, Op, R>(threads: usize, ops_per_thread: u64, make_op: M) -> Duration
 where
     M: Fn(usize) -> Op + Sync,
-    Op: FnMut(),
+    Op: FnMut() -> R,
+    R: Outcome,
 {
     on_threads(threads, make_op, |op| {
+        let mut admitted = 0u64;
         for _ in 0..ops_per_thread {
-            op();
+            admitted += u64::from(op().admitted());
         }
-        ops_per_thread
+        (ops_per_thread, admitted)
     })
     .elapsed
 }
@@ -184,21 +228,22 @@ where
 /// assert!(m.elapsed >= Duration::from_millis(5));
 /// println!("{:.1} M ops/s", m.ops_per_sec() / 1e6);
 /// ```
-pub fn run_for<M, Op>(threads: usize, duration: Duration, make_op: M) -> Measurement
+pub fn run_for<M, Op, R>(threads: usize, duration: Duration, make_op: M) -> Measurement
 where
     M: Fn(usize) -> Op + Sync,
-    Op: FnMut(),
+    Op: FnMut() -> R,
+    R: Outcome,
 {
     on_threads(threads, make_op, |op| {
         let start = Instant::now();
-        let mut ops = 0u64;
+        let (mut ops, mut admitted) = (0u64, 0u64);
         loop {
             for _ in 0..BATCH {
-                op();
+                admitted += u64::from(op().admitted());
             }
             ops += BATCH;
             if start.elapsed() >= duration {
-                return ops;
+                return (ops, admitted);
             }
         }
     })
@@ -206,17 +251,16 @@ where
 
 /// The common core: on each of `threads` scoped threads, `make_op(i)` builds the
 /// thread's operation (untimed); after a barrier every thread runs `drive` over it once,
-/// which returns the number of operations it ran. Timestamps are taken by the workers
-/// around their own `drive`.
+/// which returns the number of operations it ran and how many of them admitted.
+/// Timestamps are taken by the workers around their own `drive`.
 fn on_threads<M, Op, D>(threads: usize, make_op: M, drive: D) -> Measurement
 where
     M: Fn(usize) -> Op + Sync,
-    Op: FnMut(),
-    D: Fn(&mut Op) -> u64 + Sync,
+    D: Fn(&mut Op) -> (u64, u64) + Sync,
 {
     assert!(threads > 0, "a run needs at least one thread");
     let barrier = Barrier::new(threads);
-    let spans: Vec<(Instant, Instant, u64)> = thread::scope(|scope| {
+    let spans: Vec<(Instant, Instant, (u64, u64))> = thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|index| {
                 let (barrier, make_op, drive) = (&barrier, &make_op, &drive);
@@ -248,7 +292,8 @@ where
         _ => Duration::ZERO,
     };
     Measurement {
-        ops: spans.iter().map(|s| s.2).sum(),
+        ops: spans.iter().map(|&(_, _, (ops, _))| ops).sum(),
+        admitted: spans.iter().map(|&(_, _, (_, admitted))| admitted).sum(),
         elapsed,
     }
 }
@@ -350,6 +395,42 @@ mod tests {
     }
 
     #[test]
+    fn run_for_counts_the_operations_that_return_true() {
+        // Each thread admits every other operation; a thread runs whole batches (an
+        // even count), so exactly half of all operations admit.
+        let calls = AtomicU64::new(0);
+        let m = run_for(3, Duration::from_millis(2), |_| {
+            let mut parity = false;
+            let calls = &calls;
+            move || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                parity = !parity;
+                parity
+            }
+        });
+        assert_eq!(m.ops, calls.load(Ordering::Relaxed));
+        assert!(m.ops > 0);
+        assert_eq!(m.admitted * 2, m.ops);
+        let never = run_for(1, Duration::from_millis(1), |_| || false);
+        assert_eq!((never.admitted, never.ops % BATCH), (0, 0));
+        let unit = run_for(1, Duration::from_millis(1), |_| || ());
+        assert_eq!(unit.admitted, 0);
+        assert!(unit.ops >= BATCH);
+    }
+
+    #[test]
+    fn run_threads_accepts_operations_returning_bool() {
+        let calls = AtomicU64::new(0);
+        run_threads(2, 100, |_| {
+            || {
+                calls.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 200);
+    }
+
+    #[test]
     fn a_panicking_operation_is_re_raised() {
         let result = std::panic::catch_unwind(|| {
             run_threads(2, 3, |thread| {
@@ -385,12 +466,14 @@ mod tests {
     fn measurement_arithmetic() {
         let m = Measurement {
             ops: 3,
+            admitted: 0,
             elapsed: Duration::from_nanos(10),
         };
         assert_eq!(m.per_op(), Duration::from_nanos(3));
         assert_eq!(m.ops_per_sec(), 3e8);
         let empty = Measurement {
             ops: 0,
+            admitted: 0,
             elapsed: Duration::from_secs(1),
         };
         assert_eq!(empty.per_op(), Duration::ZERO);

@@ -7,13 +7,34 @@
 //!
 //! The core crate may grow a parser of its own; this module is the only place the CLI
 //! parses durations, so swapping it is a one-line change in `cli.rs`.
+//!
+//! # Examples
+//!
+//! ```
+//! use floodgate_cli::duration::parse_duration;
+//! use std::time::Duration;
+//!
+//! assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+//! assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+//! assert!(parse_duration("1.5s").is_err());
+//! ```
 
 use core::fmt;
 use core::time::Duration;
 
-/// Why a duration did not parse.
+/// Why a duration did not parse: the text and the reason, with examples of valid
+/// durations in the message.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::duration::parse_duration;
+///
+/// let error = parse_duration("10").unwrap_err();
+/// assert!(error.to_string().starts_with("invalid duration \"10\": missing unit"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ParseDurationError {
+pub struct ParseDurationError {
     text: String,
     reason: &'static str,
 }
@@ -49,7 +70,22 @@ enum Unit {
 }
 
 /// Parses `<digits><unit>`, e.g. `500ms` or `24h`.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, ParseDurationError> {
+///
+/// # Errors
+///
+/// [`ParseDurationError`] when the number is missing, the unit is missing or unknown,
+/// or the value does not fit a [`Duration`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::duration::parse_duration;
+/// use std::time::Duration;
+///
+/// assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+/// assert!(parse_duration("18446744073709551616s").is_err());
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, ParseDurationError> {
     let fail = |reason| ParseDurationError {
         text: text.to_owned(),
         reason,

@@ -10,12 +10,13 @@
 //! (the message names the line and its text); 1 when reading or writing fails. A
 //! closed standard output (`floodgate replay --jsonl … | head`) ends the run quietly
 //! with status 0.
+//!
+//! The parsers (input lines, seconds, durations) live in the package's library,
+//! `floodgate_cli`, which the fuzz targets share.
 
 mod bench;
 mod cli;
-mod duration;
 mod replay;
-mod seconds;
 
 use std::io;
 use std::process::ExitCode;

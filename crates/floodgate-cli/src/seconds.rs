@@ -2,6 +2,17 @@
 //! digits) into integer nanoseconds, and nanoseconds back out with exactly 9
 //! fractional digits. No floating point anywhere, so `0.7` is 700 000 000 ns and
 //! prints back as `0.700000000`.
+//!
+//! # Examples
+//!
+//! ```
+//! use floodgate_cli::seconds::{parse_seconds, Seconds};
+//!
+//! let ns = parse_seconds("0.7").unwrap();
+//! assert_eq!(ns, 700_000_000);
+//! assert_eq!(Seconds(ns).to_string(), "0.700000000");
+//! assert_eq!(parse_seconds(&Seconds(ns).to_string()), Ok(ns));
+//! ```
 
 use core::fmt;
 
@@ -9,8 +20,18 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// Why a time field did not parse; the message is completed by the caller with the
 /// line number and the text.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::seconds::{parse_seconds, SecondsError};
+///
+/// assert_eq!(parse_seconds("1e3"), Err(SecondsError::Syntax));
+/// assert_eq!(parse_seconds("0.0000000001"), Err(SecondsError::TooPrecise));
+/// assert_eq!(parse_seconds("18446744074"), Err(SecondsError::TooLarge));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SecondsError {
+pub enum SecondsError {
     /// Not `digits[.digits]`.
     Syntax,
     /// More than 9 fractional digits (below a nanosecond).
@@ -29,8 +50,25 @@ impl fmt::Display for SecondsError {
     }
 }
 
+impl std::error::Error for SecondsError {}
+
 /// Parses `digits[.digits]` exactly into nanoseconds.
-pub(crate) fn parse_seconds(text: &str) -> Result<u64, SecondsError> {
+///
+/// # Errors
+///
+/// [`SecondsError`]: not that shape (signs, exponents, `.5`, `5.` and non-ASCII digits
+/// included), more than 9 fractional digits, or more than `u64::MAX` nanoseconds.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::seconds::parse_seconds;
+///
+/// assert_eq!(parse_seconds("12.000000001"), Ok(12_000_000_001));
+/// assert_eq!(parse_seconds("18446744073.709551615"), Ok(u64::MAX));
+/// assert!(parse_seconds("-1").is_err());
+/// ```
+pub fn parse_seconds(text: &str) -> Result<u64, SecondsError> {
     let (whole, fraction) = match text.split_once('.') {
         Some((whole, fraction)) => (whole, Some(fraction)),
         None => (text, None),
@@ -60,9 +98,19 @@ pub(crate) fn parse_seconds(text: &str) -> Result<u64, SecondsError> {
         .ok_or(SecondsError::TooLarge)
 }
 
-/// Nanoseconds shown as seconds with exactly 9 fractional digits, e.g. `1.500000000`.
+/// Nanoseconds shown as seconds with exactly 9 fractional digits, e.g. `1.500000000`
+/// (no exponent, ever); [`parse_seconds`] reads it back exactly.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::seconds::Seconds;
+///
+/// assert_eq!(Seconds(1_500_000_000).to_string(), "1.500000000");
+/// assert_eq!(Seconds(u64::MAX).to_string(), "18446744073.709551615");
+/// ```
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Seconds(pub(crate) u64);
+pub struct Seconds(pub u64);
 
 impl fmt::Display for Seconds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -3,9 +3,11 @@
 //!
 //! A [`Group`] is one algorithm on one key pattern ([`Keys`]); it has up to one
 //! [`Contender`] per [`Implementation`] (the table's columns). A contender is a plain
-//! function that builds its limiter and hands one decision closure to the generic
-//! [`measure`]; the closure receives `(thread_index, op_index)`, so a many-keys
-//! contender picks its key from them.
+//! function that builds its limiter and hands it to the shared harness,
+//! [`floodgate_benches::run_for`] (the one the criterion suites use): per thread, a
+//! setup closure builds that thread's decision closure (a many-keys contender gives
+//! each thread its own key sequence, see [`key_for`]), and the decision closure
+//! returns whether the decision admitted.
 //!
 //! # Adding rows
 //!
@@ -21,7 +23,8 @@
 //!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
 //!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
 //!   Its floodgate column waits for the keyed limiter: a `floodgate_many::<W>`
-//!   runner calling `keyed.check(&key_for(thread, op))` on a `KeyedLimiter<u64, _>`
+//!   runner whose per-thread setup takes `keys_of(thread)` and whose decision calls
+//!   `keyed.check(&next_key())` on a `KeyedLimiter<u64, _>`
 //!   sized for [`MANY_KEYS`], pushed first in [`many_keys`].
 //!
 //! # The workload
@@ -46,7 +49,7 @@ use std::num::NonZeroU32;
 use floodgate::reference::TextbookTokenBucket;
 use floodgate::{Algorithm, AtomicCell, Clock, DefaultClock, Gcra, Policy, RateLimiter, StateCell};
 
-use super::harness::{measure, Sample};
+use floodgate_benches::{run_for, Measurement};
 
 /// Units per second GCRA's contenders enforce.
 pub(crate) const LIMIT: u64 = 1_000_000_000;
@@ -116,7 +119,7 @@ impl Keys {
 }
 
 /// Builds a contender's limiter and measures it on `threads` threads for `run_time`.
-pub(crate) type Runner = fn(threads: usize, run_time: Duration) -> Sample;
+pub(crate) type Runner = fn(threads: usize, run_time: Duration) -> Measurement;
 
 /// One implementation in one group.
 #[derive(Clone, Copy)]
@@ -218,14 +221,14 @@ pub(crate) fn hot_key<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
     contenders
 }
 
-fn floodgate_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+fn floodgate_hot<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
     let limiter = RateLimiter::new(W::algorithm());
-    measure(threads, run_time, |_, _| limiter.check().is_allowed())
+    run_for(threads, run_time, |_| || limiter.check().is_allowed())
 }
 
-fn mutex_twin_hot<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+fn mutex_twin_hot<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
     let limiter = RateLimiter::locked_with_clock(W::algorithm(), DefaultClock::new());
-    measure(threads, run_time, |_, _| limiter.check().is_allowed())
+    run_for(threads, run_time, |_| || limiter.check().is_allowed())
 }
 
 /// Distinct keys in the many-keys groups.
@@ -236,6 +239,17 @@ pub(crate) const MANY_KEYS: u64 = 100_000;
 pub(crate) fn key_for(thread: usize, op: u64) -> u64 {
     let thread = (thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
     (op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread) % MANY_KEYS
+}
+
+/// Thread `thread`'s keys, one per call: `key_for(thread, 0)`, `key_for(thread, 1)`, …
+/// (built in the harness's untimed per-thread setup).
+fn keys_of(thread: usize) -> impl FnMut() -> u64 {
+    let mut op = 0u64;
+    move || {
+        let key = key_for(thread, op);
+        op = op.wrapping_add(1);
+        key
+    }
 }
 
 /// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
@@ -257,7 +271,7 @@ struct TwinShard<S>(Mutex<HashMap<u64, S>>);
 
 /// The keyed mutex twin: `W`'s transition over per-key states in sharded maps, one
 /// mutex per shard (the shard from the key's high hash bits).
-fn mutex_twin_many<W: Workload>(threads: usize, run_time: Duration) -> Sample {
+fn mutex_twin_many<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
     let algorithm = W::algorithm();
     let fresh = AtomicCell::<<W::Algorithm as Algorithm>::State>::fresh().load();
     let clock = DefaultClock::new();
@@ -265,39 +279,49 @@ fn mutex_twin_many<W: Workload>(threads: usize, run_time: Duration) -> Sample {
         .map(|_| TwinShard(Mutex::new(HashMap::new())))
         .collect();
     let hasher = RandomState::new();
-    measure(threads, run_time, |thread, op| {
-        let key = key_for(thread, op);
-        let now = clock.now();
-        let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
-        let mut states = lock(&shards[shard].0);
-        let state = states.entry(key).or_insert(fresh);
-        let (decision, next) = algorithm.decide(*state, now, 1);
-        if let Some(next) = next {
-            *state = next;
+    run_for(threads, run_time, |thread| {
+        let mut next_key = keys_of(thread);
+        let (algorithm, clock, shards, hasher) = (&algorithm, &clock, &shards, &hasher);
+        move || {
+            let key = next_key();
+            let now = clock.now();
+            let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
+            let mut states = lock(&shards[shard].0);
+            let state = states.entry(key).or_insert(fresh);
+            let (decision, next) = algorithm.decide(*state, now, 1);
+            if let Some(next) = next {
+                *state = next;
+            }
+            decision.is_allowed()
         }
-        decision.is_allowed()
     })
 }
 
 /// The textbook keyed limiter: one map of `f64` buckets under one mutex.
-fn gcra_textbook_many(threads: usize, run_time: Duration) -> Sample {
+fn gcra_textbook_many(threads: usize, run_time: Duration) -> Measurement {
     let clock = DefaultClock::new();
     let buckets: Mutex<HashMap<u64, TextbookTokenBucket>> = Mutex::new(HashMap::new());
-    measure(threads, run_time, |thread, op| {
-        let key = key_for(thread, op);
-        let now = clock.now().as_u64();
-        lock(&buckets)
-            .entry(key)
-            .or_insert_with(|| textbook_bucket(now))
-            .allow(now, 1.0)
+    run_for(threads, run_time, |thread| {
+        let mut next_key = keys_of(thread);
+        let (clock, buckets) = (&clock, &buckets);
+        move || {
+            let key = next_key();
+            let now = clock.now().as_u64();
+            lock(buckets)
+                .entry(key)
+                .or_insert_with(|| textbook_bucket(now))
+                .allow(now, 1.0)
+        }
     })
 }
 
 #[cfg(feature = "compare")]
-fn gcra_governor_many(threads: usize, run_time: Duration) -> Sample {
+fn gcra_governor_many(threads: usize, run_time: Duration) -> Measurement {
     let limiter = governor::RateLimiter::keyed(governor_quota());
-    measure(threads, run_time, |thread, op| {
-        limiter.check_key(&key_for(thread, op)).is_ok()
+    run_for(threads, run_time, |thread| {
+        let mut next_key = keys_of(thread);
+        let limiter = &limiter;
+        move || limiter.check_key(&next_key()).is_ok()
     })
 }
 
@@ -312,13 +336,15 @@ fn textbook_bucket(now: u64) -> TextbookTokenBucket {
     TextbookTokenBucket::new(BURST as f64, LIMIT as f64, Duration::from_secs(1), now)
 }
 
-fn gcra_textbook(threads: usize, run_time: Duration) -> Sample {
+fn gcra_textbook(threads: usize, run_time: Duration) -> Measurement {
     let clock = DefaultClock::new();
     let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
-    measure(threads, run_time, |_, _| {
-        // The clock is read before taking the lock, as the limiters do.
-        let now = clock.now().as_u64();
-        lock(&bucket).allow(now, 1.0)
+    run_for(threads, run_time, |_| {
+        || {
+            // The clock is read before taking the lock, as the limiters do.
+            let now = clock.now().as_u64();
+            lock(&bucket).allow(now, 1.0)
+        }
     })
 }
 
@@ -330,9 +356,9 @@ fn governor_quota() -> governor::Quota {
 }
 
 #[cfg(feature = "compare")]
-fn gcra_governor(threads: usize, run_time: Duration) -> Sample {
+fn gcra_governor(threads: usize, run_time: Duration) -> Measurement {
     let limiter = governor::RateLimiter::direct(governor_quota());
-    measure(threads, run_time, |_, _| limiter.check().is_ok())
+    run_for(threads, run_time, |_| || limiter.check().is_ok())
 }
 
 #[cfg(test)]
@@ -351,17 +377,32 @@ mod tests {
         for group in groups() {
             for contender in &group.contenders {
                 let sample = (contender.run)(2, Duration::from_millis(5));
-                assert!(sample.operations > 0, "{:?}", contender.implementation);
+                assert!(sample.ops > 0, "{:?}", contender.implementation);
                 if !group.workload.contains("every decision admits") {
                     continue;
                 }
                 // A rate far above the achievable one: (nearly) everything admits.
                 assert!(
-                    sample.admitted * 10 >= sample.operations * 9,
+                    sample.admitted * 10 >= sample.ops * 9,
                     "{:?}: {sample:?}",
                     contender.implementation
                 );
             }
         }
+    }
+
+    #[test]
+    fn each_thread_walks_its_own_key_sequence() {
+        for thread in [0, 1, 7] {
+            let mut next_key = keys_of(thread);
+            for op in 0..100 {
+                assert_eq!(next_key(), key_for(thread, op));
+            }
+        }
+        assert!((0..1_000).all(|op| key_for(3, op) < MANY_KEYS));
+        assert_ne!(
+            (0..8).map(|op| key_for(0, op)).collect::<Vec<_>>(),
+            (0..8).map(|op| key_for(1, op)).collect::<Vec<_>>()
+        );
     }
 }

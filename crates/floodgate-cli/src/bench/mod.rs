@@ -5,20 +5,25 @@
 //! run; the cells are visited round-robin, `repeats` times over, so a slow drift of
 //! the machine (another process, thermal throttling) spreads over every contender
 //! instead of landing on one, and each cell reports the median of its runs.
+//!
+//! Each run goes through [`floodgate_benches::run_for`], the harness the criterion
+//! suites use: every thread builds its decision loop before a shared start barrier,
+//! times itself, and stops once its own clock passes the run time (it looks every
+//! [`floodgate_benches::BATCH`] decisions); a run's rate is all decisions over the span
+//! from the first thread's start to the last thread's finish.
 
 mod contenders;
-mod harness;
 
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use floodgate_benches::Measurement;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::BenchArgs;
 use crate::Failure;
 use contenders::{groups, Group, Implementation, Keys};
-use harness::{median_rate, Sample};
 
 /// The default total measuring time.
 const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
@@ -109,14 +114,32 @@ struct Measured {
     ran_s: f64,
 }
 
+/// Million operations per second of one run.
+fn millions_per_second(run: &Measurement) -> f64 {
+    run.ops_per_sec() / 1e6
+}
+
+/// The median of the rates of `runs` in million operations per second (the mean of
+/// the middle two for an even count); `None` for no runs.
+fn median_rate(runs: &[Measurement]) -> Option<f64> {
+    let mut rates: Vec<f64> = runs.iter().map(millions_per_second).collect();
+    rates.sort_by(f64::total_cmp);
+    let mid = rates.len() / 2;
+    match rates.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(rates[mid]),
+        _ => Some((rates[mid - 1] + rates[mid]) / 2.0),
+    }
+}
+
 impl Measured {
-    fn from_samples(samples: &[Sample]) -> Option<Measured> {
+    fn from_samples(samples: &[Measurement]) -> Option<Measured> {
         let mdps = median_rate(samples)?;
-        let operations: u64 = samples.iter().map(|s| s.operations).sum();
+        let operations: u64 = samples.iter().map(|s| s.ops).sum();
         let admitted: u64 = samples.iter().map(|s| s.admitted).sum();
         Some(Measured {
             mdps,
-            runs_mdps: samples.iter().map(Sample::millions_per_second).collect(),
+            runs_mdps: samples.iter().map(millions_per_second).collect(),
             admitted_fraction: if operations == 0 {
                 0.0
             } else {
@@ -152,7 +175,7 @@ struct Cell {
     implementation: Implementation,
     run: contenders::Runner,
     label: String,
-    samples: Vec<Sample>,
+    samples: Vec<Measurement>,
 }
 
 /// `floodgate bench`.
@@ -403,6 +426,42 @@ mod tests {
         assert_eq!(thread_counts(8, Some(1)), [1]);
         assert_eq!(thread_counts(8, Some(0)), [1]);
         assert_eq!(thread_counts(usize::MAX, None).len(), 17);
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        let run = |ops| Measurement {
+            ops,
+            admitted: 0,
+            elapsed: Duration::from_secs(1),
+        };
+        assert_eq!(median_rate(&[]), None);
+        assert_eq!(
+            median_rate(&[run(5_000_000), run(1_000_000), run(3_000_000)]),
+            Some(3.0)
+        );
+        assert_eq!(median_rate(&[run(4_000_000), run(2_000_000)]), Some(3.0));
+    }
+
+    #[test]
+    fn cells_report_medians_admitted_fractions_and_time_ran() {
+        let run = |ops, admitted, ms| Measurement {
+            ops,
+            admitted,
+            elapsed: Duration::from_millis(ms),
+        };
+        let m = Measured::from_samples(&[
+            run(4_000_000, 1_000_000, 1_000),
+            run(2_000_000, 2_000_000, 500),
+        ])
+        .unwrap();
+        assert_eq!(m.mdps, 4.0);
+        assert_eq!(m.runs_mdps, [4.0, 4.0]);
+        assert_eq!(m.admitted_fraction, 0.5);
+        assert_eq!(m.ran_s, 1.5);
+        assert!(Measured::from_samples(&[]).is_none());
+        let empty = Measured::from_samples(&[run(0, 0, 0)]).unwrap();
+        assert_eq!((empty.mdps, empty.admitted_fraction), (0.0, 0.0));
     }
 
     #[test]

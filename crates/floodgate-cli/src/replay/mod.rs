@@ -11,8 +11,6 @@
 //! printed.
 
 mod engine;
-mod nginx;
-mod trace;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,8 +19,10 @@ use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 
 use floodgate::{Decision, Nanos};
 
+use floodgate_cli::input::{self, LineError, Request};
+use floodgate_cli::seconds::Seconds;
+
 use crate::cli::{InputFormat, ReplayArgs};
-use crate::seconds::Seconds;
 use crate::Failure;
 
 pub(crate) use engine::{engine_for, PolicySpec, ReplayEngine};
@@ -31,44 +31,6 @@ pub(crate) use engine::{engine_for, PolicySpec, ReplayEngine};
 pub(crate) const MAX_LINE_BYTES: usize = 1 << 20;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
-
-/// One parsed request. `time` is nanoseconds on the input's time axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Request<'a> {
-    pub(crate) time: u64,
-    pub(crate) key: &'a str,
-    pub(crate) cost: u32,
-}
-
-/// What is wrong with one line; the reader adds the line number and the text.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct LineError {
-    message: String,
-}
-
-impl LineError {
-    pub(crate) fn new(message: impl fmt::Display) -> Self {
-        LineError {
-            message: message.to_string(),
-        }
-    }
-
-    /// `invalid <field> "<text>": <reason>`.
-    pub(crate) fn field(field: &str, text: &str, reason: impl fmt::Display) -> Self {
-        LineError::new(format_args!("invalid {field} {text:?}: {reason}"))
-    }
-
-    /// `missing <what>`.
-    pub(crate) fn missing(what: &str) -> Self {
-        LineError::new(format_args!("missing {what}"))
-    }
-}
-
-impl fmt::Display for LineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
 
 /// Why a replay stopped early.
 #[derive(Debug)]
@@ -104,8 +66,8 @@ type LineParser = for<'a> fn(&'a str) -> Result<Option<Request<'a>>, LineError>;
 
 fn parser_for(format: InputFormat) -> LineParser {
     match format {
-        InputFormat::Trace => trace::parse_trace_line,
-        InputFormat::Nginx => nginx::parse_nginx_line,
+        InputFormat::Trace => input::parse_trace_line,
+        InputFormat::Nginx => input::parse_nginx_line,
     }
 }
 
@@ -275,7 +237,7 @@ impl Summary {
             Some((second, count)) => {
                 let when = match format {
                     InputFormat::Trace => format!("[{second} s, {} s)", second + 1),
-                    InputFormat::Nginx => nginx::utc_timestamp(second),
+                    InputFormat::Nginx => input::utc_timestamp(second),
                 };
                 writeln!(out, "busiest second  {when}: {count} requests")?;
             }

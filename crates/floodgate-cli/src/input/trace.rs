@@ -15,7 +15,23 @@ use super::{LineError, Request};
 use crate::seconds::parse_seconds;
 
 /// Parses one trace line (without its line end); `Ok(None)` for a skipped line.
-pub(crate) fn parse_trace_line(line: &str) -> Result<Option<Request<'_>>, LineError> {
+///
+/// # Errors
+///
+/// A [`LineError`] naming the bad field: a malformed time or cost, a missing key, a
+/// key holding whitespace other than spaces and tabs, or a fourth field.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::input::parse_trace_line;
+///
+/// let request = parse_trace_line("12.000000001\tbob\t3").unwrap().unwrap();
+/// assert_eq!((request.time, request.key, request.cost), (12_000_000_001, "bob", 3));
+/// assert_eq!(parse_trace_line("# a comment"), Ok(None));
+/// assert!(parse_trace_line("1e3 bob").is_err());
+/// ```
+pub fn parse_trace_line(line: &str) -> Result<Option<Request<'_>>, LineError> {
     let mut fields = line.split([' ', '\t']).filter(|f| !f.is_empty());
     let Some(time) = fields.next() else {
         return Ok(None);

@@ -24,7 +24,24 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// Parses one combined-format line (without its line end); `Ok(None)` when blank.
-pub(crate) fn parse_nginx_line(line: &str) -> Result<Option<Request<'_>>, LineError> {
+///
+/// # Errors
+///
+/// A [`LineError`] naming the first missing or malformed field.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::input::parse_nginx_line;
+///
+/// let line = r#"127.0.0.1 - frank [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.0" 200 2326 "-" "curl/8.0""#;
+/// let request = parse_nginx_line(line).unwrap().unwrap();
+/// assert_eq!((request.key, request.cost), ("127.0.0.1", 1));
+/// assert_eq!(request.time, 971_211_336_000_000_000); // 2000-10-10T20:55:36Z
+/// assert_eq!(parse_nginx_line("  "), Ok(None));
+/// assert!(parse_nginx_line("127.0.0.1 - -").is_err());
+/// ```
+pub fn parse_nginx_line(line: &str) -> Result<Option<Request<'_>>, LineError> {
     if line.trim_matches([' ', '\t']).is_empty() {
         return Ok(None);
     }
@@ -204,7 +221,16 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 /// A Unix second as `YYYY-MM-DDTHH:MM:SSZ`, for the summary of an nginx replay.
-pub(crate) fn utc_timestamp(unix_secs: u64) -> String {
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::input::utc_timestamp;
+///
+/// assert_eq!(utc_timestamp(0), "1970-01-01T00:00:00Z");
+/// assert_eq!(utc_timestamp(971_211_336), "2000-10-10T20:55:36Z");
+/// ```
+pub fn utc_timestamp(unix_secs: u64) -> String {
     let secs = i64::try_from(unix_secs).unwrap_or(i64::MAX);
     let (days, second_of_day) = (secs.div_euclid(SECS_PER_DAY), secs.rem_euclid(SECS_PER_DAY));
     let (year, month, day) = civil_from_days(days);
