@@ -16,7 +16,7 @@
 #![no_main]
 
 
-use floodgate_cli::duration::parse_duration;
+use floodgate::parse_duration;
 use floodgate_cli::input::{parse_nginx_line, parse_trace_line, utc_timestamp};
 use floodgate_cli::seconds::{parse_seconds, Seconds};
 use libfuzzer_sys::fuzz_target;

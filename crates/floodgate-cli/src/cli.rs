@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use floodgate_cli::duration::parse_duration;
+use floodgate::parse_duration;
 
 /// floodgate: lock-free rate limiting — benchmarks and policy replay.
 #[derive(Debug, Parser)]

@@ -7,22 +7,23 @@
 //! `floodgate` crate for rate limiting.
 //!
 //! * [`input`] — the replay input formats: trace lines and nginx `combined` lines;
-//! * [`seconds`] — exact decimal seconds ↔ integer nanoseconds;
-//! * [`duration`] — durations such as `500ms` or `1d` (`--per`, `--duration`).
+//! * [`seconds`] — exact decimal seconds ↔ integer nanoseconds.
+//!
+//! Durations (`--per`, `--duration`) use the core crate's [`floodgate::parse_duration`],
+//! the same parser as the TOML plans.
 //!
 //! Every parser returns a value or a typed error for any input; none panics.
 //!
 //! # Examples
 //!
 //! ```
-//! use floodgate_cli::{duration::parse_duration, input::parse_trace_line, seconds::Seconds};
+//! use floodgate_cli::{input::parse_trace_line, seconds::Seconds};
 //! use std::time::Duration;
 //!
 //! let request = parse_trace_line("0.7 alice").unwrap().unwrap();
 //! assert_eq!(Seconds(request.time).to_string(), "0.700000000");
-//! assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+//! assert_eq!(floodgate::parse_duration("5m"), Ok(Duration::from_secs(300)));
 //! ```
 
-pub mod duration;
 pub mod input;
 pub mod seconds;

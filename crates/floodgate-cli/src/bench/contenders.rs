@@ -46,8 +46,11 @@ use std::time::Duration;
 #[cfg(feature = "compare")]
 use std::num::NonZeroU32;
 
-use floodgate::reference::TextbookTokenBucket;
-use floodgate::{Algorithm, AtomicCell, Clock, DefaultClock, Gcra, Policy, RateLimiter, StateCell};
+use floodgate::reference::{TextbookFixedWindow, TextbookSlidingWindow, TextbookTokenBucket};
+use floodgate::{
+    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, KeyedBuilder, Policy,
+    RateLimiter, SlidingWindow, StateCell,
+};
 
 use floodgate_benches::{run_for, Measurement};
 
@@ -172,6 +175,24 @@ pub(crate) fn groups() -> Vec<Group> {
             workload: format!("{MANY_KEYS} keys, each {}", GcraWorkload::description()),
             contenders: many_keys::<GcraWorkload>(gcra_many_others),
         },
+        Group {
+            algorithm: "fixed-window",
+            keys: Keys::Hot,
+            workload: FixedWindowWorkload::description(),
+            contenders: hot_key::<FixedWindowWorkload>(vec![Contender {
+                implementation: Implementation::Textbook,
+                run: fixed_window_textbook,
+            }]),
+        },
+        Group {
+            algorithm: "sliding-window",
+            keys: Keys::Hot,
+            workload: SlidingWindowWorkload::description(),
+            contenders: hot_key::<SlidingWindowWorkload>(vec![Contender {
+                implementation: Implementation::Textbook,
+                run: sliding_window_textbook,
+            }]),
+        },
     ]
 }
 
@@ -196,6 +217,72 @@ impl Workload for GcraWorkload {
     fn description() -> String {
         format!("{LIMIT} per second, burst {BURST}: every decision admits and writes the state")
     }
+}
+
+/// The fixed window at GCRA's rate.
+pub(crate) struct FixedWindowWorkload;
+
+impl Workload for FixedWindowWorkload {
+    type Algorithm = FixedWindow;
+    fn algorithm() -> FixedWindow {
+        Policy::per_second(LIMIT)
+            .and_then(FixedWindow::new)
+            .expect("the benchmark policy is valid")
+    }
+    fn description() -> String {
+        format!("{LIMIT} per second: every decision admits and writes the state")
+    }
+}
+
+/// The sliding window counter's limit: its two counters and a window index that lasts
+/// a year share one word, so it cannot take GCRA's 10^9 per second.
+pub(crate) const SLIDING_LIMIT: u64 = 1_000;
+
+/// The sliding window counter at [`SLIDING_LIMIT`] per second.
+pub(crate) struct SlidingWindowWorkload;
+
+impl Workload for SlidingWindowWorkload {
+    type Algorithm = SlidingWindow;
+    fn algorithm() -> SlidingWindow {
+        Policy::per_second(SLIDING_LIMIT)
+            .and_then(SlidingWindow::new)
+            .expect("the benchmark policy is valid")
+    }
+    fn description() -> String {
+        format!("{SLIDING_LIMIT} per second: nearly every decision denies and writes nothing")
+    }
+}
+
+fn fixed_window_textbook(threads: usize, run_time: Duration) -> Measurement {
+    let clock = DefaultClock::new();
+    let window = Mutex::new(TextbookFixedWindow::new(
+        LIMIT,
+        1_000_000_000,
+        clock.now().as_u64(),
+    ));
+    let (clock, window) = (&clock, &window);
+    run_for(threads, run_time, |_| {
+        move || {
+            let now = clock.now().as_u64();
+            lock(window).allow(now, 1)
+        }
+    })
+}
+
+fn sliding_window_textbook(threads: usize, run_time: Duration) -> Measurement {
+    let clock = DefaultClock::new();
+    let window = Mutex::new(TextbookSlidingWindow::new(
+        SLIDING_LIMIT,
+        1_000_000_000,
+        clock.now().as_u64(),
+    ));
+    let (clock, window) = (&clock, &window);
+    run_for(threads, run_time, |_| {
+        move || {
+            let now = clock.now().as_u64();
+            lock(window).allow(now, 1)
+        }
+    })
 }
 
 fn gcra_policy() -> Policy {
@@ -254,12 +341,31 @@ fn keys_of(thread: usize) -> impl FnMut() -> u64 {
 
 /// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
 pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
-    let mut contenders = vec![Contender {
-        implementation: Implementation::MutexTwin,
-        run: mutex_twin_many::<W>,
-    }];
+    let mut contenders = vec![
+        Contender {
+            implementation: Implementation::Floodgate,
+            run: floodgate_many::<W>,
+        },
+        Contender {
+            implementation: Implementation::MutexTwin,
+            run: mutex_twin_many::<W>,
+        },
+    ];
     contenders.extend(others);
     contenders
+}
+
+/// floodgate's keyed limiter, sized for twice [`MANY_KEYS`] (nothing live is evicted).
+fn floodgate_many<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
+    let keyed = KeyedBuilder::new(W::algorithm())
+        .capacity(2 * MANY_KEYS as usize)
+        .build::<u64>()
+        .expect("the benchmark capacity is valid");
+    run_for(threads, run_time, |thread| {
+        let mut next_key = keys_of(thread);
+        let keyed = &keyed;
+        move || keyed.check(&next_key()).is_allowed()
+    })
 }
 
 /// A power of two: enough shards that threads rarely meet on one lock.

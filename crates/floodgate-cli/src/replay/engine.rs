@@ -17,7 +17,10 @@
 
 use std::fmt;
 
-use floodgate::{Algorithm, AtomicCell, Decision, Gcra, Nanos, Policy, PolicyError, StateCell};
+use floodgate::{
+    Algorithm, AtomicCell, Decision, FixedWindow, Gcra, ManualClock, Nanos, Policy, PolicyError,
+    SlidingLog, SlidingWindow, StateCell,
+};
 
 use super::KeyMap;
 use crate::cli::AlgorithmName;
@@ -72,6 +75,35 @@ impl<A: Algorithm> ReplayEngine for PerKeyStates<A> {
     }
 }
 
+/// One library [`SlidingLog`] per key: not a word-sized state (O(limit) per key).
+pub(crate) struct PerKeyLogs {
+    policy: Policy,
+    clock: ManualClock,
+    logs: KeyMap<SlidingLog<ManualClock>>,
+}
+
+impl PerKeyLogs {
+    pub(crate) fn new(policy: Policy) -> Self {
+        PerKeyLogs {
+            policy,
+            clock: ManualClock::new(),
+            logs: KeyMap::default(),
+        }
+    }
+}
+
+impl ReplayEngine for PerKeyLogs {
+    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision {
+        if let Some(log) = self.logs.get(key) {
+            return log.check_n_at(now, cost);
+        }
+        let log = SlidingLog::with_clock(self.policy, self.clock.clone());
+        let decision = log.check_n_at(now, cost);
+        self.logs.insert(key.into(), log);
+        decision
+    }
+}
+
 /// The policy flags of `floodgate replay`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PolicySpec {
@@ -104,8 +136,6 @@ pub(crate) enum EngineError {
     Policy(PolicyError),
     /// `--burst` with an algorithm that has no burst.
     BurstNotApplicable(AlgorithmName),
-    /// The algorithm is named on the command line but not in this build's library.
-    NotInThisBuild(AlgorithmName),
 }
 
 impl fmt::Display for EngineError {
@@ -116,12 +146,6 @@ impl fmt::Display for EngineError {
                 f,
                 "--burst applies to gcra, token-bucket and leaky-bucket, not to {}: a window \
                  admits `--limit` per window",
-                a.name()
-            ),
-            EngineError::NotInThisBuild(a) => write!(
-                f,
-                "--algorithm {} is not yet available in this build of floodgate \
-                 (available: gcra, token-bucket, leaky-bucket)",
                 a.name()
             ),
         }
@@ -150,9 +174,11 @@ pub(crate) fn engine_for(spec: &PolicySpec) -> Result<Box<dyn ReplayEngine>, Eng
             };
             Ok(Box::new(PerKeyStates::new(Gcra::new(policy))))
         }
-        AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
-            Err(EngineError::NotInThisBuild(spec.algorithm))
+        AlgorithmName::FixedWindow => Ok(Box::new(PerKeyStates::new(FixedWindow::new(policy)?))),
+        AlgorithmName::SlidingWindow => {
+            Ok(Box::new(PerKeyStates::new(SlidingWindow::new(policy)?)))
         }
+        AlgorithmName::SlidingLog => Ok(Box::new(PerKeyLogs::new(policy))),
     }
 }
 
@@ -208,8 +234,7 @@ mod tests {
         ] {
             let err = engine_for(&spec(name, Some(5))).err().unwrap();
             assert!(matches!(err, EngineError::BurstNotApplicable(_)), "{err}");
-            let err = engine_for(&spec(name, None)).err().unwrap();
-            assert!(err.to_string().contains("not yet available"), "{err}");
+            assert!(engine_for(&spec(name, None)).is_ok());
         }
         let err = engine_for(&spec(AlgorithmName::Gcra, Some(0)))
             .err()
