@@ -17,13 +17,24 @@
 //! the state holds (another core's clock) is judged in the stored window — the state
 //! never moves back — so `reset_after` is then measured to the end of that window.
 //!
+//! # Refunds
+//!
+//! [`Algorithm::refund`] of `n` units at `now` gives back `min(n, count)` from the
+//! count of the window a charge at `now` goes to (`now`'s window, or the stored one
+//! when `now` reads earlier), keeping that window. If the state holds an older window,
+//! the charge no longer counts at all and nothing is given back (`None`); nor when
+//! the count or `n` is 0. So `check(n)` then `refund(n)` at one instant leaves a state
+//! that decides like the one before.
+//!
 //! # Packing
 //!
-//! `{window mod 2^k, count}` in one word, the count `c` = bit length of `L` bits wide
-//! and `k = 64 − c` (see [the layout rules](crate::window)). Because `P ≥ L ≥ 2^(c−1)`
-//! for every valid [`Policy`], the index wraps only after `2^(k−1)·P ≥ 2^62` ns
-//! (≈ 146 years) of idleness, so **every policy fits except `L = 2^62`** (the largest
-//! `L` is `2^62 − 1`; the smallest `P` is 1 ns, with `L = 1`).
+//! `{window mod 2^k, count}` in one word, the count `c` = bit length of `L + 1` bits
+//! wide (so a count never fills its field: no state is all ones, see
+//! [the layout rules](crate::window)) and `k = 64 − c`. Because `c ≥ 2` and
+//! `P ≥ L ≥ 2^(c−1) − 1` for every valid [`Policy`], the index wraps only after
+//! `2^(k−1)·P ≥ 2^62 − 2^(63−c) ≥ 2^61` ns (≈ 73 years) of idleness, so **every policy
+//! fits except `L = 2^62 − 1` and `L = 2^62`** (the largest `L` is `2^62 − 2`; the
+//! smallest `P` is 1 ns, with `L = 1`).
 //!
 //! `⌊now/P⌋` is computed with a precomputed reciprocal (one 128-bit multiply-high),
 //! not a division instruction.
@@ -87,15 +98,15 @@ pub struct FixedWindowState {
 
 const _: () = assert!(core::mem::size_of::<FixedWindowState>() == 8);
 
-const ALLOWED: &str = "fixed window: limit < 2^62";
+const ALLOWED: &str = "fixed window: limit ≤ 2^62 − 2";
 
 impl FixedWindow {
     /// The fixed window for `policy`.
     ///
     /// # Errors
     ///
-    /// [`PolicyError::Unrepresentable`] for `limit = 2^62`, the one valid policy whose
-    /// count leaves too few bits for the window index.
+    /// [`PolicyError::Unrepresentable`] for `limit = 2^62 − 1` and `limit = 2^62`, the
+    /// two valid policies whose count leaves too few bits for the window index.
     ///
     /// # Examples
     ///
@@ -104,7 +115,9 @@ impl FixedWindow {
     /// use std::time::Duration;
     /// let fw = FixedWindow::new(Policy::per_hour(1000)?)?;
     /// assert_eq!(fw.policy().limit(), 1000);
-    /// assert!(FixedWindow::new(Policy::new(1 << 62, Duration::from_nanos(1 << 62))?).is_err());
+    /// let largest = (1 << 62) - 2;
+    /// assert!(FixedWindow::new(Policy::new(largest, Duration::from_nanos(largest))?).is_ok());
+    /// assert!(FixedWindow::new(Policy::new(largest + 1, Duration::from_nanos(largest + 1))?).is_err());
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn new(policy: Policy) -> Result<FixedWindow, PolicyError> {
@@ -131,21 +144,24 @@ impl FixedWindow {
         self.policy
     }
 
-    /// Bits of the count (`c`, the bit length of `L`); the window index has `64 − c`.
+    /// Bits of the count (`c`, the bit length of `L + 1`); the window index has `64 − c`.
     ///
     /// # Examples
     ///
     /// ```
     /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(1000)?)?;
     /// assert_eq!(fw.count_bits(), 10);
+    /// // 1023 = 2^10 − 1 would fill ten bits: it takes eleven.
+    /// let fw = floodgate::FixedWindow::new(floodgate::Policy::per_second(1023)?)?;
+    /// assert_eq!(fw.count_bits(), 11);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub const fn count_bits(&self) -> u32 {
         self.layout.count_bits()
     }
 
-    /// A state holding `count` units (clamped to the count's width) in window `window`
-    /// (stored modulo `2^(64 − c)`).
+    /// A state holding `count` units in window `window` (stored modulo `2^(64 − c)`).
+    /// The count is clamped to `2^c − 2 ≥ L`, the largest a count field holds.
     ///
     /// # Examples
     ///
@@ -155,9 +171,8 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn state(&self, window: u64, count: u64) -> FixedWindowState {
-        let max = (1u64 << self.layout.count_bits()) - 1;
         FixedWindowState {
-            packed: self.layout.pack(window, count.min(max)),
+            packed: self.layout.pack(window, count.min(self.layout.count_max())),
         }
     }
 
@@ -222,7 +237,7 @@ impl Algorithm for FixedWindow {
         let (window, count, reset) = self.view(state, now.as_u64());
         let n = u64::from(cost);
         let (decision, admit) = counted(self.limit, count, n, reset, || reset, || reset);
-        // Admitted: count + n ≤ L < 2^c fits its field.
+        // Admitted: count + n ≤ L ≤ 2^c − 2 fits its field and is not all ones.
         let next = admit.then(|| FixedWindowState {
             packed: self.layout.pack(window, count + n),
         });
@@ -234,8 +249,37 @@ impl Algorithm for FixedWindow {
         self.view(state, now.as_u64()).1 == 0
     }
 
+    /// Gives back `min(cost, count)` units from the count of the window a charge at
+    /// `now` goes to (`now`'s window, or the stored one when `now` reads earlier),
+    /// keeping that window. If the state holds an older window, the charge no longer
+    /// counts and nothing is given back (`None`); nor when the count or `cost` is 0.
+    /// A charge refunded at the same instant leaves a state that decides like the one
+    /// before it, at that instant and later.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, FixedWindow, Nanos, Policy};
+    /// let fw = FixedWindow::new(Policy::per_minute(10)?)?;
+    /// let now = Nanos::from_secs(75);
+    /// let s = fw.state(1, 4);
+    /// assert_eq!(fw.refund(s, now, 3), Some(fw.state(1, 1)));
+    /// assert_eq!(fw.refund(s, now, 9), Some(fw.state(1, 0))); // never below zero
+    /// // In the next window the 4 units no longer count: nothing to give back.
+    /// assert_eq!(fw.refund(s, Nanos::from_secs(120), 3), None);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund(&self, state: FixedWindowState, now: Nanos, cost: u32) -> Option<FixedWindowState> {
+        let (window, count, _) = self.view(state, now.as_u64());
+        let back = u64::from(cost).min(count);
+        // The count only shrinks: the state stays ≤ count_max and in its window.
+        (back > 0).then(|| FixedWindowState {
+            packed: self.layout.pack(window, count - back),
+        })
+    }
+
     /// Same period: the count of the window in force carries over (re-packed for the
-    /// new limit, clamped to its width — a count above the new limit just leaves
+    /// new limit, clamped to `2^c − 2` — a count above the new limit just leaves
     /// nothing remaining). Another period: fresh windows.
     fn carry_over(&self, previous: &Self, state: FixedWindowState, now: Nanos) -> FixedWindowState {
         if previous.period != self.period || previous.is_idle(state, now) {
@@ -384,32 +428,40 @@ mod tests {
     }
 
     #[test]
-    fn the_index_wraps_only_after_2_to_the_62_ns() {
-        // L = 1, P = 1 ns: c = 1, k = 63, half the index range is 2^62 windows.
+    fn the_index_wraps_only_after_2_to_the_61_ns() {
+        // L = 1, P = 1 ns: c = 2 (the bit length of L + 1), k = 62, half the index range
+        // is 2^61 windows.
         let f = fw(1, Duration::from_nanos(1));
-        assert_eq!(f.count_bits(), 1);
+        assert_eq!(f.count_bits(), 2);
         let s = f.state(0, 1);
-        // Idle 2^62 − 1 windows: recognised as later, fresh.
-        assert!(f.is_idle(s, Nanos::new((1 << 62) - 1)));
-        assert!(f.decide(s, Nanos::new((1 << 62) - 1), 1).0.is_allowed());
-        // Idle 2^62 windows (146 years): looks earlier, the stale unit counts (stricter).
-        assert!(!f.is_idle(s, Nanos::new(1 << 62)));
-        let (d, _) = f.decide(s, Nanos::new(1 << 62), 1);
+        // Idle 2^61 − 1 windows: recognised as later, fresh.
+        assert!(f.is_idle(s, Nanos::new((1 << 61) - 1)));
+        assert!(f.decide(s, Nanos::new((1 << 61) - 1), 1).0.is_allowed());
+        // Idle 2^61 windows (73 years): looks earlier, the stale unit counts (stricter).
+        assert!(!f.is_idle(s, Nanos::new(1 << 61)));
+        let (d, _) = f.decide(s, Nanos::new(1 << 61), 1);
         assert!(!d.is_allowed());
-        // The largest limit: L = 2^62 − 1 leaves k = 2, still ≥ 146 years per half range.
-        let f = fw((1 << 62) - 1, Duration::from_nanos((1 << 62) - 1));
+        // The largest limit: L = 2^62 − 2 leaves k = 2, a half range of two windows of
+        // 2^62 − 2 ns (146 years).
+        let largest = (1 << 62) - 2;
+        let f = fw(largest, Duration::from_nanos(largest));
         assert_eq!(f.count_bits(), 62);
         let s = f.state(0, 1);
-        assert!(f.is_idle(s, Nanos::new((1 << 62) - 1)));
-        assert!(!f.is_idle(s, Nanos::new((1 << 63) - 2)));
-        assert_eq!(
-            FixedWindow::new(Policy::new(1 << 62, Duration::from_nanos(1 << 62)).unwrap()),
-            Err(PolicyError::Unrepresentable {
-                field: "limit",
-                value: 1 << 62,
-                allowed: ALLOWED
-            })
-        );
+        assert!(f.is_idle(s, Nanos::new(2 * largest - 1)));
+        assert!(!f.is_idle(s, Nanos::new(2 * largest)));
+        // A full count of the largest limit in window 3 (all ones mod 2^2) is not the
+        // all-ones word.
+        assert_eq!(f.state(3, largest).packed, u64::MAX - 1);
+        for limit in [largest + 1, 1 << 62] {
+            assert_eq!(
+                FixedWindow::new(Policy::new(limit, Duration::from_nanos(limit)).unwrap()),
+                Err(PolicyError::Unrepresentable {
+                    field: "limit",
+                    value: limit,
+                    allowed: ALLOWED
+                })
+            );
+        }
     }
 
     #[test]
@@ -421,10 +473,11 @@ mod tests {
         assert_eq!(big.carry_over(&old, s, now), big.state(7, 6));
         // Earlier reading: the stored window is kept whole.
         assert_eq!(big.carry_over(&old, s, Nanos::new(6 * S)), big.state(7, 6));
-        // Shrinking below the count: clamped to the 1-bit field, nothing remaining.
+        // Shrinking below the count: clamped to 2^2 − 2 (L = 1 takes 2 bits), nothing
+        // remaining.
         let one = fw(1, Duration::from_secs(1));
         let c = one.carry_over(&old, s, now);
-        assert_eq!(one.count_of(c), 1);
+        assert_eq!(one.count_of(c), 2);
         assert_eq!(one.decide(c, now, 0).0.remaining(), 0);
         // Next window, or another period: fresh.
         assert_eq!(
@@ -437,6 +490,35 @@ mod tests {
         let g = crate::Gcra::new(Policy::per_second(1).unwrap());
         let tat = crate::GcraState::from_tat(Nanos::new(5));
         assert_eq!(g.carry_over(&g, tat, Nanos::ZERO), tat);
+    }
+
+    #[test]
+    fn refunds_give_back_from_the_window_in_force() {
+        let f = fw(5, Duration::from_secs(1));
+        let now = Nanos::new(7 * S + S / 2);
+        let (_, s) = run(&f, FixedWindowState::default(), &[(7 * S + S / 4, 4)]);
+        assert_eq!((f.window_of(s), f.count_of(s)), (7, 4));
+        // 3 of the 4 units back: count 1, remaining 4.
+        let r = f.refund(s, now, 3).unwrap();
+        assert_eq!((f.window_of(r), f.count_of(r)), (7, 1));
+        let (d, _) = f.decide(r, now, 0);
+        assert_eq!((d.remaining(), d.reset_after_nanos()), (4, S / 2));
+        // More than counted: down to zero, never below; the key is then idle.
+        let r = f.refund(s, now, 10).unwrap();
+        assert_eq!((f.window_of(r), f.count_of(r)), (7, 0));
+        assert!(f.is_idle(r, now));
+        // Nothing to give back: cost 0, a fresh state, or a window that has moved on.
+        assert_eq!(f.refund(s, now, 0), None);
+        assert_eq!(f.refund(FixedWindowState::default(), now, 1), None);
+        assert_eq!(f.refund(s, Nanos::new(8 * S), 1), None);
+        assert_eq!(f.refund(s, Nanos::new(20 * S), u32::MAX), None);
+        // An earlier reading charges the stored window, so it refunds there too: the
+        // state never moves back.
+        let r = f.refund(s, Nanos::new(6 * S), 1).unwrap();
+        assert_eq!((f.window_of(r), f.count_of(r)), (7, 3));
+        // At the last instant of the window, still in force.
+        let r = f.refund(s, Nanos::new(8 * S - 1), 2).unwrap();
+        assert_eq!(f.count_of(r), 2);
     }
 
     #[test]

@@ -27,22 +27,35 @@
 //!
 //! # Packing and the policies that fit
 //!
-//! `{window mod 2^k, prev, cur}` in one word: both counters are `c` = bit length of `L`
-//! bits wide, the window index gets `k = 64 − 2c` bits, and a policy is accepted when
-//! an index wraps only after a key is idle for a year (`2^(k−1)·P ≥ 365 days`, see
-//! [the layout rules](crate::window)), and `k ≥ 3` so that a count two windows old
-//! is forgotten. So the largest limit is `2^30 − 1` and:
+//! `{window mod 2^k, prev, cur}` in one word: both counters are `c` = bit length of
+//! `L + 1` bits wide (so a count never fills its field and no state is all ones, see
+//! [the layout rules](crate::window)), the window index gets `k = 64 − 2c` bits, and a
+//! policy is accepted when an index wraps only after a key is idle for a year
+//! (`2^(k−1)·P ≥ 365 days`), and `k ≥ 3` so that a count two windows old is
+//! forgotten. So the largest limit is `2^30 − 2` and:
 //!
 //! | limit `L` up to | `c` | `k` | smallest period `P` |
 //! |---|---|---|---|
-//! | 1,023 | 10 | 44 | 3.59 µs (and `P ≥ L` ns) |
-//! | 65,535 | 16 | 32 | 14.69 ms |
-//! | 524,287 | 19 | 26 | 0.94 s |
-//! | 1,048,575 | 20 | 24 | 3.76 s |
-//! | 16,777,215 | 24 | 16 | 16.0 min |
-//! | 1,073,741,823 | 30 | 4 | 45.6 days |
+//! | 1,022 | 10 | 44 | 3,586 ns (and `P ≥ L` ns) |
+//! | 65,534 | 16 | 32 | 14,685,095 ns (14.69 ms) |
+//! | 524,286 | 19 | 26 | 0.94 s |
+//! | 1,048,574 | 20 | 24 | 3.76 s |
+//! | 16,777,214 | 24 | 16 | 16.0 min |
+//! | 1,073,741,822 | 30 | 4 | 45.6 days (`365 days / 8`) |
 //!
-//! Other policies are rejected with [`PolicyError::Unrepresentable`].
+//! A limit of the form `2^c − 1` takes the next row's width: 1,023 needs
+//! `P ≥ 14,341 ns`, 65,535 needs `P ≥ 58,740,378 ns` (58.74 ms), and `2^30 − 1` does
+//! not fit. Other policies are rejected with [`PolicyError::Unrepresentable`].
+//!
+//! # Refunds
+//!
+//! [`Algorithm::refund`] of `n` units at `now` gives back `min(n, cur)` from `cur`,
+//! the count of the window a charge at `now` goes to (`now`'s window, or the stored
+//! one when `now` reads earlier), keeping that window and `prev`. Once the window has
+//! moved on, the charge is part of `prev` and weighs only `⌊prev·(P − e)/P⌋`, fading;
+//! a refund then gives nothing back (`None`), as it does when `cur` or `n` is 0. So
+//! `check(n)` then `refund(n)` at one instant leaves a state that decides like the one
+//! before.
 
 use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
@@ -101,7 +114,7 @@ pub struct SlidingWindowState {
 const _: () = assert!(core::mem::size_of::<SlidingWindowState>() == 8);
 
 const ALLOWED: &str =
-    "sliding window: limit < 2^30 and 2^(63 − 2·bits(limit)) · period ≥ 365 days \
+    "sliding window: limit ≤ 2^30 − 2 and 2^(63 − 2·bits(limit + 1)) · period ≥ 365 days \
                        (see the table in floodgate::sliding_window)";
 
 /// What a state means at `now`.
@@ -122,7 +135,7 @@ impl SlidingWindow {
     ///
     /// # Errors
     ///
-    /// [`PolicyError::Unrepresentable`] when the limit needs more than 30 bits
+    /// [`PolicyError::Unrepresentable`] when the limit is above `2^30 − 2`
     /// (`field: "limit"`) or the period is below the table's smallest for that limit
     /// (`field: "period"`).
     ///
@@ -161,7 +174,8 @@ impl SlidingWindow {
         self.policy
     }
 
-    /// Bits of each counter (`c`); the window index has `64 − 2c`.
+    /// Bits of each counter (`c`, the bit length of `L + 1`); the window index has
+    /// `64 − 2c`.
     ///
     /// # Examples
     ///
@@ -174,8 +188,8 @@ impl SlidingWindow {
         self.layout.count_bits()
     }
 
-    /// A state for window `window` (stored modulo `2^k`) with counts `prev` and `cur`
-    /// (each clamped to the counter's width).
+    /// A state for window `window` (stored modulo `2^k`) with counts `prev` and `cur`,
+    /// each clamped to `2^c − 2 ≥ L`, the largest a counter holds.
     ///
     /// # Examples
     ///
@@ -185,7 +199,7 @@ impl SlidingWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn state(&self, window: u64, prev: u64, cur: u64) -> SlidingWindowState {
-        let max = (1u64 << self.layout.count_bits()) - 1;
+        let max = self.layout.count_max();
         SlidingWindowState {
             packed: self.layout.pack2(window, prev.min(max), cur.min(max)),
         }
@@ -343,6 +357,7 @@ impl Algorithm for SlidingWindow {
             None => 0,
         };
         if weighted < bound {
+            // cur + n ≤ L ≤ 2^c − 2: the lowest counter is never all ones.
             let cur = v.cur + n;
             // remaining = L − cur − ⌊X/P⌋, from the same bound.
             let (h, unit) = self.headroom_below(bound, weighted);
@@ -371,9 +386,43 @@ impl Algorithm for SlidingWindow {
         v.prev == 0 && v.cur == 0
     }
 
+    /// Gives back `min(cost, cur)` units from `cur`, the count of the window a charge
+    /// at `now` goes to (`now`'s window, or the stored one when `now` reads earlier),
+    /// keeping that window and `prev`. Once the window has moved on, the charge is part
+    /// of `prev`, weighs only `⌊prev·(P − e)/P⌋` and fades: nothing is given back
+    /// (`None`), as when `cur` or `cost` is 0. A charge refunded at the same instant
+    /// leaves a state that decides like the one before it, at that instant and later.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Nanos, Policy, SlidingWindow};
+    /// let sw = SlidingWindow::new(Policy::per_minute(10)?)?;
+    /// let now = Nanos::from_secs(75);
+    /// let s = sw.state(1, 2, 4);
+    /// assert_eq!(sw.refund(s, now, 3), Some(sw.state(1, 2, 1)));
+    /// assert_eq!(sw.refund(s, now, 9), Some(sw.state(1, 2, 0))); // prev is kept
+    /// // In the next window the 4 units are `prev`, fading: nothing is given back.
+    /// assert_eq!(sw.refund(s, Nanos::from_secs(130), 3), None);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund(
+        &self,
+        state: SlidingWindowState,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<SlidingWindowState> {
+        let v = self.view(state, now.as_u64());
+        let back = u64::from(cost).min(v.cur);
+        // Only cur shrinks, in the window it counts in: every field stays ≤ count_max.
+        (back > 0).then(|| SlidingWindowState {
+            packed: self.layout.pack2(v.window, v.prev, v.cur - back),
+        })
+    }
+
     /// Same period: the counts that weigh at `now` carry over, re-packed for the new
     /// limit. A count wider than the new counters is clamped to their maximum
-    /// (`2^c − 1 ≥ L`): the current window stays full, but a clamped `prev` fades
+    /// (`2^c − 2 ≥ L`): the current window stays full, but a clamped `prev` fades
     /// faster than the original would have. Another period: fresh windows.
     fn carry_over(
         &self,
@@ -532,9 +581,9 @@ mod tests {
     fn policies_at_the_edges_of_the_table() {
         let min16 = crate::YEAR_NANOS.div_ceil(1 << 31);
         assert_eq!(min16, 14_685_095);
-        let ok = SlidingWindow::new(Policy::new(65_535, Duration::from_nanos(min16)).unwrap());
+        let ok = SlidingWindow::new(Policy::new(65_534, Duration::from_nanos(min16)).unwrap());
         assert_eq!(ok.unwrap().count_bits(), 16);
-        let err = SlidingWindow::new(Policy::new(65_535, Duration::from_nanos(min16 - 1)).unwrap());
+        let err = SlidingWindow::new(Policy::new(65_534, Duration::from_nanos(min16 - 1)).unwrap());
         assert!(matches!(
             err,
             Err(PolicyError::Unrepresentable {
@@ -543,16 +592,36 @@ mod tests {
                 ..
             }) if value == min16 - 1
         ));
+        // 65,535 = 2^16 − 1 takes 17-bit counters (k = 30): P ≥ ⌈year / 2^29⌉.
+        let min17 = crate::YEAR_NANOS.div_ceil(1 << 29);
+        assert_eq!(min17, 58_740_378);
+        let at = |limit: u64, p: u64| {
+            SlidingWindow::new(Policy::new(limit, Duration::from_nanos(p)).unwrap())
+        };
+        assert_eq!(at(65_535, min17).unwrap().count_bits(), 17);
+        assert!(at(65_535, min17 - 1).is_err());
+        assert!(at(65_535, min16).is_err());
+        // The table's first row: 1,022 at 3,586 ns; 1,023 needs 14,341 ns.
+        assert_eq!(at(1_022, 3_586).unwrap().count_bits(), 10);
+        assert!(at(1_022, 3_585).is_err());
+        assert_eq!(at(1_023, 14_341).unwrap().count_bits(), 11);
+        assert!(at(1_023, 14_340).is_err());
         let p = crate::YEAR_NANOS / 8;
         let eighth = Duration::from_nanos(p);
-        assert!(SlidingWindow::new(Policy::new((1 << 30) - 1, eighth).unwrap()).is_ok());
-        assert!(SlidingWindow::new(Policy::new((1 << 30) - 1, eighth / 2).unwrap()).is_err());
-        assert!(matches!(
-            SlidingWindow::new(Policy::new(1 << 30, eighth * 16).unwrap()),
-            Err(PolicyError::Unrepresentable { field: "limit", .. })
-        ));
+        assert_eq!(p, 3_942_000_000_000_000);
+        assert!(SlidingWindow::new(Policy::new((1 << 30) - 2, eighth).unwrap()).is_ok());
+        assert!(SlidingWindow::new(
+            Policy::new((1 << 30) - 2, eighth - Duration::from_nanos(1)).unwrap()
+        )
+        .is_err());
+        for limit in [(1 << 30) - 1, 1 << 30] {
+            assert!(matches!(
+                SlidingWindow::new(Policy::new(limit, eighth * 16).unwrap()),
+                Err(PolicyError::Unrepresentable { field: "limit", value, .. }) if value == limit
+            ));
+        }
         // The largest limit: k = 4, an index looks earlier after 8 idle windows (1 year).
-        let f = sw((1 << 30) - 1, eighth);
+        let f = sw((1 << 30) - 2, eighth);
         assert_eq!(f.count_bits(), 30);
         let s = f.state(0, 0, 1);
         assert!(!f.is_idle(s, Nanos::new(2 * p - 1)));
@@ -583,9 +652,9 @@ mod tests {
             big.fields(big.carry_over(&old, s, Nanos::new(3 * S))),
             (4, 3, 6)
         );
-        // A smaller limit clamps to its 2-bit counters.
-        let small = sw(3, Duration::from_secs(1));
-        assert_eq!(small.fields(small.carry_over(&old, s, now)), (4, 3, 3));
+        // A smaller limit clamps to its 2-bit counters' maximum, 2^2 − 2.
+        let small = sw(2, Duration::from_secs(1));
+        assert_eq!(small.fields(small.carry_over(&old, s, now)), (4, 2, 2));
         assert!(!small
             .decide(small.carry_over(&old, s, now), now, 1)
             .0
@@ -600,6 +669,38 @@ mod tests {
             big.carry_over(&old, s, Nanos::new(6 * S)),
             SlidingWindowState::default()
         );
+    }
+
+    #[test]
+    fn refunds_give_back_from_the_current_count() {
+        // 10 per second; window 4 holds prev 6 (of window 3) and cur 5.
+        let f = sw(10, Duration::from_secs(1));
+        let s = f.state(4, 6, 5);
+        let now = Nanos::new(4 * S + S / 2);
+        // ⌊6·0.5⌋ + 5 = 8 → remaining 2; 3 back: ⌊6·0.5⌋ + 2 = 5 → remaining 5.
+        assert_eq!(f.decide(s, now, 0).0.remaining(), 2);
+        let r = f.refund(s, now, 3).unwrap();
+        assert_eq!(f.fields(r), (4, 6, 2));
+        assert_eq!(f.decide(r, now, 0).0.remaining(), 5);
+        // More than cur: down to zero, prev untouched.
+        let r = f.refund(s, now, 9).unwrap();
+        assert_eq!(f.fields(r), (4, 6, 0));
+        assert_eq!(f.decide(r, now, 0).0.remaining(), 7);
+        // Nothing current: cost 0, cur 0, a fresh state.
+        assert_eq!(f.refund(s, now, 0), None);
+        assert_eq!(f.refund(f.state(4, 6, 0), now, 1), None);
+        assert_eq!(f.refund(SlidingWindowState::default(), now, 1), None);
+        // One window on, the 5 units are prev and fade: nothing is given back.
+        assert_eq!(f.refund(s, Nanos::new(5 * S), 1), None);
+        assert_eq!(f.refund(s, Nanos::new(9 * S), u32::MAX), None);
+        // An earlier reading charges the stored window's cur, so it refunds there.
+        let r = f.refund(s, Nanos::new(3 * S), 2).unwrap();
+        assert_eq!(f.fields(r), (4, 6, 3));
+        // A charge and its refund through the decision: back to the same fields.
+        let (_, c) = f.decide(s, Nanos::new(5 * S - 1), 1);
+        let c = c.unwrap();
+        assert_eq!(f.fields(c), (4, 6, 6));
+        assert_eq!(f.refund(c, Nanos::new(5 * S - 1), 1), Some(s));
     }
 
     #[test]

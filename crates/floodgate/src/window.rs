@@ -5,8 +5,8 @@
 //! # Window state in a word
 //!
 //! A window state is `window index mod 2^k` followed by one or two counters of `c`
-//! bits each, where `c` is the bit length of the limit `L` (so every count `≤ L` fits)
-//! and `k = 64 − c` (fixed window) or `k = 64 − 2c` (sliding window counter):
+//! bits each, where `c` is the bit length of `L + 1` and `k = 64 − c` (fixed window)
+//! or `k = 64 − 2c` (sliding window counter):
 //!
 //! ```text
 //! fixed window     | window mod 2^k (k = 64 − c)   | count (c) |
@@ -23,6 +23,18 @@
 //! `2^(k−1) · P ≥ 1 year`. They also need `2^(k−1)` above the number of windows a
 //! count weighs (1 for the fixed window, 2 for the sliding counter) so that an old
 //! count is ever forgotten: `k ≥ 2` and `k ≥ 3`.
+//!
+//! # No counter is ever all ones
+//!
+//! `c` is the bit length of `L + 1`, not of `L`, so `L ≤ 2^c − 2`: every count `≤ L`
+//! fits *and leaves its field short of all ones*. (This costs a bit only when
+//! `L = 2^c − 1`.) Every state a window algorithm builds keeps each counter
+//! `≤ 2^c − 2` (`WindowLayout::count_max`): an admission stores a count `≤ L`, a
+//! refund only lowers one, and a state built from given counts (`state()`, a policy
+//! change) clamps them to `count_max`. So no window state is the all-ones word, which
+//! the keyed table reserves as its *dead* word for retired entries (a transition that
+//! stored it would be refused there). With `c` = bit length of `L`, a full counter of
+//! `L = 2^c − 1` in a window `≡ −1 (mod 2^k)` was exactly that word.
 
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
@@ -151,7 +163,8 @@ impl WindowLayout {
         allowed: &'static str,
     ) -> Result<WindowLayout, PolicyError> {
         let limit = policy.limit();
-        let count_bits = u64::BITS - limit.leading_zeros();
+        // The bit length of L + 1 (L ≤ 2^62): a count ≤ L never fills its field.
+        let count_bits = u64::BITS - (limit + 1).leading_zeros();
         let window_shift = counters * count_bits;
         // k = 64 − shift ≥ counters + 1: some index is "ahead" by more than the
         // windows a count weighs in.
@@ -187,6 +200,12 @@ impl WindowLayout {
         self.count_bits
     }
 
+    /// The largest value a counter holds, `2^c − 2 ≥ L`: one short of all ones, so
+    /// that no state is the keyed table's dead word.
+    pub(crate) const fn count_max(&self) -> u64 {
+        self.count_mask - 1
+    }
+
     /// Width of the window index in bits (`k`).
     #[cfg(test)]
     pub(crate) const fn window_bits(&self) -> u32 {
@@ -212,7 +231,7 @@ impl WindowLayout {
     }
 
     /// Packs a window (any `u64`, reduced mod `2^k`) and counters already shifted into
-    /// place (`≤ count_mask` each).
+    /// place (`≤ count_max` each).
     #[inline(always)]
     pub(crate) fn pack(&self, window: u64, counters: u64) -> u64 {
         ((window & self.window_mask) << self.window_shift) | counters
@@ -240,6 +259,7 @@ impl WindowLayout {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::{Algorithm, FixedWindow, Nanos, SlidingWindow};
     use core::time::Duration;
     use proptest::prelude::*;
 
@@ -311,6 +331,81 @@ mod tests {
         }
     }
 
+    /// The refund property both window algorithms share: `decide(before, now, n)`, then
+    /// a refund of `n` at `now` if it admitted, leaves a state that decides like `before`
+    /// for every cost up to `max_cost`, at `now` and at `now + later`.
+    fn check_refund_undoes_the_charge<A: Algorithm>(
+        algorithm: &A,
+        before: A::State,
+        now: Nanos,
+        n: u32,
+        later: u64,
+        max_cost: u32,
+    ) -> Result<(), TestCaseError> {
+        let (decision, charged) = algorithm.decide(before, now, n);
+        let after = match charged {
+            Some(charged) => {
+                let refunded = algorithm.refund(charged, now, n);
+                prop_assert!(decision.is_allowed());
+                prop_assert!(refunded.is_some(), "an admitted charge is refundable");
+                refunded.unwrap_or(charged)
+            }
+            None => before,
+        };
+        for t in [now, Nanos::new(now.as_u64() + later)] {
+            prop_assert_eq!(algorithm.is_idle(after, t), algorithm.is_idle(before, t));
+            for cost in 0..=max_cost {
+                prop_assert_eq!(
+                    algorithm.decide(after, t, cost).0,
+                    algorithm.decide(before, t, cost).0
+                );
+            }
+        }
+        Ok(())
+    }
+
+    // Ignored under Miri (see above).
+    proptest! {
+        /// Both window algorithms: a charge refunded at the same instant leaves a state
+        /// that decides like the original, at that instant and after (up to a few
+        /// windows later); any refund keeps the stored window (and `prev`) and gives
+        /// back between 1 and `cost` units.
+        #[test]
+        #[cfg_attr(miri, ignore)]
+        fn window_refunds_undo_a_charge_at_the_same_instant(
+            limit in 1u64..12,
+            window in 0u64..8,
+            prev in 0u64..14,
+            cur in 0u64..14,
+            at in 0u64..8_000_000_000,
+            n in 0u32..14,
+            later in 0u64..4_000_000_000,
+        ) {
+            let policy = Policy::new(limit, Duration::from_secs(1)).unwrap();
+            let now = Nanos::new(2_000_000_000 + at);
+            let max_cost = limit as u32 + 1;
+
+            let f = FixedWindow::new(policy).unwrap();
+            let before = f.state(window, cur);
+            check_refund_undoes_the_charge(&f, before, now, n, later, max_cost)?;
+            if let Some(r) = f.refund(before, now, n) {
+                prop_assert_eq!(f.window_of(r), f.window_of(before));
+                let back = f.count_of(before) - f.count_of(r);
+                prop_assert!(back >= 1 && back <= u64::from(n));
+            }
+
+            let s = SlidingWindow::new(policy).unwrap();
+            let before = s.state(window, prev, cur);
+            check_refund_undoes_the_charge(&s, before, now, n, later, max_cost)?;
+            if let Some(r) = s.refund(before, now, n) {
+                let (w0, p0, c0) = s.fields(before);
+                let (w1, p1, c1) = s.fields(r);
+                prop_assert_eq!((w1, p1), (w0, p0));
+                prop_assert!(c0 - c1 >= 1 && c0 - c1 <= u64::from(n));
+            }
+        }
+    }
+
     fn layout(limit: u64, period: Duration, counters: u32) -> Result<WindowLayout, PolicyError> {
         WindowLayout::for_policy(&Policy::new(limit, period).unwrap(), counters, "test")
     }
@@ -321,8 +416,42 @@ mod tests {
         assert_eq!((l.count_bits(), l.window_bits()), (4, 60));
         let l = layout(10, Duration::from_secs(1), 2).unwrap();
         assert_eq!((l.count_bits(), l.window_bits()), (4, 56));
-        let l = layout(u64::from(u32::MAX), Duration::from_secs(5), 1).unwrap();
+        // c is the bit length of L + 1: 14 still fits 4 bits, 15 = 2^4 − 1 needs 5.
+        let l = layout(14, Duration::from_secs(1), 1).unwrap();
+        assert_eq!((l.count_bits(), l.count_max()), (4, 14));
+        let l = layout(15, Duration::from_secs(1), 1).unwrap();
+        assert_eq!((l.count_bits(), l.count_max()), (5, 30));
+        let l = layout(u64::from(u32::MAX) - 1, Duration::from_secs(5), 1).unwrap();
         assert_eq!((l.count_bits(), l.window_bits()), (32, 32));
+        let l = layout(u64::from(u32::MAX), Duration::from_secs(5), 1).unwrap();
+        assert_eq!((l.count_bits(), l.window_bits()), (33, 31));
+    }
+
+    #[test]
+    fn no_counter_reaches_all_ones() {
+        // For every limit near a power of two, the fullest state in the window whose
+        // index is all ones is not the all-ones word.
+        let period = Duration::from_secs(400 * 86_400);
+        for c in 1..=31u32 {
+            let limits = [(1u64 << c) - 2, (1 << c) - 1, 1 << c];
+            for limit in limits.into_iter().filter(|&l| l >= 1) {
+                for counters in [1, 2] {
+                    let Ok(l) = layout(limit, period, counters) else {
+                        // Only the sliding counter's limit edge: two 31-bit counters.
+                        assert!(counters == 2 && limit >= (1 << 30) - 1, "L = {limit}");
+                        continue;
+                    };
+                    assert!(l.count_max() >= limit && l.count_max() < l.count_mask);
+                    let max = l.count_max();
+                    let full = if counters == 1 {
+                        l.pack(u64::MAX, max)
+                    } else {
+                        l.pack2(u64::MAX, max, max)
+                    };
+                    assert_ne!(full, u64::MAX, "L = {limit}, {counters} counters");
+                }
+            }
+        }
     }
 
     #[test]
@@ -330,31 +459,42 @@ mod tests {
         // k = 32 (two 16-bit counters): wraps after 2^31 windows, P ≥ ⌈year / 2^31⌉.
         let min = YEAR_NANOS.div_ceil(1 << 31);
         assert_eq!(min, 14_685_095);
-        assert!(layout(65_535, Duration::from_nanos(min), 2).is_ok());
+        assert!(layout(65_534, Duration::from_nanos(min), 2).is_ok());
         assert_eq!(
-            layout(65_535, Duration::from_nanos(min - 1), 2),
+            layout(65_534, Duration::from_nanos(min - 1), 2),
             Err(PolicyError::Unrepresentable {
                 field: "period",
                 value: min - 1,
                 allowed: "test"
             })
         );
+        // 65,535 = 2^16 − 1 takes 17-bit counters, k = 30: P ≥ ⌈year / 2^29⌉.
+        let min17 = YEAR_NANOS.div_ceil(1 << 29);
+        assert_eq!(min17, 58_740_378);
+        assert_eq!(
+            layout(65_535, Duration::from_nanos(min17), 2)
+                .unwrap()
+                .window_bits(),
+            30
+        );
+        assert!(layout(65_535, Duration::from_nanos(min17 - 1), 2).is_err());
         // Two counters of 30 bits leave k = 4: wraps after 8 windows, P ≥ year / 8.
-        let limit = (1 << 30) - 1;
+        let limit = (1 << 30) - 2;
         let eighth = Duration::from_nanos(YEAR_NANOS / 8);
         assert_eq!(layout(limit, eighth, 2).unwrap().window_bits(), 4);
         assert!(layout(limit, eighth - Duration::from_nanos(1), 2).is_err());
         // Two 31-bit counters would leave k = 2: a count could never be forgotten.
         assert_eq!(
-            layout(1 << 30, Duration::from_secs(3 * 365 * 86_400), 2),
+            layout((1 << 30) - 1, Duration::from_secs(3 * 365 * 86_400), 2),
             Err(PolicyError::Unrepresentable {
                 field: "limit",
-                value: 1 << 30,
+                value: (1 << 30) - 1,
                 allowed: "test"
             })
         );
         // One 62-bit counter leaves k = 2, enough for the fixed window; 63 bits do not.
-        assert!(layout((1 << 62) - 1, Duration::from_nanos((1 << 62) - 1), 1).is_ok());
+        assert!(layout((1 << 62) - 2, Duration::from_nanos((1 << 62) - 2), 1).is_ok());
+        assert!(layout((1 << 62) - 1, Duration::from_nanos((1 << 62) - 1), 1).is_err());
         assert!(layout(1 << 62, Duration::from_nanos(1 << 62), 1).is_err());
     }
 

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::{
-    Algorithm, Gcra, KeyedBuilder, KeyedLimiter, LeakyBucket, ManualClock, Nanos, Policy,
-    RateLimiter, TokenBucket,
+    Algorithm, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, LeakyBucket, ManualClock, Nanos,
+    Policy, RateLimiter, SlidingWindow, TokenBucket,
 };
 use proptest::prelude::*;
 
@@ -332,4 +332,60 @@ fn a_full_sweep_reclaims_every_idle_key() {
     // Removals shift later entries back into swept slots: every one must still go.
     assert_eq!(limiter.reclaim_idle(), 1_000);
     assert_eq!(limiter.metrics().live_keys, 0);
+}
+
+/// The keyed table retires entries by storing the all-ones word, and refuses any
+/// transition that would store it. With counters as wide as the bit length of `L`, a
+/// full count of `L = 2^c − 1` in a window `≡ −1 (mod 2^k)` packed to exactly that word,
+/// so the admission that filled the window was refused through the keyed limiter
+/// alone. Counters are now one bit wider for such limits: the admission is granted,
+/// as with a plain `RateLimiter`.
+#[test]
+fn a_full_window_never_packs_to_the_dead_word() {
+    // L = 3 = 2^2 − 1 per 4 ns; window w = 2^62 − 1 ≡ −1 (mod 2^k) for every k ≤ 62
+    // starts at 4·w = 2^64 − 4 ns, and its last instant is u64::MAX.
+    let w = (1u64 << 62) - 1;
+    let start = Nanos::new(4 * w);
+    let policy = Policy::new(3, Duration::from_nanos(4)).unwrap();
+
+    // Fixed window: the old packing {w mod 2^62, count 3 in 2 bits} was all ones.
+    assert_eq!((w << 2) | 3, u64::MAX);
+    let fw = FixedWindow::new(policy).unwrap();
+    assert_eq!(fw.count_bits(), 3);
+    let clock = ManualClock::starting_at(start);
+    let limiter = keyed::<u64, _>(fw, 16, &clock);
+    let direct = RateLimiter::with_clock(fw, clock.clone());
+    let first = limiter.check_n(&9, 2);
+    assert_eq!(first, direct.check_n(2));
+    clock.advance(Duration::from_nanos(3));
+    let filling = limiter.check_n(&9, 1);
+    assert!(filling.is_allowed(), "the admission that fills the window");
+    assert_eq!(filling.remaining(), 0);
+    assert_eq!(filling, direct.check_n(1));
+    assert_eq!(
+        (fw.window_of(direct.state()), fw.count_of(direct.state())),
+        (w % (1 << 61), 3)
+    );
+    let over = limiter.check_n(&9, 1);
+    assert!(!over.is_allowed());
+    assert_eq!(over.retry_after(), Some(Duration::from_nanos(1)));
+    assert_eq!(over, direct.check_n(1));
+
+    // Sliding window counter: the old packing {w mod 2^60, prev 3, cur 3} was all ones.
+    assert_eq!(((w % (1 << 60)) << 4) | (3 << 2) | 3, u64::MAX);
+    let sw = SlidingWindow::new(policy).unwrap();
+    assert_eq!(sw.count_bits(), 3);
+    let clock = ManualClock::starting_at(Nanos::new(4 * (w - 1)));
+    let limiter = keyed::<u64, _>(sw, 16, &clock);
+    let direct = RateLimiter::with_clock(sw, clock.clone());
+    assert_eq!(limiter.check_n(&9, 3), direct.check_n(3));
+    // The last instant of window w: prev = 3 weighs ⌊3·1/4⌋ = 0, so 3 more fit.
+    clock.set(Nanos::new(u64::MAX));
+    let filling = limiter.check_n(&9, 3);
+    assert!(filling.is_allowed(), "the admission that fills the window");
+    assert_eq!(filling, direct.check_n(3));
+    assert_eq!(sw.fields(direct.state()), (w % (1 << 58), 3, 3));
+    let over = limiter.check_n(&9, 1);
+    assert!(!over.is_allowed());
+    assert_eq!(over, direct.check_n(1));
 }

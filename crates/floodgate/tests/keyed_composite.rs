@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use floodgate::keyed::composite::{check_all, Limit};
 use floodgate::keyed::plans::{PlanLimiter, Plans};
-use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy, RateLimiter};
+use floodgate::{
+    FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow,
+};
 
 fn keyed<K: std::hash::Hash + Eq + Send + Sync + 'static>(
     policy: Policy,
@@ -45,6 +48,49 @@ fn a_denial_charges_nothing_anywhere() {
         let _ = twin.check();
     }
     assert_eq!(global.state(), twin.state());
+}
+
+#[test]
+fn window_limits_denied_elsewhere_keep_their_counts() {
+    // 1:15 into the clock: window 1 of the per-minute windows.
+    let clock = ManualClock::starting_at(Nanos::from_secs(75));
+    let per_minute = |l| Policy::per_minute(l).unwrap();
+    let window = RateLimiter::with_clock(FixedWindow::new(per_minute(5)).unwrap(), clock.clone());
+    let sliding =
+        RateLimiter::with_clock(SlidingWindow::new(per_minute(5)).unwrap(), clock.clone());
+    let per_user: KeyedLimiter<u64, FixedWindow, ManualClock> =
+        KeyedBuilder::new(FixedWindow::new(per_minute(10)).unwrap())
+            .capacity(1_000)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    // Two units per minute, charged last: it denies the third request.
+    let strict = RateLimiter::gcra_with_clock(per_minute(2), clock.clone());
+    let limits: [&dyn Limit; 4] = [&window, &sliding, &per_user.limit(&7), &strict];
+    assert!(check_all(&limits, 1).is_allowed());
+    clock.advance(Duration::from_secs(1));
+    assert!(check_all(&limits, 1).is_allowed());
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        let denied = check_all(&limits, 1);
+        assert!(!denied.is_allowed());
+    }
+    // The windows were charged and refunded three times: their counts are unchanged.
+    let fw = window.algorithm();
+    assert_eq!(
+        (fw.window_of(window.state()), fw.count_of(window.state())),
+        (1, 2)
+    );
+    assert_eq!(window.peek(0).remaining(), 3);
+    assert_eq!(sliding.algorithm().fields(sliding.state()), (1, 0, 2));
+    assert_eq!(sliding.peek(0).remaining(), 3);
+    assert_eq!(per_user.peek(&7, 0).remaining(), 8);
+    // A larger cost is refunded whole too.
+    let denied = check_all(&limits, 3);
+    assert!(!denied.is_allowed());
+    assert_eq!(fw.count_of(window.state()), 2);
+    assert_eq!(sliding.algorithm().fields(sliding.state()), (1, 0, 2));
+    assert_eq!(per_user.peek(&7, 0).remaining(), 8);
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //! took nothing) — never the reverse: no request is admitted beyond any single
 //! limit. A GCRA refund removes exactly the units charged while the limit's `TAT`
 //! stayed ahead of the clock (the usual case: the refund follows within
-//! microseconds); otherwise it returns at most the units charged. A keyed entry
+//! microseconds); otherwise it returns at most the units charged. A fixed-window or
+//! sliding-window refund takes the units off the count of the window they were
+//! charged in while that window is still in force (exactly what was charged, never
+//! below zero); if the window has moved on by refund time, the charge counts less or
+//! not at all and nothing is given back. A keyed entry
 //! found removed (reclaimed or evicted) at refund time is left alone; in the rare
 //! race where it was removed *and* re-created by another request before the refund
 //! looks it up, the new entry gets the units back (at most `cost` units too many,

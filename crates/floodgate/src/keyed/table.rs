@@ -35,7 +35,9 @@
 //!    own: `check` goes to the locked path, `peek` validates the sequence number.
 //!
 //! The algorithm must never *store* the dead word; a transition that would is turned
-//! into a permanent denial (GCRA reaches it only at TAT = `u64::MAX` ns, in 2554).
+//! into a permanent denial. GCRA reaches it only at TAT = `u64::MAX` ns (in 2554); the
+//! window algorithms never do, because none of their counters is ever all ones (see
+//! [the window layout](crate::window)).
 
 #![allow(unsafe_code)]
 
