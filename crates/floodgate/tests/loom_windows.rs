@@ -1,12 +1,14 @@
 //! loom models of the window cells: racing checks (including a reading from an earlier
 //! window than the one another thread just wrote) are linearizable against the exact
-//! models, and no admission is lost.
+//! models, no admission is lost, and a composite's refund racing a check gives back
+//! exactly its own charge.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_windows`
 #![cfg(loom)]
 
 mod linearize;
 
+use floodgate::keyed::composite::check_all;
 use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow};
 use floodgate::{
     Algorithm, Decision, FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
@@ -102,5 +104,31 @@ fn sliding_window_races_across_an_edge() {
             &decisions,
             |m, &(t, n)| m.check(t, n)
         ));
+    });
+}
+
+#[test]
+fn fixed_window_refund_races_a_check() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::new(5 * P + 1));
+        let fw = FixedWindow::new(policy(3)).unwrap();
+        let window = Arc::new(RateLimiter::with_clock(fw, clock.clone()));
+        // An exhausted second limit: the composite charges the window, then refunds it.
+        let strict = RateLimiter::with_clock(FixedWindow::new(policy(1)).unwrap(), clock);
+        assert!(strict.check().is_allowed());
+        let composite = {
+            let window = Arc::clone(&window);
+            thread::spawn(move || check_all(&[&*window, &strict], 1))
+        };
+        let direct = {
+            let window = Arc::clone(&window);
+            thread::spawn(move || window.check_n(2))
+        };
+        assert!(!composite.join().unwrap().is_allowed());
+        // 1 + 2 ≤ 3: the check fits beside the held charge, and the refund (a CAS on
+        // the same word) never erases it: the window holds exactly the check's units.
+        assert!(direct.join().unwrap().is_allowed());
+        assert_eq!(fw.count_of(window.state()), 2);
+        assert_eq!(fw.window_of(window.state()), 5);
     });
 }
