@@ -63,15 +63,15 @@ mod algorithm;
 pub mod clock;
 mod decision;
 mod duration;
-mod fixed_window;
+pub mod fixed_window;
 pub mod gcra;
 pub mod keyed;
 mod limiter;
 mod policy;
 pub mod reference;
 pub mod shaping;
-mod sliding_log;
-mod sliding_window;
+pub mod sliding_log;
+pub mod sliding_window;
 mod sync;
 pub mod window;
 
