@@ -107,3 +107,8 @@ const _: () = {
     assert_send_sync::<LockedShaper>();
     assert_send_sync::<Reservation>();
 };
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
