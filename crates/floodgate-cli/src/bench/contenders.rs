@@ -294,14 +294,19 @@ fn gcra_policy() -> Policy {
 
 /// `W` on one hot key, lock-free and as its mutex twin, followed by `others`.
 pub(crate) fn hot_key<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
+    floodgate_and_twin(floodgate_hot::<W>, mutex_twin_hot::<W>, others)
+}
+
+/// floodgate's runner and its mutex twin's, followed by `others`.
+fn floodgate_and_twin(floodgate: Runner, twin: Runner, others: Vec<Contender>) -> Vec<Contender> {
     let mut contenders = vec![
         Contender {
             implementation: Implementation::Floodgate,
-            run: floodgate_hot::<W>,
+            run: floodgate,
         },
         Contender {
             implementation: Implementation::MutexTwin,
-            run: mutex_twin_hot::<W>,
+            run: twin,
         },
     ];
     contenders.extend(others);
@@ -341,18 +346,7 @@ fn keys_of(thread: usize) -> impl FnMut() -> u64 {
 
 /// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
 pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
-    let mut contenders = vec![
-        Contender {
-            implementation: Implementation::Floodgate,
-            run: floodgate_many::<W>,
-        },
-        Contender {
-            implementation: Implementation::MutexTwin,
-            run: mutex_twin_many::<W>,
-        },
-    ];
-    contenders.extend(others);
-    contenders
+    floodgate_and_twin(floodgate_many::<W>, mutex_twin_many::<W>, others)
 }
 
 /// floodgate's keyed limiter, sized for twice [`MANY_KEYS`] (nothing live is evicted).
