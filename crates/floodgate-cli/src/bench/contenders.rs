@@ -254,33 +254,41 @@ impl Workload for SlidingWindowWorkload {
 }
 
 fn fixed_window_textbook(threads: usize, run_time: Duration) -> Measurement {
-    let clock = DefaultClock::new();
-    let window = Mutex::new(TextbookFixedWindow::new(
+    textbook_window(
+        threads,
+        run_time,
         LIMIT,
-        1_000_000_000,
-        clock.now().as_u64(),
-    ));
-    let (clock, window) = (&clock, &window);
-    run_for(threads, run_time, |_| {
-        move || {
-            let now = clock.now().as_u64();
-            lock(window).allow(now, 1)
-        }
-    })
+        TextbookFixedWindow::new,
+        TextbookFixedWindow::allow,
+    )
 }
 
 fn sliding_window_textbook(threads: usize, run_time: Duration) -> Measurement {
-    let clock = DefaultClock::new();
-    let window = Mutex::new(TextbookSlidingWindow::new(
+    textbook_window(
+        threads,
+        run_time,
         SLIDING_LIMIT,
-        1_000_000_000,
-        clock.now().as_u64(),
-    ));
+        TextbookSlidingWindow::new,
+        TextbookSlidingWindow::allow,
+    )
+}
+
+/// A textbook window of `limit` per second under one mutex (`new` builds it from
+/// limit, period and now), asked with `allow` at each clock reading.
+fn textbook_window<T: Send>(
+    threads: usize,
+    run_time: Duration,
+    limit: u64,
+    new: fn(u64, u64, u64) -> T,
+    allow: fn(&mut T, u64, u64) -> bool,
+) -> Measurement {
+    let clock = DefaultClock::new();
+    let window = Mutex::new(new(limit, 1_000_000_000, clock.now().as_u64()));
     let (clock, window) = (&clock, &window);
     run_for(threads, run_time, |_| {
         move || {
             let now = clock.now().as_u64();
-            lock(window).allow(now, 1)
+            allow(&mut lock(window), now, 1)
         }
     })
 }
