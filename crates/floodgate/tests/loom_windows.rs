@@ -11,7 +11,8 @@ mod linearize;
 use floodgate::keyed::composite::check_all;
 use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow};
 use floodgate::{
-    Algorithm, Decision, FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
+    Algorithm, Decision, FixedWindow, FixedWindowState, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow,
 };
 use linearize::some_order_matches;
 use loom::sync::Arc;
@@ -54,6 +55,25 @@ fn linearizable<M: Clone>(
     some_order_matches(model, ops, decisions, |m, &(t, n)| check(m, t, n))
 }
 
+/// Races `ops` on a fixed window of `limit` per `P` and asserts the decisions are
+/// linearizable against [`ExactFixedWindow`]; returns the window, the decisions and
+/// the final state.
+fn fixed_window_race(
+    limit: u64,
+    ops: &[(u64, u32)],
+) -> (FixedWindow, Vec<Decision>, FixedWindowState) {
+    let fw = FixedWindow::new(policy(limit)).unwrap();
+    let (decisions, lim) = race(fw, ops);
+    let model = ExactFixedWindow::new(limit, P);
+    assert!(linearizable(
+        &model,
+        ops,
+        &decisions,
+        ExactFixedWindow::check
+    ));
+    (fw, decisions, lim.state())
+}
+
 fn policy(limit: u64) -> Policy {
     Policy::new(limit, Duration::from_nanos(P)).unwrap()
 }
@@ -61,36 +81,18 @@ fn policy(limit: u64) -> Policy {
 #[test]
 fn fixed_window_three_threads_race_for_two_units() {
     loom::model(|| {
-        let fw = FixedWindow::new(policy(2)).unwrap();
-        let ops = [(5 * P + 1, 1); 3];
-        let (decisions, lim) = race(fw, &ops);
+        let (fw, decisions, state) = fixed_window_race(2, &[(5 * P + 1, 1); 3]);
         assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 2);
-        assert_eq!(fw.count_of(lim.state()), 2);
-        let model = ExactFixedWindow::new(2, P);
-        assert!(linearizable(
-            &model,
-            &ops,
-            &decisions,
-            ExactFixedWindow::check
-        ));
+        assert_eq!(fw.count_of(state), 2);
     });
 }
 
 #[test]
 fn fixed_window_an_earlier_window_races_a_later_one() {
     loom::model(|| {
-        let fw = FixedWindow::new(policy(2)).unwrap();
         // Window 6 and window 5 (a late reading): whatever wins, the state stays in 6.
-        let ops = [(6 * P, 2), (5 * P + 500, 1)];
-        let (decisions, lim) = race(fw, &ops);
-        assert_eq!(fw.window_of(lim.state()), 6);
-        let model = ExactFixedWindow::new(2, P);
-        assert!(linearizable(
-            &model,
-            &ops,
-            &decisions,
-            ExactFixedWindow::check
-        ));
+        let (fw, _, state) = fixed_window_race(2, &[(6 * P, 2), (5 * P + 500, 1)]);
+        assert_eq!(fw.window_of(state), 6);
     });
 }
 
