@@ -134,17 +134,18 @@ fn references(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, path: Pa
 
 /// One window algorithm's group: floodgate's cell, its mutex twin and the textbook
 /// window (`textbook` builds it from limit, period and now; `allow` asks it).
-fn window<A, T>(
+fn window<A, T, F>(
     c: &mut Criterion,
     name: &str,
     threads: usize,
     path: Path,
     engine: fn(Policy) -> A,
     textbook: fn(u64, u64, u64) -> T,
-    allow: fn(&mut T, u64, u64) -> bool,
+    allow: F,
 ) where
     A: Algorithm,
     T: Send,
+    F: Fn(&mut T, u64, u64) -> bool + Sync,
 {
     let mut group = c.benchmark_group(group_name(threads, name, path));
     let policy = path.policy();

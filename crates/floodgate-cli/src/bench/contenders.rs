@@ -280,11 +280,11 @@ fn textbook_window<T: Send>(
     run_time: Duration,
     limit: u64,
     new: fn(u64, u64, u64) -> T,
-    allow: fn(&mut T, u64, u64) -> bool,
+    allow: impl Fn(&mut T, u64, u64) -> bool + Sync,
 ) -> Measurement {
     let clock = DefaultClock::new();
     let window = Mutex::new(new(limit, 1_000_000_000, clock.now().as_u64()));
-    let (clock, window) = (&clock, &window);
+    let (clock, window, allow) = (&clock, &window, &allow);
     run_for(threads, run_time, |_| {
         move || {
             let now = clock.now().as_u64();
