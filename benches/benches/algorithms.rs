@@ -29,7 +29,8 @@ use floodgate::reference::{
     TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
 };
 use floodgate::{
-    Clock, DefaultClock, FixedWindow, Gcra, Policy, RateLimiter, Shaper, SlidingLog, SlidingWindow,
+    Algorithm, Clock, DefaultClock, FixedWindow, Gcra, Policy, RateLimiter, Shaper, SlidingLog,
+    SlidingWindow,
 };
 use floodgate_benches::run_threads;
 
@@ -131,60 +132,67 @@ fn references(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, path: Pa
     });
 }
 
-fn fixed_window(c: &mut Criterion, threads: usize, path: Path) {
-    let mut group = c.benchmark_group(group_name(threads, "fixed_window", path));
+/// One window algorithm's group: floodgate's cell, its mutex twin and the textbook
+/// window (`textbook` builds it from limit, period and now; `allow` asks it).
+fn window<A, T, F>(
+    c: &mut Criterion,
+    name: &str,
+    threads: usize,
+    path: Path,
+    engine: fn(Policy) -> A,
+    textbook: fn(u64, u64, u64) -> T,
+    allow: F,
+) where
+    A: Algorithm,
+    T: Send,
+    F: Fn(&mut T, u64, u64) -> bool + Sync,
+{
+    let mut group = c.benchmark_group(group_name(threads, name, path));
     let policy = path.policy();
-    let atomic = RateLimiter::new(FixedWindow::new(policy).expect("fits"));
+    let atomic = RateLimiter::new(engine(policy));
     contender(&mut group, "floodgate", threads, path, || {
         atomic.check().is_allowed()
     });
-    let twin = RateLimiter::locked_with_clock(
-        FixedWindow::new(policy).expect("fits"),
-        DefaultClock::new(),
-    );
+    let twin = RateLimiter::locked_with_clock(engine(policy), DefaultClock::new());
     contender(&mut group, "mutex_twin", threads, path, || {
         twin.check().is_allowed()
     });
     let clock = DefaultClock::new();
-    let textbook = Mutex::new(TextbookFixedWindow::new(
+    let textbook = Mutex::new(textbook(
         policy.limit(),
         policy.period_nanos(),
         clock.now().as_u64(),
     ));
     contender(&mut group, "textbook_mutex", threads, path, || {
         let now = clock.now().as_u64();
-        textbook.lock().expect("unpoisoned").allow(now, 1)
+        allow(&mut textbook.lock().expect("unpoisoned"), now, 1)
     });
     references(&mut group, threads, path);
     group.finish();
 }
 
-fn sliding_window(c: &mut Criterion, threads: usize, path: Path) {
-    let mut group = c.benchmark_group(group_name(threads, "sliding_window", path));
-    let policy = path.policy();
-    let atomic = RateLimiter::new(SlidingWindow::new(policy).expect("fits"));
-    contender(&mut group, "floodgate", threads, path, || {
-        atomic.check().is_allowed()
-    });
-    let twin = RateLimiter::locked_with_clock(
-        SlidingWindow::new(policy).expect("fits"),
-        DefaultClock::new(),
+fn fixed_window(c: &mut Criterion, threads: usize, path: Path) {
+    window(
+        c,
+        "fixed_window",
+        threads,
+        path,
+        |policy| FixedWindow::new(policy).expect("fits"),
+        TextbookFixedWindow::new,
+        TextbookFixedWindow::allow,
     );
-    contender(&mut group, "mutex_twin", threads, path, || {
-        twin.check().is_allowed()
-    });
-    let clock = DefaultClock::new();
-    let textbook = Mutex::new(TextbookSlidingWindow::new(
-        policy.limit(),
-        policy.period_nanos(),
-        clock.now().as_u64(),
-    ));
-    contender(&mut group, "textbook_mutex", threads, path, || {
-        let now = clock.now().as_u64();
-        textbook.lock().expect("unpoisoned").allow(now, 1)
-    });
-    references(&mut group, threads, path);
-    group.finish();
+}
+
+fn sliding_window(c: &mut Criterion, threads: usize, path: Path) {
+    window(
+        c,
+        "sliding_window",
+        threads,
+        path,
+        |policy| SlidingWindow::new(policy).expect("fits"),
+        TextbookSlidingWindow::new,
+        TextbookSlidingWindow::allow,
+    );
 }
 
 fn sliding_log(c: &mut Criterion, threads: usize, path: Path) {

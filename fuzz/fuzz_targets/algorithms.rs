@@ -94,6 +94,25 @@ impl Span {
     }
 }
 
+/// One check of `cost` at `now` on the atomic cell and on the mutex twin: both must
+/// decide as the model did (`model`, for `op`) and hold equal states after.
+fn check_cells<A: Algorithm>(
+    alg: &A,
+    atomic: &AtomicCell<A::State>,
+    locked: &LockedCell<A::State>,
+    now: u64,
+    cost: u32,
+    model: Decision,
+    op: &Op,
+) {
+    let t = Nanos::new(now);
+    let a = atomic.apply(alg, t, cost);
+    let l = locked.apply(alg, t, cost);
+    assert_eq!(a, model, "atomic vs model: {op:?} at {now}");
+    assert_eq!(l, model, "twin vs model: {op:?} at {now}");
+    assert_eq!(StateCell::<_>::load(atomic), locked.load());
+}
+
 /// A window algorithm: atomic cell, mutex twin and model on the same operations. A
 /// policy change starts the windows fresh (the engine's rule for windows).
 fn windows<A: Algorithm, M>(
@@ -129,12 +148,8 @@ fn windows<A: Algorithm, M>(
                 }
             }
             Op::Check(cost) => {
-                let a = atomic.apply(&alg, t, cost);
-                let l = locked.apply(&alg, t, cost);
                 let m = check(&mut model, now, cost);
-                assert_eq!(a, m, "atomic vs model: {op:?} at {now}");
-                assert_eq!(l, m, "twin vs model: {op:?} at {now}");
-                assert_eq!(StateCell::<_>::load(&atomic), locked.load());
+                check_cells(&alg, &atomic, &locked, now, cost, m, op);
             }
             Op::Peek(cost) => {
                 let a = alg.decide(atomic.load(), t, cost).0;
@@ -199,13 +214,8 @@ fn gcra(policy: Policy, start: u64, ops: &[Op]) {
                 }
             }
             Op::Check(cost) => {
-                let t = Nanos::new(now);
-                let a = atomic.apply(&alg, t, cost);
-                let l = locked.apply(&alg, t, cost);
                 let m = model.check(now, cost);
-                assert_eq!(a, m, "atomic vs model: {op:?} at {now}");
-                assert_eq!(l, m, "twin vs model: {op:?} at {now}");
-                assert_eq!(StateCell::<_>::load(&atomic), locked.load());
+                check_cells(&alg, &atomic, &locked, now, cost, m, op);
             }
             Op::Peek(cost) => {
                 let t = Nanos::new(now);

@@ -43,7 +43,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
-use crate::window::{counted, saturate, Age, Reciprocal, WindowLayout};
+use crate::window::{counted, saturate, Age, WindowShape};
 
 /// The fixed-window transition for one [`Policy`] (`limit` per `period`; `burst` is
 /// not used).
@@ -69,11 +69,7 @@ use crate::window::{counted, saturate, Age, Reciprocal, WindowLayout};
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
-    limit: u64,
-    period: u64,
-    reciprocal: Reciprocal,
-    layout: WindowLayout,
-    policy: Policy,
+    shape: WindowShape,
 }
 
 /// The fixed window's packed state: `{window mod 2^k, count}` (see [`FixedWindow`]);
@@ -121,13 +117,8 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn new(policy: Policy) -> Result<FixedWindow, PolicyError> {
-        let layout = WindowLayout::for_policy(&policy, 1, ALLOWED)?;
         Ok(FixedWindow {
-            limit: policy.limit(),
-            period: policy.period_nanos(),
-            reciprocal: Reciprocal::new(policy.period_nanos()),
-            layout,
-            policy,
+            shape: WindowShape::for_policy(policy, 1, ALLOWED)?,
         })
     }
 
@@ -141,7 +132,7 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub const fn policy(&self) -> Policy {
-        self.policy
+        self.shape.policy
     }
 
     /// Bits of the count (`c`, the bit length of `L + 1`); the window index has `64 − c`.
@@ -157,7 +148,7 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub const fn count_bits(&self) -> u32 {
-        self.layout.count_bits()
+        self.shape.layout.count_bits()
     }
 
     /// A state holding `count` units in window `window` (stored modulo `2^(64 − c)`).
@@ -172,7 +163,10 @@ impl FixedWindow {
     /// ```
     pub fn state(&self, window: u64, count: u64) -> FixedWindowState {
         FixedWindowState {
-            packed: self.layout.pack(window, count.min(self.layout.count_max())),
+            packed: self
+                .shape
+                .layout
+                .pack(window, count.min(self.shape.layout.count_max())),
         }
     }
 
@@ -186,7 +180,7 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn window_of(&self, state: FixedWindowState) -> u64 {
-        self.layout.window_of(state.packed)
+        self.shape.layout.window_of(state.packed)
     }
 
     /// The count a state holds for its window.
@@ -199,25 +193,25 @@ impl FixedWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn count_of(&self, state: FixedWindowState) -> u64 {
-        self.layout.counter(state.packed, 0)
+        self.shape.layout.counter(state.packed, 0)
     }
 
     /// The window to count in, its count, and `reset_after` (to that window's end).
     #[inline(always)]
     fn view(&self, state: FixedWindowState, now: u64) -> (u64, u64, u64) {
-        let (w, e) = self.reciprocal.split(now);
-        let count = self.layout.counter(state.packed, 0);
+        let (w, e) = self.shape.reciprocal.split(now);
+        let count = self.shape.layout.counter(state.packed, 0);
         if count == 0 {
-            return (w, 0, self.period - e);
+            return (w, 0, self.shape.period - e);
         }
-        let stored = self.layout.window_of(state.packed);
-        match self.layout.age(stored, w) {
-            Age::Ahead(0) => (w, count, self.period - e),
-            Age::Ahead(_) => (w, 0, self.period - e),
+        let stored = self.shape.layout.window_of(state.packed);
+        match self.shape.layout.age(stored, w) {
+            Age::Ahead(0) => (w, count, self.shape.period - e),
+            Age::Ahead(_) => (w, 0, self.shape.period - e),
             // `now` reads before the stored window `w + a`: count there; it ends at
             // (w + a + 1)·P = now + (a + 1)·P − e.
             Age::Behind(a) => {
-                let end = u128::from(a + 1) * u128::from(self.period) - u128::from(e);
+                let end = u128::from(a + 1) * u128::from(self.shape.period) - u128::from(e);
                 (stored, count, saturate(end))
             }
         }
@@ -236,10 +230,10 @@ impl Algorithm for FixedWindow {
     ) -> (Decision, Option<FixedWindowState>) {
         let (window, count, reset) = self.view(state, now.as_u64());
         let n = u64::from(cost);
-        let (decision, admit) = counted(self.limit, count, n, reset, || reset, || reset);
+        let (decision, admit) = counted(self.shape.limit, count, n, reset, || reset, || reset);
         // Admitted: count + n ≤ L ≤ 2^c − 2 fits its field and is not all ones.
         let next = admit.then(|| FixedWindowState {
-            packed: self.layout.pack(window, count + n),
+            packed: self.shape.layout.pack(window, count + n),
         });
         (decision, next)
     }
@@ -274,7 +268,7 @@ impl Algorithm for FixedWindow {
         let back = u64::from(cost).min(count);
         // The count only shrinks: the state stays ≤ count_max and in its window.
         (back > 0).then(|| FixedWindowState {
-            packed: self.layout.pack(window, count - back),
+            packed: self.shape.layout.pack(window, count - back),
         })
     }
 
@@ -282,12 +276,12 @@ impl Algorithm for FixedWindow {
     /// new limit, clamped to `2^c − 2` — a count above the new limit just leaves
     /// nothing remaining). Another period: fresh windows.
     fn carry_over(&self, previous: &Self, state: FixedWindowState, now: Nanos) -> FixedWindowState {
-        if previous.period != self.period || previous.is_idle(state, now) {
+        if previous.shape.period != self.shape.period || previous.is_idle(state, now) {
             return FixedWindowState::default();
         }
-        let (w, _) = self.reciprocal.split(now.as_u64());
-        let stored = previous.layout.window_of(state.packed);
-        let window = match previous.layout.age(stored, w) {
+        let (w, _) = self.shape.reciprocal.split(now.as_u64());
+        let stored = previous.shape.layout.window_of(state.packed);
+        let window = match previous.shape.layout.age(stored, w) {
             Age::Behind(a) => w.wrapping_add(a),
             Age::Ahead(_) => w,
         };

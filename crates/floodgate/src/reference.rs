@@ -216,10 +216,48 @@ impl TextbookLeakyBucket {
     }
 }
 
-/// Counts per window in a `HashMap`: `Some(w)` is the newest window that admitted a
-/// unit (an earlier reading is judged there, as the transitions do).
-fn newest_window(counts: &HashMap<u128, u128>) -> Option<u128> {
-    counts.keys().copied().max()
+/// Per-window counts in `u128`: the store both exact window models keep (a map from
+/// window index to count; no index wraps).
+#[derive(Clone, Debug)]
+struct WindowCounts {
+    limit: u128,
+    period: u128,
+    counts: HashMap<u128, u128>,
+}
+
+impl WindowCounts {
+    /// `limit` per `period_nanos` (0 is taken as 1), nothing counted.
+    fn new(limit: u64, period_nanos: u64) -> WindowCounts {
+        WindowCounts {
+            limit: u128::from(limit),
+            period: u128::from(period_nanos.max(1)),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// The count of window `w` (0 if none).
+    fn count(&self, w: u128) -> u128 {
+        self.counts.get(&w).copied().unwrap_or(0)
+    }
+
+    /// The newest window with a count.
+    fn newest(&self) -> Option<u128> {
+        self.counts.keys().copied().max()
+    }
+}
+
+/// What the exact window and log models answer before asking whether `n` units fit
+/// beside the `used` ones of limit `l`: a cost above the limit is never admitted, a
+/// zero cost always is (and writes nothing); `None` for any other cost.
+fn unconditional(l: u128, n: u128, used: u128, reset: Duration) -> Option<Decision> {
+    let remaining = l.saturating_sub(used) as u64;
+    if n > l {
+        Some(Decision::new(false, l as u64, remaining, reset, None))
+    } else if n == 0 {
+        Some(Decision::new(true, l as u64, remaining, reset, None))
+    } else {
+        None
+    }
 }
 
 /// The fixed window straight from its definition: a `HashMap` from window index to
@@ -240,18 +278,14 @@ fn newest_window(counts: &HashMap<u128, u128>) -> Option<u128> {
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactFixedWindow {
-    limit: u128,
-    period: u128,
-    counts: HashMap<u128, u128>,
+    windows: WindowCounts,
 }
 
 impl ExactFixedWindow {
     /// `limit` per `period_nanos` (assumed valid).
     pub fn new(limit: u64, period_nanos: u64) -> ExactFixedWindow {
         ExactFixedWindow {
-            limit: u128::from(limit),
-            period: u128::from(period_nanos.max(1)),
-            counts: HashMap::new(),
+            windows: WindowCounts::new(limit, period_nanos),
         }
     }
 
@@ -267,21 +301,18 @@ impl ExactFixedWindow {
 
     fn decide(&mut self, now: u64, cost: u32, write: bool) -> Decision {
         let now = u128::from(now);
-        let (l, p, n) = (self.limit, self.period, u128::from(cost));
-        let w = (now / p).max(newest_window(&self.counts).unwrap_or(0));
-        let count = self.counts.get(&w).copied().unwrap_or(0);
+        let (l, p, n) = (self.windows.limit, self.windows.period, u128::from(cost));
+        let w = (now / p).max(self.windows.newest().unwrap_or(0));
+        let count = self.windows.count(w);
         let reset = dur((w + 1) * p - now);
+        if let Some(d) = unconditional(l, n, count, reset) {
+            return d;
+        }
         let l64 = l as u64;
         let remaining = |c: u128| l.saturating_sub(c) as u64;
-        if n > l {
-            return Decision::new(false, l64, remaining(count), reset, None);
-        }
-        if n == 0 {
-            return Decision::new(true, l64, remaining(count), reset, None);
-        }
         if count + n <= l {
             if write {
-                self.counts.insert(w, count + n);
+                self.windows.counts.insert(w, count + n);
             }
             Decision::new(true, l64, remaining(count + n), reset, None)
         } else {
@@ -308,18 +339,14 @@ impl ExactFixedWindow {
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactSlidingWindow {
-    limit: u128,
-    period: u128,
-    counts: HashMap<u128, u128>,
+    windows: WindowCounts,
 }
 
 impl ExactSlidingWindow {
     /// `limit` per `period_nanos` (assumed valid).
     pub fn new(limit: u64, period_nanos: u64) -> ExactSlidingWindow {
         ExactSlidingWindow {
-            limit: u128::from(limit),
-            period: u128::from(period_nanos.max(1)),
-            counts: HashMap::new(),
+            windows: WindowCounts::new(limit, period_nanos),
         }
     }
 
@@ -333,25 +360,21 @@ impl ExactSlidingWindow {
         self.clone().decide(now, cost, false)
     }
 
-    fn count(&self, w: u128) -> u128 {
-        self.counts.get(&w).copied().unwrap_or(0)
-    }
-
     fn estimate(&self, t: u128) -> u128 {
-        let p = self.period;
+        let p = self.windows.period;
         let w = t / p;
         let e = t - w * p;
-        let prev = if w == 0 { 0 } else { self.count(w - 1) };
-        prev * (p - e) / p + self.count(w)
+        let prev = if w == 0 { 0 } else { self.windows.count(w - 1) };
+        prev * (p - e) / p + self.windows.count(w)
     }
 
     fn decide(&mut self, now: u64, cost: u32, write: bool) -> Decision {
         let now = u128::from(now);
-        let (l, p, n) = (self.limit, self.period, u128::from(cost));
-        let t = now.max(newest_window(&self.counts).map_or(0, |w| w * p));
+        let (l, p, n) = (self.windows.limit, self.windows.period, u128::from(cost));
+        let t = now.max(self.windows.newest().map_or(0, |w| w * p));
         let w = t / p;
-        let prev = if w == 0 { 0 } else { self.count(w - 1) };
-        let cur = self.count(w);
+        let prev = if w == 0 { 0 } else { self.windows.count(w - 1) };
+        let cur = self.windows.count(w);
         let estimate = self.estimate(t);
         let reset = |cur: u128| {
             dur(if cur > 0 {
@@ -362,17 +385,14 @@ impl ExactSlidingWindow {
                 0
             })
         };
+        if let Some(d) = unconditional(l, n, estimate, reset(cur)) {
+            return d;
+        }
         let l64 = l as u64;
         let remaining = |used: u128| l.saturating_sub(used) as u64;
-        if n > l {
-            return Decision::new(false, l64, remaining(estimate), reset(cur), None);
-        }
-        if n == 0 {
-            return Decision::new(true, l64, remaining(estimate), reset(cur), None);
-        }
         if estimate + n <= l {
             if write {
-                self.counts.insert(w, cur + n);
+                self.windows.counts.insert(w, cur + n);
             }
             return Decision::new(true, l64, remaining(estimate + n), reset(cur + n), None);
         }
@@ -441,14 +461,11 @@ impl ExactSlidingLog {
         live.sort_unstable();
         let units = live.len() as u128;
         let reset = dur(live.last().map_or(0, |&x| x + p - now));
+        if let Some(d) = unconditional(l, n, units, reset) {
+            return d;
+        }
         let l64 = l as u64;
         let remaining = |used: u128| l.saturating_sub(used) as u64;
-        if n > l {
-            return Decision::new(false, l64, remaining(units), reset, None);
-        }
-        if n == 0 {
-            return Decision::new(true, l64, remaining(units), reset, None);
-        }
         if units + n <= l {
             if write {
                 self.log.extend((0..n).map(|_| t));

@@ -61,7 +61,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
-use crate::window::{saturate, Age, Reciprocal, WindowLayout};
+use crate::window::{saturate, Age, WindowShape};
 
 /// The sliding-window-counter transition for one [`Policy`] (`limit` per `period`;
 /// `burst` is not used).
@@ -86,11 +86,7 @@ use crate::window::{saturate, Age, Reciprocal, WindowLayout};
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
-    limit: u64,
-    period: u64,
-    reciprocal: Reciprocal,
-    layout: WindowLayout,
-    policy: Policy,
+    shape: WindowShape,
 }
 
 /// The sliding window counter's packed state: `{window mod 2^k, prev, cur}`; all-zero
@@ -151,13 +147,8 @@ impl SlidingWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn new(policy: Policy) -> Result<SlidingWindow, PolicyError> {
-        let layout = WindowLayout::for_policy(&policy, 2, ALLOWED)?;
         Ok(SlidingWindow {
-            limit: policy.limit(),
-            period: policy.period_nanos(),
-            reciprocal: Reciprocal::new(policy.period_nanos()),
-            layout,
-            policy,
+            shape: WindowShape::for_policy(policy, 2, ALLOWED)?,
         })
     }
 
@@ -171,7 +162,7 @@ impl SlidingWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub const fn policy(&self) -> Policy {
-        self.policy
+        self.shape.policy
     }
 
     /// Bits of each counter (`c`, the bit length of `L + 1`); the window index has
@@ -185,7 +176,7 @@ impl SlidingWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub const fn count_bits(&self) -> u32 {
-        self.layout.count_bits()
+        self.shape.layout.count_bits()
     }
 
     /// A state for window `window` (stored modulo `2^k`) with counts `prev` and `cur`,
@@ -199,9 +190,9 @@ impl SlidingWindow {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn state(&self, window: u64, prev: u64, cur: u64) -> SlidingWindowState {
-        let max = self.layout.count_max();
+        let max = self.shape.layout.count_max();
         SlidingWindowState {
-            packed: self.layout.pack2(window, prev.min(max), cur.min(max)),
+            packed: self.shape.layout.pack2(window, prev.min(max), cur.min(max)),
         }
     }
 
@@ -217,15 +208,15 @@ impl SlidingWindow {
     pub fn fields(&self, state: SlidingWindowState) -> (u64, u64, u64) {
         let p = state.packed;
         (
-            self.layout.window_of(p),
-            self.layout.counter(p, 1),
-            self.layout.counter(p, 0),
+            self.shape.layout.window_of(p),
+            self.shape.layout.counter(p, 1),
+            self.shape.layout.counter(p, 0),
         )
     }
 
     #[inline(always)]
     fn view(&self, state: SlidingWindowState, now: u64) -> View {
-        let (w, e) = self.reciprocal.split(now);
+        let (w, e) = self.shape.reciprocal.split(now);
         let p = state.packed;
         let fresh = View {
             window: w,
@@ -234,21 +225,24 @@ impl SlidingWindow {
             elapsed: e,
             lag: 0,
         };
-        if self.layout.counters(p) == 0 {
+        if self.shape.layout.counters(p) == 0 {
             return fresh;
         }
-        let (prev, cur) = (self.layout.counter(p, 1), self.layout.counter(p, 0));
-        match self.layout.age(self.layout.window_of(p), w) {
+        let (prev, cur) = (
+            self.shape.layout.counter(p, 1),
+            self.shape.layout.counter(p, 0),
+        );
+        match self.shape.layout.age(self.shape.layout.window_of(p), w) {
             Age::Ahead(0) => View { prev, cur, ..fresh },
             Age::Ahead(1) => View { prev: cur, ..fresh },
             Age::Ahead(_) => fresh,
             // Judged at the start of the stored window w + a: a·P − e after now.
             Age::Behind(a) => View {
-                window: self.layout.window_of(p),
+                window: self.shape.layout.window_of(p),
                 prev,
                 cur,
                 elapsed: 0,
-                lag: saturate(u128::from(a) * u128::from(self.period) - u128::from(e)),
+                lag: saturate(u128::from(a) * u128::from(self.shape.period) - u128::from(e)),
             },
         }
     }
@@ -257,10 +251,13 @@ impl SlidingWindow {
     /// division: with `A = L − used`, `⌊(A·P + P − 1 − X)/P⌋ = A − ⌊X/P⌋`.
     #[inline(always)]
     fn headroom(&self, used: u64, weighted: u128) -> (u64, u64) {
-        let Some(a) = self.limit.checked_sub(used) else {
+        let Some(a) = self.shape.limit.checked_sub(used) else {
             return (0, 1);
         };
-        self.headroom_below((u128::from(a) + 1) * u128::from(self.period), weighted)
+        self.headroom_below(
+            (u128::from(a) + 1) * u128::from(self.shape.period),
+            weighted,
+        )
     }
 
     /// The same from `bound = (A + 1)·P`: headroom `bound − 1 − X`, clamped at 0.
@@ -268,18 +265,18 @@ impl SlidingWindow {
     fn headroom_below(&self, bound: u128, weighted: u128) -> (u64, u64) {
         let h = (bound - 1).saturating_sub(weighted);
         match u64::try_from(h) {
-            Ok(h) => (h, self.period),
+            Ok(h) => (h, self.shape.period),
             // Only for long periods with large limits: divide here instead.
-            Err(_) => (saturate(h / u128::from(self.period)), 1),
+            Err(_) => (saturate(h / u128::from(self.shape.period)), 1),
         }
     }
 
     /// `reset_after` with `cur` counted after the decision.
     #[inline(always)]
     fn reset(&self, v: &View, cur: u64) -> u64 {
-        let left = self.period - v.elapsed;
+        let left = self.shape.period - v.elapsed;
         if cur > 0 {
-            v.lag.saturating_add(left).saturating_add(self.period)
+            v.lag.saturating_add(left).saturating_add(self.shape.period)
         } else if v.prev > 0 {
             v.lag.saturating_add(left)
         } else {
@@ -291,9 +288,9 @@ impl SlidingWindow {
     /// other traffic; the request was denied there.
     #[cold]
     fn retry(&self, v: &View, n: u64) -> u64 {
-        let p = u128::from(self.period);
+        let p = u128::from(self.shape.period);
         let e = u128::from(v.elapsed);
-        let limit = u128::from(self.limit);
+        let limit = u128::from(self.shape.limit);
         let n = u128::from(n);
         // Least x in [from, P) with prev·(P − x) < (room + 1)·P, if any.
         let first_fit = |weight: u128, room: u128, from: u128| -> Option<u128> {
@@ -339,10 +336,10 @@ impl Algorithm for SlidingWindow {
         cost: u32,
     ) -> (Decision, Option<SlidingWindowState>) {
         let v = self.view(state, now.as_u64());
-        let limit = self.limit;
+        let limit = self.shape.limit;
         let n = u64::from(cost);
         // X = prev·(P − e) < 2^31 · 2^64.
-        let weighted = u128::from(v.prev) * u128::from(self.period - v.elapsed);
+        let weighted = u128::from(v.prev) * u128::from(self.shape.period - v.elapsed);
         if n > limit {
             let (h, unit) = self.headroom(v.cur, weighted);
             return (Decision::never(limit, h, unit, self.reset(&v, v.cur)), None);
@@ -353,7 +350,7 @@ impl Algorithm for SlidingWindow {
         }
         // ⌊X/P⌋ + cur + n ≤ L  ⇔  X < (L − cur − n + 1)·P = bound
         let bound = match limit.checked_sub(v.cur + n) {
-            Some(room) => (u128::from(room) + 1) * u128::from(self.period),
+            Some(room) => (u128::from(room) + 1) * u128::from(self.shape.period),
             None => 0,
         };
         if weighted < bound {
@@ -362,13 +359,13 @@ impl Algorithm for SlidingWindow {
             // remaining = L − cur − ⌊X/P⌋, from the same bound.
             let (h, unit) = self.headroom_below(bound, weighted);
             let next = SlidingWindowState {
-                packed: self.layout.pack2(v.window, v.prev, cur),
+                packed: self.shape.layout.pack2(v.window, v.prev, cur),
             };
             // cur > 0 now: reset at the end of the next window.
             let reset = v
                 .lag
-                .saturating_add(self.period - v.elapsed)
-                .saturating_add(self.period);
+                .saturating_add(self.shape.period - v.elapsed)
+                .saturating_add(self.shape.period);
             (Decision::allow(limit, h, unit, reset), Some(next))
         } else {
             let (h, unit) = self.headroom(v.cur, weighted);
@@ -416,7 +413,7 @@ impl Algorithm for SlidingWindow {
         let back = u64::from(cost).min(v.cur);
         // Only cur shrinks, in the window it counts in: every field stays ≤ count_max.
         (back > 0).then(|| SlidingWindowState {
-            packed: self.layout.pack2(v.window, v.prev, v.cur - back),
+            packed: self.shape.layout.pack2(v.window, v.prev, v.cur - back),
         })
     }
 
@@ -430,14 +427,14 @@ impl Algorithm for SlidingWindow {
         state: SlidingWindowState,
         now: Nanos,
     ) -> SlidingWindowState {
-        if previous.period != self.period || previous.is_idle(state, now) {
+        if previous.shape.period != self.shape.period || previous.is_idle(state, now) {
             return SlidingWindowState::default();
         }
         let v = previous.view(state, now.as_u64());
         // `view` gives `now`'s window, or the stored one (reduced) if `now` reads
         // earlier: rebuild the full index from `now`'s.
-        let (w, _) = self.reciprocal.split(now.as_u64());
-        let window = match previous.layout.age(v.window, w) {
+        let (w, _) = self.shape.reciprocal.split(now.as_u64());
+        let window = match previous.shape.layout.age(v.window, w) {
             Age::Behind(a) => w.wrapping_add(a),
             Age::Ahead(_) => w,
         };

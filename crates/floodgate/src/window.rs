@@ -143,6 +143,37 @@ pub(crate) enum Age {
     Behind(u64),
 }
 
+/// What every window transition keeps: its policy, the limit and period in integers,
+/// the period's reciprocal and the state's layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct WindowShape {
+    pub(crate) limit: u64,
+    pub(crate) period: u64,
+    pub(crate) reciprocal: Reciprocal,
+    pub(crate) layout: WindowLayout,
+    pub(crate) policy: Policy,
+}
+
+impl WindowShape {
+    /// The shape for `policy` with `counters` counters per state, or the reason it
+    /// does not fit (`allowed` is the rule quoted in the error; see
+    /// [`WindowLayout::for_policy`]).
+    pub(crate) fn for_policy(
+        policy: Policy,
+        counters: u32,
+        allowed: &'static str,
+    ) -> Result<WindowShape, PolicyError> {
+        let layout = WindowLayout::for_policy(&policy, counters, allowed)?;
+        Ok(WindowShape {
+            limit: policy.limit(),
+            period: policy.period_nanos(),
+            reciprocal: Reciprocal::new(policy.period_nanos()),
+            layout,
+            policy,
+        })
+    }
+}
+
 /// The bit layout of a window state: a `k`-bit window index and `counters` counters
 /// of `count_bits` bits each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,7 +11,8 @@ mod linearize;
 use floodgate::keyed::composite::check_all;
 use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow};
 use floodgate::{
-    Algorithm, Decision, FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
+    Algorithm, Decision, FixedWindow, FixedWindowState, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow,
 };
 use linearize::some_order_matches;
 use loom::sync::Arc;
@@ -26,15 +27,51 @@ fn race<A: Algorithm + 'static>(
     ops: &[(u64, u32)],
 ) -> (Vec<Decision>, Arc<RateLimiter<A, ManualClock>>) {
     let lim = Arc::new(RateLimiter::with_clock(alg, ManualClock::new()));
+    (race_on(&lim, ops), lim)
+}
+
+/// Runs `ops` (instant, cost) on `lim`, one thread each; returns the decisions.
+fn race_on<A: Algorithm + 'static>(
+    lim: &Arc<RateLimiter<A, ManualClock>>,
+    ops: &[(u64, u32)],
+) -> Vec<Decision> {
     let handles: Vec<_> = ops
         .iter()
         .map(|&(now, cost)| {
-            let lim = Arc::clone(&lim);
+            let lim = Arc::clone(lim);
             thread::spawn(move || lim.check_n_at(Nanos::new(now), cost))
         })
         .collect();
-    let decisions = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    (decisions, lim)
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Whether some serial order of `ops` on `model` (asked with `check`) gives `decisions`.
+fn linearizable<M: Clone>(
+    model: &M,
+    ops: &[(u64, u32)],
+    decisions: &[Decision],
+    check: fn(&mut M, u64, u32) -> Decision,
+) -> bool {
+    some_order_matches(model, ops, decisions, |m, &(t, n)| check(m, t, n))
+}
+
+/// Races `ops` on a fixed window of `limit` per `P` and asserts the decisions are
+/// linearizable against [`ExactFixedWindow`]; returns the window, the decisions and
+/// the final state.
+fn fixed_window_race(
+    limit: u64,
+    ops: &[(u64, u32)],
+) -> (FixedWindow, Vec<Decision>, FixedWindowState) {
+    let fw = FixedWindow::new(policy(limit)).unwrap();
+    let (decisions, lim) = race(fw, ops);
+    let model = ExactFixedWindow::new(limit, P);
+    assert!(linearizable(
+        &model,
+        ops,
+        &decisions,
+        ExactFixedWindow::check
+    ));
+    (fw, decisions, lim.state())
 }
 
 fn policy(limit: u64) -> Policy {
@@ -44,36 +81,18 @@ fn policy(limit: u64) -> Policy {
 #[test]
 fn fixed_window_three_threads_race_for_two_units() {
     loom::model(|| {
-        let fw = FixedWindow::new(policy(2)).unwrap();
-        let ops = [(5 * P + 1, 1); 3];
-        let (decisions, lim) = race(fw, &ops);
+        let (fw, decisions, state) = fixed_window_race(2, &[(5 * P + 1, 1); 3]);
         assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 2);
-        assert_eq!(fw.count_of(lim.state()), 2);
-        let model = ExactFixedWindow::new(2, P);
-        assert!(some_order_matches(
-            &model,
-            &ops,
-            &decisions,
-            |m, &(t, n)| m.check(t, n)
-        ));
+        assert_eq!(fw.count_of(state), 2);
     });
 }
 
 #[test]
 fn fixed_window_an_earlier_window_races_a_later_one() {
     loom::model(|| {
-        let fw = FixedWindow::new(policy(2)).unwrap();
         // Window 6 and window 5 (a late reading): whatever wins, the state stays in 6.
-        let ops = [(6 * P, 2), (5 * P + 500, 1)];
-        let (decisions, lim) = race(fw, &ops);
-        assert_eq!(fw.window_of(lim.state()), 6);
-        let model = ExactFixedWindow::new(2, P);
-        assert!(some_order_matches(
-            &model,
-            &ops,
-            &decisions,
-            |m, &(t, n)| m.check(t, n)
-        ));
+        let (fw, _, state) = fixed_window_race(2, &[(6 * P, 2), (5 * P + 500, 1)]);
+        assert_eq!(fw.window_of(state), 6);
     });
 }
 
@@ -87,22 +106,15 @@ fn sliding_window_races_across_an_edge() {
         let start = lim.state();
         let lim = Arc::new(lim);
         let ops = [(6 * P + 100, 2), (5 * P + 900, 1)];
-        let handles: Vec<_> = ops
-            .iter()
-            .map(|&(now, cost)| {
-                let lim = Arc::clone(&lim);
-                thread::spawn(move || lim.check_n_at(Nanos::new(now), cost))
-            })
-            .collect();
-        let decisions: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let decisions = race_on(&lim, &ops);
         let mut model = ExactSlidingWindow::new(3, P);
         let _ = model.check(5 * P, 2);
         assert_ne!(lim.state(), start);
-        assert!(some_order_matches(
+        assert!(linearizable(
             &model,
             &ops,
             &decisions,
-            |m, &(t, n)| m.check(t, n)
+            ExactSlidingWindow::check
         ));
     });
 }

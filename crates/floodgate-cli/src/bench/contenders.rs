@@ -254,33 +254,41 @@ impl Workload for SlidingWindowWorkload {
 }
 
 fn fixed_window_textbook(threads: usize, run_time: Duration) -> Measurement {
-    let clock = DefaultClock::new();
-    let window = Mutex::new(TextbookFixedWindow::new(
+    textbook_window(
+        threads,
+        run_time,
         LIMIT,
-        1_000_000_000,
-        clock.now().as_u64(),
-    ));
-    let (clock, window) = (&clock, &window);
-    run_for(threads, run_time, |_| {
-        move || {
-            let now = clock.now().as_u64();
-            lock(window).allow(now, 1)
-        }
-    })
+        TextbookFixedWindow::new,
+        TextbookFixedWindow::allow,
+    )
 }
 
 fn sliding_window_textbook(threads: usize, run_time: Duration) -> Measurement {
-    let clock = DefaultClock::new();
-    let window = Mutex::new(TextbookSlidingWindow::new(
+    textbook_window(
+        threads,
+        run_time,
         SLIDING_LIMIT,
-        1_000_000_000,
-        clock.now().as_u64(),
-    ));
-    let (clock, window) = (&clock, &window);
+        TextbookSlidingWindow::new,
+        TextbookSlidingWindow::allow,
+    )
+}
+
+/// A textbook window of `limit` per second under one mutex (`new` builds it from
+/// limit, period and now), asked with `allow` at each clock reading.
+fn textbook_window<T: Send>(
+    threads: usize,
+    run_time: Duration,
+    limit: u64,
+    new: fn(u64, u64, u64) -> T,
+    allow: impl Fn(&mut T, u64, u64) -> bool + Sync,
+) -> Measurement {
+    let clock = DefaultClock::new();
+    let window = Mutex::new(new(limit, 1_000_000_000, clock.now().as_u64()));
+    let (clock, window, allow) = (&clock, &window, &allow);
     run_for(threads, run_time, |_| {
         move || {
             let now = clock.now().as_u64();
-            lock(window).allow(now, 1)
+            allow(&mut lock(window), now, 1)
         }
     })
 }
@@ -294,14 +302,19 @@ fn gcra_policy() -> Policy {
 
 /// `W` on one hot key, lock-free and as its mutex twin, followed by `others`.
 pub(crate) fn hot_key<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
+    floodgate_and_twin(floodgate_hot::<W>, mutex_twin_hot::<W>, others)
+}
+
+/// floodgate's runner and its mutex twin's, followed by `others`.
+fn floodgate_and_twin(floodgate: Runner, twin: Runner, others: Vec<Contender>) -> Vec<Contender> {
     let mut contenders = vec![
         Contender {
             implementation: Implementation::Floodgate,
-            run: floodgate_hot::<W>,
+            run: floodgate,
         },
         Contender {
             implementation: Implementation::MutexTwin,
-            run: mutex_twin_hot::<W>,
+            run: twin,
         },
     ];
     contenders.extend(others);
@@ -341,18 +354,7 @@ fn keys_of(thread: usize) -> impl FnMut() -> u64 {
 
 /// `W` on [`MANY_KEYS`] keys: its mutex twin, followed by `others`.
 pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
-    let mut contenders = vec![
-        Contender {
-            implementation: Implementation::Floodgate,
-            run: floodgate_many::<W>,
-        },
-        Contender {
-            implementation: Implementation::MutexTwin,
-            run: mutex_twin_many::<W>,
-        },
-    ];
-    contenders.extend(others);
-    contenders
+    floodgate_and_twin(floodgate_many::<W>, mutex_twin_many::<W>, others)
 }
 
 /// floodgate's keyed limiter, sized for twice [`MANY_KEYS`] (nothing live is evicted).
