@@ -108,11 +108,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod compact;
+mod compact_table;
 pub mod composite;
 #[cfg(feature = "serde")]
 mod config;
 pub mod plans;
 mod table;
+
+pub use compact::CompactKeyedLimiter;
 
 use core::borrow::Borrow;
 use core::fmt;
@@ -164,13 +168,62 @@ pub struct KeyedLimiter<K, A: Algorithm = Gcra, C = DefaultClock> {
     algorithm: A,
     clock: C,
     table: Table<K, A::State>,
-    stripes: Box<[CachePadded<Stripe>]>,
+    stripes: Stripes,
 }
 
 /// Per-thread decision counters (one cache line each).
 struct Stripe {
     allowed: AtomicU64,
     denied: AtomicU64,
+}
+
+/// Decision counters striped by thread (see [`KeyedMetrics`]).
+pub(crate) struct Stripes(Box<[CachePadded<Stripe>]>);
+
+impl Stripes {
+    /// 2 × `shards` stripes, rounded up to a power of two.
+    fn new(shards: usize) -> Self {
+        Stripes(
+            (0..(2 * shards).next_power_of_two())
+                .map(|_| {
+                    CachePadded::new(Stripe {
+                        allowed: AtomicU64::new(0),
+                        denied: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    #[inline(always)]
+    fn count(&self, allowed: bool) {
+        let stripe = &self.0[thread_index() & (self.0.len() - 1)];
+        let counter = if allowed {
+            &stripe.allowed
+        } else {
+            &stripe.denied
+        };
+        // A load and a store, not an RMW: the stripe belongs to this thread (see
+        // `KeyedMetrics` for what happens when threads outnumber stripes).
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The metrics: these decision counts and the table's key counts.
+    fn metrics(&self, counts: table::TableCounts) -> KeyedMetrics {
+        let mut m = KeyedMetrics::default();
+        for stripe in self.0.iter() {
+            // Relaxed: statistics.
+            m.allowed += stripe.allowed.load(Ordering::Relaxed);
+            m.denied += stripe.denied.load(Ordering::Relaxed);
+        }
+        m.live_keys = counts.live;
+        m.reclaimed = counts.reclaimed;
+        m.evicted = counts.evicted;
+        m
+    }
 }
 
 /// A snapshot of a [`KeyedLimiter`]'s counters.
@@ -374,6 +427,12 @@ impl<A, C> KeyedBuilder<A, C> {
         A: Algorithm,
         K: Hash + Eq + Send + Sync + 'static,
     {
+        let wanted = self.validate()?;
+        Ok(self.assemble(wanted))
+    }
+
+    /// The shard count asked for, once capacity and shards are known to be valid.
+    fn validate(&self) -> Result<usize, KeyedError> {
         if self.capacity == 0 {
             return Err(KeyedError::ZeroCapacity);
         }
@@ -382,12 +441,21 @@ impl<A, C> KeyedBuilder<A, C> {
                 requested: self.capacity,
             });
         }
-        let wanted = match self.shards {
-            Some(0) => return Err(KeyedError::ZeroShards),
-            Some(n) => n,
-            None => self.default_shards(),
-        };
-        Ok(self.assemble(wanted))
+        match self.shards {
+            Some(0) => Err(KeyedError::ZeroShards),
+            Some(n) => Ok(n),
+            None => Ok(self.default_shards()),
+        }
+    }
+
+    /// The capacity and shard count (a power of two in `[1, capacity]`) for `wanted`.
+    fn layout(&self, wanted: usize) -> (usize, usize) {
+        let capacity = self.capacity.clamp(1, MAX_CAPACITY);
+        let shards = wanted
+            .clamp(1, 1 << 16)
+            .next_power_of_two()
+            .min(prev_power_of_two(capacity));
+        (capacity, shards)
     }
 
     /// Builds with `wanted` shards (rounded to a power of two in `[1, capacity]`).
@@ -396,25 +464,13 @@ impl<A, C> KeyedBuilder<A, C> {
         A: Algorithm,
         K: Hash + Eq + Send + Sync + 'static,
     {
-        let capacity = self.capacity.clamp(1, MAX_CAPACITY);
-        let shards = wanted
-            .clamp(1, 1 << 16)
-            .next_power_of_two()
-            .min(prev_power_of_two(capacity));
-        let stripes = (0..(2 * shards).next_power_of_two())
-            .map(|_| {
-                CachePadded::new(Stripe {
-                    allowed: AtomicU64::new(0),
-                    denied: AtomicU64::new(0),
-                })
-            })
-            .collect();
+        let (capacity, shards) = self.layout(wanted);
         KeyedLimiter {
             capacity,
             algorithm: self.algorithm,
             clock: self.clock,
             table: Table::new(capacity, shards),
-            stripes,
+            stripes: Stripes::new(shards),
         }
     }
 }
@@ -586,18 +642,7 @@ where
 
     #[inline(always)]
     fn count(&self, allowed: bool) {
-        let stripe = &self.stripes[thread_index() & (self.stripes.len() - 1)];
-        let counter = if allowed {
-            &stripe.allowed
-        } else {
-            &stripe.denied
-        };
-        // A load and a store, not an RMW: the stripe belongs to this thread (see
-        // `KeyedMetrics` for what happens when threads outnumber stripes).
-        counter.store(
-            counter.load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
+        self.stripes.count(allowed);
     }
 }
 
@@ -618,17 +663,7 @@ where
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn metrics(&self) -> KeyedMetrics {
-        let mut m = KeyedMetrics::default();
-        for stripe in self.stripes.iter() {
-            // Relaxed: statistics.
-            m.allowed += stripe.allowed.load(Ordering::Relaxed);
-            m.denied += stripe.denied.load(Ordering::Relaxed);
-        }
-        let counts = self.table.counts();
-        m.live_keys = counts.live;
-        m.reclaimed = counts.reclaimed;
-        m.evicted = counts.evicted;
-        m
+        self.stripes.metrics(self.table.counts())
     }
 
     /// The configured key capacity.

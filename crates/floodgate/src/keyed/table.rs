@@ -64,13 +64,13 @@ const EVICTION_SAMPLE: usize = 8;
 pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Slot<(), u64>>();
 
 /// The reserved *dead* state: all bits set.
-fn dead<S: bytemuck::Pod>() -> S {
+pub(super) fn dead<S: bytemuck::Pod>() -> S {
     let mut s: S = bytemuck::Zeroable::zeroed();
     bytemuck::bytes_of_mut(&mut s).fill(0xFF);
     s
 }
 
-fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
+pub(super) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
     bytemuck::bytes_of(s).iter().all(|b| *b == 0xFF)
 }
 
@@ -86,10 +86,10 @@ struct Slot<K, S> {
 }
 
 /// Writer-side bookkeeping, only touched under the shard's mutex.
-struct Writer {
-    live: usize,
+pub(super) struct Writer {
+    pub(super) live: usize,
     /// The reclamation hand: the next slot to inspect.
-    hand: usize,
+    pub(super) hand: usize,
 }
 
 struct Shard<K, S> {
@@ -105,12 +105,121 @@ struct Shard<K, S> {
     write: CachePadded<WriteSide>,
 }
 
-struct WriteSide {
-    lock: Mutex<Writer>,
+pub(super) struct WriteSide {
+    pub(super) lock: Mutex<Writer>,
     /// Counters written only under `lock`, read lock-free by metrics.
-    live: AtomicU64,
-    reclaimed: AtomicU64,
-    evicted: AtomicU64,
+    pub(super) live: AtomicU64,
+    pub(super) reclaimed: AtomicU64,
+    pub(super) evicted: AtomicU64,
+}
+
+impl WriteSide {
+    pub(super) fn new() -> CachePadded<Self> {
+        CachePadded::new(WriteSide {
+            lock: Mutex::new(Writer { live: 0, hand: 0 }),
+            live: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        })
+    }
+
+    /// Records `live` keys (under `lock`).
+    pub(super) fn set_live(&self, writer: &Writer) {
+        self.live.store(writer.live as u64, Ordering::Relaxed);
+    }
+}
+
+/// Sums the counters of `sides` (each read lock-free).
+pub(super) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> TableCounts {
+    let mut c = TableCounts::default();
+    for side in sides {
+        // Relaxed: statistics; each counter is written only under its shard lock.
+        c.live += side.live.load(Ordering::Relaxed);
+        c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
+        c.evicted += side.evicted.load(Ordering::Relaxed);
+    }
+    c
+}
+
+/// Slots per shard and each shard's share of the key capacity, for `capacity` keys
+/// over `shards` shards.
+///
+/// Keys do not spread evenly: a shard's count is binomial around its share with
+/// σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity` keys
+/// from evicting live ones in a crowded shard, for about 4/√share more memory (1 % at
+/// 125 000 keys per shard). Load factor ≤ 7/8, and always at least one empty slot so
+/// probes end.
+pub(super) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
+    debug_assert!(shards.is_power_of_two() && shards <= capacity);
+    let share = capacity.div_ceil(shards);
+    let per_shard = if shards == 1 {
+        share
+    } else {
+        share + 4 * isqrt(share) + 8
+    };
+    (per_shard, per_shard + per_shard.div_ceil(7))
+}
+
+/// The shard of `hash`: its high bits (`>> 1 >> (63 − bits)` is 0 for one shard).
+#[inline(always)]
+pub(super) fn shard_index(hash: u64, shard_bits: u32) -> usize {
+    ((hash >> 1) >> (63 - shard_bits)) as usize
+}
+
+/// The home slot of `hash` among `len`: multiply-shift (any slot count works) over
+/// the bits below the shard bits.
+#[inline(always)]
+pub(super) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
+    let spread = hash << shard_bits;
+    ((u128::from(spread) * len as u128) >> 64) as usize
+}
+
+/// The slot after `i` among `len`, wrapping.
+#[inline(always)]
+pub(super) fn next_slot(i: usize, len: usize) -> usize {
+    if i + 1 == len {
+        0
+    } else {
+        i + 1
+    }
+}
+
+/// One shard's slot array as the shared reclamation and eviction code sees it. Every
+/// method runs with the shard lock held.
+pub(super) trait Slots {
+    /// The state word type.
+    type State: bytemuck::Pod;
+    /// Number of slots.
+    fn len(&self) -> usize;
+    /// The shard's write side (lock and counters).
+    fn write_side(&self) -> &WriteSide;
+    /// This shard's share of the key capacity.
+    fn share(&self) -> usize;
+    /// The state of the key in slot `i`, or `None` when `i` is empty.
+    fn state_at(&self, i: usize) -> Option<Self::State>;
+    /// Retires the state of the key in slot `i` (see [`judge`]); `None` when empty.
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = Self::State> + ?Sized;
+    /// Unlinks the (retired) key in slot `i`.
+    fn unlink(&self, writer: &mut Writer, i: usize);
+}
+
+/// Whether to retire `state`: the outcome, and whether to write the dead word.
+pub(super) fn judge<A>(
+    algorithm: &A,
+    state: A::State,
+    now: Nanos,
+    idle_only: bool,
+) -> (Retired, bool)
+where
+    A: Algorithm + ?Sized,
+{
+    let idle = algorithm.is_idle(state, now);
+    if idle_only && !idle {
+        return (Retired::Kept, false);
+    }
+    (if idle { Retired::Idle } else { Retired::Live }, true)
 }
 
 /// Writer-side counters of a table, summed over shards.
@@ -130,7 +239,7 @@ pub(crate) struct Table<K, S> {
 
 /// How a removal went.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Retired {
+pub(super) enum Retired {
     /// The key was idle: nothing lost.
     Idle,
     /// The key was live: its state is lost (an eviction).
@@ -146,19 +255,7 @@ where
 {
     /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
     pub(crate) fn new(capacity: usize, shards: usize) -> Self {
-        debug_assert!(shards.is_power_of_two() && shards <= capacity);
-        let share = capacity.div_ceil(shards);
-        // Keys do not spread evenly: a shard's count is binomial around its share with
-        // σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity`
-        // keys from evicting live ones in a crowded shard, for about 4/√share more
-        // memory (1 % at 125 000 keys per shard).
-        let per_shard = if shards == 1 {
-            share
-        } else {
-            share + 4 * isqrt(share) + 8
-        };
-        // Load factor ≤ 7/8, and always at least one empty slot so probes end.
-        let slots = per_shard + per_shard.div_ceil(7);
+        let (per_shard, slots) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
         let shards: Box<[CachePadded<Shard<K, S>>]> = (0..shards)
             .map(|_| {
@@ -172,12 +269,7 @@ where
                     version: AtomicU64::new(0),
                     shard_bits,
                     capacity: per_shard,
-                    write: CachePadded::new(WriteSide {
-                        lock: Mutex::new(Writer { live: 0, hand: 0 }),
-                        live: AtomicU64::new(0),
-                        reclaimed: AtomicU64::new(0),
-                        evicted: AtomicU64::new(0),
-                    }),
+                    write: WriteSide::new(),
                 })
             })
             .collect();
@@ -211,9 +303,7 @@ where
     #[inline(always)]
     fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<K, S>, u64) {
         let hash = self.hasher.hash_one(key);
-        // High bits pick the shard; `>> 1 >> (63 − bits)` is 0 when there is one shard.
-        let index = ((hash >> 1) >> (63 - self.shard_bits)) as usize;
-        (&self.shards[index], hash | 1)
+        (&self.shards[shard_index(hash, self.shard_bits)], hash | 1)
     }
 
     /// Decides `cost` at `now` for `key`, inserting the key if it must store a state.
@@ -305,14 +395,7 @@ where
 
     /// Counters summed over shards (each read lock-free).
     pub(crate) fn counts(&self) -> TableCounts {
-        let mut c = TableCounts::default();
-        for shard in self.shards.iter() {
-            // Relaxed: statistics; each counter is written only under its shard lock.
-            c.live += shard.write.live.load(Ordering::Relaxed);
-            c.reclaimed += shard.write.reclaimed.load(Ordering::Relaxed);
-            c.evicted += shard.write.evicted.load(Ordering::Relaxed);
-        }
-        c
+        sum_counts(self.shards.iter().map(|s| &*s.write))
     }
 
     /// Reclaims every idle key now (a full sweep under each shard's lock).
@@ -320,18 +403,110 @@ where
     where
         A: Algorithm<State = S> + ?Sized,
     {
-        let mut total = 0;
-        for shard in self.shards.iter() {
-            let mut writer = lock(&shard.write.lock);
-            let before = shard.write.reclaimed.load(Ordering::Relaxed);
-            let start = writer.hand;
-            writer.hand = 0;
-            let steps = shard.slots.len();
-            shard.sweep(&mut writer, algorithm, now, steps);
-            writer.hand = start % shard.slots.len();
-            total += (shard.write.reclaimed.load(Ordering::Relaxed) - before) as usize;
+        self.shards
+            .iter()
+            .map(|shard| reclaim_shard(&**shard, algorithm, now))
+            .sum()
+    }
+}
+
+/// Reclaims every idle key of one shard (a full sweep under its lock).
+pub(super) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let mut writer = lock(&shard.write_side().lock);
+    let before = shard.write_side().reclaimed.load(Ordering::Relaxed);
+    let start = writer.hand;
+    writer.hand = 0;
+    sweep(shard, &mut writer, algorithm, now, shard.len());
+    writer.hand = start % shard.len();
+    (shard.write_side().reclaimed.load(Ordering::Relaxed) - before) as usize
+}
+
+/// Makes room for one more key: past 7/8 of the share, the hand reclaims idle keys
+/// as it passes; when full, the closest-to-idle of a small sample goes.
+pub(super) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let share = shard.share();
+    if writer.live >= share - share / 8 {
+        sweep(shard, writer, algorithm, now, SWEEP_STEP);
+    }
+    if writer.live >= share {
+        evict_one(shard, writer, algorithm, now);
+    }
+}
+
+/// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
+fn sweep<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    // Count slots the hand moves past, not iterations: after a removal a later key
+    // may have shifted into the same slot, which is inspected again.
+    let mut advanced = 0;
+    while advanced < steps {
+        let i = writer.hand;
+        if shard.retire_at(algorithm, i, now, true) == Some(Retired::Idle) {
+            // A later key may shift into `i`: look at it next.
+            shard.unlink(writer, i);
+            shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            writer.hand = next_slot(i, shard.len());
+            advanced += 1;
         }
-        total
+    }
+}
+
+/// Removes one key: the first idle one met, else the closest to idle of a sample.
+fn evict_one<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let side = shard.write_side();
+    let mut best: Option<(u64, usize)> = None;
+    let mut sampled = 0;
+    let mut i = writer.hand;
+    for _ in 0..shard.len() {
+        if let Some(how) = shard.retire_at(algorithm, i, now, true) {
+            if how == Retired::Idle {
+                shard.unlink(writer, i);
+                side.reclaimed.fetch_add(1, Ordering::Relaxed);
+                writer.hand = i;
+                return;
+            }
+            // Live (or made live by a racing decision): a candidate. Closest to idle
+            // = the least time until the state is fresh again.
+            if let Some(state) = shard.state_at(i) {
+                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
+                if best.is_none_or(|(b, _)| until_idle < b) {
+                    best = Some((until_idle, i));
+                }
+            }
+            sampled += 1;
+            if sampled == EVICTION_SAMPLE {
+                break;
+            }
+        }
+        i = next_slot(i, shard.len());
+    }
+    let Some((_, victim)) = best else {
+        return;
+    };
+    if let Some(how) = shard.retire_at(algorithm, victim, now, false) {
+        shard.unlink(writer, victim);
+        if how == Retired::Idle {
+            side.reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            side.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        writer.hand = next_slot(i, shard.len());
     }
 }
 
@@ -375,17 +550,12 @@ where
     /// The home slot of `tag`: multiply-shift over the bits below the shard bits.
     #[inline(always)]
     fn home(&self, tag: u64) -> usize {
-        let spread = tag << self.shard_bits;
-        ((u128::from(spread) * self.slots.len() as u128) >> 64) as usize
+        home_slot(tag, self.shard_bits, self.slots.len())
     }
 
     #[inline(always)]
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.slots.len() {
-            0
-        } else {
-            i + 1
-        }
+        next_slot(i, self.slots.len())
     }
 
     /// Lock-free probe. A hit is always right; a miss may be spurious while entries
@@ -463,7 +633,7 @@ where
         if is_dead(&next) {
             return decision.refused();
         }
-        self.make_room(&mut writer, algorithm, now, guard);
+        make_room(self, &mut writer, algorithm, now);
         // There is always an empty slot: make_room leaves live < capacity < slots
         // (it evicts whenever a shard is full and holds a key). Bounded all the same.
         let mut i = self.home(tag);
@@ -484,22 +654,8 @@ where
         self.slots[i].entry.store(entry, Ordering::Release);
         self.slots[i].tag.store(tag, Ordering::Release);
         writer.live += 1;
-        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        self.write.set_live(&writer);
         decision
-    }
-
-    /// Makes room for one more key: past 7/8 of the share, the hand reclaims idle
-    /// keys as it passes; when full, the closest-to-idle of a small sample goes.
-    fn make_room<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        if writer.live >= self.capacity - self.capacity / 8 {
-            self.sweep(writer, algorithm, now, SWEEP_STEP);
-        }
-        if writer.live >= self.capacity {
-            self.evict_one(writer, algorithm, now, guard);
-        }
     }
 
     /// The entry in slot `i`, if any (under the shard lock).
@@ -510,80 +666,9 @@ where
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
-    fn sweep<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let guard = pin();
-        // Count slots the hand moves past, not iterations: after a removal a later
-        // entry may have shifted into the same slot, which is inspected again.
-        let mut advanced = 0;
-        while advanced < steps {
-            let i = writer.hand;
-            let retired = match self.entry_at(i) {
-                Some(entry) => retire_state(algorithm, entry, now, true),
-                None => Retired::Kept,
-            };
-            if retired == Retired::Idle {
-                // A later entry may shift into `i`: look at it next.
-                self.unlink(writer, i, &guard);
-                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-            } else {
-                writer.hand = self.next(i);
-                advanced += 1;
-            }
-        }
-    }
-
-    /// Removes one key: the first idle one met, else the closest to idle of a sample.
-    fn evict_one<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let mut best: Option<(u64, usize)> = None;
-        let mut sampled = 0;
-        let mut i = writer.hand;
-        for _ in 0..self.slots.len() {
-            if let Some(entry) = self.entry_at(i) {
-                if retire_state(algorithm, entry, now, true) == Retired::Idle {
-                    self.unlink(writer, i, guard);
-                    self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-                    writer.hand = i;
-                    return;
-                }
-                // Live (or made live by a racing decision): a candidate. Closest to
-                // idle = the least time until the state is fresh again.
-                let state = entry.state.load(Ordering::Relaxed);
-                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
-                if best.is_none_or(|(b, _)| until_idle < b) {
-                    best = Some((until_idle, i));
-                }
-                sampled += 1;
-                if sampled == EVICTION_SAMPLE {
-                    break;
-                }
-            }
-            i = self.next(i);
-        }
-        let Some((_, victim)) = best else {
-            return;
-        };
-        if let Some(entry) = self.entry_at(victim) {
-            let how = retire_state(algorithm, entry, now, false);
-            self.unlink(writer, victim, guard);
-            if how == Retired::Idle {
-                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.write.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-            writer.hand = self.next(i);
-        }
-    }
-
     /// Unlinks the (retired) entry in slot `hole` by backward-shift deletion and
     /// hands it to the epoch.
-    fn unlink(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
+    fn unlink_entry(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
         let dead_entry = self.slots[hole].entry.load(Ordering::Relaxed);
         let n = self.slots.len();
         // Sequence number odd: readers that miss during the moves retry.
@@ -621,7 +706,7 @@ where
         self.version
             .store(version.wrapping_add(2), Ordering::Release);
         writer.live -= 1;
-        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        self.write.set_live(writer);
         // SAFETY: `dead_entry` came from `Box::into_raw` on insert, is now unlinked
         // from every slot (it was in exactly one at rest, and moves only copy other
         // entries), and is retired exactly once, here, under the shard lock.
@@ -629,25 +714,44 @@ where
     }
 }
 
-/// Retires an entry's state: CAS to the dead word (only if idle when `idle_only`).
-fn retire_state<K, A>(
-    algorithm: &A,
-    entry: &Entry<K, A::State>,
-    now: Nanos,
-    idle_only: bool,
-) -> Retired
+impl<K, S> Slots for Shard<K, S>
 where
-    A: Algorithm + ?Sized,
+    K: Eq + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
 {
-    let dead = dead::<A::State>();
-    update_word(&entry.state, |state| {
-        let idle = algorithm.is_idle(state, now);
-        if idle_only && !idle {
-            return (Retired::Kept, None);
-        }
-        let how = if idle { Retired::Idle } else { Retired::Live };
-        (how, Some(dead))
-    })
+    type State = S;
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn write_side(&self) -> &WriteSide {
+        &self.write
+    }
+
+    fn share(&self) -> usize {
+        self.capacity
+    }
+
+    fn state_at(&self, i: usize) -> Option<S> {
+        self.entry_at(i).map(|e| e.state.load(Ordering::Relaxed))
+    }
+
+    /// CAS of the entry's state to the dead word (only if idle when `idle_only`).
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let entry = self.entry_at(i)?;
+        Some(update_word(&entry.state, |state| {
+            let (how, write) = judge(algorithm, state, now, idle_only);
+            (how, write.then(dead::<S>))
+        }))
+    }
+
+    fn unlink(&self, writer: &mut Writer, i: usize) {
+        self.unlink_entry(writer, i, &pin());
+    }
 }
 
 impl<K, S> Drop for Table<K, S> {
