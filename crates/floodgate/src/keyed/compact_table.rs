@@ -55,8 +55,7 @@ use crate::decision::Decision;
 use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
 
 use super::table::{
-    home_slot, judge, make_room, next_slot, reclaim_shard, shard_index, shard_size, sum_counts,
-    Retired, Slots, TableCounts, WriteSide, Writer,
+    home_slot, judge, make_room, next_slot, Retired, ShardSet, Slots, WriteSide, Writer,
 };
 
 /// The state half of an empty (or retired) slot.
@@ -70,7 +69,7 @@ const EMPTY_SLOT: u128 = DEAD as u128;
 
 /// A type's bytes zero-extended into a `u64` (`T` is at most 8 bytes).
 #[inline(always)]
-pub(super) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
+pub(crate) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
     let mut bytes = [0u8; 8];
     let src = bytemuck::bytes_of(value);
     bytes[..src.len()].copy_from_slice(src);
@@ -120,7 +119,7 @@ impl CasWord for Slot {
     }
 }
 
-struct Shard<S> {
+pub(crate) struct Shard<S> {
     slots: Box<[Slot]>,
     /// Sequence number: odd while a writer moves keys.
     version: AtomicU64,
@@ -134,62 +133,33 @@ struct Shard<S> {
 
 /// The compact sharded table: word-sized keys (as bits) to state words `S`.
 pub(crate) struct CompactTable<S> {
-    shards: Box<[CachePadded<Shard<S>>]>,
-    shard_bits: u32,
-    hasher: ahash::RandomState,
+    set: ShardSet<Shard<S>>,
+}
+
+/// The shard-level operations (counts, capacity, full sweeps) are the shard set's.
+impl<S> core::ops::Deref for CompactTable<S> {
+    type Target = ShardSet<Shard<S>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.set
+    }
 }
 
 impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
     /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
     pub(crate) fn new(capacity: usize, shards: usize) -> Self {
-        let (per_shard, slots) = shard_size(capacity, shards);
-        let shard_bits = shards.trailing_zeros();
-        // Random per-process seeds (HashDoS resistance); fixed under loom.
-        #[cfg(not(loom))]
-        let hasher = ahash::RandomState::new();
-        #[cfg(loom)]
-        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
-        let shards = (0..shards)
-            .map(|_| {
-                CachePadded::new(Shard {
-                    slots: (0..slots)
-                        .map(|_| Slot(AtomicU128::new(EMPTY_SLOT)))
-                        .collect(),
-                    version: AtomicU64::new(0),
-                    shard_bits,
-                    capacity: per_shard,
-                    hasher: hasher.clone(),
-                    write: WriteSide::new(),
-                    _state: PhantomData,
-                })
-            })
-            .collect();
-        CompactTable {
-            shards,
-            shard_bits,
-            hasher,
-        }
-    }
-
-    /// Number of shards.
-    pub(crate) fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// Keys the table holds at most.
-    pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.capacity).sum()
-    }
-
-    /// Slots over all shards.
-    pub(crate) fn slot_count(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len()).sum()
-    }
-
-    #[inline(always)]
-    fn locate(&self, key: u64) -> (&Shard<S>, u64) {
-        let hash = self.hasher.hash_one(key);
-        (&self.shards[shard_index(hash, self.shard_bits)], hash)
+        let set = ShardSet::new(capacity, shards, |shape| Shard {
+            slots: (0..shape.slots)
+                .map(|_| Slot(AtomicU128::new(EMPTY_SLOT)))
+                .collect(),
+            version: AtomicU64::new(0),
+            shard_bits: shape.shard_bits,
+            capacity: shape.share,
+            hasher: shape.hasher.clone(),
+            write: WriteSide::new(),
+            _state: PhantomData,
+        });
+        CompactTable { set }
     }
 
     /// Decides `cost` at `now` for the key with bits `key`, inserting it if it must
@@ -199,7 +169,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
     where
         A: Algorithm<State = S> + ?Sized,
     {
-        let (shard, hash) = self.locate(key);
+        let (shard, hash) = self.set.locate(&key);
         if let Some(i) = shard.find(hash, key) {
             if let Some(decision) = decide_in(algorithm, &shard.slots[i], key, now, cost) {
                 return decision;
@@ -214,7 +184,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
     where
         A: Algorithm<State = S> + ?Sized,
     {
-        let (shard, hash) = self.locate(key);
+        let (shard, hash) = self.set.locate(&key);
         // Acquire: pairs with the writer's final Release store of the version.
         let before = shard.version.load(Ordering::Acquire);
         let state = match shard.find(hash, key) {
@@ -238,22 +208,6 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
             }
         };
         algorithm.decide(state_of(bits), now, cost).0
-    }
-
-    /// Counters summed over shards (each read lock-free).
-    pub(crate) fn counts(&self) -> TableCounts {
-        sum_counts(self.shards.iter().map(|s| &*s.write))
-    }
-
-    /// Reclaims every idle key now (a full sweep under each shard's lock).
-    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        self.shards
-            .iter()
-            .map(|shard| reclaim_shard(&**shard, algorithm, now))
-            .sum()
     }
 }
 
@@ -449,6 +403,7 @@ mod tests {
     #[test]
     fn insert_evict_reclaim_in_one_shard() {
         let table: CompactTable<GcraState> = CompactTable::new(8, 1);
+        let shard = &table.set.shards[0];
         let g = gcra();
         let t0 = Nanos::from_secs(1);
         for k in 0..8 {
@@ -463,10 +418,7 @@ mod tests {
         assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 8);
         assert!(table.peek(&g, 19, Nanos::from_secs(10), 2).is_allowed());
         // Every slot is empty again after backward-shift deletions.
-        assert!(table.shards[0]
-            .slots
-            .iter()
-            .all(|s| state_half(s.load_now()) == DEAD));
+        assert!(shard.slots.iter().all(|s| state_half(s.load_now()) == DEAD));
     }
 
     #[test]

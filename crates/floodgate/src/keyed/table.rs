@@ -64,13 +64,13 @@ const EVICTION_SAMPLE: usize = 8;
 pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Slot<(), u64>>();
 
 /// The reserved *dead* state: all bits set.
-pub(super) fn dead<S: bytemuck::Pod>() -> S {
+pub(crate) fn dead<S: bytemuck::Pod>() -> S {
     let mut s: S = bytemuck::Zeroable::zeroed();
     bytemuck::bytes_of_mut(&mut s).fill(0xFF);
     s
 }
 
-pub(super) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
+pub(crate) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
     bytemuck::bytes_of(s).iter().all(|b| *b == 0xFF)
 }
 
@@ -86,13 +86,13 @@ struct Slot<K, S> {
 }
 
 /// Writer-side bookkeeping, only touched under the shard's mutex.
-pub(super) struct Writer {
-    pub(super) live: usize,
+pub(crate) struct Writer {
+    pub(crate) live: usize,
     /// The reclamation hand: the next slot to inspect.
-    pub(super) hand: usize,
+    pub(crate) hand: usize,
 }
 
-struct Shard<K, S> {
+pub(crate) struct Shard<K, S> {
     slots: Box<[Slot<K, S>]>,
     /// Sequence number: odd while a writer moves entries.
     version: AtomicU64,
@@ -105,16 +105,16 @@ struct Shard<K, S> {
     write: CachePadded<WriteSide>,
 }
 
-pub(super) struct WriteSide {
-    pub(super) lock: Mutex<Writer>,
+pub(crate) struct WriteSide {
+    pub(crate) lock: Mutex<Writer>,
     /// Counters written only under `lock`, read lock-free by metrics.
-    pub(super) live: AtomicU64,
-    pub(super) reclaimed: AtomicU64,
-    pub(super) evicted: AtomicU64,
+    pub(crate) live: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    pub(crate) evicted: AtomicU64,
 }
 
 impl WriteSide {
-    pub(super) fn new() -> CachePadded<Self> {
+    pub(crate) fn new() -> CachePadded<Self> {
         CachePadded::new(WriteSide {
             lock: Mutex::new(Writer { live: 0, hand: 0 }),
             live: AtomicU64::new(0),
@@ -124,13 +124,13 @@ impl WriteSide {
     }
 
     /// Records `live` keys (under `lock`).
-    pub(super) fn set_live(&self, writer: &Writer) {
+    pub(crate) fn set_live(&self, writer: &Writer) {
         self.live.store(writer.live as u64, Ordering::Relaxed);
     }
 }
 
 /// Sums the counters of `sides` (each read lock-free).
-pub(super) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> TableCounts {
+pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> TableCounts {
     let mut c = TableCounts::default();
     for side in sides {
         // Relaxed: statistics; each counter is written only under its shard lock.
@@ -149,7 +149,7 @@ pub(super) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> Tabl
 /// from evicting live ones in a crowded shard, for about 4/√share more memory (1 % at
 /// 125 000 keys per shard). Load factor ≤ 7/8, and always at least one empty slot so
 /// probes end.
-pub(super) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
+pub(crate) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
     debug_assert!(shards.is_power_of_two() && shards <= capacity);
     let share = capacity.div_ceil(shards);
     let per_shard = if shards == 1 {
@@ -162,21 +162,21 @@ pub(super) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
 
 /// The shard of `hash`: its high bits (`>> 1 >> (63 − bits)` is 0 for one shard).
 #[inline(always)]
-pub(super) fn shard_index(hash: u64, shard_bits: u32) -> usize {
+pub(crate) fn shard_index(hash: u64, shard_bits: u32) -> usize {
     ((hash >> 1) >> (63 - shard_bits)) as usize
 }
 
 /// The home slot of `hash` among `len`: multiply-shift (any slot count works) over
 /// the bits below the shard bits.
 #[inline(always)]
-pub(super) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
+pub(crate) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
     let spread = hash << shard_bits;
     ((u128::from(spread) * len as u128) >> 64) as usize
 }
 
 /// The slot after `i` among `len`, wrapping.
 #[inline(always)]
-pub(super) fn next_slot(i: usize, len: usize) -> usize {
+pub(crate) fn next_slot(i: usize, len: usize) -> usize {
     if i + 1 == len {
         0
     } else {
@@ -186,7 +186,7 @@ pub(super) fn next_slot(i: usize, len: usize) -> usize {
 
 /// One shard's slot array as the shared reclamation and eviction code sees it. Every
 /// method runs with the shard lock held.
-pub(super) trait Slots {
+pub(crate) trait Slots {
     /// The state word type.
     type State: bytemuck::Pod;
     /// Number of slots.
@@ -206,7 +206,7 @@ pub(super) trait Slots {
 }
 
 /// Whether to retire `state`: the outcome, and whether to write the dead word.
-pub(super) fn judge<A>(
+pub(crate) fn judge<A>(
     algorithm: &A,
     state: A::State,
     now: Nanos,
@@ -232,14 +232,107 @@ pub(crate) struct TableCounts {
 
 /// The sharded table: keys `K` to state words `S`.
 pub(crate) struct Table<K, S> {
-    shards: Box<[CachePadded<Shard<K, S>>]>,
+    pub(crate) set: ShardSet<Shard<K, S>>,
+}
+
+/// The shard-level operations (counts, capacity, full sweeps) are the shard set's.
+impl<K, S> core::ops::Deref for Table<K, S> {
+    type Target = ShardSet<Shard<K, S>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.set
+    }
+}
+
+/// A table's shards and the hasher that spreads keys over them.
+pub(crate) struct ShardSet<T> {
+    pub(crate) shards: Box<[CachePadded<T>]>,
     shard_bits: u32,
     hasher: ahash::RandomState,
 }
 
+/// What a new shard is made from.
+pub(crate) struct ShardShape<'a> {
+    /// The shard's share of the key capacity.
+    pub(crate) share: usize,
+    /// Its slot count.
+    pub(crate) slots: usize,
+    /// The table's shard bits.
+    pub(crate) shard_bits: u32,
+    /// The table's hasher.
+    pub(crate) hasher: &'a ahash::RandomState,
+}
+
+impl<T: Slots> ShardSet<T> {
+    /// `shards` shards (a power of two ≤ `capacity`), each made by `make`.
+    pub(crate) fn new(capacity: usize, shards: usize, make: impl Fn(ShardShape<'_>) -> T) -> Self {
+        let (share, slots) = shard_size(capacity, shards);
+        let shard_bits = shards.trailing_zeros();
+        // Random per-process seeds (HashDoS resistance); fixed under loom, whose
+        // exploration must be deterministic.
+        #[cfg(not(loom))]
+        let hasher = ahash::RandomState::new();
+        #[cfg(loom)]
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let shards = (0..shards)
+            .map(|_| {
+                CachePadded::new(make(ShardShape {
+                    share,
+                    slots,
+                    shard_bits,
+                    hasher: &hasher,
+                }))
+            })
+            .collect();
+        ShardSet {
+            shards,
+            shard_bits,
+            hasher,
+        }
+    }
+
+    /// The shard of `key` and the key's hash.
+    #[inline(always)]
+    pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&T, u64) {
+        let hash = self.hasher.hash_one(key);
+        (&self.shards[shard_index(hash, self.shard_bits)], hash)
+    }
+
+    /// Number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Keys the table holds at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.share()).sum()
+    }
+
+    /// Slots over all shards.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.shards.iter().map(|s| s.len()).sum()
+    }
+
+    /// Counters summed over shards (each read lock-free).
+    pub(crate) fn counts(&self) -> TableCounts {
+        sum_counts(self.shards.iter().map(|s| s.write_side()))
+    }
+
+    /// Reclaims every idle key now (a full sweep under each shard's lock).
+    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
+    where
+        A: Algorithm<State = T::State> + ?Sized,
+    {
+        self.shards
+            .iter()
+            .map(|shard| reclaim_shard(&**shard, algorithm, now))
+            .sum()
+    }
+}
+
 /// How a removal went.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Retired {
+pub(crate) enum Retired {
     /// The key was idle: nothing lost.
     Idle,
     /// The key was live: its state is lost (an eviction).
@@ -255,55 +348,25 @@ where
 {
     /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
     pub(crate) fn new(capacity: usize, shards: usize) -> Self {
-        let (per_shard, slots) = shard_size(capacity, shards);
-        let shard_bits = shards.trailing_zeros();
-        let shards: Box<[CachePadded<Shard<K, S>>]> = (0..shards)
-            .map(|_| {
-                CachePadded::new(Shard {
-                    slots: (0..slots)
-                        .map(|_| Slot {
-                            tag: AtomicU64::new(EMPTY),
-                            entry: AtomicPtr::new(ptr::null_mut()),
-                        })
-                        .collect(),
-                    version: AtomicU64::new(0),
-                    shard_bits,
-                    capacity: per_shard,
-                    write: WriteSide::new(),
+        let set = ShardSet::new(capacity, shards, |shape| Shard {
+            slots: (0..shape.slots)
+                .map(|_| Slot {
+                    tag: AtomicU64::new(EMPTY),
+                    entry: AtomicPtr::new(ptr::null_mut()),
                 })
-            })
-            .collect();
-        Table {
-            shards,
-            shard_bits,
-            // Random per-process seeds (HashDoS resistance); fixed under loom, whose
-            // exploration must be deterministic.
-            #[cfg(not(loom))]
-            hasher: ahash::RandomState::new(),
-            #[cfg(loom)]
-            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
-        }
-    }
-
-    /// Number of shards.
-    pub(crate) fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// Keys the table holds at most.
-    pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.capacity).sum()
-    }
-
-    /// Slots over all shards.
-    pub(crate) fn slot_count(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len()).sum()
+                .collect(),
+            version: AtomicU64::new(0),
+            shard_bits: shape.shard_bits,
+            capacity: shape.share,
+            write: WriteSide::new(),
+        });
+        Table { set }
     }
 
     #[inline(always)]
     fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<K, S>, u64) {
-        let hash = self.hasher.hash_one(key);
-        (&self.shards[shard_index(hash, self.shard_bits)], hash | 1)
+        let (shard, hash) = self.set.locate(key);
+        (shard, hash | 1)
     }
 
     /// Decides `cost` at `now` for `key`, inserting the key if it must store a state.
@@ -392,26 +455,10 @@ where
             .find(tag, key, &guard)
             .is_some_and(|entry| apply(&entry.state))
     }
-
-    /// Counters summed over shards (each read lock-free).
-    pub(crate) fn counts(&self) -> TableCounts {
-        sum_counts(self.shards.iter().map(|s| &*s.write))
-    }
-
-    /// Reclaims every idle key now (a full sweep under each shard's lock).
-    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        self.shards
-            .iter()
-            .map(|shard| reclaim_shard(&**shard, algorithm, now))
-            .sum()
-    }
 }
 
 /// Reclaims every idle key of one shard (a full sweep under its lock).
-pub(super) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
+pub(crate) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
@@ -427,7 +474,7 @@ where
 
 /// Makes room for one more key: past 7/8 of the share, the hand reclaims idle keys
 /// as it passes; when full, the closest-to-idle of a small sample goes.
-pub(super) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+pub(crate) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
@@ -756,7 +803,7 @@ where
 
 impl<K, S> Drop for Table<K, S> {
     fn drop(&mut self) {
-        for shard in self.shards.iter() {
+        for shard in self.set.shards.iter() {
             for slot in shard.slots.iter() {
                 let p = slot.entry.load(Ordering::Relaxed);
                 if !p.is_null() {
