@@ -1,5 +1,7 @@
-//! Public behaviour of `KeyedLimiter`: exact decisions per key, key types, no insert
-//! on peek, reclamation, eviction, and a differential test against an unbounded table.
+//! Public behaviour of `KeyedLimiter` and of its inline twin `CompactKeyedLimiter`
+//! (every case over `u64` keys runs on both): exact decisions per key, key types, no
+//! insert on peek, reclamation, eviction, and a differential test against an
+//! unbounded table.
 #![cfg(not(loom))]
 
 use std::collections::HashMap;
@@ -8,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::{
-    Algorithm, Gcra, KeyedBuilder, KeyedLimiter, LeakyBucket, ManualClock, Nanos, Policy,
-    RateLimiter, TokenBucket,
+    Algorithm, CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedLimiter, KeyedMetrics,
+    LeakyBucket, ManualClock, Nanos, Policy, RateLimiter, TokenBucket,
 };
 use proptest::prelude::*;
 
@@ -26,10 +28,81 @@ where
         .expect("valid configuration")
 }
 
+/// Which table a case runs on.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    General,
+    Compact,
+}
+
+const KINDS: [Kind; 2] = [Kind::General, Kind::Compact];
+
+/// The API both keyed limiters share, over `u64` keys.
+trait Keyed: Sync {
+    fn check(&self, key: &u64) -> Decision;
+    fn check_n(&self, key: &u64, cost: u32) -> Decision;
+    fn peek(&self, key: &u64, cost: u32) -> Decision;
+    fn metrics(&self) -> KeyedMetrics;
+    fn max_keys(&self) -> usize;
+    fn reclaim_idle(&self) -> usize;
+}
+
+macro_rules! keyed_api {
+    ($limiter:ident) => {
+        impl<A: Algorithm> Keyed for $limiter<u64, A, ManualClock> {
+            fn check(&self, key: &u64) -> Decision {
+                $limiter::check(self, key)
+            }
+            fn check_n(&self, key: &u64, cost: u32) -> Decision {
+                $limiter::check_n(self, key, cost)
+            }
+            fn peek(&self, key: &u64, cost: u32) -> Decision {
+                $limiter::peek(self, key, cost)
+            }
+            fn metrics(&self) -> KeyedMetrics {
+                $limiter::metrics(self)
+            }
+            fn max_keys(&self) -> usize {
+                $limiter::max_keys(self)
+            }
+            fn reclaim_idle(&self) -> usize {
+                $limiter::reclaim_idle(self)
+            }
+        }
+    };
+}
+
+keyed_api!(KeyedLimiter);
+keyed_api!(CompactKeyedLimiter);
+
+/// A `u64`-keyed limiter of `kind`.
+fn keyed_as<A: Algorithm + 'static>(
+    kind: Kind,
+    alg: A,
+    capacity: usize,
+    shards: usize,
+    clock: &ManualClock,
+) -> Box<dyn Keyed> {
+    let builder = KeyedBuilder::new(alg)
+        .capacity(capacity)
+        .shards(shards)
+        .clock(clock.clone());
+    match kind {
+        Kind::General => Box::new(builder.build::<u64>().expect("valid configuration")),
+        Kind::Compact => Box::new(builder.build_compact::<u64>().expect("valid configuration")),
+    }
+}
+
 /// Every key behaves exactly like its own `RateLimiter`, for each GCRA flavour.
-fn same_as_direct<A: Algorithm + Clone>(alg: A) {
+fn same_as_direct<A: Algorithm + Clone + 'static>(alg: A) {
+    for kind in KINDS {
+        same_as_direct_on(kind, alg.clone());
+    }
+}
+
+fn same_as_direct_on<A: Algorithm + Clone + 'static>(kind: Kind, alg: A) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, A>(alg.clone(), 1_000, &clock);
+    let limiter = keyed_as(kind, alg.clone(), 1_000, 1, &clock);
     let direct: Vec<_> = (0..5)
         .map(|_| RateLimiter::with_clock(alg.clone(), clock.clone()))
         .collect();
@@ -102,8 +175,20 @@ fn key_types() {
 
 #[test]
 fn only_stored_states_insert_keys() {
+    for kind in KINDS {
+        only_stored_states_insert_keys_on(kind);
+    }
+}
+
+fn only_stored_states_insert_keys_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(2).unwrap()), 16, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(2).unwrap()),
+        16,
+        1,
+        &clock,
+    );
     let _ = limiter.peek(&1, 1); // a read
     let _ = limiter.check_n(&2, 0); // cost 0 writes nothing
     let never = limiter.check_n(&3, 3); // above the capacity: denied, nothing stored
@@ -115,8 +200,20 @@ fn only_stored_states_insert_keys() {
 
 #[test]
 fn idle_keys_are_reclaimed_without_a_call() {
+    for kind in KINDS {
+        idle_keys_are_reclaimed_without_a_call_on(kind);
+    }
+}
+
+fn idle_keys_are_reclaimed_without_a_call_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 64, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        64,
+        1,
+        &clock,
+    );
     for key in 0..64 {
         assert!(limiter.check(&key).is_allowed());
     }
@@ -135,11 +232,19 @@ fn idle_keys_are_reclaimed_without_a_call() {
 
 #[test]
 fn a_full_table_evicts_the_key_closest_to_idle() {
+    for kind in KINDS {
+        a_full_table_evicts_the_key_closest_to_idle_on(kind);
+    }
+}
+
+fn a_full_table_evicts_the_key_closest_to_idle_on(kind: Kind) {
     let clock = ManualClock::new();
     // Capacity 8, one shard: the eviction sample covers every key.
-    let limiter = keyed::<u64, _>(
+    let limiter = keyed_as(
+        kind,
         Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap()),
         8,
+        1,
         &clock,
     );
     for key in 0..8u64 {
@@ -162,13 +267,20 @@ fn a_full_table_evicts_the_key_closest_to_idle() {
 
 #[test]
 fn memory_stays_bounded_under_a_flood_of_live_keys() {
+    for kind in KINDS {
+        memory_stays_bounded_under_a_flood_of_live_keys_on(kind);
+    }
+}
+
+fn memory_stays_bounded_under_a_flood_of_live_keys_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = KeyedBuilder::new(Gcra::new(Policy::per_hour(1).unwrap()))
-        .capacity(1_000)
-        .shards(4)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_hour(1).unwrap()),
+        1_000,
+        4,
+        &clock,
+    );
     for key in 0..20_000u64 {
         assert!(limiter.check(&key).is_allowed());
         assert!(limiter.metrics().live_keys as usize <= limiter.max_keys());
@@ -180,8 +292,20 @@ fn memory_stays_bounded_under_a_flood_of_live_keys() {
 
 #[test]
 fn metrics_count_checks_not_peeks() {
+    for kind in KINDS {
+        metrics_count_checks_not_peeks_on(kind);
+    }
+}
+
+fn metrics_count_checks_not_peeks_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 16, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        16,
+        1,
+        &clock,
+    );
     let _ = limiter.check(&1);
     let _ = limiter.check(&1);
     let _ = limiter.peek(&1, 1);
@@ -191,21 +315,26 @@ fn metrics_count_checks_not_peeks() {
 
 #[test]
 fn threads_never_admit_more_than_the_burst_per_key() {
+    for kind in KINDS {
+        threads_never_admit_more_than_the_burst_per_key_on(kind);
+    }
+}
+
+fn threads_never_admit_more_than_the_burst_per_key_on(kind: Kind) {
     // A frozen clock: each key admits exactly its burst, however threads race to
     // insert it.
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
-    let limiter = KeyedBuilder::new(Gcra::new(
-        Policy::per_hour(1).unwrap().with_burst(3).unwrap(),
-    ))
-    .capacity(4_096)
-    .shards(4)
-    .clock(clock)
-    .build()
-    .unwrap();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_hour(1).unwrap().with_burst(3).unwrap()),
+        4_096,
+        4,
+        &clock,
+    );
     let admitted: Vec<AtomicU64> = (0..512).map(|_| AtomicU64::new(0)).collect();
     std::thread::scope(|s| {
         for t in 0..4u64 {
-            let limiter = &limiter;
+            let limiter = &*limiter;
             let admitted = &admitted;
             s.spawn(move || {
                 for round in 0..8u64 {
@@ -277,13 +406,19 @@ proptest! {
 
 #[test]
 fn reclamation_racing_with_decisions_never_over_admits() {
+    for kind in KINDS {
+        reclamation_racing_with_decisions_never_over_admits_on(kind);
+    }
+}
+
+fn reclamation_racing_with_decisions_never_over_admits_on(kind: Kind) {
     // 64 keys in a table of 64 while the clock moves: keys go idle, get reclaimed
     // (by the sweeping main thread, and by the hand on inserts past 56 keys) and come
     // back, with other threads deciding on them lock-free all along. No key may ever
     // admit more than B + elapsed/T, and nothing live is evicted.
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
     let gcra = Gcra::new(Policy::per_second(1_000).unwrap().with_burst(2).unwrap());
-    let limiter = keyed::<u64, _>(gcra, 64, &clock);
+    let limiter = keyed_as(kind, gcra, 64, 1, &clock);
     let admitted: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
     let finished = AtomicU64::new(0);
     let start = floodgate::Clock::now(&clock);
@@ -322,8 +457,20 @@ fn reclamation_racing_with_decisions_never_over_admits() {
 
 #[test]
 fn a_full_sweep_reclaims_every_idle_key() {
+    for kind in KINDS {
+        a_full_sweep_reclaims_every_idle_key_on(kind);
+    }
+}
+
+fn a_full_sweep_reclaims_every_idle_key_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 1_000, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        1_000,
+        1,
+        &clock,
+    );
     for key in 0..1_000 {
         assert!(limiter.check(&key).is_allowed());
     }
