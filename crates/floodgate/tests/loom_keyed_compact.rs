@@ -1,78 +1,45 @@
-//! loom models of the compact keyed table (keys inline in a 128-bit slot): insertion
-//! racing with lookup, reclamation racing with a decision on the same key, and a slot
-//! emptied and reused by another key while a stale reader still holds the old key's
-//! view of it — the reader's CAS must never land on the other key.
+//! loom models of the compact keyed table (keys inline in a 128-bit slot): the
+//! general table's models (`loom_keyed_models`: insertion racing with lookup,
+//! reclamation and eviction racing with a decision), plus a slot emptied and reused
+//! by another key while a stale reader still holds the old key's view of it — the
+//! reader's CAS must never land on the other key — and a key moved by
+//! backward-shift deletion while a reader charges it.
 //!
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed_compact`
 #![cfg(loom)]
 
+mod loom_keyed_models;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use floodgate::{CompactKeyedLimiter, Gcra, KeyedBuilder, ManualClock, Nanos, Policy};
+use loom_keyed_models::{self as models, Keyed as _};
 
 type Compact = CompactKeyedLimiter<u64, Gcra, ManualClock>;
 
-/// Burst 1, one per second, one shard.
-fn limiter(capacity: usize, clock: &ManualClock) -> Arc<Compact> {
-    let gcra = Gcra::new(Policy::per_second(1).unwrap());
-    Arc::new(
-        KeyedBuilder::new(gcra)
-            .capacity(capacity)
-            .shards(1)
-            .clock(clock.clone())
-            .build_compact()
-            .unwrap(),
-    )
-}
-
 #[test]
 fn two_inserts_of_one_key_admit_once() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&7).is_allowed());
-        let here = keyed.check(&7).is_allowed();
-        let there = t.join().unwrap();
-        assert!(here ^ there, "exactly one admission: {here} {there}");
-        assert_eq!(keyed.metrics().live_keys, 1);
-    });
+    models::two_inserts_of_one_key_admit_once::<Compact>();
 }
 
 #[test]
 fn lookup_racing_with_insertion_sees_a_whole_slot() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
-        let peeked = keyed.peek(&1, 1);
-        assert!(t.join().unwrap());
-        if !peeked.is_allowed() {
-            assert_eq!(peeked.retry_after(), Some(Duration::from_secs(1)));
-        }
-        assert!(!keyed.peek(&1, 1).is_allowed());
-        assert_eq!(keyed.metrics().live_keys, 1);
-    });
+    models::lookup_racing_with_insertion_sees_a_whole_entry::<Compact>();
 }
 
 #[test]
 fn reclaiming_an_idle_key_loses_no_charge() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        assert!(keyed.check(&1).is_allowed());
-        clock.advance(Duration::from_secs(1)); // key 1 is idle now
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
-        let reclaimed = keyed.reclaim_idle();
-        assert!(t.join().unwrap(), "an idle key admits");
-        // Reclaimer before, after or in the middle: the charge stands.
-        assert!(!keyed.peek(&1, 1).is_allowed());
-        assert_eq!(keyed.metrics().live_keys, 1);
-        assert!(reclaimed <= 1);
-    });
+    models::reclaiming_an_idle_key_loses_no_charge::<Compact>();
+}
+
+#[test]
+fn a_retired_slot_never_hands_its_state_to_another_key() {
+    models::a_retired_slot_never_hands_its_state_to_another_key::<Compact>();
+}
+
+#[test]
+fn evicting_a_live_key_racing_with_its_decision() {
+    models::evicting_a_live_key_racing_with_its_decision::<Compact>();
 }
 
 /// The home slot the table gives `key` in a one-shard table of `slots` slots under
@@ -96,7 +63,7 @@ fn a_reused_slot_never_applies_one_keys_cas_to_another() {
     let b = (2..).find(|&k| home(k, 2) == home(A, 2)).unwrap();
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(1, &clock);
+        let keyed = Arc::new(Compact::build(1, &clock));
         assert!(keyed.check_n_at(&A, Nanos::from_secs(1), 1).is_allowed());
         let other = Arc::clone(&keyed);
         let t =
