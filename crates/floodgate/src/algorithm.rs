@@ -129,14 +129,25 @@ impl<S: bytemuck::Pod> CasWord for Atomic<S> {
 /// uncontended path never spins. Every caller (decisions, the keyed tables'
 /// retirement, refunds) goes through here.
 #[inline(always)]
-pub(crate) fn update_word<W, R>(
+pub(crate) fn update_word<W, R>(word: &W, step: impl FnMut(W::Value) -> (R, Option<W::Value>)) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from(word, word.load_now(), step)
+}
+
+/// [`update_word`] from a value of the word the caller has just loaded (a lookup that
+/// read the word to find it saves the second load; a stale value only costs a failed
+/// CAS, which hands back the current one).
+#[inline(always)]
+pub(crate) fn update_word_from<W, R>(
     word: &W,
+    mut current: W::Value,
     mut step: impl FnMut(W::Value) -> (R, Option<W::Value>),
 ) -> R
 where
     W: CasWord + ?Sized,
 {
-    let mut current = word.load_now();
     let backoff = Backoff::new();
     loop {
         let (outcome, next) = step(current);

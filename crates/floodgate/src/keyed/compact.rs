@@ -122,7 +122,7 @@ where
     /// ```
     #[inline]
     pub fn check(&self, key: &K) -> Decision {
-        self.check_n_at(key, self.clock.now(), 1)
+        self.check_n(key, 1)
     }
 
     /// Decides `cost` units for `key` now, consuming them if allowed.
@@ -137,7 +137,7 @@ where
     /// ```
     #[inline]
     pub fn check_n(&self, key: &K, cost: u32) -> Decision {
-        self.check_n_at(key, self.clock.now(), cost)
+        self.decide(key, || self.clock.now(), cost)
     }
 
     /// [`check_n`](CompactKeyedLimiter::check_n) at an instant the caller read.
@@ -154,6 +154,12 @@ where
     /// ```
     #[inline]
     pub fn check_n_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
+        self.decide(key, || now, cost)
+    }
+
+    /// A check whose clock is read once the slot's load is under way.
+    #[inline(always)]
+    fn decide(&self, key: &K, now: impl FnOnce() -> Nanos, cost: u32) -> Decision {
         let decision = self.table.check(&self.algorithm, key_bits(key), now, cost);
         self.stripes.count(decision.is_allowed());
         decision

@@ -49,7 +49,7 @@ use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{update_word, Algorithm, CasWord};
+use crate::algorithm::{update_word, update_word_from, Algorithm, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
@@ -162,16 +162,25 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
         CompactTable { set }
     }
 
-    /// Decides `cost` at `now` for the key with bits `key`, inserting it if it must
-    /// store a state.
+    /// Decides `cost` at the instant `now()` reads for the key with bits `key`,
+    /// inserting it if it must store a state. The clock is read after the slot's load
+    /// is issued, so reading it overlaps the cache miss.
     #[inline]
-    pub(crate) fn check<A>(&self, algorithm: &A, key: u64, now: Nanos, cost: u32) -> Decision
+    pub(crate) fn check<A>(
+        &self,
+        algorithm: &A,
+        key: u64,
+        now: impl FnOnce() -> Nanos,
+        cost: u32,
+    ) -> Decision
     where
         A: Algorithm<State = S> + ?Sized,
     {
         let (shard, hash) = self.set.locate(&key);
-        if let Some(i) = shard.find(hash, key) {
-            if let Some(decision) = decide_in(algorithm, &shard.slots[i], key, now, cost) {
+        let found = shard.find(hash, key);
+        let now = now();
+        if let Some((i, seen)) = found {
+            if let Some(decision) = decide_in(algorithm, &shard.slots[i], seen, key, now, cost) {
                 return decision;
             }
         }
@@ -188,7 +197,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
         // Acquire: pairs with the writer's final Release store of the version.
         let before = shard.version.load(Ordering::Acquire);
         let state = match shard.find(hash, key) {
-            Some(i) => Some(state_half(shard.slots[i].load_now())),
+            Some((_, seen)) => Some(state_half(seen)),
             None => {
                 // Acquire fence: if the probe read anything a writer stored after
                 // making the version odd, the re-read below sees that odd version.
@@ -204,21 +213,29 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                 let _writer = lock(&shard.write.lock);
                 shard
                     .find(hash, key)
-                    .map_or(0, |i| state_half(shard.slots[i].load_now()))
+                    .map_or(0, |(_, seen)| state_half(seen))
             }
         };
         algorithm.decide(state_of(bits), now, cost).0
     }
 }
 
-/// Runs the decision on slot `slot` if it still holds `key` with a live state;
-/// `None` when it does not (emptied, retired, or reused by another key).
+/// Runs the decision on slot `slot` (last seen holding `seen`) if it still holds
+/// `key` with a live state; `None` when it does not (emptied, retired, or reused by
+/// another key).
 #[inline(always)]
-fn decide_in<A>(algorithm: &A, slot: &Slot, key: u64, now: Nanos, cost: u32) -> Option<Decision>
+fn decide_in<A>(
+    algorithm: &A,
+    slot: &Slot,
+    seen: u128,
+    key: u64,
+    now: Nanos,
+    cost: u32,
+) -> Option<Decision>
 where
     A: Algorithm + ?Sized,
 {
-    update_word(slot, |current| {
+    update_word_from(slot, seen, |current| {
         let bits = state_half(current);
         if bits == DEAD || key_half(current) != key {
             return (None, None);
@@ -238,11 +255,11 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
         home_slot(hash, self.shard_bits, self.slots.len())
     }
 
-    /// Lock-free probe: the index of the slot holding `key` live. A hit may be stale
-    /// by the time it is used (the CAS re-checks); a miss may be spurious while keys
-    /// move (see the module docs).
+    /// Lock-free probe: the index of the slot holding `key` live, and the slot's
+    /// value as read. A hit may be stale by the time it is used (the CAS re-checks);
+    /// a miss may be spurious while keys move (see the module docs).
     #[inline(always)]
-    fn find(&self, hash: u64, key: u64) -> Option<usize> {
+    fn find(&self, hash: u64, key: u64) -> Option<(usize, u128)> {
         let mut i = self.home(hash);
         for _ in 0..self.slots.len() {
             let slot = self.slots[i].load_now();
@@ -250,7 +267,7 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
                 return None;
             }
             if key_half(slot) == key {
-                return Some(i);
+                return Some((i, slot));
             }
             i = next_slot(i, self.slots.len());
         }
@@ -265,8 +282,8 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
     {
         let mut writer = lock(&self.write.lock);
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
-        if let Some(i) = self.find(hash, key) {
-            if let Some(decision) = decide_in(algorithm, &self.slots[i], key, now, cost) {
+        if let Some((i, seen)) = self.find(hash, key) {
+            if let Some(decision) = decide_in(algorithm, &self.slots[i], seen, key, now, cost) {
                 return decision;
             }
         }
@@ -407,11 +424,11 @@ mod tests {
         let g = gcra();
         let t0 = Nanos::from_secs(1);
         for k in 0..8 {
-            assert!(table.check(&g, k, t0, 1).is_allowed());
+            assert!(table.check(&g, k, || t0, 1).is_allowed());
         }
         assert_eq!(table.counts().live, 8);
         for k in 8..20 {
-            assert!(table.check(&g, k, t0, 2).is_allowed());
+            assert!(table.check(&g, k, || t0, 2).is_allowed());
         }
         assert_eq!(table.counts().live, 8);
         assert_eq!(table.counts().evicted, 12);
@@ -427,10 +444,18 @@ mod tests {
             3,
             to_bits(&GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000))),
         )));
-        let d = decide_in(&gcra(), &slot, 3, Nanos::new(u64::MAX - 1_500_000_000), 1);
+        let seen = slot.load_now();
+        let d = decide_in(
+            &gcra(),
+            &slot,
+            seen,
+            3,
+            Nanos::new(u64::MAX - 1_500_000_000),
+            1,
+        );
         assert!(d.is_some_and(|d| !d.is_allowed()));
         assert_ne!(state_half(slot.load_now()), DEAD);
         // Another key's CAS never applies to this slot.
-        assert!(decide_in(&gcra(), &slot, 4, Nanos::new(0), 1).is_none());
+        assert!(decide_in(&gcra(), &slot, seen, 4, Nanos::new(0), 1).is_none());
     }
 }
