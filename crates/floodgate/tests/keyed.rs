@@ -174,6 +174,36 @@ fn key_types() {
 }
 
 #[test]
+fn compact_key_types() {
+    // Keys of at most 8 bytes, compared by their bits.
+    let compact = |gcra: Gcra, clock: &ManualClock| {
+        KeyedBuilder::new(gcra)
+            .capacity(64)
+            .shards(1)
+            .clock(clock.clone())
+    };
+    let clock = ManualClock::new();
+    let gcra = Gcra::new(Policy::per_second(1).unwrap());
+    let ipv4 = compact(gcra, &clock).build_compact::<[u8; 4]>().unwrap();
+    assert!(ipv4.check(&[10, 0, 0, 1]).is_allowed());
+    assert!(!ipv4.check(&[10, 0, 0, 1]).is_allowed());
+    assert!(ipv4.check(&[10, 0, 0, 2]).is_allowed());
+    // All-ones keys are ordinary keys (emptiness lives in the state half).
+    assert!(ipv4.check(&[255; 4]).is_allowed());
+    assert!(!ipv4.check(&[255; 4]).is_allowed());
+    let wide = compact(gcra, &clock).build_compact::<u64>().unwrap();
+    for key in [0, u64::MAX, 1 << 63, u64::MAX - 1] {
+        assert!(wide.check(&key).is_allowed(), "{key}");
+        assert!(!wide.check(&key).is_allowed(), "{key}");
+    }
+    assert_eq!(wide.metrics().live_keys, 4);
+    let small = compact(gcra, &clock).build_compact::<u16>().unwrap();
+    assert!(small.check(&0).is_allowed());
+    assert!(small.check(&u16::MAX).is_allowed());
+    assert!(!small.check(&0).is_allowed());
+}
+
+#[test]
 fn only_stored_states_insert_keys() {
     for kind in KINDS {
         only_stored_states_insert_keys_on(kind);
@@ -374,32 +404,42 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    /// A tiny table makes the same decisions as an unbounded one as long as it only
-    /// reclaimed idle keys (no eviction yet).
+    /// A tiny table makes the same decisions as an unbounded per-key model as long
+    /// as it only reclaimed idle keys (no eviction yet); a roomy one always does.
+    /// Both tables.
     #[test]
-    fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(ops in prop::collection::vec(op(), 1..300)) {
+    fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(
+        ops in prop::collection::vec(op(), 1..300),
+        kind in prop_oneof![Just(Kind::General), Just(Kind::Compact)],
+        shards in prop_oneof![Just(1usize), Just(2)],
+    ) {
         let clock = ManualClock::new();
         let gcra = Gcra::new(Policy::per_second(4).unwrap().with_burst(3).unwrap());
-        let tiny = keyed::<u8, _>(gcra, 6, &clock);
-        let full = keyed::<u8, _>(gcra, 1_000, &clock);
+        let tiny = keyed_as(kind, gcra, 6, shards, &clock);
+        let full = keyed_as(kind, gcra, 1_000, shards, &clock);
         let mut model: HashMap<u8, RateLimiter<Gcra, ManualClock>> = HashMap::new();
         for op in ops {
             match op {
                 Op::Advance { millis } => { clock.advance(Duration::from_millis(u64::from(millis))); }
                 Op::Peek { key, cost } => {
-                    let a = tiny.peek(&key, u32::from(cost));
-                    let b = full.peek(&key, u32::from(cost));
+                    let a = tiny.peek(&u64::from(key), u32::from(cost));
+                    let b = full.peek(&u64::from(key), u32::from(cost));
+                    let c = model.get(&key).map_or_else(
+                        || RateLimiter::with_clock(gcra, clock.clone()).peek(u32::from(cost)),
+                        |m| m.peek(u32::from(cost)),
+                    );
+                    prop_assert_eq!(b, c);
                     if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
                 }
                 Op::Check { key, cost } => {
-                    let a = tiny.check_n(&key, u32::from(cost));
-                    let b = full.check_n(&key, u32::from(cost));
+                    let a = tiny.check_n(&u64::from(key), u32::from(cost));
+                    let b = full.check_n(&u64::from(key), u32::from(cost));
                     let c = model.entry(key).or_insert_with(|| RateLimiter::with_clock(gcra, clock.clone())).check_n(u32::from(cost));
                     prop_assert_eq!(b, c);
                     if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
                 }
             }
-            prop_assert!(tiny.metrics().live_keys <= 6);
+            prop_assert!(tiny.metrics().live_keys as usize <= tiny.max_keys());
         }
     }
 }

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use floodgate::{
-    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock,
-    Policy, RateLimiter,
+    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics,
+    ManualClock, Policy, RateLimiter,
 };
 
 /// Counts live heap bytes, their peak, and allocations.
@@ -63,54 +63,40 @@ trait Flooded {
     fn bytes_per_key(&self) -> usize;
 }
 
-impl Flooded for KeyedLimiter<u64, Gcra, ManualClock> {
-    fn check(&self, key: u64) -> Decision {
-        KeyedLimiter::check(self, &key)
-    }
-    fn check_n(&self, key: u64, cost: u32) -> Decision {
-        KeyedLimiter::check_n(self, &key, cost)
-    }
-    fn peek(&self, key: u64, cost: u32) -> Decision {
-        KeyedLimiter::peek(self, &key, cost)
-    }
-    fn metrics(&self) -> KeyedMetrics {
-        KeyedLimiter::metrics(self)
-    }
-    fn max_keys(&self) -> usize {
-        KeyedLimiter::max_keys(self)
-    }
-    fn slot_bytes(&self) -> usize {
-        KeyedLimiter::slot_bytes(self)
-    }
-    fn bytes_per_key(&self) -> usize {
-        self.slot_bytes().div_ceil(CAPACITY) + self.entry_bytes()
-    }
+macro_rules! flooded {
+    ($limiter:ident, |$me:ident| $bytes_per_key:expr) => {
+        impl Flooded for $limiter<u64, Gcra, ManualClock> {
+            fn check(&self, key: u64) -> Decision {
+                $limiter::check(self, &key)
+            }
+            fn check_n(&self, key: u64, cost: u32) -> Decision {
+                $limiter::check_n(self, &key, cost)
+            }
+            fn peek(&self, key: u64, cost: u32) -> Decision {
+                $limiter::peek(self, &key, cost)
+            }
+            fn metrics(&self) -> KeyedMetrics {
+                $limiter::metrics(self)
+            }
+            fn max_keys(&self) -> usize {
+                $limiter::max_keys(self)
+            }
+            fn slot_bytes(&self) -> usize {
+                $limiter::slot_bytes(self)
+            }
+            fn bytes_per_key(&self) -> usize {
+                let $me = self;
+                $bytes_per_key
+            }
+        }
+    };
 }
 
-impl Flooded for CompactKeyedLimiter<u64, Gcra, ManualClock> {
-    fn check(&self, key: u64) -> Decision {
-        CompactKeyedLimiter::check(self, &key)
-    }
-    fn check_n(&self, key: u64, cost: u32) -> Decision {
-        CompactKeyedLimiter::check_n(self, &key, cost)
-    }
-    fn peek(&self, key: u64, cost: u32) -> Decision {
-        CompactKeyedLimiter::peek(self, &key, cost)
-    }
-    fn metrics(&self) -> KeyedMetrics {
-        CompactKeyedLimiter::metrics(self)
-    }
-    fn max_keys(&self) -> usize {
-        CompactKeyedLimiter::max_keys(self)
-    }
-    fn slot_bytes(&self) -> usize {
-        CompactKeyedLimiter::slot_bytes(self)
-    }
-    fn bytes_per_key(&self) -> usize {
-        // Bytes per slot × slots per key: nothing else is allocated per key.
-        self.slot_bytes().div_ceil(CAPACITY)
-    }
-}
+// The slot array's share plus one heap entry per key.
+flooded!(KeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY)
+    + me.entry_bytes());
+// Bytes per slot × slots per key: nothing else is allocated per key.
+flooded!(CompactKeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY));
 
 /// 1 per second, burst 1 000: a flood key books 1 s, a kept key 500 s, so the kept
 /// keys are never the closest to idle.
@@ -121,34 +107,26 @@ fn gcra() -> Gcra {
 #[test]
 #[cfg_attr(debug_assertions, ignore = "run with --release")]
 fn ten_million_keys_through_one_million_slots() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let clock = ManualClock::new();
-    let baseline = LIVE.load(Ordering::Relaxed);
-    PEAK.store(baseline, Ordering::Relaxed);
-    let limiter = KeyedBuilder::new(gcra())
-        .capacity(CAPACITY)
-        .clock(clock.clone())
-        .build::<u64>()
-        .unwrap();
-    flood(&limiter, &clock, baseline);
+    flood(|b| b.build::<u64>());
 }
 
 #[test]
 #[cfg_attr(debug_assertions, ignore = "run with --release")]
 fn ten_million_keys_through_one_million_compact_slots() {
+    flood(|b| b.build_compact::<u64>());
+}
+
+fn flood<L: Flooded>(build: impl FnOnce(KeyedBuilder<Gcra, ManualClock>) -> Result<L, KeyedError>) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let clock = ManualClock::new();
     let baseline = LIVE.load(Ordering::Relaxed);
     PEAK.store(baseline, Ordering::Relaxed);
-    let limiter = KeyedBuilder::new(gcra())
-        .capacity(CAPACITY)
-        .clock(clock.clone())
-        .build_compact::<u64>()
-        .unwrap();
-    flood(&limiter, &clock, baseline);
-}
-
-fn flood(limiter: &impl Flooded, clock: &ManualClock, baseline: usize) {
+    let limiter = build(
+        KeyedBuilder::new(gcra())
+            .capacity(CAPACITY)
+            .clock(clock.clone()),
+    )
+    .unwrap();
     let gcra = gcra();
     let slot_bytes = limiter.slot_bytes();
     let bytes_per_key = limiter.bytes_per_key();
