@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::{
-    Algorithm, CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedLimiter, KeyedMetrics,
-    LeakyBucket, ManualClock, Nanos, Policy, RateLimiter, TokenBucket,
+    Algorithm, CompactKeyedLimiter, Decision, Fingerprint, Gcra, KeyedBuilder, KeyedLimiter,
+    KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter, TokenBucket,
 };
 use proptest::prelude::*;
 
@@ -33,9 +33,12 @@ where
 enum Kind {
     General,
     Compact,
+    /// The compact table in fingerprint mode (64-bit hashes: a collision among the
+    /// few keys here has odds of about 2⁻⁵⁰).
+    Fingerprint,
 }
 
-const KINDS: [Kind; 2] = [Kind::General, Kind::Compact];
+const KINDS: [Kind; 3] = [Kind::General, Kind::Compact, Kind::Fingerprint];
 
 /// The API both keyed limiters share, over `u64` keys.
 trait Keyed: Sync {
@@ -48,8 +51,8 @@ trait Keyed: Sync {
 }
 
 macro_rules! keyed_api {
-    ($limiter:ident) => {
-        impl<A: Algorithm> Keyed for $limiter<u64, A, ManualClock> {
+    ($limiter:ident $(, $encoding:ty)?) => {
+        impl<A: Algorithm> Keyed for $limiter<u64, A, ManualClock $(, $encoding)?> {
             fn check(&self, key: &u64) -> Decision {
                 $limiter::check(self, key)
             }
@@ -74,6 +77,7 @@ macro_rules! keyed_api {
 
 keyed_api!(KeyedLimiter);
 keyed_api!(CompactKeyedLimiter);
+keyed_api!(CompactKeyedLimiter, Fingerprint);
 
 /// A `u64`-keyed limiter of `kind`.
 fn keyed_as<A: Algorithm + 'static>(
@@ -90,6 +94,11 @@ fn keyed_as<A: Algorithm + 'static>(
     match kind {
         Kind::General => Box::new(builder.build::<u64>().expect("valid configuration")),
         Kind::Compact => Box::new(builder.build_compact::<u64>().expect("valid configuration")),
+        Kind::Fingerprint => Box::new(
+            builder
+                .build_fingerprint::<u64>()
+                .expect("valid configuration"),
+        ),
     }
 }
 
@@ -201,6 +210,29 @@ fn compact_key_types() {
     assert!(small.check(&0).is_allowed());
     assert!(small.check(&u16::MAX).is_allowed());
     assert!(!small.check(&0).is_allowed());
+}
+
+#[test]
+fn fingerprint_key_types() {
+    // Any `Hash` key, unsized ones included, through its 64-bit keyed hash.
+    let clock = ManualClock::new();
+    let builder = || {
+        KeyedBuilder::new(Gcra::new(Policy::per_minute(1).unwrap()))
+            .capacity(16)
+            .shards(1)
+            .clock(clock.clone())
+    };
+    let by_name = builder().build_fingerprint::<str>().unwrap();
+    assert!(by_name.check("alice").is_allowed());
+    assert!(!by_name.check("alice").is_allowed());
+    assert!(by_name.check("bob").is_allowed());
+    assert!(by_name.peek("carol", 1).is_allowed());
+    assert_eq!(by_name.metrics().live_keys, 2);
+    let by_pair = builder().build_fingerprint::<(IpAddr, String)>().unwrap();
+    let a: IpAddr = "2001:db8::1".parse().unwrap();
+    assert!(by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(!by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(by_pair.check(&(a, "bob".to_owned())).is_allowed());
 }
 
 #[test]
@@ -410,7 +442,7 @@ proptest! {
     #[test]
     fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(
         ops in prop::collection::vec(op(), 1..300),
-        kind in prop_oneof![Just(Kind::General), Just(Kind::Compact)],
+        kind in prop_oneof![Just(Kind::General), Just(Kind::Compact), Just(Kind::Fingerprint)],
         shards in prop_oneof![Just(1usize), Just(2)],
     ) {
         let clock = ManualClock::new();

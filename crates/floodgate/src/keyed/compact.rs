@@ -1,6 +1,8 @@
-//! [`CompactKeyedLimiter`]: the keyed limiter for word-sized keys, stored inline.
+//! [`CompactKeyedLimiter`]: the keyed limiter for word-sized keys, stored inline,
+//! and its opt-in fingerprint mode for any `Hash` key.
 
 use core::fmt;
+use core::hash::Hash;
 use core::marker::PhantomData;
 
 use super::compact_table::{CompactTable, SLOT_BYTES};
@@ -28,6 +30,11 @@ use crate::gcra::Gcra;
 ///   (load factor 7/8 plus the shards' slack), allocated once at build.
 ///
 /// A key or state wider than 8 bytes is rejected at compile time.
+///
+/// **Fingerprint mode** ([`KeyedBuilder::build_fingerprint`], `E = `[`Fingerprint`]):
+/// the same table for keys of any `Hash` type (`str`, `String`, `IpAddr`, tuples),
+/// each standing for its 64-bit keyed hash. Opt-in because it is not exact: two keys
+/// with equal fingerprints share a state (odds in [`Fingerprint`]).
 ///
 /// # Performance
 ///
@@ -57,13 +64,98 @@ use crate::gcra::Gcra;
 /// assert_eq!(per_ip.metrics().live_keys, 2);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct CompactKeyedLimiter<K, A: Algorithm = Gcra, C = DefaultClock> {
+pub struct CompactKeyedLimiter<K: ?Sized, A: Algorithm = Gcra, C = DefaultClock, E = Exact> {
     capacity: usize,
     algorithm: A,
     clock: C,
     table: CompactTable<A::State>,
     stripes: Stripes,
+    encoding: E,
     _key: PhantomData<fn(&K)>,
+}
+
+/// How a [`CompactKeyedLimiter`] turns a key into the 64 bits its slot stores:
+/// [`Exact`] (the key's own bytes) or [`Fingerprint`] (a keyed 64-bit hash).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Exact, KeyBits};
+/// assert_eq!(Exact.bits(&7u64), 7);
+/// ```
+pub trait KeyBits<K: ?Sized>: Send + Sync {
+    /// The 64 bits that stand for `key` in the table.
+    fn bits(&self, key: &K) -> u64;
+}
+
+/// Exact keys: a key's own bytes, zero-extended (keys of at most 8 bytes of plain
+/// old data). Two different keys never share a state.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Exact, KeyBits};
+/// assert_ne!(Exact.bits(&[10u8, 0, 0, 1]), Exact.bits(&[10u8, 0, 0, 2]));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exact;
+
+impl<K: bytemuck::Pod> KeyBits<K> for Exact {
+    #[inline(always)]
+    fn bits(&self, key: &K) -> u64 {
+        super::compact_table::to_bits(key)
+    }
+}
+
+/// Fingerprint keys (opt-in, [`KeyedBuilder::build_fingerprint`]): a key of any
+/// `Hash` type stands for its 64-bit keyed hash (`ahash`, per-process random seeds).
+///
+/// **Not exact**: two different keys whose fingerprints are equal share one state
+/// (each is charged for the other). For `n` keys in the table at once, the chance
+/// that any two of them collide is about n² / 2⁶⁵: 3 × 10⁻⁸ for a million keys,
+/// 3 × 10⁻⁴ for a hundred million. The seeds are random per process, so a client
+/// cannot choose keys that collide. A collision never panics and never admits more
+/// than one key's limit for the pair.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Fingerprint, KeyBits};
+/// let f = Fingerprint::new();
+/// assert_eq!(f.bits("alice"), f.bits("alice"));
+/// assert_ne!(f.bits("alice"), f.bits("bob"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Fingerprint(ahash::RandomState);
+
+impl Fingerprint {
+    /// A fingerprint with fresh random seeds (fixed under loom).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let _f = floodgate::Fingerprint::new();
+    /// ```
+    pub fn new() -> Self {
+        #[cfg(not(loom))]
+        let seeds = ahash::RandomState::new();
+        #[cfg(loom)]
+        let seeds = ahash::RandomState::with_seeds(5, 6, 7, 8);
+        Fingerprint(seeds)
+    }
+}
+
+impl Default for Fingerprint {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Hash + ?Sized> KeyBits<K> for Fingerprint {
+    #[inline(always)]
+    fn bits(&self, key: &K) -> u64 {
+        self.0.hash_one(key)
+    }
 }
 
 /// Compile-time check that a key and a state fit a slot's words.
@@ -100,6 +192,45 @@ impl<A, C> KeyedBuilder<A, C> {
         K: bytemuck::Pod,
     {
         let () = WordSized::<K, A::State>::OK;
+        self.build_with(Exact)
+    }
+
+    /// Builds a [`CompactKeyedLimiter`] in fingerprint mode: keys of any `Hash` type
+    /// (`String`, `IpAddr`, tuples) stand for their 64-bit keyed hash. Opt-in and
+    /// **not exact**: see [`Fingerprint`] for the collision odds.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, or zero shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .build_fingerprint::<str>()?;
+    /// assert!(keyed.check("alice").is_allowed());
+    /// assert!(!keyed.check("alice").is_allowed());
+    /// assert!(keyed.check("bob").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_fingerprint<K>(
+        self,
+    ) -> Result<CompactKeyedLimiter<K, A, C, Fingerprint>, KeyedError>
+    where
+        A: Algorithm,
+        K: Hash + ?Sized,
+    {
+        let () = WordSized::<u64, A::State>::OK;
+        self.build_with(Fingerprint::new())
+    }
+
+    fn build_with<K: ?Sized, E>(
+        self,
+        encoding: E,
+    ) -> Result<CompactKeyedLimiter<K, A, C, E>, KeyedError>
+    where
+        A: Algorithm,
+    {
         let wanted = self.validate()?;
         let (capacity, shards) = self.layout(wanted);
         Ok(CompactKeyedLimiter {
@@ -108,14 +239,16 @@ impl<A, C> KeyedBuilder<A, C> {
             clock: self.clock,
             table: CompactTable::new(capacity, shards),
             stripes: Stripes::new(shards),
+            encoding,
             _key: PhantomData,
         })
     }
 }
 
-impl<K, A, C> CompactKeyedLimiter<K, A, C>
+impl<K, A, C, E> CompactKeyedLimiter<K, A, C, E>
 where
-    K: bytemuck::Pod,
+    K: ?Sized,
+    E: KeyBits<K>,
     A: Algorithm,
     C: Clock,
 {
@@ -170,7 +303,8 @@ where
     /// A check whose clock is read once the slot's load is under way.
     #[inline(always)]
     fn decide(&self, key: &K, now: impl FnOnce() -> Nanos, cost: u32) -> Decision {
-        let decision = self.table.check(&self.algorithm, key_bits(key), now, cost);
+        let bits = self.encoding.bits(key);
+        let decision = self.table.check(&self.algorithm, bits, now, cost);
         self.stripes.count(decision.is_allowed());
         decision
     }
@@ -207,7 +341,8 @@ where
     /// ```
     #[inline]
     pub fn peek_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
-        self.table.peek(&self.algorithm, key_bits(key), now, cost)
+        self.table
+            .peek(&self.algorithm, self.encoding.bits(key), now, cost)
     }
 
     /// Drops every idle key now and returns how many (never needed for bounded
@@ -233,13 +368,7 @@ where
     }
 }
 
-/// A key's bytes, zero-extended to a word.
-#[inline(always)]
-fn key_bits<K: bytemuck::Pod>(key: &K) -> u64 {
-    super::compact_table::to_bits(key)
-}
-
-impl<K, A: Algorithm, C> CompactKeyedLimiter<K, A, C> {
+impl<K: ?Sized, A: Algorithm, C, E> CompactKeyedLimiter<K, A, C, E> {
     /// The counters, summed over stripes and shards (as [`KeyedMetrics`] describes).
     ///
     /// # Examples
@@ -348,7 +477,9 @@ impl<K, A: Algorithm, C> CompactKeyedLimiter<K, A, C> {
     }
 }
 
-impl<K, A: Algorithm + fmt::Debug, C: fmt::Debug> fmt::Debug for CompactKeyedLimiter<K, A, C> {
+impl<K: ?Sized, A: Algorithm + fmt::Debug, C: fmt::Debug, E> fmt::Debug
+    for CompactKeyedLimiter<K, A, C, E>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CompactKeyedLimiter")
             .field("algorithm", &self.algorithm)

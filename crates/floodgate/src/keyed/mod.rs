@@ -5,7 +5,9 @@
 //! design below) and runs any [`Algorithm`] on it. [`CompactKeyedLimiter<K, A>`] is
 //! its twin for keys of at most 8 bytes (`u64`, `u32`, `[u8; 4]`): the key's bits sit
 //! in the slot next to the state, so there is no heap entry, no epoch and one cache
-//! miss per lookup, in ≈ 18.5 bytes per key (see "Compact table" below). Around them:
+//! miss per lookup, in ≈ 18.5 bytes per key (see "Compact table" below); its opt-in
+//! fingerprint mode ([`KeyedBuilder::build_fingerprint`]) takes any `Hash` key as a
+//! 64-bit keyed hash, with documented collision odds ([`Fingerprint`]). Around them:
 //!
 //! * [`plans`]: per-key quotas (`free`, `pro`, `enterprise`), loadable from TOML, with
 //!   a resolver from key to plan and runtime quota changes that keep every key's state;
@@ -133,7 +135,7 @@ mod config;
 pub mod plans;
 mod table;
 
-pub use compact::CompactKeyedLimiter;
+pub use compact::{CompactKeyedLimiter, Exact, Fingerprint, KeyBits};
 
 use core::borrow::Borrow;
 use core::fmt;
