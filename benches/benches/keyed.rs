@@ -1,5 +1,5 @@
 //! Keyed limiting side by side: floodgate's `KeyedLimiter` and `CompactKeyedLimiter`
-//! (word-sized keys inline) vs governor's keyed
+//! (word-sized keys inline; and its fingerprint mode) vs governor's keyed
 //! limiter (default DashMap hasher, and ahash) vs `Mutex<HashMap<u64, GCRA state>>`
 //! vs `DashMap<u64, AtomicU64>` (the same GCRA transition in both), over 10 thousand
 //! and 1 million `u64` keys, uniform and Zipf(1.0), on 1 thread and on 2 threads with
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use floodgate::{
-    Algorithm, Clock, CompactKeyedLimiter, DefaultClock, Gcra, GcraState, KeyedBuilder,
+    Algorithm, Clock, CompactKeyedLimiter, DefaultClock, Gcra, GcraState, KeyBits, KeyedBuilder,
     KeyedLimiter, Nanos, Policy,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -89,9 +89,9 @@ impl Contender for Floodgate {
     }
 }
 
-struct FloodgateCompact(CompactKeyedLimiter<u64>);
+struct FloodgateCompact<E>(CompactKeyedLimiter<u64, Gcra, DefaultClock, E>);
 
-impl Contender for FloodgateCompact {
+impl<E: KeyBits<u64>> Contender for FloodgateCompact<E> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.0.check(&key).is_allowed()
@@ -190,6 +190,15 @@ fn contenders(capacity: usize) -> Vec<(&'static str, Box<dyn Contender>)> {
                 KeyedBuilder::new(Gcra::new(policy()))
                     .capacity(capacity)
                     .build_compact()
+                    .expect("valid"),
+            )),
+        ),
+        (
+            "floodgate-fingerprint",
+            Box::new(FloodgateCompact(
+                KeyedBuilder::new(Gcra::new(policy()))
+                    .capacity(capacity)
+                    .build_fingerprint()
                     .expect("valid"),
             )),
         ),
@@ -325,7 +334,7 @@ fn bytes_per_key() {
         drop(all);
         fill(contender.as_ref(), 0..N);
         let bytes = LIVE.load(Ordering::Relaxed).saturating_sub(before);
-        eprintln!("  {name:<16} {:>6.1}", bytes as f64 / N as f64);
+        eprintln!("  {name:<22} {:>6.1}", bytes as f64 / N as f64);
         drop(contender);
     }
 }
