@@ -41,9 +41,14 @@
 //! As in the general table, under the shard lock: retire the state (CAS of the
 //! state half to dead; it fails against any charge made since, which is then
 //! re-judged), then backward-shift the cluster behind it, each move retiring the
-//! source before publishing the destination, bracketed by the shard's sequence
-//! number so that a `peek` can trust a miss. A reader whose CAS finds the slot dead
-//! or holding another key takes the locked path, which never misses a present key.
+//! source before publishing the destination. Unlike the general table's retired
+//! entries (whose tags stay until unlinked), a retired slot reads as empty at once,
+//! so a probe for a key further along the cluster stops there: the shard's sequence
+//! number therefore turns odd *before* the retirement CAS and even only after the
+//! unlink, so that a `peek` trusts a miss only outside that window (loom:
+//! `a_peek_behind_a_key_being_removed_still_finds_its_key`). A reader whose CAS
+//! finds the slot dead or holding another key takes the locked path, which never
+//! misses a present key.
 
 use core::marker::PhantomData;
 
@@ -313,6 +318,27 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
         decision
     }
 
+    /// Makes the sequence number odd (under the lock): a `peek` that misses from now
+    /// until [`close_window`](Self::close_window) does not trust its miss.
+    fn open_window(&self) {
+        let version = self.version.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 0);
+        self.version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: a reader that reads any slot store below and then fences
+        // with Acquire also reads the odd version (the seqlock protocol).
+        fence(Ordering::Release);
+    }
+
+    /// Makes the sequence number even again (under the lock).
+    fn close_window(&self) {
+        let version = self.version.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 1);
+        // Release: a reader that reads this even version sees every store above.
+        self.version
+            .store(version.wrapping_add(1), Ordering::Release);
+    }
+
     /// Retires slot `i`'s state to dead and returns the state it held (under the
     /// lock; readers may still charge it until the CAS lands).
     fn freeze(&self, i: usize) -> u128 {
@@ -343,18 +369,36 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
     }
 
     /// CAS of the slot's state half to dead (only if idle when `idle_only`).
+    ///
+    /// A dead slot reads as empty, so a probe for a key further along the cluster
+    /// would stop there: the retirement opens the shard's sequence window (odd
+    /// version) *before* the CAS, and the window stays open through the unlink that
+    /// follows, so a `peek` never trusts such a miss. If the CAS ends up not writing
+    /// (a racing charge made the key live), the window is closed again here.
     fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
     where
         A: Algorithm<State = S> + ?Sized,
     {
-        update_word(&self.slots[i], |current| {
+        let mut opened = false;
+        let (how, written) = update_word(&self.slots[i], |current| {
             let bits = state_half(current);
             if bits == DEAD {
-                return (None, None);
+                return ((None, false), None);
             }
             let (how, write) = judge(algorithm, state_of(bits), now, idle_only);
-            (Some(how), write.then(|| pack(key_half(current), DEAD)))
-        })
+            if write && !opened {
+                self.open_window();
+                opened = true;
+            }
+            (
+                (Some(how), write),
+                write.then(|| pack(key_half(current), DEAD)),
+            )
+        });
+        if opened && !written {
+            self.close_window();
+        }
+        how
     }
 
     /// Backward-shift deletion of the retired slot `hole`: each key that moves is
@@ -362,12 +406,10 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
     /// instant do two slots hold it live.
     fn unlink(&self, writer: &mut Writer, mut hole: usize) {
         let n = self.slots.len();
-        let version = self.version.load(Ordering::Relaxed);
-        self.version
-            .store(version.wrapping_add(1), Ordering::Relaxed);
-        // Release fence: a reader that reads any store below and then fences with
-        // Acquire also reads the odd version (the seqlock protocol).
-        fence(Ordering::Release);
+        // Open already (the retirement opened it); opened here only if not.
+        if self.version.load(Ordering::Relaxed) % 2 == 0 {
+            self.open_window();
+        }
         let mut j = hole;
         loop {
             j = next_slot(j, n);
@@ -387,9 +429,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
             hole = j;
         }
         // `hole` is dead already (retired, or frozen by the last move).
-        // Release: a reader that reads this even version sees every move above.
-        self.version
-            .store(version.wrapping_add(2), Ordering::Release);
+        self.close_window();
         writer.live -= 1;
         self.write.set_live(writer);
     }
