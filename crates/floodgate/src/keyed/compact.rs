@@ -97,6 +97,13 @@ pub trait KeyBits<K: ?Sized>: Send + Sync {
 /// use floodgate::{Exact, KeyBits};
 /// assert_ne!(Exact.bits(&[10u8, 0, 0, 1]), Exact.bits(&[10u8, 0, 0, 2]));
 /// ```
+///
+/// A key wider than 8 bytes does not compile:
+///
+/// ```compile_fail
+/// use floodgate::{Exact, KeyBits};
+/// let _ = Exact.bits(&[0u8; 16]);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Exact;
 

@@ -72,9 +72,16 @@ pub(crate) const SLOT_BYTES: usize = 16;
 /// An empty slot.
 const EMPTY_SLOT: u128 = DEAD as u128;
 
-/// A type's bytes zero-extended into a `u64` (`T` is at most 8 bytes).
+/// A type's bytes zero-extended into a `u64` (`T` of more than 8 bytes does not
+/// compile).
 #[inline(always)]
 pub(crate) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
+    const {
+        assert!(
+            core::mem::size_of::<T>() <= 8,
+            "a slot word holds at most 8 bytes"
+        )
+    };
     let mut bytes = [0u8; 8];
     let src = bytemuck::bytes_of(value);
     bytes[..src.len()].copy_from_slice(src);
@@ -84,6 +91,12 @@ pub(crate) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
 /// The inverse of [`to_bits`] for a state word.
 #[inline(always)]
 fn state_of<S: bytemuck::Pod>(bits: u64) -> S {
+    const {
+        assert!(
+            core::mem::size_of::<S>() <= 8,
+            "a slot word holds at most 8 bytes"
+        )
+    };
     let mut state: S = bytemuck::Zeroable::zeroed();
     let len = core::mem::size_of::<S>();
     bytemuck::bytes_of_mut(&mut state).copy_from_slice(&bits.to_ne_bytes()[..len]);
