@@ -1,4 +1,5 @@
-//! Keyed limiting side by side: floodgate's `KeyedLimiter` vs governor's keyed
+//! Keyed limiting side by side: floodgate's `KeyedLimiter` and `CompactKeyedLimiter`
+//! (word-sized keys inline; and its fingerprint mode) vs governor's keyed
 //! limiter (default DashMap hasher, and ahash) vs `Mutex<HashMap<u64, GCRA state>>`
 //! vs `DashMap<u64, AtomicU64>` (the same GCRA transition in both), over 10 thousand
 //! and 1 million `u64` keys, uniform and Zipf(1.0), on 1 thread and on 2 threads with
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use floodgate::{
-    Algorithm, Clock, DefaultClock, Gcra, GcraState, KeyedBuilder, KeyedLimiter, Nanos, Policy,
+    Algorithm, Clock, CompactKeyedLimiter, DefaultClock, Gcra, GcraState, KeyBits, KeyedBuilder,
+    KeyedLimiter, Nanos, Policy,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -81,6 +83,15 @@ trait Contender: Sync {
 struct Floodgate(KeyedLimiter<u64>);
 
 impl Contender for Floodgate {
+    #[inline]
+    fn check(&self, key: u64) -> bool {
+        self.0.check(&key).is_allowed()
+    }
+}
+
+struct FloodgateCompact<E>(CompactKeyedLimiter<u64, Gcra, DefaultClock, E>);
+
+impl<E: KeyBits<u64>> Contender for FloodgateCompact<E> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.0.check(&key).is_allowed()
@@ -170,6 +181,24 @@ fn contenders(capacity: usize) -> Vec<(&'static str, Box<dyn Contender>)> {
                 KeyedBuilder::new(Gcra::new(policy()))
                     .capacity(capacity)
                     .build()
+                    .expect("valid"),
+            )),
+        ),
+        (
+            "floodgate-compact",
+            Box::new(FloodgateCompact(
+                KeyedBuilder::new(Gcra::new(policy()))
+                    .capacity(capacity)
+                    .build_compact()
+                    .expect("valid"),
+            )),
+        ),
+        (
+            "floodgate-fingerprint",
+            Box::new(FloodgateCompact(
+                KeyedBuilder::new(Gcra::new(policy()))
+                    .capacity(capacity)
+                    .build_fingerprint()
                     .expect("valid"),
             )),
         ),
@@ -298,14 +327,14 @@ fn contended(c: &mut Criterion) {
 fn bytes_per_key() {
     const N: u64 = 1_000_000;
     eprintln!("heap bytes per key at {N} u64 keys (payload, excluding allocator overhead):");
-    for index in 0..5 {
+    for index in 0..contenders(1).len() {
         let before = LIVE.load(Ordering::Relaxed);
         let mut all = contenders(N as usize);
         let (name, contender) = all.swap_remove(index);
         drop(all);
         fill(contender.as_ref(), 0..N);
         let bytes = LIVE.load(Ordering::Relaxed).saturating_sub(before);
-        eprintln!("  {name:<16} {:>6.1}", bytes as f64 / N as f64);
+        eprintln!("  {name:<22} {:>6.1}", bytes as f64 / N as f64);
         drop(contender);
     }
 }

@@ -126,28 +126,66 @@ pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     update_word(word, |current| algorithm.decide(current, now, cost))
 }
 
+/// A word [`update_word`] can drive: a load and a weak compare-exchange.
+pub(crate) trait CasWord {
+    /// The value the word holds.
+    type Value: Copy;
+    /// Loads the current value.
+    fn load_now(&self) -> Self::Value;
+    /// One weak CAS; `Err` hands back the current value.
+    fn cas_weak(&self, current: Self::Value, new: Self::Value) -> Result<Self::Value, Self::Value>;
+}
+
+impl<S: bytemuck::Pod> CasWord for Atomic<S> {
+    type Value = S;
+
+    #[inline(always)]
+    fn load_now(&self) -> S {
+        // Relaxed: see the module docs; the word publishes nothing but itself.
+        self.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: S, new: S) -> Result<S, S> {
+        self.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed)
+    }
+}
+
 /// The crate's only `compare_exchange` loop: applies `step` to the word until the
 /// state it wants written is written, or it wants nothing written.
 ///
 /// `step` maps the current state to an outcome and the state to store (`None`:
 /// nothing to write). A failed CAS hands back the current value, which the next round
 /// reuses instead of reloading; `Backoff::spin` runs only after a failure, so the
-/// uncontended path never spins. Every caller (decisions, the keyed table's
+/// uncontended path never spins. Every caller (decisions, the keyed tables'
 /// retirement, refunds) goes through here.
 #[inline(always)]
-pub(crate) fn update_word<S, R>(word: &Atomic<S>, mut step: impl FnMut(S) -> (R, Option<S>)) -> R
+pub(crate) fn update_word<W, R>(word: &W, step: impl FnMut(W::Value) -> (R, Option<W::Value>)) -> R
 where
-    S: bytemuck::Pod,
+    W: CasWord + ?Sized,
 {
-    // Relaxed: see the module docs; the word publishes nothing but itself.
-    let mut current = word.load(Ordering::Relaxed);
+    update_word_from(word, word.load_now(), step)
+}
+
+/// [`update_word`] from a value of the word the caller has just loaded (a lookup that
+/// read the word to find it saves the second load; a stale value only costs a failed
+/// CAS, which hands back the current one).
+#[inline(always)]
+pub(crate) fn update_word_from<W, R>(
+    word: &W,
+    mut current: W::Value,
+    mut step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
     let backoff = Backoff::new();
     loop {
         let (outcome, next) = step(current);
         let Some(next) = next else {
             return outcome;
         };
-        match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
+        match word.cas_weak(current, next) {
             Ok(_) => return outcome,
             Err(actual) => {
                 current = actual;

@@ -82,7 +82,8 @@ pub use duration::{parse_duration, DurationError};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::{
-    KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, MAX_CAPACITY,
+    CompactKeyedLimiter, Exact, Fingerprint, KeyBits, KeyedBuilder, KeyedError, KeyedLimiter,
+    KeyedMetrics, DEFAULT_CAPACITY, MAX_CAPACITY,
 };
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};

@@ -14,6 +14,7 @@ mod imp {
     pub(crate) use atomic::Atomic;
     pub(crate) use core::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering};
     pub(crate) use crossbeam_epoch::{pin, Guard};
+    pub(crate) use portable_atomic::AtomicU128;
     pub(crate) use std::sync::{Mutex, MutexGuard};
 
     /// Frees `ptr` (a `Box::into_raw`) once no thread pinned now can still read it.
@@ -115,6 +116,43 @@ mod imp {
                 .compare_exchange_weak(Self::to_bits(current), Self::to_bits(new), success, failure)
                 .map(Self::from_bits)
                 .map_err(Self::from_bits)
+        }
+    }
+
+    /// loom twin of a 128-bit atomic: loom has none, so a loom mutex makes each
+    /// operation one indivisible step. It models the interleavings the compact keyed
+    /// table's protocol allows (every slot operation is one atomic step on real
+    /// hardware too); it is stronger than `Relaxed`, which the table never relies on
+    /// for anything but the slot word itself.
+    pub(crate) struct AtomicU128(Mutex<u128>);
+
+    impl AtomicU128 {
+        pub(crate) fn new(v: u128) -> Self {
+            Self(Mutex::new(v))
+        }
+
+        pub(crate) fn load(&self, _order: Ordering) -> u128 {
+            *super::lock(&self.0)
+        }
+
+        pub(crate) fn store(&self, v: u128, _order: Ordering) {
+            *super::lock(&self.0) = v;
+        }
+
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u128,
+            new: u128,
+            _success: Ordering,
+            _failure: Ordering,
+        ) -> Result<u128, u128> {
+            let mut word = super::lock(&self.0);
+            if *word == current {
+                *word = new;
+                Ok(current)
+            } else {
+                Err(*word)
+            }
         }
     }
 

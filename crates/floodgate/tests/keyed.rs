@@ -1,5 +1,7 @@
-//! Public behaviour of `KeyedLimiter`: exact decisions per key, key types, no insert
-//! on peek, reclamation, eviction, and a differential test against an unbounded table.
+//! Public behaviour of `KeyedLimiter` and of its inline twin `CompactKeyedLimiter`
+//! (every case over `u64` keys runs on both): exact decisions per key, key types, no
+//! insert on peek, reclamation, eviction, and a differential test against an
+//! unbounded table.
 #![cfg(not(loom))]
 
 use std::collections::HashMap;
@@ -8,8 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::{
-    Algorithm, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, LeakyBucket, ManualClock, Nanos,
-    Policy, RateLimiter, SlidingWindow, TokenBucket,
+    Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
+    KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow, TokenBucket,
 };
 use proptest::prelude::*;
 
@@ -26,10 +29,90 @@ where
         .expect("valid configuration")
 }
 
+/// Which table a case runs on.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    General,
+    Compact,
+    /// The compact table in fingerprint mode (64-bit hashes: a collision among the
+    /// few keys here has odds of about 2⁻⁵⁰).
+    Fingerprint,
+}
+
+const KINDS: [Kind; 3] = [Kind::General, Kind::Compact, Kind::Fingerprint];
+
+/// The API both keyed limiters share, over `u64` keys.
+trait Keyed: Sync {
+    fn check(&self, key: &u64) -> Decision;
+    fn check_n(&self, key: &u64, cost: u32) -> Decision;
+    fn peek(&self, key: &u64, cost: u32) -> Decision;
+    fn metrics(&self) -> KeyedMetrics;
+    fn max_keys(&self) -> usize;
+    fn reclaim_idle(&self) -> usize;
+}
+
+macro_rules! keyed_api {
+    ($limiter:ident $(, $encoding:ty)?) => {
+        impl<A: Algorithm> Keyed for $limiter<u64, A, ManualClock $(, $encoding)?> {
+            fn check(&self, key: &u64) -> Decision {
+                $limiter::check(self, key)
+            }
+            fn check_n(&self, key: &u64, cost: u32) -> Decision {
+                $limiter::check_n(self, key, cost)
+            }
+            fn peek(&self, key: &u64, cost: u32) -> Decision {
+                $limiter::peek(self, key, cost)
+            }
+            fn metrics(&self) -> KeyedMetrics {
+                $limiter::metrics(self)
+            }
+            fn max_keys(&self) -> usize {
+                $limiter::max_keys(self)
+            }
+            fn reclaim_idle(&self) -> usize {
+                $limiter::reclaim_idle(self)
+            }
+        }
+    };
+}
+
+keyed_api!(KeyedLimiter);
+keyed_api!(CompactKeyedLimiter);
+keyed_api!(CompactKeyedLimiter, Fingerprint);
+
+/// A `u64`-keyed limiter of `kind`.
+fn keyed_as<A: Algorithm + 'static>(
+    kind: Kind,
+    alg: A,
+    capacity: usize,
+    shards: usize,
+    clock: &ManualClock,
+) -> Box<dyn Keyed> {
+    let builder = KeyedBuilder::new(alg)
+        .capacity(capacity)
+        .shards(shards)
+        .clock(clock.clone());
+    match kind {
+        Kind::General => Box::new(builder.build::<u64>().expect("valid configuration")),
+        Kind::Compact => Box::new(builder.build_compact::<u64>().expect("valid configuration")),
+        Kind::Fingerprint => Box::new(
+            builder
+                .build_fingerprint::<u64>()
+                .expect("valid configuration"),
+        ),
+    }
+}
+
 /// Every key behaves exactly like its own `RateLimiter`, for each GCRA flavour.
-fn same_as_direct<A: Algorithm + Clone>(alg: A) {
+fn same_as_direct<A: Algorithm + Clone + 'static>(alg: A) {
+    for kind in KINDS {
+        same_as_direct_on(kind, alg.clone());
+    }
+}
+
+fn same_as_direct_on<A: Algorithm + Clone + 'static>(kind: Kind, alg: A) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, A>(alg.clone(), 1_000, &clock);
+    let limiter = keyed_as(kind, alg.clone(), 1_000, 1, &clock);
     let direct: Vec<_> = (0..5)
         .map(|_| RateLimiter::with_clock(alg.clone(), clock.clone()))
         .collect();
@@ -101,9 +184,74 @@ fn key_types() {
 }
 
 #[test]
-fn only_stored_states_insert_keys() {
+fn compact_key_types() {
+    // Keys of at most 8 bytes, compared by their bits.
+    let compact = |gcra: Gcra, clock: &ManualClock| {
+        KeyedBuilder::new(gcra)
+            .capacity(64)
+            .shards(1)
+            .clock(clock.clone())
+    };
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(2).unwrap()), 16, &clock);
+    let gcra = Gcra::new(Policy::per_second(1).unwrap());
+    let ipv4 = compact(gcra, &clock).build_compact::<[u8; 4]>().unwrap();
+    assert!(ipv4.check(&[10, 0, 0, 1]).is_allowed());
+    assert!(!ipv4.check(&[10, 0, 0, 1]).is_allowed());
+    assert!(ipv4.check(&[10, 0, 0, 2]).is_allowed());
+    // All-ones keys are ordinary keys (emptiness lives in the state half).
+    assert!(ipv4.check(&[255; 4]).is_allowed());
+    assert!(!ipv4.check(&[255; 4]).is_allowed());
+    let wide = compact(gcra, &clock).build_compact::<u64>().unwrap();
+    for key in [0, u64::MAX, 1 << 63, u64::MAX - 1] {
+        assert!(wide.check(&key).is_allowed(), "{key}");
+        assert!(!wide.check(&key).is_allowed(), "{key}");
+    }
+    assert_eq!(wide.metrics().live_keys, 4);
+    let small = compact(gcra, &clock).build_compact::<u16>().unwrap();
+    assert!(small.check(&0).is_allowed());
+    assert!(small.check(&u16::MAX).is_allowed());
+    assert!(!small.check(&0).is_allowed());
+}
+
+#[test]
+fn fingerprint_key_types() {
+    // Any `Hash` key, unsized ones included, through its 64-bit keyed hash.
+    let clock = ManualClock::new();
+    let builder = || {
+        KeyedBuilder::new(Gcra::new(Policy::per_minute(1).unwrap()))
+            .capacity(16)
+            .shards(1)
+            .clock(clock.clone())
+    };
+    let by_name = builder().build_fingerprint::<str>().unwrap();
+    assert!(by_name.check("alice").is_allowed());
+    assert!(!by_name.check("alice").is_allowed());
+    assert!(by_name.check("bob").is_allowed());
+    assert!(by_name.peek("carol", 1).is_allowed());
+    assert_eq!(by_name.metrics().live_keys, 2);
+    let by_pair = builder().build_fingerprint::<(IpAddr, String)>().unwrap();
+    let a: IpAddr = "2001:db8::1".parse().unwrap();
+    assert!(by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(!by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(by_pair.check(&(a, "bob".to_owned())).is_allowed());
+}
+
+#[test]
+fn only_stored_states_insert_keys() {
+    for kind in KINDS {
+        only_stored_states_insert_keys_on(kind);
+    }
+}
+
+fn only_stored_states_insert_keys_on(kind: Kind) {
+    let clock = ManualClock::new();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(2).unwrap()),
+        16,
+        1,
+        &clock,
+    );
     let _ = limiter.peek(&1, 1); // a read
     let _ = limiter.check_n(&2, 0); // cost 0 writes nothing
     let never = limiter.check_n(&3, 3); // above the capacity: denied, nothing stored
@@ -115,8 +263,20 @@ fn only_stored_states_insert_keys() {
 
 #[test]
 fn idle_keys_are_reclaimed_without_a_call() {
+    for kind in KINDS {
+        idle_keys_are_reclaimed_without_a_call_on(kind);
+    }
+}
+
+fn idle_keys_are_reclaimed_without_a_call_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 64, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        64,
+        1,
+        &clock,
+    );
     for key in 0..64 {
         assert!(limiter.check(&key).is_allowed());
     }
@@ -135,11 +295,19 @@ fn idle_keys_are_reclaimed_without_a_call() {
 
 #[test]
 fn a_full_table_evicts_the_key_closest_to_idle() {
+    for kind in KINDS {
+        a_full_table_evicts_the_key_closest_to_idle_on(kind);
+    }
+}
+
+fn a_full_table_evicts_the_key_closest_to_idle_on(kind: Kind) {
     let clock = ManualClock::new();
     // Capacity 8, one shard: the eviction sample covers every key.
-    let limiter = keyed::<u64, _>(
+    let limiter = keyed_as(
+        kind,
         Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap()),
         8,
+        1,
         &clock,
     );
     for key in 0..8u64 {
@@ -162,13 +330,20 @@ fn a_full_table_evicts_the_key_closest_to_idle() {
 
 #[test]
 fn memory_stays_bounded_under_a_flood_of_live_keys() {
+    for kind in KINDS {
+        memory_stays_bounded_under_a_flood_of_live_keys_on(kind);
+    }
+}
+
+fn memory_stays_bounded_under_a_flood_of_live_keys_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = KeyedBuilder::new(Gcra::new(Policy::per_hour(1).unwrap()))
-        .capacity(1_000)
-        .shards(4)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_hour(1).unwrap()),
+        1_000,
+        4,
+        &clock,
+    );
     for key in 0..20_000u64 {
         assert!(limiter.check(&key).is_allowed());
         assert!(limiter.metrics().live_keys as usize <= limiter.max_keys());
@@ -180,8 +355,20 @@ fn memory_stays_bounded_under_a_flood_of_live_keys() {
 
 #[test]
 fn metrics_count_checks_not_peeks() {
+    for kind in KINDS {
+        metrics_count_checks_not_peeks_on(kind);
+    }
+}
+
+fn metrics_count_checks_not_peeks_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 16, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        16,
+        1,
+        &clock,
+    );
     let _ = limiter.check(&1);
     let _ = limiter.check(&1);
     let _ = limiter.peek(&1, 1);
@@ -191,21 +378,26 @@ fn metrics_count_checks_not_peeks() {
 
 #[test]
 fn threads_never_admit_more_than_the_burst_per_key() {
+    for kind in KINDS {
+        threads_never_admit_more_than_the_burst_per_key_on(kind);
+    }
+}
+
+fn threads_never_admit_more_than_the_burst_per_key_on(kind: Kind) {
     // A frozen clock: each key admits exactly its burst, however threads race to
     // insert it.
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
-    let limiter = KeyedBuilder::new(Gcra::new(
-        Policy::per_hour(1).unwrap().with_burst(3).unwrap(),
-    ))
-    .capacity(4_096)
-    .shards(4)
-    .clock(clock)
-    .build()
-    .unwrap();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_hour(1).unwrap().with_burst(3).unwrap()),
+        4_096,
+        4,
+        &clock,
+    );
     let admitted: Vec<AtomicU64> = (0..512).map(|_| AtomicU64::new(0)).collect();
     std::thread::scope(|s| {
         for t in 0..4u64 {
-            let limiter = &limiter;
+            let limiter = &*limiter;
             let admitted = &admitted;
             s.spawn(move || {
                 for round in 0..8u64 {
@@ -245,45 +437,61 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    /// A tiny table makes the same decisions as an unbounded one as long as it only
-    /// reclaimed idle keys (no eviction yet).
+    /// A tiny table makes the same decisions as an unbounded per-key model as long
+    /// as it only reclaimed idle keys (no eviction yet); a roomy one always does.
+    /// Both tables.
     #[test]
-    fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(ops in prop::collection::vec(op(), 1..300)) {
+    fn tiny_capacity_matches_unbounded_while_nothing_was_evicted(
+        ops in prop::collection::vec(op(), 1..300),
+        kind in prop_oneof![Just(Kind::General), Just(Kind::Compact), Just(Kind::Fingerprint)],
+        shards in prop_oneof![Just(1usize), Just(2)],
+    ) {
         let clock = ManualClock::new();
         let gcra = Gcra::new(Policy::per_second(4).unwrap().with_burst(3).unwrap());
-        let tiny = keyed::<u8, _>(gcra, 6, &clock);
-        let full = keyed::<u8, _>(gcra, 1_000, &clock);
+        let tiny = keyed_as(kind, gcra, 6, shards, &clock);
+        let full = keyed_as(kind, gcra, 1_000, shards, &clock);
         let mut model: HashMap<u8, RateLimiter<Gcra, ManualClock>> = HashMap::new();
         for op in ops {
             match op {
                 Op::Advance { millis } => { clock.advance(Duration::from_millis(u64::from(millis))); }
                 Op::Peek { key, cost } => {
-                    let a = tiny.peek(&key, u32::from(cost));
-                    let b = full.peek(&key, u32::from(cost));
+                    let a = tiny.peek(&u64::from(key), u32::from(cost));
+                    let b = full.peek(&u64::from(key), u32::from(cost));
+                    let c = model.get(&key).map_or_else(
+                        || RateLimiter::with_clock(gcra, clock.clone()).peek(u32::from(cost)),
+                        |m| m.peek(u32::from(cost)),
+                    );
+                    prop_assert_eq!(b, c);
                     if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
                 }
                 Op::Check { key, cost } => {
-                    let a = tiny.check_n(&key, u32::from(cost));
-                    let b = full.check_n(&key, u32::from(cost));
+                    let a = tiny.check_n(&u64::from(key), u32::from(cost));
+                    let b = full.check_n(&u64::from(key), u32::from(cost));
                     let c = model.entry(key).or_insert_with(|| RateLimiter::with_clock(gcra, clock.clone())).check_n(u32::from(cost));
                     prop_assert_eq!(b, c);
                     if tiny.metrics().evicted == 0 { prop_assert_eq!(a, b); }
                 }
             }
-            prop_assert!(tiny.metrics().live_keys <= 6);
+            prop_assert!(tiny.metrics().live_keys as usize <= tiny.max_keys());
         }
     }
 }
 
 #[test]
 fn reclamation_racing_with_decisions_never_over_admits() {
+    for kind in KINDS {
+        reclamation_racing_with_decisions_never_over_admits_on(kind);
+    }
+}
+
+fn reclamation_racing_with_decisions_never_over_admits_on(kind: Kind) {
     // 64 keys in a table of 64 while the clock moves: keys go idle, get reclaimed
     // (by the sweeping main thread, and by the hand on inserts past 56 keys) and come
     // back, with other threads deciding on them lock-free all along. No key may ever
     // admit more than B + elapsed/T, and nothing live is evicted.
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
     let gcra = Gcra::new(Policy::per_second(1_000).unwrap().with_burst(2).unwrap());
-    let limiter = keyed::<u64, _>(gcra, 64, &clock);
+    let limiter = keyed_as(kind, gcra, 64, 1, &clock);
     let admitted: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
     let finished = AtomicU64::new(0);
     let start = floodgate::Clock::now(&clock);
@@ -322,8 +530,20 @@ fn reclamation_racing_with_decisions_never_over_admits() {
 
 #[test]
 fn a_full_sweep_reclaims_every_idle_key() {
+    for kind in KINDS {
+        a_full_sweep_reclaims_every_idle_key_on(kind);
+    }
+}
+
+fn a_full_sweep_reclaims_every_idle_key_on(kind: Kind) {
     let clock = ManualClock::new();
-    let limiter = keyed::<u64, _>(Gcra::new(Policy::per_second(1).unwrap()), 1_000, &clock);
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap()),
+        1_000,
+        1,
+        &clock,
+    );
     for key in 0..1_000 {
         assert!(limiter.check(&key).is_allowed());
     }

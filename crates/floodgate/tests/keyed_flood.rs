@@ -1,6 +1,7 @@
-//! A flood of 10 million unique keys through a limiter with capacity 1 million:
-//! the heap never grows past the bound, keys that stayed live keep their decisions,
-//! and a check on a known key allocates nothing.
+//! A flood of 10 million unique keys through a limiter with capacity 1 million (the
+//! general `KeyedLimiter` and the inline `CompactKeyedLimiter`): the heap never grows
+//! past the bound, keys that stayed live keep their decisions, and a check on a known
+//! key allocates nothing.
 //!
 //! Too slow unoptimised; run it with
 //! `cargo test -p floodgate --release --test keyed_flood` (CI does).
@@ -8,9 +9,13 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter};
+use floodgate::{
+    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics,
+    ManualClock, Policy, RateLimiter,
+};
 
 /// Counts live heap bytes, their peak, and allocations.
 struct Counting;
@@ -43,24 +48,88 @@ const CAPACITY: usize = 1_000_000;
 const FLOOD: u64 = 10_000_000;
 const KEPT: u64 = 1_000;
 
+/// The two tests share the allocator's counters: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// What the flood needs of a keyed limiter over `u64` keys.
+trait Flooded {
+    fn check(&self, key: u64) -> Decision;
+    fn check_n(&self, key: u64, cost: u32) -> Decision;
+    fn peek(&self, key: u64, cost: u32) -> Decision;
+    fn metrics(&self) -> KeyedMetrics;
+    fn max_keys(&self) -> usize;
+    fn slot_bytes(&self) -> usize;
+    /// Heap bytes per key of capacity: the slot array's share plus any entry.
+    fn bytes_per_key(&self) -> usize;
+}
+
+macro_rules! flooded {
+    ($limiter:ident, |$me:ident| $bytes_per_key:expr) => {
+        impl Flooded for $limiter<u64, Gcra, ManualClock> {
+            fn check(&self, key: u64) -> Decision {
+                $limiter::check(self, &key)
+            }
+            fn check_n(&self, key: u64, cost: u32) -> Decision {
+                $limiter::check_n(self, &key, cost)
+            }
+            fn peek(&self, key: u64, cost: u32) -> Decision {
+                $limiter::peek(self, &key, cost)
+            }
+            fn metrics(&self) -> KeyedMetrics {
+                $limiter::metrics(self)
+            }
+            fn max_keys(&self) -> usize {
+                $limiter::max_keys(self)
+            }
+            fn slot_bytes(&self) -> usize {
+                $limiter::slot_bytes(self)
+            }
+            fn bytes_per_key(&self) -> usize {
+                let $me = self;
+                $bytes_per_key
+            }
+        }
+    };
+}
+
+// The slot array's share plus one heap entry per key.
+flooded!(KeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY)
+    + me.entry_bytes());
+// Bytes per slot × slots per key: nothing else is allocated per key.
+flooded!(CompactKeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY));
+
+/// 1 per second, burst 1 000: a flood key books 1 s, a kept key 500 s, so the kept
+/// keys are never the closest to idle.
+fn gcra() -> Gcra {
+    Gcra::new(Policy::per_second(1).unwrap().with_burst(1_000).unwrap())
+}
+
 #[test]
 #[cfg_attr(debug_assertions, ignore = "run with --release")]
 fn ten_million_keys_through_one_million_slots() {
+    flood(|b| b.build::<u64>());
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "run with --release")]
+fn ten_million_keys_through_one_million_compact_slots() {
+    flood(|b| b.build_compact::<u64>());
+}
+
+fn flood<L: Flooded>(build: impl FnOnce(KeyedBuilder<Gcra, ManualClock>) -> Result<L, KeyedError>) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let clock = ManualClock::new();
-    // 1 per second, burst 1 000: a flood key books 1 s, a kept key 500 s, so the
-    // kept keys are never the closest to idle.
-    let gcra = Gcra::new(Policy::per_second(1).unwrap().with_burst(1_000).unwrap());
     let baseline = LIVE.load(Ordering::Relaxed);
     PEAK.store(baseline, Ordering::Relaxed);
-
-    let limiter = KeyedBuilder::new(gcra)
-        .capacity(CAPACITY)
-        .clock(clock.clone())
-        .build::<u64>()
-        .unwrap();
+    let limiter = build(
+        KeyedBuilder::new(gcra())
+            .capacity(CAPACITY)
+            .clock(clock.clone()),
+    )
+    .unwrap();
+    let gcra = gcra();
     let slot_bytes = limiter.slot_bytes();
-    // The table's bytes per key: its share of the slot array plus one entry.
-    let bytes_per_key = slot_bytes.div_ceil(CAPACITY) + limiter.entry_bytes();
+    let bytes_per_key = limiter.bytes_per_key();
     let bound = 2 * CAPACITY * bytes_per_key;
 
     // The kept keys and their twins.
@@ -69,18 +138,18 @@ fn ten_million_keys_through_one_million_slots() {
         .collect();
     for (key, twin) in kept.iter().enumerate() {
         let key = u64::MAX - key as u64;
-        assert_eq!(limiter.check_n(&key, 500), twin.check_n(500));
+        assert_eq!(limiter.check_n(key, 500), twin.check_n(500));
     }
 
     for i in 0..FLOOD {
-        assert!(limiter.check(&i).is_allowed());
+        assert!(limiter.check(i).is_allowed());
         if i % 10 == 0 {
             clock.advance(Duration::from_nanos(1_000));
         }
         if i % 1_000_000 == 0 {
             // A kept key, checked while the flood runs: same decision as its twin.
             let k = (i / 1_000_000) as usize;
-            assert_eq!(limiter.check(&(u64::MAX - k as u64)), kept[k].check());
+            assert_eq!(limiter.check(u64::MAX - k as u64), kept[k].check());
         }
     }
     let peak = PEAK.load(Ordering::Relaxed) - baseline;
@@ -98,16 +167,16 @@ fn ten_million_keys_through_one_million_slots() {
     // Every kept key stayed live and decides exactly like its twin.
     for (key, twin) in kept.iter().enumerate() {
         let key = u64::MAX - key as u64;
-        assert_eq!(limiter.peek(&key, 1), twin.peek(1), "kept key {key}");
-        assert_eq!(limiter.check_n(&key, 3), twin.check_n(3), "kept key {key}");
+        assert_eq!(limiter.peek(key, 1), twin.peek(1), "kept key {key}");
+        assert_eq!(limiter.check_n(key, 3), twin.check_n(3), "kept key {key}");
     }
 
     // The hot path for known keys allocates nothing.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for round in 0..10u64 {
         for key in 0..KEPT {
-            let _ = limiter.check(&(u64::MAX - key));
-            let _ = limiter.peek(&(u64::MAX - key - round), 1);
+            let _ = limiter.check(u64::MAX - key);
+            let _ = limiter.peek(u64::MAX - key - round, 1);
         }
     }
     assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), before);

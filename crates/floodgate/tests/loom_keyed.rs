@@ -1,126 +1,38 @@
-//! loom models of the keyed table: insertion racing with lookup, and reclamation
-//! racing with a decision on the same key. A retired slot must never hand one key's
-//! state to another, and reclaiming an idle key must lose no charge.
+//! loom models of the keyed table (bodies in `loom_keyed_models`, shared with the
+//! compact table): insertion racing with lookup, and reclamation and eviction racing
+//! with a decision on the same key.
 //!
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed`
 #![cfg(loom)]
 
-use std::sync::Arc;
-use std::time::Duration;
+mod loom_keyed_models;
 
-use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy};
+use floodgate::{Gcra, KeyedLimiter, ManualClock};
+use loom_keyed_models as models;
 
 type Keyed = KeyedLimiter<u64, Gcra, ManualClock>;
 
-/// Burst 1, one per second, one shard.
-fn limiter(capacity: usize, clock: &ManualClock) -> Arc<Keyed> {
-    let gcra = Gcra::new(Policy::per_second(1).unwrap());
-    Arc::new(
-        KeyedBuilder::new(gcra)
-            .capacity(capacity)
-            .shards(1)
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    )
-}
-
 #[test]
 fn two_inserts_of_one_key_admit_once() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&7).is_allowed());
-        let here = keyed.check(&7).is_allowed();
-        let there = t.join().unwrap();
-        assert!(here ^ there, "exactly one admission: {here} {there}");
-        assert_eq!(keyed.metrics().live_keys, 1);
-    });
+    models::two_inserts_of_one_key_admit_once::<Keyed>();
 }
 
 #[test]
 fn lookup_racing_with_insertion_sees_a_whole_entry() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
-        // A peek of the same key: fresh (allowed) before the insert, denied after.
-        let peeked = keyed.peek(&1, 1);
-        assert!(t.join().unwrap());
-        // Whatever it saw, it saw one of the two real states.
-        if !peeked.is_allowed() {
-            assert_eq!(peeked.retry_after(), Some(Duration::from_secs(1)));
-        }
-        assert!(!keyed.peek(&1, 1).is_allowed());
-    });
+    models::lookup_racing_with_insertion_sees_a_whole_entry::<Keyed>();
 }
 
 #[test]
 fn reclaiming_an_idle_key_loses_no_charge() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter(4, &clock);
-        assert!(keyed.check(&1).is_allowed());
-        clock.advance(Duration::from_secs(1)); // key 1 is idle now
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
-        let reclaimed = keyed.reclaim_idle();
-        assert!(t.join().unwrap(), "an idle key admits");
-        // Whether the reclaimer ran before, after or in the middle, the charge stands.
-        assert!(!keyed.peek(&1, 1).is_allowed());
-        assert_eq!(keyed.metrics().live_keys, 1);
-        assert!(reclaimed <= 1);
-    });
+    models::reclaiming_an_idle_key_loses_no_charge::<Keyed>();
 }
 
 #[test]
 fn a_retired_slot_never_hands_its_state_to_another_key() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        // Capacity 1: inserting key 2 must retire key 1 (idle, so reclaimed).
-        let keyed = limiter(1, &clock);
-        assert!(keyed.check(&1).is_allowed());
-        clock.advance(Duration::from_secs(1));
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1));
-        let two = keyed.check(&2);
-        let one = t.join().unwrap();
-        // Both behave as fresh keys: one admission each, nothing inherited.
-        assert!(one.is_allowed() && two.is_allowed());
-        assert_eq!((one.remaining(), two.remaining()), (0, 0));
-        assert_eq!(one.reset_after(), Duration::from_secs(1));
-        assert_eq!(two.reset_after(), Duration::from_secs(1));
-        let m = keyed.metrics();
-        assert_eq!(m.live_keys, 1);
-        // Whichever key is still in the table still holds its own charge.
-        assert!(!keyed.peek(&1, 1).is_allowed() || !keyed.peek(&2, 1).is_allowed());
-    });
+    models::a_retired_slot_never_hands_its_state_to_another_key::<Keyed>();
 }
 
 #[test]
 fn evicting_a_live_key_racing_with_its_decision() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        // Capacity 1, key 1 live (booked 1 s ahead): inserting key 2 evicts it.
-        let keyed = limiter(1, &clock);
-        assert!(keyed.check(&1).is_allowed());
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1));
-        let two = keyed.check(&2);
-        let one = t.join().unwrap();
-        // Key 2 is fresh: never key 1's state.
-        assert!(two.is_allowed());
-        assert_eq!(two.reset_after(), Duration::from_secs(1));
-        // Key 1 saw either its own state (denied) or, evicted, a fresh one.
-        if one.is_allowed() {
-            assert_eq!(one.reset_after(), Duration::from_secs(1));
-        } else {
-            assert_eq!(one.retry_after(), Some(Duration::from_secs(1)));
-        }
-        let m = keyed.metrics();
-        assert_eq!(m.live_keys, 1);
-        assert!(m.evicted >= 1);
-    });
+    models::evicting_a_live_key_racing_with_its_decision::<Keyed>();
 }

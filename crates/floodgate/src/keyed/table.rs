@@ -66,13 +66,13 @@ const EVICTION_SAMPLE: usize = 8;
 pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Slot<(), u64>>();
 
 /// The reserved *dead* state: all bits set.
-fn dead<S: bytemuck::Pod>() -> S {
+pub(crate) fn dead<S: bytemuck::Pod>() -> S {
     let mut s: S = bytemuck::Zeroable::zeroed();
     bytemuck::bytes_of_mut(&mut s).fill(0xFF);
     s
 }
 
-fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
+pub(crate) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
     bytemuck::bytes_of(s).iter().all(|b| *b == 0xFF)
 }
 
@@ -88,13 +88,13 @@ struct Slot<K, S> {
 }
 
 /// Writer-side bookkeeping, only touched under the shard's mutex.
-struct Writer {
-    live: usize,
+pub(crate) struct Writer {
+    pub(crate) live: usize,
     /// The reclamation hand: the next slot to inspect.
-    hand: usize,
+    pub(crate) hand: usize,
 }
 
-struct Shard<K, S> {
+pub(crate) struct Shard<K, S> {
     slots: Box<[Slot<K, S>]>,
     /// Sequence number: odd while a writer moves entries.
     version: AtomicU64,
@@ -107,12 +107,121 @@ struct Shard<K, S> {
     write: CachePadded<WriteSide>,
 }
 
-struct WriteSide {
-    lock: Mutex<Writer>,
+pub(crate) struct WriteSide {
+    pub(crate) lock: Mutex<Writer>,
     /// Counters written only under `lock`, read lock-free by metrics.
-    live: AtomicU64,
-    reclaimed: AtomicU64,
-    evicted: AtomicU64,
+    pub(crate) live: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+}
+
+impl WriteSide {
+    pub(crate) fn new() -> CachePadded<Self> {
+        CachePadded::new(WriteSide {
+            lock: Mutex::new(Writer { live: 0, hand: 0 }),
+            live: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        })
+    }
+
+    /// Records `live` keys (under `lock`).
+    pub(crate) fn set_live(&self, writer: &Writer) {
+        self.live.store(writer.live as u64, Ordering::Relaxed);
+    }
+}
+
+/// Sums the counters of `sides` (each read lock-free).
+pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> TableCounts {
+    let mut c = TableCounts::default();
+    for side in sides {
+        // Relaxed: statistics; each counter is written only under its shard lock.
+        c.live += side.live.load(Ordering::Relaxed);
+        c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
+        c.evicted += side.evicted.load(Ordering::Relaxed);
+    }
+    c
+}
+
+/// Slots per shard and each shard's share of the key capacity, for `capacity` keys
+/// over `shards` shards.
+///
+/// Keys do not spread evenly: a shard's count is binomial around its share with
+/// σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity` keys
+/// from evicting live ones in a crowded shard, for about 4/√share more memory (1 % at
+/// 125 000 keys per shard). Load factor ≤ 7/8, and always at least one empty slot so
+/// probes end.
+pub(crate) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
+    debug_assert!(shards.is_power_of_two() && shards <= capacity);
+    let share = capacity.div_ceil(shards);
+    let per_shard = if shards == 1 {
+        share
+    } else {
+        share + 4 * isqrt(share) + 8
+    };
+    (per_shard, per_shard + per_shard.div_ceil(7))
+}
+
+/// The shard of `hash`: its high bits (`>> 1 >> (63 − bits)` is 0 for one shard).
+#[inline(always)]
+pub(crate) fn shard_index(hash: u64, shard_bits: u32) -> usize {
+    ((hash >> 1) >> (63 - shard_bits)) as usize
+}
+
+/// The home slot of `hash` among `len`: multiply-shift (any slot count works) over
+/// the bits below the shard bits.
+#[inline(always)]
+pub(crate) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
+    let spread = hash << shard_bits;
+    ((u128::from(spread) * len as u128) >> 64) as usize
+}
+
+/// The slot after `i` among `len`, wrapping.
+#[inline(always)]
+pub(crate) fn next_slot(i: usize, len: usize) -> usize {
+    if i + 1 == len {
+        0
+    } else {
+        i + 1
+    }
+}
+
+/// One shard's slot array as the shared reclamation and eviction code sees it. Every
+/// method runs with the shard lock held.
+pub(crate) trait Slots {
+    /// The state word type.
+    type State: bytemuck::Pod;
+    /// Number of slots.
+    fn len(&self) -> usize;
+    /// The shard's write side (lock and counters).
+    fn write_side(&self) -> &WriteSide;
+    /// This shard's share of the key capacity.
+    fn share(&self) -> usize;
+    /// The state of the key in slot `i`, or `None` when `i` is empty.
+    fn state_at(&self, i: usize) -> Option<Self::State>;
+    /// Retires the state of the key in slot `i` (see [`judge`]); `None` when empty.
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = Self::State> + ?Sized;
+    /// Unlinks the (retired) key in slot `i`.
+    fn unlink(&self, writer: &mut Writer, i: usize);
+}
+
+/// Whether to retire `state`: the outcome, and whether to write the dead word.
+pub(crate) fn judge<A>(
+    algorithm: &A,
+    state: A::State,
+    now: Nanos,
+    idle_only: bool,
+) -> (Retired, bool)
+where
+    A: Algorithm + ?Sized,
+{
+    let idle = algorithm.is_idle(state, now);
+    if idle_only && !idle {
+        return (Retired::Kept, false);
+    }
+    (if idle { Retired::Idle } else { Retired::Live }, true)
 }
 
 /// Writer-side counters of a table, summed over shards.
@@ -125,14 +234,107 @@ pub(crate) struct TableCounts {
 
 /// The sharded table: keys `K` to state words `S`.
 pub(crate) struct Table<K, S> {
-    shards: Box<[CachePadded<Shard<K, S>>]>,
+    pub(crate) set: ShardSet<Shard<K, S>>,
+}
+
+/// The shard-level operations (counts, capacity, full sweeps) are the shard set's.
+impl<K, S> core::ops::Deref for Table<K, S> {
+    type Target = ShardSet<Shard<K, S>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.set
+    }
+}
+
+/// A table's shards and the hasher that spreads keys over them.
+pub(crate) struct ShardSet<T> {
+    pub(crate) shards: Box<[CachePadded<T>]>,
     shard_bits: u32,
     hasher: ahash::RandomState,
 }
 
+/// What a new shard is made from.
+pub(crate) struct ShardShape<'a> {
+    /// The shard's share of the key capacity.
+    pub(crate) share: usize,
+    /// Its slot count.
+    pub(crate) slots: usize,
+    /// The table's shard bits.
+    pub(crate) shard_bits: u32,
+    /// The table's hasher.
+    pub(crate) hasher: &'a ahash::RandomState,
+}
+
+impl<T: Slots> ShardSet<T> {
+    /// `shards` shards (a power of two ≤ `capacity`), each made by `make`.
+    pub(crate) fn new(capacity: usize, shards: usize, make: impl Fn(ShardShape<'_>) -> T) -> Self {
+        let (share, slots) = shard_size(capacity, shards);
+        let shard_bits = shards.trailing_zeros();
+        // Random per-process seeds (HashDoS resistance); fixed under loom, whose
+        // exploration must be deterministic.
+        #[cfg(not(loom))]
+        let hasher = ahash::RandomState::new();
+        #[cfg(loom)]
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let shards = (0..shards)
+            .map(|_| {
+                CachePadded::new(make(ShardShape {
+                    share,
+                    slots,
+                    shard_bits,
+                    hasher: &hasher,
+                }))
+            })
+            .collect();
+        ShardSet {
+            shards,
+            shard_bits,
+            hasher,
+        }
+    }
+
+    /// The shard of `key` and the key's hash.
+    #[inline(always)]
+    pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&T, u64) {
+        let hash = self.hasher.hash_one(key);
+        (&self.shards[shard_index(hash, self.shard_bits)], hash)
+    }
+
+    /// Number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Keys the table holds at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.share()).sum()
+    }
+
+    /// Slots over all shards.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.shards.iter().map(|s| s.len()).sum()
+    }
+
+    /// Counters summed over shards (each read lock-free).
+    pub(crate) fn counts(&self) -> TableCounts {
+        sum_counts(self.shards.iter().map(|s| s.write_side()))
+    }
+
+    /// Reclaims every idle key now (a full sweep under each shard's lock).
+    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
+    where
+        A: Algorithm<State = T::State> + ?Sized,
+    {
+        self.shards
+            .iter()
+            .map(|shard| reclaim_shard(&**shard, algorithm, now))
+            .sum()
+    }
+}
+
 /// How a removal went.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Retired {
+pub(crate) enum Retired {
     /// The key was idle: nothing lost.
     Idle,
     /// The key was live: its state is lost (an eviction).
@@ -148,74 +350,25 @@ where
 {
     /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
     pub(crate) fn new(capacity: usize, shards: usize) -> Self {
-        debug_assert!(shards.is_power_of_two() && shards <= capacity);
-        let share = capacity.div_ceil(shards);
-        // Keys do not spread evenly: a shard's count is binomial around its share with
-        // σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity`
-        // keys from evicting live ones in a crowded shard, for about 4/√share more
-        // memory (1 % at 125 000 keys per shard).
-        let per_shard = if shards == 1 {
-            share
-        } else {
-            share + 4 * isqrt(share) + 8
-        };
-        // Load factor ≤ 7/8, and always at least one empty slot so probes end.
-        let slots = per_shard + per_shard.div_ceil(7);
-        let shard_bits = shards.trailing_zeros();
-        let shards: Box<[CachePadded<Shard<K, S>>]> = (0..shards)
-            .map(|_| {
-                CachePadded::new(Shard {
-                    slots: (0..slots)
-                        .map(|_| Slot {
-                            tag: AtomicU64::new(EMPTY),
-                            entry: AtomicPtr::new(ptr::null_mut()),
-                        })
-                        .collect(),
-                    version: AtomicU64::new(0),
-                    shard_bits,
-                    capacity: per_shard,
-                    write: CachePadded::new(WriteSide {
-                        lock: Mutex::new(Writer { live: 0, hand: 0 }),
-                        live: AtomicU64::new(0),
-                        reclaimed: AtomicU64::new(0),
-                        evicted: AtomicU64::new(0),
-                    }),
+        let set = ShardSet::new(capacity, shards, |shape| Shard {
+            slots: (0..shape.slots)
+                .map(|_| Slot {
+                    tag: AtomicU64::new(EMPTY),
+                    entry: AtomicPtr::new(ptr::null_mut()),
                 })
-            })
-            .collect();
-        Table {
-            shards,
-            shard_bits,
-            // Random per-process seeds (HashDoS resistance); fixed under loom, whose
-            // exploration must be deterministic.
-            #[cfg(not(loom))]
-            hasher: ahash::RandomState::new(),
-            #[cfg(loom)]
-            hasher: ahash::RandomState::with_seeds(1, 2, 3, 4),
-        }
-    }
-
-    /// Number of shards.
-    pub(crate) fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
-    /// Keys the table holds at most.
-    pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.capacity).sum()
-    }
-
-    /// Slots over all shards.
-    pub(crate) fn slot_count(&self) -> usize {
-        self.shards.iter().map(|s| s.slots.len()).sum()
+                .collect(),
+            version: AtomicU64::new(0),
+            shard_bits: shape.shard_bits,
+            capacity: shape.share,
+            write: WriteSide::new(),
+        });
+        Table { set }
     }
 
     #[inline(always)]
     fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<K, S>, u64) {
-        let hash = self.hasher.hash_one(key);
-        // High bits pick the shard; `>> 1 >> (63 − bits)` is 0 when there is one shard.
-        let index = ((hash >> 1) >> (63 - self.shard_bits)) as usize;
-        (&self.shards[index], hash | 1)
+        let (shard, hash) = self.set.locate(key);
+        (shard, hash | 1)
     }
 
     /// Decides `cost` at `now` for `key`, inserting the key if it must store a state.
@@ -304,36 +457,105 @@ where
             .find(tag, key, &guard)
             .is_some_and(|entry| apply(&entry.state))
     }
+}
 
-    /// Counters summed over shards (each read lock-free).
-    pub(crate) fn counts(&self) -> TableCounts {
-        let mut c = TableCounts::default();
-        for shard in self.shards.iter() {
-            // Relaxed: statistics; each counter is written only under its shard lock.
-            c.live += shard.write.live.load(Ordering::Relaxed);
-            c.reclaimed += shard.write.reclaimed.load(Ordering::Relaxed);
-            c.evicted += shard.write.evicted.load(Ordering::Relaxed);
-        }
-        c
+/// Reclaims every idle key of one shard (a full sweep under its lock).
+pub(crate) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let mut writer = lock(&shard.write_side().lock);
+    let before = shard.write_side().reclaimed.load(Ordering::Relaxed);
+    let start = writer.hand;
+    writer.hand = 0;
+    sweep(shard, &mut writer, algorithm, now, shard.len());
+    writer.hand = start % shard.len();
+    (shard.write_side().reclaimed.load(Ordering::Relaxed) - before) as usize
+}
+
+/// Makes room for one more key: past 7/8 of the share, the hand reclaims idle keys
+/// as it passes; when full, the closest-to-idle of a small sample goes.
+pub(crate) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let share = shard.share();
+    if writer.live >= share - share / 8 {
+        sweep(shard, writer, algorithm, now, SWEEP_STEP);
     }
+    if writer.live >= share {
+        evict_one(shard, writer, algorithm, now);
+    }
+}
 
-    /// Reclaims every idle key now (a full sweep under each shard's lock).
-    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let mut total = 0;
-        for shard in self.shards.iter() {
-            let mut writer = lock(&shard.write.lock);
-            let before = shard.write.reclaimed.load(Ordering::Relaxed);
-            let start = writer.hand;
-            writer.hand = 0;
-            let steps = shard.slots.len();
-            shard.sweep(&mut writer, algorithm, now, steps);
-            writer.hand = start % shard.slots.len();
-            total += (shard.write.reclaimed.load(Ordering::Relaxed) - before) as usize;
+/// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
+fn sweep<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    // Count slots the hand moves past, not iterations: after a removal a later key
+    // may have shifted into the same slot, which is inspected again.
+    let mut advanced = 0;
+    while advanced < steps {
+        let i = writer.hand;
+        if shard.retire_at(algorithm, i, now, true) == Some(Retired::Idle) {
+            // A later key may shift into `i`: look at it next.
+            shard.unlink(writer, i);
+            shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            writer.hand = next_slot(i, shard.len());
+            advanced += 1;
         }
-        total
+    }
+}
+
+/// Removes one key: the first idle one met, else the closest to idle of a sample.
+fn evict_one<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let side = shard.write_side();
+    let mut best: Option<(u64, usize)> = None;
+    let mut sampled = 0;
+    let mut i = writer.hand;
+    for _ in 0..shard.len() {
+        if let Some(how) = shard.retire_at(algorithm, i, now, true) {
+            if how == Retired::Idle {
+                shard.unlink(writer, i);
+                side.reclaimed.fetch_add(1, Ordering::Relaxed);
+                writer.hand = i;
+                return;
+            }
+            // Live (or made live by a racing decision): a candidate. Closest to idle
+            // = the least time until the state is fresh again.
+            if let Some(state) = shard.state_at(i) {
+                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
+                if best.is_none_or(|(b, _)| until_idle < b) {
+                    best = Some((until_idle, i));
+                }
+            }
+            sampled += 1;
+            if sampled == EVICTION_SAMPLE {
+                break;
+            }
+        }
+        i = next_slot(i, shard.len());
+    }
+    let Some((_, victim)) = best else {
+        return;
+    };
+    if let Some(how) = shard.retire_at(algorithm, victim, now, false) {
+        shard.unlink(writer, victim);
+        if how == Retired::Idle {
+            side.reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            side.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        writer.hand = next_slot(i, shard.len());
     }
 }
 
@@ -377,17 +599,12 @@ where
     /// The home slot of `tag`: multiply-shift over the bits below the shard bits.
     #[inline(always)]
     fn home(&self, tag: u64) -> usize {
-        let spread = tag << self.shard_bits;
-        ((u128::from(spread) * self.slots.len() as u128) >> 64) as usize
+        home_slot(tag, self.shard_bits, self.slots.len())
     }
 
     #[inline(always)]
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.slots.len() {
-            0
-        } else {
-            i + 1
-        }
+        next_slot(i, self.slots.len())
     }
 
     /// Lock-free probe. A hit is always right; a miss may be spurious while entries
@@ -465,7 +682,7 @@ where
         if is_dead(&next) {
             return decision.refused();
         }
-        self.make_room(&mut writer, algorithm, now, guard);
+        make_room(self, &mut writer, algorithm, now);
         // There is always an empty slot: make_room leaves live < capacity < slots
         // (it evicts whenever a shard is full and holds a key). Bounded all the same.
         let mut i = self.home(tag);
@@ -486,22 +703,8 @@ where
         self.slots[i].entry.store(entry, Ordering::Release);
         self.slots[i].tag.store(tag, Ordering::Release);
         writer.live += 1;
-        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        self.write.set_live(&writer);
         decision
-    }
-
-    /// Makes room for one more key: past 7/8 of the share, the hand reclaims idle
-    /// keys as it passes; when full, the closest-to-idle of a small sample goes.
-    fn make_room<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        if writer.live >= self.capacity - self.capacity / 8 {
-            self.sweep(writer, algorithm, now, SWEEP_STEP);
-        }
-        if writer.live >= self.capacity {
-            self.evict_one(writer, algorithm, now, guard);
-        }
     }
 
     /// The entry in slot `i`, if any (under the shard lock).
@@ -512,80 +715,9 @@ where
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
-    fn sweep<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let guard = pin();
-        // Count slots the hand moves past, not iterations: after a removal a later
-        // entry may have shifted into the same slot, which is inspected again.
-        let mut advanced = 0;
-        while advanced < steps {
-            let i = writer.hand;
-            let retired = match self.entry_at(i) {
-                Some(entry) => retire_state(algorithm, entry, now, true),
-                None => Retired::Kept,
-            };
-            if retired == Retired::Idle {
-                // A later entry may shift into `i`: look at it next.
-                self.unlink(writer, i, &guard);
-                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-            } else {
-                writer.hand = self.next(i);
-                advanced += 1;
-            }
-        }
-    }
-
-    /// Removes one key: the first idle one met, else the closest to idle of a sample.
-    fn evict_one<A>(&self, writer: &mut Writer, algorithm: &A, now: Nanos, guard: &Guard)
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let mut best: Option<(u64, usize)> = None;
-        let mut sampled = 0;
-        let mut i = writer.hand;
-        for _ in 0..self.slots.len() {
-            if let Some(entry) = self.entry_at(i) {
-                if retire_state(algorithm, entry, now, true) == Retired::Idle {
-                    self.unlink(writer, i, guard);
-                    self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-                    writer.hand = i;
-                    return;
-                }
-                // Live (or made live by a racing decision): a candidate. Closest to
-                // idle = the least time until the state is fresh again.
-                let state = entry.state.load(Ordering::Relaxed);
-                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
-                if best.is_none_or(|(b, _)| until_idle < b) {
-                    best = Some((until_idle, i));
-                }
-                sampled += 1;
-                if sampled == EVICTION_SAMPLE {
-                    break;
-                }
-            }
-            i = self.next(i);
-        }
-        let Some((_, victim)) = best else {
-            return;
-        };
-        if let Some(entry) = self.entry_at(victim) {
-            let how = retire_state(algorithm, entry, now, false);
-            self.unlink(writer, victim, guard);
-            if how == Retired::Idle {
-                self.write.reclaimed.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.write.evicted.fetch_add(1, Ordering::Relaxed);
-            }
-            writer.hand = self.next(i);
-        }
-    }
-
     /// Unlinks the (retired) entry in slot `hole` by backward-shift deletion and
     /// hands it to the epoch.
-    fn unlink(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
+    fn unlink_entry(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
         let dead_entry = self.slots[hole].entry.load(Ordering::Relaxed);
         let n = self.slots.len();
         // Sequence number odd: readers that miss during the moves retry.
@@ -623,7 +755,7 @@ where
         self.version
             .store(version.wrapping_add(2), Ordering::Release);
         writer.live -= 1;
-        self.write.live.store(writer.live as u64, Ordering::Relaxed);
+        self.write.set_live(writer);
         // SAFETY: `dead_entry` came from `Box::into_raw` on insert, is now unlinked
         // from every slot (it was in exactly one at rest, and moves only copy other
         // entries), and is retired exactly once, here, under the shard lock.
@@ -631,30 +763,49 @@ where
     }
 }
 
-/// Retires an entry's state: CAS to the dead word (only if idle when `idle_only`).
-fn retire_state<K, A>(
-    algorithm: &A,
-    entry: &Entry<K, A::State>,
-    now: Nanos,
-    idle_only: bool,
-) -> Retired
+impl<K, S> Slots for Shard<K, S>
 where
-    A: Algorithm + ?Sized,
+    K: Eq + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
 {
-    let dead = dead::<A::State>();
-    update_word(&entry.state, |state| {
-        let idle = algorithm.is_idle(state, now);
-        if idle_only && !idle {
-            return (Retired::Kept, None);
-        }
-        let how = if idle { Retired::Idle } else { Retired::Live };
-        (how, Some(dead))
-    })
+    type State = S;
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn write_side(&self) -> &WriteSide {
+        &self.write
+    }
+
+    fn share(&self) -> usize {
+        self.capacity
+    }
+
+    fn state_at(&self, i: usize) -> Option<S> {
+        self.entry_at(i).map(|e| e.state.load(Ordering::Relaxed))
+    }
+
+    /// CAS of the entry's state to the dead word (only if idle when `idle_only`).
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let entry = self.entry_at(i)?;
+        Some(update_word(&entry.state, |state| {
+            let (how, write) = judge(algorithm, state, now, idle_only);
+            (how, write.then(dead::<S>))
+        }))
+    }
+
+    fn unlink(&self, writer: &mut Writer, i: usize) {
+        self.unlink_entry(writer, i, &pin());
+    }
 }
 
 impl<K, S> Drop for Table<K, S> {
     fn drop(&mut self) {
-        for shard in self.shards.iter() {
+        for shard in self.set.shards.iter() {
             for slot in shard.slots.iter() {
                 let p = slot.entry.load(Ordering::Relaxed);
                 if !p.is_null() {

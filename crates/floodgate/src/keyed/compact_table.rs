@@ -1,0 +1,514 @@
+//! The compact key table behind [`CompactKeyedLimiter`](super::CompactKeyedLimiter):
+//! word-sized keys stored inline, no heap entry, no epoch.
+//!
+//! # Layout
+//!
+//! Shards, hashing, probing, sizing, reclamation and eviction are those of the
+//! general table ([`super::table`]). The difference is the slot: one 16-byte
+//! atomic word holding the key's bits (high 64 bits, the key's bytes zero-extended)
+//! and its state (low 64 bits, the state's bytes zero-extended). A lookup loads one
+//! slot — one cache line, no pointer to chase — and a decision is one 128-bit CAS
+//! on it (`cmpxchg16b` on x86_64, through `portable-atomic`; no `unsafe` here).
+//!
+//! # Empty slots
+//!
+//! A slot is *empty* when its state half is [`DEAD`] (all 64 bits set), whatever
+//! its key half. No key can make a slot look empty: the key half is not consulted.
+//! No state can either: the state half of an occupied slot is a state's bytes
+//! zero-extended, which is all-ones only for an 8-byte state equal to the reserved
+//! dead word — which the algorithm must never store (as in the general table, a
+//! transition that would is refused).
+//!
+//! # Why a reused slot never applies one key's CAS to another (ABA)
+//!
+//! Slots are reused in place and nothing is ever freed, so a reader may hold a
+//! stale copy `(k, s)` of a slot that has since been emptied and refilled. Its CAS
+//! compares the *whole* slot, key included: it succeeds only if the slot holds
+//! exactly `(k, s)` at that instant. Invariant (kept by the writers, who serialise on
+//! the shard lock): **at any instant at most one slot holds key `k` with a live
+//! state** — an insert first looks the key up under the lock, and a move
+//! (backward-shift deletion) first retires the source slot (CAS to dead) and only
+//! then publishes the key in its new slot. So a successful CAS on `(k, s)` updates
+//! `k`'s one live state, which is `s`; and the decision it stores was computed from
+//! exactly `(k, s)` — a pure function of the state, `now` and the cost — so it is
+//! the decision `k` would get at that instant. A different key's state is never
+//! touched (its key half differs), and the same key's state is touched only when it
+//! equals what the decision was computed from. This holds however many times the
+//! slot was reused in between; loom: `tests/loom_keyed_compact.rs`.
+//!
+//! # Removal
+//!
+//! As in the general table, under the shard lock: retire the state (CAS of the
+//! state half to dead; it fails against any charge made since, which is then
+//! re-judged), then backward-shift the cluster behind it, each move retiring the
+//! source before publishing the destination. Unlike the general table's retired
+//! entries (whose tags stay until unlinked), a retired slot reads as empty at once,
+//! so a probe for a key further along the cluster stops there: the shard's sequence
+//! number therefore turns odd *before* the retirement CAS and even only after the
+//! unlink, so that a `peek` trusts a miss only outside that window (loom:
+//! `a_peek_behind_a_key_being_removed_still_finds_its_key`). A reader whose CAS
+//! finds the slot dead or holding another key takes the locked path, which never
+//! misses a present key.
+
+use core::marker::PhantomData;
+
+use crossbeam_utils::CachePadded;
+
+use crate::algorithm::{update_word, update_word_from, Algorithm, CasWord};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
+
+use super::table::{
+    home_slot, judge, make_room, next_slot, Retired, ShardSet, Slots, WriteSide, Writer,
+};
+
+/// The state half of an empty (or retired) slot.
+pub(crate) const DEAD: u64 = u64::MAX;
+
+/// Bytes of one compact slot.
+pub(crate) const SLOT_BYTES: usize = 16;
+
+/// An empty slot.
+const EMPTY_SLOT: u128 = DEAD as u128;
+
+/// A type's bytes zero-extended into a `u64` (`T` of more than 8 bytes does not
+/// compile).
+#[inline(always)]
+pub(crate) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
+    const {
+        assert!(
+            core::mem::size_of::<T>() <= 8,
+            "a slot word holds at most 8 bytes"
+        )
+    };
+    let mut bytes = [0u8; 8];
+    let src = bytemuck::bytes_of(value);
+    bytes[..src.len()].copy_from_slice(src);
+    u64::from_ne_bytes(bytes)
+}
+
+/// The inverse of [`to_bits`] for a state word.
+#[inline(always)]
+fn state_of<S: bytemuck::Pod>(bits: u64) -> S {
+    const {
+        assert!(
+            core::mem::size_of::<S>() <= 8,
+            "a slot word holds at most 8 bytes"
+        )
+    };
+    let mut state: S = bytemuck::Zeroable::zeroed();
+    let len = core::mem::size_of::<S>();
+    bytemuck::bytes_of_mut(&mut state).copy_from_slice(&bits.to_ne_bytes()[..len]);
+    state
+}
+
+#[inline(always)]
+fn pack(key: u64, state: u64) -> u128 {
+    (u128::from(key) << 64) | u128::from(state)
+}
+
+#[inline(always)]
+fn key_half(slot: u128) -> u64 {
+    (slot >> 64) as u64
+}
+
+#[inline(always)]
+fn state_half(slot: u128) -> u64 {
+    slot as u64
+}
+
+/// A slot as [`update_word`] drives it: the whole 128-bit word is compared.
+struct Slot(AtomicU128);
+
+impl CasWord for Slot {
+    type Value = u128;
+
+    #[inline(always)]
+    fn load_now(&self) -> u128 {
+        // Relaxed: the slot publishes nothing but itself (key and state are in it).
+        self.0.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: u128, new: u128) -> Result<u128, u128> {
+        self.0
+            .compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed)
+    }
+}
+
+pub(crate) struct Shard<S> {
+    slots: Box<[Slot]>,
+    /// Sequence number: odd while a writer moves keys.
+    version: AtomicU64,
+    shard_bits: u32,
+    /// This shard's share of the key capacity.
+    capacity: usize,
+    hasher: ahash::RandomState,
+    write: CachePadded<WriteSide>,
+    _state: PhantomData<fn() -> S>,
+}
+
+/// The compact sharded table: word-sized keys (as bits) to state words `S`.
+pub(crate) struct CompactTable<S> {
+    set: ShardSet<Shard<S>>,
+}
+
+/// The shard-level operations (counts, capacity, full sweeps) are the shard set's.
+impl<S> core::ops::Deref for CompactTable<S> {
+    type Target = ShardSet<Shard<S>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.set
+    }
+}
+
+impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
+    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
+    pub(crate) fn new(capacity: usize, shards: usize) -> Self {
+        let set = ShardSet::new(capacity, shards, |shape| Shard {
+            slots: (0..shape.slots)
+                .map(|_| Slot(AtomicU128::new(EMPTY_SLOT)))
+                .collect(),
+            version: AtomicU64::new(0),
+            shard_bits: shape.shard_bits,
+            capacity: shape.share,
+            hasher: shape.hasher.clone(),
+            write: WriteSide::new(),
+            _state: PhantomData,
+        });
+        CompactTable { set }
+    }
+
+    /// Decides `cost` at the instant `now()` reads for the key with bits `key`,
+    /// inserting it if it must store a state. The clock is read after the slot's load
+    /// is issued, so reading it overlaps the cache miss.
+    #[inline]
+    pub(crate) fn check<A>(
+        &self,
+        algorithm: &A,
+        key: u64,
+        now: impl FnOnce() -> Nanos,
+        cost: u32,
+    ) -> Decision
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, hash) = self.set.locate(&key);
+        let found = shard.find(hash, key);
+        let now = now();
+        if let Some((i, seen)) = found {
+            if let Some(decision) = decide_in(algorithm, &shard.slots[i], seen, key, now, cost) {
+                return decision;
+            }
+        }
+        shard.check_locked(algorithm, hash, key, now, cost)
+    }
+
+    /// Exactly what `check` would decide now; writes nothing and inserts nothing.
+    #[inline]
+    pub(crate) fn peek<A>(&self, algorithm: &A, key: u64, now: Nanos, cost: u32) -> Decision
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, hash) = self.set.locate(&key);
+        // Acquire: pairs with the writer's final Release store of the version.
+        let before = shard.version.load(Ordering::Acquire);
+        let state = match shard.find(hash, key) {
+            Some((_, seen)) => Some(state_half(seen)),
+            None => {
+                // Acquire fence: if the probe read anything a writer stored after
+                // making the version odd, the re-read below sees that odd version.
+                fence(Ordering::Acquire);
+                let after = shard.version.load(Ordering::Relaxed);
+                (before == after && before % 2 == 0).then_some(0)
+            }
+        };
+        let bits = match state {
+            // A state the probe saw live, or a trusted miss (fresh, all zero).
+            Some(bits) if bits != DEAD => bits,
+            _ => {
+                let _writer = lock(&shard.write.lock);
+                shard
+                    .find(hash, key)
+                    .map_or(0, |(_, seen)| state_half(seen))
+            }
+        };
+        algorithm.decide(state_of(bits), now, cost).0
+    }
+}
+
+/// Runs the decision on slot `slot` (last seen holding `seen`) if it still holds
+/// `key` with a live state; `None` when it does not (emptied, retired, or reused by
+/// another key).
+#[inline(always)]
+fn decide_in<A>(
+    algorithm: &A,
+    slot: &Slot,
+    seen: u128,
+    key: u64,
+    now: Nanos,
+    cost: u32,
+) -> Option<Decision>
+where
+    A: Algorithm + ?Sized,
+{
+    update_word_from(slot, seen, |current| {
+        let bits = state_half(current);
+        if bits == DEAD || key_half(current) != key {
+            return (None, None);
+        }
+        let (decision, next) = algorithm.decide(state_of(bits), now, cost);
+        match next.map(|n| to_bits(&n)) {
+            Some(DEAD) => (Some(decision.refused()), None),
+            Some(next) => (Some(decision), Some(pack(key, next))),
+            None => (Some(decision), None),
+        }
+    })
+}
+
+impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        home_slot(hash, self.shard_bits, self.slots.len())
+    }
+
+    /// Lock-free probe: the index of the slot holding `key` live, and the slot's
+    /// value as read. A hit may be stale by the time it is used (the CAS re-checks);
+    /// a miss may be spurious while keys move (see the module docs).
+    #[inline(always)]
+    fn find(&self, hash: u64, key: u64) -> Option<(usize, u128)> {
+        let mut i = self.home(hash);
+        for _ in 0..self.slots.len() {
+            let slot = self.slots[i].load_now();
+            if state_half(slot) == DEAD {
+                return None;
+            }
+            if key_half(slot) == key {
+                return Some((i, slot));
+            }
+            i = next_slot(i, self.slots.len());
+        }
+        None
+    }
+
+    /// The write path: find or insert `key` under the shard lock, then decide.
+    #[cold]
+    fn check_locked<A>(&self, algorithm: &A, hash: u64, key: u64, now: Nanos, cost: u32) -> Decision
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let mut writer = lock(&self.write.lock);
+        // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
+        if let Some((i, seen)) = self.find(hash, key) {
+            if let Some(decision) = decide_in(algorithm, &self.slots[i], seen, key, now, cost) {
+                return decision;
+            }
+        }
+        let (decision, next) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
+        // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
+        let Some(next) = next else {
+            return decision;
+        };
+        let next = to_bits(&next);
+        if next == DEAD {
+            return decision.refused();
+        }
+        make_room(self, &mut writer, algorithm, now);
+        let mut i = self.home(hash);
+        let mut probes = 0;
+        while state_half(self.slots[i].load_now()) != DEAD {
+            i = next_slot(i, self.slots.len());
+            probes += 1;
+            if probes == self.slots.len() {
+                return decision.refused();
+            }
+        }
+        // Release: the seqlock's stores (see `unlink`); the slot itself is one word.
+        self.slots[i].0.store(pack(key, next), Ordering::Release);
+        writer.live += 1;
+        self.write.set_live(&writer);
+        decision
+    }
+
+    /// Makes the sequence number odd (under the lock): a `peek` that misses from now
+    /// until [`close_window`](Self::close_window) does not trust its miss.
+    fn open_window(&self) {
+        let version = self.version.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 0);
+        self.version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: a reader that reads any slot store below and then fences
+        // with Acquire also reads the odd version (the seqlock protocol).
+        fence(Ordering::Release);
+    }
+
+    /// Makes the sequence number even again (under the lock).
+    fn close_window(&self) {
+        let version = self.version.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 1);
+        // Release: a reader that reads this even version sees every store above.
+        self.version
+            .store(version.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Retires slot `i`'s state to dead and returns the state it held (under the
+    /// lock; readers may still charge it until the CAS lands).
+    fn freeze(&self, i: usize) -> u128 {
+        update_word(&self.slots[i], |current| {
+            (current, Some(pack(key_half(current), DEAD)))
+        })
+    }
+}
+
+impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
+    type State = S;
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn write_side(&self) -> &WriteSide {
+        &self.write
+    }
+
+    fn share(&self) -> usize {
+        self.capacity
+    }
+
+    fn state_at(&self, i: usize) -> Option<S> {
+        let bits = state_half(self.slots[i].load_now());
+        (bits != DEAD).then(|| state_of(bits))
+    }
+
+    /// CAS of the slot's state half to dead (only if idle when `idle_only`).
+    ///
+    /// A dead slot reads as empty, so a probe for a key further along the cluster
+    /// would stop there: the retirement opens the shard's sequence window (odd
+    /// version) *before* the CAS, and the window stays open through the unlink that
+    /// follows, so a `peek` never trusts such a miss. If the CAS ends up not writing
+    /// (a racing charge made the key live), the window is closed again here.
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let mut opened = false;
+        let (how, written) = update_word(&self.slots[i], |current| {
+            let bits = state_half(current);
+            if bits == DEAD {
+                return ((None, false), None);
+            }
+            let (how, write) = judge(algorithm, state_of(bits), now, idle_only);
+            if write && !opened {
+                self.open_window();
+                opened = true;
+            }
+            (
+                (Some(how), write),
+                write.then(|| pack(key_half(current), DEAD)),
+            )
+        });
+        if opened && !written {
+            self.close_window();
+        }
+        how
+    }
+
+    /// Backward-shift deletion of the retired slot `hole`: each key that moves is
+    /// retired in its old slot before it is published in the new one, so at no
+    /// instant do two slots hold it live.
+    fn unlink(&self, writer: &mut Writer, mut hole: usize) {
+        let n = self.slots.len();
+        // Open already (the retirement opened it); opened here only if not.
+        if self.version.load(Ordering::Relaxed) % 2 == 0 {
+            self.open_window();
+        }
+        let mut j = hole;
+        loop {
+            j = next_slot(j, n);
+            let slot = self.slots[j].load_now();
+            // Under the lock a dead slot is empty: retiring and unlinking happen in
+            // one critical section.
+            if state_half(slot) == DEAD {
+                break;
+            }
+            let home = self.home(self.hasher.hash_one(key_half(slot)));
+            // Keep the key at j if its home lies cyclically in (hole, j].
+            if (j + n - home) % n < (j + n - hole) % n {
+                continue;
+            }
+            let moved = self.freeze(j);
+            self.slots[hole].0.store(moved, Ordering::Release);
+            hole = j;
+        }
+        // `hole` is dead already (retired, or frozen by the last move).
+        self.close_window();
+        writer.live -= 1;
+        self.write.set_live(writer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gcra::{Gcra, GcraState};
+    use crate::policy::Policy;
+
+    fn gcra() -> Gcra {
+        Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap())
+    }
+
+    #[test]
+    fn bits_round_trip_and_never_look_dead() {
+        let s = GcraState::from_tat(Nanos::new(u64::MAX - 1));
+        assert_eq!(state_of::<GcraState>(to_bits(&s)), s);
+        assert_ne!(to_bits(&s), DEAD);
+        // Narrow keys and states are zero-extended: never all ones.
+        assert_eq!(to_bits(&[0xFFu8; 4]), u64::from(u32::MAX));
+        assert_eq!(to_bits(&u32::MAX), u64::from(u32::MAX));
+        let slot = pack(7, 9);
+        assert_eq!((key_half(slot), state_half(slot)), (7, 9));
+    }
+
+    #[test]
+    fn insert_evict_reclaim_in_one_shard() {
+        let table: CompactTable<GcraState> = CompactTable::new(8, 1);
+        let shard = &table.set.shards[0];
+        let g = gcra();
+        let t0 = Nanos::from_secs(1);
+        for k in 0..8 {
+            assert!(table.check(&g, k, || t0, 1).is_allowed());
+        }
+        assert_eq!(table.counts().live, 8);
+        for k in 8..20 {
+            assert!(table.check(&g, k, || t0, 2).is_allowed());
+        }
+        assert_eq!(table.counts().live, 8);
+        assert_eq!(table.counts().evicted, 12);
+        assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 8);
+        assert!(table.peek(&g, 19, Nanos::from_secs(10), 2).is_allowed());
+        // Every slot is empty again after backward-shift deletions.
+        assert!(shard.slots.iter().all(|s| state_half(s.load_now()) == DEAD));
+    }
+
+    #[test]
+    fn a_transition_to_the_dead_word_is_refused() {
+        let slot = Slot(AtomicU128::new(pack(
+            3,
+            to_bits(&GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000))),
+        )));
+        let seen = slot.load_now();
+        let d = decide_in(
+            &gcra(),
+            &slot,
+            seen,
+            3,
+            Nanos::new(u64::MAX - 1_500_000_000),
+            1,
+        );
+        assert!(d.is_some_and(|d| !d.is_allowed()));
+        assert_ne!(state_half(slot.load_now()), DEAD);
+        // Another key's CAS never applies to this slot.
+        assert!(decide_in(&gcra(), &slot, seen, 4, Nanos::new(0), 1).is_none());
+    }
+}

@@ -1,0 +1,155 @@
+//! The loom models both keyed tables run (`tests/loom_keyed.rs` on
+//! `KeyedLimiter`, `tests/loom_keyed_compact.rs` on `CompactKeyedLimiter`):
+//! insertion racing with lookup, and reclamation and eviction racing with a
+//! decision on the same key. A retired slot must never hand one key's state to
+//! another, and reclaiming an idle key must lose no charge.
+#![allow(dead_code)] // each file uses the models it needs
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::{
+    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock,
+    Nanos, Policy,
+};
+
+/// What a model needs of a keyed limiter over `u64` keys.
+pub trait Keyed: Send + Sync + Sized + 'static {
+    /// Burst 1, one per second, one shard.
+    fn build(capacity: usize, clock: &ManualClock) -> Self;
+    fn check(&self, key: &u64) -> Decision;
+    fn peek(&self, key: &u64, cost: u32) -> Decision;
+    fn metrics(&self) -> KeyedMetrics;
+    fn reclaim_idle(&self) -> usize;
+}
+
+fn builder(clock: &ManualClock, capacity: usize) -> KeyedBuilder<Gcra, ManualClock> {
+    KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap()))
+        .capacity(capacity)
+        .shards(1)
+        .clock(clock.clone())
+}
+
+macro_rules! keyed {
+    ($limiter:ident, $build:ident) => {
+        impl Keyed for $limiter<u64, Gcra, ManualClock> {
+            fn build(capacity: usize, clock: &ManualClock) -> Self {
+                builder(clock, capacity).$build().unwrap()
+            }
+            fn check(&self, key: &u64) -> Decision {
+                $limiter::check(self, key)
+            }
+            fn peek(&self, key: &u64, cost: u32) -> Decision {
+                $limiter::peek(self, key, cost)
+            }
+            fn metrics(&self) -> KeyedMetrics {
+                $limiter::metrics(self)
+            }
+            fn reclaim_idle(&self) -> usize {
+                $limiter::reclaim_idle(self)
+            }
+        }
+    };
+}
+
+keyed!(KeyedLimiter, build);
+keyed!(CompactKeyedLimiter, build_compact);
+
+fn limiter<L: Keyed>(capacity: usize, clock: &ManualClock) -> Arc<L> {
+    Arc::new(L::build(capacity, clock))
+}
+
+pub fn two_inserts_of_one_key_admit_once<L: Keyed>() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<L>(4, &clock);
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&7).is_allowed());
+        let here = keyed.check(&7).is_allowed();
+        let there = t.join().unwrap();
+        assert!(here ^ there, "exactly one admission: {here} {there}");
+        assert_eq!(keyed.metrics().live_keys, 1);
+    });
+}
+
+pub fn lookup_racing_with_insertion_sees_a_whole_entry<L: Keyed>() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<L>(4, &clock);
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
+        // A peek of the same key: fresh (allowed) before the insert, denied after.
+        let peeked = keyed.peek(&1, 1);
+        assert!(t.join().unwrap());
+        // Whatever it saw, it saw one of the two real states.
+        if !peeked.is_allowed() {
+            assert_eq!(peeked.retry_after(), Some(Duration::from_secs(1)));
+        }
+        assert!(!keyed.peek(&1, 1).is_allowed());
+    });
+}
+
+pub fn reclaiming_an_idle_key_loses_no_charge<L: Keyed>() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<L>(4, &clock);
+        assert!(keyed.check(&1).is_allowed());
+        clock.advance(Duration::from_secs(1)); // key 1 is idle now
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
+        let reclaimed = keyed.reclaim_idle();
+        assert!(t.join().unwrap(), "an idle key admits");
+        // Whether the reclaimer ran before, after or in the middle, the charge stands.
+        assert!(!keyed.peek(&1, 1).is_allowed());
+        assert_eq!(keyed.metrics().live_keys, 1);
+        assert!(reclaimed <= 1);
+    });
+}
+
+pub fn a_retired_slot_never_hands_its_state_to_another_key<L: Keyed>() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        // Capacity 1: inserting key 2 must retire key 1 (idle, so reclaimed).
+        let keyed = limiter::<L>(1, &clock);
+        assert!(keyed.check(&1).is_allowed());
+        clock.advance(Duration::from_secs(1));
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&1));
+        let two = keyed.check(&2);
+        let one = t.join().unwrap();
+        // Both behave as fresh keys: one admission each, nothing inherited.
+        assert!(one.is_allowed() && two.is_allowed());
+        assert_eq!((one.remaining(), two.remaining()), (0, 0));
+        assert_eq!(one.reset_after(), Duration::from_secs(1));
+        assert_eq!(two.reset_after(), Duration::from_secs(1));
+        let m = keyed.metrics();
+        assert_eq!(m.live_keys, 1);
+        // Whichever key is still in the table still holds its own charge.
+        assert!(!keyed.peek(&1, 1).is_allowed() || !keyed.peek(&2, 1).is_allowed());
+    });
+}
+
+pub fn evicting_a_live_key_racing_with_its_decision<L: Keyed>() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        // Capacity 1, key 1 live (booked 1 s ahead): inserting key 2 evicts it.
+        let keyed = limiter::<L>(1, &clock);
+        assert!(keyed.check(&1).is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check(&1));
+        let two = keyed.check(&2);
+        let one = t.join().unwrap();
+        // Key 2 is fresh: never key 1's state.
+        assert!(two.is_allowed());
+        assert_eq!(two.reset_after(), Duration::from_secs(1));
+        // Key 1 saw either its own state (denied) or, evicted, a fresh one.
+        if one.is_allowed() {
+            assert_eq!(one.reset_after(), Duration::from_secs(1));
+        } else {
+            assert_eq!(one.retry_after(), Some(Duration::from_secs(1)));
+        }
+        let m = keyed.metrics();
+        assert_eq!(m.live_keys, 1);
+        assert!(m.evicted >= 1);
+    });
+}
