@@ -22,10 +22,9 @@
 //!   [`key_for`] — its mutex twin (the same transition over a sharded map of states,
 //!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
 //!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
-//!   Its floodgate column waits for the keyed limiter: a `floodgate_many::<W>`
-//!   runner whose per-thread setup takes `keys_of(thread)` and whose decision calls
-//!   `keyed.check(&next_key())` on a `KeyedLimiter<u64, _>`
-//!   sized for [`MANY_KEYS`], pushed first in [`many_keys`].
+//!   Its floodgate column is the keyed limiter for word-sized keys
+//!   (`CompactKeyedLimiter<u64, _>`, keys inline in the slots), sized for twice
+//!   [`MANY_KEYS`] so nothing live is evicted.
 //!
 //! # The workload
 //!
@@ -357,11 +356,12 @@ pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
     floodgate_and_twin(floodgate_many::<W>, mutex_twin_many::<W>, others)
 }
 
-/// floodgate's keyed limiter, sized for twice [`MANY_KEYS`] (nothing live is evicted).
+/// floodgate's keyed limiter for `u64` keys (the compact table: keys inline in the
+/// slots), sized for twice [`MANY_KEYS`] (nothing live is evicted).
 fn floodgate_many<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
     let keyed = KeyedBuilder::new(W::algorithm())
         .capacity(2 * MANY_KEYS as usize)
-        .build::<u64>()
+        .build_compact::<u64>()
         .expect("the benchmark capacity is valid");
     run_for(threads, run_time, |thread| {
         let mut next_key = keys_of(thread);
