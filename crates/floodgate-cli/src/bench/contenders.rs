@@ -45,10 +45,12 @@ use std::time::Duration;
 #[cfg(feature = "compare")]
 use std::num::NonZeroU32;
 
-use floodgate::reference::{TextbookFixedWindow, TextbookSlidingWindow, TextbookTokenBucket};
+use floodgate::reference::{
+    TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
+};
 use floodgate::{
     Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, KeyedBuilder, Policy,
-    RateLimiter, SlidingWindow, StateCell,
+    RateLimiter, SlidingLog, SlidingWindow, StateCell,
 };
 
 use floodgate_benches::{run_for, Measurement};
@@ -192,7 +194,50 @@ pub(crate) fn groups() -> Vec<Group> {
                 run: sliding_window_textbook,
             }]),
         },
+        Group {
+            algorithm: "sliding-log",
+            keys: Keys::Hot,
+            workload: format!(
+                "{SLIDING_LIMIT} per second, a ring of {SLIDING_LIMIT} timestamps under a \
+                 short mutex (no lock-free twin to compare)"
+            ),
+            contenders: vec![
+                Contender {
+                    implementation: Implementation::Floodgate,
+                    run: sliding_log_floodgate,
+                },
+                Contender {
+                    implementation: Implementation::Textbook,
+                    run: sliding_log_textbook,
+                },
+            ],
+        },
     ]
+}
+
+fn sliding_log_policy() -> Policy {
+    Policy::per_second(SLIDING_LIMIT).expect("the benchmark policy is valid")
+}
+
+fn sliding_log_floodgate(threads: usize, run_time: Duration) -> Measurement {
+    let log = SlidingLog::new(sliding_log_policy());
+    run_for(threads, run_time, |_| || log.check().is_allowed())
+}
+
+/// The seed article's log: a `Vec` of timestamps pruned with `retain`, in a mutex.
+fn sliding_log_textbook(threads: usize, run_time: Duration) -> Measurement {
+    let clock = DefaultClock::new();
+    let log = Mutex::new(TextbookSlidingLog::new(
+        SLIDING_LIMIT as usize,
+        1_000_000_000,
+    ));
+    let (clock, log) = (&clock, &log);
+    run_for(threads, run_time, |_| {
+        move || {
+            let now = clock.now().as_u64();
+            lock(log).allow(now)
+        }
+    })
 }
 
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
