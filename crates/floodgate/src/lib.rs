@@ -60,6 +60,7 @@
 #![warn(missing_docs)]
 
 mod algorithm;
+mod async_limit;
 pub mod clock;
 mod decision;
 mod duration;
@@ -76,6 +77,7 @@ mod sync;
 pub mod window;
 
 pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+pub use async_limit::AsyncLimit;
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
 pub use duration::{parse_duration, DurationError};

@@ -1,0 +1,117 @@
+//! [`AsyncLimit`]: one limit behind an `async` call, so a layer (HTTP, gRPC) serves
+//! in-process limiters and remote backends (Redis) alike.
+//!
+//! The trait names no runtime: the in-process limiters answer at once (their future is
+//! ready on its first poll), a remote backend awaits its round trip. The error type
+//! says whether a backend can fail; the in-process limiters use
+//! [`Infallible`](core::convert::Infallible).
+
+use core::borrow::Borrow;
+use core::convert::Infallible;
+use core::future::{ready, Future};
+use core::hash::Hash;
+
+use crate::algorithm::{Algorithm, StateCell};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::keyed::KeyedLimiter;
+use crate::limiter::RateLimiter;
+
+/// A limit on keys of type `K` that answers through a future.
+///
+/// `check_n` decides `cost` units for `key` and consumes them if allowed; `peek_n`
+/// answers exactly what `check_n` would, writing nothing. Both follow the
+/// [`Decision`] contract: cost 0 reports the state and is always allowed, a cost above
+/// the capacity is denied with `retry_after() == None`.
+///
+/// Implemented by [`KeyedLimiter`] (per key) and by [`RateLimiter`] (one limit for
+/// every key: a global limit ignores the key).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{AsyncLimit, KeyedLimiter, Policy};
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     // The in-process futures are ready on their first poll.
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+/// # }
+/// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let d = block_on(AsyncLimit::check_n(&per_ip, &7, 1)).unwrap();
+/// assert!(d.is_allowed());
+/// let d = block_on(per_ip.peek_n(&7, 1)).unwrap();
+/// assert!(!d.is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait AsyncLimit<K: ?Sized>: Send + Sync {
+    /// Why a decision could not be made (a lost connection, a timeout); in-process
+    /// limiters use [`Infallible`].
+    type Error: core::fmt::Debug + core::fmt::Display + Send + Sync + 'static;
+
+    /// Decides `cost` units for `key`, consuming them if allowed.
+    fn check_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+
+    /// Exactly what [`check_n`](AsyncLimit::check_n) would decide now; writes nothing.
+    fn peek_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+}
+
+impl<K, Q, A, C> AsyncLimit<Q> for KeyedLimiter<K, A, C>
+where
+    K: Hash + Eq + Send + Sync + 'static + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+{
+    type Error = Infallible;
+
+    fn check_n(
+        &self,
+        key: &Q,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(KeyedLimiter::check_n(self, key, cost)))
+    }
+
+    fn peek_n(
+        &self,
+        key: &Q,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(KeyedLimiter::peek(self, key, cost)))
+    }
+}
+
+impl<K, A, C, S> AsyncLimit<K> for RateLimiter<A, C, S>
+where
+    K: ?Sized,
+    A: Algorithm,
+    C: Clock,
+    S: StateCell<A::State>,
+{
+    type Error = Infallible;
+
+    fn check_n(
+        &self,
+        _key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(RateLimiter::check_n(self, cost)))
+    }
+
+    fn peek_n(
+        &self,
+        _key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(RateLimiter::peek(self, cost)))
+    }
+}
