@@ -240,6 +240,51 @@ impl Decision {
     pub fn retry_after_nanos(&self) -> Option<u64> {
         (self.retry_after != NEVER).then_some(self.retry_after)
     }
+
+    /// [`retry_after`](Decision::retry_after) in whole seconds rounded **up**, as HTTP's
+    /// `Retry-After` wants it: `Some(0)` when allowed, at least `Some(1)` on a denial
+    /// (a client told "0" or a value rounded down retries too early and is denied
+    /// again), `None` when the request can never fit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use std::time::Duration;
+    /// let deny = |ms| Decision::new(false, 1, 0, Duration::ZERO, Some(Duration::from_millis(ms)));
+    /// assert_eq!(deny(300).retry_after_secs(), Some(1));
+    /// assert_eq!(deny(1_900).retry_after_secs(), Some(2));
+    /// assert_eq!(deny(2_000).retry_after_secs(), Some(2));
+    /// assert_eq!(deny(0).retry_after_secs(), Some(1));
+    /// assert_eq!(Decision::new(true, 1, 1, Duration::ZERO, None).retry_after_secs(), Some(0));
+    /// assert_eq!(Decision::new(false, 1, 0, Duration::ZERO, None).retry_after_secs(), None);
+    /// ```
+    #[inline]
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        const NANOS_PER_SEC: u64 = 1_000_000_000;
+        let nanos = self.retry_after_nanos()?;
+        if self.allowed {
+            return Some(0);
+        }
+        Some(nanos.div_ceil(NANOS_PER_SEC).max(1))
+    }
+
+    /// [`reset_after`](Decision::reset_after) in whole seconds rounded up (a window
+    /// that ends in 300 ms is reported as 1 s, never as 0 while anything is counted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use std::time::Duration;
+    /// let d = Decision::new(true, 5, 4, Duration::from_millis(1_200), None);
+    /// assert_eq!(d.reset_after_secs(), 2);
+    /// assert_eq!(Decision::new(true, 5, 5, Duration::ZERO, None).reset_after_secs(), 0);
+    /// ```
+    #[inline]
+    pub fn reset_after_secs(&self) -> u64 {
+        self.reset_after.div_ceil(1_000_000_000)
+    }
 }
 
 /// Equal when every observable number is equal (`remaining` compared as derived).
