@@ -60,24 +60,37 @@ pub trait Algorithm: Send + Sync {
     /// forgetting it loses nothing.
     fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
 
-    /// Gives back `cost` units a previous admission took, or `None` if the algorithm
-    /// cannot (the default). Used by composite limits to undo a charge when another
-    /// limit denies. Must not panic for any input; it may be approximate when time has
-    /// passed since the charge, but must never give back more than `cost` units.
+    /// Gives back what the admission recorded in `charge` still provably holds in
+    /// `state`, judged at `now`; `None` when nothing is given back (the default: the
+    /// algorithm cannot refund).
+    ///
+    /// The rule every implementation keeps: the state it returns is never more
+    /// permissive than the state that the same sequence of *other* admissions would
+    /// have produced had this charge never been made — it gives back only units that
+    /// are still this charge's own, never another request's. Used by composite limits
+    /// to undo a charge when another limit denies, and by the login pattern (charge
+    /// first, refund on success). Must not panic for any input.
     ///
     /// # Examples
     ///
     /// ```
-    /// use floodgate::{Algorithm, Gcra, GcraState, Nanos, Policy};
+    /// use floodgate::{Algorithm, Charged, Gcra, GcraState, Nanos, Policy};
     /// let gcra = Gcra::new(Policy::per_second(1)?);
     /// let now = Nanos::from_secs(10);
-    /// let (_, charged) = gcra.decide(GcraState::default(), now, 1);
-    /// let refunded = gcra.refund(charged.unwrap(), now, 1).unwrap();
+    /// let before = GcraState::default();
+    /// let (_, after) = gcra.decide(before, now, 1);
+    /// let charge = Charged { before, after: after.unwrap(), at: now, cost: 1 };
+    /// let refunded = gcra.refund(charge.after, &charge, now).unwrap();
     /// assert!(gcra.is_idle(refunded, now));
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    fn refund(&self, state: Self::State, now: Nanos, cost: u32) -> Option<Self::State> {
-        let _ = (state, now, cost);
+    fn refund(
+        &self,
+        state: Self::State,
+        charge: &Charged<Self::State>,
+        now: Nanos,
+    ) -> Option<Self::State> {
+        let _ = (state, charge, now);
         None
     }
 
@@ -111,6 +124,53 @@ pub trait Algorithm: Send + Sync {
         let _ = (previous, now);
         state
     }
+}
+
+/// What one admission wrote: the evidence a refund needs to give back only its own
+/// units ([`Algorithm::refund`]).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Algorithm, AtomicCell, Charged, FixedWindow, Nanos, Policy, StateCell};
+/// let fw = FixedWindow::new(Policy::per_second(3)?)?;
+/// let cell = AtomicCell::fresh();
+/// let (decision, charge) = cell.charge(&fw, Nanos::from_secs(1), 2);
+/// assert!(decision.is_allowed());
+/// let charge: Charged<_> = charge.unwrap();
+/// assert_eq!((charge.cost, fw.count_of(charge.after)), (2, 2));
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charged<S> {
+    /// The state the admission replaced.
+    pub before: S,
+    /// The state it wrote.
+    pub after: S,
+    /// The clock reading it was decided at.
+    pub at: Nanos,
+    /// The units it took.
+    pub cost: u32,
+}
+
+/// Runs one decision on an atomic word and returns what it wrote, if anything.
+#[inline(always)]
+pub(crate) fn charge_on<A: Algorithm + ?Sized>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    now: Nanos,
+    cost: u32,
+) -> (Decision, Option<Charged<A::State>>) {
+    update_word(word, |before| {
+        let (decision, next) = algorithm.decide(before, now, cost);
+        let charge = next.map(|after| Charged {
+            before,
+            after,
+            at: now,
+            cost,
+        });
+        ((decision, charge), next)
+    })
 }
 
 /// Runs one decision on an atomic word (see [`update_word`]).
@@ -219,6 +279,23 @@ pub trait StateCell<S>: Send + Sync {
     fn store(&self, state: S);
     /// Decides and, when the transition says so, writes the new state.
     fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision;
+    /// [`apply`](StateCell::apply), also returning what the admission wrote (`None`
+    /// when it wrote nothing: a denial, cost 0), for a later [`refund`](StateCell::refund).
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<Charged<S>>);
+    /// Gives back what `charge` still provably holds ([`Algorithm::refund`]), reading
+    /// the instant from `now` after each load of the state (so the refund is judged
+    /// no earlier than any admission it sees). Returns whether anything came back.
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        now: impl FnMut() -> Nanos,
+    ) -> bool;
 }
 
 /// The lock-free cell: one cache-padded atomic word.
@@ -238,13 +315,6 @@ pub trait StateCell<S>: Send + Sync {
 /// ```
 pub struct AtomicCell<S> {
     word: CachePadded<Atomic<S>>,
-}
-
-impl<S> AtomicCell<S> {
-    /// The atomic word itself (for transitions other than a decision: refunds).
-    pub(crate) fn word(&self) -> &Atomic<S> {
-        &self.word
-    }
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
@@ -267,6 +337,40 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
     fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
         decide_on(algorithm, &self.word, now, cost)
     }
+
+    #[inline]
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<Charged<S>>) {
+        charge_on(algorithm, &self.word, now, cost)
+    }
+
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        now: impl FnMut() -> Nanos,
+    ) -> bool {
+        refund_on(algorithm, &*self.word, charge, now)
+    }
+}
+
+/// A refund on an atomic word: the clock is read after each load of the state, so
+/// every admission the refund sees was decided at a reading no later than its own
+/// (with a clock that is monotone across threads).
+pub(crate) fn refund_on<A: Algorithm + ?Sized>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    charge: &Charged<A::State>,
+    mut now: impl FnMut() -> Nanos,
+) -> bool {
+    update_word(word, |state| {
+        let next = algorithm.refund(state, charge, now());
+        (next.is_some(), next)
+    })
 }
 
 impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for AtomicCell<S> {
@@ -308,12 +412,45 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
 
     #[inline]
     fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
+        self.charge(algorithm, now, cost).0
+    }
+
+    #[inline]
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<Charged<S>>) {
         let mut guard = lock(&self.state);
-        let (decision, next) = algorithm.decide(*guard, now, cost);
-        if let Some(next) = next {
-            *guard = next;
+        let before = *guard;
+        let (decision, next) = algorithm.decide(before, now, cost);
+        let charge = next.map(|after| {
+            *guard = after;
+            Charged {
+                before,
+                after,
+                at: now,
+                cost,
+            }
+        });
+        (decision, charge)
+    }
+
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        mut now: impl FnMut() -> Nanos,
+    ) -> bool {
+        let mut guard = lock(&self.state);
+        match algorithm.refund(*guard, charge, now()) {
+            Some(next) => {
+                *guard = next;
+                true
+            }
+            None => false,
         }
-        decision
     }
 }
 

@@ -39,7 +39,7 @@
 //! `⌊now/P⌋` is computed with a precomputed reciprocal (one 128-bit multiply-high),
 //! not a division instruction.
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
@@ -201,7 +201,11 @@ impl FixedWindow {
     fn view(&self, state: FixedWindowState, now: u64) -> (u64, u64, u64) {
         let (w, e) = self.shape.reciprocal.split(now);
         let count = self.shape.layout.counter(state.packed, 0);
-        if count == 0 {
+        // Only the fresh state is window-less: an empty count in a stored window
+        // (a refund emptied it) still holds that window, so a reading behind it
+        // counts there and the state never goes back to an older window, whose
+        // count this state no longer knows.
+        if state.packed == 0 {
             return (w, 0, self.shape.period - e);
         }
         let stored = self.shape.layout.window_of(state.packed);
@@ -243,32 +247,41 @@ impl Algorithm for FixedWindow {
         self.view(state, now.as_u64()).1 == 0
     }
 
-    /// Gives back `min(cost, count)` units from the count of the window a charge at
-    /// `now` goes to (`now`'s window, or the stored one when `now` reads earlier),
-    /// keeping that window. If the state holds an older window, the charge no longer
-    /// counts and nothing is given back (`None`); nor when the count or `cost` is 0.
-    /// A charge refunded at the same instant leaves a state that decides like the one
-    /// before it, at that instant and later.
+    /// Gives back `min(cost, count)` units while the state still holds the window the
+    /// charge counted in (the stored window of `charge.after`); once another admission
+    /// has moved the state to a newer window, the charge no longer counts and nothing
+    /// is given back (`None`) — the count then belongs to other requests. Nor when the
+    /// count or `cost` is 0. `now` does not matter: the stored window, not a reading,
+    /// says whose units the count holds. A charge refunded before anything else leaves
+    /// a state that decides like the one before it.
     ///
     /// # Examples
     ///
     /// ```
-    /// use floodgate::{Algorithm, FixedWindow, Nanos, Policy};
+    /// use floodgate::{Algorithm, Charged, FixedWindow, Nanos, Policy};
     /// let fw = FixedWindow::new(Policy::per_minute(10)?)?;
     /// let now = Nanos::from_secs(75);
-    /// let s = fw.state(1, 4);
-    /// assert_eq!(fw.refund(s, now, 3), Some(fw.state(1, 1)));
-    /// assert_eq!(fw.refund(s, now, 9), Some(fw.state(1, 0))); // never below zero
-    /// // In the next window the 4 units no longer count: nothing to give back.
-    /// assert_eq!(fw.refund(s, Nanos::from_secs(120), 3), None);
+    /// let charge = Charged { before: fw.state(1, 1), after: fw.state(1, 4), at: now, cost: 3 };
+    /// assert_eq!(fw.refund(fw.state(1, 4), &charge, now), Some(fw.state(1, 1)));
+    /// assert_eq!(fw.refund(fw.state(1, 2), &charge, now), Some(fw.state(1, 0))); // never below zero
+    /// // Another request moved the state to the next window: its units are not ours.
+    /// assert_eq!(fw.refund(fw.state(2, 1), &charge, Nanos::from_secs(120)), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    fn refund(&self, state: FixedWindowState, now: Nanos, cost: u32) -> Option<FixedWindowState> {
-        let (window, count, _) = self.view(state, now.as_u64());
-        let back = u64::from(cost).min(count);
+    fn refund(
+        &self,
+        state: FixedWindowState,
+        charge: &Charged<FixedWindowState>,
+        _now: Nanos,
+    ) -> Option<FixedWindowState> {
+        let window = self.window_of(state);
+        if window != self.window_of(charge.after) {
+            return None;
+        }
+        let back = u64::from(charge.cost).min(self.count_of(state));
         // The count only shrinks: the state stays ≤ count_max and in its window.
         (back > 0).then(|| FixedWindowState {
-            packed: self.shape.layout.pack(window, count - back),
+            packed: self.shape.layout.pack(window, self.count_of(state) - back),
         })
     }
 
@@ -487,32 +500,41 @@ mod tests {
     }
 
     #[test]
-    fn refunds_give_back_from_the_window_in_force() {
+    fn refunds_give_back_only_from_the_window_charged() {
         let f = fw(5, Duration::from_secs(1));
+        let at = Nanos::new(7 * S + S / 4);
         let now = Nanos::new(7 * S + S / 2);
-        let (_, s) = run(&f, FixedWindowState::default(), &[(7 * S + S / 4, 4)]);
-        assert_eq!((f.window_of(s), f.count_of(s)), (7, 4));
-        // 3 of the 4 units back: count 1, remaining 4.
-        let r = f.refund(s, now, 3).unwrap();
+        let before = f.state(7, 1);
+        let (_, after) = f.decide(before, at, 3);
+        let after = after.unwrap();
+        let charge = Charged {
+            before,
+            after,
+            at,
+            cost: 3,
+        };
+        assert_eq!((f.window_of(after), f.count_of(after)), (7, 4));
+        // The 3 units back: count 1, remaining 4.
+        let r = f.refund(after, &charge, now).unwrap();
         assert_eq!((f.window_of(r), f.count_of(r)), (7, 1));
         let (d, _) = f.decide(r, now, 0);
         assert_eq!((d.remaining(), d.reset_after_nanos()), (4, S / 2));
-        // More than counted: down to zero, never below; the key is then idle.
-        let r = f.refund(s, now, 10).unwrap();
+        // Others refunded meanwhile: down to zero, never below; the key is then idle.
+        let r = f.refund(f.state(7, 2), &charge, now).unwrap();
         assert_eq!((f.window_of(r), f.count_of(r)), (7, 0));
         assert!(f.is_idle(r, now));
-        // Nothing to give back: cost 0, a fresh state, or a window that has moved on.
-        assert_eq!(f.refund(s, now, 0), None);
-        assert_eq!(f.refund(FixedWindowState::default(), now, 1), None);
-        assert_eq!(f.refund(s, Nanos::new(8 * S), 1), None);
-        assert_eq!(f.refund(s, Nanos::new(20 * S), u32::MAX), None);
-        // An earlier reading charges the stored window, so it refunds there too: the
-        // state never moves back.
-        let r = f.refund(s, Nanos::new(6 * S), 1).unwrap();
-        assert_eq!((f.window_of(r), f.count_of(r)), (7, 3));
-        // At the last instant of the window, still in force.
-        let r = f.refund(s, Nanos::new(8 * S - 1), 2).unwrap();
-        assert_eq!(f.count_of(r), 2);
+        // Nothing to give back: a zero count, or a state another request moved to a
+        // newer window (its count is that request's), whatever the reading says.
+        assert_eq!(f.refund(f.state(7, 0), &charge, now), None);
+        assert_eq!(f.refund(f.state(8, 1), &charge, Nanos::new(8 * S)), None);
+        assert_eq!(f.refund(f.state(8, 1), &charge, now), None);
+        // The reading does not matter while the state holds the charged window: the
+        // units are still the charge's own.
+        let r = f.refund(after, &charge, Nanos::new(20 * S)).unwrap();
+        assert_eq!(f.count_of(r), 1);
+        // A charge of nothing gives back nothing.
+        let zero = Charged { cost: 0, ..charge };
+        assert_eq!(f.refund(after, &zero, now), None);
     }
 
     #[test]

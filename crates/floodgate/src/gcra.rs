@@ -31,7 +31,7 @@
 //! difference from the textbook versions is that time and tokens are exact integers
 //! instead of `f64` (see [`reference`](crate::reference), which tests this).
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
@@ -210,11 +210,45 @@ impl Algorithm for Gcra {
         state.tat <= now
     }
 
-    /// `TAT − n·T`: exactly undoes a charge of `n` while `TAT` stayed ahead of the
-    /// clock; once time has caught up, at most `n` units come back.
-    fn refund(&self, state: GcraState, _now: Nanos, cost: u32) -> Option<GcraState> {
-        let back = u64::from(cost).saturating_mul(self.interval);
-        Some(GcraState {
+    /// Gives back the part of the charge's booking that the clock has not reached.
+    ///
+    /// A charge at reading `a` booked the interval `[max(TAT₀, a), TAT₁)` of the
+    /// schedule (`TAT₀` before it, `TAT₁` after). At `now`, the part of it before `now`
+    /// may already have been claimed by an admission that, without this charge, would
+    /// have found the schedule idle and started from its own reading; the part at or
+    /// after `now` is still this charge's own. So the refund moves the TAT back by
+    /// `TAT₁ − max(TAT₀, a, now)` (nothing once `now ≥ TAT₁`): at most `n·T`, and
+    /// exactly `n·T` when it follows the charge before the clock catches up. Every
+    /// admission the refund sees must have been decided at a reading ≤ `now` (the
+    /// cells read the clock after loading the state, which gives this with any clock
+    /// that is monotone across threads).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Charged, Gcra, GcraState, Nanos, Policy};
+    /// let gcra = Gcra::new(Policy::per_second(1)?.with_burst(2)?);
+    /// let t = Nanos::from_secs(10);
+    /// let before = GcraState::default();
+    /// let after = gcra.decide(before, t, 1).1.unwrap(); // books [10 s, 11 s)
+    /// let charge = Charged { before, after, at: t, cost: 1 };
+    /// assert_eq!(gcra.refund(after, &charge, t), Some(GcraState::from_tat(t)));
+    /// // Half of the booking has passed: only the half still ahead comes back.
+    /// let half = gcra.refund(after, &charge, Nanos::new(10_500_000_000)).unwrap();
+    /// assert_eq!(half.tat(), Nanos::new(10_500_000_000));
+    /// // Once the clock has passed the booking, nothing is this charge's any more.
+    /// assert_eq!(gcra.refund(after, &charge, Nanos::from_secs(11)), None);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        now: Nanos,
+    ) -> Option<GcraState> {
+        let start = charge.before.tat.max(charge.at).max(now);
+        let back = charge.after.tat.as_u64().saturating_sub(start.as_u64());
+        (back > 0).then(|| GcraState {
             tat: Nanos::new(state.tat.as_u64().saturating_sub(back)),
         })
     }

@@ -69,6 +69,7 @@ pub mod gcra;
 pub mod keyed;
 mod limiter;
 mod policy;
+pub mod receipt;
 pub mod reference;
 pub mod shaping;
 pub mod sliding_log;
@@ -76,7 +77,7 @@ pub mod sliding_window;
 mod sync;
 pub mod window;
 
-pub use algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+pub use algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
 pub use async_limit::AsyncLimit;
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
@@ -89,6 +90,7 @@ pub use keyed::{
 };
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
+pub use receipt::Receipt;
 pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};
 pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, SlidingWindowState};

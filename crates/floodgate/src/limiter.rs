@@ -5,6 +5,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::Gcra;
 use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
 
 /// A direct (un-keyed) rate limiter: an [`Algorithm`], a [`Clock`] and one state cell.
 ///
@@ -36,6 +37,8 @@ where
     algorithm: A,
     clock: C,
     cell: S,
+    /// The id its receipts carry.
+    owner: Owner,
 }
 
 /// The mutex twin of [`RateLimiter`]: the same transition, its state under a `Mutex`.
@@ -122,6 +125,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C> {
             algorithm,
             clock,
             cell: AtomicCell::fresh(),
+            owner: Owner::new(),
         }
     }
 }
@@ -143,6 +147,7 @@ impl<A: Algorithm, C: Clock> RateLimiter<A, C, LockedCell<A::State>> {
             algorithm,
             clock,
             cell: LockedCell::fresh(),
+            owner: Owner::new(),
         }
     }
 }
@@ -223,6 +228,72 @@ where
         self.cell.apply(&self.algorithm, now, cost)
     }
 
+    /// Decides `cost` units now like [`check_n`](RateLimiter::check_n), and returns a
+    /// [`Receipt`] for a later [`refund`](RateLimiter::refund) (composite limits, the
+    /// charge-first login pattern).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(2)?, ManualClock::new());
+    /// let (decision, receipt) = limiter.charge(2);
+    /// assert_eq!(decision.remaining(), 0);
+    /// assert!(limiter.refund(receipt));
+    /// assert_eq!(limiter.peek(0).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge(&self, cost: u32) -> (Decision, Receipt) {
+        self.charge_at(self.clock.now(), cost)
+    }
+
+    /// [`charge`](RateLimiter::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, RateLimiter};
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (decision, receipt) = limiter.charge_at(Nanos::from_secs(5), 1);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let (decision, charge) = self.cell.charge(&self.algorithm, now, cost);
+        (decision, Receipt::new(self.owner, 0, 0, charge))
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds
+    /// ([`Algorithm::refund`]): never another request's units. Returns whether
+    /// anything came back. A receipt of another limiter, or of a charge that took
+    /// nothing, gives back nothing. The clock is read after the state is loaded, so
+    /// the refund is judged no earlier than any admission it sees.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, ManualClock, Policy, RateLimiter};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(FixedWindow::new(Policy::per_second(3)?)?, clock.clone());
+    /// let (_, receipt) = limiter.charge(1);
+    /// clock.advance(Duration::from_secs(1));
+    /// let _ = limiter.check(); // another request opens the next window
+    /// assert!(!limiter.refund(receipt)); // that window's unit is not ours to give back
+    /// assert_eq!(limiter.peek(0).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refund(&self, receipt: Receipt) -> bool {
+        match receipt.charge_for(self.owner, 0) {
+            Some(charge) => self
+                .cell
+                .refund(&self.algorithm, &charge, || self.clock.now()),
+            None => false,
+        }
+    }
+
     /// [`peek`](RateLimiter::peek) at an instant the caller read.
     ///
     /// # Examples
@@ -264,11 +335,6 @@ where
     /// ```
     pub fn clock(&self) -> &C {
         &self.clock
-    }
-
-    /// The state cell (for transitions other than a decision: refunds).
-    pub(crate) fn cell(&self) -> &S {
-        &self.cell
     }
 
     /// The current packed state (for tests, metrics and persistence).

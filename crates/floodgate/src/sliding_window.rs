@@ -57,7 +57,7 @@
 //! `check(n)` then `refund(n)` at one instant leaves a state that decides like the one
 //! before.
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Policy, PolicyError};
@@ -383,37 +383,41 @@ impl Algorithm for SlidingWindow {
         v.prev == 0 && v.cur == 0
     }
 
-    /// Gives back `min(cost, cur)` units from `cur`, the count of the window a charge
-    /// at `now` goes to (`now`'s window, or the stored one when `now` reads earlier),
-    /// keeping that window and `prev`. Once the window has moved on, the charge is part
-    /// of `prev`, weighs only `⌊prev·(P − e)/P⌋` and fades: nothing is given back
-    /// (`None`), as when `cur` or `cost` is 0. A charge refunded at the same instant
-    /// leaves a state that decides like the one before it, at that instant and later.
+    /// Gives back `min(cost, cur)` units from `cur` while the state still holds the
+    /// window the charge counted in (the stored window of `charge.after`), keeping the
+    /// window and `prev`. Once another admission has moved the state on, the charge is
+    /// part of `prev` (or gone) and nothing is given back (`None`), as when `cur` or
+    /// `cost` is 0. `now` does not matter: the stored window says whose units `cur`
+    /// holds. A charge refunded before anything else leaves a state that decides like
+    /// the one before it.
     ///
     /// # Examples
     ///
     /// ```
-    /// use floodgate::{Algorithm, Nanos, Policy, SlidingWindow};
+    /// use floodgate::{Algorithm, Charged, Nanos, Policy, SlidingWindow};
     /// let sw = SlidingWindow::new(Policy::per_minute(10)?)?;
     /// let now = Nanos::from_secs(75);
-    /// let s = sw.state(1, 2, 4);
-    /// assert_eq!(sw.refund(s, now, 3), Some(sw.state(1, 2, 1)));
-    /// assert_eq!(sw.refund(s, now, 9), Some(sw.state(1, 2, 0))); // prev is kept
-    /// // In the next window the 4 units are `prev`, fading: nothing is given back.
-    /// assert_eq!(sw.refund(s, Nanos::from_secs(130), 3), None);
+    /// let charge = Charged { before: sw.state(1, 2, 1), after: sw.state(1, 2, 4), at: now, cost: 3 };
+    /// assert_eq!(sw.refund(sw.state(1, 2, 4), &charge, now), Some(sw.state(1, 2, 1)));
+    /// assert_eq!(sw.refund(sw.state(1, 2, 1), &charge, now), Some(sw.state(1, 2, 0))); // prev is kept
+    /// // In the next window the units are `prev`, fading: nothing is given back.
+    /// assert_eq!(sw.refund(sw.state(2, 4, 1), &charge, Nanos::from_secs(130)), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     fn refund(
         &self,
         state: SlidingWindowState,
-        now: Nanos,
-        cost: u32,
+        charge: &Charged<SlidingWindowState>,
+        _now: Nanos,
     ) -> Option<SlidingWindowState> {
-        let v = self.view(state, now.as_u64());
-        let back = u64::from(cost).min(v.cur);
+        let (window, prev, cur) = self.fields(state);
+        if window != self.fields(charge.after).0 {
+            return None;
+        }
+        let back = u64::from(charge.cost).min(cur);
         // Only cur shrinks, in the window it counts in: every field stays ≤ count_max.
         (back > 0).then(|| SlidingWindowState {
-            packed: self.shape.layout.pack2(v.window, v.prev, v.cur - back),
+            packed: self.shape.layout.pack2(window, prev, cur - back),
         })
     }
 
@@ -669,35 +673,37 @@ mod tests {
     }
 
     #[test]
-    fn refunds_give_back_from_the_current_count() {
-        // 10 per second; window 4 holds prev 6 (of window 3) and cur 5.
+    fn refunds_give_back_only_from_the_window_charged() {
+        // 10 per second; window 4 holds prev 6 (of window 3) and cur 2, then 3 more.
         let f = sw(10, Duration::from_secs(1));
-        let s = f.state(4, 6, 5);
+        let before = f.state(4, 6, 2);
         let now = Nanos::new(4 * S + S / 2);
+        let after = f.decide(before, now, 3).1.unwrap();
+        assert_eq!(f.fields(after), (4, 6, 5));
+        let charge = Charged {
+            before,
+            after,
+            at: now,
+            cost: 3,
+        };
         // ⌊6·0.5⌋ + 5 = 8 → remaining 2; 3 back: ⌊6·0.5⌋ + 2 = 5 → remaining 5.
-        assert_eq!(f.decide(s, now, 0).0.remaining(), 2);
-        let r = f.refund(s, now, 3).unwrap();
-        assert_eq!(f.fields(r), (4, 6, 2));
+        assert_eq!(f.decide(after, now, 0).0.remaining(), 2);
+        let r = f.refund(after, &charge, now).unwrap();
+        assert_eq!(r, before);
         assert_eq!(f.decide(r, now, 0).0.remaining(), 5);
-        // More than cur: down to zero, prev untouched.
-        let r = f.refund(s, now, 9).unwrap();
+        // Less than charged is left (others refunded): down to zero, prev untouched.
+        let r = f.refund(f.state(4, 6, 1), &charge, now).unwrap();
         assert_eq!(f.fields(r), (4, 6, 0));
-        assert_eq!(f.decide(r, now, 0).0.remaining(), 7);
-        // Nothing current: cost 0, cur 0, a fresh state.
-        assert_eq!(f.refund(s, now, 0), None);
-        assert_eq!(f.refund(f.state(4, 6, 0), now, 1), None);
-        assert_eq!(f.refund(SlidingWindowState::default(), now, 1), None);
-        // One window on, the 5 units are prev and fade: nothing is given back.
-        assert_eq!(f.refund(s, Nanos::new(5 * S), 1), None);
-        assert_eq!(f.refund(s, Nanos::new(9 * S), u32::MAX), None);
-        // An earlier reading charges the stored window's cur, so it refunds there.
-        let r = f.refund(s, Nanos::new(3 * S), 2).unwrap();
-        assert_eq!(f.fields(r), (4, 6, 3));
-        // A charge and its refund through the decision: back to the same fields.
-        let (_, c) = f.decide(s, Nanos::new(5 * S - 1), 1);
-        let c = c.unwrap();
-        assert_eq!(f.fields(c), (4, 6, 6));
-        assert_eq!(f.refund(c, Nanos::new(5 * S - 1), 1), Some(s));
+        // Nothing current, or a state moved on by another request: nothing back.
+        assert_eq!(f.refund(f.state(4, 6, 0), &charge, now), None);
+        assert_eq!(f.refund(f.state(5, 5, 1), &charge, Nanos::new(5 * S)), None);
+        assert_eq!(f.refund(f.state(5, 5, 1), &charge, now), None);
+        // While the state holds window 4, the reading does not matter: a later reading
+        // gives back from cur (which would become prev, weighing for the next window).
+        assert_eq!(
+            f.refund(after, &charge, Nanos::new(5 * S + 1)),
+            Some(before)
+        );
     }
 
     #[test]

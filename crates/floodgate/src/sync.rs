@@ -208,3 +208,12 @@ pub(crate) fn thread_index() -> usize {
         i
     })
 }
+
+/// A number never handed out before in this process: the ids that bind receipts and
+/// reservations to the limiter that issued them. Not a model-checked atomic (under
+/// loom too): it only has to be unique, and a plain counter is, in every interleaving.
+pub(crate) fn next_unique_id() -> u64 {
+    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+    // Relaxed: uniqueness needs only the counter's own modification order.
+    NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+}

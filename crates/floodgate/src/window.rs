@@ -290,7 +290,7 @@ impl WindowLayout {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::{Algorithm, FixedWindow, Nanos, SlidingWindow};
+    use crate::{Algorithm, Charged, FixedWindow, Nanos, SlidingWindow};
     use core::time::Duration;
     use proptest::prelude::*;
 
@@ -376,7 +376,13 @@ mod tests {
         let (decision, charged) = algorithm.decide(before, now, n);
         let after = match charged {
             Some(charged) => {
-                let refunded = algorithm.refund(charged, now, n);
+                let charge = Charged {
+                    before,
+                    after: charged,
+                    at: now,
+                    cost: n,
+                };
+                let refunded = algorithm.refund(charged, &charge, now);
                 prop_assert!(decision.is_allowed());
                 prop_assert!(refunded.is_some(), "an admitted charge is refundable");
                 refunded.unwrap_or(charged)
@@ -419,7 +425,8 @@ mod tests {
             let f = FixedWindow::new(policy).unwrap();
             let before = f.state(window, cur);
             check_refund_undoes_the_charge(&f, before, now, n, later, max_cost)?;
-            if let Some(r) = f.refund(before, now, n) {
+            let charge = Charged { before, after: before, at: now, cost: n };
+            if let Some(r) = f.refund(before, &charge, now) {
                 prop_assert_eq!(f.window_of(r), f.window_of(before));
                 let back = f.count_of(before) - f.count_of(r);
                 prop_assert!(back >= 1 && back <= u64::from(n));
@@ -428,7 +435,8 @@ mod tests {
             let s = SlidingWindow::new(policy).unwrap();
             let before = s.state(window, prev, cur);
             check_refund_undoes_the_charge(&s, before, now, n, later, max_cost)?;
-            if let Some(r) = s.refund(before, now, n) {
+            let charge = Charged { before, after: before, at: now, cost: n };
+            if let Some(r) = s.refund(before, &charge, now) {
                 let (w0, p0, c0) = s.fields(before);
                 let (w1, p1, c1) = s.fields(r);
                 prop_assert_eq!((w1, p1), (w0, p0));

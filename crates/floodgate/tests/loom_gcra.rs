@@ -127,3 +127,38 @@ fn a_moving_clock_never_moves_the_state_back() {
         assert!(tat <= 12 * T);
     });
 }
+
+/// The review's GCRA over-admission: a composite charges at t = 0 (booking [0, 1 s)),
+/// another thread moves the clock to 5 s and is admitted (booking [5 s, 6 s)), then
+/// the composite refunds. Subtracting `T` from the TAT would erase the 5 s booking;
+/// the refund gives back only the part of its own booking still ahead of the clock.
+/// With burst 1, exactly one request is admitted at 5 s in every interleaving.
+#[test]
+fn a_refund_never_erases_a_later_booking() {
+    use floodgate::keyed::composite::check_all;
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let shared = Arc::new(limiter(1, clock.clone()));
+        // Exhausted for the whole model: one per day.
+        let daily = Policy::new(1, Duration::from_secs(86_400)).unwrap();
+        let strict = RateLimiter::gcra_with_clock(daily, clock.clone());
+        assert!(strict.check().is_allowed());
+        let composite = {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || check_all(&[&*shared, &strict], 1))
+        };
+        let direct = {
+            let shared = Arc::clone(&shared);
+            let clock = clock.clone();
+            thread::spawn(move || {
+                clock.advance(Duration::from_secs(5));
+                shared.check().is_allowed()
+            })
+        };
+        assert!(!composite.join().unwrap().is_allowed());
+        let direct = direct.join().unwrap();
+        assert_eq!(clock.now(), Nanos::from_secs(5));
+        let after = shared.check().is_allowed();
+        assert_eq!(u32::from(direct) + u32::from(after), 1);
+    });
+}

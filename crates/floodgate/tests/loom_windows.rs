@@ -144,3 +144,36 @@ fn fixed_window_refund_races_a_check() {
         assert_eq!(fw.window_of(window.state()), 5);
     });
 }
+
+/// The review's over-admission: a composite charges window 5 at its last instant,
+/// another thread moves the clock and the state into window 6 and is admitted there,
+/// then the composite refunds. The refund must not give back window 6's unit: with
+/// L = 1, window 6 admits one request in every interleaving.
+#[test]
+fn a_refund_never_gives_back_a_later_windows_unit() {
+    loom::model(|| {
+        let clock = ManualClock::starting_at(Nanos::new(6 * P - 1));
+        let fw = FixedWindow::new(policy(1)).unwrap();
+        let window = Arc::new(RateLimiter::with_clock(fw, clock.clone()));
+        // Exhausted for the whole model: an hourly window.
+        let hourly = Policy::new(1, Duration::from_secs(3600)).unwrap();
+        let strict = RateLimiter::with_clock(FixedWindow::new(hourly).unwrap(), clock.clone());
+        assert!(strict.check().is_allowed());
+        let composite = {
+            let window = Arc::clone(&window);
+            thread::spawn(move || check_all(&[&*window, &strict], 1))
+        };
+        let direct = {
+            let window = Arc::clone(&window);
+            let clock = clock.clone();
+            thread::spawn(move || {
+                clock.advance(Duration::from_nanos(1));
+                window.check().is_allowed()
+            })
+        };
+        assert!(!composite.join().unwrap().is_allowed());
+        let direct = direct.join().unwrap();
+        let after = window.check().is_allowed();
+        assert_eq!(u32::from(direct) + u32::from(after), 1);
+    });
+}

@@ -110,7 +110,7 @@ pub struct Exact;
 impl<K: bytemuck::Pod> KeyBits<K> for Exact {
     #[inline(always)]
     fn bits(&self, key: &K) -> u64 {
-        super::compact_table::to_bits(key)
+        crate::receipt::to_bits(key)
     }
 }
 

@@ -57,10 +57,11 @@ use crossbeam_utils::CachePadded;
 use crate::algorithm::{update_word, update_word_from, Algorithm, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::receipt::{from_bits, to_bits};
 use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
 
 use super::table::{
-    home_slot, judge, make_room, next_slot, Retired, ShardSet, Slots, WriteSide, Writer,
+    home_slot, judge, make_room, next_slot, Removals, Retired, ShardSet, Slots, WriteSide, Writer,
 };
 
 /// The state half of an empty (or retired) slot.
@@ -71,37 +72,6 @@ pub(crate) const SLOT_BYTES: usize = 16;
 
 /// An empty slot.
 const EMPTY_SLOT: u128 = DEAD as u128;
-
-/// A type's bytes zero-extended into a `u64` (`T` of more than 8 bytes does not
-/// compile).
-#[inline(always)]
-pub(crate) fn to_bits<T: bytemuck::NoUninit>(value: &T) -> u64 {
-    const {
-        assert!(
-            core::mem::size_of::<T>() <= 8,
-            "a slot word holds at most 8 bytes"
-        )
-    };
-    let mut bytes = [0u8; 8];
-    let src = bytemuck::bytes_of(value);
-    bytes[..src.len()].copy_from_slice(src);
-    u64::from_ne_bytes(bytes)
-}
-
-/// The inverse of [`to_bits`] for a state word.
-#[inline(always)]
-fn state_of<S: bytemuck::Pod>(bits: u64) -> S {
-    const {
-        assert!(
-            core::mem::size_of::<S>() <= 8,
-            "a slot word holds at most 8 bytes"
-        )
-    };
-    let mut state: S = bytemuck::Zeroable::zeroed();
-    let len = core::mem::size_of::<S>();
-    bytemuck::bytes_of_mut(&mut state).copy_from_slice(&bits.to_ne_bytes()[..len]);
-    state
-}
 
 #[inline(always)]
 fn pack(key: u64, state: u64) -> u128 {
@@ -141,6 +111,8 @@ pub(crate) struct Shard<S> {
     slots: Box<[Slot]>,
     /// Sequence number: odd while a writer moves keys.
     version: AtomicU64,
+    /// Removals made (generation, latest instant).
+    removals: Removals,
     shard_bits: u32,
     /// This shard's share of the key capacity.
     capacity: usize,
@@ -171,6 +143,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                 .map(|_| Slot(AtomicU128::new(EMPTY_SLOT)))
                 .collect(),
             version: AtomicU64::new(0),
+            removals: Removals::new(),
             shard_bits: shape.shard_bits,
             capacity: shape.share,
             hasher: shape.hasher.clone(),
@@ -196,7 +169,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
     {
         let (shard, hash) = self.set.locate(&key);
         let found = shard.find(hash, key);
-        let now = now();
+        let now = shard.removals.clamp(now());
         if let Some((i, seen)) = found {
             if let Some(decision) = decide_in(algorithm, &shard.slots[i], seen, key, now, cost) {
                 return decision;
@@ -212,8 +185,10 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
         A: Algorithm<State = S> + ?Sized,
     {
         let (shard, hash) = self.set.locate(&key);
-        // Acquire: pairs with the writer's final Release store of the version.
+        // Acquire: pairs with the writer's final Release store of the version (and
+        // so with every removal instant recorded before it).
         let before = shard.version.load(Ordering::Acquire);
+        let clamped = shard.removals.clamp(now);
         let state = match shard.find(hash, key) {
             Some((_, seen)) => Some(state_half(seen)),
             None => {
@@ -224,17 +199,18 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                 (before == after && before % 2 == 0).then_some(0)
             }
         };
-        let bits = match state {
+        let (bits, now) = match state {
             // A state the probe saw live, or a trusted miss (fresh, all zero).
-            Some(bits) if bits != DEAD => bits,
+            Some(bits) if bits != DEAD => (bits, clamped),
             _ => {
                 let _writer = lock(&shard.write.lock);
-                shard
+                let bits = shard
                     .find(hash, key)
-                    .map_or(0, |(_, seen)| state_half(seen))
+                    .map_or(0, |(_, seen)| state_half(seen));
+                (bits, shard.removals.clamp(now))
             }
         };
-        algorithm.decide(state_of(bits), now, cost).0
+        algorithm.decide(from_bits(bits), now, cost).0
     }
 }
 
@@ -258,7 +234,7 @@ where
         if bits == DEAD || key_half(current) != key {
             return (None, None);
         }
-        let (decision, next) = algorithm.decide(state_of(bits), now, cost);
+        let (decision, next) = algorithm.decide(from_bits(bits), now, cost);
         match next.map(|n| to_bits(&n)) {
             Some(DEAD) => (Some(decision.refused()), None),
             Some(next) => (Some(decision), Some(pack(key, next))),
@@ -299,6 +275,8 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
         A: Algorithm<State = S> + ?Sized,
     {
         let mut writer = lock(&self.write.lock);
+        // Under the lock every removal so far is visible: judge at or after them.
+        let now = self.removals.clamp(now);
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
         if let Some((i, seen)) = self.find(hash, key) {
             if let Some(decision) = decide_in(algorithm, &self.slots[i], seen, key, now, cost) {
@@ -372,13 +350,17 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
         &self.write
     }
 
+    fn removals(&self) -> &Removals {
+        &self.removals
+    }
+
     fn share(&self) -> usize {
         self.capacity
     }
 
     fn state_at(&self, i: usize) -> Option<S> {
         let bits = state_half(self.slots[i].load_now());
-        (bits != DEAD).then(|| state_of(bits))
+        (bits != DEAD).then(|| from_bits(bits))
     }
 
     /// CAS of the slot's state half to dead (only if idle when `idle_only`).
@@ -398,7 +380,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
             if bits == DEAD {
                 return ((None, false), None);
             }
-            let (how, write) = judge(algorithm, state_of(bits), now, idle_only);
+            let (how, write) = judge(algorithm, from_bits(bits), now, idle_only);
             if write && !opened {
                 self.open_window();
                 opened = true;
@@ -461,7 +443,7 @@ mod tests {
     #[test]
     fn bits_round_trip_and_never_look_dead() {
         let s = GcraState::from_tat(Nanos::new(u64::MAX - 1));
-        assert_eq!(state_of::<GcraState>(to_bits(&s)), s);
+        assert_eq!(from_bits::<GcraState>(to_bits(&s)), s);
         assert_ne!(to_bits(&s), DEAD);
         // Narrow keys and states are zero-extended: never all ones.
         assert_eq!(to_bits(&[0xFFu8; 4]), u64::from(u32::MAX));

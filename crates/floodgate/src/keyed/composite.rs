@@ -12,19 +12,28 @@
 //! Charges are taken one limit at a time, not atomically across limits. A request
 //! racing with a composite that is later refunded may see that charge while it is
 //! held (a *phantom* charge: it may be denied although, in hindsight, the composite
-//! took nothing) — never the reverse: no request is admitted beyond any single
-//! limit. A GCRA refund removes exactly the units charged while the limit's `TAT`
-//! stayed ahead of the clock (the usual case: the refund follows within
-//! microseconds); otherwise it returns at most the units charged. A fixed-window or
-//! sliding-window refund takes the units off the count of the window they were
-//! charged in while that window is still in force (exactly what was charged, never
-//! below zero); if the window has moved on by refund time, the charge counts less or
-//! not at all and nothing is given back. A keyed entry
-//! found removed (reclaimed or evicted) at refund time is left alone; in the rare
-//! race where it was removed *and* re-created by another request before the refund
-//! looks it up, the new entry gets the units back (at most `cost` units too many,
-//! once). Counters
-//! ([`KeyedMetrics`](super::KeyedMetrics)) count a refunded admission as allowed.
+//! took nothing) — never the reverse. Each charge returns a [`Receipt`], and a refund
+//! gives back only what the receipt proves is still that charge's own
+//! ([`Algorithm::refund`](crate::Algorithm::refund)): after a refund, a limit's state
+//! is never more permissive than the state that the other requests alone would have
+//! produced, so no sequence of composites admits beyond any single limit.
+//!
+//! * GCRA gives back the part of the charge's booking the clock has not reached:
+//!   all of it when the refund follows before the clock catches up (the usual case,
+//!   microseconds later), nothing once the clock has passed it.
+//! * A fixed or sliding window gives back the charged units while the state still
+//!   holds the window they were counted in; once any request has moved it to a newer
+//!   window, nothing.
+//! * A keyed limit gives back nothing if the key's shard has removed any key since
+//!   the charge: the entry may have been reclaimed or evicted and re-created, and
+//!   the new entry never held the charge.
+//!
+//! Refunds read the clock after loading the state, so each is judged no earlier than
+//! every admission it sees — exact with any clock that is monotone across threads
+//! ([`ManualClock`](crate::ManualClock), [`StdClock`](crate::StdClock)); with the TSC
+//! clock a GCRA refund can err by the cross-core skew (nanoseconds of booking).
+//! Counters ([`KeyedMetrics`](super::KeyedMetrics)) count a refunded admission as
+//! allowed.
 //!
 //! ```
 //! use floodgate::keyed::composite::{check_all, Limit};
@@ -54,10 +63,11 @@ use core::hash::Hash;
 
 use super::plans::{PlanId, PlanLimiter};
 use super::KeyedLimiter;
-use crate::algorithm::{update_word, Algorithm, AtomicCell};
+use crate::algorithm::{Algorithm, StateCell};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
+use crate::receipt::Receipt;
 
 /// One limit a composite can charge and refund.
 ///
@@ -71,21 +81,24 @@ use crate::limiter::RateLimiter;
 /// use floodgate::keyed::composite::Limit;
 /// use floodgate::{ManualClock, Policy, RateLimiter};
 /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
-/// let now = limiter.now();
-/// assert!(limiter.charge_at(now, 1).is_allowed());
-/// limiter.refund_at(now, 1);
-/// assert!(limiter.charge_at(now, 1).is_allowed());
+/// let now = Limit::now(&limiter);
+/// let (decision, receipt) = Limit::charge_at(&limiter, now, 1);
+/// assert!(decision.is_allowed());
+/// assert!(Limit::refund(&limiter, receipt));
+/// assert!(limiter.check().is_allowed());
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub trait Limit {
     /// This limit's clock reading.
     fn now(&self) -> Nanos;
-    /// Decides `cost` at `now`, consuming it if allowed.
-    fn charge_at(&self, now: Nanos, cost: u32) -> Decision;
+    /// Decides `cost` at `now`, consuming it if allowed, with the receipt a refund
+    /// needs.
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt);
     /// What `charge_at` would decide, writing nothing.
     fn peek_at(&self, now: Nanos, cost: u32) -> Decision;
-    /// Gives back `cost` units an admission at about `now` took.
-    fn refund_at(&self, now: Nanos, cost: u32);
+    /// Gives back what the charge behind `receipt` still provably holds (see the
+    /// [module docs](self)); returns whether anything came back.
+    fn refund(&self, receipt: Receipt) -> bool;
 }
 
 /// Checks `cost` against every limit as one decision: if any denies, none is
@@ -108,17 +121,20 @@ pub trait Limit {
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub fn check_all(limits: &[&dyn Limit], cost: u32) -> Decision {
+    // The receipts of the limits charged so far (a composite rarely has more than a
+    // handful of limits: no allocation below 8).
+    let mut receipts: SmallReceipts = SmallReceipts::default();
     let mut verdict: Option<Decision> = None;
     for (i, limit) in limits.iter().enumerate() {
-        let decision = limit.charge_at(limit.now(), cost);
+        let (decision, receipt) = limit.charge_at(limit.now(), cost);
         verdict = Some(match verdict {
             Some(v) => most_restrictive(v, decision),
             None => decision,
         });
         if !decision.is_allowed() {
             // Undo what was taken, then learn the other limits' verdicts.
-            for taken in &limits[..i] {
-                taken.refund_at(taken.now(), cost);
+            for (taken, receipt) in limits[..i].iter().zip(receipts.drain()) {
+                taken.refund(receipt);
             }
             for rest in &limits[i + 1..] {
                 let d = rest.peek_at(rest.now(), cost);
@@ -126,8 +142,35 @@ pub fn check_all(limits: &[&dyn Limit], cost: u32) -> Decision {
             }
             break;
         }
+        receipts.push(receipt);
     }
     verdict.unwrap_or_else(|| Decision::new(true, 0, 0, Default::default(), None))
+}
+
+/// Receipts inline up to 8, on the heap beyond.
+#[derive(Default)]
+struct SmallReceipts {
+    inline: [Option<Receipt>; 8],
+    len: usize,
+    spill: Vec<Receipt>,
+}
+
+impl SmallReceipts {
+    fn push(&mut self, receipt: Receipt) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = Some(receipt),
+            None => self.spill.push(receipt),
+        }
+        self.len += 1;
+    }
+
+    /// The receipts in charge order, taken out.
+    fn drain(&mut self) -> impl Iterator<Item = Receipt> + '_ {
+        self.inline
+            .iter_mut()
+            .filter_map(Option::take)
+            .chain(self.spill.drain(..))
+    }
 }
 
 /// The more restrictive of two decisions.
@@ -156,22 +199,21 @@ fn most_restrictive(a: Decision, b: Decision) -> Decision {
     }
 }
 
-impl<A: Algorithm, C: Clock> Limit for RateLimiter<A, C, AtomicCell<A::State>> {
+impl<A: Algorithm, C: Clock, S: StateCell<A::State>> Limit for RateLimiter<A, C, S> {
     fn now(&self) -> Nanos {
         self.clock().now()
     }
 
-    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
-        self.check_n_at(now, cost)
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        RateLimiter::charge_at(self, now, cost)
     }
 
     fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
         RateLimiter::peek_at(self, now, cost)
     }
 
-    fn refund_at(&self, now: Nanos, cost: u32) {
-        let algorithm = self.algorithm();
-        update_word(self.cell().word(), |s| ((), algorithm.refund(s, now, cost)));
+    fn refund(&self, receipt: Receipt) -> bool {
+        RateLimiter::refund(self, receipt)
     }
 }
 
@@ -184,7 +226,7 @@ impl<A: Algorithm, C: Clock> Limit for RateLimiter<A, C, AtomicCell<A::State>> {
 /// use floodgate::{KeyedLimiter, Policy};
 /// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
 /// let limit = keyed.limit(&7);
-/// assert!(limit.charge_at(limit.now(), 1).is_allowed());
+/// assert!(limit.charge_at(limit.now(), 1).0.is_allowed());
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct KeyedLimit<'a, K, Q: ?Sized, A: Algorithm, C> {
@@ -229,19 +271,16 @@ where
         self.limiter.clock().now()
     }
 
-    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
-        self.limiter.check_n_at(self.key, now, cost)
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        self.limiter.charge_at(self.key, now, cost)
     }
 
     fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
         self.limiter.peek_at(self.key, now, cost)
     }
 
-    fn refund_at(&self, now: Nanos, cost: u32) {
-        let algorithm = self.limiter.algorithm();
-        self.limiter
-            .table()
-            .update_existing(self.key, |s| algorithm.refund(s, now, cost));
+    fn refund(&self, receipt: Receipt) -> bool {
+        self.limiter.refund(self.key, receipt)
     }
 }
 
@@ -282,7 +321,7 @@ where
     /// let pro = plans.id("pro").unwrap();
     /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
     /// let limit = limiter.limit(&1);
-    /// assert_eq!(limit.charge_at(limit.now(), 1).limit(), 100);
+    /// assert_eq!(limit.charge_at(limit.now(), 1).0.limit(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn limit<'a>(&'a self, key: &'a K) -> PlanLimit<'a, K, R, C> {
@@ -300,15 +339,15 @@ where
         self.limiter.keyed().clock().now()
     }
 
-    fn charge_at(&self, now: Nanos, cost: u32) -> Decision {
-        self.limiter.check_n_at(self.key, now, cost)
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        self.limiter.charge_at(self.key, now, cost)
     }
 
     fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
         self.limiter.peek_at(self.key, now, cost)
     }
 
-    fn refund_at(&self, now: Nanos, cost: u32) {
-        self.limiter.refund_at(self.key, now, cost);
+    fn refund(&self, receipt: Receipt) -> bool {
+        self.limiter.refund(self.key, receipt)
     }
 }

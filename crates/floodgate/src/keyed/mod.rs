@@ -148,6 +148,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::Gcra;
 use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
 use crate::sync::{thread_index, AtomicU64, Ordering};
 use table::Table;
 
@@ -188,6 +189,8 @@ pub struct KeyedLimiter<K, A: Algorithm = Gcra, C = DefaultClock> {
     clock: C,
     table: Table<K, A::State>,
     stripes: Stripes,
+    /// The id its receipts carry.
+    owner: Owner,
 }
 
 /// Per-thread decision counters (one cache line each).
@@ -490,6 +493,7 @@ impl<A, C> KeyedBuilder<A, C> {
             clock: self.clock,
             table: Table::new(capacity, shards),
             stripes: Stripes::new(shards),
+            owner: Owner::new(),
         }
     }
 }
@@ -595,6 +599,112 @@ where
         let decision = self.table.check(algorithm, key, now, cost);
         self.count(decision.is_allowed());
         decision
+    }
+
+    /// Decides `cost` units for `key` now like [`check_n`](KeyedLimiter::check_n), and
+    /// returns a [`Receipt`] for a later [`refund`](KeyedLimiter::refund): the
+    /// charge-first login pattern, composite limits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (decision, receipt) = keyed.charge("alice", 1);
+    /// assert!(decision.is_allowed());
+    /// assert!(keyed.refund("alice", receipt));
+    /// assert!(keyed.check("alice").is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge<Q>(&self, key: &Q, cost: u32) -> (Decision, Receipt)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.charge_at(key, self.clock.now(), cost)
+    }
+
+    /// [`charge`](KeyedLimiter::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (decision, receipt) = keyed.charge_at(&1u64, Nanos::from_secs(5), 1);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (Decision, Receipt)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.charge_with(&self.algorithm, key, now, cost)
+    }
+
+    /// A charge with another algorithm over the same state type (plans).
+    pub(crate) fn charge_with<Q>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Receipt)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let c = self.table.charge(algorithm, key, now, cost);
+        self.count(c.decision.is_allowed());
+        (
+            c.decision,
+            Receipt::new(self.owner, c.tag, c.generation, c.charge),
+        )
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds for `key`
+    /// ([`Algorithm::refund`]: never another request's units). Returns whether
+    /// anything came back. Nothing comes back for a receipt of another limiter or
+    /// another key, a charge that took nothing, or a key whose shard has removed any
+    /// key since the charge (the entry may have been re-created: the charge is not in
+    /// it). The refund is judged at a clock reading taken after the state is loaded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (_, first) = keyed.charge(&1, 1);
+    /// assert!(keyed.refund(&1, first)); // consumed: a charge comes back once
+    /// let (_, second) = keyed.charge(&1, 1);
+    /// assert!(!keyed.refund(&2, second)); // another key's receipt: nothing
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refund<Q>(&self, key: &Q, receipt: Receipt) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.refund_with(&self.algorithm, key, receipt)
+    }
+
+    /// A refund with another algorithm over the same state type (plans).
+    pub(crate) fn refund_with<Q>(&self, algorithm: &A, key: &Q, receipt: Receipt) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let tag = self.table.tag_of(key);
+        let Some(charge) = receipt.charge_for(self.owner, tag) else {
+            return false;
+        };
+        self.table
+            .refund(algorithm, key, receipt.generation(), &charge, || {
+                self.clock.now()
+            })
     }
 
     /// Exactly what [`check_n(key, cost)`](KeyedLimiter::check_n) would return now;

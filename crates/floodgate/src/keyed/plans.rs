@@ -35,11 +35,11 @@ use std::collections::BTreeMap;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use super::{KeyedBuilder, KeyedError, KeyedLimiter};
-use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::Gcra;
 use crate::policy::{Policy, PolicyError};
+use crate::receipt::Receipt;
 use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
 
 /// A plan's index in its [`Plans`] table.
@@ -557,13 +557,65 @@ where
         self.keyed.table().peek(&gcra, key, now, cost)
     }
 
-    /// Gives back `cost` units `key` was charged at `now` (see
-    /// [`composite`](super::composite)). A key no longer in the table is left alone.
-    pub(crate) fn refund_at(&self, key: &K, now: Nanos, cost: u32) {
+    /// Decides `cost` units for `key` now under its plan, with a [`Receipt`] for a
+    /// later [`refund`](PlanLimiter::refund).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let (decision, receipt) = limiter.charge(&7, 10);
+    /// assert_eq!(decision.remaining(), 0);
+    /// assert!(limiter.refund(&7, receipt));
+    /// assert_eq!(limiter.peek(&7, 0).remaining(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge(&self, key: &K, cost: u32) -> (Decision, Receipt) {
+        self.charge_at(key, self.keyed.clock().now(), cost)
+    }
+
+    /// [`charge`](PlanLimiter::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, Nanos};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let (decision, receipt) = limiter.charge_at(&7, Nanos::from_secs(1), 10);
+    /// assert_eq!(decision.remaining(), 0);
+    /// assert!(receipt.is_charged());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge_at(&self, key: &K, now: Nanos, cost: u32) -> (Decision, Receipt) {
         let gcra = self.gcra_for(key);
-        self.keyed
-            .table()
-            .update_existing(key, |s| gcra.refund(s, now, cost));
+        self.keyed.charge_with(&gcra, key, now, cost)
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds for `key`
+    /// (see [`KeyedLimiter::refund`]); returns whether anything came back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let (_, receipt) = limiter.charge(&7, 1);
+    /// assert!(!limiter.refund(&8, receipt)); // not key 8's charge
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund(&self, key: &K, receipt: Receipt) -> bool {
+        let gcra = self.gcra_for(key);
+        self.keyed.refund_with(&gcra, key, receipt)
     }
 
     /// Changes plan `name`'s policy now; every key keeps its state (GCRA: its TAT),

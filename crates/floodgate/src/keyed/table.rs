@@ -47,7 +47,7 @@ use core::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{update_word, Algorithm};
+use crate::algorithm::{update_word, Algorithm, Charged};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{fence, lock, pin, retire, Atomic, AtomicPtr, AtomicU64, Guard, Mutex, Ordering};
@@ -98,6 +98,8 @@ pub(crate) struct Shard<K, S> {
     slots: Box<[Slot<K, S>]>,
     /// Sequence number: odd while a writer moves entries.
     version: AtomicU64,
+    /// Removals made (generation, latest instant).
+    removals: Removals,
     /// The table's shard bits (the hash bits above the home index).
     shard_bits: u32,
     /// This shard's share of the key capacity.
@@ -128,6 +130,54 @@ impl WriteSide {
     /// Records `live` keys (under `lock`).
     pub(crate) fn set_live(&self, writer: &Writer) {
         self.live.store(writer.live as u64, Ordering::Relaxed);
+    }
+}
+
+/// The removals a shard has made: how many (the generation a refund receipt
+/// compares, so that a refund never lands on a re-created entry) and the latest
+/// instant one was judged at (every decision in the shard is made at
+/// `max(reading, that instant)`, so a reading taken before a removal never finds a
+/// fresh key where the removed state would have denied). Written under the shard
+/// lock, read lock-free on the hot path: it sits on the readers' line beside the
+/// sequence number, which every removal writes anyway.
+pub(crate) struct Removals {
+    generation: AtomicU64,
+    at: AtomicU64,
+}
+
+impl Removals {
+    pub(crate) fn new() -> Removals {
+        Removals {
+            generation: AtomicU64::new(0),
+            at: AtomicU64::new(0),
+        }
+    }
+
+    /// `now`, or the latest removal instant if that is later.
+    #[inline(always)]
+    pub(crate) fn clamp(&self, now: Nanos) -> Nanos {
+        // Relaxed: a stale value is read only by a decision on a live entry (whose
+        // state was not removed); a miss re-reads it under the lock, which orders it
+        // after every removal.
+        now.max(Nanos::new(self.at.load(Ordering::Relaxed)))
+    }
+
+    /// How many removals the shard has made. Relaxed: a reader that found an entry
+    /// through an Acquire load of its slot sees every removal made before that
+    /// entry was linked (they were made under the lock the inserter held later).
+    #[inline(always)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Records a removal judged at `now` (under the shard lock).
+    pub(crate) fn record(&self, now: Nanos) {
+        let generation = self.generation.load(Ordering::Relaxed);
+        self.generation
+            .store(generation.wrapping_add(1), Ordering::Relaxed);
+        if now.as_u64() > self.at.load(Ordering::Relaxed) {
+            self.at.store(now.as_u64(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -195,6 +245,8 @@ pub(crate) trait Slots {
     fn len(&self) -> usize;
     /// The shard's write side (lock and counters).
     fn write_side(&self) -> &WriteSide;
+    /// The shard's removal record.
+    fn removals(&self) -> &Removals;
     /// This shard's share of the key capacity.
     fn share(&self) -> usize;
     /// The state of the key in slot `i`, or `None` when `i` is empty.
@@ -358,6 +410,7 @@ where
                 })
                 .collect(),
             version: AtomicU64::new(0),
+            removals: Removals::new(),
             shard_bits: shape.shard_bits,
             capacity: shape.share,
             write: WriteSide::new(),
@@ -379,14 +432,73 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
+        self.charge(algorithm, key, now, cost).decision
+    }
+
+    /// [`check`](Table::check), also returning what the admission wrote and what a
+    /// refund of it must compare (see [`KeyedCharge`]).
+    #[inline]
+    pub(crate) fn charge<Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
         let (shard, tag) = self.locate(key);
         let guard = pin();
+        // Read before the probe: a removal of the entry found below happens after
+        // this read, so a refund sees the generation move.
+        let generation = shard.removals.generation();
         if let Some(entry) = shard.find(tag, key, &guard) {
-            if let Some(decision) = decide_live(algorithm, &entry.state, now, cost) {
-                return decision;
+            let now = shard.removals.clamp(now);
+            if let Some((decision, charge)) = charge_live(algorithm, &entry.state, now, cost) {
+                return KeyedCharge {
+                    decision,
+                    charge,
+                    tag,
+                    generation,
+                };
             }
         }
         shard.check_locked(algorithm, tag, key, now, cost, &guard)
+    }
+
+    /// Gives back what `charge` (made on `key` at removal generation `generation`)
+    /// still provably holds, judged at `now()` read after each load of the state.
+    /// Nothing if the key's shard has removed any key since the charge: the entry
+    /// may be a re-created one that the charge never touched.
+    pub(crate) fn refund<Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        generation: u64,
+        charge: &Charged<S>,
+        now: impl Fn() -> Nanos,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, _) = self.locate(key);
+        let removals = &shard.removals;
+        self.update_existing(key, |state| {
+            if removals.generation() != generation {
+                return None;
+            }
+            algorithm.refund(state, charge, removals.clamp(now()))
+        })
+    }
+
+    /// The tag of `key` (its hash with the low bit set), as receipts carry it.
+    pub(crate) fn tag_of<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.locate(key).1
     }
 
     /// Exactly what `check` would decide now; writes nothing and inserts nothing.
@@ -400,13 +512,15 @@ where
         let (shard, tag) = self.locate(key);
         let guard = pin();
         // Acquire: pairs with the writer's final Release store of the version, so a
-        // probe that starts on an even version sees every move before it.
+        // probe that starts on an even version sees every move before it (and every
+        // removal instant recorded before the moves).
         let before = shard.version.load(Ordering::Acquire);
+        let clamped = shard.removals.clamp(now);
         match shard.find(tag, key, &guard) {
             Some(entry) => {
                 let state = entry.state.load(Ordering::Relaxed);
                 if !is_dead(&state) {
-                    return algorithm.decide(state, now, cost).0;
+                    return algorithm.decide(state, clamped, cost).0;
                 }
             }
             None => {
@@ -415,7 +529,9 @@ where
                 fence(Ordering::Acquire);
                 let after = shard.version.load(Ordering::Relaxed);
                 if before == after && before % 2 == 0 {
-                    return algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost).0;
+                    return algorithm
+                        .decide(bytemuck::Zeroable::zeroed(), clamped, cost)
+                        .0;
                 }
             }
         }
@@ -424,11 +540,11 @@ where
             Some(entry) => entry.state.load(Ordering::Relaxed),
             None => bytemuck::Zeroable::zeroed(),
         };
-        algorithm.decide(state, now, cost).0
+        algorithm.decide(state, shard.removals.clamp(now), cost).0
     }
 
     /// Applies `step` to `key`'s state word if the key is present (no insertion).
-    /// Returns whether it was present.
+    /// Returns whether `step` wrote.
     pub(crate) fn update_existing<Q>(&self, key: &Q, step: impl Fn(S) -> Option<S>) -> bool
     where
         K: Borrow<Q>,
@@ -443,7 +559,7 @@ where
                 }
                 match step(s) {
                     Some(next) if !is_dead(&next) => (true, Some(next)),
-                    _ => (true, None),
+                    _ => (false, None),
                 }
             })
         };
@@ -457,6 +573,17 @@ where
             .find(tag, key, &guard)
             .is_some_and(|entry| apply(&entry.state))
     }
+}
+
+/// A keyed decision, what it wrote, and what a refund of it must compare.
+pub(crate) struct KeyedCharge<S> {
+    pub(crate) decision: Decision,
+    /// What the admission wrote (`None`: nothing).
+    pub(crate) charge: Option<Charged<S>>,
+    /// The key's tag (its hash with the low bit set).
+    pub(crate) tag: u64,
+    /// The shard's removal generation when the charged entry was known live.
+    pub(crate) generation: u64,
 }
 
 /// Reclaims every idle key of one shard (a full sweep under its lock).
@@ -503,6 +630,7 @@ where
         let i = writer.hand;
         if shard.retire_at(algorithm, i, now, true) == Some(Retired::Idle) {
             // A later key may shift into `i`: look at it next.
+            shard.removals().record(now);
             shard.unlink(writer, i);
             shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -519,23 +647,26 @@ where
     A: Algorithm<State = T::State> + ?Sized,
 {
     let side = shard.write_side();
-    let mut best: Option<(u64, usize)> = None;
+    let mut best: Option<((u64, u64), usize)> = None;
     let mut sampled = 0;
     let mut i = writer.hand;
     for _ in 0..shard.len() {
         if let Some(how) = shard.retire_at(algorithm, i, now, true) {
             if how == Retired::Idle {
+                shard.removals().record(now);
                 shard.unlink(writer, i);
                 side.reclaimed.fetch_add(1, Ordering::Relaxed);
                 writer.hand = i;
                 return;
             }
-            // Live (or made live by a racing decision): a candidate. Closest to idle
-            // = the least time until the state is fresh again.
+            // Live (or made live by a racing decision): a candidate. The victim is
+            // the key whose loss forgives least: the fewest units in use now
+            // (`limit − remaining`: what a fresh state would hand back at once), then
+            // the least time until the state is fresh again.
             if let Some(state) = shard.state_at(i) {
-                let until_idle = algorithm.decide(state, now, 0).0.reset_after_nanos();
-                if best.is_none_or(|(b, _)| until_idle < b) {
-                    best = Some((until_idle, i));
+                let loss = forgiven(algorithm, state, now);
+                if best.is_none_or(|(b, _)| loss < b) {
+                    best = Some((loss, i));
                 }
             }
             sampled += 1;
@@ -549,6 +680,7 @@ where
         return;
     };
     if let Some(how) = shard.retire_at(algorithm, victim, now, false) {
+        shard.removals().record(now);
         shard.unlink(writer, victim);
         if how == Retired::Idle {
             side.reclaimed.fetch_add(1, Ordering::Relaxed);
@@ -557,6 +689,20 @@ where
         }
         writer.hand = next_slot(i, shard.len());
     }
+}
+
+/// What forgetting `state` at `now` would forgive, as an order: the units in use
+/// (`limit − remaining`), then the time until the state is fresh again. Eviction
+/// takes the least of its sample.
+pub(crate) fn forgiven<A>(algorithm: &A, state: A::State, now: Nanos) -> (u64, u64)
+where
+    A: Algorithm + ?Sized,
+{
+    let view = algorithm.decide(state, now, 0).0;
+    (
+        view.limit().saturating_sub(view.remaining()),
+        view.reset_after_nanos(),
+    )
 }
 
 /// ⌊√n⌋ by Newton's method (no floating point).
@@ -573,20 +719,35 @@ fn isqrt(n: usize) -> usize {
     x
 }
 
-/// Runs the decision on a live entry; `None` when the entry is dead.
+/// Runs the decision on a live entry; `None` when the entry is dead. Also returns
+/// what the admission wrote.
 #[inline(always)]
-fn decide_live<A>(algorithm: &A, word: &Atomic<A::State>, now: Nanos, cost: u32) -> Option<Decision>
+fn charge_live<A>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    now: Nanos,
+    cost: u32,
+) -> Option<(Decision, Option<Charged<A::State>>)>
 where
     A: Algorithm + ?Sized,
 {
-    update_word(word, |current| {
-        if is_dead(&current) {
+    update_word(word, |before| {
+        if is_dead(&before) {
             return (None, None);
         }
-        let (decision, next) = algorithm.decide(current, now, cost);
+        let (decision, next) = algorithm.decide(before, now, cost);
         match next {
-            Some(next) if is_dead(&next) => (Some(decision.refused()), None),
-            next => (Some(decision), next),
+            Some(next) if is_dead(&next) => (Some((decision.refused(), None)), None),
+            Some(after) => {
+                let charge = Charged {
+                    before,
+                    after,
+                    at: now,
+                    cost,
+                };
+                (Some((decision, Some(charge))), Some(after))
+            }
+            None => (Some((decision, None)), None),
         }
     })
 }
@@ -660,27 +821,36 @@ where
         now: Nanos,
         cost: u32,
         guard: &Guard,
-    ) -> Decision
+    ) -> KeyedCharge<S>
     where
         K: Borrow<Q>,
         Q: Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
         let mut writer = lock(&self.write.lock);
+        // Under the lock every removal so far is visible: judge at or after them.
+        let now = self.removals.clamp(now);
+        let answer = |decision, charge| KeyedCharge {
+            decision,
+            charge,
+            tag,
+            generation: self.removals.generation(),
+        };
         // Under the lock nothing moves and every linked entry is live: a writer
         // retires and unlinks within one critical section.
         if let Some(entry) = self.find(tag, key, guard) {
-            if let Some(decision) = decide_live(algorithm, &entry.state, now, cost) {
-                return decision;
+            if let Some((decision, charge)) = charge_live(algorithm, &entry.state, now, cost) {
+                return answer(decision, charge);
             }
         }
-        let (decision, next) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
+        let before: S = bytemuck::Zeroable::zeroed();
+        let (decision, next) = algorithm.decide(before, now, cost);
         // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
         let Some(next) = next else {
-            return decision;
+            return answer(decision, None);
         };
         if is_dead(&next) {
-            return decision.refused();
+            return answer(decision.refused(), None);
         }
         make_room(self, &mut writer, algorithm, now);
         // There is always an empty slot: make_room leaves live < capacity < slots
@@ -691,7 +861,7 @@ where
             i = self.next(i);
             probes += 1;
             if probes == self.slots.len() {
-                return decision.refused();
+                return answer(decision.refused(), None);
             }
         }
         let entry = Box::into_raw(Box::new(Entry {
@@ -704,7 +874,16 @@ where
         self.slots[i].tag.store(tag, Ordering::Release);
         writer.live += 1;
         self.write.set_live(&writer);
-        decision
+        // The generation after make_room's removals: the entry is new at it.
+        answer(
+            decision,
+            Some(Charged {
+                before,
+                after: next,
+                at: now,
+                cost,
+            }),
+        )
     }
 
     /// The entry in slot `i`, if any (under the shard lock).
@@ -776,6 +955,10 @@ where
 
     fn write_side(&self) -> &WriteSide {
         &self.write
+    }
+
+    fn removals(&self) -> &Removals {
+        &self.removals
     }
 
     fn share(&self) -> usize {
@@ -860,10 +1043,19 @@ mod tests {
         assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 8);
         assert!(table.peek(&g, "k19", Nanos::from_secs(10), 2).is_allowed());
         // Refill and drop the table with entries inside.
+        let t = Nanos::from_secs(10);
+        let mut charged = None;
         for i in 0..5 {
-            let _ = table.check(&g, format!("again{i}").as_str(), Nanos::from_secs(10), 1);
+            let c = table.charge(&g, format!("again{i}").as_str(), t, 1);
+            if i == 0 {
+                charged = c.charge.map(|charge| (charge, c.generation));
+            }
         }
-        assert!(table.update_existing("again0", |s| g.refund(s, Nanos::from_secs(10), 1)));
+        let (charge, generation) = charged.unwrap();
+        assert!(table.refund(&g, "again0", generation, &charge, || t));
+        // The shard of "again0" removed keys after the charge (here: none, so the
+        // refund above went through); a stale generation gives nothing back.
+        assert!(!table.refund(&g, "again0", generation.wrapping_add(1), &charge, || t));
         assert!(!table.update_existing("missing", Some));
     }
 
@@ -896,8 +1088,8 @@ mod tests {
         assert!(!is_dead(&GcraState::from_tat(Nanos::new(u64::MAX - 1))));
         // A transition that would store the dead word is refused instead.
         let word = Atomic::new(GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000)));
-        let d = decide_live(&gcra(), &word, Nanos::new(u64::MAX - 1_500_000_000), 1);
-        assert!(d.is_some_and(|d| !d.is_allowed()));
+        let d = charge_live(&gcra(), &word, Nanos::new(u64::MAX - 1_500_000_000), 1);
+        assert!(d.is_some_and(|(d, charge)| !d.is_allowed() && charge.is_none()));
         assert!(!is_dead(&word.load(Ordering::Relaxed)));
     }
 
