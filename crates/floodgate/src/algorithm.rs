@@ -24,7 +24,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::sync::{lock, Atomic, Mutex, Ordering};
+use crate::sync::{lock, Atomic, AtomicU64, Mutex, Ordering};
 
 /// A rate-limiting algorithm as a pure transition over a packed 64-bit state.
 ///
@@ -61,8 +61,13 @@ pub trait Algorithm: Send + Sync {
     fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
 
     /// Gives back what the admission recorded in `charge` still provably holds in
-    /// `state`, judged at `now`; `None` when nothing is given back (the default: the
-    /// algorithm cannot refund).
+    /// `state`, judged at `now`: the state to store and how far the refund moves the
+    /// bookings of later admissions (GCRA: the nanoseconds of schedule it gives back;
+    /// the windows: 0, a count moves nobody), or `None` when nothing is given back
+    /// (the default: the algorithm cannot refund).
+    ///
+    /// `shift` bounds how far refunds of *other* charges, made since this one, may
+    /// have moved this charge's own booking down (the cells keep that ledger).
     ///
     /// The rule every implementation keeps: the state it returns is never more
     /// permissive than the state that the same sequence of *other* admissions would
@@ -80,17 +85,19 @@ pub trait Algorithm: Send + Sync {
     /// let before = GcraState::default();
     /// let (_, after) = gcra.decide(before, now, 1);
     /// let charge = Charged { before, after: after.unwrap(), at: now, cost: 1 };
-    /// let refunded = gcra.refund(charge.after, &charge, now).unwrap();
+    /// let (refunded, moved) = gcra.refund(charge.after, &charge, 0, now).unwrap();
     /// assert!(gcra.is_idle(refunded, now));
+    /// assert_eq!(moved, 1_000_000_000); // one second of schedule given back
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     fn refund(
         &self,
         state: Self::State,
         charge: &Charged<Self::State>,
+        shift: u64,
         now: Nanos,
-    ) -> Option<Self::State> {
-        let _ = (state, charge, now);
+    ) -> Option<(Self::State, u64)> {
+        let _ = (state, charge, shift, now);
         None
     }
 
@@ -137,7 +144,7 @@ pub trait Algorithm: Send + Sync {
 /// let cell = AtomicCell::fresh();
 /// let (decision, charge) = cell.charge(&fw, Nanos::from_secs(1), 2);
 /// assert!(decision.is_allowed());
-/// let charge: Charged<_> = charge.unwrap();
+/// let (charge, _ledger): (Charged<_>, u64) = charge.unwrap();
 /// assert_eq!((charge.cost, fw.count_of(charge.after)), (2, 2));
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
@@ -154,6 +161,9 @@ pub struct Charged<S> {
 }
 
 /// Runs one decision on an atomic word and returns what it wrote, if anything.
+///
+/// The CAS is `Release` (see [`RefundLedger`]): a refund that later sees this state
+/// also sees the ledger as it was when the charge read it.
 #[inline(always)]
 pub(crate) fn charge_on<A: Algorithm + ?Sized>(
     algorithm: &A,
@@ -161,7 +171,7 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
     now: Nanos,
     cost: u32,
 ) -> (Decision, Option<Charged<A::State>>) {
-    update_word(word, |before| {
+    update_word_ordered(word, Ordering::Release, |before| {
         let (decision, next) = algorithm.decide(before, now, cost);
         let charge = next.map(|after| Charged {
             before,
@@ -170,6 +180,97 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
             cost,
         });
         ((decision, charge), next)
+    })
+}
+
+/// What refunds have given back on one state word (or one keyed shard), so that a
+/// later refund knows how far its own booking may have moved.
+///
+/// A GCRA refund lowers the TAT and with it every booking made after the refunded
+/// one; a receipt taken before that refund would then describe its booking where it
+/// no longer is. So a charge notes the ledger before its CAS, and a refund — holding
+/// the ledger's lock, so refunds are serialised — bounds its booking's move by what
+/// the ledger has grown since, applies itself, then adds what it gave back.
+///
+/// # Memory ordering
+///
+/// A charge reads the ledger (`Relaxed`) before its `Release` CAS; a refund's CAS on
+/// the same word is `AcqRel` and runs after every earlier refund's ledger update
+/// (the lock). A refund whose CAS lands after a charge's thus reads from that
+/// charge's release sequence, so the charge's ledger read happens before the
+/// refund's ledger update and cannot have seen it: the growth since the charge
+/// covers every refund that moved its booking.
+pub(crate) struct RefundLedger {
+    lock: Mutex<()>,
+    given_back: AtomicU64,
+}
+
+impl RefundLedger {
+    pub(crate) fn new() -> RefundLedger {
+        RefundLedger {
+            lock: Mutex::new(()),
+            given_back: AtomicU64::new(0),
+        }
+    }
+
+    /// The ledger as a charge notes it (before its CAS).
+    #[inline(always)]
+    pub(crate) fn note(&self) -> u64 {
+        self.given_back.load(Ordering::Relaxed)
+    }
+
+    /// Runs `refund` (given how far the charge's booking may have moved since
+    /// `noted`) with refunds serialised, and records what it gave back.
+    pub(crate) fn refund(&self, noted: u64, refund: impl FnOnce(u64) -> Option<u64>) -> bool {
+        let _serial = lock(&self.lock);
+        self.refund_locked(noted, refund)
+    }
+
+    /// [`refund`](Self::refund) for a caller that already serialises refunds (a keyed
+    /// shard's writer lock).
+    pub(crate) fn refund_locked(
+        &self,
+        noted: u64,
+        refund: impl FnOnce(u64) -> Option<u64>,
+    ) -> bool {
+        let shift = self.given_back.load(Ordering::Relaxed).wrapping_sub(noted);
+        match refund(shift) {
+            Some(moved) => {
+                let total = self.given_back.load(Ordering::Relaxed);
+                self.given_back
+                    .store(total.wrapping_add(moved), Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One refund on a state word: `Acquire` load and `AcqRel` CAS (see
+/// [`RefundLedger`]), the clock read after each load of the state, so every
+/// admission the refund sees was decided at a reading no later than its own (with a
+/// clock that is monotone across threads). `live` rejects a state that must not be
+/// touched (a keyed table's dead word). Returns how far it moved later bookings.
+pub(crate) fn refund_word<W, A>(
+    algorithm: &A,
+    word: &W,
+    charge: &Charged<A::State>,
+    shift: u64,
+    mut now: impl FnMut() -> Nanos,
+    live: impl Fn(&A::State) -> bool,
+) -> Option<u64>
+where
+    A: Algorithm + ?Sized,
+    W: CasWord<Value = A::State> + ?Sized,
+{
+    update_word_from_ordered(word, word.load_acquire(), Ordering::AcqRel, |state| {
+        if !live(&state) {
+            return (None, None);
+        }
+        match algorithm.refund(state, charge, shift, now()) {
+            Some((next, moved)) if live(&next) => (Some(moved), Some(next)),
+            _ => (None, None),
+        }
     })
 }
 
@@ -190,10 +291,27 @@ pub(crate) fn decide_on<A: Algorithm + ?Sized>(
 pub(crate) trait CasWord {
     /// The value the word holds.
     type Value: Copy;
-    /// Loads the current value.
+    /// Loads the current value (`Relaxed`).
     fn load_now(&self) -> Self::Value;
-    /// One weak CAS; `Err` hands back the current value.
-    fn cas_weak(&self, current: Self::Value, new: Self::Value) -> Result<Self::Value, Self::Value>;
+    /// Loads the current value with `Acquire` (refunds).
+    fn load_acquire(&self) -> Self::Value;
+    /// One weak CAS with `success` ordering (failure: `Relaxed`, or `Acquire` when
+    /// `success` acquires); `Err` hands back the current value.
+    fn cas_weak(
+        &self,
+        current: Self::Value,
+        new: Self::Value,
+        success: Ordering,
+    ) -> Result<Self::Value, Self::Value>;
+}
+
+/// The failure ordering that goes with a success ordering.
+#[inline(always)]
+pub(crate) fn failure_of(success: Ordering) -> Ordering {
+    match success {
+        Ordering::AcqRel | Ordering::Acquire | Ordering::SeqCst => Ordering::Acquire,
+        _ => Ordering::Relaxed,
+    }
 }
 
 impl<S: bytemuck::Pod> CasWord for Atomic<S> {
@@ -206,8 +324,13 @@ impl<S: bytemuck::Pod> CasWord for Atomic<S> {
     }
 
     #[inline(always)]
-    fn cas_weak(&self, current: S, new: S) -> Result<S, S> {
-        self.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed)
+    fn load_acquire(&self) -> S {
+        self.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: S, new: S, success: Ordering) -> Result<S, S> {
+        self.compare_exchange_weak(current, new, success, failure_of(success))
     }
 }
 
@@ -227,13 +350,40 @@ where
     update_word_from(word, word.load_now(), step)
 }
 
+/// [`update_word`] with a `success` ordering for the CAS.
+#[inline(always)]
+pub(crate) fn update_word_ordered<W, R>(
+    word: &W,
+    success: Ordering,
+    step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from_ordered(word, word.load_now(), success, step)
+}
+
 /// [`update_word`] from a value of the word the caller has just loaded (a lookup that
 /// read the word to find it saves the second load; a stale value only costs a failed
 /// CAS, which hands back the current one).
 #[inline(always)]
 pub(crate) fn update_word_from<W, R>(
     word: &W,
+    current: W::Value,
+    step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from_ordered(word, current, Ordering::Relaxed, step)
+}
+
+/// The loop itself, with a `success` ordering for the CAS.
+#[inline(always)]
+pub(crate) fn update_word_from_ordered<W, R>(
+    word: &W,
     mut current: W::Value,
+    success: Ordering,
     mut step: impl FnMut(W::Value) -> (R, Option<W::Value>),
 ) -> R
 where
@@ -245,7 +395,7 @@ where
         let Some(next) = next else {
             return outcome;
         };
-        match word.cas_weak(current, next) {
+        match word.cas_weak(current, next, success) {
             Ok(_) => return outcome,
             Err(actual) => {
                 current = actual;
@@ -280,20 +430,22 @@ pub trait StateCell<S>: Send + Sync {
     /// Decides and, when the transition says so, writes the new state.
     fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision;
     /// [`apply`](StateCell::apply), also returning what the admission wrote (`None`
-    /// when it wrote nothing: a denial, cost 0), for a later [`refund`](StateCell::refund).
+    /// when it wrote nothing: a denial, cost 0) and the refund ledger as it stood,
+    /// for a later [`refund`](StateCell::refund).
     fn charge<A: Algorithm<State = S>>(
         &self,
         algorithm: &A,
         now: Nanos,
         cost: u32,
-    ) -> (Decision, Option<Charged<S>>);
-    /// Gives back what `charge` still provably holds ([`Algorithm::refund`]), reading
-    /// the instant from `now` after each load of the state (so the refund is judged
-    /// no earlier than any admission it sees). Returns whether anything came back.
+    ) -> (Decision, Option<(Charged<S>, u64)>);
+    /// Gives back what `charge` (whose ledger note is `noted`) still provably holds
+    /// ([`Algorithm::refund`]), reading the instant from `now` after the state is
+    /// loaded. Refunds are serialised. Returns whether anything came back.
     fn refund<A: Algorithm<State = S>>(
         &self,
         algorithm: &A,
         charge: &Charged<S>,
+        noted: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool;
 }
@@ -315,12 +467,15 @@ pub trait StateCell<S>: Send + Sync {
 /// ```
 pub struct AtomicCell<S> {
     word: CachePadded<Atomic<S>>,
+    /// Refund bookkeeping (touched by `charge` and `refund` only, never by `apply`).
+    ledger: RefundLedger,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
     fn fresh() -> Self {
         AtomicCell {
             word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
+            ledger: RefundLedger::new(),
         }
     }
 
@@ -344,33 +499,23 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         algorithm: &A,
         now: Nanos,
         cost: u32,
-    ) -> (Decision, Option<Charged<S>>) {
-        charge_on(algorithm, &self.word, now, cost)
+    ) -> (Decision, Option<(Charged<S>, u64)>) {
+        let noted = self.ledger.note();
+        let (decision, charge) = charge_on(algorithm, &self.word, now, cost);
+        (decision, charge.map(|c| (c, noted)))
     }
 
     fn refund<A: Algorithm<State = S>>(
         &self,
         algorithm: &A,
         charge: &Charged<S>,
+        noted: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool {
-        refund_on(algorithm, &*self.word, charge, now)
+        self.ledger.refund(noted, |shift| {
+            refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
+        })
     }
-}
-
-/// A refund on an atomic word: the clock is read after each load of the state, so
-/// every admission the refund sees was decided at a reading no later than its own
-/// (with a clock that is monotone across threads).
-pub(crate) fn refund_on<A: Algorithm + ?Sized>(
-    algorithm: &A,
-    word: &Atomic<A::State>,
-    charge: &Charged<A::State>,
-    mut now: impl FnMut() -> Nanos,
-) -> bool {
-    update_word(word, |state| {
-        let next = algorithm.refund(state, charge, now());
-        (next.is_some(), next)
-    })
 }
 
 impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for AtomicCell<S> {
@@ -392,22 +537,23 @@ impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for Ato
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct LockedCell<S> {
-    state: CachePadded<Mutex<S>>,
+    /// The state and the refund ledger (see [`RefundLedger`]), under one lock.
+    state: CachePadded<Mutex<(S, u64)>>,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
     fn fresh() -> Self {
         LockedCell {
-            state: CachePadded::new(Mutex::new(bytemuck::Zeroable::zeroed())),
+            state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0))),
         }
     }
 
     fn load(&self) -> S {
-        *lock(&self.state)
+        lock(&self.state).0
     }
 
     fn store(&self, state: S) {
-        *lock(&self.state) = state;
+        lock(&self.state).0 = state;
     }
 
     #[inline]
@@ -421,18 +567,19 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         algorithm: &A,
         now: Nanos,
         cost: u32,
-    ) -> (Decision, Option<Charged<S>>) {
+    ) -> (Decision, Option<(Charged<S>, u64)>) {
         let mut guard = lock(&self.state);
-        let before = *guard;
+        let (before, noted) = *guard;
         let (decision, next) = algorithm.decide(before, now, cost);
         let charge = next.map(|after| {
-            *guard = after;
-            Charged {
+            guard.0 = after;
+            let charge = Charged {
                 before,
                 after,
                 at: now,
                 cost,
-            }
+            };
+            (charge, noted)
         });
         (decision, charge)
     }
@@ -441,12 +588,15 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         &self,
         algorithm: &A,
         charge: &Charged<S>,
+        noted: u64,
         mut now: impl FnMut() -> Nanos,
     ) -> bool {
         let mut guard = lock(&self.state);
-        match algorithm.refund(*guard, charge, now()) {
-            Some(next) => {
-                *guard = next;
+        let (state, ledger) = *guard;
+        let shift = ledger.wrapping_sub(noted);
+        match algorithm.refund(state, charge, shift, now()) {
+            Some((next, moved)) => {
+                *guard = (next, ledger.wrapping_add(moved));
                 true
             }
             None => false,

@@ -262,26 +262,29 @@ impl Algorithm for FixedWindow {
     /// let fw = FixedWindow::new(Policy::per_minute(10)?)?;
     /// let now = Nanos::from_secs(75);
     /// let charge = Charged { before: fw.state(1, 1), after: fw.state(1, 4), at: now, cost: 3 };
-    /// assert_eq!(fw.refund(fw.state(1, 4), &charge, now), Some(fw.state(1, 1)));
-    /// assert_eq!(fw.refund(fw.state(1, 2), &charge, now), Some(fw.state(1, 0))); // never below zero
+    /// assert_eq!(fw.refund(fw.state(1, 4), &charge, 0, now).map(|r| r.0), Some(fw.state(1, 1)));
+    /// assert_eq!(fw.refund(fw.state(1, 2), &charge, 0, now).map(|r| r.0), Some(fw.state(1, 0))); // never below zero
     /// // Another request moved the state to the next window: its units are not ours.
-    /// assert_eq!(fw.refund(fw.state(2, 1), &charge, Nanos::from_secs(120)), None);
+    /// assert_eq!(fw.refund(fw.state(2, 1), &charge, 0, Nanos::from_secs(120)).map(|r| r.0), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     fn refund(
         &self,
         state: FixedWindowState,
         charge: &Charged<FixedWindowState>,
+        _shift: u64,
         _now: Nanos,
-    ) -> Option<FixedWindowState> {
+    ) -> Option<(FixedWindowState, u64)> {
         let window = self.window_of(state);
         if window != self.window_of(charge.after) {
             return None;
         }
         let back = u64::from(charge.cost).min(self.count_of(state));
         // The count only shrinks: the state stays ≤ count_max and in its window.
-        (back > 0).then(|| FixedWindowState {
-            packed: self.shape.layout.pack(window, self.count_of(state) - back),
+        // A count moves nobody's booking: nothing for the refund ledger.
+        (back > 0).then(|| {
+            let packed = self.shape.layout.pack(window, self.count_of(state) - back);
+            (FixedWindowState { packed }, 0)
         })
     }
 
@@ -515,26 +518,36 @@ mod tests {
         };
         assert_eq!((f.window_of(after), f.count_of(after)), (7, 4));
         // The 3 units back: count 1, remaining 4.
-        let r = f.refund(after, &charge, now).unwrap();
+        let r = f.refund(after, &charge, 0, now).map(|r| r.0).unwrap();
         assert_eq!((f.window_of(r), f.count_of(r)), (7, 1));
         let (d, _) = f.decide(r, now, 0);
         assert_eq!((d.remaining(), d.reset_after_nanos()), (4, S / 2));
         // Others refunded meanwhile: down to zero, never below; the key is then idle.
-        let r = f.refund(f.state(7, 2), &charge, now).unwrap();
+        let r = f
+            .refund(f.state(7, 2), &charge, 0, now)
+            .map(|r| r.0)
+            .unwrap();
         assert_eq!((f.window_of(r), f.count_of(r)), (7, 0));
         assert!(f.is_idle(r, now));
         // Nothing to give back: a zero count, or a state another request moved to a
         // newer window (its count is that request's), whatever the reading says.
-        assert_eq!(f.refund(f.state(7, 0), &charge, now), None);
-        assert_eq!(f.refund(f.state(8, 1), &charge, Nanos::new(8 * S)), None);
-        assert_eq!(f.refund(f.state(8, 1), &charge, now), None);
+        assert_eq!(f.refund(f.state(7, 0), &charge, 0, now).map(|r| r.0), None);
+        assert_eq!(
+            f.refund(f.state(8, 1), &charge, 0, Nanos::new(8 * S))
+                .map(|r| r.0),
+            None
+        );
+        assert_eq!(f.refund(f.state(8, 1), &charge, 0, now).map(|r| r.0), None);
         // The reading does not matter while the state holds the charged window: the
         // units are still the charge's own.
-        let r = f.refund(after, &charge, Nanos::new(20 * S)).unwrap();
+        let r = f
+            .refund(after, &charge, 0, Nanos::new(20 * S))
+            .map(|r| r.0)
+            .unwrap();
         assert_eq!(f.count_of(r), 1);
         // A charge of nothing gives back nothing.
         let zero = Charged { cost: 0, ..charge };
-        assert_eq!(f.refund(after, &zero, now), None);
+        assert_eq!(f.refund(after, &zero, 0, now).map(|r| r.0), None);
     }
 
     #[test]

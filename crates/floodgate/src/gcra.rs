@@ -213,15 +213,17 @@ impl Algorithm for Gcra {
     /// Gives back the part of the charge's booking that the clock has not reached.
     ///
     /// A charge at reading `a` booked the interval `[max(TAT₀, a), TAT₁)` of the
-    /// schedule (`TAT₀` before it, `TAT₁` after). At `now`, the part of it before `now`
-    /// may already have been claimed by an admission that, without this charge, would
+    /// schedule (`TAT₀` before it, `TAT₁` after); refunds of other charges since may
+    /// have moved it down by up to `shift`. At `now`, the part of it before `now` may
+    /// already have been claimed by an admission that, without this charge, would
     /// have found the schedule idle and started from its own reading; the part at or
     /// after `now` is still this charge's own. So the refund moves the TAT back by
-    /// `TAT₁ − max(TAT₀, a, now)` (nothing once `now ≥ TAT₁`): at most `n·T`, and
-    /// exactly `n·T` when it follows the charge before the clock catches up. Every
-    /// admission the refund sees must have been decided at a reading ≤ `now` (the
-    /// cells read the clock after loading the state, which gives this with any clock
-    /// that is monotone across threads).
+    /// `(TAT₁ − shift) − max(max(TAT₀, a) − shift, now)` when that is positive: at
+    /// most `n·T`, exactly `n·T` when it follows the charge before the clock catches
+    /// up and no other refund came between, nothing once the clock has passed the
+    /// booking. Every admission the refund sees must have been decided at a reading
+    /// ≤ `now` (the cells read the clock after loading the state, which gives this
+    /// with any clock that is monotone across threads).
     ///
     /// # Examples
     ///
@@ -232,24 +234,33 @@ impl Algorithm for Gcra {
     /// let before = GcraState::default();
     /// let after = gcra.decide(before, t, 1).1.unwrap(); // books [10 s, 11 s)
     /// let charge = Charged { before, after, at: t, cost: 1 };
-    /// assert_eq!(gcra.refund(after, &charge, t), Some(GcraState::from_tat(t)));
+    /// let whole = (GcraState::from_tat(t), 1_000_000_000);
+    /// assert_eq!(gcra.refund(after, &charge, 0, t), Some(whole));
     /// // Half of the booking has passed: only the half still ahead comes back.
-    /// let half = gcra.refund(after, &charge, Nanos::new(10_500_000_000)).unwrap();
+    /// let (half, _) = gcra.refund(after, &charge, 0, Nanos::new(10_500_000_000)).unwrap();
     /// assert_eq!(half.tat(), Nanos::new(10_500_000_000));
     /// // Once the clock has passed the booking, nothing is this charge's any more.
-    /// assert_eq!(gcra.refund(after, &charge, Nanos::from_secs(11)), None);
+    /// assert_eq!(gcra.refund(after, &charge, 0, Nanos::from_secs(11)), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     fn refund(
         &self,
         state: GcraState,
         charge: &Charged<GcraState>,
+        shift: u64,
         now: Nanos,
-    ) -> Option<GcraState> {
-        let start = charge.before.tat.max(charge.at).max(now);
-        let back = charge.after.tat.as_u64().saturating_sub(start.as_u64());
-        (back > 0).then(|| GcraState {
-            tat: Nanos::new(state.tat.as_u64().saturating_sub(back)),
+    ) -> Option<(GcraState, u64)> {
+        let start = charge
+            .before
+            .tat
+            .max(charge.at)
+            .as_u64()
+            .saturating_sub(shift);
+        let end = charge.after.tat.as_u64().saturating_sub(shift);
+        let back = end.saturating_sub(start.max(now.as_u64()));
+        (back > 0).then(|| {
+            let tat = Nanos::new(state.tat.as_u64().saturating_sub(back));
+            (GcraState { tat }, back)
         })
     }
 }

@@ -289,7 +289,9 @@ where
         match receipt.charge_for(self.owner, 0) {
             Some(charge) => self
                 .cell
-                .refund(&self.algorithm, &charge, || self.clock.now()),
+                .refund(&self.algorithm, &charge, receipt.noted(), || {
+                    self.clock.now()
+                }),
             None => false,
         }
     }

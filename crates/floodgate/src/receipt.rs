@@ -38,23 +38,30 @@ pub struct Receipt {
     key: u64,
     /// The key's shard removal generation at the charge (0 for a direct limiter).
     generation: u64,
+    /// The refund ledger as the charge noted it (see [`Algorithm::refund`]'s shift).
+    ///
+    /// [`Algorithm::refund`]: crate::Algorithm::refund
+    noted: u64,
     /// The charge, its states as bits; `None`: nothing was charged.
     charge: Option<Charged<u64>>,
 }
 
 impl Receipt {
-    /// A receipt of `owner` for `key` (hash) at `generation` recording `charge`.
+    /// A receipt of `owner` for `key` (hash) at `generation` recording `charge` and
+    /// the refund ledger it noted.
     pub(crate) fn new<S: bytemuck::Pod>(
         owner: Owner,
         key: u64,
         generation: u64,
-        charge: Option<Charged<S>>,
+        charge: Option<(Charged<S>, u64)>,
     ) -> Receipt {
+        let noted = charge.map_or(0, |(_, noted)| noted);
         Receipt {
             owner: owner.0,
             key,
             generation,
-            charge: charge.map(|c| Charged {
+            noted,
+            charge: charge.map(|(c, _)| Charged {
                 before: to_bits(&c.before),
                 after: to_bits(&c.after),
                 at: c.at,
@@ -83,6 +90,11 @@ impl Receipt {
     /// The key's shard removal generation at the charge.
     pub(crate) fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The refund ledger as the charge noted it.
+    pub(crate) fn noted(&self) -> u64 {
+        self.noted
     }
 
     /// Whether the charge took anything (an admission of cost ≥ 1).

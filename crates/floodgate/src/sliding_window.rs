@@ -398,26 +398,29 @@ impl Algorithm for SlidingWindow {
     /// let sw = SlidingWindow::new(Policy::per_minute(10)?)?;
     /// let now = Nanos::from_secs(75);
     /// let charge = Charged { before: sw.state(1, 2, 1), after: sw.state(1, 2, 4), at: now, cost: 3 };
-    /// assert_eq!(sw.refund(sw.state(1, 2, 4), &charge, now), Some(sw.state(1, 2, 1)));
-    /// assert_eq!(sw.refund(sw.state(1, 2, 1), &charge, now), Some(sw.state(1, 2, 0))); // prev is kept
+    /// assert_eq!(sw.refund(sw.state(1, 2, 4), &charge, 0, now).map(|r| r.0), Some(sw.state(1, 2, 1)));
+    /// assert_eq!(sw.refund(sw.state(1, 2, 1), &charge, 0, now).map(|r| r.0), Some(sw.state(1, 2, 0))); // prev is kept
     /// // In the next window the units are `prev`, fading: nothing is given back.
-    /// assert_eq!(sw.refund(sw.state(2, 4, 1), &charge, Nanos::from_secs(130)), None);
+    /// assert_eq!(sw.refund(sw.state(2, 4, 1), &charge, 0, Nanos::from_secs(130)).map(|r| r.0), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     fn refund(
         &self,
         state: SlidingWindowState,
         charge: &Charged<SlidingWindowState>,
+        _shift: u64,
         _now: Nanos,
-    ) -> Option<SlidingWindowState> {
+    ) -> Option<(SlidingWindowState, u64)> {
         let (window, prev, cur) = self.fields(state);
         if window != self.fields(charge.after).0 {
             return None;
         }
         let back = u64::from(charge.cost).min(cur);
         // Only cur shrinks, in the window it counts in: every field stays ≤ count_max.
-        (back > 0).then(|| SlidingWindowState {
-            packed: self.shape.layout.pack2(window, prev, cur - back),
+        // A count moves nobody's booking: nothing for the refund ledger.
+        (back > 0).then(|| {
+            let packed = self.shape.layout.pack2(window, prev, cur - back);
+            (SlidingWindowState { packed }, 0)
         })
     }
 
@@ -688,20 +691,34 @@ mod tests {
         };
         // ⌊6·0.5⌋ + 5 = 8 → remaining 2; 3 back: ⌊6·0.5⌋ + 2 = 5 → remaining 5.
         assert_eq!(f.decide(after, now, 0).0.remaining(), 2);
-        let r = f.refund(after, &charge, now).unwrap();
+        let r = f.refund(after, &charge, 0, now).map(|r| r.0).unwrap();
         assert_eq!(r, before);
         assert_eq!(f.decide(r, now, 0).0.remaining(), 5);
         // Less than charged is left (others refunded): down to zero, prev untouched.
-        let r = f.refund(f.state(4, 6, 1), &charge, now).unwrap();
+        let r = f
+            .refund(f.state(4, 6, 1), &charge, 0, now)
+            .map(|r| r.0)
+            .unwrap();
         assert_eq!(f.fields(r), (4, 6, 0));
         // Nothing current, or a state moved on by another request: nothing back.
-        assert_eq!(f.refund(f.state(4, 6, 0), &charge, now), None);
-        assert_eq!(f.refund(f.state(5, 5, 1), &charge, Nanos::new(5 * S)), None);
-        assert_eq!(f.refund(f.state(5, 5, 1), &charge, now), None);
+        assert_eq!(
+            f.refund(f.state(4, 6, 0), &charge, 0, now).map(|r| r.0),
+            None
+        );
+        assert_eq!(
+            f.refund(f.state(5, 5, 1), &charge, 0, Nanos::new(5 * S))
+                .map(|r| r.0),
+            None
+        );
+        assert_eq!(
+            f.refund(f.state(5, 5, 1), &charge, 0, now).map(|r| r.0),
+            None
+        );
         // While the state holds window 4, the reading does not matter: a later reading
         // gives back from cur (which would become prev, weighing for the next window).
         assert_eq!(
-            f.refund(after, &charge, Nanos::new(5 * S + 1)),
+            f.refund(after, &charge, 0, Nanos::new(5 * S + 1))
+                .map(|r| r.0),
             Some(before)
         );
     }

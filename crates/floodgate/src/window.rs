@@ -382,7 +382,7 @@ mod tests {
                     at: now,
                     cost: n,
                 };
-                let refunded = algorithm.refund(charged, &charge, now);
+                let refunded = algorithm.refund(charged, &charge, 0, now).map(|r| r.0);
                 prop_assert!(decision.is_allowed());
                 prop_assert!(refunded.is_some(), "an admitted charge is refundable");
                 refunded.unwrap_or(charged)
@@ -426,7 +426,7 @@ mod tests {
             let before = f.state(window, cur);
             check_refund_undoes_the_charge(&f, before, now, n, later, max_cost)?;
             let charge = Charged { before, after: before, at: now, cost: n };
-            if let Some(r) = f.refund(before, &charge, now) {
+            if let Some((r, _)) = f.refund(before, &charge, 0, now) {
                 prop_assert_eq!(f.window_of(r), f.window_of(before));
                 let back = f.count_of(before) - f.count_of(r);
                 prop_assert!(back >= 1 && back <= u64::from(n));
@@ -436,7 +436,7 @@ mod tests {
             let before = s.state(window, prev, cur);
             check_refund_undoes_the_charge(&s, before, now, n, later, max_cost)?;
             let charge = Charged { before, after: before, at: now, cost: n };
-            if let Some(r) = s.refund(before, &charge, now) {
+            if let Some((r, _)) = s.refund(before, &charge, 0, now) {
                 let (w0, p0, c0) = s.fields(before);
                 let (w1, p1, c1) = s.fields(r);
                 prop_assert_eq!((w1, p1), (w0, p0));

@@ -5,7 +5,7 @@
 #![cfg(loom)]
 
 use floodgate::reference::ExactGcra;
-use floodgate::{Decision, Gcra, ManualClock, Nanos, Policy, RateLimiter};
+use floodgate::{Clock, Decision, Gcra, ManualClock, Nanos, Policy, RateLimiter};
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;

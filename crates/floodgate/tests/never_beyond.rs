@@ -307,3 +307,131 @@ fn parallel_login_guesses_never_pass_the_limit() {
     assert!(failures.refund("bob", receipt));
     assert_eq!(failures.peek("bob", 0).remaining(), 5);
 }
+
+mod counterfactual {
+    //! The refund invariant as a property: after any sequence of charges, checks and
+    //! refunds (readings in order, as the cells read them), the state is never more
+    //! permissive than the state the other admissions alone produce — the same
+    //! admitted requests replayed on a fresh limiter without every refunded charge.
+    use super::*;
+    use floodgate::keyed::composite::Limit;
+    use floodgate::Receipt;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Advance the clock, then charge `cost` (keeping the receipt).
+        Charge { advance: u64, cost: u32 },
+        /// Refund the receipt kept at this index (mod the number kept), if any left.
+        Refund { advance: u64, pick: usize },
+    }
+
+    fn op(period: u64) -> impl Strategy<Value = Op> {
+        let advance = prop_oneof![Just(0u64), 0..period / 4, 0..2 * period];
+        prop_oneof![
+            3 => (advance.clone(), 0u32..4).prop_map(|(advance, cost)| Op::Charge { advance, cost }),
+            2 => (advance, any::<usize>()).prop_map(|(advance, pick)| Op::Refund { advance, pick }),
+        ]
+    }
+
+    /// Runs `ops` on a direct limiter, its mutex twin and a keyed limiter (one key);
+    /// asserts the invariant after every step.
+    fn check<A: Algorithm + Copy + 'static>(
+        algorithm: A,
+        capacity: u32,
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let direct = RateLimiter::with_clock(algorithm, clock.clone());
+        check_on(&direct, &clock, algorithm, capacity, ops)?;
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let twin = RateLimiter::locked_with_clock(algorithm, clock.clone());
+        check_on(&twin, &clock, algorithm, capacity, ops)?;
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let keyed = KeyedBuilder::new(algorithm)
+            .clock(clock.clone())
+            .build::<u64>()
+            .unwrap();
+        check_on(&keyed.limit(&7), &clock, algorithm, capacity, ops)
+    }
+
+    fn check_on<A: Algorithm + Copy>(
+        real: &dyn Limit,
+        clock: &ManualClock,
+        algorithm: A,
+        capacity: u32,
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        // (index into the log, receipt) of charges not yet refunded.
+        let mut held: Vec<(usize, Receipt)> = Vec::new();
+        // Every admitted charge: (reading, cost, refunded).
+        let mut log: Vec<(Nanos, u32, bool)> = Vec::new();
+        for op in ops {
+            match *op {
+                Op::Charge { advance, cost } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    let (decision, receipt) = real.charge_at(clock.now(), cost);
+                    if decision.is_allowed() && receipt.is_charged() {
+                        log.push((clock.now(), cost, false));
+                        held.push((log.len() - 1, receipt));
+                    }
+                }
+                Op::Refund { advance, pick } => {
+                    clock.advance(Duration::from_nanos(advance));
+                    if held.is_empty() {
+                        continue;
+                    }
+                    let (index, receipt) = held.remove(pick % held.len());
+                    let _ = real.refund(receipt);
+                    log[index].2 = true;
+                }
+            }
+            // The other admissions alone, on a fresh limiter.
+            let model = RateLimiter::with_clock(algorithm, ManualClock::new());
+            for &(at, cost, refunded) in &log {
+                if !refunded {
+                    prop_assert!(
+                        model.check_n_at(at, cost).is_allowed(),
+                        "the others alone would deny an admission at {:?}",
+                        at
+                    );
+                }
+            }
+            let now = clock.now();
+            for cost in 1..=capacity {
+                let (r, m) = (real.peek_at(now, cost), model.peek_at(now, cost));
+                prop_assert!(
+                    !r.is_allowed() || m.is_allowed(),
+                    "cost {} admitted at {:?} where the others alone deny it",
+                    cost,
+                    now
+                );
+            }
+            prop_assert!(real.peek_at(now, 0).remaining() <= model.peek_at(now, 0).remaining());
+        }
+        Ok(())
+    }
+
+    const P: u64 = 1_000_000;
+
+    proptest! {
+        #[test]
+        fn gcra_refunds_give_back_only_their_own(
+            limit in 1u64..5, burst in 1u64..5,
+            ops in proptest::collection::vec(op(P), 1..40),
+        ) {
+            let policy = Policy::new(limit, Duration::from_nanos(P)).unwrap().with_burst(burst).unwrap();
+            check(Gcra::new(policy), burst as u32 + 1, &ops)?;
+        }
+
+        #[test]
+        fn window_refunds_give_back_only_their_own(
+            limit in 1u64..6,
+            ops in proptest::collection::vec(op(P), 1..40),
+        ) {
+            let policy = Policy::new(limit, Duration::from_nanos(P)).unwrap();
+            check(FixedWindow::new(policy).unwrap(), limit as u32 + 1, &ops)?;
+            check(SlidingWindow::new(policy).unwrap(), limit as u32 + 1, &ops)?;
+        }
+    }
+}

@@ -54,7 +54,7 @@ use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{update_word, update_word_from, Algorithm, CasWord};
+use crate::algorithm::{failure_of, update_word, update_word_from, Algorithm, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::receipt::{from_bits, to_bits};
@@ -101,9 +101,14 @@ impl CasWord for Slot {
     }
 
     #[inline(always)]
-    fn cas_weak(&self, current: u128, new: u128) -> Result<u128, u128> {
+    fn load_acquire(&self) -> u128 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: u128, new: u128, success: Ordering) -> Result<u128, u128> {
         self.0
-            .compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange_weak(current, new, success, failure_of(success))
     }
 }
 

@@ -659,9 +659,10 @@ where
     {
         let c = self.table.charge(algorithm, key, now, cost);
         self.count(c.decision.is_allowed());
+        let charge = c.charge.map(|charge| (charge, c.noted));
         (
             c.decision,
-            Receipt::new(self.owner, c.tag, c.generation, c.charge),
+            Receipt::new(self.owner, c.tag, c.generation, charge),
         )
     }
 
@@ -701,8 +702,9 @@ where
         let Some(charge) = receipt.charge_for(self.owner, tag) else {
             return false;
         };
+        let (generation, noted) = (receipt.generation(), receipt.noted());
         self.table
-            .refund(algorithm, key, receipt.generation(), &charge, || {
+            .refund(algorithm, key, generation, noted, &charge, || {
                 self.clock.now()
             })
     }

@@ -47,7 +47,9 @@ use core::ptr;
 
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{update_word, Algorithm, Charged};
+use crate::algorithm::{
+    refund_word, update_word, update_word_ordered, Algorithm, Charged, RefundLedger,
+};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{fence, lock, pin, retire, Atomic, AtomicPtr, AtomicU64, Guard, Mutex, Ordering};
@@ -143,6 +145,8 @@ impl WriteSide {
 pub(crate) struct Removals {
     generation: AtomicU64,
     at: AtomicU64,
+    /// What refunds in this shard gave back (serialised by the shard lock).
+    ledger: RefundLedger,
 }
 
 impl Removals {
@@ -150,6 +154,7 @@ impl Removals {
         Removals {
             generation: AtomicU64::new(0),
             at: AtomicU64::new(0),
+            ledger: RefundLedger::new(),
         }
     }
 
@@ -455,6 +460,7 @@ where
         // Read before the probe: a removal of the entry found below happens after
         // this read, so a refund sees the generation move.
         let generation = shard.removals.generation();
+        let noted = shard.removals.ledger.note();
         if let Some(entry) = shard.find(tag, key, &guard) {
             let now = shard.removals.clamp(now);
             if let Some((decision, charge)) = charge_live(algorithm, &entry.state, now, cost) {
@@ -463,21 +469,24 @@ where
                     charge,
                     tag,
                     generation,
+                    noted,
                 };
             }
         }
         shard.check_locked(algorithm, tag, key, now, cost, &guard)
     }
 
-    /// Gives back what `charge` (made on `key` at removal generation `generation`)
-    /// still provably holds, judged at `now()` read after each load of the state.
-    /// Nothing if the key's shard has removed any key since the charge: the entry
+    /// Gives back what `charge` (made on `key` at removal generation `generation`,
+    /// with the shard's refund ledger at `noted`) still provably holds, judged at
+    /// `now()` read after the state is loaded. Refunds in a shard are serialised by
+    /// its lock. Nothing if the shard has removed any key since the charge: the entry
     /// may be a re-created one that the charge never touched.
     pub(crate) fn refund<Q, A>(
         &self,
         algorithm: &A,
         key: &Q,
         generation: u64,
+        noted: u64,
         charge: &Charged<S>,
         now: impl Fn() -> Nanos,
     ) -> bool
@@ -486,13 +495,26 @@ where
         Q: Hash + Eq + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        let (shard, _) = self.locate(key);
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        let _writer = lock(&shard.write.lock);
         let removals = &shard.removals;
-        self.update_existing(key, |state| {
-            if removals.generation() != generation {
-                return None;
-            }
-            algorithm.refund(state, charge, removals.clamp(now()))
+        if removals.generation() != generation {
+            return false;
+        }
+        // Under the lock nothing moves: a miss is a miss.
+        let Some(entry) = shard.find(tag, key, &guard) else {
+            return false;
+        };
+        removals.ledger.refund_locked(noted, |shift| {
+            refund_word(
+                algorithm,
+                &entry.state,
+                charge,
+                shift,
+                || removals.clamp(now()),
+                |s| !is_dead(s),
+            )
         })
     }
 
@@ -542,37 +564,6 @@ where
         };
         algorithm.decide(state, shard.removals.clamp(now), cost).0
     }
-
-    /// Applies `step` to `key`'s state word if the key is present (no insertion).
-    /// Returns whether `step` wrote.
-    pub(crate) fn update_existing<Q>(&self, key: &Q, step: impl Fn(S) -> Option<S>) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let (shard, tag) = self.locate(key);
-        let guard = pin();
-        let apply = |word: &Atomic<S>| {
-            update_word(word, |s| {
-                if is_dead(&s) {
-                    return (false, None);
-                }
-                match step(s) {
-                    Some(next) if !is_dead(&next) => (true, Some(next)),
-                    _ => (false, None),
-                }
-            })
-        };
-        if let Some(entry) = shard.find(tag, key, &guard) {
-            // A dead entry means the key was removed since: leave its successor alone.
-            return apply(&entry.state);
-        }
-        // A miss may be an entry moving: look again where nothing moves.
-        let _writer = lock(&shard.write.lock);
-        shard
-            .find(tag, key, &guard)
-            .is_some_and(|entry| apply(&entry.state))
-    }
 }
 
 /// A keyed decision, what it wrote, and what a refund of it must compare.
@@ -584,6 +575,8 @@ pub(crate) struct KeyedCharge<S> {
     pub(crate) tag: u64,
     /// The shard's removal generation when the charged entry was known live.
     pub(crate) generation: u64,
+    /// The shard's refund ledger before the charge's CAS.
+    pub(crate) noted: u64,
 }
 
 /// Reclaims every idle key of one shard (a full sweep under its lock).
@@ -731,7 +724,9 @@ fn charge_live<A>(
 where
     A: Algorithm + ?Sized,
 {
-    update_word(word, |before| {
+    // Release: see `RefundLedger` (a refund that sees this state sees the ledger
+    // as the charge noted it).
+    update_word_ordered(word, Ordering::Release, |before| {
         if is_dead(&before) {
             return (None, None);
         }
@@ -835,6 +830,7 @@ where
             charge,
             tag,
             generation: self.removals.generation(),
+            noted: self.removals.ledger.note(),
         };
         // Under the lock nothing moves and every linked entry is live: a writer
         // retires and unlinks within one critical section.
@@ -1052,11 +1048,11 @@ mod tests {
             }
         }
         let (charge, generation) = charged.unwrap();
-        assert!(table.refund(&g, "again0", generation, &charge, || t));
+        assert!(table.refund(&g, "again0", generation, 0, &charge, || t));
+        assert!(!table.refund(&g, "missing", generation, 0, &charge, || t));
         // The shard of "again0" removed keys after the charge (here: none, so the
         // refund above went through); a stale generation gives nothing back.
-        assert!(!table.refund(&g, "again0", generation.wrapping_add(1), &charge, || t));
-        assert!(!table.update_existing("missing", Some));
+        assert!(!table.refund(&g, "again0", generation.wrapping_add(1), 0, &charge, || t));
     }
 
     #[test]
