@@ -1,25 +1,51 @@
-//! The keyed table against a `HashMap` model: arbitrary checks, peeks, clock moves and
-//! explicit reclamation over a small-capacity `KeyedLimiter` (so inserts, automatic
+//! The keyed table against an unbounded `HashMap` of un-keyed limiters — the oracle of
+//! "never admit beyond a limit": arbitrary checks (also at readings earlier than the
+//! clock, across reclamations), peeks, charges and refunds, clock moves and explicit
+//! reclamation over a small-capacity, one-shard `KeyedLimiter` (so inserts, automatic
 //! reclamation and eviction all happen).
 //!
-//! After every operation, every key the model knows is compared with the table through
-//! `peek(0)` (which inserts nothing): equal, except for keys that an eviction in this
-//! very operation dropped while live — those must then read as fresh, and the model
-//! forgets them too. Reclamation must therefore be lossless, two keys must never share
-//! state, and the table must never hold more than its bound.
+//! Every decision is compared with the map's at `max(reading, R)`, R being the latest
+//! instant the table removed a key at (the table judges every decision there). After
+//! every operation each known key is compared through `peek(0)` — equal, except keys
+//! that a live eviction in that very operation dropped, which must read as fresh.
+//! Refunds: the table's and the model's are made from their own receipts; the table's
+//! must never leave it more permissive than the model's. When the two differ (the
+//! table's refund is more conservative: its ledger is per shard, and any removal in the
+//! shard voids a receipt) the key leaves the comparison.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use floodgate::reference::ExactGcra;
-use floodgate::{Gcra, KeyedBuilder, ManualClock, Nanos, Policy};
+use floodgate::{
+    Clock, Decision, Gcra, KeyedBuilder, ManualClock, Nanos, Policy, RateLimiter, Receipt,
+};
 use libfuzzer_sys::fuzz_target;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Check { key: u8, cost: u8 },
-    Peek { key: u8, cost: u8 },
+    Check {
+        key: u8,
+        cost: u8,
+    },
+    /// A check at a reading `back_ms` earlier than the clock (a preempted thread, an
+    /// early TSC, `check_n_at` with an older time).
+    CheckEarlier {
+        key: u8,
+        cost: u8,
+        back_ms: u16,
+    },
+    Peek {
+        key: u8,
+        cost: u8,
+    },
+    Charge {
+        key: u8,
+        cost: u8,
+    },
+    Refund {
+        pick: u8,
+    },
     Advance(u32),
     ReclaimIdle,
 }
@@ -33,37 +59,115 @@ struct Input {
     ops: Vec<Op>,
 }
 
+type Model = RateLimiter<Gcra, ManualClock>;
+
 fuzz_target!(|input: Input| {
-    let Ok(policy) = Policy::new(u64::from(input.limit), Duration::from_millis(u64::from(input.period_ms)))
-        .and_then(|p| p.with_burst(u64::from(input.burst)))
-    else {
+    let Ok(policy) = Policy::new(
+        u64::from(input.limit),
+        Duration::from_millis(u64::from(input.period_ms)),
+    )
+    .and_then(|p| p.with_burst(u64::from(input.burst))) else {
         return;
     };
-    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let clock = ManualClock::starting_at(Nanos::from_secs(100));
     let Ok(keyed) = KeyedBuilder::new(Gcra::new(policy))
         .capacity(usize::from(input.capacity).max(1))
+        .shards(1)
         .clock(clock.clone())
         .build::<u8>()
     else {
         return;
     };
-    let fresh = || ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst());
-    let mut model: HashMap<u8, ExactGcra> = HashMap::new();
+    // The model's clock: set to the instant the table judges each operation at.
+    let model_clock = ManualClock::new();
+    let fresh = || RateLimiter::gcra_with_clock(policy, model_clock.clone());
+    let mut model: HashMap<u8, Model> = HashMap::new();
+    let mut untracked: HashSet<u8> = HashSet::new();
+    // Outstanding receipts: (key, the table's, the model's).
+    let mut receipts: Vec<(u8, Receipt, Option<Receipt>)> = Vec::new();
+    let mut removed_at = Nanos::ZERO;
+    let removals = |m: floodgate::KeyedMetrics| m.reclaimed + m.evicted;
     for op in &input.ops {
-        let evicted_before = keyed.metrics().evicted;
-        let now = clock.now_nanos();
+        let before = keyed.metrics();
+        let now = clock.now();
+        // The reading this operation's table call judges at, before any removal it makes.
+        let mut judged = now.max(removed_at);
         match *op {
-            Op::Check { key, cost } => {
-                let got = keyed.check_n_at(&key, Nanos::new(now), u32::from(cost));
-                let want = model.entry(key).or_insert_with(fresh).check(now, u32::from(cost));
-                // The key itself may have been the one evicted only if it was absent
-                // and its insert evicted another: its own decision is always exact.
-                assert_eq!(got, want, "check {key} cost {cost} at {now}");
+            Op::Check { key, cost }
+            | Op::CheckEarlier {
+                key,
+                cost,
+                back_ms: _,
+            } => {
+                let reading = match *op {
+                    Op::CheckEarlier { back_ms, .. } => {
+                        Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
+                    }
+                    _ => now,
+                };
+                judged = reading.max(removed_at);
+                let got = keyed.check_n_at(&key, reading, u32::from(cost));
+                let want = model
+                    .entry(key)
+                    .or_insert_with(fresh)
+                    .check_n_at(judged, u32::from(cost));
+                if !untracked.contains(&key) {
+                    assert_eq!(got, want, "check {key} cost {cost} read at {reading:?}");
+                }
             }
             Op::Peek { key, cost } => {
-                let got = keyed.peek_at(&key, Nanos::new(now), u32::from(cost));
-                let want = model.get(&key).cloned().unwrap_or_else(fresh).peek(now, u32::from(cost));
-                assert_eq!(got, want, "peek {key} cost {cost} at {now}");
+                let got = keyed.peek_at(&key, now, u32::from(cost));
+                let want = model.get(&key).map_or_else(
+                    || fresh().peek_at(judged, u32::from(cost)),
+                    |m| m.peek_at(judged, u32::from(cost)),
+                );
+                if !untracked.contains(&key) {
+                    assert_eq!(got, want, "peek {key} cost {cost} at {now:?}");
+                }
+            }
+            Op::Charge { key, cost } => {
+                let (got, receipt) = keyed.charge_at(&key, now, u32::from(cost));
+                let (want, theirs) = model
+                    .entry(key)
+                    .or_insert_with(fresh)
+                    .charge_at(judged, u32::from(cost));
+                if !untracked.contains(&key) {
+                    assert_eq!(got, want, "charge {key} cost {cost} at {now:?}");
+                }
+                receipts.push((key, receipt, Some(theirs)));
+            }
+            Op::Refund { pick } => {
+                if !receipts.is_empty() {
+                    let (key, receipt, theirs) =
+                        receipts.remove(usize::from(pick) % receipts.len());
+                    model_clock.set(judged);
+                    let back = keyed.refund(&key, receipt);
+                    let model_back = match (model.get(&key), theirs) {
+                        (Some(m), Some(theirs)) => m.refund(theirs),
+                        _ => false,
+                    };
+                    if !untracked.contains(&key) {
+                        if let Some(m) = model.get(&key) {
+                            // Never more permissive than the model after its own refund.
+                            let at = clock.now().max(removed_at);
+                            for cost in 0..=u32::from(input.burst) + 1 {
+                                let (t, w) = (keyed.peek_at(&key, at, cost), m.peek_at(at, cost));
+                                assert!(
+                                    !t.is_allowed() || w.is_allowed(),
+                                    "refund {key}: table {t:?} vs model {w:?}"
+                                );
+                                assert!(
+                                    t.remaining() <= w.remaining(),
+                                    "refund {key}: table {t:?} vs model {w:?}"
+                                );
+                            }
+                            if back != model_back || keyed.peek_at(&key, at, 0) != m.peek_at(at, 0)
+                            {
+                                untracked.insert(key);
+                            }
+                        }
+                    }
+                }
             }
             Op::Advance(ms) => {
                 clock.advance(Duration::from_millis(u64::from(ms)));
@@ -73,34 +177,45 @@ fuzz_target!(|input: Input| {
             }
         }
         let metrics = keyed.metrics();
-        assert!(metrics.live_keys as usize <= keyed.max_keys(), "{metrics:?}");
-        let mut evicted_now = metrics.evicted - evicted_before;
-        let now = clock.now_nanos();
+        assert!(
+            metrics.live_keys as usize <= keyed.max_keys(),
+            "{metrics:?}"
+        );
+        if removals(metrics) > removals(before) {
+            removed_at = removed_at.max(judged);
+        }
+        let mut evicted_now = metrics.evicted - before.evicted;
+        let at = clock.now().max(removed_at);
         let mut forget = Vec::new();
         for (&key, m) in &model {
-            let got = keyed.peek_at(&key, Nanos::new(now), 0);
-            let want = m.peek(now, 0);
+            if untracked.contains(&key) {
+                continue;
+            }
+            let got: Decision = keyed.peek_at(&key, clock.now(), 0);
+            let want = m.peek_at(at, 0);
             if got != want {
                 // Only a live eviction in this operation may explain a difference,
                 // and the evicted key must then read as fresh.
-                assert!(evicted_now > 0, "key {key}: table {got:?} vs model {want:?}");
-                assert_eq!(got, fresh().peek(now, 0), "key {key} was not dropped cleanly");
+                assert!(
+                    evicted_now > 0,
+                    "key {key}: table {got:?} vs model {want:?}"
+                );
+                assert_eq!(
+                    got,
+                    fresh().peek_at(at, 0),
+                    "key {key} was not dropped cleanly"
+                );
                 evicted_now -= 1;
                 forget.push(key);
             }
         }
         for key in forget {
             model.remove(&key);
+            // The evicted key's outstanding receipts refund nothing in the table now;
+            // the model's are void too.
+            for r in receipts.iter_mut().filter(|r| r.0 == key) {
+                r.2 = None;
+            }
         }
     }
 });
-
-trait NowNanos {
-    fn now_nanos(&self) -> u64;
-}
-
-impl NowNanos for ManualClock {
-    fn now_nanos(&self) -> u64 {
-        floodgate::Clock::now(self).as_u64()
-    }
-}

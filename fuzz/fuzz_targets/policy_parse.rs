@@ -15,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(d) = parse_duration(text) {
         let nanos = u64::try_from(d.as_nanos()).expect("a parsed duration fits u64 nanoseconds");
-        assert_eq!(parse_duration(&format!("{nanos}ns")), Ok(Duration::from_nanos(nanos)));
+        assert_eq!(
+            parse_duration(&format!("{nanos}ns")),
+            Ok(Duration::from_nanos(nanos))
+        );
     }
     if let Ok(plans) = Plans::from_toml(text) {
         for (_, _, policy) in plans.iter() {

@@ -15,7 +15,6 @@
 //!   nanoseconds) parses back to the same duration.
 #![no_main]
 
-
 use floodgate::parse_duration;
 use floodgate_cli::input::{parse_nginx_line, parse_trace_line, utc_timestamp};
 use floodgate_cli::seconds::{parse_seconds, Seconds};
@@ -85,13 +84,19 @@ fn nginx(line: &str) {
             return;
         }
         Ok(None) => {
-            assert!(line.trim_matches([' ', '\t']).is_empty(), "skipped {line:?}");
+            assert!(
+                line.trim_matches([' ', '\t']).is_empty(),
+                "skipped {line:?}"
+            );
             return;
         }
         Ok(Some(request)) => request,
     };
     assert_eq!(request.cost, 1);
-    assert!(!request.key.is_empty() && !request.key.contains(' '), "{line:?}");
+    assert!(
+        !request.key.is_empty() && !request.key.contains(' '),
+        "{line:?}"
+    );
     assert_eq!(request.time % NANOS_PER_SEC, 0, "{line:?}");
     // `YYYY-MM-DDTHH:MM:SSZ` → `DD/Mon/YYYY:HH:MM:SS +0000`.
     let stamp = utc_timestamp(request.time / NANOS_PER_SEC);
@@ -100,7 +105,11 @@ fn nginx(line: &str) {
         .and_then(|s| s.split_once('T'))
         .expect("utc_timestamp writes YYYY-MM-DDTHH:MM:SSZ");
     let mut ymd = date.split('-');
-    let (year, month, day) = (ymd.next().unwrap(), ymd.next().unwrap(), ymd.next().unwrap());
+    let (year, month, day) = (
+        ymd.next().unwrap(),
+        ymd.next().unwrap(),
+        ymd.next().unwrap(),
+    );
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
@@ -129,5 +138,9 @@ fn duration(text: &str) {
             format!("{}s", parsed.as_secs())
         }
     };
-    assert_eq!(parse_duration(&written), Ok(parsed), "{text:?} → {written:?}");
+    assert_eq!(
+        parse_duration(&written),
+        Ok(parsed),
+        "{text:?} → {written:?}"
+    );
 }

@@ -1,8 +1,10 @@
 //! Brute-force protection for a login endpoint: at most 5 failed attempts per
 //! 5 minutes per (IP, username).
 //!
-//! `peek(1)` before checking the password (it writes nothing and inserts no key, so
-//! successful logins cost no memory), `check(1)` only when the password was wrong.
+//! Charge first, refund on success: `charge(key, 1)` before checking the password,
+//! and `refund(key, receipt)` when it was right. A `peek` first would let N parallel
+//! guesses all through the gate before any of them is counted; a charge counts each
+//! guess the moment it arrives, so at most 5 ever reach the password check.
 //!
 //! Run with `cargo run -p floodgate --example login`.
 
@@ -36,16 +38,17 @@ struct Server {
 impl Server {
     fn login(&self, ip: IpAddr, user: &str, password: &str) -> Login {
         let key = (ip, user.to_owned());
-        let gate = self.failures.peek(&key, 1);
+        let (gate, receipt) = self.failures.charge(&key, 1);
         if !gate.is_allowed() {
             // Do not even look at the password.
             return Login::TryAgainIn(gate.retry_after().unwrap_or(Duration::MAX));
         }
         if self.users.iter().any(|&(u, p)| u == user && p == password) {
+            // Not a failure after all: give the attempt back.
+            let _ = self.failures.refund(&key, receipt);
             return Login::Welcome;
         }
-        let _ = self.failures.check(&key); // one failure recorded
-        Login::WrongPassword
+        Login::WrongPassword // the charge stays: one failure recorded
     }
 }
 

@@ -37,11 +37,19 @@
 //!   of capacity, all included.
 //! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
 //!   share, a clock hand inspects the next few slots and drops idle keys (state equal
-//!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. A denied or cost-0
+//!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. Each shard records
+//!   the latest instant it removed a key at, and every decision in the shard is made
+//!   at `max(reading, that instant)`: a reading taken before the removal (a thread
+//!   preempted between its clock read and its check, a core whose TSC reads early,
+//!   `check_n_at` with an older time) is answered exactly as an unbounded map of
+//!   un-keyed limiters would answer at that instant, never from a fresh state at an
+//!   earlier one. A denied or cost-0
 //!   request for an unknown key stores nothing, so it inserts nothing.
-//! * **Eviction when full**: if the shard is full of live keys, the closest to idle
-//!   (least `reset_after`) of a sample of 8 is evicted and counted
-//!   ([`KeyedMetrics::evicted`]). *Accuracy cost*: an evicted key forgets its state,
+//! * **Eviction when full**: if the shard is full of live keys, the one whose loss
+//!   forgives least of a sample of 8 is evicted and counted
+//!   ([`KeyedMetrics::evicted`]): the fewest units in use now (`limit − remaining`),
+//!   then the least `reset_after` — so a heavy user is never evicted while a
+//!   lighter key is in the sample, whatever the algorithm. *Accuracy cost*: an evicted key forgets its state,
 //!   so its next request sees a fresh key — up to one extra burst for that key. This
 //!   happens only when more keys are live at once than the capacity; size the capacity
 //!   for your live set (≈ keys seen within the longest `reset_after`).
@@ -87,9 +95,12 @@
 //!
 //! # Brute-force protection
 //!
-//! "At most 5 failed logins per 5 minutes per (IP, user)": `peek(1)` before checking
-//! the password — it writes nothing and inserts no key, so successful logins and
-//! unknown users cost no memory — and `check(1)` only on a failure.
+//! "At most 5 failed logins per 5 minutes per (IP, user)": charge first, refund on a
+//! success. [`charge`](KeyedLimiter::charge) counts the attempt the moment it
+//! arrives, so N parallel guesses cannot all pass a gate that none of them has yet
+//! charged (a `peek` first would let them); a right password hands the
+//! [`Receipt`](crate::Receipt) back ([`refund`](KeyedLimiter::refund)), so the
+//! attempt does not count as a failure.
 //!
 //! ```
 //! use floodgate::{KeyedLimiter, ManualClock, Policy};
@@ -104,15 +115,15 @@
 //!
 //! let login = |ip: IpAddr, user: &str, password_ok: bool| -> Result<(), Option<Duration>> {
 //!     let key = (ip, user.to_owned());
-//!     let gate = failures.peek(&key, 1);
+//!     let (gate, receipt) = failures.charge(&key, 1);
 //!     if !gate.is_allowed() {
 //!         return Err(gate.retry_after()); // locked out: do not even check the password
 //!     }
 //!     if password_ok {
+//!         let _ = failures.refund(&key, receipt); // not a failure: give it back
 //!         return Ok(());
 //!     }
-//!     let _ = failures.check(&key); // count the failure
-//!     Err(None)
+//!     Err(None) // the charge stays: one failure counted
 //! };
 //!
 //! let ip: IpAddr = "192.0.2.7".parse()?;
