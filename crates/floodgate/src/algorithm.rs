@@ -12,13 +12,19 @@
 //!
 //! # Memory ordering
 //!
-//! The state word publishes nothing but itself, so every access is `Relaxed`: all
+//! The state word publishes nothing but itself, so loads are `Relaxed`: all
 //! read-modify-writes of one location are totally ordered (its modification order),
 //! and a CAS only succeeds against the latest value, so no update is lost. A `Relaxed`
 //! load may return an older value; with it the transition either writes (and the CAS
 //! then fails and retries with the current value) or denies. A denial from an older
 //! state is still correct because every transition is monotone: a newer state is never
 //! more permissive than an older one at the same `now`.
+//!
+//! A decision's CAS is `Release` and a refund loads and CASes with `Acquire`: a
+//! refund that sees an admission happens after that admission's clock reading, so
+//! its own reading (taken after the load) is no earlier — the premise of
+//! [`Algorithm::refund`] (see `RefundLedger`). On x86 a locked CAS is a full barrier
+//! either way.
 
 use crossbeam_utils::{Backoff, CachePadded};
 
@@ -276,7 +282,10 @@ where
 
 /// Runs one decision on an atomic word (see [`update_word`]).
 ///
-/// One clock reading (`now`) serves every retry.
+/// One clock reading (`now`) serves every retry. The CAS is `Release` so that a
+/// refund that sees this admission also sees the clock reading it was decided at
+/// (see [`RefundLedger`]); on x86 every locked CAS is a full barrier, so this costs
+/// nothing there.
 #[inline(always)]
 pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     algorithm: &A,
@@ -284,7 +293,9 @@ pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     now: Nanos,
     cost: u32,
 ) -> Decision {
-    update_word(word, |current| algorithm.decide(current, now, cost))
+    update_word_ordered(word, Ordering::Release, |current| {
+        algorithm.decide(current, now, cost)
+    })
 }
 
 /// A word [`update_word`] can drive: a load and a weak compare-exchange.
