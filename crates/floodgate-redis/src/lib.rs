@@ -1,0 +1,603 @@
+//! # floodgate-redis
+//!
+//! Distributed rate limiting on Redis with floodgate's semantics: N replicas of a
+//! service share one limit instead of each granting its own. GCRA, the fixed window,
+//! the sliding window counter and the sliding log run as Lua scripts — each decision
+//! is **one script run, one round trip**, atomic on the server, so concurrent callers
+//! never lose an update (a client that reads a count and writes it back does: two
+//! replicas read 10 and both write 9).
+//!
+//! ```no_run
+//! use floodgate::Policy;
+//! use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let conn = floodgate_redis::connect("redis://127.0.0.1:6379/").await?;
+//! let limiter = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(100)?)
+//!     .prefix("api:")
+//!     .timeout(Duration::from_millis(50))
+//!     .on_failure(OnFailure::Open)
+//!     .build(conn)?;
+//!
+//! let verdict = limiter.check_n("user:42", 1).await?;
+//! if verdict.is_fallback() {
+//!     // Redis did not answer in time: admitted by the fail-open policy.
+//! }
+//! if !verdict.decision().is_allowed() {
+//!     // 429, Retry-After: verdict.decision().retry_after_secs()
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Semantics
+//!
+//! The scripts are the in-process transitions ([`floodgate::Gcra`],
+//! [`floodgate::FixedWindow`], [`floodgate::SlidingWindow`],
+//! [`floodgate::SlidingLog`]) and return the same [`Decision`]: cost 0 reports and
+//! is always allowed and writes nothing, a denial writes nothing, a cost above the
+//! capacity is denied with `retry_after() == None` ("never"), and a peek writes
+//! nothing. The tests replay random traces through Redis and demand decisions equal
+//! to [`floodgate::reference`]'s exact models.
+//!
+//! * **Time** is the server's `TIME`, read inside the script: replicas with skewed
+//!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
+//!   `max(TAT, now)`, windows never return to an older window, the log judges an
+//!   earlier reading at its newest entry).
+//! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Each write
+//!   sets a TTL (`PX`/`PEXPIRE`) of the time until the state is fresh again, rounded up
+//!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
+//!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
+//!   keeps a sorted set with one member per admitted instant.
+//!
+//! ## Exact arithmetic: microseconds
+//!
+//! Lua's numbers are doubles, exact only below 2^53. Nanoseconds since the epoch
+//! (≈ 1.8·10^18) are not; **microseconds** since the epoch (≈ 1.8·10^15, from
+//! `TIME`'s seconds and microseconds) are. The scripts therefore count whole
+//! microseconds, and every value they compute stays below 2^53:
+//!
+//! * the time is at most [`MAX_NOW_MICROS`] = 2^52 µs (the year 2112; a script
+//!   refuses a later time with an error);
+//! * every span a policy adds to it — GCRA's `B·T`, a window's `2·P`, the log's `P` —
+//!   is at most [`MAX_SPAN_MICROS`] = 2^51 µs (≈ 71 years), and the sliding window's
+//!   `(L + 1)·P` product is at most 2^53 µs (`L` ≤ 10^5 for a day, ≈ 2.5·10^6 for an
+//!   hour, ≈ 9·10^9 for a second).
+//!
+//! [`RedisLimiterBuilder::build`] rejects a policy beyond these bounds with a
+//! [`ConfigError`]. Rounding is always towards denying: GCRA's emission interval
+//! `T = ⌈P/L⌉` ns is rounded **up** to whole microseconds (so a rate above 10^6 per
+//! second is served as 10^6 per second, and in general the rate error is below
+//! 1 µs / T); a window or log period must be a whole number of microseconds
+//! ([`ConfigError::PeriodNotWholeMicros`]), since rounding it would move window
+//! edges. Reported durations are whole microseconds.
+//!
+//! ## Failures
+//!
+//! Every call has a timeout (default 50 ms, [`RedisLimiterBuilder::timeout`]). A
+//! call that fails or times out is answered by the limiter's [`OnFailure`] policy:
+//! fail open (admit), fail closed (deny), or return the [`RedisLimitError`]. A
+//! fallback answer is a [`Verdict::Fallback`], never mistaken for Redis's. **A call
+//! that timed out may still have charged**: Redis may have run the script and only the
+//! reply was late. The connection ([`connect`]) is a multiplexed
+//! [`ConnectionManager`] that reconnects by itself, so the limiter recovers without
+//! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
+//! a restart the client loads the script again and retries (`NOSCRIPT`).
+//!
+//! ## Replay
+//!
+//! [`RedisLimiter::check_n_at_micros`] and [`RedisLimiter::peek_n_at_micros`] run a
+//! second script built from the same transition source that takes the time as an
+//! argument and sets no TTL: for simulation and the conformance tests. The production
+//! script never accepts a time from a client.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod script;
+
+use core::fmt::Display;
+use core::future::Future;
+use core::time::Duration;
+
+use floodgate::{AsyncLimit, Decision, Policy};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+pub use error::{ConfigError, RedisLimitError};
+
+/// The largest span a policy may add to the time, in microseconds: 2^51 µs, about
+/// 71 years. See the crate docs on exact arithmetic.
+pub const MAX_SPAN_MICROS: u64 = 1 << 51;
+
+/// The latest time the scripts decide at, in microseconds since the epoch: 2^52 µs,
+/// in the year 2112.
+pub const MAX_NOW_MICROS: u64 = 1 << 52;
+
+/// The largest `(limit + 1) × period` (in microseconds) of a sliding window counter:
+/// 2^53, where `prev·(P − e)` and the retry bound stay exact.
+pub const MAX_WINDOW_PRODUCT: u64 = 1 << 53;
+
+/// The default per-call timeout: 50 ms.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Which transition the scripts run; the semantics are the in-process algorithm's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// GCRA (token bucket, leaky bucket as a meter): capacity `burst`, one unit per
+    /// `T = ⌈period / limit⌉` (rounded up to whole microseconds).
+    Gcra,
+    /// Fixed window: `limit` per window of `period`, aligned to the Unix epoch.
+    FixedWindow,
+    /// Sliding window counter: the weighted two-window estimate.
+    SlidingWindow,
+    /// Sliding log: exact, a sorted set with one member per admitted instant.
+    SlidingLog,
+}
+
+/// What a limiter answers when Redis does not (an error or a timeout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnFailure {
+    /// Admit ([`Verdict::Fallback`] with an allowed decision, `remaining` 0): the
+    /// service stays up while its limiter is down. The default, as most gateways do.
+    Open,
+    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` is
+    /// the given wait): protects the service behind the limiter at the cost of
+    /// refusing everyone while Redis is down.
+    Closed {
+        /// The `retry_after` to report.
+        retry_after: Duration,
+    },
+    /// Return the [`RedisLimitError`] for the caller to decide.
+    Error,
+}
+
+/// A decision, and whether Redis made it.
+#[derive(Debug)]
+#[must_use = "a rate-limit verdict that is not looked at admits everything"]
+pub enum Verdict {
+    /// Redis decided.
+    Decided(Decision),
+    /// Redis did not answer; the [`OnFailure`] policy decided.
+    Fallback {
+        /// The fail-open or fail-closed decision.
+        decision: Decision,
+        /// Why Redis did not decide.
+        error: RedisLimitError,
+    },
+}
+
+impl Verdict {
+    /// The decision, whoever made it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::Verdict;
+    /// let v = Verdict::Decided(Decision::new(true, 5, 4, Default::default(), None));
+    /// assert!(v.decision().is_allowed());
+    /// assert!(!v.is_fallback());
+    /// ```
+    pub fn decision(&self) -> Decision {
+        match self {
+            Verdict::Decided(d) | Verdict::Fallback { decision: d, .. } => *d,
+        }
+    }
+
+    /// Whether the failure policy answered instead of Redis.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::{RedisLimitError, Verdict};
+    /// use std::time::Duration;
+    /// let v = Verdict::Fallback {
+    ///     decision: Decision::new(true, 5, 0, Duration::ZERO, None),
+    ///     error: RedisLimitError::Timeout { after: Duration::from_millis(50) },
+    /// };
+    /// assert!(v.is_fallback());
+    /// ```
+    pub fn is_fallback(&self) -> bool {
+        matches!(self, Verdict::Fallback { .. })
+    }
+}
+
+/// A multiplexed connection to `url` that reconnects by itself, tuned for a limiter:
+/// a connection attempt gives up after 1 s, and a lost connection is retried after
+/// 10, 20, 40 ms (then again on the next call).
+///
+/// # Errors
+///
+/// The first connection failed (bad URL, nothing listening).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> redis::RedisResult<()> {
+/// let conn = floodgate_redis::connect("redis://127.0.0.1/").await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_secs(1))
+        .set_factor(10)
+        .set_exponent_base(2)
+        .set_number_of_retries(3)
+        .set_max_delay(100);
+    ConnectionManager::new_with_config(client, config).await
+}
+
+/// Builds a [`RedisLimiter`]: [`RedisLimiter::builder`], then options, then
+/// [`build`](RedisLimiterBuilder::build).
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until built"]
+pub struct RedisLimiterBuilder {
+    algorithm: Algorithm,
+    policy: Policy,
+    prefix: String,
+    timeout: Duration,
+    on_failure: OnFailure,
+}
+
+impl RedisLimiterBuilder {
+    /// Every key is `prefix + key` (default `"floodgate:"`). It must not contain `{`,
+    /// reserved for Redis Cluster hash tags.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let b = RedisLimiter::builder(Algorithm::Gcra, floodgate::Policy::per_second(5)?);
+    /// assert!(b.prefix("login{").check().is_err());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The most a call waits for Redis (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What a call answers when Redis does not (default [`OnFailure::Open`]).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Validates the configuration without a connection: what
+    /// [`build`](RedisLimiterBuilder::build) checks.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](RedisLimiterBuilder::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, ConfigError, RedisLimiter};
+    /// // 10^6 per day in a sliding window: (L + 1)·P exceeds 2^53 µs.
+    /// let p = Policy::per_day(1_000_000)?;
+    /// let err = RedisLimiter::builder(Algorithm::SlidingWindow, p).check().unwrap_err();
+    /// assert!(matches!(err, ConfigError::SpanTooLong { .. }));
+    /// assert!(RedisLimiter::builder(Algorithm::Gcra, p).check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.params().map(|_| ())
+    }
+
+    /// The transition's two parameters in script units: GCRA `[T µs, B]`, the
+    /// others `[P µs, L]`.
+    fn params(&self) -> Result<[u64; 2], ConfigError> {
+        if self.prefix.contains('{') {
+            return Err(ConfigError::PrefixHasBrace {
+                prefix: self.prefix.clone(),
+            });
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        let too_long = |field, value: u128, max: u64| {
+            if value > u128::from(max) {
+                Err(ConfigError::SpanTooLong {
+                    field,
+                    value: u64::try_from(value).unwrap_or(u64::MAX),
+                    max,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let p = &self.policy;
+        if self.algorithm == Algorithm::Gcra {
+            let t = p.interval_nanos().div_ceil(1_000);
+            let b = p.burst();
+            too_long(
+                "burst × interval",
+                u128::from(b) * u128::from(t),
+                MAX_SPAN_MICROS,
+            )?;
+            return Ok([t, b]);
+        }
+        let period = p.period_nanos();
+        if period % 1_000 != 0 {
+            return Err(ConfigError::PeriodNotWholeMicros {
+                period: p.period(),
+            });
+        }
+        let (period, limit) = (period / 1_000, p.limit());
+        too_long("2 × period", 2 * u128::from(period), MAX_SPAN_MICROS)?;
+        too_long("limit", u128::from(limit), MAX_SPAN_MICROS)?;
+        if self.algorithm == Algorithm::SlidingWindow {
+            too_long(
+                "(limit + 1) × period",
+                (u128::from(limit) + 1) * u128::from(period),
+                MAX_WINDOW_PRODUCT,
+            )?;
+        }
+        Ok([period, limit])
+    }
+
+    /// The limiter on `conn` (see [`connect`]; a clone of one connection may serve
+    /// many limiters).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: a prefix with `{`, a zero timeout, or a policy beyond the
+    /// exact range (see the crate docs).
+    pub fn build(self, conn: ConnectionManager) -> Result<RedisLimiter, ConfigError> {
+        let params = self.params()?;
+        let capacity = match self.algorithm {
+            Algorithm::Gcra => self.policy.burst(),
+            _ => self.policy.limit(),
+        };
+        Ok(RedisLimiter {
+            conn,
+            params,
+            capacity,
+            script: script::server_time(self.algorithm),
+            replay: script::given_time(self.algorithm),
+            prefix: self.prefix,
+            timeout: self.timeout,
+            on_failure: self.on_failure,
+            algorithm: self.algorithm,
+        })
+    }
+}
+
+/// A rate limiter whose state lives in Redis, shared by every process that uses the
+/// same keys, prefix and policy.
+///
+/// `Send + Sync` and cheap to share by reference or `Arc`; calls run concurrently
+/// over one multiplexed connection. It needs a Tokio runtime with the timer enabled.
+/// See the [crate docs](crate) for the semantics, the exact range and the failure
+/// policy.
+pub struct RedisLimiter {
+    conn: ConnectionManager,
+    algorithm: Algorithm,
+    params: [u64; 2],
+    capacity: u64,
+    prefix: String,
+    timeout: Duration,
+    on_failure: OnFailure,
+    script: Script,
+    replay: Script,
+}
+
+impl core::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("params", &self.params)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLimiter {
+    /// A builder for `algorithm` under `policy`, with the defaults: prefix
+    /// `"floodgate:"`, timeout [`DEFAULT_TIMEOUT`], [`OnFailure::Open`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let b = RedisLimiter::builder(Algorithm::SlidingLog, floodgate::Policy::per_minute(60)?);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn builder(algorithm: Algorithm, policy: Policy) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            algorithm,
+            policy,
+            prefix: "floodgate:".to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            on_failure: OnFailure::Open,
+        }
+    }
+
+    /// The capacity every decision reports as its limit (GCRA: burst; others: limit).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The Redis key that `key` is stored under: `prefix + key`.
+    pub fn redis_key(&self, key: &(impl Display + ?Sized)) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    /// Decides `cost` units for `key` (rendered with `Display` after the prefix) and
+    /// consumes them if allowed, in one script run; the failure policy answers when
+    /// Redis does not.
+    ///
+    /// # Errors
+    ///
+    /// Only under [`OnFailure::Error`]: why Redis did not decide. A call that timed
+    /// out may still have charged.
+    pub fn check_n<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
+        let key = self.redis_key(key);
+        async move { self.verdict(self.run(&self.script, key, cost, true, None).await) }
+    }
+
+    /// Exactly what [`check_n`](RedisLimiter::check_n) would decide now; writes
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n`](RedisLimiter::check_n).
+    pub fn peek_n<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
+        let key = self.redis_key(key);
+        async move { self.verdict(self.run(&self.script, key, cost, false, None).await) }
+    }
+
+    /// [`check_n`](RedisLimiter::check_n) at a given time (microseconds on the
+    /// caller's axis), through the replay script: the same transition, no TTL, no
+    /// failure policy. For simulation and tests — never mix it with the server-time
+    /// calls on one key.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError`] as Redis reports it, or
+    /// [`TimeOutOfRange`](RedisLimitError::TimeOutOfRange) past [`MAX_NOW_MICROS`].
+    pub async fn check_n_at_micros<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now_micros: u64,
+    ) -> Result<Decision, RedisLimitError> {
+        let key = self.redis_key(key);
+        self.run(&self.replay, key, cost, true, Some(now_micros))
+            .await
+    }
+
+    /// [`peek_n`](RedisLimiter::peek_n) at a given time, as
+    /// [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    pub async fn peek_n_at_micros<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now_micros: u64,
+    ) -> Result<Decision, RedisLimitError> {
+        let key = self.redis_key(key);
+        self.run(&self.replay, key, cost, false, Some(now_micros))
+            .await
+    }
+
+    /// One script run under the timeout.
+    async fn run(
+        &self,
+        script: &Script,
+        key: String,
+        cost: u32,
+        write: bool,
+        now_micros: Option<u64>,
+    ) -> Result<Decision, RedisLimitError> {
+        let mut invocation = script.key(key);
+        if let Some(now) = now_micros {
+            if now > MAX_NOW_MICROS {
+                return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
+            }
+            invocation.arg(now);
+        }
+        invocation
+            .arg(cost)
+            .arg(u8::from(write))
+            .arg(self.params[0])
+            .arg(self.params[1]);
+        let mut conn = self.conn.clone();
+        let reply: redis::Value =
+            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+                Ok(reply) => reply?,
+                Err(_) => {
+                    return Err(RedisLimitError::Timeout {
+                        after: self.timeout,
+                    })
+                }
+            };
+        script::decision(&reply)
+    }
+
+    /// A script's outcome under the failure policy.
+    fn verdict(&self, outcome: Result<Decision, RedisLimitError>) -> Result<Verdict, RedisLimitError> {
+        let error = match outcome {
+            Ok(d) => return Ok(Verdict::Decided(d)),
+            Err(e) => e,
+        };
+        let decision = match self.on_failure {
+            OnFailure::Open => Decision::new(true, self.capacity, 0, Duration::ZERO, None),
+            OnFailure::Closed { retry_after } => Decision::new(
+                false,
+                self.capacity,
+                0,
+                Duration::ZERO,
+                Some(retry_after),
+            ),
+            OnFailure::Error => return Err(error),
+        };
+        Ok(Verdict::Fallback { decision, error })
+    }
+}
+
+/// The limiter behind floodgate's async limit trait, so a layer written for the
+/// in-process limiters (HTTP) runs on Redis unchanged.
+///
+/// A key is any `Display` type (`str`, `String`, integers, `IpAddr`, a user's own
+/// key type): Redis keys are strings, so a key is rendered once, after the prefix.
+/// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
+/// `Open` and `Closed` the fallback comes back as `Ok` (use
+/// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
+impl<K: Display + ?Sized> AsyncLimit<K> for RedisLimiter {
+    type Error = RedisLimitError;
+
+    fn check_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, RedisLimitError>> + Send {
+        let verdict = RedisLimiter::check_n(self, key, cost);
+        async move { verdict.await.map(|v| v.decision()) }
+    }
+
+    fn peek_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, RedisLimitError>> + Send {
+        let verdict = RedisLimiter::peek_n(self, key, cost);
+        async move { verdict.await.map(|v| v.decision()) }
+    }
+}
+
+/// Compile-time proof that the limiter and its answers cross threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<RedisLimiter>();
+    assert_send_sync::<Verdict>();
+    assert_send_sync::<RedisLimitError>();
+};
