@@ -71,7 +71,9 @@
 //! second is served as 10^6 per second, and in general the rate error is below
 //! 1 µs / T); a window or log period must be a whole number of microseconds
 //! ([`ConfigError::PeriodNotWholeMicros`]), since rounding it would move window
-//! edges. Reported durations are whole microseconds.
+//! edges. Reported durations are whole microseconds: the sliding window counter's
+//! `retry_after` (which in nanoseconds can fall 1 ns past a bound) is the first whole
+//! microsecond at which the request fits, the in-process value rounded up.
 //!
 //! ## Failures
 //!
@@ -333,9 +335,7 @@ impl RedisLimiterBuilder {
         }
         let period = p.period_nanos();
         if period % 1_000 != 0 {
-            return Err(ConfigError::PeriodNotWholeMicros {
-                period: p.period(),
-            });
+            return Err(ConfigError::PeriodNotWholeMicros { period: p.period() });
         }
         let (period, limit) = (period / 1_000, p.limit());
         too_long("2 × period", 2 * u128::from(period), MAX_SPAN_MICROS)?;
@@ -544,20 +544,19 @@ impl RedisLimiter {
     }
 
     /// A script's outcome under the failure policy.
-    fn verdict(&self, outcome: Result<Decision, RedisLimitError>) -> Result<Verdict, RedisLimitError> {
+    fn verdict(
+        &self,
+        outcome: Result<Decision, RedisLimitError>,
+    ) -> Result<Verdict, RedisLimitError> {
         let error = match outcome {
             Ok(d) => return Ok(Verdict::Decided(d)),
             Err(e) => e,
         };
         let decision = match self.on_failure {
             OnFailure::Open => Decision::new(true, self.capacity, 0, Duration::ZERO, None),
-            OnFailure::Closed { retry_after } => Decision::new(
-                false,
-                self.capacity,
-                0,
-                Duration::ZERO,
-                Some(retry_after),
-            ),
+            OnFailure::Closed { retry_after } => {
+                Decision::new(false, self.capacity, 0, Duration::ZERO, Some(retry_after))
+            }
             OnFailure::Error => return Err(error),
         };
         Ok(Verdict::Fallback { decision, error })

@@ -170,8 +170,14 @@ mod tests {
             Algorithm::SlidingLog,
         ] {
             let body = [COMMON, transition(a)].concat();
-            assert!(!body.contains("ARGV"), "{a:?} must read its arguments as ARG");
-            assert!(!body.contains("TIME"), "{a:?} must take now from the prologue");
+            assert!(
+                !body.contains("ARGV"),
+                "{a:?} must read its arguments as ARG"
+            );
+            assert!(
+                !body.contains("TIME"),
+                "{a:?} must take now from the prologue"
+            );
             assert_ne!(server_time(a).get_hash(), given_time(a).get_hash());
         }
         assert!(!SERVER_TIME.contains("ARGV["));
