@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,7 +41,9 @@ impl RedisServer {
                 "FLOODGATE_REQUIRE_REDIS=1 but redis-server is not on PATH \
                  (apt-get install -y redis-server)"
             );
-            eprintln!(
+            // Straight to the process's stderr: the test harness captures `eprintln!`.
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
                  !!! SKIPPED: redis-server is not on PATH; this Redis test did not run. !!!\n\
                  !!! Install it (apt-get install -y redis-server) or set             !!!\n\
