@@ -45,7 +45,10 @@
 //!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
 //!   `max(TAT, now)`, windows never return to an older window, the log judges an
 //!   earlier reading at its newest entry).
-//! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Each write
+//! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
+//!   limits on one request ([`RedisLimiterBuilder::and`]: 10 a second *and* 1000 a
+//!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
+//!   share a Cluster slot. Each write
 //!   sets a TTL (`PX`/`PEXPIRE`) of the time until the state is fresh again, rounded up
 //!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
@@ -107,6 +110,7 @@ use core::time::Duration;
 use floodgate::{AsyncLimit, Decision, Policy};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
+use script::Shape;
 
 pub use error::{ConfigError, RedisLimitError};
 
@@ -241,8 +245,7 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until built"]
 pub struct RedisLimiterBuilder {
-    algorithm: Algorithm,
-    policy: Policy,
+    limits: Vec<(Algorithm, Policy)>,
     prefix: String,
     timeout: Duration,
     on_failure: OnFailure,
@@ -277,6 +280,33 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// Adds a limit on the same keys: a call is admitted only if **every** limit
+    /// admits it, and then charges all of them (all or nothing, in one script run).
+    ///
+    /// With more than one limit, the limits of key `k` are stored under
+    /// `prefix{k}:0`, `prefix{k}:1`, …: the hash tag `{k}` puts them in one Redis
+    /// Cluster slot, so the one script may touch them all. The decision reported is
+    /// the tightest one: when admitted, the limit with the fewest units remaining; when
+    /// denied, the denying limit with the longest wait ("never" above all). That wait
+    /// is exact: without traffic a limit that admits now keeps admitting, and each
+    /// denying limit admits from its own `retry_after` on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// // 10 per second, and at most 1000 a day.
+    /// let b = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(10)?)
+    ///     .and(Algorithm::FixedWindow, Policy::per_day(1_000)?);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn and(mut self, algorithm: Algorithm, policy: Policy) -> Self {
+        self.limits.push((algorithm, policy));
+        self
+    }
+
     /// Validates the configuration without a connection: what
     /// [`build`](RedisLimiterBuilder::build) checks.
     ///
@@ -297,12 +327,11 @@ impl RedisLimiterBuilder {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn check(&self) -> Result<(), ConfigError> {
-        self.params().map(|_| ())
+        self.limits().map(|_| ())
     }
 
-    /// The transition's two parameters in script units: GCRA `[T µs, B]`, the
-    /// others `[P µs, L]`.
-    fn params(&self) -> Result<[u64; 2], ConfigError> {
+    /// Each limit in script units.
+    fn limits(&self) -> Result<Vec<Limit>, ConfigError> {
         if self.prefix.contains('{') {
             return Err(ConfigError::PrefixHasBrace {
                 prefix: self.prefix.clone(),
@@ -311,6 +340,50 @@ impl RedisLimiterBuilder {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
+        self.limits
+            .iter()
+            .map(|&(algorithm, policy)| Limit::new(algorithm, policy))
+            .collect()
+    }
+
+    /// The limiter on `conn` (see [`connect`]; a clone of one connection may serve
+    /// many limiters).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: a prefix with `{`, a zero timeout, or a policy beyond the
+    /// exact range (see the crate docs).
+    pub fn build(self, conn: ConnectionManager) -> Result<RedisLimiter, ConfigError> {
+        let limits = self.limits()?;
+        let shape = match limits.as_slice() {
+            [one] => Shape::Single(one.algorithm),
+            _ => Shape::Multi,
+        };
+        Ok(RedisLimiter {
+            conn,
+            capacity: limits.iter().map(|l| l.capacity).min().unwrap_or(0),
+            limits,
+            script: script::server_time(shape),
+            replay: script::given_time(shape),
+            prefix: self.prefix,
+            timeout: self.timeout,
+            on_failure: self.on_failure,
+        })
+    }
+}
+
+/// One limit in the scripts' units.
+#[derive(Clone, Copy, Debug)]
+struct Limit {
+    algorithm: Algorithm,
+    /// GCRA `[T µs, B]`, the others `[P µs, L]`.
+    params: [u64; 2],
+    /// What its decisions report as the limit (GCRA: burst; others: limit).
+    capacity: u64,
+}
+
+impl Limit {
+    fn new(algorithm: Algorithm, policy: Policy) -> Result<Limit, ConfigError> {
         let too_long = |field, value: u128, max: u64| {
             if value > u128::from(max) {
                 Err(ConfigError::SpanTooLong {
@@ -322,57 +395,40 @@ impl RedisLimiterBuilder {
                 Ok(())
             }
         };
-        let p = &self.policy;
-        if self.algorithm == Algorithm::Gcra {
-            let t = p.interval_nanos().div_ceil(1_000);
-            let b = p.burst();
+        if algorithm == Algorithm::Gcra {
+            let t = policy.interval_nanos().div_ceil(1_000);
+            let b = policy.burst();
             too_long(
                 "burst × interval",
                 u128::from(b) * u128::from(t),
                 MAX_SPAN_MICROS,
             )?;
-            return Ok([t, b]);
+            return Ok(Limit {
+                algorithm,
+                params: [t, b],
+                capacity: b,
+            });
         }
-        let period = p.period_nanos();
+        let period = policy.period_nanos();
         if period % 1_000 != 0 {
-            return Err(ConfigError::PeriodNotWholeMicros { period: p.period() });
+            return Err(ConfigError::PeriodNotWholeMicros {
+                period: policy.period(),
+            });
         }
-        let (period, limit) = (period / 1_000, p.limit());
+        let (period, limit) = (period / 1_000, policy.limit());
         too_long("2 × period", 2 * u128::from(period), MAX_SPAN_MICROS)?;
         too_long("limit", u128::from(limit), MAX_SPAN_MICROS)?;
-        if self.algorithm == Algorithm::SlidingWindow {
+        if algorithm == Algorithm::SlidingWindow {
             too_long(
                 "(limit + 1) × period",
                 (u128::from(limit) + 1) * u128::from(period),
                 MAX_WINDOW_PRODUCT,
             )?;
         }
-        Ok([period, limit])
-    }
-
-    /// The limiter on `conn` (see [`connect`]; a clone of one connection may serve
-    /// many limiters).
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`]: a prefix with `{`, a zero timeout, or a policy beyond the
-    /// exact range (see the crate docs).
-    pub fn build(self, conn: ConnectionManager) -> Result<RedisLimiter, ConfigError> {
-        let params = self.params()?;
-        let capacity = match self.algorithm {
-            Algorithm::Gcra => self.policy.burst(),
-            _ => self.policy.limit(),
-        };
-        Ok(RedisLimiter {
-            conn,
-            params,
-            capacity,
-            script: script::server_time(self.algorithm),
-            replay: script::given_time(self.algorithm),
-            prefix: self.prefix,
-            timeout: self.timeout,
-            on_failure: self.on_failure,
-            algorithm: self.algorithm,
+        Ok(Limit {
+            algorithm,
+            params: [period, limit],
+            capacity: limit,
         })
     }
 }
@@ -386,8 +442,7 @@ impl RedisLimiterBuilder {
 /// policy.
 pub struct RedisLimiter {
     conn: ConnectionManager,
-    algorithm: Algorithm,
-    params: [u64; 2],
+    limits: Vec<Limit>,
     capacity: u64,
     prefix: String,
     timeout: Duration,
@@ -399,8 +454,7 @@ pub struct RedisLimiter {
 impl core::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("algorithm", &self.algorithm)
-            .field("params", &self.params)
+            .field("limits", &self.limits)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("on_failure", &self.on_failure)
@@ -422,22 +476,44 @@ impl RedisLimiter {
     /// ```
     pub fn builder(algorithm: Algorithm, policy: Policy) -> RedisLimiterBuilder {
         RedisLimiterBuilder {
-            algorithm,
-            policy,
+            limits: vec![(algorithm, policy)],
             prefix: "floodgate:".to_owned(),
             timeout: DEFAULT_TIMEOUT,
             on_failure: OnFailure::Open,
         }
     }
 
-    /// The capacity every decision reports as its limit (GCRA: burst; others: limit).
+    /// The capacity a fallback decision reports as its limit: the limit's (GCRA:
+    /// burst; others: limit), the smallest one's with several limits.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// The Redis key that `key` is stored under: `prefix + key`.
-    pub fn redis_key(&self, key: &(impl Display + ?Sized)) -> String {
-        format!("{}{}", self.prefix, key)
+    /// The Redis keys that `key`'s limits are stored under: `prefix + key` for one
+    /// limit; `prefix{key}:i` for limit `i` of several (see
+    /// [`RedisLimiterBuilder::and`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let conn = floodgate_redis::connect("redis://127.0.0.1/").await?;
+    /// let two = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(10)?)
+    ///     .and(Algorithm::FixedWindow, Policy::per_day(1_000)?)
+    ///     .prefix("api:")
+    ///     .build(conn)?;
+    /// assert_eq!(two.redis_keys("u7"), ["api:{u7}:0", "api:{u7}:1"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
+        match self.limits.len() {
+            1 => vec![format!("{}{}", self.prefix, key)],
+            n => (0..n)
+                .map(|i| format!("{}{{{}}}:{}", self.prefix, key, i))
+                .collect(),
+        }
     }
 
     /// Decides `cost` units for `key` (rendered with `Display` after the prefix) and
@@ -453,8 +529,8 @@ impl RedisLimiter {
         key: &K,
         cost: u32,
     ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
-        let key = self.redis_key(key);
-        async move { self.verdict(self.run(&self.script, key, cost, true, None).await) }
+        let keys = self.redis_keys(key);
+        async move { self.verdict(self.run(&self.script, keys, cost, true, None).await) }
     }
 
     /// Exactly what [`check_n`](RedisLimiter::check_n) would decide now; writes
@@ -468,8 +544,8 @@ impl RedisLimiter {
         key: &K,
         cost: u32,
     ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
-        let key = self.redis_key(key);
-        async move { self.verdict(self.run(&self.script, key, cost, false, None).await) }
+        let keys = self.redis_keys(key);
+        async move { self.verdict(self.run(&self.script, keys, cost, false, None).await) }
     }
 
     /// [`check_n`](RedisLimiter::check_n) at a given time (microseconds on the
@@ -487,8 +563,8 @@ impl RedisLimiter {
         cost: u32,
         now_micros: u64,
     ) -> Result<Decision, RedisLimitError> {
-        let key = self.redis_key(key);
-        self.run(&self.replay, key, cost, true, Some(now_micros))
+        let keys = self.redis_keys(key);
+        self.run(&self.replay, keys, cost, true, Some(now_micros))
             .await
     }
 
@@ -504,8 +580,8 @@ impl RedisLimiter {
         cost: u32,
         now_micros: u64,
     ) -> Result<Decision, RedisLimitError> {
-        let key = self.redis_key(key);
-        self.run(&self.replay, key, cost, false, Some(now_micros))
+        let keys = self.redis_keys(key);
+        self.run(&self.replay, keys, cost, false, Some(now_micros))
             .await
     }
 
@@ -513,23 +589,33 @@ impl RedisLimiter {
     async fn run(
         &self,
         script: &Script,
-        key: String,
+        keys: Vec<String>,
         cost: u32,
         write: bool,
         now_micros: Option<u64>,
     ) -> Result<Decision, RedisLimitError> {
-        let mut invocation = script.key(key);
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys);
         if let Some(now) = now_micros {
             if now > MAX_NOW_MICROS {
                 return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
             }
             invocation.arg(now);
         }
-        invocation
-            .arg(cost)
-            .arg(u8::from(write))
-            .arg(self.params[0])
-            .arg(self.params[1]);
+        invocation.arg(cost).arg(u8::from(write));
+        match self.limits.as_slice() {
+            [one] => {
+                invocation.arg(one.params[0]).arg(one.params[1]);
+            }
+            several => {
+                for l in several {
+                    invocation
+                        .arg(script::code(l.algorithm))
+                        .arg(l.params[0])
+                        .arg(l.params[1]);
+                }
+            }
+        }
         let mut conn = self.conn.clone();
         let reply: redis::Value =
             match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
@@ -540,7 +626,14 @@ impl RedisLimiter {
                     })
                 }
             };
-        script::decision(&reply)
+        match self.limits.len() {
+            1 => script::decision(&reply),
+            n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {
+                RedisLimitError::MalformedReply {
+                    detail: "no decision".to_owned(),
+                }
+            }),
+        }
     }
 
     /// A script's outcome under the failure policy.
@@ -561,6 +654,28 @@ impl RedisLimiter {
         };
         Ok(Verdict::Fallback { decision, error })
     }
+}
+
+/// The decision of several limits on one request: when all admit, the one with the
+/// fewest units remaining; else the denying one with the longest wait, "never"
+/// (`None`) above any wait. The first wins a tie. `None` for no decisions.
+fn tightest(decisions: &[Decision]) -> Option<Decision> {
+    if decisions.iter().all(Decision::is_allowed) {
+        return decisions.iter().copied().reduce(|best, d| {
+            if d.remaining() < best.remaining() {
+                d
+            } else {
+                best
+            }
+        });
+    }
+    // Never (None) waits longest: u64::MAX.
+    let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+    decisions
+        .iter()
+        .copied()
+        .filter(|d| !d.is_allowed())
+        .reduce(|best, d| if wait(&d) > wait(&best) { d } else { best })
 }
 
 /// The limiter behind floodgate's async limit trait, so a layer written for the
@@ -600,3 +715,97 @@ const _: () = {
     assert_send_sync::<Verdict>();
     assert_send_sync::<RedisLimitError>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(remaining: u64) -> Decision {
+        Decision::new(true, 10, remaining, Duration::ZERO, None)
+    }
+
+    fn deny(retry: Option<u64>) -> Decision {
+        Decision::new(false, 10, 0, Duration::ZERO, retry.map(Duration::from_secs))
+    }
+
+    #[test]
+    fn the_tightest_decision_of_several_limits() {
+        assert_eq!(tightest(&[]), None);
+        assert_eq!(tightest(&[allow(5), allow(2), allow(7)]), Some(allow(2)));
+        assert_eq!(
+            tightest(&[allow(5), deny(Some(3)), deny(Some(9)), deny(Some(1))]),
+            Some(deny(Some(9)))
+        );
+        assert_eq!(
+            tightest(&[deny(Some(3)), deny(None), allow(1)]),
+            Some(deny(None))
+        );
+    }
+
+    #[test]
+    fn each_limit_is_checked_and_the_prefix_may_not_open_a_hash_tag() {
+        let ok = Policy::per_second(10).unwrap();
+        let b = RedisLimiter::builder(Algorithm::Gcra, ok);
+        assert!(b.clone().check().is_ok());
+        let bad = Policy::new(3, Duration::from_nanos(3_000_500)).unwrap();
+        assert_eq!(
+            b.clone().and(Algorithm::SlidingLog, bad).check(),
+            Err(ConfigError::PeriodNotWholeMicros {
+                period: Duration::from_nanos(3_000_500)
+            })
+        );
+        assert_eq!(
+            b.clone().prefix("a{b").check(),
+            Err(ConfigError::PrefixHasBrace {
+                prefix: "a{b".to_owned()
+            })
+        );
+        assert_eq!(
+            b.timeout(Duration::ZERO).check(),
+            Err(ConfigError::ZeroTimeout)
+        );
+    }
+
+    #[test]
+    fn spans_beyond_the_exact_range_are_refused() {
+        // GCRA: B·T = 2^51 µs fits, one more unit of burst does not.
+        let t_us = 1_u64 << 20;
+        let p = Policy::new(1, Duration::from_micros(t_us)).unwrap();
+        let b =
+            |burst| RedisLimiter::builder(Algorithm::Gcra, p.with_burst(burst).unwrap()).check();
+        assert!(b(1 << 31).is_ok());
+        assert!(matches!(
+            b((1 << 31) + 1),
+            Err(ConfigError::SpanTooLong {
+                field: "burst × interval",
+                ..
+            })
+        ));
+        // Windows: 2·P ≤ 2^51 µs.
+        let w = |us| {
+            RedisLimiter::builder(
+                Algorithm::FixedWindow,
+                Policy::new(1, Duration::from_micros(us)).unwrap(),
+            )
+            .check()
+        };
+        assert!(w(1 << 50).is_ok());
+        assert!(w((1 << 50) + 1).is_err());
+        // The sliding window: (L + 1)·P ≤ 2^53 µs.
+        let s = |limit, us| {
+            RedisLimiter::builder(
+                Algorithm::SlidingWindow,
+                Policy::new(limit, Duration::from_micros(us)).unwrap(),
+            )
+            .check()
+        };
+        assert!(s((1 << 23) - 1, 1 << 30).is_ok());
+        assert!(matches!(
+            s(1 << 23, 1 << 30),
+            Err(ConfigError::SpanTooLong {
+                field: "(limit + 1) × period",
+                ..
+            })
+        ));
+    }
+}

@@ -1,7 +1,9 @@
 //! The Lua scripts and their replies.
 //!
-//! Each algorithm is one transition source (`lua/*.lua`) after the shared helpers
-//! (`lua/common.lua`). Two prologues turn it into a script:
+//! Each algorithm is one transition function (`lua/*.lua`) after the shared helpers
+//! (`lua/common.lua`). A script is a prologue, the helpers, the transitions it needs
+//! and a driver: one transition on `KEYS[1]`, or every limit of a multi-limit call
+//! all or nothing (`lua/multi.lua`). Two prologues:
 //!
 //! * **server time** (production): `now` from Redis `TIME`, keys get a TTL. This
 //!   script reads no time from its arguments.
@@ -22,6 +24,7 @@ const GCRA: &str = include_str!("lua/gcra.lua");
 const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
+const MULTI: &str = include_str!("lua/multi.lua");
 
 /// Server time: `TIME` (seconds, microseconds) as microseconds since the epoch,
 /// about 1.8·10^15 in 2026 and exact in a double until 2^53 µs (the year 2255).
@@ -52,14 +55,82 @@ fn transition(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The production script of `algorithm`: time from the server.
-pub(crate) fn server_time(algorithm: Algorithm) -> Script {
-    Script::new(&[SERVER_TIME, COMMON, transition(algorithm)].concat())
+/// The driver of a one-limit script: the transition on `KEYS[1]` with the arguments
+/// cost, write, and its two parameters.
+fn single(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => SINGLE_GCRA,
+        Algorithm::FixedWindow => SINGLE_FIXED_WINDOW,
+        Algorithm::SlidingWindow => SINGLE_SLIDING_WINDOW,
+        Algorithm::SlidingLog => SINGLE_SLIDING_LOG,
+    }
 }
 
-/// The replay script of `algorithm`: the same transition, time from the caller.
-pub(crate) fn given_time(algorithm: Algorithm) -> Script {
-    Script::new(&[GIVEN_TIME, COMMON, transition(algorithm)].concat())
+macro_rules! single_driver {
+    ($name:ident, $function:literal) => {
+        const $name: &str = concat!(
+            "return ",
+            $function,
+            "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n"
+        );
+    };
+}
+single_driver!(SINGLE_GCRA, "gcra");
+single_driver!(SINGLE_FIXED_WINDOW, "fixed_window");
+single_driver!(SINGLE_SLIDING_WINDOW, "sliding_window");
+single_driver!(SINGLE_SLIDING_LOG, "sliding_log");
+
+/// The algorithm's number in the multi-limit driver.
+pub(crate) fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::Gcra => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindow => 3,
+        Algorithm::SlidingLog => 4,
+    }
+}
+
+/// What a script computes: one algorithm on one key, or several limits at once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Shape {
+    Single(Algorithm),
+    Multi,
+}
+
+fn source(prologue: &str, shape: Shape) -> String {
+    match shape {
+        Shape::Single(a) => [prologue, COMMON, transition(a), single(a)].concat(),
+        Shape::Multi => [
+            prologue,
+            COMMON,
+            GCRA,
+            FIXED_WINDOW,
+            SLIDING_WINDOW,
+            SLIDING_LOG,
+            MULTI,
+        ]
+        .concat(),
+    }
+}
+
+/// The production script: time from the server.
+pub(crate) fn server_time(shape: Shape) -> Script {
+    Script::new(&source(SERVER_TIME, shape))
+}
+
+/// The replay script: the same transitions, time from the caller.
+pub(crate) fn given_time(shape: Shape) -> Script {
+    Script::new(&source(GIVEN_TIME, shape))
+}
+
+/// A multi-limit script's reply: one decision per limit, in order.
+pub(crate) fn decisions(reply: &Value, limits: usize) -> Result<Vec<Decision>, RedisLimitError> {
+    match reply {
+        Value::Array(items) if items.len() == limits => items.iter().map(decision).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not {limits} decisions: {reply:?}"),
+        }),
+    }
 }
 
 /// A script's reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`
@@ -169,7 +240,7 @@ mod tests {
             Algorithm::SlidingWindow,
             Algorithm::SlidingLog,
         ] {
-            let body = [COMMON, transition(a)].concat();
+            let body = [COMMON, transition(a), single(a), MULTI].concat();
             assert!(
                 !body.contains("ARGV"),
                 "{a:?} must read its arguments as ARG"
@@ -178,7 +249,8 @@ mod tests {
                 !body.contains("TIME"),
                 "{a:?} must take now from the prologue"
             );
-            assert_ne!(server_time(a).get_hash(), given_time(a).get_hash());
+            let s = Shape::Single(a);
+            assert_ne!(server_time(s).get_hash(), given_time(s).get_hash());
         }
         assert!(!SERVER_TIME.contains("ARGV["));
     }

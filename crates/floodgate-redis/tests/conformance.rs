@@ -141,21 +141,25 @@ fn case() -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
     })
 }
 
+/// 32 cases by default; PROPTEST_CASES raises it for a longer soak.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 fn run(algorithm: Algorithm) {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
-    // 32 cases by default; PROPTEST_CASES raises it for a longer soak.
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(32);
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let config = config();
     proptest!(config, |((limit, period, burst, ops) in case())| {
         let policy = Policy::new(limit, Duration::from_micros(period))
             .and_then(|p| p.with_burst(burst))
@@ -218,4 +222,75 @@ fn gcra_rounds_the_interval_up_to_whole_microseconds() {
             "at {now} µs, cost {cost}"
         );
     }
+}
+
+/// Two or three limits on one key, all or nothing: the script's decision is the
+/// tightest of the models' decisions, and the models are charged only when all admit.
+#[test]
+fn several_limits_match_the_exact_models_all_or_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limit = (0..4_usize, 1..=4_u64, 1..=1_500_u64, 1..=5_u64);
+    let case = (prop::collection::vec(limit, 2..=3), ops(3_000, 6));
+    let config = config();
+    proptest!(config, |((limits, ops) in case)| {
+        let algorithm = |i: usize| common::ALGORITHMS[i];
+        let policy = |&(_, l, t, b): &(usize, u64, u64, u64)| {
+            Policy::new(l, Duration::from_micros(l * t)).and_then(|p| p.with_burst(b))
+        };
+        let (first, rest) = limits.split_first().unwrap();
+        let mut builder = RedisLimiter::builder(algorithm(first.0), policy(first).unwrap());
+        for l in rest {
+            builder = builder.and(algorithm(l.0), policy(l).unwrap());
+        }
+        let conn = rt.block_on(floodgate_redis::connect(&server.url())).unwrap();
+        let redis = builder
+            .prefix("test:")
+            .timeout(Duration::from_secs(5))
+            .build(conn)
+            .unwrap();
+        let key = format!("multi:{}", KEYS.fetch_add(1, Ordering::Relaxed));
+        let mut models: Vec<Model> = limits
+            .iter()
+            .map(|&(a, l, t, b)| Model::new(algorithm(a), l, l * t * 1_000, b))
+            .collect();
+        let mut now = TODAY_MICROS;
+        for (i, op) in ops.iter().enumerate() {
+            now = now.saturating_add_signed(op.step).max(TODAY_MICROS);
+            let got = rt.block_on(async {
+                if op.peek {
+                    redis.peek_n_at_micros(&key, op.cost, now).await
+                } else {
+                    redis.check_n_at_micros(&key, op.cost, now).await
+                }
+            });
+            let got = got.map_err(|e| TestCaseError::fail(format!("op {i}: {e}")))?;
+            let dry: Vec<Decision> = models
+                .iter_mut()
+                .map(|m| whole_micros(m.decide(now * 1_000, op.cost, true)))
+                .collect();
+            let all = dry.iter().all(Decision::is_allowed);
+            let decided = if all && !op.peek {
+                models
+                    .iter_mut()
+                    .map(|m| whole_micros(m.decide(now * 1_000, op.cost, false)))
+                    .collect()
+            } else {
+                dry
+            };
+            let want = if all {
+                decided.iter().copied().reduce(|a, d| if d.remaining() < a.remaining() { d } else { a })
+            } else {
+                let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+                decided
+                    .iter()
+                    .copied()
+                    .filter(|d| !d.is_allowed())
+                    .reduce(|a, d| if wait(&d) > wait(&a) { d } else { a })
+            };
+            prop_assert_eq!(Some(got), want, "op {} {:?} at {} µs", i, op, now);
+        }
+    });
 }

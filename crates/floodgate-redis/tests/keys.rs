@@ -120,3 +120,41 @@ fn the_server_clock_drives_gcra() {
     let ttl: i64 = server.cmd(&["PTTL", "test:gcra"]);
     assert!(ttl > 7_000_000 && ttl <= 7_200_000, "PTTL {ttl}");
 }
+
+#[test]
+fn several_limits_share_a_hash_tag_and_charge_all_or_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let conn = rt
+        .block_on(floodgate_redis::connect(&server.url()))
+        .unwrap();
+    // A burst of 5 an hour, and at most 2 in a fixed hour.
+    let l = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(5).unwrap())
+        .and(Algorithm::FixedWindow, Policy::per_hour(2).unwrap())
+        .prefix("test:")
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error)
+        .build(conn)
+        .unwrap();
+    assert_eq!(l.redis_keys("u"), ["test:{u}:0", "test:{u}:1"]);
+    let first = decided(rt.block_on(l.check_n("u", 1)));
+    assert!(first.is_allowed());
+    assert_eq!(
+        first.remaining(),
+        1,
+        "the window's 1 left, not the bucket's 4"
+    );
+    assert!(decided(rt.block_on(l.check_n("u", 1))).is_allowed());
+    let bucket: Vec<u8> = server.cmd(&["DUMP", "test:{u}:0"]);
+    let denied = decided(rt.block_on(l.check_n("u", 1)));
+    assert!(!denied.is_allowed(), "the window denies");
+    assert_eq!(denied.limit(), 2);
+    let after: Vec<u8> = server.cmd(&["DUMP", "test:{u}:0"]);
+    assert_eq!(bucket, after, "a denial by one limit charges none");
+    assert_eq!(server.cmd::<i64>(&["DBSIZE"]), 2);
+    for key in ["test:{u}:0", "test:{u}:1"] {
+        assert!(server.cmd::<i64>(&["PTTL", key]) > 0, "{key} has a TTL");
+    }
+}

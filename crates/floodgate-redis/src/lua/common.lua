@@ -45,15 +45,11 @@ local function set_state(key, value, reset_us)
   end
 end
 
-local function malformed(what)
-  return redis.error_reply('floodgate: malformed state at key ' .. KEYS[1] .. ': ' .. what)
+local function malformed(key, what)
+  return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end
 
 -- Past 2^52 us (the year 2112) the sums below could leave the exact range.
 if now ~= now or now < 0 or now > 4503599627370496 then
   return redis.error_reply('floodgate: time ' .. tostring(now) .. ' us is beyond the exact range')
 end
-
-local key = KEYS[1]
-local n = tonumber(ARG[1])
-local write = ARG[2] == '1'
