@@ -90,6 +90,15 @@
 //! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
 //! a restart the client loads the script again and retries (`NOSCRIPT`).
 //!
+//! ## Local denial cache
+//!
+//! With [`RedisLimiterBuilder::deny_cache`], a key that Redis denied is denied again
+//! in process, without a round trip, until its `retry_after` has passed
+//! ([`Verdict::Cached`]): a client hammering past its limit costs Redis one call per
+//! wait, not one per request. Only costs at least as large as the denied one are
+//! answered (a smaller one may fit); "never" is not cached; the cache holds a bounded
+//! number of keys.
+//!
 //! ## Replay
 //!
 //! [`RedisLimiter::check_n_at_micros`] and [`RedisLimiter::peek_n_at_micros`] run a
@@ -100,13 +109,16 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod deny_cache;
 mod error;
 mod script;
 
 use core::fmt::Display;
 use core::future::Future;
 use core::time::Duration;
+use std::time::Instant;
 
+use deny_cache::DenyCache;
 use floodgate::{AsyncLimit, Decision, Policy};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
@@ -162,12 +174,16 @@ pub enum OnFailure {
     Error,
 }
 
-/// A decision, and whether Redis made it.
+/// A decision, and who made it.
 #[derive(Debug)]
 #[must_use = "a rate-limit verdict that is not looked at admits everything"]
+#[non_exhaustive]
 pub enum Verdict {
     /// Redis decided.
     Decided(Decision),
+    /// The local denial cache answered with a denial Redis made earlier (see
+    /// [`RedisLimiterBuilder::deny_cache`]), aged to now.
+    Cached(Decision),
     /// Redis did not answer; the [`OnFailure`] policy decided.
     Fallback {
         /// The fail-open or fail-closed decision.
@@ -191,7 +207,7 @@ impl Verdict {
     /// ```
     pub fn decision(&self) -> Decision {
         match self {
-            Verdict::Decided(d) | Verdict::Fallback { decision: d, .. } => *d,
+            Verdict::Decided(d) | Verdict::Cached(d) | Verdict::Fallback { decision: d, .. } => *d,
         }
     }
 
@@ -211,6 +227,20 @@ impl Verdict {
     /// ```
     pub fn is_fallback(&self) -> bool {
         matches!(self, Verdict::Fallback { .. })
+    }
+
+    /// Whether the local denial cache answered, without a round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::Verdict;
+    /// let d = Decision::new(false, 5, 0, Default::default(), Some(Default::default()));
+    /// assert!(Verdict::Cached(d).is_cached());
+    /// ```
+    pub fn is_cached(&self) -> bool {
+        matches!(self, Verdict::Cached(_))
     }
 }
 
@@ -249,6 +279,7 @@ pub struct RedisLimiterBuilder {
     prefix: String,
     timeout: Duration,
     on_failure: OnFailure,
+    deny_cache: usize,
 }
 
 impl RedisLimiterBuilder {
@@ -277,6 +308,18 @@ impl RedisLimiterBuilder {
     /// What a call answers when Redis does not (default [`OnFailure::Open`]).
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
+        self
+    }
+
+    /// Keeps up to `keys` recent denials in process (default 0: off). A key that
+    /// Redis denied cost `n` with `retry_after` `r` is then denied locally
+    /// ([`Verdict::Cached`]), without a round trip, for any cost of at least `n` until
+    /// `r` has passed on the local clock since the request was sent. Denials only get
+    /// stronger while other callers add traffic, so the cached answer is Redis's own
+    /// as long as nobody resets the key behind the limiter's back. "Never" is not
+    /// cached, and neither is anything once `keys` live denials are held.
+    pub fn deny_cache(mut self, keys: usize) -> Self {
+        self.deny_cache = keys;
         self
     }
 
@@ -359,15 +402,17 @@ impl RedisLimiterBuilder {
             [one] => Shape::Single(one.algorithm),
             _ => Shape::Multi,
         };
+        let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
         Ok(RedisLimiter {
             conn,
-            capacity: limits.iter().map(|l| l.capacity).min().unwrap_or(0),
+            capacity,
             limits,
             script: script::server_time(shape),
             replay: script::given_time(shape),
             prefix: self.prefix,
             timeout: self.timeout,
             on_failure: self.on_failure,
+            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache, capacity)),
         })
     }
 }
@@ -447,6 +492,7 @@ pub struct RedisLimiter {
     prefix: String,
     timeout: Duration,
     on_failure: OnFailure,
+    deny_cache: Option<DenyCache>,
     script: Script,
     replay: Script,
 }
@@ -480,6 +526,7 @@ impl RedisLimiter {
             prefix: "floodgate:".to_owned(),
             timeout: DEFAULT_TIMEOUT,
             on_failure: OnFailure::Open,
+            deny_cache: 0,
         }
     }
 
@@ -530,7 +577,7 @@ impl RedisLimiter {
         cost: u32,
     ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
         let keys = self.redis_keys(key);
-        async move { self.verdict(self.run(&self.script, keys, cost, true, None).await) }
+        async move { self.decide(keys, cost, true).await }
     }
 
     /// Exactly what [`check_n`](RedisLimiter::check_n) would decide now; writes
@@ -545,7 +592,7 @@ impl RedisLimiter {
         cost: u32,
     ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
         let keys = self.redis_keys(key);
-        async move { self.verdict(self.run(&self.script, keys, cost, false, None).await) }
+        async move { self.decide(keys, cost, false).await }
     }
 
     /// [`check_n`](RedisLimiter::check_n) at a given time (microseconds on the
@@ -583,6 +630,33 @@ impl RedisLimiter {
         let keys = self.redis_keys(key);
         self.run(&self.replay, keys, cost, false, Some(now_micros))
             .await
+    }
+
+    /// A production decision: the denial cache, else one script run, under the
+    /// failure policy.
+    async fn decide(
+        &self,
+        keys: Vec<String>,
+        cost: u32,
+        write: bool,
+    ) -> Result<Verdict, RedisLimitError> {
+        let sent = Instant::now();
+        if let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) {
+            if let Some(d) = cache.lookup(first, cost, sent) {
+                return Ok(Verdict::Cached(d));
+            }
+        }
+        let cache_key = self.deny_cache.as_ref().and(keys.first().cloned());
+        let outcome = self.run(&self.script, keys, cost, write, None).await;
+        if let (Some(cache), Some(key), Ok(d)) = (&self.deny_cache, cache_key, &outcome) {
+            cache.record(&key, cost, sent, *d);
+        }
+        self.verdict(outcome)
+    }
+
+    /// How many keys the local denial cache holds now (0 when it is off).
+    pub fn cached_denials(&self) -> usize {
+        self.deny_cache.as_ref().map_or(0, DenyCache::len)
     }
 
     /// One script run under the timeout.
