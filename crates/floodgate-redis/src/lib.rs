@@ -654,6 +654,12 @@ impl RedisLimiter {
         self.verdict(outcome)
     }
 
+    /// The SHA1 that the production script runs under (`EVALSHA`): for monitoring
+    /// (`SCRIPT EXISTS`) or to load-test the script alone with `redis-benchmark`.
+    pub fn script_sha1(&self) -> &str {
+        self.script.get_hash()
+    }
+
     /// How many keys the local denial cache holds now (0 when it is off).
     pub fn cached_denials(&self) -> usize {
         self.deny_cache.as_ref().map_or(0, DenyCache::len)
