@@ -28,8 +28,9 @@ const MULTI: &str = include_str!("lua/multi.lua");
 
 /// Server time: `TIME` (seconds, microseconds) as microseconds since the epoch,
 /// about 1.8·10^15 in 2026 and exact in a double until 2^53 µs (the year 2255).
-/// `redis.replicate_commands()` lets Redis before 5 replicate a script that writes
-/// after reading `TIME` (a no-op since 5, absent in 7.x builds that dropped it).
+/// `redis.replicate_commands()` lets Redis 3.2 to 4 replicate a script that writes
+/// after reading `TIME` (effects replication); since 5 it is the default and the call
+/// a no-op, so it is made only where the function exists.
 const SERVER_TIME: &str = "\
 if redis.replicate_commands then redis.replicate_commands() end
 local EXPIRE = true
