@@ -40,7 +40,10 @@ fn main() {
             .unwrap(),
     );
     // Load the script once.
-    assert!(!rt.block_on(limiter.check_n("warm", 1)).unwrap().is_fallback());
+    assert!(!rt
+        .block_on(limiter.check_n("warm", 1))
+        .unwrap()
+        .is_fallback());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("machine: {cpus} cores; {calls} calls per row; GCRA, 10^5 keys, all admitted");
     println!("| tasks | floodgate-redis decisions/s | redis-benchmark EVALSHA req/s |");
