@@ -171,7 +171,9 @@ fn a_blocked_server_times_out_promptly() {
     let mut raw = TcpStream::connect(&addr).unwrap();
     raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.3\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(30));
+    // Give the server time to start sleeping; 200 ms of the sleep remain for two
+    // calls of 50 ms.
+    std::thread::sleep(Duration::from_millis(100));
 
     let t0 = Instant::now();
     let e = rt.block_on(error.check_n("k", 1)).unwrap_err();
