@@ -1,0 +1,891 @@
+//! # floodgate-redis
+//!
+//! Distributed rate limiting on Redis with floodgate's semantics: N replicas of a
+//! service share one limit instead of each granting its own. GCRA, the fixed window,
+//! the sliding window counter and the sliding log run as Lua scripts — each decision
+//! is **one script run, one round trip**, atomic on the server, so concurrent callers
+//! never lose an update (a client that reads a count and writes it back does: two
+//! replicas read 10 and both write 9).
+//!
+//! ```no_run
+//! use floodgate::Policy;
+//! use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let conn = floodgate_redis::connect("redis://127.0.0.1:6379/").await?;
+//! let limiter = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(100)?)
+//!     .prefix("api:")
+//!     .timeout(Duration::from_millis(50))
+//!     .on_failure(OnFailure::Open)
+//!     .build(conn)?;
+//!
+//! let verdict = limiter.check_n("user:42", 1).await?;
+//! if verdict.is_fallback() {
+//!     // Redis did not answer in time: admitted by the fail-open policy.
+//! }
+//! if !verdict.decision().is_allowed() {
+//!     // 429, Retry-After: verdict.decision().retry_after_secs()
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Semantics
+//!
+//! The scripts are the in-process transitions ([`floodgate::Gcra`],
+//! [`floodgate::FixedWindow`], [`floodgate::SlidingWindow`],
+//! [`floodgate::SlidingLog`]) and return the same [`Decision`]: cost 0 reports and
+//! is always allowed and writes nothing, a denial writes nothing, a cost above the
+//! capacity is denied with `retry_after() == None` ("never"), and a peek writes
+//! nothing. The tests replay random traces through Redis and demand decisions equal
+//! to [`floodgate::reference`]'s exact models.
+//!
+//! * **Time** is the server's `TIME`, read inside the script: replicas with skewed
+//!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
+//!   `max(TAT, now)`, windows never return to an older window, the log judges an
+//!   earlier reading at its newest entry).
+//! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
+//!   limits on one request ([`RedisLimiterBuilder::and`]: 10 a second *and* 1000 a
+//!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
+//!   share a Cluster slot. Each write
+//!   sets a TTL (`PX`/`PEXPIRE`) of the time until the state is fresh again, rounded up
+//!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
+//!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
+//!   keeps a sorted set with one member per admitted instant.
+//!
+//! ## Exact arithmetic: microseconds
+//!
+//! Lua's numbers are doubles, exact only below 2^53. Nanoseconds since the epoch
+//! (≈ 1.8·10^18) are not; **microseconds** since the epoch (≈ 1.8·10^15, from
+//! `TIME`'s seconds and microseconds) are. The scripts therefore count whole
+//! microseconds, and every value they compute stays below 2^53:
+//!
+//! * the time is at most [`MAX_NOW_MICROS`] = 2^52 µs (the year 2112; a script
+//!   refuses a later time with an error);
+//! * every span a policy adds to it — GCRA's `B·T`, a window's `2·P`, the log's `P` —
+//!   is at most [`MAX_SPAN_MICROS`] = 2^51 µs (≈ 71 years), and the sliding window's
+//!   `(L + 1)·P` product is at most 2^53 µs (`L` ≤ 10^5 for a day, ≈ 2.5·10^6 for an
+//!   hour, ≈ 9·10^9 for a second).
+//!
+//! [`RedisLimiterBuilder::build`] rejects a policy beyond these bounds with a
+//! [`ConfigError`]. Rounding is always towards denying: GCRA's emission interval
+//! `T = ⌈P/L⌉` ns is rounded **up** to whole microseconds (so a rate above 10^6 per
+//! second is served as 10^6 per second, and in general the rate error is below
+//! 1 µs / T); a window or log period must be a whole number of microseconds
+//! ([`ConfigError::PeriodNotWholeMicros`]), since rounding it would move window
+//! edges. Reported durations are whole microseconds: the sliding window counter's
+//! `retry_after` (which in nanoseconds can fall 1 ns past a bound) is the first whole
+//! microsecond at which the request fits, the in-process value rounded up.
+//!
+//! ## Failures
+//!
+//! Every call has a timeout (default 50 ms, [`RedisLimiterBuilder::timeout`]). A
+//! call that fails or times out is answered by the limiter's [`OnFailure`] policy:
+//! fail open (admit), fail closed (deny), or return the [`RedisLimitError`]. A
+//! fallback answer is a [`Verdict::Fallback`], never mistaken for Redis's. **A call
+//! that timed out may still have charged**: Redis may have run the script and only the
+//! reply was late. The connection ([`connect`]) is a multiplexed
+//! [`ConnectionManager`] that reconnects by itself, so the limiter recovers without
+//! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
+//! a restart the client loads the script again and retries (`NOSCRIPT`).
+//!
+//! ## Local denial cache
+//!
+//! With [`RedisLimiterBuilder::deny_cache`], a key that Redis denied is denied again
+//! in process, without a round trip, until its `retry_after` has passed
+//! ([`Verdict::Cached`]): a client hammering past its limit costs Redis one call per
+//! wait, not one per request. Only costs at least as large as the denied one are
+//! answered (a smaller one may fit); "never" is not cached; the cache holds a bounded
+//! number of keys.
+//!
+//! ## Replay
+//!
+//! [`RedisLimiter::check_n_at_micros`] and [`RedisLimiter::peek_n_at_micros`] run a
+//! second script built from the same transition source that takes the time as an
+//! argument and sets no TTL: for simulation and the conformance tests. The production
+//! script never accepts a time from a client.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod deny_cache;
+mod error;
+mod script;
+
+use core::fmt::Display;
+use core::future::Future;
+use core::time::Duration;
+use std::time::Instant;
+
+use deny_cache::DenyCache;
+use floodgate::{AsyncLimit, Decision, Policy};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+use script::Shape;
+
+pub use error::{ConfigError, RedisLimitError};
+
+/// The largest span a policy may add to the time, in microseconds: 2^51 µs, about
+/// 71 years. See the crate docs on exact arithmetic.
+pub const MAX_SPAN_MICROS: u64 = 1 << 51;
+
+/// The latest time the scripts decide at, in microseconds since the epoch: 2^52 µs,
+/// in the year 2112.
+pub const MAX_NOW_MICROS: u64 = 1 << 52;
+
+/// The largest `(limit + 1) × period` (in microseconds) of a sliding window counter:
+/// 2^53, where `prev·(P − e)` and the retry bound stay exact.
+pub const MAX_WINDOW_PRODUCT: u64 = 1 << 53;
+
+/// The default per-call timeout: 50 ms.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Which transition the scripts run; the semantics are the in-process algorithm's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// GCRA (token bucket, leaky bucket as a meter): capacity `burst`, one unit per
+    /// `T = ⌈period / limit⌉` (rounded up to whole microseconds).
+    Gcra,
+    /// Fixed window: `limit` per window of `period`, aligned to the Unix epoch.
+    FixedWindow,
+    /// Sliding window counter: the weighted two-window estimate.
+    SlidingWindow,
+    /// Sliding log: exact, a sorted set with one member per admitted instant.
+    SlidingLog,
+}
+
+/// What a limiter answers when Redis does not (an error or a timeout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnFailure {
+    /// Admit ([`Verdict::Fallback`] with an allowed decision, `remaining` 0): the
+    /// service stays up while its limiter is down. The default, as most gateways do.
+    Open,
+    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` is
+    /// the given wait): protects the service behind the limiter at the cost of
+    /// refusing everyone while Redis is down.
+    Closed {
+        /// The `retry_after` to report.
+        retry_after: Duration,
+    },
+    /// Return the [`RedisLimitError`] for the caller to decide.
+    Error,
+}
+
+/// A decision, and who made it.
+#[derive(Debug)]
+#[must_use = "a rate-limit verdict that is not looked at admits everything"]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Redis decided.
+    Decided(Decision),
+    /// The local denial cache answered with a denial Redis made earlier (see
+    /// [`RedisLimiterBuilder::deny_cache`]), aged to now.
+    Cached(Decision),
+    /// Redis did not answer; the [`OnFailure`] policy decided.
+    Fallback {
+        /// The fail-open or fail-closed decision.
+        decision: Decision,
+        /// Why Redis did not decide.
+        error: RedisLimitError,
+    },
+}
+
+impl Verdict {
+    /// The decision, whoever made it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::Verdict;
+    /// let v = Verdict::Decided(Decision::new(true, 5, 4, Default::default(), None));
+    /// assert!(v.decision().is_allowed());
+    /// assert!(!v.is_fallback());
+    /// ```
+    pub fn decision(&self) -> Decision {
+        match self {
+            Verdict::Decided(d) | Verdict::Cached(d) | Verdict::Fallback { decision: d, .. } => *d,
+        }
+    }
+
+    /// Whether the failure policy answered instead of Redis.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::{RedisLimitError, Verdict};
+    /// use std::time::Duration;
+    /// let v = Verdict::Fallback {
+    ///     decision: Decision::new(true, 5, 0, Duration::ZERO, None),
+    ///     error: RedisLimitError::Timeout { after: Duration::from_millis(50) },
+    /// };
+    /// assert!(v.is_fallback());
+    /// ```
+    pub fn is_fallback(&self) -> bool {
+        matches!(self, Verdict::Fallback { .. })
+    }
+
+    /// Whether the local denial cache answered, without a round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_redis::Verdict;
+    /// let d = Decision::new(false, 5, 0, Default::default(), Some(Default::default()));
+    /// assert!(Verdict::Cached(d).is_cached());
+    /// ```
+    pub fn is_cached(&self) -> bool {
+        matches!(self, Verdict::Cached(_))
+    }
+}
+
+/// A multiplexed connection to `url` that reconnects by itself, tuned for a limiter:
+/// a connection attempt gives up after 1 s, and a lost connection is retried after
+/// 10, 20, 40 ms (then again on the next call).
+///
+/// # Errors
+///
+/// The first connection failed (bad URL, nothing listening).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> redis::RedisResult<()> {
+/// let conn = floodgate_redis::connect("redis://127.0.0.1/").await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_secs(1))
+        .set_factor(10)
+        .set_exponent_base(2)
+        .set_number_of_retries(3)
+        .set_max_delay(100);
+    ConnectionManager::new_with_config(client, config).await
+}
+
+/// Builds a [`RedisLimiter`]: [`RedisLimiter::builder`], then options, then
+/// [`build`](RedisLimiterBuilder::build).
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until built"]
+pub struct RedisLimiterBuilder {
+    limits: Vec<(Algorithm, Policy)>,
+    prefix: String,
+    timeout: Duration,
+    on_failure: OnFailure,
+    deny_cache: usize,
+}
+
+impl RedisLimiterBuilder {
+    /// Every key is `prefix + key` (default `"floodgate:"`). It must not contain `{`,
+    /// reserved for Redis Cluster hash tags.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let b = RedisLimiter::builder(Algorithm::Gcra, floodgate::Policy::per_second(5)?);
+    /// assert!(b.prefix("login{").check().is_err());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The most a call waits for Redis (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What a call answers when Redis does not (default [`OnFailure::Open`]).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Keeps up to `keys` recent denials in process (default 0: off). A key that
+    /// Redis denied cost `n` with `retry_after` `r` is then denied locally
+    /// ([`Verdict::Cached`]), without a round trip, for any cost of at least `n` until
+    /// `r` has passed on the local clock since the request was sent. Denials only get
+    /// stronger while other callers add traffic, so the cached answer is Redis's own
+    /// as long as nobody resets the key behind the limiter's back. "Never" is not
+    /// cached, and neither is anything once `keys` live denials are held.
+    pub fn deny_cache(mut self, keys: usize) -> Self {
+        self.deny_cache = keys;
+        self
+    }
+
+    /// Adds a limit on the same keys: a call is admitted only if **every** limit
+    /// admits it, and then charges all of them (all or nothing, in one script run).
+    ///
+    /// With more than one limit, the limits of key `k` are stored under
+    /// `prefix{k}:0`, `prefix{k}:1`, …: the hash tag `{k}` puts them in one Redis
+    /// Cluster slot, so the one script may touch them all. The decision reported is
+    /// the tightest one: when admitted, the limit with the fewest units remaining; when
+    /// denied, the denying limit with the longest wait ("never" above all). That wait
+    /// is exact: without traffic a limit that admits now keeps admitting, and each
+    /// denying limit admits from its own `retry_after` on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// // 10 per second, and at most 1000 a day.
+    /// let b = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(10)?)
+    ///     .and(Algorithm::FixedWindow, Policy::per_day(1_000)?);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn and(mut self, algorithm: Algorithm, policy: Policy) -> Self {
+        self.limits.push((algorithm, policy));
+        self
+    }
+
+    /// Validates the configuration without a connection: what
+    /// [`build`](RedisLimiterBuilder::build) checks.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](RedisLimiterBuilder::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, ConfigError, RedisLimiter};
+    /// // 10^6 per day in a sliding window: (L + 1)·P exceeds 2^53 µs.
+    /// let p = Policy::per_day(1_000_000)?;
+    /// let err = RedisLimiter::builder(Algorithm::SlidingWindow, p).check().unwrap_err();
+    /// assert!(matches!(err, ConfigError::SpanTooLong { .. }));
+    /// assert!(RedisLimiter::builder(Algorithm::Gcra, p).check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.limits().map(|_| ())
+    }
+
+    /// Each limit in script units.
+    fn limits(&self) -> Result<Vec<Limit>, ConfigError> {
+        if self.prefix.contains('{') {
+            return Err(ConfigError::PrefixHasBrace {
+                prefix: self.prefix.clone(),
+            });
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        self.limits
+            .iter()
+            .map(|&(algorithm, policy)| Limit::new(algorithm, policy))
+            .collect()
+    }
+
+    /// The limiter on `conn` (see [`connect`]; a clone of one connection may serve
+    /// many limiters).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`]: a prefix with `{`, a zero timeout, or a policy beyond the
+    /// exact range (see the crate docs).
+    pub fn build(self, conn: ConnectionManager) -> Result<RedisLimiter, ConfigError> {
+        let limits = self.limits()?;
+        let shape = match limits.as_slice() {
+            [one] => Shape::Single(one.algorithm),
+            _ => Shape::Multi,
+        };
+        let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
+        Ok(RedisLimiter {
+            conn,
+            capacity,
+            limits,
+            script: script::server_time(shape),
+            replay: script::given_time(shape),
+            prefix: self.prefix,
+            timeout: self.timeout,
+            on_failure: self.on_failure,
+            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache, capacity)),
+        })
+    }
+}
+
+/// One limit in the scripts' units.
+#[derive(Clone, Copy, Debug)]
+struct Limit {
+    algorithm: Algorithm,
+    /// GCRA `[T µs, B]`, the others `[P µs, L]`.
+    params: [u64; 2],
+    /// What its decisions report as the limit (GCRA: burst; others: limit).
+    capacity: u64,
+}
+
+impl Limit {
+    fn new(algorithm: Algorithm, policy: Policy) -> Result<Limit, ConfigError> {
+        let too_long = |field, value: u128, max: u64| {
+            if value > u128::from(max) {
+                Err(ConfigError::SpanTooLong {
+                    field,
+                    value: u64::try_from(value).unwrap_or(u64::MAX),
+                    max,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        if algorithm == Algorithm::Gcra {
+            let t = policy.interval_nanos().div_ceil(1_000);
+            let b = policy.burst();
+            too_long(
+                "burst × interval",
+                u128::from(b) * u128::from(t),
+                MAX_SPAN_MICROS,
+            )?;
+            return Ok(Limit {
+                algorithm,
+                params: [t, b],
+                capacity: b,
+            });
+        }
+        let period = policy.period_nanos();
+        if period % 1_000 != 0 {
+            return Err(ConfigError::PeriodNotWholeMicros {
+                period: policy.period(),
+            });
+        }
+        let (period, limit) = (period / 1_000, policy.limit());
+        too_long("2 × period", 2 * u128::from(period), MAX_SPAN_MICROS)?;
+        too_long("limit", u128::from(limit), MAX_SPAN_MICROS)?;
+        if algorithm == Algorithm::SlidingWindow {
+            too_long(
+                "(limit + 1) × period",
+                (u128::from(limit) + 1) * u128::from(period),
+                MAX_WINDOW_PRODUCT,
+            )?;
+        }
+        Ok(Limit {
+            algorithm,
+            params: [period, limit],
+            capacity: limit,
+        })
+    }
+}
+
+/// A rate limiter whose state lives in Redis, shared by every process that uses the
+/// same keys, prefix and policy.
+///
+/// `Send + Sync` and cheap to share by reference or `Arc`; calls run concurrently
+/// over one multiplexed connection. It needs a Tokio runtime with the timer enabled.
+/// See the [crate docs](crate) for the semantics, the exact range and the failure
+/// policy.
+pub struct RedisLimiter {
+    conn: ConnectionManager,
+    limits: Vec<Limit>,
+    capacity: u64,
+    prefix: String,
+    timeout: Duration,
+    on_failure: OnFailure,
+    deny_cache: Option<DenyCache>,
+    script: Script,
+    replay: Script,
+}
+
+impl core::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("limits", &self.limits)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLimiter {
+    /// A builder for `algorithm` under `policy`, with the defaults: prefix
+    /// `"floodgate:"`, timeout [`DEFAULT_TIMEOUT`], [`OnFailure::Open`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let b = RedisLimiter::builder(Algorithm::SlidingLog, floodgate::Policy::per_minute(60)?);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn builder(algorithm: Algorithm, policy: Policy) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            limits: vec![(algorithm, policy)],
+            prefix: "floodgate:".to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            on_failure: OnFailure::Open,
+            deny_cache: 0,
+        }
+    }
+
+    /// The capacity a fallback decision reports as its limit: the limit's (GCRA:
+    /// burst; others: limit), the smallest one's with several limits.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The Redis keys that `key`'s limits are stored under: `prefix + key` for one
+    /// limit; `prefix{key}:i` for limit `i` of several (see
+    /// [`RedisLimiterBuilder::and`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use floodgate::Policy;
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// let conn = floodgate_redis::connect("redis://127.0.0.1/").await?;
+    /// let two = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(10)?)
+    ///     .and(Algorithm::FixedWindow, Policy::per_day(1_000)?)
+    ///     .prefix("api:")
+    ///     .build(conn)?;
+    /// assert_eq!(two.redis_keys("u7"), ["api:{u7}:0", "api:{u7}:1"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
+        match self.limits.len() {
+            1 => vec![format!("{}{}", self.prefix, key)],
+            n => (0..n)
+                .map(|i| format!("{}{{{}}}:{}", self.prefix, key, i))
+                .collect(),
+        }
+    }
+
+    /// Decides `cost` units for `key` (rendered with `Display` after the prefix) and
+    /// consumes them if allowed, in one script run; the failure policy answers when
+    /// Redis does not.
+    ///
+    /// # Errors
+    ///
+    /// Only under [`OnFailure::Error`]: why Redis did not decide. A call that timed
+    /// out may still have charged.
+    pub fn check_n<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
+        let keys = self.redis_keys(key);
+        async move { self.decide(keys, cost, true).await }
+    }
+
+    /// Exactly what [`check_n`](RedisLimiter::check_n) would decide now; writes
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n`](RedisLimiter::check_n).
+    pub fn peek_n<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Verdict, RedisLimitError>> + Send + '_ {
+        let keys = self.redis_keys(key);
+        async move { self.decide(keys, cost, false).await }
+    }
+
+    /// [`check_n`](RedisLimiter::check_n) at a given time (microseconds on the
+    /// caller's axis), through the replay script: the same transition, no TTL, no
+    /// failure policy. For simulation and tests — never mix it with the server-time
+    /// calls on one key.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimitError`] as Redis reports it, or
+    /// [`TimeOutOfRange`](RedisLimitError::TimeOutOfRange) past [`MAX_NOW_MICROS`].
+    pub async fn check_n_at_micros<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now_micros: u64,
+    ) -> Result<Decision, RedisLimitError> {
+        let keys = self.redis_keys(key);
+        self.run(&self.replay, keys, cost, true, Some(now_micros))
+            .await
+    }
+
+    /// [`peek_n`](RedisLimiter::peek_n) at a given time, as
+    /// [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    pub async fn peek_n_at_micros<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now_micros: u64,
+    ) -> Result<Decision, RedisLimitError> {
+        let keys = self.redis_keys(key);
+        self.run(&self.replay, keys, cost, false, Some(now_micros))
+            .await
+    }
+
+    /// A production decision: the denial cache, else one script run, under the
+    /// failure policy.
+    async fn decide(
+        &self,
+        keys: Vec<String>,
+        cost: u32,
+        write: bool,
+    ) -> Result<Verdict, RedisLimitError> {
+        let sent = Instant::now();
+        if let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) {
+            if let Some(d) = cache.lookup(first, cost, sent) {
+                return Ok(Verdict::Cached(d));
+            }
+        }
+        let cache_key = self.deny_cache.as_ref().and(keys.first().cloned());
+        let outcome = self.run(&self.script, keys, cost, write, None).await;
+        if let (Some(cache), Some(key), Ok(d)) = (&self.deny_cache, cache_key, &outcome) {
+            cache.record(&key, cost, sent, *d);
+        }
+        self.verdict(outcome)
+    }
+
+    /// The SHA1 that the production script runs under (`EVALSHA`): for monitoring
+    /// (`SCRIPT EXISTS`) or to load-test the script alone with `redis-benchmark`.
+    pub fn script_sha1(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// How many keys the local denial cache holds now (0 when it is off).
+    pub fn cached_denials(&self) -> usize {
+        self.deny_cache.as_ref().map_or(0, DenyCache::len)
+    }
+
+    /// One script run under the timeout.
+    async fn run(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        cost: u32,
+        write: bool,
+        now_micros: Option<u64>,
+    ) -> Result<Decision, RedisLimitError> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys);
+        if let Some(now) = now_micros {
+            if now > MAX_NOW_MICROS {
+                return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
+            }
+            invocation.arg(now);
+        }
+        invocation.arg(cost).arg(u8::from(write));
+        match self.limits.as_slice() {
+            [one] => {
+                invocation.arg(one.params[0]).arg(one.params[1]);
+            }
+            several => {
+                for l in several {
+                    invocation
+                        .arg(script::code(l.algorithm))
+                        .arg(l.params[0])
+                        .arg(l.params[1]);
+                }
+            }
+        }
+        let mut conn = self.conn.clone();
+        let reply: redis::Value =
+            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+                Ok(reply) => reply?,
+                Err(_) => {
+                    return Err(RedisLimitError::Timeout {
+                        after: self.timeout,
+                    })
+                }
+            };
+        match self.limits.len() {
+            1 => script::decision(&reply),
+            n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {
+                RedisLimitError::MalformedReply {
+                    detail: "no decision".to_owned(),
+                }
+            }),
+        }
+    }
+
+    /// A script's outcome under the failure policy.
+    fn verdict(
+        &self,
+        outcome: Result<Decision, RedisLimitError>,
+    ) -> Result<Verdict, RedisLimitError> {
+        let error = match outcome {
+            Ok(d) => return Ok(Verdict::Decided(d)),
+            Err(e) => e,
+        };
+        let decision = match self.on_failure {
+            OnFailure::Open => Decision::new(true, self.capacity, 0, Duration::ZERO, None),
+            OnFailure::Closed { retry_after } => {
+                Decision::new(false, self.capacity, 0, Duration::ZERO, Some(retry_after))
+            }
+            OnFailure::Error => return Err(error),
+        };
+        Ok(Verdict::Fallback { decision, error })
+    }
+}
+
+/// The decision of several limits on one request: when all admit, the one with the
+/// fewest units remaining; else the denying one with the longest wait, "never"
+/// (`None`) above any wait. The first wins a tie. `None` for no decisions.
+fn tightest(decisions: &[Decision]) -> Option<Decision> {
+    if decisions.iter().all(Decision::is_allowed) {
+        return decisions.iter().copied().reduce(|best, d| {
+            if d.remaining() < best.remaining() {
+                d
+            } else {
+                best
+            }
+        });
+    }
+    // Never (None) waits longest: u64::MAX.
+    let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+    decisions
+        .iter()
+        .copied()
+        .filter(|d| !d.is_allowed())
+        .reduce(|best, d| if wait(&d) > wait(&best) { d } else { best })
+}
+
+/// The limiter behind floodgate's async limit trait, so a layer written for the
+/// in-process limiters (HTTP) runs on Redis unchanged.
+///
+/// A key is any `Display` type (`str`, `String`, integers, `IpAddr`, a user's own
+/// key type): Redis keys are strings, so a key is rendered once, after the prefix.
+/// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
+/// `Open` and `Closed` the fallback comes back as `Ok` (use
+/// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
+impl<K: Display + ?Sized> AsyncLimit<K> for RedisLimiter {
+    type Error = RedisLimitError;
+
+    fn check_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, RedisLimitError>> + Send {
+        let verdict = RedisLimiter::check_n(self, key, cost);
+        async move { verdict.await.map(|v| v.decision()) }
+    }
+
+    fn peek_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, RedisLimitError>> + Send {
+        let verdict = RedisLimiter::peek_n(self, key, cost);
+        async move { verdict.await.map(|v| v.decision()) }
+    }
+}
+
+/// Compile-time proof that the limiter and its answers cross threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<RedisLimiter>();
+    assert_send_sync::<Verdict>();
+    assert_send_sync::<RedisLimitError>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(remaining: u64) -> Decision {
+        Decision::new(true, 10, remaining, Duration::ZERO, None)
+    }
+
+    fn deny(retry: Option<u64>) -> Decision {
+        Decision::new(false, 10, 0, Duration::ZERO, retry.map(Duration::from_secs))
+    }
+
+    #[test]
+    fn the_tightest_decision_of_several_limits() {
+        assert_eq!(tightest(&[]), None);
+        assert_eq!(tightest(&[allow(5), allow(2), allow(7)]), Some(allow(2)));
+        assert_eq!(
+            tightest(&[allow(5), deny(Some(3)), deny(Some(9)), deny(Some(1))]),
+            Some(deny(Some(9)))
+        );
+        assert_eq!(
+            tightest(&[deny(Some(3)), deny(None), allow(1)]),
+            Some(deny(None))
+        );
+    }
+
+    #[test]
+    fn each_limit_is_checked_and_the_prefix_may_not_open_a_hash_tag() {
+        let ok = Policy::per_second(10).unwrap();
+        let b = RedisLimiter::builder(Algorithm::Gcra, ok);
+        assert!(b.clone().check().is_ok());
+        let bad = Policy::new(3, Duration::from_nanos(3_000_500)).unwrap();
+        assert_eq!(
+            b.clone().and(Algorithm::SlidingLog, bad).check(),
+            Err(ConfigError::PeriodNotWholeMicros {
+                period: Duration::from_nanos(3_000_500)
+            })
+        );
+        assert_eq!(
+            b.clone().prefix("a{b").check(),
+            Err(ConfigError::PrefixHasBrace {
+                prefix: "a{b".to_owned()
+            })
+        );
+        assert_eq!(
+            b.timeout(Duration::ZERO).check(),
+            Err(ConfigError::ZeroTimeout)
+        );
+    }
+
+    #[test]
+    fn spans_beyond_the_exact_range_are_refused() {
+        // GCRA: B·T = 2^51 µs fits, one more unit of burst does not.
+        let t_us = 1_u64 << 20;
+        let p = Policy::new(1, Duration::from_micros(t_us)).unwrap();
+        let b =
+            |burst| RedisLimiter::builder(Algorithm::Gcra, p.with_burst(burst).unwrap()).check();
+        assert!(b(1 << 31).is_ok());
+        assert!(matches!(
+            b((1 << 31) + 1),
+            Err(ConfigError::SpanTooLong {
+                field: "burst × interval",
+                ..
+            })
+        ));
+        // Windows: 2·P ≤ 2^51 µs.
+        let w = |us| {
+            RedisLimiter::builder(
+                Algorithm::FixedWindow,
+                Policy::new(1, Duration::from_micros(us)).unwrap(),
+            )
+            .check()
+        };
+        assert!(w(1 << 50).is_ok());
+        assert!(w((1 << 50) + 1).is_err());
+        // The sliding window: (L + 1)·P ≤ 2^53 µs.
+        let s = |limit, us| {
+            RedisLimiter::builder(
+                Algorithm::SlidingWindow,
+                Policy::new(limit, Duration::from_micros(us)).unwrap(),
+            )
+            .check()
+        };
+        assert!(s((1 << 23) - 1, 1 << 30).is_ok());
+        assert!(matches!(
+            s(1 << 23, 1 << 30),
+            Err(ConfigError::SpanTooLong {
+                field: "(limit + 1) × period",
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,29 @@
+-- Fixed window. Arguments: key, cost n, write, P (period, us), L (limit).
+-- State: "window:count", window = floor(now / P).
+local function fixed_window(key, n, write, p, l)
+  local w = fdiv(now, p)
+  local count = 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local sw, sc = string.match(stored, '^(%d+):(%d+)$')
+    sw, sc = tonumber(sw), tonumber(sc)
+    if not sw or not sc then return malformed(key, 'not window:count') end
+    -- A window state never goes back to an older window.
+    if sw >= w then
+      w = sw
+      count = sc
+    end
+  end
+  local reset = (w + 1) * p - now
+  if n > l then
+    return reply(false, l, l - count, reset, -1)
+  end
+  if n == 0 then
+    return reply(true, l, l - count, reset, 0)
+  end
+  if count + n <= l then
+    if write then set_state(key, fmt(w) .. ':' .. fmt(count + n), reset) end
+    return reply(true, l, l - count - n, reset, 0)
+  end
+  return reply(false, l, l - count, reset, reset)
+end

@@ -1,0 +1,258 @@
+//! The Lua scripts and their replies.
+//!
+//! Each algorithm is one transition function (`lua/*.lua`) after the shared helpers
+//! (`lua/common.lua`). A script is a prologue, the helpers, the transitions it needs
+//! and a driver: one transition on `KEYS[1]`, or every limit of a multi-limit call
+//! all or nothing (`lua/multi.lua`). Two prologues:
+//!
+//! * **server time** (production): `now` from Redis `TIME`, keys get a TTL. This
+//!   script reads no time from its arguments.
+//! * **given time** (replay and tests): `now` is the first argument and keys get no
+//!   TTL (the replayed clock is not the server's, so a TTL would expire keys at the
+//!   wrong moment).
+
+use core::time::Duration;
+
+use floodgate::Decision;
+use redis::{Script, Value};
+
+use crate::error::RedisLimitError;
+use crate::Algorithm;
+
+const COMMON: &str = include_str!("lua/common.lua");
+const GCRA: &str = include_str!("lua/gcra.lua");
+const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
+const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
+const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
+const MULTI: &str = include_str!("lua/multi.lua");
+
+/// Server time: `TIME` (seconds, microseconds) as microseconds since the epoch,
+/// about 1.8·10^15 in 2026 and exact in a double until 2^53 µs (the year 2255).
+/// `redis.replicate_commands()` lets Redis 3.2 to 4 replicate a script that writes
+/// after reading `TIME` (effects replication); since 5 it is the default and the call
+/// a no-op, so it is made only where the function exists.
+const SERVER_TIME: &str = "\
+if redis.replicate_commands then redis.replicate_commands() end
+local EXPIRE = true
+local ARG = ARGV
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+";
+
+/// Given time: `ARGV[1]` is `now` in microseconds; the transition's arguments follow.
+const GIVEN_TIME: &str = "\
+local EXPIRE = false
+local ARG = {}
+for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
+local now = tonumber(ARGV[1])
+";
+
+fn transition(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => GCRA,
+        Algorithm::FixedWindow => FIXED_WINDOW,
+        Algorithm::SlidingWindow => SLIDING_WINDOW,
+        Algorithm::SlidingLog => SLIDING_LOG,
+    }
+}
+
+/// The driver of a one-limit script: the transition on `KEYS[1]` with the arguments
+/// cost, write, and its two parameters.
+fn single(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Gcra => SINGLE_GCRA,
+        Algorithm::FixedWindow => SINGLE_FIXED_WINDOW,
+        Algorithm::SlidingWindow => SINGLE_SLIDING_WINDOW,
+        Algorithm::SlidingLog => SINGLE_SLIDING_LOG,
+    }
+}
+
+macro_rules! single_driver {
+    ($name:ident, $function:literal) => {
+        const $name: &str = concat!(
+            "return ",
+            $function,
+            "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n"
+        );
+    };
+}
+single_driver!(SINGLE_GCRA, "gcra");
+single_driver!(SINGLE_FIXED_WINDOW, "fixed_window");
+single_driver!(SINGLE_SLIDING_WINDOW, "sliding_window");
+single_driver!(SINGLE_SLIDING_LOG, "sliding_log");
+
+/// The algorithm's number in the multi-limit driver.
+pub(crate) fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::Gcra => 1,
+        Algorithm::FixedWindow => 2,
+        Algorithm::SlidingWindow => 3,
+        Algorithm::SlidingLog => 4,
+    }
+}
+
+/// What a script computes: one algorithm on one key, or several limits at once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Shape {
+    Single(Algorithm),
+    Multi,
+}
+
+fn source(prologue: &str, shape: Shape) -> String {
+    match shape {
+        Shape::Single(a) => [prologue, COMMON, transition(a), single(a)].concat(),
+        Shape::Multi => [
+            prologue,
+            COMMON,
+            GCRA,
+            FIXED_WINDOW,
+            SLIDING_WINDOW,
+            SLIDING_LOG,
+            MULTI,
+        ]
+        .concat(),
+    }
+}
+
+/// The production script: time from the server.
+pub(crate) fn server_time(shape: Shape) -> Script {
+    Script::new(&source(SERVER_TIME, shape))
+}
+
+/// The replay script: the same transitions, time from the caller.
+pub(crate) fn given_time(shape: Shape) -> Script {
+    Script::new(&source(GIVEN_TIME, shape))
+}
+
+/// A multi-limit script's reply: one decision per limit, in order.
+pub(crate) fn decisions(reply: &Value, limits: usize) -> Result<Vec<Decision>, RedisLimitError> {
+    match reply {
+        Value::Array(items) if items.len() == limits => items.iter().map(decision).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not {limits} decisions: {reply:?}"),
+        }),
+    }
+}
+
+/// A script's reply `{allowed, limit, remaining, reset_after_us, retry_after_us}`
+/// (`retry_after_us` −1 for never) as a [`Decision`]; anything else is
+/// [`RedisLimitError::MalformedReply`].
+pub(crate) fn decision(reply: &Value) -> Result<Decision, RedisLimitError> {
+    let malformed = |detail: &str| RedisLimitError::MalformedReply {
+        detail: format!("{detail}: {reply:?}"),
+    };
+    let Value::Array(items) = reply else {
+        return Err(malformed("not an array"));
+    };
+    let mut ints = [0_i64; 5];
+    if items.len() != ints.len() {
+        return Err(malformed("not five fields"));
+    }
+    for (slot, item) in ints.iter_mut().zip(items) {
+        match item {
+            Value::Int(i) => *slot = *i,
+            _ => return Err(malformed("a field is not an integer")),
+        }
+    }
+    let [allowed, limit, remaining, reset, retry] = ints;
+    let unsigned = |x: i64| u64::try_from(x).map_err(|_| malformed("a negative field"));
+    let allowed = match allowed {
+        0 => false,
+        1 => true,
+        _ => return Err(malformed("allowed is not 0 or 1")),
+    };
+    let retry = match retry {
+        -1 => None,
+        r => Some(micros(unsigned(r)?)),
+    };
+    Ok(Decision::new(
+        allowed,
+        unsigned(limit)?,
+        unsigned(remaining)?,
+        micros(unsigned(reset)?),
+        retry,
+    ))
+}
+
+fn micros(us: u64) -> Duration {
+    Duration::from_micros(us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_formed_replies_become_decisions() {
+        let r = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(5),
+            Value::Int(2),
+            Value::Int(1_500),
+            Value::Int(-1),
+        ]);
+        let d = decision(&r).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.limit(), 5);
+        assert_eq!(d.remaining(), 2);
+        assert_eq!(d.reset_after(), Duration::from_micros(1_500));
+        assert_eq!(d.retry_after(), None);
+    }
+
+    #[test]
+    fn malformed_replies_are_typed_errors() {
+        let bad = [
+            Value::Nil,
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1); 4]),
+            Value::Array(vec![Value::Int(2); 5]),
+            Value::Array(vec![Value::Nil; 5]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5),
+                Value::Int(-2),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(-7),
+            ]),
+        ];
+        for reply in bad {
+            assert!(
+                matches!(
+                    decision(&reply),
+                    Err(RedisLimitError::MalformedReply { .. })
+                ),
+                "{reply:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn both_scripts_share_the_transition_and_only_the_replay_reads_a_time_argument() {
+        for a in [
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ] {
+            let body = [COMMON, transition(a), single(a), MULTI].concat();
+            assert!(
+                !body.contains("ARGV"),
+                "{a:?} must read its arguments as ARG"
+            );
+            assert!(
+                !body.contains("TIME"),
+                "{a:?} must take now from the prologue"
+            );
+            let s = Shape::Single(a);
+            assert_ne!(server_time(s).get_hash(), given_time(s).get_hash());
+        }
+        assert!(!SERVER_TIME.contains("ARGV["));
+    }
+}

@@ -1,0 +1,178 @@
+//! A `redis-server` of the test's own on a free loopback port, stopped on drop.
+//!
+//! Without `redis-server` on `PATH` a test prints a loud message and returns early,
+//! unless `FLOODGATE_REQUIRE_REDIS=1`, when it fails.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+
+pub const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::Gcra,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::SlidingLog,
+];
+
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A fresh server, or `None` (after a loud message) where none can run.
+    pub fn start() -> Option<RedisServer> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            let required = std::env::var("FLOODGATE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "FLOODGATE_REQUIRE_REDIS=1 but redis-server is not on PATH \
+                 (apt-get install -y redis-server)"
+            );
+            // Straight to the process's stderr: the test harness captures `eprintln!`.
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+                 !!! SKIPPED: redis-server is not on PATH; this Redis test did not run. !!!\n\
+                 !!! Install it (apt-get install -y redis-server) or set             !!!\n\
+                 !!! FLOODGATE_REQUIRE_REDIS=1 to make its absence a failure.        !!!\n\
+                 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+            );
+            return None;
+        }
+        // A port can be taken between finding it free and the server binding it:
+        // try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = RedisServer { port, child: None };
+            if server.spawn() {
+                return Some(server);
+            }
+        }
+        panic!("redis-server did not start on a free loopback port");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--enable-debug-command", "local"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false; // exited: the port was taken
+                }
+            }
+            if self.connection().is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A plain blocking connection for set-up and inspection.
+    pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        redis::cmd("PING").query::<String>(&mut conn)?;
+        Ok(conn)
+    }
+
+    /// Runs one command on a fresh blocking connection.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut conn = self.connection().expect("connect to the test server");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut conn).expect("test command")
+    }
+
+    /// Stops the server (SIGKILL: a crash, not a shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on port {}",
+            self.port
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A small multi-thread runtime with the timer and I/O drivers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// A limiter on `server` (connects inside the runtime).
+pub fn limiter(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    algorithm: Algorithm,
+    policy: Policy,
+    on_failure: OnFailure,
+    timeout: Duration,
+) -> RedisLimiter {
+    let url = server.url();
+    rt.block_on(async move {
+        let conn = floodgate_redis::connect(&url).await.expect("connect");
+        RedisLimiter::builder(algorithm, policy)
+            .prefix("test:")
+            .on_failure(on_failure)
+            .timeout(timeout)
+            .build(conn)
+            .expect("valid limiter")
+    })
+}

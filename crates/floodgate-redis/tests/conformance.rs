@@ -1,0 +1,296 @@
+//! Random traces through Redis (the replay script: the production transition with
+//! the time passed in) give the decisions of `floodgate::reference`'s exact models —
+//! at small times and again shifted to an origin near today's epoch (≈ 1.8·10^18 ns),
+//! where nanoseconds no longer fit a double but the scripts' microseconds do.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{limiter, runtime, RedisServer};
+use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
+use floodgate::{Decision, Policy};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use proptest::prelude::*;
+
+/// 2026-11-30 in microseconds since the epoch, plus an odd offset so windows do
+/// not start at the origin.
+const TODAY_MICROS: u64 = 1_796_083_200_000_000 + 123_457;
+
+#[derive(Clone, Debug)]
+struct Op {
+    /// Microseconds to move the clock by; negative steps read earlier.
+    step: i64,
+    cost: u32,
+    peek: bool,
+}
+
+/// The reference model of `algorithm` for `limit` per `period_us` (burst for GCRA).
+enum Model {
+    Gcra(ExactGcra),
+    Fixed(ExactFixedWindow),
+    Sliding(ExactSlidingWindow),
+    Log(ExactSlidingLog),
+}
+
+impl Model {
+    fn new(algorithm: Algorithm, limit: u64, period_ns: u64, burst: u64) -> Model {
+        match algorithm {
+            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst)),
+            Algorithm::FixedWindow => Model::Fixed(ExactFixedWindow::new(limit, period_ns)),
+            Algorithm::SlidingWindow => Model::Sliding(ExactSlidingWindow::new(limit, period_ns)),
+            Algorithm::SlidingLog => Model::Log(ExactSlidingLog::new(limit, period_ns)),
+            _ => unreachable!("every algorithm has a model"),
+        }
+    }
+
+    fn decide(&mut self, now_ns: u64, cost: u32, peek: bool) -> Decision {
+        match (self, peek) {
+            (Model::Gcra(m), false) => m.check(now_ns, cost),
+            (Model::Gcra(m), true) => m.peek(now_ns, cost),
+            (Model::Fixed(m), false) => m.check(now_ns, cost),
+            (Model::Fixed(m), true) => m.peek(now_ns, cost),
+            (Model::Sliding(m), false) => m.check(now_ns, cost),
+            (Model::Sliding(m), true) => m.peek(now_ns, cost),
+            (Model::Log(m), false) => m.check(now_ns, cost),
+            (Model::Log(m), true) => m.peek(now_ns, cost),
+        }
+    }
+}
+
+/// The model's decision at the scripts' resolution: the sliding window's retry can
+/// fall between two microseconds (admitted 1 ns past a bound); the first whole
+/// microsecond after it is the script's answer. Every other number is whole already.
+fn whole_micros(d: Decision) -> Decision {
+    let retry = d
+        .retry_after_nanos()
+        .map(|ns| Duration::from_micros(ns.div_ceil(1_000)));
+    Decision::new(
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after(),
+        retry,
+    )
+}
+
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+/// Replays `ops` from `origin` µs through Redis and the model; the first difference
+/// fails the case.
+#[allow(clippy::too_many_arguments)]
+fn conform(
+    rt: &tokio::runtime::Runtime,
+    redis: &RedisLimiter,
+    algorithm: Algorithm,
+    limit: u64,
+    period_us: u64,
+    burst: u64,
+    origin: u64,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let key = format!("conform:{}", KEYS.fetch_add(1, Ordering::Relaxed));
+    let mut model = Model::new(algorithm, limit, period_us * 1_000, burst);
+    let mut now = origin + 3 * period_us;
+    for (i, op) in ops.iter().enumerate() {
+        now = now.saturating_add_signed(op.step).max(origin);
+        let got = rt.block_on(async {
+            if op.peek {
+                redis.peek_n_at_micros(&key, op.cost, now).await
+            } else {
+                redis.check_n_at_micros(&key, op.cost, now).await
+            }
+        });
+        let got = got.map_err(|e| TestCaseError::fail(format!("op {i}: {e}")))?;
+        let want = whole_micros(model.decide(now * 1_000, op.cost, op.peek));
+        prop_assert_eq!(got, want, "op {} {:?} at {} µs", i, op, now);
+    }
+    Ok(())
+}
+
+fn ops(period_us: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
+    let p = period_us as i64;
+    let op = (
+        prop_oneof![
+            4 => 0..=p / 2,
+            2 => 0..=2 * p,
+            1 => -p..0,
+            1 => Just(0),
+        ],
+        0..=max_cost,
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(step, cost, peek)| Op { step, cost, peek });
+    prop::collection::vec(op, 1..40)
+}
+
+/// (limit, period µs, burst, ops): periods are whole microseconds; for GCRA the
+/// period is `limit × T` so that `T` is whole microseconds too (the scripts'
+/// resolution), and the emission interval equals the model's `⌈P/L⌉`.
+fn case() -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
+    (1..=5_u64, 1..=2_000_u64, 1..=6_u64).prop_flat_map(|(limit, t, burst)| {
+        let period = limit * t;
+        let max_cost = limit.max(burst) as u32 + 1;
+        (
+            Just(limit),
+            Just(period),
+            Just(burst),
+            ops(period, max_cost),
+        )
+    })
+}
+
+/// 32 cases by default; PROPTEST_CASES raises it for a longer soak.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+fn run(algorithm: Algorithm) {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let config = config();
+    proptest!(config, |((limit, period, burst, ops) in case())| {
+        let policy = Policy::new(limit, Duration::from_micros(period))
+            .and_then(|p| p.with_burst(burst))
+            .map_err(|e| TestCaseError::reject(e.to_string()))?;
+        let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, Duration::from_secs(5));
+        for origin in [0, TODAY_MICROS] {
+            conform(&rt, &redis, algorithm, limit, period, burst, origin, &ops)?;
+        }
+    });
+}
+
+#[test]
+fn gcra_matches_the_exact_model() {
+    run(Algorithm::Gcra);
+}
+
+#[test]
+fn fixed_window_matches_the_exact_model() {
+    run(Algorithm::FixedWindow);
+}
+
+#[test]
+fn sliding_window_matches_the_exact_model() {
+    run(Algorithm::SlidingWindow);
+}
+
+#[test]
+fn sliding_log_matches_the_exact_model() {
+    run(Algorithm::SlidingLog);
+}
+
+/// A GCRA interval that is not whole microseconds is rounded up: the script serves
+/// the model of the rounded rate, never a faster one.
+#[test]
+fn gcra_rounds_the_interval_up_to_whole_microseconds() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // 3 per second: T = 333_333_334 ns, served as 333_334 µs.
+    let policy = Policy::per_second(3).unwrap();
+    let redis = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy,
+        OnFailure::Error,
+        Duration::from_secs(5),
+    );
+    let mut model = ExactGcra::new(3, 3 * 333_334_000, 3);
+    let mut now = TODAY_MICROS;
+    for (step, cost) in [(0, 3), (1, 1), (333_333, 1), (1, 1), (10, 2), (999_999, 3)] {
+        now += step;
+        let got = rt
+            .block_on(redis.check_n_at_micros("round", cost, now))
+            .unwrap();
+        assert_eq!(
+            got,
+            model.check(now * 1_000, cost),
+            "at {now} µs, cost {cost}"
+        );
+    }
+}
+
+/// Two or three limits on one key, all or nothing: the script's decision is the
+/// tightest of the models' decisions, and the models are charged only when all admit.
+#[test]
+fn several_limits_match_the_exact_models_all_or_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limit = (0..4_usize, 1..=4_u64, 1..=1_500_u64, 1..=5_u64);
+    let case = (prop::collection::vec(limit, 2..=3), ops(3_000, 6));
+    let config = config();
+    proptest!(config, |((limits, ops) in case)| {
+        let algorithm = |i: usize| common::ALGORITHMS[i];
+        let policy = |&(_, l, t, b): &(usize, u64, u64, u64)| {
+            Policy::new(l, Duration::from_micros(l * t)).and_then(|p| p.with_burst(b))
+        };
+        let (first, rest) = limits.split_first().unwrap();
+        let mut builder = RedisLimiter::builder(algorithm(first.0), policy(first).unwrap());
+        for l in rest {
+            builder = builder.and(algorithm(l.0), policy(l).unwrap());
+        }
+        let conn = rt.block_on(floodgate_redis::connect(&server.url())).unwrap();
+        let redis = builder
+            .prefix("test:")
+            .timeout(Duration::from_secs(5))
+            .build(conn)
+            .unwrap();
+        let key = format!("multi:{}", KEYS.fetch_add(1, Ordering::Relaxed));
+        let mut models: Vec<Model> = limits
+            .iter()
+            .map(|&(a, l, t, b)| Model::new(algorithm(a), l, l * t * 1_000, b))
+            .collect();
+        let mut now = TODAY_MICROS;
+        for (i, op) in ops.iter().enumerate() {
+            now = now.saturating_add_signed(op.step).max(TODAY_MICROS);
+            let got = rt.block_on(async {
+                if op.peek {
+                    redis.peek_n_at_micros(&key, op.cost, now).await
+                } else {
+                    redis.check_n_at_micros(&key, op.cost, now).await
+                }
+            });
+            let got = got.map_err(|e| TestCaseError::fail(format!("op {i}: {e}")))?;
+            let dry: Vec<Decision> = models
+                .iter_mut()
+                .map(|m| whole_micros(m.decide(now * 1_000, op.cost, true)))
+                .collect();
+            let all = dry.iter().all(Decision::is_allowed);
+            let decided = if all && !op.peek {
+                models
+                    .iter_mut()
+                    .map(|m| whole_micros(m.decide(now * 1_000, op.cost, false)))
+                    .collect()
+            } else {
+                dry
+            };
+            let want = if all {
+                decided.iter().copied().reduce(|a, d| if d.remaining() < a.remaining() { d } else { a })
+            } else {
+                let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+                decided
+                    .iter()
+                    .copied()
+                    .filter(|d| !d.is_allowed())
+                    .reduce(|a, d| if wait(&d) > wait(&a) { d } else { a })
+            };
+            prop_assert_eq!(Some(got), want, "op {} {:?} at {} µs", i, op, now);
+        }
+    });
+}

@@ -1,0 +1,129 @@
+//! The local denial cache: a denied key is answered without a round trip until its
+//! wait ends — even with Redis gone — while "never", smaller costs and cost 0 still
+//! go to Redis.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{runtime, RedisServer};
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+
+fn cached_limiter(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    policy: Policy,
+    keys: usize,
+) -> RedisLimiter {
+    let conn = rt
+        .block_on(floodgate_redis::connect(&server.url()))
+        .unwrap();
+    RedisLimiter::builder(Algorithm::Gcra, policy)
+        .prefix("test:")
+        .timeout(Duration::from_secs(1))
+        .on_failure(OnFailure::Error)
+        .deny_cache(keys)
+        .build(conn)
+        .unwrap()
+}
+
+#[test]
+fn a_denial_is_answered_locally_until_its_wait_ends() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // A burst of 3, one more an hour.
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(3)).unwrap();
+    let l = cached_limiter(&rt, &server, policy, 16);
+    assert!(rt
+        .block_on(l.check_n("k", 2))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    let denied = rt.block_on(l.check_n("k", 2)).unwrap();
+    assert!(matches!(denied, Verdict::Decided(d) if !d.is_allowed()));
+    assert_eq!(l.cached_denials(), 1);
+
+    // Redis is gone; costs of at least 2 are still denied, from the cache.
+    server.kill();
+    for cost in [2, 3] {
+        match rt.block_on(l.check_n("k", cost)) {
+            Ok(Verdict::Cached(d)) => {
+                assert!(!d.is_allowed());
+                let retry = d.retry_after().unwrap();
+                assert!(retry <= denied.decision().retry_after().unwrap());
+                assert!(retry > Duration::from_secs(3_000), "{retry:?}");
+            }
+            other => panic!("cost {cost}: a cached denial expected, got {other:?}"),
+        }
+    }
+    assert!(rt.block_on(l.peek_n("k", 2)).unwrap().is_cached());
+    // A smaller cost, cost 0 and "never" need Redis: errors now.
+    for cost in [1, 0, 4] {
+        assert!(rt.block_on(l.check_n("k", cost)).is_err(), "cost {cost}");
+    }
+}
+
+#[test]
+fn never_is_not_cached_and_a_wait_that_ended_goes_back_to_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // One per 300 ms.
+    let policy = Policy::new(1, Duration::from_millis(300)).unwrap();
+    let l = cached_limiter(&rt, &server, policy, 16);
+    let never = rt.block_on(l.check_n("k", 2)).unwrap();
+    assert!(matches!(never, Verdict::Decided(d) if d.retry_after().is_none()));
+    assert_eq!(l.cached_denials(), 0);
+
+    assert!(rt
+        .block_on(l.check_n("k", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    assert!(!rt
+        .block_on(l.check_n("k", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    // Within a generous bound the wait ends and Redis admits again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match rt.block_on(l.check_n("k", 1)).unwrap() {
+            Verdict::Decided(d) if d.is_allowed() => break,
+            Verdict::Cached(_) | Verdict::Decided(_) => {
+                assert!(Instant::now() < deadline, "never admitted again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_cache_holds_at_most_its_capacity() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let l = cached_limiter(&rt, &server, Policy::per_hour(1).unwrap(), 2);
+    for key in ["a", "b", "c", "d"] {
+        assert!(rt
+            .block_on(l.check_n(key, 1))
+            .unwrap()
+            .decision()
+            .is_allowed());
+        assert!(!rt
+            .block_on(l.check_n(key, 1))
+            .unwrap()
+            .decision()
+            .is_allowed());
+    }
+    assert_eq!(l.cached_denials(), 2);
+    // The uncached keys still get Redis's (identical) denial.
+    let d = rt.block_on(l.check_n("d", 1)).unwrap();
+    assert!(matches!(d, Verdict::Decided(d) if !d.is_allowed()));
+}

@@ -1,0 +1,238 @@
+//! Faults: a killed server, a restart on the same port, a flushed script cache, a
+//! blocked server, and keys holding what the scripts did not write. No call panics,
+//! each returns within generous bounds of its 50 ms timeout, and the limiter recovers
+//! by itself.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{limiter, runtime, RedisServer, ALGORITHMS};
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+/// What "within the timeout" means on a loaded machine: generous, never tight.
+const PROMPTLY: Duration = Duration::from_secs(1);
+
+fn policy() -> Policy {
+    Policy::per_second(1_000).unwrap()
+}
+
+/// Calls until Redis decides (the first call loads the script), up to `within`.
+fn until_decided(rt: &tokio::runtime::Runtime, limiter: &RedisLimiter, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        match rt.block_on(limiter.check_n("k", 1)) {
+            Ok(Verdict::Decided(_)) => return,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no decision from Redis within {within:?}: {other:?}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_server_fails_open_or_closed_promptly_and_a_restart_recovers() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let closed_wait = Duration::from_secs(3);
+    let open = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy(),
+        OnFailure::Open,
+        TIMEOUT,
+    );
+    let closed = limiter(
+        &rt,
+        &server,
+        Algorithm::SlidingLog,
+        policy(),
+        OnFailure::Closed {
+            retry_after: closed_wait,
+        },
+        TIMEOUT,
+    );
+    let error = limiter(
+        &rt,
+        &server,
+        Algorithm::FixedWindow,
+        policy(),
+        OnFailure::Error,
+        TIMEOUT,
+    );
+    for l in [&open, &closed, &error] {
+        until_decided(&rt, l, Duration::from_secs(5));
+    }
+
+    server.kill();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        match rt.block_on(open.check_n("k", 1)) {
+            Ok(Verdict::Fallback { decision, .. }) => assert!(decision.is_allowed()),
+            other => panic!("fail open expected: {other:?}"),
+        }
+        let t1 = Instant::now();
+        match rt.block_on(closed.check_n("k", 1)) {
+            Ok(Verdict::Fallback { decision, .. }) => {
+                assert!(!decision.is_allowed());
+                assert_eq!(decision.retry_after(), Some(closed_wait));
+            }
+            other => panic!("fail closed expected: {other:?}"),
+        }
+        let t2 = Instant::now();
+        match rt.block_on(error.check_n("k", 1)) {
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+            other => panic!("an error expected: {other:?}"),
+        }
+        // Through the AsyncLimit trait too: the policy's fallback, as Ok.
+        let d = rt
+            .block_on(floodgate::AsyncLimit::check_n(&open, "k", 1))
+            .unwrap();
+        assert!(d.is_allowed());
+        let t3 = Instant::now();
+        for dt in [t1 - t0, t2 - t1, t3 - t2] {
+            assert!(
+                dt < PROMPTLY,
+                "a call took {dt:?} with a {TIMEOUT:?} timeout"
+            );
+        }
+    }
+
+    server.restart();
+    for l in [&open, &closed, &error] {
+        until_decided(&rt, l, Duration::from_secs(10));
+    }
+}
+
+#[test]
+fn a_flushed_script_cache_is_reloaded_on_the_next_call() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    for algorithm in ALGORITHMS {
+        let l = limiter(
+            &rt,
+            &server,
+            algorithm,
+            policy(),
+            OnFailure::Error,
+            Duration::from_secs(5),
+        );
+        until_decided(&rt, &l, Duration::from_secs(5));
+        let _: () = server.cmd(&["SCRIPT", "FLUSH"]);
+        let v = rt.block_on(l.check_n("k", 1)).unwrap();
+        assert!(!v.is_fallback());
+    }
+}
+
+#[test]
+fn a_blocked_server_times_out_promptly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let error = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy(),
+        OnFailure::Error,
+        TIMEOUT,
+    );
+    let open = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy(),
+        OnFailure::Open,
+        TIMEOUT,
+    );
+    until_decided(&rt, &error, Duration::from_secs(5));
+    until_decided(&rt, &open, Duration::from_secs(5));
+
+    // DEBUG SLEEP 0.3 from a raw connection: the server blocks for 300 ms.
+    let url = server.url();
+    let addr = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut raw = TcpStream::connect(&addr).unwrap();
+    raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.3\r\n")
+        .unwrap();
+    // Give the server time to start sleeping; 200 ms of the sleep remain for two
+    // calls of 50 ms.
+    std::thread::sleep(Duration::from_millis(100));
+
+    let t0 = Instant::now();
+    let e = rt.block_on(error.check_n("k", 1)).unwrap_err();
+    assert!(
+        matches!(e, RedisLimitError::Timeout { after } if after == TIMEOUT),
+        "{e}"
+    );
+    let v = rt.block_on(open.check_n("k", 1)).unwrap();
+    assert!(v.is_fallback() && v.decision().is_allowed(), "{v:?}");
+    let dt = t0.elapsed();
+    assert!(
+        dt < PROMPTLY,
+        "two calls took {dt:?} with a {TIMEOUT:?} timeout"
+    );
+
+    // The sleep really happened (its +OK), and the connection serves again.
+    let mut ok = [0_u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"+OK\r\n");
+    until_decided(&rt, &error, Duration::from_secs(5));
+}
+
+#[test]
+fn keys_holding_other_data_are_typed_errors_not_panics() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    for algorithm in ALGORITHMS {
+        let l = limiter(
+            &rt,
+            &server,
+            algorithm,
+            policy(),
+            OnFailure::Error,
+            Duration::from_secs(5),
+        );
+        let _: () = server.cmd(&["SET", "test:garbage", "not:a:state:at:all"]);
+        let _: () = server.cmd(&["DEL", "test:list"]);
+        let _: i64 = server.cmd(&["RPUSH", "test:list", "x"]);
+        let _: () = server.cmd(&["DEL", "test:zset"]);
+        // A member without units at a live instant (the server's clock, give or take).
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros();
+        let _: i64 = server.cmd(&["ZADD", "test:zset", &now_us.to_string(), "no-units"]);
+        for key in ["garbage", "list", "zset"] {
+            if algorithm == Algorithm::SlidingLog && key == "garbage" {
+                // A string under a sorted-set script: WRONGTYPE, checked with "list".
+                continue;
+            }
+            if algorithm != Algorithm::SlidingLog && key == "zset" {
+                continue;
+            }
+            match rt.block_on(l.check_n(key, 1)) {
+                Err(RedisLimitError::Redis(e)) => assert!(!e.to_string().is_empty()),
+                other => panic!("{algorithm:?} on {key}: a Redis error expected, got {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! What the production scripts (server `TIME`) leave in Redis: idle keys expire, and
+//! a peek, a cost of 0, a cost above the capacity and a denial write nothing.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{limiter, runtime, RedisServer, ALGORITHMS};
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+
+fn decided(v: Result<Verdict, floodgate_redis::RedisLimitError>) -> floodgate::Decision {
+    match v {
+        Ok(Verdict::Decided(d)) => d,
+        other => panic!("no decision from Redis: {other:?}"),
+    }
+}
+
+fn slow(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    a: Algorithm,
+    p: Policy,
+) -> RedisLimiter {
+    limiter(rt, server, a, p, OnFailure::Error, Duration::from_secs(5))
+}
+
+#[test]
+fn idle_keys_expire() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // 2 per 600 ms: every state is fresh again within 1.2 s.
+    let policy = Policy::new(2, Duration::from_millis(600)).unwrap();
+    for algorithm in ALGORITHMS {
+        let l = slow(&rt, &server, algorithm, policy);
+        for key in ["a", "b", "c"] {
+            assert!(decided(rt.block_on(l.check_n(key, 1))).is_allowed());
+        }
+        // Written (the last key at least is still there on a loaded machine), with a
+        // TTL within the policy's bound (-2: expired already; -1, none, fails).
+        assert!(
+            server.cmd::<i64>(&["DBSIZE"]) > 0,
+            "{algorithm:?} wrote nothing"
+        );
+        let ttl: i64 = server.cmd(&["PTTL", "test:c"]);
+        assert!(
+            ttl == -2 || (1..=1_200).contains(&ttl),
+            "{algorithm:?}: PTTL {ttl}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.cmd::<i64>(&["DBSIZE"]) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{algorithm:?}: keys outlived their TTL"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn peeks_zero_costs_impossible_costs_and_denials_write_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let policy = Policy::per_hour(3).unwrap();
+    for algorithm in ALGORITHMS {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let l = slow(&rt, &server, algorithm, policy);
+        let peek = decided(rt.block_on(l.peek_n("k", 1)));
+        assert!(peek.is_allowed());
+        assert_eq!(peek.remaining(), 2);
+        let zero = decided(rt.block_on(l.check_n("k", 0)));
+        assert!(zero.is_allowed());
+        assert_eq!(zero.remaining(), 3);
+        let never = decided(rt.block_on(l.check_n("k", 4)));
+        assert!(!never.is_allowed());
+        assert_eq!(
+            never.retry_after(),
+            None,
+            "{algorithm:?}: cost 4 > 3 never fits"
+        );
+        assert_eq!(
+            server.cmd::<i64>(&["DBSIZE"]),
+            0,
+            "{algorithm:?} wrote a key"
+        );
+
+        // Fill it, then a denial leaves the stored state as it was.
+        assert!(decided(rt.block_on(l.check_n("k", 3))).is_allowed());
+        let before: Vec<u8> = server.cmd(&["DUMP", "test:k"]);
+        let denied = decided(rt.block_on(l.check_n("k", 1)));
+        assert!(!denied.is_allowed());
+        assert!(denied.retry_after().is_some_and(|r| r > Duration::ZERO));
+        let peeked = decided(rt.block_on(l.peek_n("k", 1)));
+        assert_eq!(peeked.is_allowed(), denied.is_allowed());
+        let after: Vec<u8> = server.cmd(&["DUMP", "test:k"]);
+        assert_eq!(
+            before, after,
+            "{algorithm:?}: a denial or a peek changed the state"
+        );
+    }
+}
+
+#[test]
+fn the_server_clock_drives_gcra() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // 1 per hour, burst 2: two at once, the third waits about an hour.
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
+    let l = slow(&rt, &server, Algorithm::Gcra, policy);
+    for remaining in [1, 0] {
+        let d = decided(rt.block_on(l.check_n("gcra", 1)));
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), remaining);
+    }
+    let d = decided(rt.block_on(l.check_n("gcra", 1)));
+    assert!(!d.is_allowed());
+    let retry = d.retry_after().unwrap();
+    // Generous bounds: an hour less the (short) time since the first call.
+    assert!(retry <= Duration::from_secs(3_600), "{retry:?}");
+    assert!(retry > Duration::from_secs(3_500), "{retry:?}");
+    let ttl: i64 = server.cmd(&["PTTL", "test:gcra"]);
+    assert!(ttl > 7_000_000 && ttl <= 7_200_000, "PTTL {ttl}");
+}
+
+#[test]
+fn several_limits_share_a_hash_tag_and_charge_all_or_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let conn = rt
+        .block_on(floodgate_redis::connect(&server.url()))
+        .unwrap();
+    // A burst of 5 an hour, and at most 2 in a fixed hour.
+    let l = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(5).unwrap())
+        .and(Algorithm::FixedWindow, Policy::per_hour(2).unwrap())
+        .prefix("test:")
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error)
+        .build(conn)
+        .unwrap();
+    assert_eq!(l.redis_keys("u"), ["test:{u}:0", "test:{u}:1"]);
+    let first = decided(rt.block_on(l.check_n("u", 1)));
+    assert!(first.is_allowed());
+    assert_eq!(
+        first.remaining(),
+        1,
+        "the window's 1 left, not the bucket's 4"
+    );
+    assert!(decided(rt.block_on(l.check_n("u", 1))).is_allowed());
+    let bucket: Vec<u8> = server.cmd(&["DUMP", "test:{u}:0"]);
+    let denied = decided(rt.block_on(l.check_n("u", 1)));
+    assert!(!denied.is_allowed(), "the window denies");
+    assert_eq!(denied.limit(), 2);
+    let after: Vec<u8> = server.cmd(&["DUMP", "test:{u}:0"]);
+    assert_eq!(bucket, after, "a denial by one limit charges none");
+    assert_eq!(server.cmd::<i64>(&["DBSIZE"]), 2);
+    for key in ["test:{u}:0", "test:{u}:1"] {
+        assert!(server.cmd::<i64>(&["PTTL", key]) > 0, "{key} has a TTL");
+    }
+}
