@@ -609,3 +609,31 @@ fn a_full_window_never_packs_to_the_dead_word() {
     assert!(!over.is_allowed());
     assert_eq!(over, direct.check_n(1));
 }
+
+/// `peek(n)` is exactly the next `check_n(n)`, also where that check is refused
+/// because its transition would store the table's reserved dead word (a GCRA `TAT`
+/// of `u64::MAX` ns): for a fresh key and for a stored one, on every table.
+#[test]
+fn peek_equals_check_where_the_next_state_would_be_the_dead_word() {
+    const T: u64 = 1_000_000_000;
+    for kind in KINDS {
+        // Burst 1: a fresh key's first unit would book TAT = now + T = u64::MAX.
+        let clock = ManualClock::starting_at(Nanos::new(u64::MAX - T));
+        let gcra = Gcra::new(Policy::per_second(1).unwrap());
+        let limiter = keyed_as(kind, gcra, 16, 1, &clock);
+        let peeked = limiter.peek(&7, 1);
+        let checked = limiter.check_n(&7, 1);
+        assert!(!checked.is_allowed(), "{kind:?}");
+        assert_eq!(peeked, checked, "{kind:?}: fresh key");
+
+        // Burst 2: the stored key's second unit would book TAT = u64::MAX.
+        let clock = ManualClock::starting_at(Nanos::new(u64::MAX - 2 * T));
+        let gcra = Gcra::new(Policy::new(2, Duration::from_secs(2)).unwrap());
+        let limiter = keyed_as(kind, gcra, 16, 1, &clock);
+        assert!(limiter.check_n(&7, 1).is_allowed(), "{kind:?}");
+        let peeked = limiter.peek(&7, 1);
+        let checked = limiter.check_n(&7, 1);
+        assert!(!checked.is_allowed(), "{kind:?}");
+        assert_eq!(peeked, checked, "{kind:?}: stored key");
+    }
+}

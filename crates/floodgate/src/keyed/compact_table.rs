@@ -234,7 +234,11 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                     .map_or(0, |(_, seen)| state_half(seen))
             }
         };
-        algorithm.decide(state_of(bits), now, cost).0
+        // As `check` decides: a transition to the dead word is refused.
+        match algorithm.decide(state_of(bits), now, cost) {
+            (decision, Some(next)) if to_bits(&next) == DEAD => decision.refused(),
+            (decision, _) => decision,
+        }
     }
 }
 

@@ -406,7 +406,7 @@ where
             Some(entry) => {
                 let state = entry.state.load(Ordering::Relaxed);
                 if !is_dead(&state) {
-                    return algorithm.decide(state, now, cost).0;
+                    return decide_unwritten(algorithm, state, now, cost);
                 }
             }
             None => {
@@ -415,7 +415,7 @@ where
                 fence(Ordering::Acquire);
                 let after = shard.version.load(Ordering::Relaxed);
                 if before == after && before % 2 == 0 {
-                    return algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost).0;
+                    return decide_unwritten(algorithm, bytemuck::Zeroable::zeroed(), now, cost);
                 }
             }
         }
@@ -424,7 +424,7 @@ where
             Some(entry) => entry.state.load(Ordering::Relaxed),
             None => bytemuck::Zeroable::zeroed(),
         };
-        algorithm.decide(state, now, cost).0
+        decide_unwritten(algorithm, state, now, cost)
     }
 
     /// Applies `step` to `key`'s state word if the key is present (no insertion).
@@ -571,6 +571,19 @@ fn isqrt(n: usize) -> usize {
         y = (x + n / x) / 2;
     }
     x
+}
+
+/// The decision `check` would take on `state`, without writing: a transition to the
+/// dead word is refused there, so it is refused here too.
+#[inline(always)]
+fn decide_unwritten<A>(algorithm: &A, state: A::State, now: Nanos, cost: u32) -> Decision
+where
+    A: Algorithm + ?Sized,
+{
+    match algorithm.decide(state, now, cost) {
+        (decision, Some(next)) if is_dead(&next) => decision.refused(),
+        (decision, _) => decision,
+    }
 }
 
 /// Runs the decision on a live entry; `None` when the entry is dead.
