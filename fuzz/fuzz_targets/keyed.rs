@@ -47,7 +47,10 @@ fuzz_target!(|input: Input| {
     else {
         return;
     };
-    let fresh = || ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst());
+    let fresh = || {
+        ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst())
+            .expect("numbers a Policy accepted")
+    };
     let mut model: HashMap<u8, ExactGcra> = HashMap::new();
     for op in &input.ops {
         let evicted_before = keyed.metrics().evicted;

@@ -190,7 +190,7 @@ proptest! {
         let policy = Policy::new(limit, Duration::from_nanos(period)).unwrap().with_burst(burst).unwrap();
         let atomic = Shaper::with_clock(policy, ManualClock::new());
         let locked = Shaper::locked_with_clock(policy, ManualClock::new());
-        let mut model = ExactShaper::new(limit, period, burst);
+        let mut model = ExactShaper::new(limit, period, burst).unwrap();
         let mut held: Vec<(Reservation, Reservation, ExactSlot)> = Vec::new();
         let mut now = 1_000_000 * MS;
         for (step_ms, cost, max_ms, cancel) in ops {
