@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use floodgate::{
     Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
-    KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
-    SlidingWindow, TokenBucket,
+    KeyedError, KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow, TokenBucket, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
 use proptest::prelude::*;
 
@@ -636,4 +636,62 @@ fn peek_equals_check_where_the_next_state_would_be_the_dead_word() {
         assert!(!checked.is_allowed(), "{kind:?}");
         assert_eq!(peeked, checked, "{kind:?}: stored key");
     }
+}
+
+/// A capacity whose slot array is over the memory budget is a `KeyedError` naming
+/// both numbers, returned before anything is allocated (the largest capacity used to
+/// abort the process: ≈ 78.6 GB written up front); one exactly at the budget builds.
+#[test]
+fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
+    let builder = || KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap())).shards(1);
+    // The default budget refuses the largest capacity, on both tables, at once.
+    let most = builder().capacity(MAX_CAPACITY);
+    let bytes = most.slot_bytes().unwrap();
+    assert!(bytes > 78_000_000_000, "{bytes}");
+    let over = KeyedError::OverMemoryBudget {
+        capacity: MAX_CAPACITY,
+        slot_bytes: bytes,
+        budget: DEFAULT_MEMORY_BUDGET,
+    };
+    assert_eq!(most.clone().build_compact::<u64>().unwrap_err(), over);
+    assert_eq!(most.clone().build_fingerprint::<str>().unwrap_err(), over);
+    assert_eq!(most.build::<u64>().unwrap_err(), over);
+
+    // Around the default budget (16 bytes a slot, 8 slots for 7 keys): the largest
+    // capacity that fits and the next one, without building the big one.
+    let fits = DEFAULT_MEMORY_BUDGET / 16 / 8 * 7;
+    assert!(builder().capacity(fits).slot_bytes().unwrap() <= DEFAULT_MEMORY_BUDGET);
+    let next = builder().capacity(fits + 1);
+    let bytes = next.slot_bytes().unwrap();
+    assert!(bytes > DEFAULT_MEMORY_BUDGET);
+    assert_eq!(
+        next.build_compact::<u64>().unwrap_err(),
+        KeyedError::OverMemoryBudget {
+            capacity: fits + 1,
+            slot_bytes: bytes,
+            budget: DEFAULT_MEMORY_BUDGET,
+        }
+    );
+
+    // Just under and just over a small budget, on both tables.
+    let small = builder().capacity(1_000).shards(4);
+    let need = small.slot_bytes().unwrap();
+    let at = small.clone().memory_budget(need);
+    assert_eq!(at.clone().build::<u64>().unwrap().slot_bytes(), need);
+    assert_eq!(at.build_compact::<u64>().unwrap().slot_bytes(), need);
+    let under = small.memory_budget(need - 1);
+    let err = KeyedError::OverMemoryBudget {
+        capacity: 1_000,
+        slot_bytes: need,
+        budget: need - 1,
+    };
+    assert_eq!(under.clone().build::<u64>().unwrap_err(), err);
+    assert_eq!(under.build_compact::<u64>().unwrap_err(), err);
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a key capacity of 1000 needs {need} bytes of slots, over the memory budget of {} bytes",
+            need - 1
+        )
+    );
 }
