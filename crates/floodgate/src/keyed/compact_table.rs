@@ -452,7 +452,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::gcra::{Gcra, GcraState};

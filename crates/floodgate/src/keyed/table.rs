@@ -831,7 +831,7 @@ impl<K, S> Drop for Table<K, S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     //! Small enough for Miri, which checks the table's `unsafe` (entry lifetimes,
     //! frees, data races). crossbeam-epoch casts integers to pointers and breaks
