@@ -34,7 +34,9 @@
 //!   (for `u64` keys: ≈ 18.5 + 16 bytes of payload per key at full capacity), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
 //!   that backlog stays small: the 10 M-key flood test peaks at 35.0 bytes per key
-//!   of capacity, all included.
+//!   of capacity, all included. A build whose slot array would pass the
+//!   [memory budget](KeyedBuilder::memory_budget) (4 GiB by default) is refused with
+//!   [`KeyedError::OverMemoryBudget`] before anything is allocated.
 //! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
 //!   share, a clock hand inspects the next few slots and drops idle keys (state equal
 //!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. A denied or cost-0
@@ -355,7 +357,8 @@ impl fmt::Display for KeyedError {
 
 impl std::error::Error for KeyedError {}
 
-/// Configures a [`KeyedLimiter`]: capacity, shard count, clock.
+/// Configures a [`KeyedLimiter`] (or a [`CompactKeyedLimiter`]): capacity, shard
+/// count, memory budget, clock.
 ///
 /// # Examples
 ///
