@@ -36,11 +36,19 @@ enum Model {
 
 impl Model {
     fn new(algorithm: Algorithm, limit: u64, period_ns: u64, burst: u64) -> Model {
+        // The numbers come from a policy the limiter accepted: the models accept them.
+        const VALID: &str = "a policy the limiter accepted";
         match algorithm {
-            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst)),
-            Algorithm::FixedWindow => Model::Fixed(ExactFixedWindow::new(limit, period_ns)),
-            Algorithm::SlidingWindow => Model::Sliding(ExactSlidingWindow::new(limit, period_ns)),
-            Algorithm::SlidingLog => Model::Log(ExactSlidingLog::new(limit, period_ns)),
+            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst).expect(VALID)),
+            Algorithm::FixedWindow => {
+                Model::Fixed(ExactFixedWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingWindow => {
+                Model::Sliding(ExactSlidingWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingLog => {
+                Model::Log(ExactSlidingLog::new(limit, period_ns).expect(VALID))
+            }
             _ => unreachable!("every algorithm has a model"),
         }
     }
@@ -209,7 +217,7 @@ fn gcra_rounds_the_interval_up_to_whole_microseconds() {
         OnFailure::Error,
         Duration::from_secs(5),
     );
-    let mut model = ExactGcra::new(3, 3 * 333_334_000, 3);
+    let mut model = ExactGcra::new(3, 3 * 333_334_000, 3).expect("a valid policy");
     let mut now = TODAY_MICROS;
     for (step, cost) in [(0, 3), (1, 1), (333_333, 1), (1, 1), (10, 2), (999_999, 3)] {
         now += step;
