@@ -437,7 +437,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        self.charge(algorithm, key, now, cost).decision
+        self.decide::<false, Q, A>(algorithm, key, now, cost).decision
     }
 
     /// [`check`](Table::check), also returning what the admission wrote and what a
@@ -455,12 +455,33 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
+        self.decide::<true, Q, A>(algorithm, key, now, cost)
+    }
+
+    /// The decision path of `check` and `charge`; only a charge (`RECEIPT`) reads
+    /// what its receipt compares (atomic loads a plain check would not remove).
+    #[inline(always)]
+    fn decide<const RECEIPT: bool, Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
         let (shard, tag) = self.locate(key);
         let guard = pin();
         // Read before the probe: a removal of the entry found below happens after
         // this read, so a refund sees the generation move.
-        let generation = shard.removals.generation();
-        let noted = shard.removals.ledger.note();
+        let (generation, noted) = if RECEIPT {
+            (shard.removals.generation(), shard.removals.ledger.note())
+        } else {
+            (0, 0)
+        };
         if let Some(entry) = shard.find(tag, key, &guard) {
             let now = shard.removals.clamp(now);
             if let Some((decision, charge)) = charge_live(algorithm, &entry.state, now, cost) {
