@@ -1,0 +1,724 @@
+//! The tower [`Layer`] and [`Service`]: rules, strategies, headers and counters.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use floodgate::{AsyncLimit, Decision, Policy};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::body::RateLimitBody;
+use crate::error::ConfigError;
+use crate::extract::{KeyError, KeyExtractor};
+use crate::headers::{
+    duration_window_secs, insert_retry_after, legacy_headers, list_value, render_limit,
+    render_policy, window_secs, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat,
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_EXCEEDED,
+};
+use crate::stats::{Count, Counters, RuleStats};
+
+/// What a rule does when it would deny a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Reject it: 429 with `Retry-After` (or the never-fits status). The default.
+    #[default]
+    Hard,
+    /// Let it through, marked with `X-RateLimit-Exceeded: "<rule>"`, and count it.
+    Soft,
+    /// Dry run: decide and count, never block, and leave the headers alone unless
+    /// [`HeaderOptions::include_shadow`] is set.
+    Shadow,
+}
+
+/// What a rule does when its extractor finds no usable key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnMissingKey<K> {
+    /// Answer `400 Bad Request` saying which key is missing or malformed. The default.
+    Reject,
+    /// Count the request against this one shared bucket (and in `bad_key`).
+    Fallback(K),
+}
+
+/// What the layer does when a limiter fails (a backend error).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnLimiterError {
+    /// Answer `503 Service Unavailable`. The default: a failing limiter admits nothing.
+    #[default]
+    FailClosed,
+    /// Skip the rule for this request, as if it had admitted.
+    FailOpen,
+}
+
+/// One limit applied to every request: a name (its policy id in the headers), a
+/// limiter, an extractor for its key, and how to act on a denial.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy};
+/// use floodgate_http::{PeerIp, Rule, Strategy};
+/// use std::net::IpAddr;
+/// let policy = Policy::per_minute(10)?;
+/// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(policy);
+/// let rule = Rule::new("per-ip", per_ip, PeerIp::new())?
+///     .window_of(&policy)
+///     .strategy(Strategy::Hard);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Rule<L, E: KeyExtractor> {
+    name: PolicyName,
+    limiter: Arc<L>,
+    extractor: E,
+    strategy: Strategy,
+    cost: u32,
+    window: Option<u64>,
+    on_missing: OnMissingKey<E::Key>,
+}
+
+impl<L, E> Rule<L, E>
+where
+    L: AsyncLimit<E::Key> + 'static,
+    E: KeyExtractor,
+{
+    /// A hard rule named `name` (see [`PolicyName`]) charging cost 1 per request.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn new(name: &str, limiter: impl Into<Arc<L>>, extractor: E) -> Result<Self, ConfigError> {
+        Ok(Rule {
+            name: PolicyName::new(name)?,
+            limiter: limiter.into(),
+            extractor,
+            strategy: Strategy::Hard,
+            cost: 1,
+            window: None,
+            on_missing: OnMissingKey::Reject,
+        })
+    }
+
+    /// Acts on denials with `strategy`.
+    pub fn strategy(self, strategy: Strategy) -> Self {
+        Rule { strategy, ..self }
+    }
+
+    /// Charges `cost` units per request (0 reports without charging).
+    pub fn cost(self, cost: u32) -> Self {
+        Rule { cost, ..self }
+    }
+
+    /// Advertises `w` = `window` in whole seconds (rounded up, at least 1).
+    pub fn window(self, window: Duration) -> Self {
+        Rule {
+            window: Some(duration_window_secs(window)),
+            ..self
+        }
+    }
+
+    /// Advertises the GCRA window of `policy`: `⌈B·T⌉` seconds ([`window_secs`]).
+    pub fn window_of(self, policy: &Policy) -> Self {
+        Rule {
+            window: Some(window_secs(policy)),
+            ..self
+        }
+    }
+
+    /// What to do when the extractor finds no usable key.
+    pub fn on_missing_key(self, on_missing: OnMissingKey<E::Key>) -> Self {
+        Rule { on_missing, ..self }
+    }
+}
+
+impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("extractor", &self.extractor)
+            .field("strategy", &self.strategy)
+            .field("cost", &self.cost)
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A rule's work for one request, begun.
+struct Started<'a> {
+    /// The key could not be extracted (the check, if any, runs on the fallback key).
+    key_error: Option<KeyError>,
+    partition_key: Option<[u8; 16]>,
+    /// `None` when the request is to be rejected for its key.
+    check: Option<BoxFuture<'a, Result<Decision, String>>>,
+}
+
+/// A rule with its key and limiter types erased, so one layer holds rules on
+/// different keys (global, per client, per endpoint).
+trait ErasedRule: Send + Sync {
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
+}
+
+impl<L, E> ErasedRule for Rule<L, E>
+where
+    L: AsyncLimit<E::Key> + 'static,
+    E: KeyExtractor,
+{
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
+        enum Key<'a, K> {
+            Own(K),
+            Fallback(&'a K),
+        }
+        let (key, key_error) = match self.extractor.extract(parts) {
+            Ok(k) => (Key::Own(k), None),
+            Err(e) => match &self.on_missing {
+                OnMissingKey::Reject => {
+                    return Started {
+                        key_error: Some(e),
+                        partition_key: None,
+                        check: None,
+                    }
+                }
+                OnMissingKey::Fallback(k) => (Key::Fallback(k), Some(e)),
+            },
+        };
+        let key_ref = match &key {
+            Key::Own(k) => k,
+            Key::Fallback(k) => *k,
+        };
+        let partition_key = hasher.map(|h| h.hash(key_ref));
+        let limiter = &*self.limiter;
+        let cost = self.cost;
+        let check = Box::pin(async move {
+            let key = match &key {
+                Key::Own(k) => k,
+                Key::Fallback(k) => *k,
+            };
+            limiter.check_n(key, cost).await.map_err(|e| e.to_string())
+        });
+        Started {
+            key_error,
+            partition_key,
+            check: Some(check),
+        }
+    }
+}
+
+struct RuleEntry {
+    name: PolicyName,
+    strategy: Strategy,
+    window: Option<u64>,
+    rule: Box<dyn ErasedRule>,
+    counters: Counters,
+}
+
+/// Which header families the layer writes, on every response it passes or answers.
+///
+/// The default writes both families: `X-RateLimit-Limit/-Remaining/-Reset` (reset in
+/// seconds from now) and `RateLimit-Policy` / `RateLimit`
+/// (draft-ietf-httpapi-ratelimit-headers-10), without `pk`, leaving shadow rules out.
+/// `Retry-After` is always written on a 429.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::{HeaderOptions, PartitionKeyHasher, ResetFormat};
+/// let opts = HeaderOptions::default()
+///     .legacy(Some(ResetFormat::UnixEpoch))
+///     .partition_key(PartitionKeyHasher::new([42; 16]));
+/// ```
+#[derive(Clone, Debug)]
+pub struct HeaderOptions {
+    legacy: Option<ResetFormat>,
+    ietf: bool,
+    shadow: bool,
+    partition_key: Option<PartitionKeyHasher>,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> HeaderOptions {
+        HeaderOptions {
+            legacy: Some(ResetFormat::Seconds),
+            ietf: true,
+            shadow: false,
+            partition_key: None,
+        }
+    }
+}
+
+impl HeaderOptions {
+    /// Writes the `X-RateLimit-*` trio with `format` for the reset, or not (`None`).
+    ///
+    /// The trio holds one decision: the denying rule's on a 429, else the visible
+    /// rule with the least `remaining` (the longest reset on a tie).
+    pub fn legacy(self, format: Option<ResetFormat>) -> Self {
+        HeaderOptions {
+            legacy: format,
+            ..self
+        }
+    }
+
+    /// Writes `RateLimit-Policy` and `RateLimit` (one member per visible rule), or not.
+    pub fn ietf(self, on: bool) -> Self {
+        HeaderOptions { ietf: on, ..self }
+    }
+
+    /// Shows shadow rules in the headers too (by default they alter nothing).
+    pub fn include_shadow(self, on: bool) -> Self {
+        HeaderOptions { shadow: on, ..self }
+    }
+
+    /// Adds `pk` (a keyed hash of each rule's key) to the IETF members.
+    pub fn partition_key(self, hasher: PartitionKeyHasher) -> Self {
+        HeaderOptions {
+            partition_key: Some(hasher),
+            ..self
+        }
+    }
+}
+
+struct Shared {
+    rules: Box<[RuleEntry]>,
+    headers: HeaderOptions,
+    never_status: StatusCode,
+    on_error: OnLimiterError,
+}
+
+/// A tower [`Layer`] that rate-limits every request by its [`Rule`]s.
+///
+/// Works with `axum::Router::layer`, `tower::ServiceBuilder` and plain hyper (through
+/// `hyper_util::service::TowerToHyperService`). Cloning is cheap (one `Arc`); keep a
+/// clone to read [`stats`](RateLimitLayer::stats).
+///
+/// # How rules combine
+///
+/// Rules are checked **in order**, each with `check_n` (awaited: a remote limiter
+/// works too), and the first **hard** denial stops the walk: the request is answered
+/// 429 and the rules after it are neither charged nor counted. Rules *before* it keep
+/// their charge (the [`AsyncLimit`] trait has no refund), so this is not
+/// all-or-nothing across rules: put the rule most likely to deny (per client) before
+/// the shared ones (global), so a flooding client is stopped before it spends the
+/// global budget. Soft and shadow rules never stop the walk.
+///
+/// # Responses
+///
+/// * every response, passed or answered: the header families of [`HeaderOptions`];
+/// * a hard denial: `429 Too Many Requests`, `Retry-After` in whole seconds rounded
+///   up (never 0), a `text/plain` body naming the rule;
+/// * a request that can never fit (cost above the capacity): the never-fits status
+///   (429 by default, [`RateLimitLayerBuilder::never_status`]), **no** `Retry-After`,
+///   a body saying so;
+/// * no usable key and [`OnMissingKey::Reject`]: `400 Bad Request` saying why;
+/// * a limiter error and [`OnLimiterError::FailClosed`]: `503 Service Unavailable`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy, RateLimiter};
+/// use floodgate_http::{Global, PeerIp, RateLimitLayer, Rule, Strategy};
+/// use std::net::IpAddr;
+///
+/// let per_ip_policy = Policy::per_minute(10)?;
+/// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(per_ip_policy);
+/// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("per-ip", per_ip, PeerIp::new())?.window_of(&per_ip_policy))
+///     .rule(Rule::new("global", global, Global)?.strategy(Strategy::Shadow))
+///     .build()?;
+/// assert_eq!(layer.stats()[0].name, "per-ip");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.shared.rules.iter().map(|r| r.name.as_str()).collect();
+        f.debug_struct("RateLimitLayer")
+            .field("rules", &names)
+            .field("headers", &self.shared.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RateLimitLayer`].
+#[must_use = "a builder does nothing until built"]
+pub struct RateLimitLayerBuilder {
+    rules: Vec<RuleEntry>,
+    headers: HeaderOptions,
+    never_status: StatusCode,
+    on_error: OnLimiterError,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("rules", &self.rules.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds `rule`, checked after the rules added before it.
+    pub fn rule<L, E>(mut self, rule: Rule<L, E>) -> Self
+    where
+        L: AsyncLimit<E::Key> + 'static,
+        E: KeyExtractor,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: rule.strategy,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Which headers to write.
+    pub fn headers(self, headers: HeaderOptions) -> Self {
+        RateLimitLayerBuilder { headers, ..self }
+    }
+
+    /// The status for a request that can never fit (429 by default; 413 or 400 are
+    /// common choices).
+    pub fn never_status(self, status: StatusCode) -> Self {
+        RateLimitLayerBuilder {
+            never_status: status,
+            ..self
+        }
+    }
+
+    /// What to do when a limiter fails.
+    pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
+        RateLimitLayerBuilder { on_error, ..self }
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::DuplicateRule`] when two rules share a name.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        for (i, r) in self.rules.iter().enumerate() {
+            if self.rules[..i].iter().any(|o| o.name == r.name) {
+                return Err(ConfigError::DuplicateRule {
+                    name: r.name.as_str().to_owned(),
+                });
+            }
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                rules: self.rules.into_boxed_slice(),
+                headers: self.headers,
+                never_status: self.never_status,
+                on_error: self.on_error,
+            }),
+        })
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder with no rules, both header families, never-fits status 429, and
+    /// fail-closed on limiter errors.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            rules: Vec::new(),
+            headers: HeaderOptions::default(),
+            never_status: StatusCode::TOO_MANY_REQUESTS,
+            on_error: OnLimiterError::FailClosed,
+        }
+    }
+
+    /// The counters of every rule, in rule order.
+    pub fn stats(&self) -> Vec<RuleStats> {
+        self.shared
+            .rules
+            .iter()
+            .map(|r| r.counters.read(&r.name))
+            .collect()
+    }
+
+    /// The counters of the rule named `name`.
+    pub fn rule_stats(&self, name: &str) -> Option<RuleStats> {
+        self.shared
+            .rules
+            .iter()
+            .find(|r| r.name.as_str() == name)
+            .map(|r| r.counters.read(&r.name))
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The [`Service`] a [`RateLimitLayer`] wraps around `S`.
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> RateLimitService<S> {
+    /// The counters of every rule, in rule order.
+    pub fn stats(&self) -> Vec<RuleStats> {
+        RateLimitLayer {
+            shared: Arc::clone(&self.shared),
+        }
+        .stats()
+    }
+}
+
+/// The future of [`RateLimitService::call`].
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// One visible rule's numbers for the headers.
+#[derive(Clone, Copy)]
+struct Shown {
+    rule: usize,
+    decision: Decision,
+    partition_key: Option<[u8; 16]>,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone is the one that is not yet ready; the ready one serves this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let verdict = decide(&shared, &parts).await;
+            let mut extra = HeaderMap::new();
+            render(&shared, &verdict, &mut extra);
+            if let Some(reply) = verdict.reply {
+                let mut resp = reply;
+                resp.headers_mut().extend(extra);
+                return Ok(resp);
+            }
+            let resp = inner.call(Request::from_parts(parts, body)).await?;
+            let (mut head, body) = resp.into_parts();
+            head.headers.extend(extra);
+            Ok(Response::from_parts(head, RateLimitBody::inner(body)))
+        })
+    }
+}
+
+/// What the rules decided for one request.
+struct Verdict<B> {
+    shown: Vec<Shown>,
+    exceeded: Vec<usize>,
+    /// The hard denial that stopped the walk.
+    denial: Option<Shown>,
+    /// The layer's own answer (429, never-fits, 400, 503), headers still to add.
+    reply: Option<Response<RateLimitBody<B>>>,
+}
+
+async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
+    let mut v = Verdict {
+        shown: Vec::with_capacity(shared.rules.len()),
+        exceeded: Vec::new(),
+        denial: None,
+        reply: None,
+    };
+    let hasher = shared.headers.partition_key.as_ref();
+    for (i, entry) in shared.rules.iter().enumerate() {
+        let started = entry.rule.start(parts, hasher);
+        if let Some(e) = &started.key_error {
+            entry.counters.bump(Count::BadKey);
+            if started.check.is_none() {
+                let text = format!("{e} (rate limit \"{}\")\n", entry.name);
+                v.reply = Some(reply(StatusCode::BAD_REQUEST, text));
+                return v;
+            }
+        }
+        let Some(check) = started.check else {
+            continue;
+        };
+        let decision = match check.await {
+            Ok(d) => d,
+            Err(_error) => {
+                entry.counters.bump(Count::Error);
+                #[cfg(feature = "tracing")]
+                tracing::warn!(rule = %entry.name, error = %_error, "rate limiter failed");
+                match shared.on_error {
+                    OnLimiterError::FailOpen => continue,
+                    OnLimiterError::FailClosed => {
+                        let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
+                        v.reply = Some(reply(StatusCode::SERVICE_UNAVAILABLE, text));
+                        return v;
+                    }
+                }
+            }
+        };
+        let shown = Shown {
+            rule: i,
+            decision,
+            partition_key: started.partition_key,
+        };
+        if decision.is_allowed() {
+            entry.counters.bump(Count::Allowed);
+        } else {
+            match entry.strategy {
+                Strategy::Hard => {
+                    entry.counters.bump(Count::Denied);
+                    #[cfg(feature = "tracing")]
+                    tracing::info!(
+                        rule = %entry.name,
+                        retry_after_secs = ?decision.retry_after_secs(),
+                        "request denied"
+                    );
+                    let (status, text) = match decision.retry_after_secs() {
+                        Some(secs) => (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            format!(
+                                "rate limit \"{}\" exceeded; retry after {secs} s\n",
+                                entry.name
+                            ),
+                        ),
+                        None => (
+                            shared.never_status,
+                            format!(
+                                "rate limit \"{}\": this request costs more than the limit's capacity and can never be admitted\n",
+                                entry.name
+                            ),
+                        ),
+                    };
+                    v.reply = Some(reply(status, text));
+                    v.shown.push(shown);
+                    v.denial = Some(shown);
+                    return v;
+                }
+                Strategy::Soft => {
+                    entry.counters.bump(Count::Soft);
+                    v.exceeded.push(i);
+                }
+                Strategy::Shadow => {
+                    entry.counters.bump(Count::Shadow);
+                    #[cfg(feature = "tracing")]
+                    tracing::debug!(rule = %entry.name, "shadow rule would deny");
+                }
+            }
+        }
+        if entry.strategy != Strategy::Shadow || shared.headers.shadow {
+            v.shown.push(shown);
+        }
+    }
+    v
+}
+
+fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
+    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(text)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Writes the configured header families for `v` into `out`.
+fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
+    let opts = &shared.headers;
+    if let Some(d) = &v.denial {
+        insert_retry_after(out, &d.decision);
+    }
+    if let Some(format) = opts.legacy {
+        let pick = v.denial.as_ref().or_else(|| {
+            v.shown.iter().min_by(|a, b| {
+                let (a, b) = (&a.decision, &b.decision);
+                a.remaining()
+                    .cmp(&b.remaining())
+                    .then(b.reset_after().cmp(&a.reset_after()))
+            })
+        });
+        if let Some(s) = pick {
+            legacy_headers(out, &s.decision, format, SystemTime::now());
+        }
+    }
+    if opts.ietf && !v.shown.is_empty() {
+        let mut policy = String::new();
+        let mut limit = String::new();
+        for s in &v.shown {
+            let rule = &shared.rules[s.rule];
+            let pk = s.partition_key.as_ref().map(|k| &k[..]);
+            render_policy(
+                &mut policy,
+                &[PolicyItem {
+                    name: &rule.name,
+                    quota: s.decision.limit(),
+                    window: rule.window,
+                    partition_key: pk,
+                }],
+            );
+            render_limit(
+                &mut limit,
+                &[LimitItem {
+                    partition_key: pk,
+                    ..LimitItem::from_decision(&rule.name, &s.decision)
+                }],
+            );
+        }
+        if let Some(p) = list_value(policy) {
+            out.insert(RATELIMIT_POLICY.clone(), p);
+        }
+        if let Some(l) = list_value(limit) {
+            out.insert(RATELIMIT.clone(), l);
+        }
+    }
+    if !v.exceeded.is_empty() {
+        let mut names = String::new();
+        for &i in &v.exceeded {
+            if !names.is_empty() {
+                names.push_str(", ");
+            }
+            shared.rules[i].name.write_sf_string(&mut names);
+        }
+        if let Some(n) = list_value(names) {
+            out.insert(X_RATELIMIT_EXCEEDED.clone(), n);
+        }
+    }
+}
