@@ -263,8 +263,15 @@ fn mask128(len: u8) -> u128 {
 ///
 /// With axum (`Router::into_make_service_with_connect_info::<SocketAddr>()`):
 ///
-/// ```ignore
+/// ```
+/// use axum::extract::ConnectInfo;
+/// use floodgate_http::{KeyExtractor, PeerIp};
+/// use std::net::SocketAddr;
 /// let peer = PeerIp::new().lookup(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(ConnectInfo("192.0.2.8:1234".parse::<SocketAddr>().unwrap()));
+/// let (parts, ()) = req.into_parts();
+/// assert_eq!(peer.extract(&parts).unwrap().to_string(), "192.0.2.8");
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct PeerIp {

@@ -95,10 +95,20 @@ where
     /// # Errors
     ///
     /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
-    pub fn new(name: &str, limiter: impl Into<Arc<L>>, extractor: E) -> Result<Self, ConfigError> {
+    pub fn new(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError> {
+        Rule::shared(name, Arc::new(limiter), extractor)
+    }
+
+    /// [`Rule::new`] with a limiter the application keeps a handle on (to read its
+    /// metrics, change its policy, or share it between rules or layers).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError> {
         Ok(Rule {
             name: PolicyName::new(name)?,
-            limiter: limiter.into(),
+            limiter,
             extractor,
             strategy: Strategy::Hard,
             cost: 1,

@@ -1,6 +1,6 @@
 //! # floodgate-http
 //!
-//! HTTP rate limiting on [floodgate](floodgate): the 429 contract, the rate-limit
+//! HTTP rate limiting on [`floodgate`]: the 429 contract, the rate-limit
 //! header fields, client-key extractors and a tower [`Layer`](tower::Layer) for axum,
 //! hyper or any tower stack.
 //!
