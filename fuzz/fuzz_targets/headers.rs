@@ -135,7 +135,8 @@ fuzz_target!(|input: Input<'_>| {
         None => assert!(d.is_allowed() || d.retry_after().is_none()),
     }
     let mut out = HeaderMap::new();
-    legacy_headers(&mut out, &d, ResetFormat::UnixEpoch, UNIX_EPOCH + Duration::from_secs(reset));
+    let now = UNIX_EPOCH.checked_add(Duration::from_nanos(reset)).unwrap_or(UNIX_EPOCH);
+    legacy_headers(&mut out, &d, ResetFormat::UnixEpoch, now);
     legacy_headers(&mut out, &d, ResetFormat::Seconds, UNIX_EPOCH);
 
     if let Ok(g) = IpGrouping::default().v4_prefix(input.v4_prefix % 40) {
