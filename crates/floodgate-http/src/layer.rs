@@ -164,17 +164,17 @@ impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A rule's work for one request, begun.
-struct Started<'a> {
+pub(crate) struct Started<'a> {
     /// The key could not be extracted (the check, if any, runs on the fallback key).
-    key_error: Option<KeyError>,
-    partition_key: Option<[u8; 16]>,
+    pub(crate) key_error: Option<KeyError>,
+    pub(crate) partition_key: Option<[u8; 16]>,
     /// `None` when the request is to be rejected for its key.
-    check: Option<BoxFuture<'a, Result<Decision, String>>>,
+    pub(crate) check: Option<BoxFuture<'a, Result<Decision, String>>>,
 }
 
 /// A rule with its key and limiter types erased, so one layer holds rules on
 /// different keys (global, per client, per endpoint).
-trait ErasedRule: Send + Sync {
+pub(crate) trait ErasedRule: Send + Sync {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
 }
 
@@ -389,6 +389,25 @@ impl RateLimitLayerBuilder {
         self.rules.push(RuleEntry {
             name: rule.name.clone(),
             strategy: rule.strategy,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Adds a queueing rule (feature `queue`), checked after the rules added before
+    /// it: a request waits for its slot up to the rule's `max_delay`, else it is
+    /// denied as by a hard rule.
+    #[cfg(feature = "queue")]
+    pub fn queue<C, S>(mut self, rule: crate::queue::QueueRule<C, S>) -> Self
+    where
+        C: floodgate::Clock + 'static,
+        S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: Strategy::Hard,
             window: rule.window,
             rule: Box::new(rule),
             counters: Counters::new(),

@@ -50,6 +50,8 @@
 //! ## Features
 //!
 //! * `tracing` — a `tracing` event on each denial and limiter error.
+//! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
+//!   instead of being refused; needs Tokio's timer.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -59,6 +61,8 @@ mod error;
 mod extract;
 pub mod headers;
 mod layer;
+#[cfg(feature = "queue")]
+mod queue;
 mod stats;
 
 pub use body::RateLimitBody;
@@ -76,6 +80,8 @@ pub use layer::{
     HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
     RateLimitService, ResponseFuture, Rule, Strategy,
 };
+#[cfg(feature = "queue")]
+pub use queue::QueueRule;
 pub use stats::RuleStats;
 
 /// Compile-time proof that the layer and its service can be shared across threads.
