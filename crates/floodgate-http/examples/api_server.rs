@@ -21,9 +21,10 @@ use std::net::{IpAddr, SocketAddr};
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
+use floodgate::keyed::composite::Limit;
 use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{AsyncLimit, Clock, Decision, KeyedBuilder, KeyedLimiter, Policy, RateLimiter};
-use floodgate_http::{Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Rule};
+use floodgate_http::{Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Refund, Rule};
 
 /// The plan limiter behind the [`AsyncLimit`] trait the layer consumes.
 struct PlanLimit<R>(PlanLimiter<String, R>);
@@ -49,6 +50,17 @@ where
         cost: u32,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
         ready(Ok(self.0.peek(key, cost)))
+    }
+}
+
+/// In-process, so a request another rule denies is not charged here either.
+impl<R> Refund<String> for PlanLimit<R>
+where
+    R: Fn(&String) -> PlanId + Send + Sync,
+{
+    fn refund(&self, key: &String, cost: u32) {
+        let limit = self.0.limit(key);
+        limit.refund_at(limit.now(), cost);
     }
 }
 

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use floodgate::{AsyncLimit, Decision, Policy};
+use floodgate::keyed::composite::Limit;
+use floodgate::{
+    Algorithm, AsyncLimit, AtomicCell, Clock, Decision, KeyedLimiter, Policy, RateLimiter,
+};
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -59,6 +62,49 @@ pub enum OnLimiterError {
     FailOpen,
 }
 
+/// A limiter that can give back what an admission took, so a request denied by a
+/// later rule is charged nowhere (see [`RateLimitLayer`], "How rules combine").
+///
+/// Implemented for the in-process limiters, through
+/// [`composite::Limit`](floodgate::keyed::composite::Limit): [`KeyedLimiter`] (per
+/// key) and the lock-free [`RateLimiter`]. A remote backend without refunds is used
+/// with [`Rule::remote`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// use floodgate_http::Refund;
+/// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+/// assert!(limiter.check().is_allowed());
+/// Refund::<()>::refund(&limiter, &(), 1);
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait Refund<K: ?Sized> {
+    /// Gives back `cost` units that an admission of `key` took moments ago.
+    fn refund(&self, key: &K, cost: u32);
+}
+
+impl<K: ?Sized, A: Algorithm, C: Clock> Refund<K> for RateLimiter<A, C, AtomicCell<A::State>> {
+    fn refund(&self, _key: &K, cost: u32) {
+        self.refund_at(Limit::now(self), cost);
+    }
+}
+
+impl<K, Q, A, C> Refund<Q> for KeyedLimiter<K, A, C>
+where
+    K: core::hash::Hash + Eq + Send + Sync + 'static + core::borrow::Borrow<Q>,
+    Q: core::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+{
+    fn refund(&self, key: &Q, cost: u32) {
+        let limit = self.limit(key);
+        limit.refund_at(limit.now(), cost);
+    }
+}
+
 /// One limit applied to every request: a name (its policy id in the headers), a
 /// limiter, an extractor for its key, and how to act on a denial.
 ///
@@ -83,6 +129,7 @@ pub struct Rule<L, E: KeyExtractor> {
     cost: u32,
     window: Option<u64>,
     on_missing: OnMissingKey<E::Key>,
+    refund: Option<fn(&L, &E::Key, u32)>,
 }
 
 impl<L, E> Rule<L, E>
@@ -90,12 +137,17 @@ where
     L: AsyncLimit<E::Key> + 'static,
     E: KeyExtractor,
 {
-    /// A hard rule named `name` (see [`PolicyName`]) charging cost 1 per request.
+    /// A hard rule named `name` (see [`PolicyName`]) charging cost 1 per request, on
+    /// an in-process limiter: when a later rule denies the request, this rule's charge
+    /// is given back ([`Refund`]).
     ///
     /// # Errors
     ///
     /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
-    pub fn new(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError> {
+    pub fn new(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError>
+    where
+        L: Refund<E::Key>,
+    {
         Rule::shared(name, Arc::new(limiter), extractor)
     }
 
@@ -105,7 +157,31 @@ where
     /// # Errors
     ///
     /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
-    pub fn shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError> {
+    pub fn shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError>
+    where
+        L: Refund<E::Key>,
+    {
+        let mut rule = Rule::remote_shared(name, limiter, extractor)?;
+        rule.refund = Some(|l: &L, k: &E::Key, cost| l.refund(k, cost));
+        Ok(rule)
+    }
+
+    /// A rule on a limiter that cannot give units back (a remote backend): when a
+    /// later rule denies the request, this rule's charge stays taken.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn remote(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError> {
+        Rule::remote_shared(name, Arc::new(limiter), extractor)
+    }
+
+    /// [`Rule::remote`] with a limiter the application keeps a handle on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn remote_shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError> {
         Ok(Rule {
             name: PolicyName::new(name)?,
             limiter,
@@ -114,6 +190,7 @@ where
             cost: 1,
             window: None,
             on_missing: OnMissingKey::Reject,
+            refund: None,
         })
     }
 
@@ -176,6 +253,10 @@ pub(crate) struct Started<'a> {
 /// different keys (global, per client, per endpoint).
 pub(crate) trait ErasedRule: Send + Sync {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
+
+    /// Gives back what `start` charged for this request, if the limiter can: the key
+    /// is extracted again (extractors are pure functions of the request head).
+    fn refund(&self, parts: &Parts);
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -219,6 +300,17 @@ where
             key_error,
             partition_key,
             check: Some(check),
+        }
+    }
+
+    fn refund(&self, parts: &Parts) {
+        let Some(refund) = self.refund else {
+            return;
+        };
+        match (self.extractor.extract(parts), &self.on_missing) {
+            (Ok(key), _) => refund(&self.limiter, &key, self.cost),
+            (Err(_), OnMissingKey::Fallback(key)) => refund(&self.limiter, key, self.cost),
+            (Err(_), OnMissingKey::Reject) => {}
         }
     }
 }
@@ -313,11 +405,25 @@ struct Shared {
 ///
 /// Rules are checked **in order**, each with `check_n` (awaited: a remote limiter
 /// works too), and the first **hard** denial stops the walk: the request is answered
-/// 429 and the rules after it are neither charged nor counted. Rules *before* it keep
-/// their charge (the [`AsyncLimit`] trait has no refund), so this is not
-/// all-or-nothing across rules: put the rule most likely to deny (per client) before
-/// the shared ones (global), so a flooding client is stopped before it spends the
-/// global budget. Soft and shadow rules never stop the walk.
+/// 429, and the rules after it are neither charged nor counted.
+///
+/// * **In-process limiters** ([`Rule::new`], [`Refund`]): all or nothing. The charges
+///   the earlier rules took for the denied request are given back, as
+///   [`check_all`](floodgate::keyed::composite::check_all) does, with the same
+///   consistency under concurrency: a racing request may see a charge while it is
+///   held (a phantom denial), never the reverse — no request is admitted beyond any
+///   single limit.
+/// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
+///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
+///   the rule most likely to deny (per client) before the shared ones (global), so a
+///   flooding client is stopped before it spends the global budget.
+/// * Soft and shadow rules never stop the walk; their admissions are refunded like
+///   the hard rules' when a later hard rule denies. A queueing rule
+///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
+///
+/// Counters count an admission that was later refunded as allowed. The headers of a
+/// denied request show the earlier rules' numbers as of their check (before the
+/// refund).
 ///
 /// # Responses
 ///
@@ -594,6 +700,10 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
         reply: None,
     };
     let hasher = shared.headers.partition_key.as_ref();
+    // Rules whose check admitted (and so charged) this request: a bit per rule, a
+    // list past the 64th (no allocation for any realistic rule count).
+    let mut charged_bits = 0u64;
+    let mut charged_more: Vec<usize> = Vec::new();
     for (i, entry) in shared.rules.iter().enumerate() {
         let started = entry.rule.start(parts, hasher);
         if let Some(e) = &started.key_error {
@@ -630,10 +740,19 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
         };
         if decision.is_allowed() {
             entry.counters.bump(Count::Allowed);
+            match u32::try_from(i).ok().and_then(|b| 1u64.checked_shl(b)) {
+                Some(bit) => charged_bits |= bit,
+                None => charged_more.push(i),
+            }
         } else {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
+                    // All or nothing: what the earlier rules took is given back.
+                    let low = (0..i.min(64)).filter(|j| charged_bits & (1u64 << j) != 0);
+                    for j in low.chain(charged_more.iter().copied()) {
+                        shared.rules[j].rule.refund(parts);
+                    }
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,

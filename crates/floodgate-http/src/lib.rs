@@ -5,19 +5,23 @@
 //! hyper or any tower stack.
 //!
 //! ```
-//! use floodgate::{KeyedLimiter, ManualClock, Policy, KeyedBuilder, Gcra};
-//! use floodgate_http::{PeerIp, RateLimitLayer, Rule};
-//! use std::net::IpAddr;
+//! use axum::{extract::ConnectInfo, routing::get, Router};
+//! use floodgate::{KeyedLimiter, Policy, RateLimiter};
+//! use floodgate_http::{Global, PeerIp, RateLimitLayer, Rule};
+//! use std::net::{IpAddr, SocketAddr};
 //!
-//! // GET / : 10 per minute per client IP, burst 10.
-//! let policy = Policy::per_minute(10)?;
-//! let per_ip: KeyedLimiter<IpAddr, Gcra, ManualClock> =
-//!     KeyedBuilder::new(Gcra::new(policy)).clock(ManualClock::new()).build()?;
+//! // GET /: 10 per minute per client IP (burst 10), 1000 per second in all.
+//! let per_ip_policy = Policy::per_minute(10)?;
+//! let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(per_ip_policy);
+//! let peer = PeerIp::new().lookup(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
 //! let layer = RateLimitLayer::builder()
-//!     .rule(Rule::new("per-ip", per_ip, PeerIp::new())?.window_of(&policy))
+//!     .rule(Rule::new("per-ip", per_ip, peer)?.window_of(&per_ip_policy))
+//!     .rule(Rule::new("global", RateLimiter::gcra(Policy::per_second(1_000)?), Global)?)
 //!     .build()?;
-//! // axum: Router::new().route("/", get(handler)).layer(layer)
-//! # let _ = layer;
+//! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! // Later: layer.stats() reads each rule's allowed / denied / soft / shadow counters.
+//! # let _ = app;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -35,8 +39,9 @@
 //! * Client IPs behind proxies come from the **rightmost** entries of
 //!   `X-Forwarded-For` / `Forwarded`, and only when the peer is a trusted proxy
 //!   ([`ForwardedIp`]); a spoofed leftmost value is never used.
-//! * Rules are checked in order, the first hard denial stops the walk (see
-//!   [`RateLimitLayer`] for what that guarantees); **soft** rules let the request
+//! * Rules are checked in order and the first hard denial stops the walk; for
+//!   in-process limiters the decision is all-or-nothing (the earlier rules' charges
+//!   are refunded; see [`RateLimitLayer`]); **soft** rules let the request
 //!   through marked `X-RateLimit-Exceeded`, **shadow** rules only count
 //!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
 //! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a
@@ -78,7 +83,7 @@ pub use headers::{
 };
 pub use layer::{
     HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, ResponseFuture, Rule, Strategy,
+    RateLimitService, Refund, ResponseFuture, Rule, Strategy,
 };
 #[cfg(feature = "queue")]
 pub use queue::QueueRule;

@@ -164,4 +164,7 @@ where
             check: Some(check),
         }
     }
+
+    /// The slot was waited for and has passed: nothing can be given back.
+    fn refund(&self, _parts: &Parts) {}
 }

@@ -701,7 +701,7 @@ impl AsyncLimit<()> for Down {
 #[tokio::test]
 async fn limiter_errors_fail_closed_or_open() -> TestResult {
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new("remote", Down, Global)?)
+        .rule(Rule::remote("remote", Down, Global)?)
         .build()?;
     let addr = serve(layer.clone(), false).await;
     let r = send(addr, "/", &[]).await;
@@ -709,7 +709,7 @@ async fn limiter_errors_fail_closed_or_open() -> TestResult {
     assert_eq!(layer.stats()[0].errors, 1);
 
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new("remote", Down, Global)?)
+        .rule(Rule::remote("remote", Down, Global)?)
         .on_limiter_error(OnLimiterError::FailOpen)
         .build()?;
     let addr = serve(layer, false).await;
@@ -813,5 +813,82 @@ async fn plain_hyper_server() -> TestResult {
     let r = send(addr, "/", &[]).await;
     assert_eq!(r.status, 429, "{r:?}");
     assert_eq!(r.num("retry-after"), 60);
+    Ok(())
+}
+
+/// The in-process limiter behind `AsyncLimit` alone, as a remote backend looks: no
+/// refund.
+struct NoRefund(Arc<RateLimiter<Gcra, ManualClock>>);
+
+impl AsyncLimit<()> for NoRefund {
+    type Error = Infallible;
+
+    fn check_n(
+        &self,
+        key: &(),
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        AsyncLimit::<()>::check_n(&*self.0, key, cost)
+    }
+
+    fn peek_n(
+        &self,
+        key: &(),
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        AsyncLimit::<()>::peek_n(&*self.0, key, cost)
+    }
+}
+
+#[tokio::test]
+async fn in_process_rules_are_all_or_nothing_remote_ones_keep_their_charge() -> TestResult {
+    let clock = ManualClock::new();
+    let global = Arc::new(RateLimiter::gcra_with_clock(
+        Policy::per_second(1_000)?,
+        clock.clone(),
+    ));
+    let shadow = Arc::new(keyed::<IpAddr>(Policy::per_minute(100)?, &clock));
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .rule(Rule::shared("trial", Arc::clone(&shadow), peer_ip())?.strategy(Strategy::Shadow))
+        .rule(Rule::new(
+            "client",
+            keyed::<IpAddr>(Policy::per_minute(1)?, &clock),
+            peer_ip(),
+        )?)
+        .build()?;
+    let addr = serve(layer.clone(), true).await;
+    assert_eq!(send(addr, "/", &[]).await.status, 200);
+    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    // Only the admitted request stays charged to the rules before "client".
+    assert_eq!(global.peek(0).remaining(), 999);
+    let ip: IpAddr = "127.0.0.1".parse()?;
+    assert_eq!(shadow.peek(&ip, 0).remaining(), 99);
+    // An admission later refunded still counts as allowed.
+    assert_eq!(layer.stats()[0].allowed, 3);
+
+    let remote = Arc::new(RateLimiter::gcra_with_clock(
+        Policy::per_second(1_000)?,
+        clock.clone(),
+    ));
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::remote(
+            "global",
+            NoRefund(Arc::clone(&remote)),
+            Global,
+        )?)
+        .rule(Rule::new(
+            "client",
+            keyed::<IpAddr>(Policy::per_minute(1)?, &clock),
+            peer_ip(),
+        )?)
+        .build()?;
+    let addr = serve(layer, true).await;
+    assert_eq!(send(addr, "/", &[]).await.status, 200);
+    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    // In order, stop at the first denial: the remote rule keeps every charge.
+    assert_eq!(remote.peek(0).remaining(), 997);
     Ok(())
 }
