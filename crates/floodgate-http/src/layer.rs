@@ -405,7 +405,8 @@ struct Shared {
 ///
 /// Rules are checked **in order**, each with `check_n` (awaited: a remote limiter
 /// works too), and the first **hard** denial stops the walk: the request is answered
-/// 429, and the rules after it are neither charged nor counted.
+/// 429, and the rules after it are neither charged nor counted. The same holds for
+/// a request rejected for its key (400) or for a failed limiter (503).
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Refund`]): all or nothing. The charges
 ///   the earlier rules took for the denied request are given back, as
@@ -704,6 +705,13 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
     // list past the 64th (no allocation for any realistic rule count).
     let mut charged_bits = 0u64;
     let mut charged_more: Vec<usize> = Vec::new();
+    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere.
+    let give_back = |before: usize, bits: u64, more: &[usize]| {
+        let low = (0..before.min(64)).filter(|j| bits & (1u64 << j) != 0);
+        for j in low.chain(more.iter().copied()) {
+            shared.rules[j].rule.refund(parts);
+        }
+    };
     for (i, entry) in shared.rules.iter().enumerate() {
         let started = entry.rule.start(parts, hasher);
         if let Some(e) = &started.key_error {
@@ -711,6 +719,7 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
             if started.check.is_none() {
                 let text = format!("{e} (rate limit \"{}\")\n", entry.name);
                 v.reply = Some(reply(StatusCode::BAD_REQUEST, text));
+                give_back(i, charged_bits, &charged_more);
                 return v;
             }
         }
@@ -728,6 +737,7 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
                     OnLimiterError::FailClosed => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
                         v.reply = Some(reply(StatusCode::SERVICE_UNAVAILABLE, text));
+                        give_back(i, charged_bits, &charged_more);
                         return v;
                     }
                 }
@@ -748,11 +758,7 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
-                    // All or nothing: what the earlier rules took is given back.
-                    let low = (0..i.min(64)).filter(|j| charged_bits & (1u64 << j) != 0);
-                    for j in low.chain(charged_more.iter().copied()) {
-                        shared.rules[j].rule.refund(parts);
-                    }
+                    give_back(i, charged_bits, &charged_more);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,

@@ -890,5 +890,18 @@ async fn in_process_rules_are_all_or_nothing_remote_ones_keep_their_charge() -> 
     assert_eq!(send(addr, "/", &[]).await.status, 429);
     // In order, stop at the first denial: the remote rule keeps every charge.
     assert_eq!(remote.peek(0).remaining(), 997);
+
+    // A request rejected for a later rule's key is charged nowhere either.
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .rule(Rule::new(
+            "key",
+            keyed::<String>(Policy::per_minute(9)?, &clock),
+            HeaderKey::new("x-api-key")?,
+        )?)
+        .build()?;
+    let addr = serve(layer, true).await;
+    assert_eq!(send(addr, "/", &[]).await.status, 400);
+    assert_eq!(global.peek(0).remaining(), 999);
     Ok(())
 }
