@@ -667,17 +667,15 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let verdict = decide(&shared, &parts).await;
-            let mut extra = HeaderMap::new();
-            render(&shared, &verdict, &mut extra);
-            if let Some(reply) = verdict.reply {
-                let mut resp = reply;
-                resp.headers_mut().extend(extra);
+            let mut verdict = decide(&shared, &parts).await;
+            if let Some(mut resp) = verdict.reply.take() {
+                render(&shared, &verdict, resp.headers_mut());
                 return Ok(resp);
             }
             let resp = inner.call(Request::from_parts(parts, body)).await?;
             let (mut head, body) = resp.into_parts();
-            head.headers.extend(extra);
+            // The layer's fields replace any of the same name the inner service set.
+            render(&shared, &verdict, &mut head.headers);
             Ok(Response::from_parts(head, RateLimitBody::inner(body)))
         })
     }
@@ -830,7 +828,11 @@ fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
             })
         });
         if let Some(s) = pick {
-            legacy_headers(out, &s.decision, format, SystemTime::now());
+            let now = match format {
+                ResetFormat::UnixEpoch => SystemTime::now(),
+                _ => SystemTime::UNIX_EPOCH,
+            };
+            legacy_headers(out, &s.decision, format, now);
         }
     }
     if opts.ietf && !v.shown.is_empty() {
