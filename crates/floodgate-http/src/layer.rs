@@ -836,8 +836,10 @@ fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
         }
     }
     if opts.ietf && !v.shown.is_empty() {
-        let mut policy = String::new();
-        let mut limit = String::new();
+        // One allocation each: a member is about 30 bytes (60 with `pk`).
+        let per_member = if opts.partition_key.is_some() { 64 } else { 32 };
+        let mut policy = String::with_capacity(per_member * v.shown.len());
+        let mut limit = String::with_capacity(per_member * v.shown.len());
         for s in &v.shown {
             let rule = &shared.rules[s.rule];
             let pk = s.partition_key.as_ref().map(|k| &k[..]);
