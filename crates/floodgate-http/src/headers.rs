@@ -23,6 +23,9 @@
 //!   key ([`PartitionKeyHasher`]), never the key itself.
 //!
 //! Integers are clamped to the Structured Field range (at most [`MAX_SF_INTEGER`]).
+//!
+//! Later revisions of the draft exist; the field syntax above is the one -10 defines,
+//! and a change of revision is a change of this module.
 
 use core::fmt::{self, Write as _};
 use core::hash::Hash;
