@@ -1,0 +1,72 @@
+//! Configuration errors: each names the field and the bad value.
+
+use core::fmt;
+
+/// A layer, rule or extractor configuration that cannot be used.
+///
+/// # Examples
+///
+/// ```
+/// let err = floodgate_http::PolicyName::new("").unwrap_err();
+/// assert_eq!(err.to_string(), r#"policy name "": it is empty"#);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A policy (rule) name that cannot be written as a Structured Field string.
+    PolicyName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Two rules with the same name: their header members could not be told apart.
+    DuplicateRule {
+        /// The repeated name.
+        name: String,
+    },
+    /// A trusted network that does not parse as `ADDR` or `ADDR/PREFIX`.
+    Network {
+        /// The text as given.
+        text: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A header name that HTTP does not allow.
+    HeaderName {
+        /// The name as given.
+        name: String,
+    },
+    /// A prefix length longer than the address (32 for IPv4, 128 for IPv6).
+    Prefix {
+        /// Which prefix (`"ipv4"`, `"ipv6"`).
+        family: &'static str,
+        /// The length given.
+        len: u8,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::PolicyName { name, reason } => {
+                write!(f, "policy name {name:?}: {reason}")
+            }
+            ConfigError::DuplicateRule { name } => {
+                write!(f, "two rules are named {name:?}; rule names must be unique")
+            }
+            ConfigError::Network { text, reason } => {
+                write!(f, "trusted network {text:?}: {reason}")
+            }
+            ConfigError::HeaderName { name } => {
+                write!(f, "header name {name:?} is not a valid HTTP field name")
+            }
+            ConfigError::Prefix { family, len } => {
+                let max = if *family == "ipv4" { 32 } else { 128 };
+                write!(f, "{family} prefix /{len} is longer than /{max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

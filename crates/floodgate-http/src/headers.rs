@@ -1,0 +1,593 @@
+//! Rendering a [`Decision`] as HTTP header fields: the legacy `X-RateLimit-*` trio,
+//! the IETF `RateLimit-Policy` / `RateLimit` fields and `Retry-After`.
+//!
+//! Every function here is pure (the clock for the epoch form of `X-RateLimit-Reset`
+//! is a parameter), so the exact strings are unit-tested.
+//!
+//! # The IETF fields
+//!
+//! Pinned to **draft-ietf-httpapi-ratelimit-headers-10** (27 September 2025): both
+//! fields are Structured Field Lists (RFC 9651) with one member per policy; a member
+//! is an sf-string (the policy name) with integer parameters:
+//!
+//! ```text
+//! RateLimit-Policy: "per-ip";q=10;w=60, "global";q=1000;w=1
+//! RateLimit: "per-ip";r=3;t=42, "global";r=998;t=1
+//! ```
+//!
+//! * `q` — the quota: [`Decision::limit`] (GCRA: the burst `B`);
+//! * `w` — the window in whole seconds, at least 1 (GCRA: `⌈B·T⌉`, see
+//!   [`window_secs`]); omitted when the rule does not know it;
+//! * `r` — [`Decision::remaining`]; `t` — [`Decision::reset_after_secs`] (rounded up);
+//! * `pk` — only when configured: an sf-binary holding a keyed hash of the partition
+//!   key ([`PartitionKeyHasher`]), never the key itself.
+//!
+//! Integers are clamped to the Structured Field range (at most [`MAX_SF_INTEGER`]).
+//!
+//! Later revisions of the draft exist; the field syntax above is the one -10 defines,
+//! and a change of revision is a change of this module.
+
+use core::fmt::{self, Write as _};
+use core::hash::Hash;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use floodgate::{Decision, Policy};
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::error::ConfigError;
+
+/// The largest Structured Field integer (RFC 9651 §3.3.1: at most 15 digits).
+pub const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
+
+/// The longest policy name accepted, in bytes.
+pub const MAX_POLICY_NAME_LEN: usize = 64;
+
+/// `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// `X-RateLimit-Exceeded`: the soft rules a request went over (it was let through).
+pub static X_RATELIMIT_EXCEEDED: HeaderName = HeaderName::from_static("x-ratelimit-exceeded");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// A policy name, checked once at configuration time: 1 to [`MAX_POLICY_NAME_LEN`]
+/// bytes of printable ASCII (`0x20..=0x7E`), the characters an sf-string may hold.
+/// `"` and `\` are allowed and escaped when rendered.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::PolicyName;
+/// assert_eq!(PolicyName::new("per-ip")?.as_str(), "per-ip");
+/// assert!(PolicyName::new("").is_err());
+/// assert!(PolicyName::new("naïve").is_err());
+/// # Ok::<(), floodgate_http::ConfigError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PolicyName(Box<str>);
+
+impl PolicyName {
+    /// Validates `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when it is empty, longer than
+    /// [`MAX_POLICY_NAME_LEN`], or holds a byte outside `0x20..=0x7E`.
+    pub fn new(name: &str) -> Result<PolicyName, ConfigError> {
+        let bad = |reason: &'static str| ConfigError::PolicyName {
+            name: name.to_owned(),
+            reason,
+        };
+        if name.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        if name.len() > MAX_POLICY_NAME_LEN {
+            return Err(bad("it is longer than 64 bytes"));
+        }
+        if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(bad(
+                "an sf-string holds only printable ASCII (0x20..=0x7E): no control characters, no non-ASCII",
+            ));
+        }
+        Ok(PolicyName(name.into()))
+    }
+
+    /// The name as configured.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(floodgate_http::PolicyName::new("a b")?.as_str(), "a b");
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Writes the name as an sf-string: quoted, `"` and `\` escaped.
+    pub(crate) fn write_sf_string(&self, out: &mut String) {
+        out.push('"');
+        for c in self.0.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+    }
+}
+
+impl fmt::Debug for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Seconds from now, rounded up ([`Decision::reset_after_secs`]); the default.
+    #[default]
+    Seconds,
+    /// Unix epoch seconds of `now + reset_after`, rounded up.
+    UnixEpoch,
+}
+
+/// A keyed hash of partition keys for the `pk` parameter: SipHash-2-4 (a PRF) under a
+/// 128-bit secret, so a client can tell its partitions apart without learning anyone's
+/// key (an IP address, an API key).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::PartitionKeyHasher;
+/// let h = PartitionKeyHasher::new([7; 16]);
+/// assert_eq!(h.hash(&"alice"), h.hash(&"alice"));
+/// assert_ne!(h.hash(&"alice"), h.hash(&"bob"));
+/// assert_ne!(h.hash(&"alice"), PartitionKeyHasher::new([8; 16]).hash(&"alice"));
+/// ```
+#[derive(Clone)]
+pub struct PartitionKeyHasher {
+    key: [u8; 16],
+}
+
+impl PartitionKeyHasher {
+    /// A hasher under `secret` (keep it secret, and the same across replicas if
+    /// clients should see stable `pk` values).
+    pub fn new(secret: [u8; 16]) -> PartitionKeyHasher {
+        PartitionKeyHasher { key: secret }
+    }
+
+    /// The 16-byte keyed hash of `key`.
+    pub fn hash<K: Hash + ?Sized>(&self, key: &K) -> [u8; 16] {
+        use siphasher::sip128::{Hasher128, SipHasher24};
+        let mut h = SipHasher24::new_with_key(&self.key);
+        key.hash(&mut h);
+        h.finish128().as_bytes()
+    }
+}
+
+impl fmt::Debug for PartitionKeyHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PartitionKeyHasher { .. }")
+    }
+}
+
+/// One member of `RateLimit-Policy`.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyItem<'a> {
+    /// The policy's name.
+    pub name: &'a PolicyName,
+    /// `q`: the quota (GCRA: the burst).
+    pub quota: u64,
+    /// `w`: the window in seconds, when known.
+    pub window: Option<u64>,
+    /// `pk`: a keyed hash of the partition key, when configured.
+    pub partition_key: Option<&'a [u8]>,
+}
+
+/// One member of `RateLimit`.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitItem<'a> {
+    /// The policy's name.
+    pub name: &'a PolicyName,
+    /// `r`: whole units remaining.
+    pub remaining: u64,
+    /// `t`: seconds until the quota resets, rounded up.
+    pub reset: u64,
+    /// `pk`: a keyed hash of the partition key, when configured.
+    pub partition_key: Option<&'a [u8]>,
+}
+
+impl<'a> LimitItem<'a> {
+    /// The `RateLimit` member for `decision`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Decision;
+    /// use floodgate_http::{LimitItem, PolicyName};
+    /// use std::time::Duration;
+    /// let name = PolicyName::new("default")?;
+    /// let d = Decision::new(true, 100, 42, Duration::from_millis(11_200), None);
+    /// let item = LimitItem::from_decision(&name, &d);
+    /// assert_eq!((item.remaining, item.reset), (42, 12));
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn from_decision(name: &'a PolicyName, decision: &Decision) -> LimitItem<'a> {
+        LimitItem {
+            name,
+            remaining: decision.remaining(),
+            reset: decision.reset_after_secs(),
+            partition_key: None,
+        }
+    }
+}
+
+/// The window `w` of a GCRA policy in whole seconds: `⌈B·T⌉`, at least 1 — the time an
+/// empty bucket takes to refill completely.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::Policy;
+/// // 10 per minute, burst 10: T = 6 s, B·T = 60 s.
+/// assert_eq!(floodgate_http::window_secs(&Policy::per_minute(10)?), 60);
+/// // 100 per second: B·T = 1 s.
+/// assert_eq!(floodgate_http::window_secs(&Policy::per_second(100)?), 1);
+/// // 1000 per second, burst 1: B·T = 1 ms, reported as 1 s.
+/// assert_eq!(floodgate_http::window_secs(&Policy::per_second(1000)?.with_burst(1)?), 1);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub fn window_secs(policy: &Policy) -> u64 {
+    let nanos = u128::from(policy.burst()) * u128::from(policy.interval_nanos());
+    let secs = nanos.div_ceil(1_000_000_000).max(1);
+    u64::try_from(secs).unwrap_or(u64::MAX).min(MAX_SF_INTEGER)
+}
+
+/// A duration as a window in whole seconds: rounded up, at least 1.
+pub(crate) fn duration_window_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.clamp(1, MAX_SF_INTEGER)
+}
+
+fn sf_int(n: u64) -> u64 {
+    n.min(MAX_SF_INTEGER)
+}
+
+/// Standard base64 with padding, as sf-binary wants it.
+fn write_base64(out: &mut String, bytes: &[u8]) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sym = |i: u32| char::from(ALPHABET[(i & 63) as usize]);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(sym(n >> 18));
+        out.push(sym(n >> 12));
+        out.push(if chunk.len() > 1 { sym(n >> 6) } else { '=' });
+        out.push(if chunk.len() > 2 { sym(n) } else { '=' });
+    }
+}
+
+fn write_pk(out: &mut String, pk: Option<&[u8]>) {
+    if let Some(pk) = pk {
+        out.push_str(";pk=:");
+        write_base64(out, pk);
+        out.push(':');
+    }
+}
+
+/// Appends `RateLimit-Policy` members to `out` (a list, `", "`-separated).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::{render_policy, PolicyItem, PolicyName};
+/// let name = PolicyName::new("default")?;
+/// let mut out = String::new();
+/// render_policy(&mut out, &[PolicyItem { name: &name, quota: 100, window: Some(60), partition_key: None }]);
+/// assert_eq!(out, r#""default";q=100;w=60"#);
+/// # Ok::<(), floodgate_http::ConfigError>(())
+/// ```
+pub fn render_policy(out: &mut String, items: &[PolicyItem<'_>]) {
+    for item in items {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        item.name.write_sf_string(out);
+        // Writing to a String cannot fail.
+        let _ = write!(out, ";q={}", sf_int(item.quota));
+        if let Some(w) = item.window {
+            let _ = write!(out, ";w={}", w.clamp(1, MAX_SF_INTEGER));
+        }
+        write_pk(out, item.partition_key);
+    }
+}
+
+/// Appends `RateLimit` members to `out` (a list, `", "`-separated).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::{render_limit, LimitItem, PolicyName};
+/// let name = PolicyName::new("default")?;
+/// let mut out = String::new();
+/// render_limit(&mut out, &[LimitItem { name: &name, remaining: 42, reset: 12, partition_key: None }]);
+/// assert_eq!(out, r#""default";r=42;t=12"#);
+/// # Ok::<(), floodgate_http::ConfigError>(())
+/// ```
+pub fn render_limit(out: &mut String, items: &[LimitItem<'_>]) {
+    for item in items {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        item.name.write_sf_string(out);
+        let _ = write!(
+            out,
+            ";r={};t={}",
+            sf_int(item.remaining),
+            sf_int(item.reset)
+        );
+        write_pk(out, item.partition_key);
+    }
+}
+
+/// `Retry-After` for `decision`: whole seconds rounded up (at least 1) on a denial;
+/// `None` when allowed and when the request can never fit (`retry_after` is never:
+/// a client must not be told to retry).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::Decision;
+/// use std::time::Duration;
+/// let deny = |ms| Decision::new(false, 1, 0, Duration::ZERO, Some(Duration::from_millis(ms)));
+/// assert_eq!(floodgate_http::retry_after(&deny(300)).unwrap(), "1");
+/// assert_eq!(floodgate_http::retry_after(&deny(1_900)).unwrap(), "2");
+/// assert!(floodgate_http::retry_after(&Decision::new(false, 1, 0, Duration::ZERO, None)).is_none());
+/// ```
+pub fn retry_after(decision: &Decision) -> Option<HeaderValue> {
+    if decision.is_allowed() {
+        return None;
+    }
+    decision.retry_after_secs().map(HeaderValue::from)
+}
+
+/// Writes `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` for
+/// `decision` into `headers` (replacing earlier values); `now` is used by
+/// [`ResetFormat::UnixEpoch`] only.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::Decision;
+/// use floodgate_http::{legacy_headers, ResetFormat};
+/// use http::HeaderMap;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// let d = Decision::new(true, 10, 7, Duration::from_millis(2_500), None);
+/// let mut h = HeaderMap::new();
+/// legacy_headers(&mut h, &d, ResetFormat::Seconds, SystemTime::now());
+/// assert_eq!(h["x-ratelimit-limit"], "10");
+/// assert_eq!(h["x-ratelimit-remaining"], "7");
+/// assert_eq!(h["x-ratelimit-reset"], "3");
+/// let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+/// legacy_headers(&mut h, &d, ResetFormat::UnixEpoch, now);
+/// assert_eq!(h["x-ratelimit-reset"], "1700000003");
+/// ```
+pub fn legacy_headers(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    format: ResetFormat,
+    now: SystemTime,
+) {
+    headers.insert(
+        X_RATELIMIT_LIMIT.clone(),
+        HeaderValue::from(decision.limit()),
+    );
+    headers.insert(
+        X_RATELIMIT_REMAINING.clone(),
+        HeaderValue::from(decision.remaining()),
+    );
+    let reset = match format {
+        ResetFormat::Seconds => decision.reset_after_secs(),
+        ResetFormat::UnixEpoch => {
+            // A clock before 1970 reads as the epoch; a sum past SystemTime's range
+            // saturates.
+            let since = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+            let at = since.saturating_add(decision.reset_after());
+            at.as_secs() + u64::from(at.subsec_nanos() > 0)
+        }
+    };
+    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+}
+
+/// Writes `Retry-After` for a denial (see [`retry_after`]); removes none otherwise.
+pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
+    if let Some(v) = retry_after(decision) {
+        headers.insert(RETRY_AFTER, v);
+    }
+}
+
+/// Turns a rendered list into a header value. Every byte written by the renderers is
+/// printable ASCII (validated names, digits, base64), so this cannot fail; should it
+/// ever, the field is left out rather than the request failed.
+pub(crate) fn list_value(s: String) -> Option<HeaderValue> {
+    HeaderValue::try_from(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> PolicyName {
+        PolicyName::new(s).expect("valid test name")
+    }
+
+    #[test]
+    fn policy_names_are_validated() {
+        assert!(PolicyName::new("default").is_ok());
+        assert!(PolicyName::new("with space and \"quote\"").is_ok());
+        let err = PolicyName::new("tab\there").unwrap_err();
+        assert!(err.to_string().contains("tab\\there"), "{err}");
+        assert!(PolicyName::new(&"x".repeat(65)).is_err());
+        assert!(PolicyName::new(&"x".repeat(64)).is_ok());
+        assert!(PolicyName::new("é").is_err());
+        assert!(PolicyName::new("\u{7f}").is_err());
+    }
+
+    #[test]
+    fn policy_list_exact() {
+        let a = name("per-ip");
+        let b = name("global");
+        let mut out = String::new();
+        render_policy(
+            &mut out,
+            &[
+                PolicyItem {
+                    name: &a,
+                    quota: 10,
+                    window: Some(60),
+                    partition_key: None,
+                },
+                PolicyItem {
+                    name: &b,
+                    quota: 1000,
+                    window: None,
+                    partition_key: None,
+                },
+            ],
+        );
+        assert_eq!(out, r#""per-ip";q=10;w=60, "global";q=1000"#);
+    }
+
+    #[test]
+    fn limit_list_exact_with_escapes_and_pk() {
+        let a = name(r#"a"b\c"#);
+        let mut out = String::new();
+        render_limit(
+            &mut out,
+            &[LimitItem {
+                name: &a,
+                remaining: 0,
+                reset: 1,
+                partition_key: Some(b"\x00\x01\x02\x03"),
+            }],
+        );
+        assert_eq!(out, r#""a\"b\\c";r=0;t=1;pk=:AAECAw==:"#);
+    }
+
+    #[test]
+    fn integers_are_clamped() {
+        let a = name("big");
+        let mut out = String::new();
+        render_policy(
+            &mut out,
+            &[PolicyItem {
+                name: &a,
+                quota: u64::MAX,
+                window: Some(u64::MAX),
+                partition_key: None,
+            }],
+        );
+        assert_eq!(out, r#""big";q=999999999999999;w=999999999999999"#);
+        let mut out = String::new();
+        render_limit(
+            &mut out,
+            &[LimitItem {
+                name: &a,
+                remaining: u64::MAX,
+                reset: MAX_SF_INTEGER + 1,
+                partition_key: None,
+            }],
+        );
+        assert_eq!(out, r#""big";r=999999999999999;t=999999999999999"#);
+    }
+
+    #[test]
+    fn window_zero_renders_as_one() {
+        let a = name("w");
+        let mut out = String::new();
+        render_policy(
+            &mut out,
+            &[PolicyItem {
+                name: &a,
+                quota: 1,
+                window: Some(0),
+                partition_key: None,
+            }],
+        );
+        assert_eq!(out, r#""w";q=1;w=1"#);
+    }
+
+    #[test]
+    fn base64_padding() {
+        let enc = |b: &[u8]| {
+            let mut s = String::new();
+            write_base64(&mut s, b);
+            s
+        };
+        assert_eq!(enc(b""), "");
+        assert_eq!(enc(b"f"), "Zg==");
+        assert_eq!(enc(b"fo"), "Zm8=");
+        assert_eq!(enc(b"foo"), "Zm9v");
+        assert_eq!(enc(b"foob"), "Zm9vYg==");
+        assert_eq!(enc(&[0xff, 0xfe, 0xfd]), "//79");
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_never_is_absent() {
+        let deny = |d| Decision::new(false, 5, 0, Duration::ZERO, Some(d));
+        assert_eq!(retry_after(&deny(Duration::from_millis(300))).unwrap(), "1");
+        assert_eq!(
+            retry_after(&deny(Duration::from_millis(1_900))).unwrap(),
+            "2"
+        );
+        assert_eq!(retry_after(&deny(Duration::from_secs(2))).unwrap(), "2");
+        assert_eq!(retry_after(&deny(Duration::ZERO)).unwrap(), "1");
+        assert!(retry_after(&Decision::new(false, 5, 0, Duration::ZERO, None)).is_none());
+        assert!(retry_after(&Decision::new(true, 5, 4, Duration::ZERO, None)).is_none());
+    }
+
+    #[test]
+    fn legacy_epoch_rounds_up_and_saturates() {
+        let d = Decision::new(true, 3, 2, Duration::from_millis(1), None);
+        let mut h = HeaderMap::new();
+        let now = UNIX_EPOCH + Duration::from_secs(100);
+        legacy_headers(&mut h, &d, ResetFormat::UnixEpoch, now);
+        assert_eq!(h["x-ratelimit-reset"], "101");
+        legacy_headers(&mut h, &d, ResetFormat::UnixEpoch, UNIX_EPOCH);
+        assert_eq!(h["x-ratelimit-reset"], "1");
+        let fresh = Decision::new(true, 3, 3, Duration::ZERO, None);
+        legacy_headers(&mut h, &fresh, ResetFormat::Seconds, now);
+        assert_eq!(h["x-ratelimit-reset"], "0");
+        assert_eq!(h["x-ratelimit-remaining"], "3");
+    }
+
+    #[test]
+    fn gcra_window() {
+        let p = Policy::per_minute(10).unwrap();
+        assert_eq!(window_secs(&p), 60);
+        let p = Policy::per_second(3).unwrap();
+        // T = ⌈1e9/3⌉ = 333_333_334 ns; B·T = 1_000_000_002 ns → 2 s (rounded up).
+        assert_eq!(window_secs(&p), 2);
+        assert_eq!(duration_window_secs(Duration::from_millis(1)), 1);
+        assert_eq!(duration_window_secs(Duration::from_millis(60_001)), 61);
+        assert_eq!(duration_window_secs(Duration::ZERO), 1);
+    }
+}

@@ -1,0 +1,913 @@
+//! The tower [`Layer`] and [`Service`]: rules, strategies, headers and counters.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use floodgate::{
+    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, Policy, RateLimiter, Receipt, StateCell,
+};
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::body::RateLimitBody;
+use crate::error::ConfigError;
+use crate::extract::{KeyError, KeyExtractor};
+use crate::headers::{
+    duration_window_secs, insert_retry_after, legacy_headers, list_value, render_limit,
+    render_policy, window_secs, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat,
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_EXCEEDED,
+};
+use crate::stats::{Count, Counters, RuleStats};
+
+/// What a rule does when it would deny a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Reject it: 429 with `Retry-After` (or the never-fits status). The default.
+    #[default]
+    Hard,
+    /// Let it through, marked with `X-RateLimit-Exceeded: "<rule>"`, and count it.
+    Soft,
+    /// Dry run: decide and count, never block, and leave the headers alone unless
+    /// [`HeaderOptions::include_shadow`] is set.
+    Shadow,
+}
+
+/// What a rule does when its extractor finds no usable key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnMissingKey<K> {
+    /// Answer `400 Bad Request` saying which key is missing or malformed. The default.
+    Reject,
+    /// Count the request against this one shared bucket (and in `bad_key`).
+    Fallback(K),
+}
+
+/// What the layer does when a limiter fails (a backend error).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnLimiterError {
+    /// Answer `503 Service Unavailable`. The default: a failing limiter admits nothing.
+    #[default]
+    FailClosed,
+    /// Skip the rule for this request, as if it had admitted.
+    FailOpen,
+}
+
+/// An in-process limiter that charges with a [`Receipt`] and can give back what the
+/// charge took, so a request denied by a later rule is charged nowhere (see
+/// [`RateLimitLayer`], "How rules combine").
+///
+/// Implemented for the in-process limiters: [`KeyedLimiter`] (per key) and
+/// [`RateLimiter`] (one limit for every key). A refund gives back only what the
+/// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`). A
+/// remote backend without refunds is used with [`Rule::remote`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// use floodgate_http::Charge;
+/// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+/// let (decision, receipt) = Charge::<()>::charge(&limiter, &(), 1);
+/// assert!(decision.is_allowed());
+/// assert!(Charge::<()>::refund(&limiter, &(), receipt));
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait Charge<K: ?Sized> {
+    /// Decides `cost` units for `key`, consuming them if allowed, with the receipt a
+    /// refund needs.
+    fn charge(&self, key: &K, cost: u32) -> (Decision, Receipt);
+    /// Gives back what the charge behind `receipt` still provably holds; returns
+    /// whether anything came back.
+    fn refund(&self, key: &K, receipt: Receipt) -> bool;
+}
+
+impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
+    fn charge(&self, _key: &K, cost: u32) -> (Decision, Receipt) {
+        RateLimiter::charge(self, cost)
+    }
+
+    fn refund(&self, _key: &K, receipt: Receipt) -> bool {
+        RateLimiter::refund(self, receipt)
+    }
+}
+
+impl<K, Q, A, C> Charge<Q> for KeyedLimiter<K, A, C>
+where
+    K: core::hash::Hash + Eq + Send + Sync + 'static + core::borrow::Borrow<Q>,
+    Q: core::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    A: Algorithm,
+    C: Clock,
+{
+    fn charge(&self, key: &Q, cost: u32) -> (Decision, Receipt) {
+        KeyedLimiter::charge(self, key, cost)
+    }
+
+    fn refund(&self, key: &Q, receipt: Receipt) -> bool {
+        KeyedLimiter::refund(self, key, receipt)
+    }
+}
+
+/// How an in-process rule charges and refunds (its limiter's [`Charge`]).
+struct InProcess<L, K: ?Sized> {
+    charge: fn(&L, &K, u32) -> (Decision, Receipt),
+    refund: fn(&L, &K, Receipt) -> bool,
+}
+
+/// One limit applied to every request: a name (its policy id in the headers), a
+/// limiter, an extractor for its key, and how to act on a denial.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy};
+/// use floodgate_http::{PeerIp, Rule, Strategy};
+/// use std::net::IpAddr;
+/// let policy = Policy::per_minute(10)?;
+/// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(policy);
+/// let rule = Rule::new("per-ip", per_ip, PeerIp::new())?
+///     .window_of(&policy)
+///     .strategy(Strategy::Hard);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Rule<L, E: KeyExtractor> {
+    name: PolicyName,
+    limiter: Arc<L>,
+    extractor: E,
+    strategy: Strategy,
+    cost: u32,
+    window: Option<u64>,
+    on_missing: OnMissingKey<E::Key>,
+    in_process: Option<InProcess<L, E::Key>>,
+}
+
+impl<L, E> Rule<L, E>
+where
+    L: AsyncLimit<E::Key> + 'static,
+    E: KeyExtractor,
+{
+    /// A hard rule named `name` (see [`PolicyName`]) charging cost 1 per request, on
+    /// an in-process limiter: when a later rule denies the request, this rule's charge
+    /// is given back ([`Charge`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn new(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError>
+    where
+        L: Charge<E::Key>,
+    {
+        Rule::shared(name, Arc::new(limiter), extractor)
+    }
+
+    /// [`Rule::new`] with a limiter the application keeps a handle on (to read its
+    /// metrics, change its policy, or share it between rules or layers).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError>
+    where
+        L: Charge<E::Key>,
+    {
+        let mut rule = Rule::remote_shared(name, limiter, extractor)?;
+        rule.in_process = Some(InProcess {
+            charge: |l: &L, k: &E::Key, cost| l.charge(k, cost),
+            refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
+        });
+        Ok(rule)
+    }
+
+    /// A rule on a limiter that cannot give units back (a remote backend): when a
+    /// later rule denies the request, this rule's charge stays taken.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn remote(name: &str, limiter: L, extractor: E) -> Result<Self, ConfigError> {
+        Rule::remote_shared(name, Arc::new(limiter), extractor)
+    }
+
+    /// [`Rule::remote`] with a limiter the application keeps a handle on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn remote_shared(name: &str, limiter: Arc<L>, extractor: E) -> Result<Self, ConfigError> {
+        Ok(Rule {
+            name: PolicyName::new(name)?,
+            limiter,
+            extractor,
+            strategy: Strategy::Hard,
+            cost: 1,
+            window: None,
+            on_missing: OnMissingKey::Reject,
+            in_process: None,
+        })
+    }
+
+    /// Acts on denials with `strategy`.
+    pub fn strategy(self, strategy: Strategy) -> Self {
+        Rule { strategy, ..self }
+    }
+
+    /// Charges `cost` units per request (0 reports without charging).
+    pub fn cost(self, cost: u32) -> Self {
+        Rule { cost, ..self }
+    }
+
+    /// Advertises `w` = `window` in whole seconds (rounded up, at least 1).
+    pub fn window(self, window: Duration) -> Self {
+        Rule {
+            window: Some(duration_window_secs(window)),
+            ..self
+        }
+    }
+
+    /// Advertises the GCRA window of `policy`: `⌈B·T⌉` seconds ([`window_secs`]).
+    pub fn window_of(self, policy: &Policy) -> Self {
+        Rule {
+            window: Some(window_secs(policy)),
+            ..self
+        }
+    }
+
+    /// What to do when the extractor finds no usable key.
+    pub fn on_missing_key(self, on_missing: OnMissingKey<E::Key>) -> Self {
+        Rule { on_missing, ..self }
+    }
+}
+
+impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("extractor", &self.extractor)
+            .field("strategy", &self.strategy)
+            .field("cost", &self.cost)
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A rule's work for one request, begun.
+pub(crate) struct Started<'a> {
+    /// The key could not be extracted (the check, if any, runs on the fallback key).
+    pub(crate) key_error: Option<KeyError>,
+    pub(crate) partition_key: Option<[u8; 16]>,
+    /// `None` when the request is to be rejected for its key. An in-process rule's
+    /// check carries the receipt of its charge.
+    pub(crate) check: Option<BoxFuture<'a, Checked>>,
+}
+
+/// A rule's check: the decision and, for an in-process charge, its receipt; or the
+/// limiter's error.
+pub(crate) type Checked = Result<(Decision, Option<Receipt>), String>;
+
+/// A rule with its key and limiter types erased, so one layer holds rules on
+/// different keys (global, per client, per endpoint).
+pub(crate) trait ErasedRule: Send + Sync {
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
+
+    /// Gives back what `start` charged for this request (its `receipt`): the key is
+    /// extracted again (extractors are pure functions of the request head).
+    fn refund(&self, parts: &Parts, receipt: Receipt);
+}
+
+impl<L, E> ErasedRule for Rule<L, E>
+where
+    L: AsyncLimit<E::Key> + 'static,
+    E: KeyExtractor,
+{
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
+        enum Key<'a, K> {
+            Own(K),
+            Fallback(&'a K),
+        }
+        let (key, key_error) = match self.extractor.extract(parts) {
+            Ok(k) => (Key::Own(k), None),
+            Err(e) => match &self.on_missing {
+                OnMissingKey::Reject => {
+                    return Started {
+                        key_error: Some(e),
+                        partition_key: None,
+                        check: None,
+                    }
+                }
+                OnMissingKey::Fallback(k) => (Key::Fallback(k), Some(e)),
+            },
+        };
+        let key_ref = match &key {
+            Key::Own(k) => k,
+            Key::Fallback(k) => *k,
+        };
+        let partition_key = hasher.map(|h| h.hash(key_ref));
+        let limiter = &*self.limiter;
+        let cost = self.cost;
+        let check: BoxFuture<'a, _> = match &self.in_process {
+            // In process: decide now, keeping the receipt for a refund.
+            Some(in_process) => {
+                let (decision, receipt) = (in_process.charge)(limiter, key_ref, cost);
+                Box::pin(core::future::ready(Ok((decision, Some(receipt)))))
+            }
+            None => Box::pin(async move {
+                let key = match &key {
+                    Key::Own(k) => k,
+                    Key::Fallback(k) => *k,
+                };
+                let decision = limiter.check_n(key, cost).await;
+                decision.map(|d| (d, None)).map_err(|e| e.to_string())
+            }),
+        };
+        Started {
+            key_error,
+            partition_key,
+            check: Some(check),
+        }
+    }
+
+    fn refund(&self, parts: &Parts, receipt: Receipt) {
+        let Some(in_process) = &self.in_process else {
+            return;
+        };
+        let refund = in_process.refund;
+        let _ = match (self.extractor.extract(parts), &self.on_missing) {
+            (Ok(key), _) => refund(&self.limiter, &key, receipt),
+            (Err(_), OnMissingKey::Fallback(key)) => refund(&self.limiter, key, receipt),
+            (Err(_), OnMissingKey::Reject) => false,
+        };
+    }
+}
+
+struct RuleEntry {
+    name: PolicyName,
+    strategy: Strategy,
+    window: Option<u64>,
+    rule: Box<dyn ErasedRule>,
+    counters: Counters,
+}
+
+/// Which header families the layer writes, on every response it passes or answers.
+///
+/// The default writes both families: `X-RateLimit-Limit/-Remaining/-Reset` (reset in
+/// seconds from now) and `RateLimit-Policy` / `RateLimit`
+/// (draft-ietf-httpapi-ratelimit-headers-10), without `pk`, leaving shadow rules out.
+/// `Retry-After` is always written on a 429.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_http::{HeaderOptions, PartitionKeyHasher, ResetFormat};
+/// let opts = HeaderOptions::default()
+///     .legacy(Some(ResetFormat::UnixEpoch))
+///     .partition_key(PartitionKeyHasher::new([42; 16]));
+/// ```
+#[derive(Clone, Debug)]
+pub struct HeaderOptions {
+    legacy: Option<ResetFormat>,
+    ietf: bool,
+    shadow: bool,
+    partition_key: Option<PartitionKeyHasher>,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> HeaderOptions {
+        HeaderOptions {
+            legacy: Some(ResetFormat::Seconds),
+            ietf: true,
+            shadow: false,
+            partition_key: None,
+        }
+    }
+}
+
+impl HeaderOptions {
+    /// Writes the `X-RateLimit-*` trio with `format` for the reset, or not (`None`).
+    ///
+    /// The trio holds one decision: the denying rule's on a 429, else the visible
+    /// rule with the least `remaining` (the longest reset on a tie).
+    pub fn legacy(self, format: Option<ResetFormat>) -> Self {
+        HeaderOptions {
+            legacy: format,
+            ..self
+        }
+    }
+
+    /// Writes `RateLimit-Policy` and `RateLimit` (one member per visible rule), or not.
+    pub fn ietf(self, on: bool) -> Self {
+        HeaderOptions { ietf: on, ..self }
+    }
+
+    /// Shows shadow rules in the headers too (by default they alter nothing).
+    pub fn include_shadow(self, on: bool) -> Self {
+        HeaderOptions { shadow: on, ..self }
+    }
+
+    /// Adds `pk` (a keyed hash of each rule's key) to the IETF members.
+    pub fn partition_key(self, hasher: PartitionKeyHasher) -> Self {
+        HeaderOptions {
+            partition_key: Some(hasher),
+            ..self
+        }
+    }
+}
+
+struct Shared {
+    rules: Box<[RuleEntry]>,
+    headers: HeaderOptions,
+    never_status: StatusCode,
+    on_error: OnLimiterError,
+}
+
+/// A tower [`Layer`] that rate-limits every request by its [`Rule`]s.
+///
+/// Works with `axum::Router::layer`, `tower::ServiceBuilder` and plain hyper (through
+/// `hyper_util::service::TowerToHyperService`). Cloning is cheap (one `Arc`); keep a
+/// clone to read [`stats`](RateLimitLayer::stats).
+///
+/// # How rules combine
+///
+/// Rules are checked **in order**, each with `check_n` (awaited: a remote limiter
+/// works too), and the first **hard** denial stops the walk: the request is answered
+/// 429, and the rules after it are neither charged nor counted. The same holds for
+/// a request rejected for its key (400) or for a failed limiter (503).
+///
+/// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
+///   the earlier rules took for the denied request are given back by their receipts, as
+///   [`check_all`](floodgate::keyed::composite::check_all) does, with the same
+///   consistency under concurrency: a racing request may see a charge while it is
+///   held (a phantom denial), never the reverse — no request is admitted beyond any
+///   single limit.
+/// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
+///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
+///   the rule most likely to deny (per client) before the shared ones (global), so a
+///   flooding client is stopped before it spends the global budget.
+/// * Soft and shadow rules never stop the walk; their admissions are refunded like
+///   the hard rules' when a later hard rule denies. A queueing rule
+///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
+///
+/// Counters count an admission that was later refunded as allowed. The headers of a
+/// denied request show the earlier rules' numbers as of their check (before the
+/// refund).
+///
+/// # Responses
+///
+/// * every response, passed or answered: the header families of [`HeaderOptions`];
+/// * a hard denial: `429 Too Many Requests`, `Retry-After` in whole seconds rounded
+///   up (never 0), a `text/plain` body naming the rule;
+/// * a request that can never fit (cost above the capacity): the never-fits status
+///   (429 by default, [`RateLimitLayerBuilder::never_status`]), **no** `Retry-After`,
+///   a body saying so;
+/// * no usable key and [`OnMissingKey::Reject`]: `400 Bad Request` saying why;
+/// * a limiter error and [`OnLimiterError::FailClosed`]: `503 Service Unavailable`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy, RateLimiter};
+/// use floodgate_http::{Global, PeerIp, RateLimitLayer, Rule, Strategy};
+/// use std::net::IpAddr;
+///
+/// let per_ip_policy = Policy::per_minute(10)?;
+/// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(per_ip_policy);
+/// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("per-ip", per_ip, PeerIp::new())?.window_of(&per_ip_policy))
+///     .rule(Rule::new("global", global, Global)?.strategy(Strategy::Shadow))
+///     .build()?;
+/// assert_eq!(layer.stats()[0].name, "per-ip");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.shared.rules.iter().map(|r| r.name.as_str()).collect();
+        f.debug_struct("RateLimitLayer")
+            .field("rules", &names)
+            .field("headers", &self.shared.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RateLimitLayer`].
+#[must_use = "a builder does nothing until built"]
+pub struct RateLimitLayerBuilder {
+    rules: Vec<RuleEntry>,
+    headers: HeaderOptions,
+    never_status: StatusCode,
+    on_error: OnLimiterError,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("rules", &self.rules.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds `rule`, checked after the rules added before it.
+    pub fn rule<L, E>(mut self, rule: Rule<L, E>) -> Self
+    where
+        L: AsyncLimit<E::Key> + 'static,
+        E: KeyExtractor,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: rule.strategy,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Adds a queueing rule (feature `queue`), checked after the rules added before
+    /// it: a request waits for its slot up to the rule's `max_delay`, else it is
+    /// denied as by a hard rule.
+    #[cfg(feature = "queue")]
+    pub fn queue<C, S>(mut self, rule: crate::queue::QueueRule<C, S>) -> Self
+    where
+        C: floodgate::Clock + 'static,
+        S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: Strategy::Hard,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Which headers to write.
+    pub fn headers(self, headers: HeaderOptions) -> Self {
+        RateLimitLayerBuilder { headers, ..self }
+    }
+
+    /// The status for a request that can never fit (429 by default; 413 or 400 are
+    /// common choices).
+    pub fn never_status(self, status: StatusCode) -> Self {
+        RateLimitLayerBuilder {
+            never_status: status,
+            ..self
+        }
+    }
+
+    /// What to do when a limiter fails.
+    pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
+        RateLimitLayerBuilder { on_error, ..self }
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::DuplicateRule`] when two rules share a name.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        for (i, r) in self.rules.iter().enumerate() {
+            if self.rules[..i].iter().any(|o| o.name == r.name) {
+                return Err(ConfigError::DuplicateRule {
+                    name: r.name.as_str().to_owned(),
+                });
+            }
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                rules: self.rules.into_boxed_slice(),
+                headers: self.headers,
+                never_status: self.never_status,
+                on_error: self.on_error,
+            }),
+        })
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder with no rules, both header families, never-fits status 429, and
+    /// fail-closed on limiter errors.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            rules: Vec::new(),
+            headers: HeaderOptions::default(),
+            never_status: StatusCode::TOO_MANY_REQUESTS,
+            on_error: OnLimiterError::FailClosed,
+        }
+    }
+
+    /// The counters of every rule, in rule order.
+    pub fn stats(&self) -> Vec<RuleStats> {
+        self.shared
+            .rules
+            .iter()
+            .map(|r| r.counters.read(&r.name))
+            .collect()
+    }
+
+    /// The counters of the rule named `name`.
+    pub fn rule_stats(&self, name: &str) -> Option<RuleStats> {
+        self.shared
+            .rules
+            .iter()
+            .find(|r| r.name.as_str() == name)
+            .map(|r| r.counters.read(&r.name))
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The [`Service`] a [`RateLimitLayer`] wraps around `S`.
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> RateLimitService<S> {
+    /// The counters of every rule, in rule order.
+    pub fn stats(&self) -> Vec<RuleStats> {
+        RateLimitLayer {
+            shared: Arc::clone(&self.shared),
+        }
+        .stats()
+    }
+}
+
+/// The future of [`RateLimitService::call`].
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
+
+/// One visible rule's numbers for the headers.
+#[derive(Clone, Copy)]
+struct Shown {
+    rule: usize,
+    decision: Decision,
+    partition_key: Option<[u8; 16]>,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone is the one that is not yet ready; the ready one serves this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let mut verdict = decide(&shared, &parts).await;
+            if let Some(mut resp) = verdict.reply.take() {
+                render(&shared, &verdict, resp.headers_mut());
+                return Ok(resp);
+            }
+            let resp = inner.call(Request::from_parts(parts, body)).await?;
+            let (mut head, body) = resp.into_parts();
+            // The layer's fields replace any of the same name the inner service set.
+            render(&shared, &verdict, &mut head.headers);
+            Ok(Response::from_parts(head, RateLimitBody::inner(body)))
+        })
+    }
+}
+
+/// What the rules decided for one request.
+struct Verdict<B> {
+    shown: Vec<Shown>,
+    exceeded: Vec<usize>,
+    /// The hard denial that stopped the walk.
+    denial: Option<Shown>,
+    /// The layer's own answer (429, never-fits, 400, 503), headers still to add.
+    reply: Option<Response<RateLimitBody<B>>>,
+}
+
+async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
+    let mut v = Verdict {
+        shown: Vec::with_capacity(shared.rules.len()),
+        exceeded: Vec::new(),
+        denial: None,
+        reply: None,
+    };
+    let hasher = shared.headers.partition_key.as_ref();
+    // The receipts of the in-process rules that admitted (and so charged) this request.
+    let mut held: Vec<(usize, Receipt)> = Vec::new();
+    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere.
+    let give_back = |held: Vec<(usize, Receipt)>| {
+        for (j, receipt) in held {
+            shared.rules[j].rule.refund(parts, receipt);
+        }
+    };
+    for (i, entry) in shared.rules.iter().enumerate() {
+        let started = entry.rule.start(parts, hasher);
+        if let Some(e) = &started.key_error {
+            entry.counters.bump(Count::BadKey);
+            if started.check.is_none() {
+                let text = format!("{e} (rate limit \"{}\")\n", entry.name);
+                v.reply = Some(reply(StatusCode::BAD_REQUEST, text));
+                give_back(core::mem::take(&mut held));
+                return v;
+            }
+        }
+        let Some(check) = started.check else {
+            continue;
+        };
+        let (decision, receipt) = match check.await {
+            Ok(d) => d,
+            Err(_error) => {
+                entry.counters.bump(Count::Error);
+                #[cfg(feature = "tracing")]
+                tracing::warn!(rule = %entry.name, error = %_error, "rate limiter failed");
+                match shared.on_error {
+                    OnLimiterError::FailOpen => continue,
+                    OnLimiterError::FailClosed => {
+                        let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
+                        v.reply = Some(reply(StatusCode::SERVICE_UNAVAILABLE, text));
+                        give_back(core::mem::take(&mut held));
+                        return v;
+                    }
+                }
+            }
+        };
+        let shown = Shown {
+            rule: i,
+            decision,
+            partition_key: started.partition_key,
+        };
+        if decision.is_allowed() {
+            entry.counters.bump(Count::Allowed);
+            if let Some(receipt) = receipt.filter(Receipt::is_charged) {
+                held.push((i, receipt));
+            }
+        } else {
+            match entry.strategy {
+                Strategy::Hard => {
+                    entry.counters.bump(Count::Denied);
+                    give_back(core::mem::take(&mut held));
+                    #[cfg(feature = "tracing")]
+                    tracing::info!(
+                        rule = %entry.name,
+                        retry_after_secs = ?decision.retry_after_secs(),
+                        "request denied"
+                    );
+                    let (status, text) = match decision.retry_after_secs() {
+                        Some(secs) => (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            format!(
+                                "rate limit \"{}\" exceeded; retry after {secs} s\n",
+                                entry.name
+                            ),
+                        ),
+                        None => (
+                            shared.never_status,
+                            format!(
+                                "rate limit \"{}\": this request costs more than the limit's capacity and can never be admitted\n",
+                                entry.name
+                            ),
+                        ),
+                    };
+                    v.reply = Some(reply(status, text));
+                    v.shown.push(shown);
+                    v.denial = Some(shown);
+                    return v;
+                }
+                Strategy::Soft => {
+                    entry.counters.bump(Count::Soft);
+                    v.exceeded.push(i);
+                }
+                Strategy::Shadow => {
+                    entry.counters.bump(Count::Shadow);
+                    #[cfg(feature = "tracing")]
+                    tracing::debug!(rule = %entry.name, "shadow rule would deny");
+                }
+            }
+        }
+        if entry.strategy != Strategy::Shadow || shared.headers.shadow {
+            v.shown.push(shown);
+        }
+    }
+    v
+}
+
+fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
+    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(text)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Writes the configured header families for `v` into `out`.
+fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
+    let opts = &shared.headers;
+    if let Some(d) = &v.denial {
+        insert_retry_after(out, &d.decision);
+    }
+    if let Some(format) = opts.legacy {
+        let pick = v.denial.as_ref().or_else(|| {
+            v.shown.iter().min_by(|a, b| {
+                let (a, b) = (&a.decision, &b.decision);
+                a.remaining()
+                    .cmp(&b.remaining())
+                    .then(b.reset_after().cmp(&a.reset_after()))
+            })
+        });
+        if let Some(s) = pick {
+            let now = match format {
+                ResetFormat::UnixEpoch => SystemTime::now(),
+                _ => SystemTime::UNIX_EPOCH,
+            };
+            legacy_headers(out, &s.decision, format, now);
+        }
+    }
+    if opts.ietf && !v.shown.is_empty() {
+        // One allocation each: a member is about 30 bytes (60 with `pk`).
+        let per_member = if opts.partition_key.is_some() { 64 } else { 32 };
+        let mut policy = String::with_capacity(per_member * v.shown.len());
+        let mut limit = String::with_capacity(per_member * v.shown.len());
+        for s in &v.shown {
+            let rule = &shared.rules[s.rule];
+            let pk = s.partition_key.as_ref().map(|k| &k[..]);
+            render_policy(
+                &mut policy,
+                &[PolicyItem {
+                    name: &rule.name,
+                    quota: s.decision.limit(),
+                    window: rule.window,
+                    partition_key: pk,
+                }],
+            );
+            render_limit(
+                &mut limit,
+                &[LimitItem {
+                    partition_key: pk,
+                    ..LimitItem::from_decision(&rule.name, &s.decision)
+                }],
+            );
+        }
+        if let Some(p) = list_value(policy) {
+            out.insert(RATELIMIT_POLICY.clone(), p);
+        }
+        if let Some(l) = list_value(limit) {
+            out.insert(RATELIMIT.clone(), l);
+        }
+    }
+    if !v.exceeded.is_empty() {
+        let mut names = String::new();
+        for &i in &v.exceeded {
+            if !names.is_empty() {
+                names.push_str(", ");
+            }
+            shared.rules[i].name.write_sf_string(&mut names);
+        }
+        if let Some(n) = list_value(names) {
+            out.insert(X_RATELIMIT_EXCEEDED.clone(), n);
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! # floodgate-http
+//!
+//! HTTP rate limiting on [`floodgate`]: the 429 contract, the rate-limit
+//! header fields, client-key extractors and a tower [`Layer`](tower::Layer) for axum,
+//! hyper or any tower stack.
+//!
+//! ```
+//! use axum::{extract::ConnectInfo, routing::get, Router};
+//! use floodgate::{KeyedLimiter, Policy, RateLimiter};
+//! use floodgate_http::{Global, PeerIp, RateLimitLayer, Rule};
+//! use std::net::{IpAddr, SocketAddr};
+//!
+//! // GET /: 10 per minute per client IP (burst 10), 1000 per second in all.
+//! let per_ip_policy = Policy::per_minute(10)?;
+//! let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(per_ip_policy);
+//! let peer = PeerIp::new().lookup(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("per-ip", per_ip, peer)?.window_of(&per_ip_policy))
+//!     .rule(Rule::new("global", RateLimiter::gcra(Policy::per_second(1_000)?), Global)?)
+//!     .build()?;
+//! let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! // Later: layer.stats() reads each rule's allowed / denied / soft / shadow counters.
+//! # let _ = app;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## The contract
+//!
+//! * **Every** response — 2xx and 429 alike — carries the configured header families
+//!   ([`HeaderOptions`]): `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
+//!   `X-RateLimit-Reset` (seconds from now, rounded up, or Unix epoch seconds), and the
+//!   IETF `RateLimit-Policy` / `RateLimit` lists (pinned to
+//!   draft-ietf-httpapi-ratelimit-headers-10; see [`headers`](mod@headers)).
+//! * A denial is `429 Too Many Requests` with `Retry-After` in whole seconds **rounded
+//!   up** and never `0` ([`Decision::retry_after_secs`](floodgate::Decision::retry_after_secs)).
+//! * A request that can never fit (cost above the capacity) gets no `Retry-After`
+//!   (retrying cannot help) and a body saying so.
+//! * Client IPs behind proxies come from the **rightmost** entries of
+//!   `X-Forwarded-For` / `Forwarded`, and only when the peer is a trusted proxy
+//!   ([`ForwardedIp`]); a spoofed leftmost value is never used.
+//! * Rules are checked in order and the first hard denial stops the walk; for
+//!   in-process limiters the decision is all-or-nothing (the earlier rules' charges
+//!   are refunded; see [`RateLimitLayer`]); **soft** rules let the request
+//!   through marked `X-RateLimit-Exceeded`, **shadow** rules only count
+//!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
+//! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a
+//!   [`KeyError`], answered `400` or counted against a fallback bucket
+//!   ([`OnMissingKey`]).
+//!
+//! The layer is generic over [`AsyncLimit`](floodgate::AsyncLimit): in-process
+//! [`KeyedLimiter`](floodgate::KeyedLimiter) / [`RateLimiter`](floodgate::RateLimiter)
+//! and remote backends alike.
+//!
+//! ## Features
+//!
+//! * `tracing` — a `tracing` event on each denial and limiter error.
+//! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
+//!   instead of being refused; needs Tokio's timer.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod body;
+mod error;
+mod extract;
+pub mod headers;
+mod layer;
+#[cfg(feature = "queue")]
+mod queue;
+mod stats;
+
+pub use body::RateLimitBody;
+pub use error::ConfigError;
+pub use extract::{
+    default_peer_lookup, from_fn, ForwardedIp, ForwardingHeader, FromFn, Global, HeaderKey,
+    IpGrouping, IpNet, KeyError, KeyExtractor, PeerAddr, PeerIp, PeerLookup, RoutePath,
+    TrustedProxies, DEFAULT_MAX_FORWARDED_LEN,
+};
+pub use headers::{
+    legacy_headers, render_limit, render_policy, retry_after, window_secs, LimitItem,
+    PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat, MAX_SF_INTEGER,
+};
+pub use layer::{
+    Charge, HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
+    RateLimitService, ResponseFuture, Rule, Strategy,
+};
+#[cfg(feature = "queue")]
+pub use queue::QueueRule;
+pub use stats::RuleStats;
+
+/// Compile-time proof that the layer and its service can be shared across threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<RateLimitLayer>();
+    assert_send_sync::<RateLimitService<()>>();
+    assert_send_sync::<PeerIp>();
+    assert_send_sync::<ForwardedIp>();
+};

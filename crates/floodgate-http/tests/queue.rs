@@ -1,0 +1,142 @@
+//! Queueing (feature `queue`): requests wait for their slot on Tokio's paused clock,
+//! which also drives the shaper, so every wait is exact and no test sleeps for real.
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use floodgate::{Clock, Nanos, Policy, Shaper};
+use floodgate_http::{QueueRule, RateLimitLayer};
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// Tokio's clock as the shaper's clock.
+#[derive(Clone, Copy)]
+struct TokioClock {
+    start: Instant,
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Nanos {
+        Nanos::new(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+#[derive(Clone)]
+struct Hello;
+
+impl Service<Request<()>> for Hello {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn shaper(start: Instant) -> Result<Arc<Shaper<TokioClock>>, floodgate::PolicyError> {
+    // 10 per second, one at a time: slots 100 ms apart.
+    let policy = Policy::per_second(10)?.with_burst(1)?;
+    Ok(Arc::new(Shaper::with_clock(policy, TokioClock { start })))
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_wait_for_their_slot_up_to_the_bound() -> TestResult {
+    let start = Instant::now();
+    let layer = RateLimitLayer::builder()
+        .queue(QueueRule::shared(
+            "smooth",
+            shaper(start)?,
+            Duration::from_millis(250),
+        )?)
+        .build()?;
+    let svc = layer.layer(Hello);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut svc = svc.clone();
+        let call = svc.call(Request::new(()));
+        tasks.push(tokio::spawn(async move {
+            let resp = call.await;
+            (resp, start.elapsed())
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        let (resp, at) = t.await?;
+        let resp = resp?;
+        done.push((
+            resp.status().as_u16(),
+            at,
+            resp.headers().get("retry-after").cloned(),
+        ));
+    }
+    // Slots at 0, 100 and 200 ms; the fourth (300 ms) is past the 250 ms bound.
+    assert_eq!(done[0].0, 200);
+    assert_eq!(done[0].1, Duration::ZERO);
+    assert_eq!(done[1].0, 200);
+    assert!(done[1].1 >= Duration::from_millis(100) && done[1].1 < Duration::from_millis(110));
+    assert_eq!(done[2].0, 200);
+    assert!(done[2].1 >= Duration::from_millis(200) && done[2].1 < Duration::from_millis(210));
+    assert_eq!(done[3].0, 429);
+    assert_eq!(done[3].1, Duration::ZERO);
+    // The same reservation fits 50 ms later: Retry-After rounds up to 1.
+    assert_eq!(
+        done[3].2.as_ref().map(|v| v.to_str().unwrap_or("")),
+        Some("1")
+    );
+    let s = layer.rule_stats("smooth").ok_or("rule")?;
+    assert_eq!((s.allowed, s.denied), (3, 1));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_gives_its_slot_back() -> TestResult {
+    let start = Instant::now();
+    let shaper = shaper(start)?;
+    let layer = RateLimitLayer::builder()
+        .queue(QueueRule::shared(
+            "smooth",
+            Arc::clone(&shaper),
+            Duration::from_secs(1),
+        )?)
+        .build()?;
+    let mut svc = layer.layer(Hello);
+    assert_eq!(svc.call(Request::new(())).await?.status(), 200);
+    // The second request's slot is at 100 ms; it is given up at 10 ms.
+    let waiting = svc.call(Request::new(()));
+    assert!(tokio::time::timeout(Duration::from_millis(10), waiting)
+        .await
+        .is_err());
+    // Its units came back: the next slot is at 100 ms again (90 ms from now), not 200.
+    let next = shaper.reserve(1, Duration::from_secs(1))?;
+    assert_eq!(next.delay(), Duration::from_millis(90));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_above_the_burst_never_fits() -> TestResult {
+    let start = Instant::now();
+    let layer = RateLimitLayer::builder()
+        .queue(QueueRule::shared("smooth", shaper(start)?, Duration::from_secs(10))?.cost(2))
+        .build()?;
+    let resp = layer.layer(Hello).call(Request::new(())).await?;
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().get("retry-after").is_none());
+    assert_eq!(
+        resp.headers()
+            .get("ratelimit-policy")
+            .map(|v| v.to_str().unwrap_or("")),
+        Some(r#""smooth";q=1;w=1"#)
+    );
+    Ok(())
+}
