@@ -97,3 +97,9 @@ const _: () = {
     assert_send_sync::<PeerIp>();
     assert_send_sync::<ForwardedIp>();
 };
+
+/// The workspace README's examples (the core, this layer and the Redis backend),
+/// compiled and run as doctests here, where every crate they use is at hand.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

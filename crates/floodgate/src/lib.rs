@@ -113,7 +113,3 @@ const _: () = {
     assert_send_sync::<Reservation>();
 };
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;
