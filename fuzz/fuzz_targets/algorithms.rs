@@ -55,7 +55,7 @@ fuzz_target!(|input: Input| {
         input.start,
         &input.ops,
         FixedWindow::new,
-        |p| ExactFixedWindow::new(p.limit(), p.period_nanos()),
+        |p| ExactFixedWindow::new(p.limit(), p.period_nanos()).expect("numbers a Policy accepted"),
         ExactFixedWindow::check,
         ExactFixedWindow::peek,
     );
@@ -64,7 +64,9 @@ fuzz_target!(|input: Input| {
         input.start,
         &input.ops,
         SlidingWindow::new,
-        |p| ExactSlidingWindow::new(p.limit(), p.period_nanos()),
+        |p| {
+            ExactSlidingWindow::new(p.limit(), p.period_nanos()).expect("numbers a Policy accepted")
+        },
         ExactSlidingWindow::check,
         ExactSlidingWindow::peek,
     );
@@ -167,7 +169,8 @@ fn sliding_log(policy: Policy, start: u64, ops: &[Op]) {
     }
     let mut limit = policy.limit();
     let mut log = SlidingLog::with_clock(policy, ManualClock::new());
-    let mut model = ExactSlidingLog::new(policy.limit(), policy.period_nanos());
+    let mut model = ExactSlidingLog::new(policy.limit(), policy.period_nanos())
+        .expect("numbers a Policy accepted");
     let mut now = start;
     for op in ops {
         match *op {
@@ -177,7 +180,8 @@ fn sliding_log(policy: Policy, start: u64, ops: &[Op]) {
                 if let Some(p) = rate.policy().filter(|p| p.limit() <= 1 << 12) {
                     limit = p.limit();
                     log = SlidingLog::with_clock(p, ManualClock::new());
-                    model = ExactSlidingLog::new(p.limit(), p.period_nanos());
+                    model = ExactSlidingLog::new(p.limit(), p.period_nanos())
+                        .expect("numbers a Policy accepted");
                 }
             }
             Op::Check(cost) => {
@@ -201,7 +205,8 @@ fn gcra(policy: Policy, start: u64, ops: &[Op]) {
     let mut alg = Gcra::new(policy);
     let atomic = AtomicCell::fresh();
     let locked = LockedCell::fresh();
-    let mut model = ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst());
+    let mut model = ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst())
+        .expect("numbers a Policy accepted");
     let mut now = start;
     for op in ops {
         match *op {
@@ -210,7 +215,9 @@ fn gcra(policy: Policy, start: u64, ops: &[Op]) {
             Op::Reconfigure(rate) => {
                 if let Some(p) = rate.policy() {
                     alg = Gcra::new(p);
-                    model.set_policy(p.limit(), p.period_nanos(), p.burst());
+                    model
+                        .set_policy(p.limit(), p.period_nanos(), p.burst())
+                        .expect("numbers a Policy accepted");
                 }
             }
             Op::Check(cost) => {

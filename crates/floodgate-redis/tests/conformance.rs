@@ -160,7 +160,7 @@ fn gcra_rounds_the_interval_up_to_whole_microseconds() {
         OnFailure::Error,
         Duration::from_secs(5),
     );
-    let mut model = ExactGcra::new(3, 3 * 333_334_000, 3);
+    let mut model = ExactGcra::new(3, 3 * 333_334_000, 3).expect("a valid policy");
     let mut now = TODAY_MICROS;
     for (step, cost) in [(0, 3), (1, 1), (333_333, 1), (1, 1), (10, 2), (999_999, 3)] {
         now += step;

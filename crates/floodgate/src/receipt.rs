@@ -10,7 +10,7 @@
 
 use crate::algorithm::Charged;
 use crate::clock::Nanos;
-use crate::sync::next_unique_id;
+use crate::sync::unique_id;
 
 /// Proof of one charge, handed to a refund (see the [module docs](self)).
 ///
@@ -150,7 +150,7 @@ pub(crate) struct Owner(u64);
 impl Owner {
     /// A fresh id, never handed out before in this process.
     pub(crate) fn new() -> Owner {
-        Owner(next_unique_id())
+        Owner(unique_id())
     }
 }
 

@@ -9,10 +9,21 @@
 //!   `f64` buckets of the seed articles (`tokens` and `last_refill`, `level` and
 //!   `last_leak`). They are benchmark baselines; tests compare them with GCRA within a
 //!   stated tolerance, because `f64` time and tokens round where GCRA's integers do not.
+//!
+//! The exact models take the numbers a [`Policy`] takes and refuse what it refuses
+//! (a zero limit, period or burst, a unit closer than 1 ns, `L·T` or `B·T` past
+//! 2^62 ns) with the same [`PolicyError`]: an oracle must not divide by zero where
+//! the engine would never have been built.
 
 use crate::decision::Decision;
+use crate::policy::{Policy, PolicyError};
 use core::time::Duration;
 use std::collections::HashMap;
+
+/// The policy a model's numbers describe, validated as [`Policy`] validates them.
+fn validated(limit: u64, period_nanos: u64, burst: u64) -> Result<Policy, PolicyError> {
+    Policy::new(limit, Duration::from_nanos(period_nanos))?.with_burst(burst)
+}
 
 fn dur(ns: u128) -> Duration {
     Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
@@ -24,9 +35,11 @@ fn dur(ns: u128) -> Duration {
 ///
 /// ```
 /// use floodgate::reference::ExactGcra;
-/// let mut m = ExactGcra::new(1, 1_000_000_000, 2);
+/// let mut m = ExactGcra::new(1, 1_000_000_000, 2)?;
 /// assert!(m.check(0, 2).is_allowed());
 /// assert_eq!(m.check(0, 1).retry_after_nanos(), Some(1_000_000_000));
+/// assert!(ExactGcra::new(1, 0, 1).is_err()); // a zero period, as `Policy` says
+/// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactGcra {
@@ -36,25 +49,39 @@ pub struct ExactGcra {
 }
 
 impl ExactGcra {
-    /// `limit` per `period_nanos` with capacity `burst` (assumed valid: see
-    /// [`Policy`](crate::Policy)).
-    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> ExactGcra {
-        let (l, p) = (u128::from(limit.max(1)), u128::from(period_nanos));
+    /// `limit` per `period_nanos` with capacity `burst`.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> Result<ExactGcra, PolicyError> {
+        validated(limit, period_nanos, burst)?;
+        let (l, p) = (u128::from(limit), u128::from(period_nanos));
         // T = ⌈P / L⌉, spelled out rather than sharing the engine's `div_ceil`.
         #[allow(clippy::manual_div_ceil)]
         let t = (p + l - 1) / l;
-        ExactGcra {
+        Ok(ExactGcra {
             t,
             b: u128::from(burst),
             tat: None,
-        }
+        })
     }
 
     /// Switches to a new rate, keeping the state (as a runtime policy change does).
-    pub fn set_policy(&mut self, limit: u64, period_nanos: u64, burst: u64) {
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](ExactGcra::new); then nothing changes.
+    pub fn set_policy(
+        &mut self,
+        limit: u64,
+        period_nanos: u64,
+        burst: u64,
+    ) -> Result<(), PolicyError> {
         let tat = self.tat;
-        *self = ExactGcra::new(limit, period_nanos, burst);
+        *self = ExactGcra::new(limit, period_nanos, burst)?;
         self.tat = tat;
+        Ok(())
     }
 
     /// `check(n)` at `now`.
@@ -226,13 +253,18 @@ struct WindowCounts {
 }
 
 impl WindowCounts {
-    /// `limit` per `period_nanos` (0 is taken as 1), nothing counted.
-    fn new(limit: u64, period_nanos: u64) -> WindowCounts {
-        WindowCounts {
+    /// `limit` per `period_nanos`, nothing counted.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    fn new(limit: u64, period_nanos: u64) -> Result<WindowCounts, PolicyError> {
+        validated(limit, period_nanos, limit)?;
+        Ok(WindowCounts {
             limit: u128::from(limit),
-            period: u128::from(period_nanos.max(1)),
+            period: u128::from(period_nanos),
             counts: HashMap::new(),
-        }
+        })
     }
 
     /// The count of window `w` (0 if none).
@@ -270,11 +302,12 @@ fn unconditional(l: u128, n: u128, used: u128, reset: Duration) -> Option<Decisi
 ///
 /// ```
 /// use floodgate::reference::ExactFixedWindow;
-/// let mut m = ExactFixedWindow::new(2, 1_000);
+/// let mut m = ExactFixedWindow::new(2, 1_000)?;
 /// assert!(m.check(1_500, 2).is_allowed());
 /// let d = m.check(1_999, 1);
 /// assert_eq!(d.retry_after_nanos(), Some(1));
 /// assert!(m.check(2_000, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactFixedWindow {
@@ -282,11 +315,15 @@ pub struct ExactFixedWindow {
 }
 
 impl ExactFixedWindow {
-    /// `limit` per `period_nanos` (assumed valid).
-    pub fn new(limit: u64, period_nanos: u64) -> ExactFixedWindow {
-        ExactFixedWindow {
-            windows: WindowCounts::new(limit, period_nanos),
-        }
+    /// `limit` per `period_nanos`.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    pub fn new(limit: u64, period_nanos: u64) -> Result<ExactFixedWindow, PolicyError> {
+        Ok(ExactFixedWindow {
+            windows: WindowCounts::new(limit, period_nanos)?,
+        })
     }
 
     /// `check(n)` at `now`.
@@ -332,10 +369,11 @@ impl ExactFixedWindow {
 ///
 /// ```
 /// use floodgate::reference::ExactSlidingWindow;
-/// let mut m = ExactSlidingWindow::new(10, 60);
+/// let mut m = ExactSlidingWindow::new(10, 60)?;
 /// assert!(m.check(59, 10).is_allowed());
 /// // At 61: ⌊10·59/60⌋ = 9 still weigh.
 /// assert_eq!(m.peek(61, 0).remaining(), 1);
+/// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactSlidingWindow {
@@ -343,11 +381,15 @@ pub struct ExactSlidingWindow {
 }
 
 impl ExactSlidingWindow {
-    /// `limit` per `period_nanos` (assumed valid).
-    pub fn new(limit: u64, period_nanos: u64) -> ExactSlidingWindow {
-        ExactSlidingWindow {
-            windows: WindowCounts::new(limit, period_nanos),
-        }
+    /// `limit` per `period_nanos`.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    pub fn new(limit: u64, period_nanos: u64) -> Result<ExactSlidingWindow, PolicyError> {
+        Ok(ExactSlidingWindow {
+            windows: WindowCounts::new(limit, period_nanos)?,
+        })
     }
 
     /// `check(n)` at `now`.
@@ -421,10 +463,11 @@ impl ExactSlidingWindow {
 ///
 /// ```
 /// use floodgate::reference::ExactSlidingLog;
-/// let mut m = ExactSlidingLog::new(2, 100);
+/// let mut m = ExactSlidingLog::new(2, 100)?;
 /// assert!(m.check(10, 1).is_allowed());
 /// assert!(m.check(50, 1).is_allowed());
 /// assert_eq!(m.check(60, 1).retry_after_nanos(), Some(50));
+/// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactSlidingLog {
@@ -434,13 +477,18 @@ pub struct ExactSlidingLog {
 }
 
 impl ExactSlidingLog {
-    /// `limit` per `period_nanos` (assumed valid).
-    pub fn new(limit: u64, period_nanos: u64) -> ExactSlidingLog {
-        ExactSlidingLog {
+    /// `limit` per `period_nanos`.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    pub fn new(limit: u64, period_nanos: u64) -> Result<ExactSlidingLog, PolicyError> {
+        validated(limit, period_nanos, limit)?;
+        Ok(ExactSlidingLog {
             limit: u128::from(limit),
             period: u128::from(period_nanos),
             log: Vec::new(),
-        }
+        })
     }
 
     /// `check(n)` at `now`.
@@ -647,10 +695,11 @@ pub struct ExactSlot {
 ///
 /// ```
 /// use floodgate::reference::ExactShaper;
-/// let mut m = ExactShaper::new(10, 1_000, 1); // T = 100 ns, B = 1
+/// let mut m = ExactShaper::new(10, 1_000, 1)?; // T = 100 ns, B = 1
 /// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 0);
 /// assert_eq!(m.reserve(0, 1, 1_000).unwrap().ready_at, 100);
 /// assert_eq!(m.reserve(0, 1, 50), Err(Some(150)));
+/// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ExactShaper {
@@ -660,13 +709,18 @@ pub struct ExactShaper {
 }
 
 impl ExactShaper {
-    /// `limit` per `period_nanos` with capacity `burst` (assumed valid).
-    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> ExactShaper {
-        ExactShaper {
-            t: u128::from(period_nanos.div_ceil(limit.max(1))),
+    /// `limit` per `period_nanos` with capacity `burst`.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] that [`Policy`] gives for the same numbers.
+    pub fn new(limit: u64, period_nanos: u64, burst: u64) -> Result<ExactShaper, PolicyError> {
+        validated(limit, period_nanos, burst)?;
+        Ok(ExactShaper {
+            t: u128::from(period_nanos.div_ceil(limit)),
             b: u128::from(burst),
             tat: None,
-        }
+        })
     }
 
     /// Reserves `cost` units at `now` if their slot is at most `max_delay` ns away.
@@ -725,5 +779,44 @@ impl ExactShaper {
             self.tat = Some(current.saturating_sub(back * self.t));
         }
         back as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Numbers a `Policy` refuses build no model (a zero period divided by zero
+    /// in `ExactGcra::check` and `ExactShaper::cancel`): the same error, every model.
+    #[test]
+    fn invalid_numbers_build_no_model() {
+        const P: u64 = 1_000_000_000;
+        let three = [
+            (1, 0, 1),             // zero period
+            (0, P, 1),             // zero limit
+            (1, P, 0),             // zero burst
+            (2, 1, 2),             // units closer than 1 ns
+            (1, u64::MAX, 1),      // L·T past 2^62 ns
+            (1 << 40, P, 1 << 62), // B·T past 2^62 ns
+        ];
+        for (limit, period, burst) in three {
+            let policy = validated(limit, period, burst).unwrap_err();
+            assert_eq!(ExactGcra::new(limit, period, burst).unwrap_err(), policy);
+            assert_eq!(ExactShaper::new(limit, period, burst).unwrap_err(), policy);
+        }
+        for (limit, period) in [(1, 0), (0, P), (2, 1), (1, u64::MAX)] {
+            let policy = validated(limit, period, limit).unwrap_err();
+            assert_eq!(ExactFixedWindow::new(limit, period).unwrap_err(), policy);
+            assert_eq!(ExactSlidingWindow::new(limit, period).unwrap_err(), policy);
+            assert_eq!(ExactSlidingLog::new(limit, period).unwrap_err(), policy);
+        }
+        // A refused policy change leaves the model as it was.
+        let mut m = ExactGcra::new(1, P, 1).unwrap();
+        assert!(m.check(0, 1).is_allowed());
+        assert!(m.set_policy(1, 0, 1).is_err());
+        assert_eq!(m.check(0, 1).retry_after_nanos(), Some(P));
+        // The largest numbers it accepts still build.
+        assert!(ExactGcra::new(1, 1 << 62, 1).is_ok());
+        assert!(ExactSlidingLog::new(1, 1 << 62).is_ok());
     }
 }

@@ -45,6 +45,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
+use crate::sync::unique_id;
 
 /// A shaper: reservations on one GCRA state. Lock-free by default; [`LockedShaper`]
 /// is its mutex twin.
@@ -65,6 +66,9 @@ use crate::policy::Policy;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Shaper<C = DefaultClock, S = AtomicCell<GcraState>> {
+    /// This shaper's identity, unique in the process (never reused, unlike its
+    /// address): a [`Reservation`] carries it so that only its shaper refunds it.
+    id: u64,
     gcra: Gcra,
     clock: C,
     cell: S,
@@ -88,6 +92,9 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 /// A granted slot: the request may proceed at [`ready_at`](Reservation::ready_at).
 ///
 /// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back.
+/// A reservation belongs to the shaper that granted it: any other shaper (including
+/// a later one at the same address) refunds nothing for it. Two reservations are
+/// equal only if the same shaper granted the same slot.
 ///
 /// # Examples
 ///
@@ -104,6 +111,8 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 #[must_use = "a reservation holds units; drop it to keep them or cancel it to give them back"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
+    /// The [`Shaper::id`] of the shaper that granted it.
+    shaper: u64,
     made_at: Nanos,
     ready_at: Nanos,
     /// `TAT` right after this reservation.
@@ -232,12 +241,12 @@ impl Algorithm for Refund {
         }
         let current = state.tat().as_u64();
         // Units reserved after this one: their slots are handed out, they stay spent.
-        let later = current.saturating_sub(self.tat) / self.interval;
+        let later = current.saturating_sub(self.tat) / self.interval.max(1);
         let back = self.units.saturating_sub(later);
         if back == 0 {
             return (refunded(0), None);
         }
-        let tat = current.saturating_sub(back * self.interval);
+        let tat = current.saturating_sub(back.saturating_mul(self.interval));
         (refunded(back), Some(GcraState::from_tat(Nanos::new(tat))))
     }
 
@@ -276,6 +285,7 @@ impl<C: Clock> Shaper<C> {
     /// ```
     pub fn with_clock(policy: Policy, clock: C) -> Self {
         Shaper {
+            id: unique_id(),
             gcra: Gcra::new(policy),
             clock,
             cell: AtomicCell::fresh(),
@@ -296,6 +306,7 @@ impl<C: Clock> LockedShaper<C> {
     /// ```
     pub fn locked_with_clock(policy: Policy, clock: C) -> Self {
         Shaper {
+            id: unique_id(),
             gcra: Gcra::new(policy),
             clock,
             cell: LockedCell::fresh(),
@@ -373,6 +384,7 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             booked.saturating_sub(tau)
         };
         Ok(Reservation {
+            shaper: self.id,
             made_at: now,
             ready_at: Nanos::new(now.as_u64().saturating_add(delay)),
             tat: Nanos::new(now.as_u64().saturating_add(booked)),
@@ -383,6 +395,10 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
 
     /// Gives back the units of `reservation` that nobody reserved after it, unless its
     /// slot has passed. Returns the units given back.
+    ///
+    /// A reservation another shaper granted (another [`Shaper`] or [`LockedShaper`],
+    /// or one since dropped, even if this shaper now sits at its address) is not
+    /// this shaper's to refund: cancelling it here does nothing and returns 0.
     ///
     /// # Examples
     ///
@@ -416,9 +432,16 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// let r = shaper.reserve_at(Nanos::from_secs(1), 1, Duration::ZERO)?;
     /// // The slot (1 s) has passed at 2 s: nothing comes back.
     /// assert_eq!(shaper.cancel_at(Nanos::from_secs(2), r), 0);
+    /// // Another shaper's reservation is not this one's to refund.
+    /// let other = Shaper::with_clock(Policy::per_second(1)?.with_burst(1)?, ManualClock::new());
+    /// let theirs = other.reserve_at(Nanos::from_secs(3), 1, Duration::ZERO)?;
+    /// assert_eq!(shaper.cancel_at(Nanos::from_secs(3), theirs), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel_at(&self, now: Nanos, reservation: Reservation) -> u32 {
+        if reservation.shaper != self.id {
+            return 0;
+        }
         let refund = Refund {
             interval: self.gcra.policy().interval_nanos(),
             tat: reservation.tat.as_u64(),
@@ -426,7 +449,8 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             units: u64::from(reservation.cost),
         };
         // remaining() ≤ cost ≤ u32::MAX
-        self.cell.apply(&refund, now, 0).remaining() as u32
+        let back = self.cell.apply(&refund, now, 0).remaining();
+        u32::try_from(back).unwrap_or(u32::MAX)
     }
 
     /// Reserves `cost` units and blocks the thread until their slot: one
@@ -658,6 +682,57 @@ mod tests {
         assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 300 * MS));
     }
 
+    /// A reservation from another shaper (a bigger one, one with the same policy, one
+    /// dropped whose memory the next shaper reuses, the mutex twin's) gives back
+    /// nothing and leaves the state alone: never wrong arithmetic, never a panic.
+    #[test]
+    fn a_foreign_reservation_gives_back_nothing() {
+        fn foreign_cancels_do_nothing<S: StateCell<GcraState>>(
+            make: impl Fn(Policy) -> Shaper<ManualClock, S>,
+        ) {
+            let max = Duration::from_secs(1);
+            let small = Policy::per_second(10).unwrap().with_burst(1).unwrap();
+            // T = 2 ns, B = u32::MAX: a reservation of u32::MAX units.
+            let huge = Policy::new(u64::from(u32::MAX), Duration::from_secs(5)).unwrap();
+            let slow = Policy::new(1, Duration::from_secs(3_600 * 24 * 365 * 100)).unwrap();
+
+            let mut s = make(small);
+            let _ = s.reserve(1, max).unwrap();
+            let before = s.state();
+            let big = make(huge).reserve(u32::MAX, max).unwrap();
+            assert_eq!(s.cancel(big), 0);
+            let twin = make(small).reserve(1, max).unwrap();
+            assert_eq!(s.cancel(twin), 0);
+            let long = make(slow).reserve(1, max).unwrap();
+            assert_eq!(s.cancel(long), 0);
+            assert_eq!(s.state(), before);
+
+            // The same place in memory, a new shaper: the old reservation is not its.
+            let at = core::ptr::addr_of!(s) as usize;
+            let old = s.reserve(1, max).unwrap();
+            s = make(small);
+            assert_eq!(core::ptr::addr_of!(s) as usize, at);
+            let _ = s.reserve(1, max).unwrap();
+            let before = s.state();
+            assert_eq!(s.cancel(old), 0);
+            assert_eq!(s.state(), before);
+            // Its own reservation still comes back.
+            let own = s.reserve(1, max).unwrap();
+            assert_eq!(s.cancel(own), 1);
+            assert_eq!(s.state(), before);
+        }
+        let clock = ManualClock::starting_at(Nanos::from_secs(100));
+        foreign_cancels_do_nothing(|p| Shaper::with_clock(p, clock.clone()));
+        foreign_cancels_do_nothing(|p| Shaper::locked_with_clock(p, clock.clone()));
+        // Across kinds: the twin's reservation is foreign to the lock-free shaper.
+        let policy = Policy::per_second(10).unwrap().with_burst(1).unwrap();
+        let atomic = Shaper::with_clock(policy, clock.clone());
+        let locked = Shaper::locked_with_clock(policy, clock.clone());
+        let r = locked.reserve(1, Duration::ZERO).unwrap();
+        assert_eq!(atomic.cancel(r), 0);
+        assert_eq!(atomic.state(), GcraState::default());
+    }
+
     #[test]
     fn atomic_and_twin_agree() {
         let policy = Policy::per_second(10).unwrap().with_burst(2).unwrap();
@@ -667,7 +742,9 @@ mod tests {
         for i in 0..50u32 {
             let max = Duration::from_millis(u64::from(i % 7) * 90);
             let (ra, rl) = (a.reserve(i % 3, max), l.reserve(i % 3, max));
-            assert_eq!(ra, rl);
+            // The same slots; not equal reservations: each belongs to its own shaper.
+            let slot = |r: &Reservation| (r.ready_at(), r.delay(), r.cost(), r.decision());
+            assert_eq!(ra.as_ref().map(slot), rl.as_ref().map(slot));
             if i % 4 == 0 {
                 if let (Ok(ra), Ok(rl)) = (ra, rl) {
                     assert_eq!(a.cancel(ra), l.cancel(rl));

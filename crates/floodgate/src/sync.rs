@@ -182,6 +182,20 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// A number no earlier call in this process returned: an identity for objects whose
+/// address may be reused after they are dropped (a [`Shaper`](crate::Shaper) and the
+/// reservations it grants, a limiter and the refund receipts it issues).
+///
+/// A plain std atomic under every cfg, loom included: the number is an identity, not
+/// a synchronisation point, so there is nothing to model-check (and a loom atomic in a
+/// `static` could not outlive one model execution). 2^64 numbers never run out: at
+/// one per nanosecond they last 584 years.
+pub(crate) fn unique_id() -> u64 {
+    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+    // Relaxed: only uniqueness matters, which the RMW's total order gives.
+    NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+}
+
 /// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
 ///
 /// Plain std atomics: the index is an identity, not a synchronisation point. Under
@@ -207,13 +221,4 @@ pub(crate) fn thread_index() -> usize {
         }
         i
     })
-}
-
-/// A number never handed out before in this process: the ids that bind receipts and
-/// reservations to the limiter that issued them. Not a model-checked atomic (under
-/// loom too): it only has to be unique, and a plain counter is, in every interleaving.
-pub(crate) fn next_unique_id() -> u64 {
-    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-    // Relaxed: uniqueness needs only the counter's own modification order.
-    NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
 }

@@ -238,7 +238,7 @@ impl WindowLayout {
     }
 
     /// Width of the window index in bits (`k`).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) const fn window_bits(&self) -> u32 {
         64 - self.window_shift
     }

@@ -31,7 +31,7 @@ fn fixed_window_admits_twenty() {
     let clock = ManualClock::new();
     let l = RateLimiter::with_clock(FixedWindow::new(per_minute()).unwrap(), clock.clone());
     assert_eq!(spike(|| l.check().is_allowed(), &clock), (10, 10));
-    let mut m = ExactFixedWindow::new(10, 60 * S);
+    let mut m = ExactFixedWindow::new(10, 60 * S).unwrap();
     let mut now = 59 * S;
     let first = (0..10).filter(|_| m.check(now, 1).is_allowed()).count();
     now = 61 * S;
@@ -47,7 +47,7 @@ fn sliding_log_admits_ten() {
     assert_eq!(spike(|| l.check().is_allowed(), &clock), (10, 0));
     // The first of them leaves at 1:59, 58 s after 1:01.
     assert_eq!(l.check().retry_after(), Some(Duration::from_secs(58)));
-    let mut m = ExactSlidingLog::new(10, 60 * S);
+    let mut m = ExactSlidingLog::new(10, 60 * S).unwrap();
     assert!(m.check(59 * S, 10).is_allowed());
     assert_eq!(
         m.check(61 * S, 1).retry_after(),
@@ -69,7 +69,7 @@ fn sliding_window_counter_admits_eleven() {
         l.check().retry_after(),
         Some(Duration::from_secs(5) + Duration::from_nanos(1))
     );
-    let mut m = ExactSlidingWindow::new(10, 60 * S);
+    let mut m = ExactSlidingWindow::new(10, 60 * S).unwrap();
     assert!(m.check(59 * S, 10).is_allowed());
     assert!(m.check(61 * S, 1).is_allowed());
     assert!(!m.check(61 * S, 1).is_allowed());
@@ -85,7 +85,7 @@ fn gcra_admits_ten() {
     assert_eq!(spike(|| l.check().is_allowed(), &clock), (10, 0));
     // The next unit at 2:05 − 60 s = 1:05, 4 s after 1:01.
     assert_eq!(l.check().retry_after(), Some(Duration::from_secs(4)));
-    let mut m = ExactGcra::new(10, 60 * S, 10);
+    let mut m = ExactGcra::new(10, 60 * S, 10).unwrap();
     assert!(m.check(59 * S, 10).is_allowed());
     assert_eq!(
         m.check(61 * S, 1).retry_after(),

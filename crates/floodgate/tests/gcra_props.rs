@@ -50,7 +50,7 @@ proptest! {
         let clock = ManualClock::new();
         let atomic = RateLimiter::with_clock(gcra, clock.clone());
         let locked: LockedRateLimiter<Gcra, ManualClock> = RateLimiter::locked_with_clock(gcra, clock);
-        let mut model = ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst());
+        let mut model = ExactGcra::new(policy.limit(), policy.period_nanos(), policy.burst()).unwrap();
         let mut now = start;
         for step in &trace {
             now = now.saturating_add_signed(step.jump);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use floodgate::{
     Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
-    KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
-    SlidingWindow, TokenBucket,
+    KeyedError, KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
+    SlidingWindow, TokenBucket, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
 use proptest::prelude::*;
 
@@ -608,4 +608,90 @@ fn a_full_window_never_packs_to_the_dead_word() {
     let over = limiter.check_n(&9, 1);
     assert!(!over.is_allowed());
     assert_eq!(over, direct.check_n(1));
+}
+
+/// `peek(n)` is exactly the next `check_n(n)`, also where that check is refused
+/// because its transition would store the table's reserved dead word (a GCRA `TAT`
+/// of `u64::MAX` ns): for a fresh key and for a stored one, on every table.
+#[test]
+fn peek_equals_check_where_the_next_state_would_be_the_dead_word() {
+    const T: u64 = 1_000_000_000;
+    for kind in KINDS {
+        // Burst 1: a fresh key's first unit would book TAT = now + T = u64::MAX.
+        let clock = ManualClock::starting_at(Nanos::new(u64::MAX - T));
+        let gcra = Gcra::new(Policy::per_second(1).unwrap());
+        let limiter = keyed_as(kind, gcra, 16, 1, &clock);
+        let peeked = limiter.peek(&7, 1);
+        let checked = limiter.check_n(&7, 1);
+        assert!(!checked.is_allowed(), "{kind:?}");
+        assert_eq!(peeked, checked, "{kind:?}: fresh key");
+
+        // Burst 2: the stored key's second unit would book TAT = u64::MAX.
+        let clock = ManualClock::starting_at(Nanos::new(u64::MAX - 2 * T));
+        let gcra = Gcra::new(Policy::new(2, Duration::from_secs(2)).unwrap());
+        let limiter = keyed_as(kind, gcra, 16, 1, &clock);
+        assert!(limiter.check_n(&7, 1).is_allowed(), "{kind:?}");
+        let peeked = limiter.peek(&7, 1);
+        let checked = limiter.check_n(&7, 1);
+        assert!(!checked.is_allowed(), "{kind:?}");
+        assert_eq!(peeked, checked, "{kind:?}: stored key");
+    }
+}
+
+/// A capacity whose slot array is over the memory budget is a `KeyedError` naming
+/// both numbers, returned before anything is allocated (the largest capacity used to
+/// abort the process: ≈ 78.6 GB written up front); one exactly at the budget builds.
+#[test]
+fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
+    let builder = || KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap())).shards(1);
+    // The default budget refuses the largest capacity, on both tables, at once.
+    let most = builder().capacity(MAX_CAPACITY);
+    let bytes = most.slot_bytes().unwrap();
+    assert!(bytes > 78_000_000_000, "{bytes}");
+    let over = KeyedError::OverMemoryBudget {
+        capacity: MAX_CAPACITY,
+        slot_bytes: bytes,
+        budget: DEFAULT_MEMORY_BUDGET,
+    };
+    assert_eq!(most.clone().build_compact::<u64>().unwrap_err(), over);
+    assert_eq!(most.clone().build_fingerprint::<str>().unwrap_err(), over);
+    assert_eq!(most.build::<u64>().unwrap_err(), over);
+
+    // Around the default budget (16 bytes a slot, 8 slots for 7 keys): the largest
+    // capacity that fits and the next one, without building the big one.
+    let fits = DEFAULT_MEMORY_BUDGET / 16 / 8 * 7;
+    assert!(builder().capacity(fits).slot_bytes().unwrap() <= DEFAULT_MEMORY_BUDGET);
+    let next = builder().capacity(fits + 1);
+    let bytes = next.slot_bytes().unwrap();
+    assert!(bytes > DEFAULT_MEMORY_BUDGET);
+    assert_eq!(
+        next.build_compact::<u64>().unwrap_err(),
+        KeyedError::OverMemoryBudget {
+            capacity: fits + 1,
+            slot_bytes: bytes,
+            budget: DEFAULT_MEMORY_BUDGET,
+        }
+    );
+
+    // Just under and just over a small budget, on both tables.
+    let small = builder().capacity(1_000).shards(4);
+    let need = small.slot_bytes().unwrap();
+    let at = small.clone().memory_budget(need);
+    assert_eq!(at.clone().build::<u64>().unwrap().slot_bytes(), need);
+    assert_eq!(at.build_compact::<u64>().unwrap().slot_bytes(), need);
+    let under = small.memory_budget(need - 1);
+    let err = KeyedError::OverMemoryBudget {
+        capacity: 1_000,
+        slot_bytes: need,
+        budget: need - 1,
+    };
+    assert_eq!(under.clone().build::<u64>().unwrap_err(), err);
+    assert_eq!(under.build_compact::<u64>().unwrap_err(), err);
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a key capacity of 1000 needs {need} bytes of slots, over the memory budget of {} bytes",
+            need - 1
+        )
+    );
 }

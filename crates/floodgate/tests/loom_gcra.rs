@@ -43,7 +43,7 @@ fn some_sequential_order_matches(burst: u64, ops: &[(u64, u32)], observed: &[Dec
     }
     let mut indices: Vec<usize> = (0..ops.len()).collect();
     permute(&mut indices, &mut Vec::new(), &mut |order| {
-        let mut model = ExactGcra::new(1, T, burst);
+        let mut model = ExactGcra::new(1, T, burst).unwrap();
         order
             .iter()
             .all(|&i| model.check(ops[i].0, ops[i].1) == observed[i])

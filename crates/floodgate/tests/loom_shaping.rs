@@ -30,7 +30,7 @@ fn reservations_and_a_cancel_race() {
         // Booked before the race: now, then T (its slot is still ahead at 0).
         let _ = shaper.reserve_at(Nanos::ZERO, 1, max).unwrap();
         let first = shaper.reserve_at(Nanos::ZERO, 1, max).unwrap();
-        let mut model = ExactShaper::new(1, T, 1);
+        let mut model = ExactShaper::new(1, T, 1).unwrap();
         let _ = model.reserve(0, 1, 10 * T).unwrap();
         let model_first = model.reserve(0, 1, 10 * T).unwrap();
 

@@ -32,7 +32,7 @@ fn three_threads_race_on_a_log_of_two() {
             .collect();
         let decisions: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert!(log.entries() <= 2);
-        let mut model = ExactSlidingLog::new(2, 100);
+        let mut model = ExactSlidingLog::new(2, 100).unwrap();
         let _ = model.check(10, 1);
         assert!(some_order_matches(
             &model,

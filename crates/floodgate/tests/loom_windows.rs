@@ -64,7 +64,7 @@ fn fixed_window_race(
 ) -> (FixedWindow, Vec<Decision>, FixedWindowState) {
     let fw = FixedWindow::new(policy(limit)).unwrap();
     let (decisions, lim) = race(fw, ops);
-    let model = ExactFixedWindow::new(limit, P);
+    let model = ExactFixedWindow::new(limit, P).unwrap();
     assert!(linearizable(
         &model,
         ops,
@@ -107,7 +107,7 @@ fn sliding_window_races_across_an_edge() {
         let lim = Arc::new(lim);
         let ops = [(6 * P + 100, 2), (5 * P + 900, 1)];
         let decisions = race_on(&lim, &ops);
-        let mut model = ExactSlidingWindow::new(3, P);
+        let mut model = ExactSlidingWindow::new(3, P).unwrap();
         let _ = model.check(5 * P, 2);
         assert_ne!(lim.state(), start);
         assert!(linearizable(

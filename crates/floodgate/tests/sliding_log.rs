@@ -31,7 +31,7 @@ proptest! {
     fn log_and_model_agree((period, limit, start, ops) in case()) {
         let policy = Policy::new(limit, Duration::from_nanos(period)).unwrap();
         let log = SlidingLog::with_clock(policy, ManualClock::new());
-        let mut model = ExactSlidingLog::new(limit, period);
+        let mut model = ExactSlidingLog::new(limit, period).unwrap();
         let mut now = start;
         for (i, o) in ops.iter().enumerate() {
             now = advance(now, o.step);

@@ -105,7 +105,7 @@ proptest! {
     #[test]
     fn fixed_window_atomic_twin_and_model_agree((period, limit, start, ops) in case()) {
         let p = Policy::new(limit, Duration::from_nanos(period)).unwrap();
-        let mut model = ExactFixedWindow::new(limit, period);
+        let mut model = ExactFixedWindow::new(limit, period).unwrap();
         differential(
             FixedWindow::new(p).unwrap(),
             FixedWindow::new(p).unwrap(),
@@ -118,7 +118,7 @@ proptest! {
     #[test]
     fn sliding_window_atomic_twin_and_model_agree((period, limit, start, ops) in case()) {
         let p = Policy::new(limit, Duration::from_nanos(period)).unwrap();
-        let mut model = ExactSlidingWindow::new(limit, period);
+        let mut model = ExactSlidingWindow::new(limit, period).unwrap();
         differential(
             SlidingWindow::new(p).unwrap(),
             SlidingWindow::new(p).unwrap(),

@@ -268,7 +268,7 @@ mod tests {
         for (now, key, cost) in trace {
             let model = models
                 .entry(key)
-                .or_insert_with(|| ExactGcra::new(3, 1_000_000_000, 2));
+                .or_insert_with(|| ExactGcra::new(3, 1_000_000_000, 2).expect("a valid policy"));
             assert_eq!(
                 engine.check(key, Nanos::new(now), cost).unwrap(),
                 model.check(now, cost),

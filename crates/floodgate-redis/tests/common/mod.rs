@@ -205,11 +205,19 @@ pub enum Model {
 
 impl Model {
     pub fn new(algorithm: Algorithm, limit: u64, period_ns: u64, burst: u64) -> Model {
+        // The numbers come from a policy the limiter accepted: the models accept them.
+        const VALID: &str = "a policy the limiter accepted";
         match algorithm {
-            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst)),
-            Algorithm::FixedWindow => Model::Fixed(ExactFixedWindow::new(limit, period_ns)),
-            Algorithm::SlidingWindow => Model::Sliding(ExactSlidingWindow::new(limit, period_ns)),
-            Algorithm::SlidingLog => Model::Log(ExactSlidingLog::new(limit, period_ns)),
+            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst).expect(VALID)),
+            Algorithm::FixedWindow => {
+                Model::Fixed(ExactFixedWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingWindow => {
+                Model::Sliding(ExactSlidingWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingLog => {
+                Model::Log(ExactSlidingLog::new(limit, period_ns).expect(VALID))
+            }
             _ => unreachable!("every algorithm has a model"),
         }
     }

@@ -181,7 +181,8 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// # Errors
     ///
-    /// [`KeyedError`] for a zero or too large capacity, or zero shards.
+    /// [`KeyedError`] for a zero or too large capacity, zero shards, or a slot array
+    /// over the [`memory_budget`](KeyedBuilder::memory_budget).
     ///
     /// # Examples
     ///
@@ -208,7 +209,8 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// # Errors
     ///
-    /// [`KeyedError`] for a zero or too large capacity, or zero shards.
+    /// [`KeyedError`] for a zero or too large capacity, zero shards, or a slot array
+    /// over the [`memory_budget`](KeyedBuilder::memory_budget).
     ///
     /// # Examples
     ///

@@ -13,7 +13,10 @@
 //! # Empty slots
 //!
 //! A slot is *empty* when its state half is [`DEAD`] (all 64 bits set), whatever
-//! its key half. No key can make a slot look empty: the key half is not consulted.
+//! its key half. The state half is stored inverted (`!bits`), so an empty slot reads
+//! as zero in memory and a new table's slot array comes zeroed from the allocator
+//! (`alloc_zeroed`: for a large table, pages the OS maps lazily), not written slot
+//! by slot. No key can make a slot look empty: the key half is not consulted.
 //! No state can either: the state half of an occupied slot is a state's bytes
 //! zero-extended, which is all-ones only for an 8-byte state equal to the reserved
 //! dead word — which the algorithm must never store (as in the general table, a
@@ -70,12 +73,14 @@ pub(crate) const DEAD: u64 = u64::MAX;
 /// Bytes of one compact slot.
 pub(crate) const SLOT_BYTES: usize = 16;
 
-/// An empty slot.
-const EMPTY_SLOT: u128 = DEAD as u128;
+/// An empty slot: all zero in memory (the state half is stored inverted).
+const EMPTY_SLOT: u128 = pack(0, DEAD);
+const _: () = assert!(EMPTY_SLOT == 0);
 
+/// A slot's word: the key's bits high, the state's bits inverted low.
 #[inline(always)]
-fn pack(key: u64, state: u64) -> u128 {
-    (u128::from(key) << 64) | u128::from(state)
+const fn pack(key: u64, state: u64) -> u128 {
+    ((key as u128) << 64) | (!state as u128)
 }
 
 #[inline(always)]
@@ -85,10 +90,11 @@ fn key_half(slot: u128) -> u64 {
 
 #[inline(always)]
 fn state_half(slot: u128) -> u64 {
-    slot as u64
+    !(slot as u64)
 }
 
 /// A slot as [`update_word`] drives it: the whole 128-bit word is compared.
+#[repr(transparent)]
 struct Slot(AtomicU128);
 
 impl CasWord for Slot {
@@ -144,9 +150,7 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
     /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
     pub(crate) fn new(capacity: usize, shards: usize) -> Self {
         let set = ShardSet::new(capacity, shards, |shape| Shard {
-            slots: (0..shape.slots)
-                .map(|_| Slot(AtomicU128::new(EMPTY_SLOT)))
-                .collect(),
+            slots: empty_slots(shape.slots),
             version: AtomicU64::new(0),
             removals: Removals::new(),
             shard_bits: shape.shard_bits,
@@ -215,8 +219,41 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                 (bits, shard.removals.clamp(now))
             }
         };
-        algorithm.decide(from_bits(bits), now, cost).0
+        // As `check` decides: a transition to the dead word is refused.
+        match algorithm.decide(from_bits(bits), now, cost) {
+            (decision, Some(next)) if to_bits(&next) == DEAD => decision.refused(),
+            (decision, _) => decision,
+        }
     }
+}
+
+/// `n` empty slots, zeroed by the allocator: for a large array the OS maps pages of
+/// zeros lazily, so building costs no pass over the memory.
+#[cfg(not(loom))]
+#[allow(unsafe_code)]
+fn empty_slots(n: usize) -> Box<[Slot]> {
+    let Ok(layout) = core::alloc::Layout::array::<Slot>(n) else {
+        panic!("{n} slots overflow the address space");
+    };
+    if layout.size() == 0 {
+        return Box::new([]);
+    }
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` is a live allocation from the global allocator with the layout of
+    // `[Slot; n]`, which is the layout `Box<[Slot]>` frees with. All `n` slots are
+    // initialised: a `Slot` is one `portable_atomic::AtomicU128`, which has the size
+    // and bit validity of `u128`, so all-zero bytes are a valid slot — `EMPTY_SLOT`.
+    unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(ptr, n)) }
+}
+
+/// `n` empty slots (loom's 128-bit atomic is a mutex: built one by one).
+#[cfg(loom)]
+fn empty_slots(n: usize) -> Box<[Slot]> {
+    (0..n).map(|_| Slot(AtomicU128::new(EMPTY_SLOT))).collect()
 }
 
 /// Runs the decision on slot `slot` (last seen holding `seen`) if it still holds
@@ -435,7 +472,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::gcra::{Gcra, GcraState};
@@ -497,5 +534,20 @@ mod tests {
         assert_ne!(state_half(slot.load_now()), DEAD);
         // Another key's CAS never applies to this slot.
         assert!(decide_in(&gcra(), &slot, seen, 4, Nanos::new(0), 1).is_none());
+    }
+
+    /// An empty slot is all zero in memory, so a new table's slot array can come
+    /// zeroed from the allocator instead of being written slot by slot.
+    #[test]
+    fn a_new_table_is_all_zero_bytes() {
+        let table: CompactTable<GcraState> = CompactTable::new(100, 2);
+        let g = gcra();
+        for shard in table.set.shards.iter() {
+            assert!(shard.slots.iter().all(|s| s.0.load(Ordering::Relaxed) == 0));
+        }
+        // Zero bytes are empty slots: the table behaves as fresh.
+        assert!(table.check(&g, 0, || Nanos::from_secs(1), 2).is_allowed());
+        assert!(!table.check(&g, 0, || Nanos::from_secs(1), 1).is_allowed());
+        assert_eq!(table.counts().live, 1);
     }
 }

@@ -34,7 +34,9 @@
 //!   (for `u64` keys: ≈ 18.5 + 16 bytes of payload per key at full capacity), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
 //!   that backlog stays small: the 10 M-key flood test peaks at 35.0 bytes per key
-//!   of capacity, all included.
+//!   of capacity, all included. A build whose slot array would pass the
+//!   [memory budget](KeyedBuilder::memory_budget) (4 GiB by default) is refused with
+//!   [`KeyedError::OverMemoryBudget`] before anything is allocated.
 //! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
 //!   share, a clock hand inspects the next few slots and drops idle keys (state equal
 //!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. Each shard records
@@ -166,8 +168,19 @@ use table::Table;
 /// The key capacity when none is set: 100 000 keys (≈ 3.5 MB for `u64` keys).
 pub const DEFAULT_CAPACITY: usize = 100_000;
 
-/// The largest key capacity accepted: 2^32 keys.
+/// The largest key capacity accepted: 2^32 keys (its slot array alone takes
+/// ≈ 78.6 GB, so it also needs a [`memory_budget`](KeyedBuilder::memory_budget)
+/// that large).
 pub const MAX_CAPACITY: usize = 1 << 32;
+
+/// The slot-array budget when none is set: 4 GiB, enough for ≈ 234 million keys of
+/// capacity (see [`KeyedBuilder::memory_budget`]).
+pub const DEFAULT_MEMORY_BUDGET: usize = 4 << 30;
+
+/// Bytes of one slot, in either table: the general table's (tag, entry pointer) and
+/// the compact table's 128-bit (key, state) word.
+const SLOT_BYTES: usize = table::SLOT_BYTES;
+const _: () = assert!(table::SLOT_BYTES == compact_table::SLOT_BYTES);
 
 /// Keys per shard below which no more shards are added.
 const MIN_KEYS_PER_SHARD: usize = 64;
@@ -321,6 +334,17 @@ pub enum KeyedError {
     },
     /// The shard count was 0: set at least 1 (it is rounded up to a power of two).
     ZeroShards,
+    /// The slot array for this capacity would take more bytes than the memory budget
+    /// ([`KeyedBuilder::memory_budget`]). Nothing was allocated: lower the capacity or
+    /// raise the budget.
+    OverMemoryBudget {
+        /// The capacity asked for.
+        capacity: usize,
+        /// The bytes its slot array would take.
+        slot_bytes: usize,
+        /// The budget, in bytes.
+        budget: usize,
+    },
 }
 
 impl fmt::Display for KeyedError {
@@ -332,13 +356,23 @@ impl fmt::Display for KeyedError {
                 "key capacity {requested} exceeds the maximum of {MAX_CAPACITY}"
             ),
             KeyedError::ZeroShards => f.write_str("shard count must be at least 1"),
+            KeyedError::OverMemoryBudget {
+                capacity,
+                slot_bytes,
+                budget,
+            } => write!(
+                f,
+                "a key capacity of {capacity} needs {slot_bytes} bytes of slots, over the \
+                 memory budget of {budget} bytes"
+            ),
         }
     }
 }
 
 impl std::error::Error for KeyedError {}
 
-/// Configures a [`KeyedLimiter`]: capacity, shard count, clock.
+/// Configures a [`KeyedLimiter`] (or a [`CompactKeyedLimiter`]): capacity, shard
+/// count, memory budget, clock.
 ///
 /// # Examples
 ///
@@ -359,6 +393,7 @@ pub struct KeyedBuilder<A, C = DefaultClock> {
     pub(crate) clock: C,
     pub(crate) capacity: usize,
     pub(crate) shards: Option<usize>,
+    pub(crate) memory_budget: usize,
 }
 
 impl<A> KeyedBuilder<A> {
@@ -380,6 +415,7 @@ impl<A> KeyedBuilder<A> {
             clock: DefaultClock::new(),
             capacity: DEFAULT_CAPACITY,
             shards: None,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
         }
     }
 }
@@ -415,6 +451,67 @@ impl<A, C> KeyedBuilder<A, C> {
         self
     }
 
+    /// The most bytes the slot array may take (default [`DEFAULT_MEMORY_BUDGET`],
+    /// 4 GiB); a build whose slot array would take more returns
+    /// [`KeyedError::OverMemoryBudget`] without allocating.
+    ///
+    /// # What a capacity costs
+    ///
+    /// Both tables allocate their whole slot array at build: 16 bytes per slot, with
+    /// `capacity / shards` keys per shard (plus ≈ 4/√share slack when there is more
+    /// than one shard) at a load factor of 7/8 — ≈ 18.3 bytes per key of capacity
+    /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number).
+    ///
+    /// * [`CompactKeyedLimiter`]: the slot array is all its key memory.
+    /// * [`KeyedLimiter`]: each live key also takes a heap entry (the key and its state
+    ///   word, plus allocator overhead), allocated as keys arrive and not counted in the
+    ///   budget: at most [`max_keys`](KeyedLimiter::max_keys) of them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, KeyedError, Policy};
+    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).capacity(700).shards(1);
+    /// assert_eq!(b.slot_bytes()?, 800 * 16);
+    /// assert!(b.clone().memory_budget(800 * 16).build::<u64>().is_ok());
+    /// assert_eq!(
+    ///     b.memory_budget(1_000).build_compact::<u64>().unwrap_err(),
+    ///     KeyedError::OverMemoryBudget { capacity: 700, slot_bytes: 800 * 16, budget: 1_000 }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    /// The bytes of the slot array a build would allocate now (the same for both
+    /// tables; see [`memory_budget`](KeyedBuilder::memory_budget)). Allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, or zero shards (the budget is
+    /// not checked).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, Policy, MAX_CAPACITY};
+    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?));
+    /// // About 78.6 GB for the largest capacity: over the default budget.
+    /// let most = b.capacity(MAX_CAPACITY).shards(1).slot_bytes()?;
+    /// assert_eq!(most, ((1usize << 32) + (1usize << 32).div_ceil(7)) * 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_bytes(&self) -> Result<usize, KeyedError> {
+        let wanted = self.validate_shape()?;
+        let (capacity, shards) = self.layout(wanted);
+        let (_, slots_per_shard) = table::shard_size(capacity, shards);
+        Ok(slots_per_shard
+            .saturating_mul(shards)
+            .saturating_mul(SLOT_BYTES))
+    }
+
     /// The clock decisions read (default [`DefaultClock`]).
     ///
     /// # Examples
@@ -434,6 +531,7 @@ impl<A, C> KeyedBuilder<A, C> {
             clock,
             capacity: self.capacity,
             shards: self.shards,
+            memory_budget: self.memory_budget,
         }
     }
 
@@ -446,7 +544,8 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// # Errors
     ///
-    /// [`KeyedError`] for a zero or too large capacity, or zero shards.
+    /// [`KeyedError`] for a zero or too large capacity, zero shards, or a slot array
+    /// over the [`memory_budget`](KeyedBuilder::memory_budget).
     ///
     /// # Examples
     ///
@@ -464,8 +563,22 @@ impl<A, C> KeyedBuilder<A, C> {
         Ok(self.assemble(wanted))
     }
 
-    /// The shard count asked for, once capacity and shards are known to be valid.
+    /// The shard count asked for, once capacity, shards and the slot array's size
+    /// are known to be valid.
     fn validate(&self) -> Result<usize, KeyedError> {
+        let slot_bytes = self.slot_bytes()?;
+        if slot_bytes > self.memory_budget {
+            return Err(KeyedError::OverMemoryBudget {
+                capacity: self.capacity,
+                slot_bytes,
+                budget: self.memory_budget,
+            });
+        }
+        self.validate_shape()
+    }
+
+    /// The shard count asked for, once capacity and shards are known to be valid.
+    fn validate_shape(&self) -> Result<usize, KeyedError> {
         if self.capacity == 0 {
             return Err(KeyedError::ZeroCapacity);
         }

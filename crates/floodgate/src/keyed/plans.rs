@@ -459,6 +459,7 @@ where
             clock: table.clock,
             capacity: table.capacity,
             shards: table.shards,
+            memory_budget: table.memory_budget,
         }
         .build()
         .map_err(PlansError::Keyed)?;

@@ -437,7 +437,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        self.charge(algorithm, key, now, cost).decision
+        self.decide::<false, Q, A>(algorithm, key, now, cost)
+            .decision
     }
 
     /// [`check`](Table::check), also returning what the admission wrote and what a
@@ -455,12 +456,33 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
+        self.decide::<true, Q, A>(algorithm, key, now, cost)
+    }
+
+    /// The decision path of `check` and `charge`; only a charge (`RECEIPT`) reads
+    /// what its receipt compares (atomic loads a plain check would not remove).
+    #[inline(always)]
+    fn decide<const RECEIPT: bool, Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
         let (shard, tag) = self.locate(key);
         let guard = pin();
         // Read before the probe: a removal of the entry found below happens after
         // this read, so a refund sees the generation move.
-        let generation = shard.removals.generation();
-        let noted = shard.removals.ledger.note();
+        let (generation, noted) = if RECEIPT {
+            (shard.removals.generation(), shard.removals.ledger.note())
+        } else {
+            (0, 0)
+        };
         if let Some(entry) = shard.find(tag, key, &guard) {
             let now = shard.removals.clamp(now);
             if let Some((decision, charge)) = charge_live(algorithm, &entry.state, now, cost) {
@@ -542,7 +564,7 @@ where
             Some(entry) => {
                 let state = entry.state.load(Ordering::Relaxed);
                 if !is_dead(&state) {
-                    return algorithm.decide(state, clamped, cost).0;
+                    return decide_unwritten(algorithm, state, clamped, cost);
                 }
             }
             None => {
@@ -551,9 +573,8 @@ where
                 fence(Ordering::Acquire);
                 let after = shard.version.load(Ordering::Relaxed);
                 if before == after && before % 2 == 0 {
-                    return algorithm
-                        .decide(bytemuck::Zeroable::zeroed(), clamped, cost)
-                        .0;
+                    let fresh = bytemuck::Zeroable::zeroed();
+                    return decide_unwritten(algorithm, fresh, clamped, cost);
                 }
             }
         }
@@ -562,7 +583,7 @@ where
             Some(entry) => entry.state.load(Ordering::Relaxed),
             None => bytemuck::Zeroable::zeroed(),
         };
-        algorithm.decide(state, shard.removals.clamp(now), cost).0
+        decide_unwritten(algorithm, state, shard.removals.clamp(now), cost)
     }
 }
 
@@ -710,6 +731,19 @@ fn isqrt(n: usize) -> usize {
         y = (x + n / x) / 2;
     }
     x
+}
+
+/// The decision `check` would take on `state`, without writing: a transition to the
+/// dead word is refused there, so it is refused here too.
+#[inline(always)]
+fn decide_unwritten<A>(algorithm: &A, state: A::State, now: Nanos, cost: u32) -> Decision
+where
+    A: Algorithm + ?Sized,
+{
+    match algorithm.decide(state, now, cost) {
+        (decision, Some(next)) if is_dead(&next) => decision.refused(),
+        (decision, _) => decision,
+    }
 }
 
 /// Runs the decision on a live entry; `None` when the entry is dead. Also returns
@@ -997,7 +1031,7 @@ impl<K, S> Drop for Table<K, S> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     //! Small enough for Miri, which checks the table's `unsafe` (entry lifetimes,
     //! frees, data races). crossbeam-epoch casts integers to pointers and breaks
