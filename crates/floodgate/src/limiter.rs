@@ -93,6 +93,27 @@ impl<C: Clock> RateLimiter<Gcra, C> {
     }
 }
 
+impl<C: Clock, S: StateCell<crate::gcra::GcraState>> RateLimiter<Gcra, C, S> {
+    /// Replaces the policy ([`set_algorithm`](RateLimiter::set_algorithm) with
+    /// `Gcra::new(policy)`): the schedule is kept, the new rate applies from now on
+    /// and `remaining` is clamped to the new burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let mut limiter = RateLimiter::gcra_with_clock(Policy::per_second(10)?, ManualClock::new());
+    /// assert!(limiter.check_n(6).is_allowed());
+    /// // TAT = now + 600 ms; under 5/s (T = 200 ms, τ = 1 s) 2 units fit.
+    /// limiter.set_policy(Policy::per_second(5)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.set_algorithm(Gcra::new(policy));
+    }
+}
+
 impl<A: Algorithm> RateLimiter<A> {
     /// A lock-free limiter running `algorithm` on the [`DefaultClock`].
     ///
@@ -261,15 +282,17 @@ where
     /// ```
     #[inline]
     pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let generation = self.cell.generation();
         let (decision, charge) = self.cell.charge(&self.algorithm, now, cost);
-        (decision, Receipt::new(self.owner, 0, 0, charge))
+        (decision, Receipt::new(self.owner, 0, generation, charge))
     }
 
     /// Gives back what the charge behind `receipt` still provably holds
     /// ([`Algorithm::refund`]): never another request's units. Returns whether
     /// anything came back. A receipt of another limiter, or of a charge that took
-    /// nothing, gives back nothing. The clock is read after the state is loaded, so
-    /// the refund is judged no earlier than any admission it sees.
+    /// nothing, or of a charge taken before a [`reset`](RateLimiter::reset) or a
+    /// policy change, gives back nothing. The clock is read after the state is
+    /// loaded, so the refund is judged no earlier than any admission it sees.
     ///
     /// # Examples
     ///
@@ -287,13 +310,72 @@ where
     /// ```
     pub fn refund(&self, receipt: Receipt) -> bool {
         match receipt.charge_for(self.owner, 0) {
-            Some(charge) => self
-                .cell
-                .refund(&self.algorithm, &charge, receipt.noted(), || {
-                    self.clock.now()
-                }),
+            Some(charge) => self.cell.refund(
+                &self.algorithm,
+                &charge,
+                receipt.noted(),
+                receipt.generation(),
+                || self.clock.now(),
+            ),
             None => false,
         }
+    }
+
+    /// Back to the fresh state, as if no request had been seen (to unblock a client,
+    /// or clear a failure counter). Outstanding receipts are invalidated: a refund
+    /// of a charge taken before the reset gives back nothing, since the reset has
+    /// already given back everything.
+    ///
+    /// A decision racing the reset is ordered before it (and wiped) or after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (_, receipt) = limiter.charge(1);
+    /// assert!(!limiter.check().is_allowed());
+    /// limiter.reset();
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.refund(receipt)); // the reset gave it back already
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn reset(&self) {
+        self.cell.reset();
+    }
+
+    /// Replaces the algorithm (and with it the policy), keeping the state as
+    /// [`Algorithm::carry_over`] says: GCRA keeps its schedule and applies the new
+    /// rate from now on; a window keeps its counts when the period stays and starts
+    /// fresh when it changes. Outstanding receipts are invalidated (a refund of an
+    /// earlier charge gives back nothing).
+    ///
+    /// Takes `&mut self`: no decision can run on the old algorithm while the state is
+    /// carried over. To change a shared limiter, hold it in a lock of your own, or
+    /// use [`SlidingLog::set_policy`](crate::SlidingLog::set_policy), whose state is
+    /// under a mutex anyway.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, ManualClock, Policy, RateLimiter};
+    /// let mut limiter = RateLimiter::with_clock(FixedWindow::new(Policy::per_minute(10)?)?, ManualClock::new());
+    /// assert!(limiter.check_n(4).is_allowed());
+    /// // Same period: the 4 units stay counted.
+    /// limiter.set_algorithm(FixedWindow::new(Policy::per_minute(5)?)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 1);
+    /// // Another period: a fresh window.
+    /// limiter.set_algorithm(FixedWindow::new(Policy::per_hour(5)?)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 5);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn set_algorithm(&mut self, algorithm: A) {
+        let now = self.clock.now();
+        let previous = core::mem::replace(&mut self.algorithm, algorithm);
+        let next = &self.algorithm;
+        self.cell
+            .replace(|state| next.carry_over(&previous, state, now));
     }
 
     /// [`peek`](RateLimiter::peek) at an instant the caller read.
