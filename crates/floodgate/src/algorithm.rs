@@ -137,6 +137,41 @@ pub trait Algorithm: Send + Sync {
         let _ = (previous, now);
         state
     }
+
+    /// Books `cost` units at the earliest instant they fit, however far ahead (first
+    /// come, first served): the decision (denied only for "never") and the state to
+    /// store; `None` when the algorithm cannot book ahead (the default: the window
+    /// algorithms, which wait by checking again after `retry_after`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Charged, FixedWindow, Gcra, Nanos, Policy};
+    /// let gcra = Gcra::new(Policy::per_second(1)?);
+    /// let now = Nanos::from_secs(10);
+    /// let (_, full) = gcra.decide(Default::default(), now, 1);
+    /// let (booked, after) = gcra.book(full.unwrap(), now, 1).unwrap();
+    /// assert!(booked.is_allowed());
+    /// let charge = Charged { before: full.unwrap(), after: after.unwrap(), at: now, cost: 1 };
+    /// assert_eq!(gcra.ready_at(&charge), Nanos::from_secs(11));
+    /// assert!(FixedWindow::new(Policy::per_second(1)?)?.book(Default::default(), now, 1).is_none());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn book(
+        &self,
+        state: Self::State,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<(Decision, Option<Self::State>)> {
+        let _ = (state, now, cost);
+        None
+    }
+
+    /// The instant the units of a [`book`](Algorithm::book)ing may be used (the
+    /// default: the instant it was made).
+    fn ready_at(&self, charge: &Charged<Self::State>) -> Nanos {
+        charge.at
+    }
 }
 
 /// What one admission wrote: the evidence a refund needs to give back only its own

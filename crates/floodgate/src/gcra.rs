@@ -243,6 +243,23 @@ impl Algorithm for Gcra {
     /// assert_eq!(gcra.refund(after, &charge, 0, Nanos::from_secs(11)), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
+    #[inline]
+    fn book(
+        &self,
+        state: GcraState,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<(Decision, Option<GcraState>)> {
+        // The tolerance without bound: every slot is within reach, "never" is n > B.
+        Some(self.decide_within(u64::MAX, state, now, cost))
+    }
+
+    fn ready_at(&self, charge: &Charged<GcraState>) -> Nanos {
+        // The slot: where a plain check of the same request first succeeds.
+        let slot = charge.after.tat.as_u64().saturating_sub(self.tau);
+        Nanos::new(slot.max(charge.at.as_u64()))
+    }
+
     fn refund(
         &self,
         state: GcraState,

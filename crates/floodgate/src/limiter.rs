@@ -1,5 +1,7 @@
 //! [`RateLimiter`]: one limit, one state, any algorithm, any clock.
 
+use core::time::Duration;
+
 use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
@@ -378,6 +380,48 @@ where
             .replace(|state| next.carry_over(&previous, state, now));
     }
 
+    /// Books `cost` units at the earliest instant they fit, however far ahead, for a
+    /// waiter ([`Wait`](crate::Wait)): the decision (denied only for "never"), the
+    /// delay until the booked slot, and the receipt whose
+    /// [`refund`](RateLimiter::refund) cancels the booking. `None` when the
+    /// algorithm cannot book ahead ([`Algorithm::book`]: GCRA books, the windows do
+    /// not).
+    ///
+    /// Bookings are first come, first served: each moves the schedule by its own
+    /// units in one compare-and-swap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, RateLimiter};
+    /// use std::time::Duration;
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(2)?.with_burst(1)?, ManualClock::new());
+    /// let now = Nanos::from_secs(1);
+    /// let (first, wait, _) = limiter.book_at(now, 1).unwrap();
+    /// assert!(first.is_allowed() && wait.is_zero());
+    /// let (_, wait, receipt) = limiter.book_at(now, 1).unwrap();
+    /// assert_eq!(wait, Duration::from_millis(500));
+    /// assert!(limiter.refund(receipt)); // a booking not yet reached comes back whole
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, Duration, Receipt)> {
+        let _can_book = self.algorithm.book(bytemuck::Zeroable::zeroed(), now, 0)?;
+        let generation = self.cell.generation();
+        let booking = Booking(&self.algorithm);
+        let (decision, charge) = self.cell.charge(&booking, now, cost);
+        let delay = charge.as_ref().map_or(Duration::ZERO, |(c, _)| {
+            self.algorithm
+                .ready_at(c)
+                .saturating_since(now)
+                .as_duration()
+        });
+        Some((
+            decision,
+            delay,
+            Receipt::new(self.owner, 0, generation, charge),
+        ))
+    }
+
     /// [`peek`](RateLimiter::peek) at an instant the caller read.
     ///
     /// # Examples
@@ -434,6 +478,24 @@ where
     /// ```
     pub fn state(&self) -> A::State {
         self.cell.load()
+    }
+}
+
+/// An algorithm's [`book`](Algorithm::book) run as a decision (for the cells).
+pub(crate) struct Booking<'a, A>(pub(crate) &'a A);
+
+impl<A: Algorithm> Algorithm for Booking<'_, A> {
+    type State = A::State;
+
+    #[inline]
+    fn decide(&self, state: A::State, now: Nanos, cost: u32) -> (Decision, Option<A::State>) {
+        self.0
+            .book(state, now, cost)
+            .unwrap_or_else(|| self.0.decide(state, now, cost))
+    }
+
+    fn is_idle(&self, state: A::State, now: Nanos) -> bool {
+        self.0.is_idle(state, now)
     }
 }
 

@@ -44,6 +44,7 @@ use crate::algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
+use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
 use crate::sync::{unique_id, AtomicU64, Ordering};
@@ -604,6 +605,35 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         let generation = self.cell.generation();
         let (decision, charge) = self.cell.charge(&self.gcra, now, cost);
         (decision, Receipt::new(self.owner, 0, generation, charge))
+    }
+
+    /// Books `cost` units at the earliest slot, however far ahead (no `max_delay`),
+    /// for a waiter ([`Wait`](crate::Wait)): the decision (denied only for "never"),
+    /// the delay until the slot and the receipt whose [`refund`](Shaper::refund)
+    /// cancels it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(4)?.with_burst(1)?, ManualClock::new());
+    /// let _ = shaper.book_at(Nanos::ZERO, 1);
+    /// let (_, wait, _) = shaper.book_at(Nanos::ZERO, 1);
+    /// assert_eq!(wait, Duration::from_millis(250));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn book_at(&self, now: Nanos, cost: u32) -> (Decision, Duration, Receipt) {
+        let generation = self.cell.generation();
+        let (decision, charge) = self.cell.charge(&Booking(&self.gcra), now, cost);
+        let delay = charge.as_ref().map_or(Duration::ZERO, |(c, _)| {
+            self.gcra.ready_at(c).saturating_since(now).as_duration()
+        });
+        (
+            decision,
+            delay,
+            Receipt::new(self.owner, 0, generation, charge),
+        )
     }
 
     /// What [`charge_at`](Shaper::charge_at) would decide, writing nothing.

@@ -132,6 +132,16 @@ pub trait Limit {
     fn charge(&self, cost: u32) -> (Decision, Receipt) {
         self.charge_at(self.now(), cost)
     }
+
+    /// Books `cost` units at the earliest instant they fit, however far ahead: the
+    /// decision (denied only for "never"), the delay until then, and the receipt
+    /// whose [`refund`](Limit::refund) cancels the booking. `None` (the default)
+    /// when this limit cannot book ahead: a waiter then sleeps until `retry_after`
+    /// and checks again ([`Wait`](crate::Wait)).
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        let _ = (now, cost);
+        None
+    }
 }
 
 /// Checks `cost` against every limit as one decision: if any denies, none is
@@ -248,6 +258,10 @@ impl<A: Algorithm, C: Clock, S: StateCell<A::State>> Limit for RateLimiter<A, C,
     fn refund(&self, receipt: Receipt) -> bool {
         RateLimiter::refund(self, receipt)
     }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        RateLimiter::book_at(self, now, cost)
+    }
 }
 
 impl<C: Clock> Limit for SlidingLog<C> {
@@ -283,6 +297,10 @@ impl<C: Clock, S: StateCell<GcraState>> Limit for Shaper<C, S> {
 
     fn refund(&self, receipt: Receipt) -> bool {
         Shaper::refund(self, receipt)
+    }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        Some(Shaper::book_at(self, now, cost))
     }
 }
 
