@@ -5,9 +5,11 @@ use core::time::Duration;
 use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
+use crate::fixed_window::FixedWindow;
 use crate::gcra::Gcra;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyError};
 use crate::receipt::{Owner, Receipt};
+use crate::sliding_window::SlidingWindow;
 
 /// A direct (un-keyed) rate limiter: an [`Algorithm`], a [`Clock`] and one state cell.
 ///
@@ -75,6 +77,89 @@ impl RateLimiter<Gcra> {
     /// ```
     pub fn gcra(policy: Policy) -> Self {
         RateLimiter::new(Gcra::new(policy))
+    }
+}
+
+impl RateLimiter<FixedWindow> {
+    /// A lock-free fixed-window limiter for `policy` on the [`DefaultClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if the window's counters cannot hold `policy`
+    /// ([`FixedWindow::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = floodgate::RateLimiter::fixed_window(floodgate::Policy::per_minute(60)?)?;
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn fixed_window(policy: Policy) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::new(FixedWindow::new(policy)?))
+    }
+}
+
+impl<C: Clock> RateLimiter<FixedWindow, C> {
+    /// A lock-free fixed-window limiter for `policy` on `clock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`fixed_window`](RateLimiter::fixed_window).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::fixed_window_with_clock(Policy::per_second(1)?, ManualClock::new())?;
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn fixed_window_with_clock(policy: Policy, clock: C) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::with_clock(FixedWindow::new(policy)?, clock))
+    }
+}
+
+impl RateLimiter<SlidingWindow> {
+    /// A lock-free sliding-window-counter limiter for `policy` on the
+    /// [`DefaultClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if the window's counters cannot hold `policy`
+    /// ([`SlidingWindow::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = floodgate::RateLimiter::sliding_window(floodgate::Policy::per_minute(60)?)?;
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn sliding_window(policy: Policy) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::new(SlidingWindow::new(policy)?))
+    }
+}
+
+impl<C: Clock> RateLimiter<SlidingWindow, C> {
+    /// A lock-free sliding-window-counter limiter for `policy` on `clock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`sliding_window`](RateLimiter::sliding_window).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::sliding_window_with_clock(Policy::per_second(1)?, ManualClock::new())?;
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn sliding_window_with_clock(policy: Policy, clock: C) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::with_clock(SlidingWindow::new(policy)?, clock))
     }
 }
 

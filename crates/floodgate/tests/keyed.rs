@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use floodgate::{
     Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
-    KeyedError, KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
-    SlidingWindow, TokenBucket, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    KeyedError, KeyedLimiter, KeyedMetrics, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
+    DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
 use proptest::prelude::*;
 
@@ -151,12 +151,12 @@ fn gcra_per_key_is_exact() {
 
 #[test]
 fn token_bucket_per_key_is_exact() {
-    same_as_direct(TokenBucket::new(4, 2, Duration::from_millis(300)).unwrap());
+    same_as_direct(Gcra::token_bucket(4, 2, Duration::from_millis(300)).unwrap());
 }
 
 #[test]
 fn leaky_bucket_per_key_is_exact() {
-    same_as_direct(LeakyBucket::meter(5, 10, Duration::from_secs(1)).unwrap());
+    same_as_direct(Gcra::leaky_meter(5, 10, Duration::from_secs(1)).unwrap());
 }
 
 #[test]
