@@ -32,7 +32,7 @@
 //! ([`Wait::wait_with`]); the async form takes a function returning the runtime's
 //! sleep future ([`Wait::until_ready_with`]): `tokio::time::sleep`,
 //! `async_io::Timer::after` (smol, async-std), or a test's own. With the `tokio`
-//! feature, [`Wait::until_ready`] passes `tokio::time::sleep` for you. A sleep
+//! feature, `Wait::until_ready` passes `tokio::time::sleep` for you. A sleep
 //! function keeps this crate free of a timer dependency and lets tests drive a
 //! [`ManualClock`](crate::ManualClock).
 //!
