@@ -137,6 +137,41 @@ pub trait Algorithm: Send + Sync {
         let _ = (previous, now);
         state
     }
+
+    /// Books `cost` units at the earliest instant they fit, however far ahead (first
+    /// come, first served): the decision (denied only for "never") and the state to
+    /// store; `None` when the algorithm cannot book ahead (the default: the window
+    /// algorithms, which wait by checking again after `retry_after`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Charged, FixedWindow, Gcra, Nanos, Policy};
+    /// let gcra = Gcra::new(Policy::per_second(1)?);
+    /// let now = Nanos::from_secs(10);
+    /// let (_, full) = gcra.decide(Default::default(), now, 1);
+    /// let (booked, after) = gcra.book(full.unwrap(), now, 1).unwrap();
+    /// assert!(booked.is_allowed());
+    /// let charge = Charged { before: full.unwrap(), after: after.unwrap(), at: now, cost: 1 };
+    /// assert_eq!(gcra.ready_at(&charge), Nanos::from_secs(11));
+    /// assert!(FixedWindow::new(Policy::per_second(1)?)?.book(Default::default(), now, 1).is_none());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn book(
+        &self,
+        state: Self::State,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<(Decision, Option<Self::State>)> {
+        let _ = (state, now, cost);
+        None
+    }
+
+    /// The instant the units of a [`book`](Algorithm::book)ing may be used (the
+    /// default: the instant it was made).
+    fn ready_at(&self, charge: &Charged<Self::State>) -> Nanos {
+        charge.at
+    }
 }
 
 /// What one admission wrote: the evidence a refund needs to give back only its own
@@ -449,16 +484,36 @@ pub trait StateCell<S>: Send + Sync {
         now: Nanos,
         cost: u32,
     ) -> (Decision, Option<(Charged<S>, u64)>);
-    /// Gives back what `charge` (whose ledger note is `noted`) still provably holds
+    /// Gives back what `charge` (whose ledger note is `noted`, taken at
+    /// [`generation`](StateCell::generation) `generation`) still provably holds
     /// ([`Algorithm::refund`]), reading the instant from `now` after the state is
-    /// loaded. Refunds are serialised. Returns whether anything came back.
+    /// loaded. Refunds and resets are serialised. A charge from before the latest
+    /// [`reset`](StateCell::reset) gives back nothing. Returns whether anything came
+    /// back.
     fn refund<A: Algorithm<State = S>>(
         &self,
         algorithm: &A,
         charge: &Charged<S>,
         noted: u64,
+        generation: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool;
+    /// How many [`reset`](StateCell::reset)s this cell has seen. A charge reads it
+    /// before its write and hands it to its refund.
+    ///
+    /// `Acquire`: a charge that reads a reset's generation writes after that
+    /// reset's fresh state, so no charge can be wiped by a reset it has already seen.
+    fn generation(&self) -> u64;
+    /// Back to the fresh state, invalidating every outstanding charge: a refund of
+    /// a charge taken before the reset gives back nothing. Serialised with refunds.
+    fn reset(&self);
+    /// Replaces the state with `f(state)` as one step (a policy change), serialised
+    /// with refunds and resets, and invalidates every outstanding charge (the new
+    /// state may be in another algorithm's packing, where a receipt means nothing).
+    ///
+    /// Decisions may run concurrently: `f` sees the latest state and the CAS retries
+    /// if a decision moved it.
+    fn replace(&self, f: impl FnMut(S) -> S);
 }
 
 /// The lock-free cell: one cache-padded atomic word.
@@ -480,6 +535,9 @@ pub struct AtomicCell<S> {
     word: CachePadded<Atomic<S>>,
     /// Refund bookkeeping (touched by `charge` and `refund` only, never by `apply`).
     ledger: RefundLedger,
+    /// Resets and replacements so far ([`StateCell::generation`]); written under
+    /// the ledger's lock.
+    generation: AtomicU64,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
@@ -487,6 +545,7 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         AtomicCell {
             word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
             ledger: RefundLedger::new(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -521,11 +580,39 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         algorithm: &A,
         charge: &Charged<S>,
         noted: u64,
+        generation: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool {
         self.ledger.refund(noted, |shift| {
+            // Relaxed: resets write the generation under the ledger's lock, held here.
+            if self.generation.load(Ordering::Relaxed) != generation {
+                return None;
+            }
             refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
         })
+    }
+
+    #[inline]
+    fn generation(&self) -> u64 {
+        // Acquire: pairs with the Release bump in `replace` (see the trait docs).
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn reset(&self) {
+        self.replace(|_| bytemuck::Zeroable::zeroed());
+    }
+
+    fn replace(&self, mut f: impl FnMut(S) -> S) {
+        self.ledger.refund(0, |_| {
+            // The new state first (an RMW: ordered after every decision it saw),
+            // then the generation (Release): a charge that reads the new generation
+            // writes after the new state.
+            update_word_ordered(&*self.word, Ordering::AcqRel, |state| ((), Some(f(state))));
+            let g = self.generation.load(Ordering::Relaxed);
+            self.generation.store(g.wrapping_add(1), Ordering::Release);
+            // Nothing given back: the ledger stays as it is.
+            Some(0)
+        });
     }
 }
 
@@ -548,14 +635,15 @@ impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for Ato
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct LockedCell<S> {
-    /// The state and the refund ledger (see [`RefundLedger`]), under one lock.
-    state: CachePadded<Mutex<(S, u64)>>,
+    /// The state, the refund ledger (see [`RefundLedger`]) and the generation
+    /// ([`StateCell::generation`]), under one lock.
+    state: CachePadded<Mutex<(S, u64, u64)>>,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
     fn fresh() -> Self {
         LockedCell {
-            state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0))),
+            state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0, 0))),
         }
     }
 
@@ -580,7 +668,7 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         cost: u32,
     ) -> (Decision, Option<(Charged<S>, u64)>) {
         let mut guard = lock(&self.state);
-        let (before, noted) = *guard;
+        let (before, noted, _) = *guard;
         let (decision, next) = algorithm.decide(before, now, cost);
         let charge = next.map(|after| {
             guard.0 = after;
@@ -600,18 +688,36 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         algorithm: &A,
         charge: &Charged<S>,
         noted: u64,
+        generation: u64,
         mut now: impl FnMut() -> Nanos,
     ) -> bool {
         let mut guard = lock(&self.state);
-        let (state, ledger) = *guard;
+        let (state, ledger, current) = *guard;
+        if current != generation {
+            return false;
+        }
         let shift = ledger.wrapping_sub(noted);
         match algorithm.refund(state, charge, shift, now()) {
             Some((next, moved)) => {
-                *guard = (next, ledger.wrapping_add(moved));
+                *guard = (next, ledger.wrapping_add(moved), current);
                 true
             }
             None => false,
         }
+    }
+
+    fn generation(&self) -> u64 {
+        lock(&self.state).2
+    }
+
+    fn reset(&self) {
+        self.replace(|_| bytemuck::Zeroable::zeroed());
+    }
+
+    fn replace(&self, mut f: impl FnMut(S) -> S) {
+        let mut guard = lock(&self.state);
+        guard.0 = f(guard.0);
+        guard.2 = guard.2.wrapping_add(1);
     }
 }
 

@@ -1,5 +1,6 @@
 //! GCRA — the generic cell rate algorithm — and the two buckets that are the same
-//! machine: [`TokenBucket`] and [`LeakyBucket`] (as a meter).
+//! machine: the token bucket ([`Gcra::token_bucket`]) and the leaky bucket as a meter
+//! ([`Gcra::leaky_meter`]).
 //!
 //! # Semantics
 //!
@@ -94,6 +95,62 @@ impl GcraState {
 }
 
 impl Gcra {
+    /// A token bucket of `capacity` tokens that gains `refill` tokens every `every`,
+    /// as the GCRA that implements it (the same machine: see the
+    /// [module docs](crate::gcra)).
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = refill` and
+    /// `burst = capacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, ManualClock, RateLimiter};
+    /// use std::time::Duration;
+    ///
+    /// // 5 tokens, one more every 200 ms.
+    /// let bucket = Gcra::token_bucket(5, 1, Duration::from_millis(200))?;
+    /// let limiter = RateLimiter::with_clock(bucket, ManualClock::new());
+    /// assert!(limiter.check_n(5).is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn token_bucket(capacity: u64, refill: u64, every: Duration) -> Result<Gcra, PolicyError> {
+        Ok(Gcra::new(Policy::new(refill, every)?.with_burst(capacity)?))
+    }
+
+    /// A leaky bucket used as a meter — `capacity` units, draining `leak` units every
+    /// `every`; a request fits if the level plus its cost stays within the capacity —
+    /// as the GCRA that implements it. For the leaky bucket as a *queue* (requests
+    /// wait for their slot), see [`Shaper`](crate::Shaper).
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = leak` and
+    /// `burst = capacity`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, ManualClock, RateLimiter};
+    /// use std::time::Duration;
+    ///
+    /// // Holds 3, leaks 1 per second.
+    /// let meter = Gcra::leaky_meter(3, 1, Duration::from_secs(1))?;
+    /// let clock = ManualClock::new();
+    /// let limiter = RateLimiter::with_clock(meter, clock.clone());
+    /// assert!(limiter.check_n(3).is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn leaky_meter(capacity: u64, leak: u64, every: Duration) -> Result<Gcra, PolicyError> {
+        Gcra::token_bucket(capacity, leak, every)
+    }
+
     /// GCRA for `policy`: `T = ⌈P/L⌉`, capacity `B = policy.burst()`.
     ///
     /// # Examples
@@ -243,6 +300,23 @@ impl Algorithm for Gcra {
     /// assert_eq!(gcra.refund(after, &charge, 0, Nanos::from_secs(11)), None);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
+    #[inline]
+    fn book(
+        &self,
+        state: GcraState,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<(Decision, Option<GcraState>)> {
+        // The tolerance without bound: every slot is within reach, "never" is n > B.
+        Some(self.decide_within(u64::MAX, state, now, cost))
+    }
+
+    fn ready_at(&self, charge: &Charged<GcraState>) -> Nanos {
+        // The slot: where a plain check of the same request first succeeds.
+        let slot = charge.after.tat.as_u64().saturating_sub(self.tau);
+        Nanos::new(slot.max(charge.at.as_u64()))
+    }
+
     fn refund(
         &self,
         state: GcraState,
@@ -265,79 +339,40 @@ impl Algorithm for Gcra {
     }
 }
 
-/// A token bucket — capacity `B`, refilled with `L` tokens per `P` — built as [`Gcra`].
-///
-/// It is the same machine: see the [module docs](crate::gcra) for the equivalence,
-/// and `tests/buckets.rs` for the test against the textbook `f64` bucket.
-///
-/// # Examples
-///
-/// ```
-/// use floodgate::{ManualClock, RateLimiter, TokenBucket};
-/// use std::time::Duration;
-///
-/// // 5 tokens, one more every 200 ms.
-/// let bucket = TokenBucket::new(5, 1, Duration::from_millis(200))?;
-/// let limiter = RateLimiter::with_clock(bucket, ManualClock::new());
-/// assert!(limiter.check_n(5).is_allowed());
-/// assert!(!limiter.check().is_allowed());
-/// # Ok::<(), floodgate::PolicyError>(())
-/// ```
+/// The token bucket's former constructor; use [`Gcra::token_bucket`].
 #[derive(Debug)]
 pub struct TokenBucket {
     _private: (),
 }
 
 impl TokenBucket {
-    /// A bucket of `capacity` tokens that gains `refill` tokens every `every`.
+    /// [`Gcra::token_bucket`].
     ///
     /// # Errors
     ///
-    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = refill` and
-    /// `burst = capacity`.
-    // The bucket *is* GCRA: `new` returns the machine that implements it.
+    /// As [`Gcra::token_bucket`].
+    #[deprecated(since = "0.1.0", note = "use `Gcra::token_bucket`")]
     #[allow(clippy::new_ret_no_self)]
     pub fn new(capacity: u64, refill: u64, every: Duration) -> Result<Gcra, PolicyError> {
-        Ok(Gcra::new(Policy::new(refill, every)?.with_burst(capacity)?))
+        Gcra::token_bucket(capacity, refill, every)
     }
 }
 
-/// A leaky bucket used as a meter — capacity `B`, draining `L` units per `P`; a request
-/// fits if the level plus its cost stays within `B` — built as [`Gcra`].
-///
-/// For the leaky bucket as a *queue* (requests wait for their slot), see the
-/// reservations of the shaping module once it lands.
-///
-/// # Examples
-///
-/// ```
-/// use floodgate::{LeakyBucket, ManualClock, RateLimiter};
-/// use std::time::Duration;
-///
-/// // Holds 3, leaks 1 per second.
-/// let meter = LeakyBucket::meter(3, 1, Duration::from_secs(1))?;
-/// let clock = ManualClock::new();
-/// let limiter = RateLimiter::with_clock(meter, clock.clone());
-/// assert!(limiter.check_n(3).is_allowed());
-/// assert!(!limiter.check().is_allowed());
-/// clock.advance(Duration::from_secs(1));
-/// assert!(limiter.check().is_allowed());
-/// # Ok::<(), floodgate::PolicyError>(())
-/// ```
+/// The leaky meter's former constructor; use [`Gcra::leaky_meter`].
 #[derive(Debug)]
 pub struct LeakyBucket {
     _private: (),
 }
 
 impl LeakyBucket {
-    /// A meter of `capacity` units that drains `leak` units every `every`.
+    /// [`Gcra::leaky_meter`].
     ///
     /// # Errors
     ///
-    /// As [`Policy::new`] and [`Policy::with_burst`], with `limit = leak` and
-    /// `burst = capacity`.
+    /// As [`Gcra::leaky_meter`].
+    #[deprecated(since = "0.1.0", note = "use `Gcra::leaky_meter`")]
     pub fn meter(capacity: u64, leak: u64, every: Duration) -> Result<Gcra, PolicyError> {
-        Ok(Gcra::new(Policy::new(leak, every)?.with_burst(capacity)?))
+        Gcra::leaky_meter(capacity, leak, every)
     }
 }
 
@@ -543,10 +578,10 @@ mod tests {
 
     #[test]
     fn buckets_are_gcra() {
-        let tb = TokenBucket::new(5, 2, Duration::from_secs(1)).unwrap();
+        let tb = Gcra::token_bucket(5, 2, Duration::from_secs(1)).unwrap();
         assert_eq!(tb, gcra(2, Duration::from_secs(1), 5));
-        let lb = LeakyBucket::meter(5, 2, Duration::from_secs(1)).unwrap();
+        let lb = Gcra::leaky_meter(5, 2, Duration::from_secs(1)).unwrap();
         assert_eq!(lb, tb);
-        assert!(TokenBucket::new(0, 1, Duration::from_secs(1)).is_err());
+        assert!(Gcra::token_bucket(0, 1, Duration::from_secs(1)).is_err());
     }
 }

@@ -75,6 +75,7 @@ pub mod shaping;
 pub mod sliding_log;
 pub mod sliding_window;
 mod sync;
+pub mod waiting;
 pub mod window;
 
 pub use algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
@@ -84,6 +85,7 @@ pub use decision::Decision;
 pub use duration::{parse_duration, DurationError};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
+pub use keyed::composite::{check_all, Limit};
 pub use keyed::{
     CompactKeyedLimiter, Exact, Fingerprint, KeyBits, KeyedBuilder, KeyedError, KeyedLimiter,
     KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
@@ -94,6 +96,7 @@ pub use receipt::Receipt;
 pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};
 pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use waiting::{Jitter, Wait, WaitError};
 pub use window::YEAR_NANOS;
 
 /// Compile-time proof that the public limiters can be shared across threads.

@@ -1,11 +1,15 @@
 //! [`RateLimiter`]: one limit, one state, any algorithm, any clock.
 
+use core::time::Duration;
+
 use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
+use crate::fixed_window::FixedWindow;
 use crate::gcra::Gcra;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyError};
 use crate::receipt::{Owner, Receipt};
+use crate::sliding_window::SlidingWindow;
 
 /// A direct (un-keyed) rate limiter: an [`Algorithm`], a [`Clock`] and one state cell.
 ///
@@ -76,6 +80,89 @@ impl RateLimiter<Gcra> {
     }
 }
 
+impl RateLimiter<FixedWindow> {
+    /// A lock-free fixed-window limiter for `policy` on the [`DefaultClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if the window's counters cannot hold `policy`
+    /// ([`FixedWindow::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = floodgate::RateLimiter::fixed_window(floodgate::Policy::per_minute(60)?)?;
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn fixed_window(policy: Policy) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::new(FixedWindow::new(policy)?))
+    }
+}
+
+impl<C: Clock> RateLimiter<FixedWindow, C> {
+    /// A lock-free fixed-window limiter for `policy` on `clock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`fixed_window`](RateLimiter::fixed_window).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::fixed_window_with_clock(Policy::per_second(1)?, ManualClock::new())?;
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn fixed_window_with_clock(policy: Policy, clock: C) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::with_clock(FixedWindow::new(policy)?, clock))
+    }
+}
+
+impl RateLimiter<SlidingWindow> {
+    /// A lock-free sliding-window-counter limiter for `policy` on the
+    /// [`DefaultClock`].
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] if the window's counters cannot hold `policy`
+    /// ([`SlidingWindow::new`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = floodgate::RateLimiter::sliding_window(floodgate::Policy::per_minute(60)?)?;
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn sliding_window(policy: Policy) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::new(SlidingWindow::new(policy)?))
+    }
+}
+
+impl<C: Clock> RateLimiter<SlidingWindow, C> {
+    /// A lock-free sliding-window-counter limiter for `policy` on `clock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`sliding_window`](RateLimiter::sliding_window).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::sliding_window_with_clock(Policy::per_second(1)?, ManualClock::new())?;
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn sliding_window_with_clock(policy: Policy, clock: C) -> Result<Self, PolicyError> {
+        Ok(RateLimiter::with_clock(SlidingWindow::new(policy)?, clock))
+    }
+}
+
 impl<C: Clock> RateLimiter<Gcra, C> {
     /// A lock-free GCRA limiter for `policy` on `clock`.
     ///
@@ -90,6 +177,27 @@ impl<C: Clock> RateLimiter<Gcra, C> {
     /// ```
     pub fn gcra_with_clock(policy: Policy, clock: C) -> Self {
         RateLimiter::with_clock(Gcra::new(policy), clock)
+    }
+}
+
+impl<C: Clock, S: StateCell<crate::gcra::GcraState>> RateLimiter<Gcra, C, S> {
+    /// Replaces the policy ([`set_algorithm`](RateLimiter::set_algorithm) with
+    /// `Gcra::new(policy)`): the schedule is kept, the new rate applies from now on
+    /// and `remaining` is clamped to the new burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let mut limiter = RateLimiter::gcra_with_clock(Policy::per_second(10)?, ManualClock::new());
+    /// assert!(limiter.check_n(6).is_allowed());
+    /// // TAT = now + 600 ms; under 5/s (T = 200 ms, τ = 1 s) 2 units fit.
+    /// limiter.set_policy(Policy::per_second(5)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.set_algorithm(Gcra::new(policy));
     }
 }
 
@@ -261,15 +369,17 @@ where
     /// ```
     #[inline]
     pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let generation = self.cell.generation();
         let (decision, charge) = self.cell.charge(&self.algorithm, now, cost);
-        (decision, Receipt::new(self.owner, 0, 0, charge))
+        (decision, Receipt::new(self.owner, 0, generation, charge))
     }
 
     /// Gives back what the charge behind `receipt` still provably holds
     /// ([`Algorithm::refund`]): never another request's units. Returns whether
     /// anything came back. A receipt of another limiter, or of a charge that took
-    /// nothing, gives back nothing. The clock is read after the state is loaded, so
-    /// the refund is judged no earlier than any admission it sees.
+    /// nothing, or of a charge taken before a [`reset`](RateLimiter::reset) or a
+    /// policy change, gives back nothing. The clock is read after the state is
+    /// loaded, so the refund is judged no earlier than any admission it sees.
     ///
     /// # Examples
     ///
@@ -287,13 +397,114 @@ where
     /// ```
     pub fn refund(&self, receipt: Receipt) -> bool {
         match receipt.charge_for(self.owner, 0) {
-            Some(charge) => self
-                .cell
-                .refund(&self.algorithm, &charge, receipt.noted(), || {
-                    self.clock.now()
-                }),
+            Some(charge) => self.cell.refund(
+                &self.algorithm,
+                &charge,
+                receipt.noted(),
+                receipt.generation(),
+                || self.clock.now(),
+            ),
             None => false,
         }
+    }
+
+    /// Back to the fresh state, as if no request had been seen (to unblock a client,
+    /// or clear a failure counter). Outstanding receipts are invalidated: a refund
+    /// of a charge taken before the reset gives back nothing, since the reset has
+    /// already given back everything.
+    ///
+    /// A decision racing the reset is ordered before it (and wiped) or after it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (_, receipt) = limiter.charge(1);
+    /// assert!(!limiter.check().is_allowed());
+    /// limiter.reset();
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(!limiter.refund(receipt)); // the reset gave it back already
+    /// assert!(!limiter.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn reset(&self) {
+        self.cell.reset();
+    }
+
+    /// Replaces the algorithm (and with it the policy), keeping the state as
+    /// [`Algorithm::carry_over`] says: GCRA keeps its schedule and applies the new
+    /// rate from now on; a window keeps its counts when the period stays and starts
+    /// fresh when it changes. Outstanding receipts are invalidated (a refund of an
+    /// earlier charge gives back nothing).
+    ///
+    /// Takes `&mut self`: no decision can run on the old algorithm while the state is
+    /// carried over. To change a shared limiter, hold it in a lock of your own, or
+    /// use [`SlidingLog::set_policy`](crate::SlidingLog::set_policy), whose state is
+    /// under a mutex anyway.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, ManualClock, Policy, RateLimiter};
+    /// let mut limiter = RateLimiter::with_clock(FixedWindow::new(Policy::per_minute(10)?)?, ManualClock::new());
+    /// assert!(limiter.check_n(4).is_allowed());
+    /// // Same period: the 4 units stay counted.
+    /// limiter.set_algorithm(FixedWindow::new(Policy::per_minute(5)?)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 1);
+    /// // Another period: a fresh window.
+    /// limiter.set_algorithm(FixedWindow::new(Policy::per_hour(5)?)?);
+    /// assert_eq!(limiter.peek(0).remaining(), 5);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn set_algorithm(&mut self, algorithm: A) {
+        let now = self.clock.now();
+        let previous = core::mem::replace(&mut self.algorithm, algorithm);
+        let next = &self.algorithm;
+        self.cell
+            .replace(|state| next.carry_over(&previous, state, now));
+    }
+
+    /// Books `cost` units at the earliest instant they fit, however far ahead, for a
+    /// waiter ([`Wait`](crate::Wait)): the decision (denied only for "never"), the
+    /// delay until the booked slot, and the receipt whose
+    /// [`refund`](RateLimiter::refund) cancels the booking. `None` when the
+    /// algorithm cannot book ahead ([`Algorithm::book`]: GCRA books, the windows do
+    /// not).
+    ///
+    /// Bookings are first come, first served: each moves the schedule by its own
+    /// units in one compare-and-swap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, RateLimiter};
+    /// use std::time::Duration;
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(2)?.with_burst(1)?, ManualClock::new());
+    /// let now = Nanos::from_secs(1);
+    /// let (first, wait, _) = limiter.book_at(now, 1).unwrap();
+    /// assert!(first.is_allowed() && wait.is_zero());
+    /// let (_, wait, receipt) = limiter.book_at(now, 1).unwrap();
+    /// assert_eq!(wait, Duration::from_millis(500));
+    /// assert!(limiter.refund(receipt)); // a booking not yet reached comes back whole
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, Duration, Receipt)> {
+        let _can_book = self.algorithm.book(bytemuck::Zeroable::zeroed(), now, 0)?;
+        let generation = self.cell.generation();
+        let booking = Booking(&self.algorithm);
+        let (decision, charge) = self.cell.charge(&booking, now, cost);
+        let delay = charge.as_ref().map_or(Duration::ZERO, |(c, _)| {
+            self.algorithm
+                .ready_at(c)
+                .saturating_since(now)
+                .as_duration()
+        });
+        Some((
+            decision,
+            delay,
+            Receipt::new(self.owner, 0, generation, charge),
+        ))
     }
 
     /// [`peek`](RateLimiter::peek) at an instant the caller read.
@@ -352,6 +563,24 @@ where
     /// ```
     pub fn state(&self) -> A::State {
         self.cell.load()
+    }
+}
+
+/// An algorithm's [`book`](Algorithm::book) run as a decision (for the cells).
+pub(crate) struct Booking<'a, A>(pub(crate) &'a A);
+
+impl<A: Algorithm> Algorithm for Booking<'_, A> {
+    type State = A::State;
+
+    #[inline]
+    fn decide(&self, state: A::State, now: Nanos, cost: u32) -> (Decision, Option<A::State>) {
+        self.0
+            .book(state, now, cost)
+            .unwrap_or_else(|| self.0.decide(state, now, cost))
+    }
+
+    fn is_idle(&self, state: A::State, now: Nanos) -> bool {
+        self.0.is_idle(state, now)
     }
 }
 

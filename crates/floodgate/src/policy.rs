@@ -66,9 +66,15 @@ impl Policy {
     /// let p = Policy::new(5, Duration::from_secs(300))?;
     /// assert_eq!(p.emission_interval(), Duration::from_secs(60));
     /// assert!(Policy::new(5, Duration::MAX).is_err());
+    /// // The constructors are `const`: a policy can be validated at compile time.
+    /// const API: Policy = match Policy::per_minute(600) {
+    ///     Ok(p) => p,
+    ///     Err(_) => panic!("invalid policy"),
+    /// };
+    /// assert_eq!(API.limit(), 600);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn new(limit: u64, period: Duration) -> Result<Policy, PolicyError> {
+    pub const fn new(limit: u64, period: Duration) -> Result<Policy, PolicyError> {
         Policy::with_burst_nanos(limit, Nanos::from_duration(period).as_u64(), limit)
     }
 
@@ -85,7 +91,7 @@ impl Policy {
     /// assert_eq!(p.emission_interval().as_nanos(), 1);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn per_second(limit: u64) -> Result<Policy, PolicyError> {
+    pub const fn per_second(limit: u64) -> Result<Policy, PolicyError> {
         Policy::new(limit, Duration::from_secs(1))
     }
 
@@ -101,7 +107,7 @@ impl Policy {
     /// assert_eq!(floodgate::Policy::per_minute(60)?.emission_interval().as_secs(), 1);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn per_minute(limit: u64) -> Result<Policy, PolicyError> {
+    pub const fn per_minute(limit: u64) -> Result<Policy, PolicyError> {
         Policy::new(limit, Duration::from_secs(60))
     }
 
@@ -117,7 +123,7 @@ impl Policy {
     /// assert_eq!(floodgate::Policy::per_hour(3600)?.emission_interval().as_secs(), 1);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn per_hour(limit: u64) -> Result<Policy, PolicyError> {
+    pub const fn per_hour(limit: u64) -> Result<Policy, PolicyError> {
         Policy::new(limit, Duration::from_secs(3600))
     }
 
@@ -134,7 +140,7 @@ impl Policy {
     /// assert_eq!(free.emission_interval().as_secs(), 864);
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn per_day(limit: u64) -> Result<Policy, PolicyError> {
+    pub const fn per_day(limit: u64) -> Result<Policy, PolicyError> {
         Policy::new(limit, Duration::from_secs(86_400))
     }
 
@@ -152,11 +158,11 @@ impl Policy {
     /// assert!(floodgate::Policy::per_second(10)?.with_burst(0).is_err());
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn with_burst(self, burst: u64) -> Result<Policy, PolicyError> {
+    pub const fn with_burst(self, burst: u64) -> Result<Policy, PolicyError> {
         Policy::with_burst_nanos(self.limit, self.period, burst)
     }
 
-    fn with_burst_nanos(limit: u64, period: u64, burst: u64) -> Result<Policy, PolicyError> {
+    const fn with_burst_nanos(limit: u64, period: u64, burst: u64) -> Result<Policy, PolicyError> {
         if limit == 0 {
             return Err(PolicyError::Zero { field: "limit" });
         }
@@ -173,17 +179,22 @@ impl Policy {
             });
         }
         let interval = period.div_ceil(limit);
-        for (field, value) in [("limit", limit), ("burst", burst)] {
-            if value
-                .checked_mul(interval)
-                .is_none_or(|span| span > MAX_SPAN_NANOS)
-            {
+        let fields = [("limit", limit), ("burst", burst)];
+        let mut i = 0;
+        while i < fields.len() {
+            let (field, value) = fields[i];
+            let too_long = match value.checked_mul(interval) {
+                Some(span) => span > MAX_SPAN_NANOS,
+                None => true,
+            };
+            if too_long {
                 return Err(PolicyError::SpanTooLong {
                     field,
                     value,
                     interval: Duration::from_nanos(interval),
                 });
             }
+            i += 1;
         }
         Ok(Policy {
             limit,

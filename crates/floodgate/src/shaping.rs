@@ -40,12 +40,14 @@
 use core::fmt;
 use core::time::Duration;
 
-use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+use crate::algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
+use crate::limiter::Booking;
 use crate::policy::Policy;
-use crate::sync::unique_id;
+use crate::receipt::{Owner, Receipt};
+use crate::sync::{unique_id, AtomicU64, Ordering};
 
 /// A shaper: reservations on one GCRA state. Lock-free by default; [`LockedShaper`]
 /// is its mutex twin.
@@ -69,6 +71,8 @@ pub struct Shaper<C = DefaultClock, S = AtomicCell<GcraState>> {
     /// This shaper's identity, unique in the process (never reused, unlike its
     /// address): a [`Reservation`] carries it so that only its shaper refunds it.
     id: u64,
+    /// The id its composite receipts carry ([`Limit`](crate::Limit)).
+    owner: Owner,
     gcra: Gcra,
     clock: C,
     cell: S,
@@ -111,8 +115,10 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 #[must_use = "a reservation holds units; drop it to keep them or cancel it to give them back"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
-    /// The [`Shaper::id`] of the shaper that granted it.
+    /// The id of the shaper that granted it.
     shaper: u64,
+    /// The shaper's cell generation at the reservation: a reset invalidates it.
+    generation: u64,
     made_at: Nanos,
     ready_at: Nanos,
     /// `TAT` right after this reservation.
@@ -214,44 +220,60 @@ impl Algorithm for Reserve {
     }
 }
 
-/// A refund, as `x/time/rate` computes it. The one transition that is *not*
-/// monotone: it moves `TAT` back. It is still safe under the atomic driver, whose
-/// argument for monotone transitions only covers decisions taken on a stale load
-/// without writing: here a stale load shows a `TAT` no later than the current one
-/// (it never goes below this reservation's own write, which happened before), so it
-/// counts no more units reserved later and refunds no less — when it writes, the CAS
-/// fails and the loop retries on the current value; when it refunds nothing (slot
-/// passed, or every unit re-booked), the current value would refund nothing either.
-struct Refund {
+/// A cancellation, as `x/time/rate` computes it, run as a refund on the cell (so
+/// that the cell's refund ledger records how far it moved later bookings, and a
+/// reset in between makes it give back nothing).
+///
+/// The one transition that moves `TAT` back. Under the atomic driver a stale load
+/// shows a `TAT` no later than the current one (it never goes below this
+/// reservation's own write, which happened before), so it counts no more units
+/// reserved later and refunds no less — when it writes, the CAS fails and the loop
+/// retries on the current value; when it refunds nothing (slot passed, or every unit
+/// re-booked), the current value would refund nothing either.
+struct CancelRule {
     interval: u64,
     /// `TAT` right after the reservation.
     tat: u64,
     ready_at: u64,
     units: u64,
+    /// The units the last successful run gave back (read by `cancel_at` under the
+    /// cell's refund serialisation).
+    given_back: AtomicU64,
 }
 
-impl Algorithm for Refund {
+impl Algorithm for CancelRule {
     type State = GcraState;
 
-    fn decide(&self, state: GcraState, now: Nanos, _cost: u32) -> (Decision, Option<GcraState>) {
-        // `remaining` carries the units given back.
-        let refunded = |units| Decision::allow(self.units, units, 1, 0);
+    fn decide(&self, _state: GcraState, _now: Nanos, _cost: u32) -> (Decision, Option<GcraState>) {
+        // Never decides: a cancellation only refunds.
+        (Decision::allow(0, 0, 1, 0), None)
+    }
+
+    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
+        state.tat() <= now
+    }
+
+    fn refund(
+        &self,
+        state: GcraState,
+        _charge: &Charged<GcraState>,
+        _shift: u64,
+        now: Nanos,
+    ) -> Option<(GcraState, u64)> {
         if now.as_u64() > self.ready_at {
-            return (refunded(0), None);
+            return None;
         }
         let current = state.tat().as_u64();
         // Units reserved after this one: their slots are handed out, they stay spent.
         let later = current.saturating_sub(self.tat) / self.interval.max(1);
         let back = self.units.saturating_sub(later);
         if back == 0 {
-            return (refunded(0), None);
+            return None;
         }
         let tat = current.saturating_sub(back.saturating_mul(self.interval));
-        (refunded(back), Some(GcraState::from_tat(Nanos::new(tat))))
-    }
-
-    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
-        state.tat() <= now
+        // Relaxed: read by the same thread after the refund returns.
+        self.given_back.store(back, Ordering::Relaxed);
+        Some((GcraState::from_tat(Nanos::new(tat)), current - tat))
     }
 }
 
@@ -286,6 +308,7 @@ impl<C: Clock> Shaper<C> {
     pub fn with_clock(policy: Policy, clock: C) -> Self {
         Shaper {
             id: unique_id(),
+            owner: Owner::new(),
             gcra: Gcra::new(policy),
             clock,
             cell: AtomicCell::fresh(),
@@ -307,6 +330,7 @@ impl<C: Clock> LockedShaper<C> {
     pub fn locked_with_clock(policy: Policy, clock: C) -> Self {
         Shaper {
             id: unique_id(),
+            owner: Owner::new(),
             gcra: Gcra::new(policy),
             clock,
             cell: LockedCell::fresh(),
@@ -365,6 +389,7 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             gcra: self.gcra,
             tolerance: tau.saturating_add(Nanos::from_duration(max_delay).as_u64()),
         };
+        let generation = self.cell.generation();
         let decision = self.cell.apply(&reserve, now, cost);
         if !decision.is_allowed() {
             return Err(match decision.retry_after() {
@@ -385,6 +410,7 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         };
         Ok(Reservation {
             shaper: self.id,
+            generation,
             made_at: now,
             ready_at: Nanos::new(now.as_u64().saturating_add(delay)),
             tat: Nanos::new(now.as_u64().saturating_add(booked)),
@@ -442,15 +468,27 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         if reservation.shaper != self.id {
             return 0;
         }
-        let refund = Refund {
+        let rule = CancelRule {
             interval: self.gcra.policy().interval_nanos(),
             tat: reservation.tat.as_u64(),
             ready_at: reservation.ready_at.as_u64(),
             units: u64::from(reservation.cost),
+            given_back: AtomicU64::new(0),
         };
-        // remaining() ≤ cost ≤ u32::MAX
-        let back = self.cell.apply(&refund, now, 0).remaining();
-        u32::try_from(back).unwrap_or(u32::MAX)
+        let charge = Charged {
+            before: GcraState::default(),
+            after: GcraState::from_tat(reservation.tat),
+            at: reservation.made_at,
+            cost: reservation.cost,
+        };
+        if !self
+            .cell
+            .refund(&rule, &charge, 0, reservation.generation, || now)
+        {
+            return 0;
+        }
+        // given_back ≤ cost ≤ u32::MAX
+        u32::try_from(rule.given_back.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
     }
 
     /// Reserves `cost` units and blocks the thread until their slot: one
@@ -529,6 +567,158 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         // The slot has come: keep the units.
         pending.reservation = None;
         Ok(delay)
+    }
+
+    /// Charges `cost` units now as a plain GCRA check (no queueing: the slot must be
+    /// now), with a [`Receipt`] for [`refund`](Shaper::refund) — what a shaper does as a
+    /// composite [`Limit`](crate::Limit). A refund follows GCRA's rule
+    /// ([`Algorithm::refund`]), not [`cancel`](Shaper::cancel)'s (whose slot would
+    /// always have passed for a charge made now).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(2)?.with_burst(1)?, ManualClock::new());
+    /// let (decision, receipt) = shaper.charge(1);
+    /// assert!(decision.is_allowed());
+    /// assert!(!shaper.charge(1).0.is_allowed());
+    /// assert!(shaper.refund(receipt));
+    /// assert!(shaper.charge(1).0.is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn charge(&self, cost: u32) -> (Decision, Receipt) {
+        self.charge_at(self.clock.now(), cost)
+    }
+
+    /// [`charge`](Shaper::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert!(shaper.charge_at(Nanos::from_secs(3), 1).1.is_charged());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let generation = self.cell.generation();
+        let (decision, charge) = self.cell.charge(&self.gcra, now, cost);
+        (decision, Receipt::new(self.owner, 0, generation, charge))
+    }
+
+    /// Books `cost` units at the earliest slot, however far ahead (no `max_delay`),
+    /// for a waiter ([`Wait`](crate::Wait)): the decision (denied only for "never"),
+    /// the delay until the slot and the receipt whose [`refund`](Shaper::refund)
+    /// cancels it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(4)?.with_burst(1)?, ManualClock::new());
+    /// let _ = shaper.book_at(Nanos::ZERO, 1);
+    /// let (_, wait, _) = shaper.book_at(Nanos::ZERO, 1);
+    /// assert_eq!(wait, Duration::from_millis(250));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn book_at(&self, now: Nanos, cost: u32) -> (Decision, Duration, Receipt) {
+        let generation = self.cell.generation();
+        let (decision, charge) = self.cell.charge(&Booking(&self.gcra), now, cost);
+        let delay = charge.as_ref().map_or(Duration::ZERO, |(c, _)| {
+            self.gcra.ready_at(c).saturating_since(now).as_duration()
+        });
+        (
+            decision,
+            delay,
+            Receipt::new(self.owner, 0, generation, charge),
+        )
+    }
+
+    /// What [`charge_at`](Shaper::charge_at) would decide, writing nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert!(shaper.peek_at(Nanos::from_secs(3), 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.gcra.decide(self.cell.load(), now, cost).0
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds (GCRA's
+    /// rule, see [`Algorithm::refund`]); a receipt of another limiter, or of a charge
+    /// before a [`reset`](Shaper::reset) or a policy change, gives back nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (_, receipt) = shaper.charge(1);
+    /// assert!(shaper.refund(receipt));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refund(&self, receipt: Receipt) -> bool {
+        match receipt.charge_for(self.owner, 0) {
+            Some(charge) => self.cell.refund(
+                &self.gcra,
+                &charge,
+                receipt.noted(),
+                receipt.generation(),
+                || self.clock.now(),
+            ),
+            None => false,
+        }
+    }
+
+    /// Back to the fresh state: every slot handed out is forgotten, and outstanding
+    /// reservations and receipts give back nothing when cancelled or refunded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?.with_burst(1)?, ManualClock::new());
+    /// let r = shaper.reserve(1, Duration::ZERO)?;
+    /// shaper.reset();
+    /// assert_eq!(shaper.cancel(r), 0);
+    /// assert_eq!(shaper.reserve(1, Duration::ZERO)?.delay(), Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self) {
+        self.cell.reset();
+    }
+
+    /// Replaces the policy, keeping the schedule (GCRA's
+    /// [`carry_over`](Algorithm::carry_over)): slots already handed out stay, the new
+    /// rate applies to reservations from now on. Outstanding reservations and
+    /// receipts give back nothing afterwards (their arithmetic was in the old
+    /// interval). Takes `&mut self`: no reservation runs on the old policy meanwhile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let mut shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
+    /// let _ = shaper.reserve(1, Duration::ZERO)?;
+    /// shaper.set_policy(Policy::per_second(1)?.with_burst(1)?);
+    /// // TAT stays at 100 ms; the next unit books a whole second after it.
+    /// assert_eq!(shaper.reserve(1, Duration::from_secs(2))?.delay(), Duration::from_millis(100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&mut self, policy: Policy) {
+        let now = self.clock.now();
+        let next = Gcra::new(policy);
+        let previous = core::mem::replace(&mut self.gcra, next);
+        self.cell
+            .replace(|state| next.carry_over(&previous, state, now));
     }
 
     /// The policy.

@@ -42,9 +42,11 @@ use std::collections::VecDeque;
 
 use crossbeam_utils::CachePadded;
 
+use crate::algorithm::Charged;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
 use crate::sync::{lock, Mutex};
 use crate::window::{counted, saturate};
 
@@ -72,11 +74,10 @@ use crate::window::{counted, saturate};
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct SlidingLog<C = DefaultClock> {
-    limit: u64,
-    period: u64,
-    policy: Policy,
     clock: C,
     log: CachePadded<Mutex<Log>>,
+    /// The id its receipts carry.
+    owner: Owner,
 }
 
 /// Units logged at one instant.
@@ -86,11 +87,16 @@ struct Entry {
     units: u64,
 }
 
-/// The ring, oldest first, and the units it holds.
-#[derive(Debug, Default)]
+/// The ring, oldest first, the units it holds, and the policy it is judged by.
+#[derive(Debug)]
 struct Log {
     entries: VecDeque<Entry>,
     units: u64,
+    limit: u64,
+    period: u64,
+    policy: Policy,
+    /// Resets so far: a receipt from an earlier generation refunds nothing.
+    generation: u64,
 }
 
 impl SlidingLog<DefaultClock> {
@@ -122,11 +128,16 @@ impl<C: Clock> SlidingLog<C> {
     /// ```
     pub fn with_clock(policy: Policy, clock: C) -> Self {
         SlidingLog {
-            limit: policy.limit(),
-            period: policy.period_nanos(),
-            policy,
             clock,
-            log: CachePadded::new(Mutex::new(Log::default())),
+            log: CachePadded::new(Mutex::new(Log {
+                entries: VecDeque::new(),
+                units: 0,
+                limit: policy.limit(),
+                period: policy.period_nanos(),
+                policy,
+                generation: 0,
+            })),
+            owner: Owner::new(),
         }
     }
 
@@ -192,12 +203,160 @@ impl<C: Clock> SlidingLog<C> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.charge_at(now, cost).0
+    }
+
+    /// Decides `cost` units now like [`check_n`](SlidingLog::check_n), and returns a
+    /// [`Receipt`] for a later [`refund`](SlidingLog::refund).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, SlidingLog};
+    /// let log = SlidingLog::with_clock(Policy::per_second(2)?, ManualClock::new());
+    /// let (decision, receipt) = log.charge(2);
+    /// assert_eq!(decision.remaining(), 0);
+    /// assert!(log.refund(receipt));
+    /// assert_eq!(log.peek(0).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge(&self, cost: u32) -> (Decision, Receipt) {
+        self.charge_at(self.clock.now(), cost)
+    }
+
+    /// [`charge`](SlidingLog::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, SlidingLog};
+    /// let log = SlidingLog::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (decision, receipt) = log.charge_at(Nanos::from_secs(5), 1);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
         let mut log = lock(&self.log);
-        let (decision, admit_at) = self.judge(&log, now.as_u64(), cost);
-        if let Some(at) = admit_at {
-            self.admit(&mut log, at, u64::from(cost));
+        let (decision, admit_at) = Self::judge(&log, now.as_u64(), cost);
+        let charge = match admit_at {
+            Some(at) if cost > 0 => {
+                Self::admit(&mut log, at, u64::from(cost));
+                // The receipt records the instant the units were logged at.
+                Some((
+                    Charged {
+                        before: 0u64,
+                        after: at,
+                        at: now,
+                        cost,
+                    },
+                    0,
+                ))
+            }
+            _ => None,
+        };
+        (
+            decision,
+            Receipt::new(self.owner, 0, log.generation, charge),
+        )
+    }
+
+    /// Gives back the units the charge behind `receipt` logged, if they still count:
+    /// the entry at the instant they were logged at has not expired at the refund's
+    /// reading (judged no earlier than the newest entry). Units logged at the same
+    /// instant are interchangeable, so removing the charge's own count from that
+    /// entry leaves exactly the log the other requests would have produced. A
+    /// receipt of another limiter, of a charge that took nothing, or of a charge
+    /// taken before a [`reset`](SlidingLog::reset), gives back nothing. Returns
+    /// whether anything came back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, SlidingLog};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let log = SlidingLog::with_clock(Policy::per_second(2)?, clock.clone());
+    /// let (_, receipt) = log.charge(1);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(!log.refund(receipt)); // expired: nothing of it still counts
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refund(&self, receipt: Receipt) -> bool {
+        let Some(charge) = receipt.charge_for::<u64>(self.owner, 0) else {
+            return false;
+        };
+        let mut log = lock(&self.log);
+        if log.generation != receipt.generation() {
+            return false;
         }
-        decision
+        // Read after the lock: no earlier than any admission the log holds.
+        let t = Self::judged_at(&log, self.clock.now().as_u64());
+        let at = charge.after;
+        let units = u64::from(charge.cost);
+        if t.saturating_sub(at) >= log.period {
+            return false;
+        }
+        let Ok(i) = log.entries.binary_search_by_key(&at, |e| e.at) else {
+            return false;
+        };
+        let Some(entry) = log.entries.get_mut(i) else {
+            return false;
+        };
+        if entry.units < units {
+            return false;
+        }
+        entry.units -= units;
+        if entry.units == 0 {
+            let _ = log.entries.remove(i);
+        }
+        log.units -= units;
+        true
+    }
+
+    /// Forgets every logged unit, as if no request had been seen. Outstanding
+    /// receipts are invalidated: a refund of an earlier charge gives back nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, SlidingLog};
+    /// let log = SlidingLog::with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (_, receipt) = log.charge(1);
+    /// log.reset();
+    /// assert!(log.check().is_allowed());
+    /// assert!(!log.refund(receipt));
+    /// assert!(!log.check().is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn reset(&self) {
+        let mut log = lock(&self.log);
+        log.entries.clear();
+        log.units = 0;
+        log.generation = log.generation.wrapping_add(1);
+    }
+
+    /// Replaces the policy at runtime. The log keeps its timestamps — they are
+    /// exact under any period: a unit logged at `t` counts while `now < t + P` for
+    /// the new `P` (units already dropped under a shorter period stay dropped).
+    /// Receipts stay valid. A log that holds more units than the new limit admits
+    /// nothing until enough of them leave.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, SlidingLog};
+    /// let log = SlidingLog::with_clock(Policy::per_minute(10)?, ManualClock::new());
+    /// assert!(log.check_n(4).is_allowed());
+    /// log.set_policy(Policy::per_minute(5)?);
+    /// assert_eq!(log.peek(0).remaining(), 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn set_policy(&self, policy: Policy) {
+        let mut log = lock(&self.log);
+        log.limit = policy.limit();
+        log.period = policy.period_nanos();
+        log.policy = policy;
     }
 
     /// [`peek`](SlidingLog::peek) at an instant the caller read.
@@ -211,7 +370,7 @@ impl<C: Clock> SlidingLog<C> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
-        self.judge(&lock(&self.log), now.as_u64(), cost).0
+        Self::judge(&lock(&self.log), now.as_u64(), cost).0
     }
 
     /// Whether no logged unit counts at `now`, so that dropping the log loses nothing.
@@ -229,7 +388,7 @@ impl<C: Clock> SlidingLog<C> {
     pub fn is_idle(&self, now: Nanos) -> bool {
         let log = lock(&self.log);
         let t = Self::judged_at(&log, now.as_u64());
-        self.live(&log, t).0 == 0
+        Self::live(&log, t).0 == 0
     }
 
     /// Entries the ring holds now (at most `L` after any admission): for tests and
@@ -259,7 +418,7 @@ impl<C: Clock> SlidingLog<C> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn policy(&self) -> Policy {
-        self.policy
+        lock(&self.log).policy
     }
 
     /// The clock.
@@ -284,12 +443,12 @@ impl<C: Clock> SlidingLog<C> {
 
     /// `(units still counting at t, index of the oldest entry still counting)`.
     #[inline]
-    fn live(&self, log: &Log, t: u64) -> (u64, usize) {
+    fn live(log: &Log, t: u64) -> (u64, usize) {
         let mut expired = 0;
         let mut first = 0;
         // t ≥ every entry's instant, so t − at does not underflow.
         for e in &log.entries {
-            if t - e.at < self.period {
+            if t - e.at < log.period {
                 break;
             }
             expired += e.units;
@@ -299,11 +458,11 @@ impl<C: Clock> SlidingLog<C> {
     }
 
     /// The decision, and the instant to log the units at if admitted.
-    fn judge(&self, log: &Log, now: u64, cost: u32) -> (Decision, Option<u64>) {
+    fn judge(log: &Log, now: u64, cost: u32) -> (Decision, Option<u64>) {
         let t = Self::judged_at(log, now);
-        let (units, first) = self.live(log, t);
+        let (units, first) = Self::live(log, t);
         // Until the newest live entry leaves: at + P − now.
-        let leaves = |at: u64| saturate(u128::from(at) + u128::from(self.period) - u128::from(now));
+        let leaves = |at: u64| saturate(u128::from(at) + u128::from(log.period) - u128::from(now));
         let reset = if units == 0 {
             0
         } else {
@@ -313,7 +472,7 @@ impl<C: Clock> SlidingLog<C> {
         // Denied: the oldest `units + n − L` units must leave; retry when the last of
         // them does.
         let retry = || {
-            let mut must_leave = units + n - self.limit;
+            let mut must_leave = units + n - log.limit;
             for e in log.entries.iter().skip(first) {
                 if e.units >= must_leave {
                     return leaves(e.at);
@@ -322,14 +481,14 @@ impl<C: Clock> SlidingLog<C> {
             }
             reset
         };
-        let (decision, admit) = counted(self.limit, units, n, reset, || leaves(t), retry);
+        let (decision, admit) = counted(log.limit, units, n, reset, || leaves(t), retry);
         (decision, admit.then_some(t))
     }
 
     /// Drops what expired at `at`, then logs `n` units there.
-    fn admit(&self, log: &mut Log, at: u64, n: u64) {
+    fn admit(log: &mut Log, at: u64, n: u64) {
         while let Some(oldest) = log.entries.front() {
-            if at - oldest.at < self.period {
+            if at - oldest.at < log.period {
                 break;
             }
             log.units -= oldest.units;
@@ -347,7 +506,7 @@ impl<C: core::fmt::Debug> core::fmt::Debug for SlidingLog<C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let log = lock(&self.log);
         f.debug_struct("SlidingLog")
-            .field("policy", &self.policy)
+            .field("policy", &log.policy)
             .field("clock", &self.clock)
             .field("entries", &log.entries.len())
             .field("units", &log.units)

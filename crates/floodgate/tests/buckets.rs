@@ -10,7 +10,7 @@
 #![cfg(not(loom))]
 
 use floodgate::reference::{TextbookLeakyBucket, TextbookTokenBucket};
-use floodgate::{LeakyBucket, ManualClock, Nanos, RateLimiter, TokenBucket};
+use floodgate::{Gcra, ManualClock, Nanos, RateLimiter};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ proptest! {
     #[test]
     fn token_bucket_matches_textbook(capacity in 1u64..50, refill in 1u64..20, interval in 1_000u64..1_000_000_000, steps in trace()) {
         let every = Duration::from_nanos(interval * refill);
-        let gcra = TokenBucket::new(capacity, refill, every).unwrap();
+        let gcra = Gcra::token_bucket(capacity, refill, every).unwrap();
         let limiter = RateLimiter::with_clock(gcra, ManualClock::new());
         let start = 1u64 << 40;
         let mut textbook = TextbookTokenBucket::new(capacity as f64, refill as f64, every, start);
@@ -60,7 +60,7 @@ proptest! {
     #[test]
     fn leaky_meter_matches_textbook(capacity in 1u64..50, leak in 1u64..20, interval in 1_000u64..1_000_000_000, steps in trace()) {
         let every = Duration::from_nanos(interval * leak);
-        let gcra = LeakyBucket::meter(capacity, leak, every).unwrap();
+        let gcra = Gcra::leaky_meter(capacity, leak, every).unwrap();
         let limiter = RateLimiter::with_clock(gcra, ManualClock::new());
         let start = 1u64 << 40;
         let mut textbook = TextbookLeakyBucket::new(capacity as f64, leak as f64, every, start);
@@ -89,7 +89,7 @@ proptest! {
 fn seed_example_capacity_ten_one_per_second() {
     let clock = ManualClock::new();
     let limiter = RateLimiter::with_clock(
-        TokenBucket::new(10, 1, Duration::from_secs(1)).unwrap(),
+        Gcra::token_bucket(10, 1, Duration::from_secs(1)).unwrap(),
         clock.clone(),
     );
     let mut textbook = TextbookTokenBucket::new(10.0, 1.0, Duration::from_secs(1), 0);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use floodgate::{
     Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
-    KeyedError, KeyedLimiter, KeyedMetrics, LeakyBucket, ManualClock, Nanos, Policy, RateLimiter,
-    SlidingWindow, TokenBucket, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    KeyedError, KeyedLimiter, KeyedMetrics, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
+    DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
 use proptest::prelude::*;
 
@@ -151,12 +151,12 @@ fn gcra_per_key_is_exact() {
 
 #[test]
 fn token_bucket_per_key_is_exact() {
-    same_as_direct(TokenBucket::new(4, 2, Duration::from_millis(300)).unwrap());
+    same_as_direct(Gcra::token_bucket(4, 2, Duration::from_millis(300)).unwrap());
 }
 
 #[test]
 fn leaky_bucket_per_key_is_exact() {
-    same_as_direct(LeakyBucket::meter(5, 10, Duration::from_secs(1)).unwrap());
+    same_as_direct(Gcra::leaky_meter(5, 10, Duration::from_secs(1)).unwrap());
 }
 
 #[test]
@@ -555,11 +555,11 @@ fn a_full_sweep_reclaims_every_idle_key_on(kind: Kind) {
 }
 
 /// The keyed table retires entries by storing the all-ones word, and refuses any
-/// transition that would store it. With counters as wide as the bit length of `L`, a
-/// full count of `L = 2^c − 1` in a window `≡ −1 (mod 2^k)` packed to exactly that word,
-/// so the admission that filled the window was refused through the keyed limiter
-/// alone. Counters are now one bit wider for such limits: the admission is granted,
-/// as with a plain `RateLimiter`.
+/// transition that would store it. With counters only as wide as the bit length of
+/// `L`, a full count of `L = 2^c − 1` in a window `≡ −1 (mod 2^k)` would pack to
+/// exactly that word, and the admission that fills the window would be refused
+/// through the keyed limiter alone. Counters are one bit wider for such limits: the
+/// admission is granted, as with a plain `RateLimiter`.
 #[test]
 fn a_full_window_never_packs_to_the_dead_word() {
     // L = 3 = 2^2 − 1 per 4 ns; window w = 2^62 − 1 ≡ −1 (mod 2^k) for every k ≤ 62
@@ -568,7 +568,7 @@ fn a_full_window_never_packs_to_the_dead_word() {
     let start = Nanos::new(4 * w);
     let policy = Policy::new(3, Duration::from_nanos(4)).unwrap();
 
-    // Fixed window: the old packing {w mod 2^62, count 3 in 2 bits} was all ones.
+    // Fixed window: a packing {w mod 2^62, count 3 in 2 bits} would be all ones.
     assert_eq!((w << 2) | 3, u64::MAX);
     let fw = FixedWindow::new(policy).unwrap();
     assert_eq!(fw.count_bits(), 3);
@@ -591,7 +591,7 @@ fn a_full_window_never_packs_to_the_dead_word() {
     assert_eq!(over.retry_after(), Some(Duration::from_nanos(1)));
     assert_eq!(over, direct.check_n(1));
 
-    // Sliding window counter: the old packing {w mod 2^60, prev 3, cur 3} was all ones.
+    // Sliding window counter: a packing {w mod 2^60, prev 3, cur 3} would be all ones.
     assert_eq!(((w % (1 << 60)) << 4) | (3 << 2) | 3, u64::MAX);
     let sw = SlidingWindow::new(policy).unwrap();
     assert_eq!(sw.count_bits(), 3);

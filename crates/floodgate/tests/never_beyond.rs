@@ -7,7 +7,7 @@
 use floodgate::keyed::composite::check_all;
 use floodgate::{
     Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy,
-    RateLimiter, SlidingWindow,
+    RateLimiter, Shaper, SlidingLog, SlidingWindow,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -341,24 +341,27 @@ mod counterfactual {
         capacity: u32,
         ops: &[Op],
     ) -> Result<(), TestCaseError> {
+        let model = move || -> Box<dyn Limit> {
+            Box::new(RateLimiter::with_clock(algorithm, ManualClock::new()))
+        };
         let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
         let direct = RateLimiter::with_clock(algorithm, clock.clone());
-        check_on(&direct, &clock, algorithm, capacity, ops)?;
+        check_on(&direct, &clock, &model, capacity, ops)?;
         let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
         let twin = RateLimiter::locked_with_clock(algorithm, clock.clone());
-        check_on(&twin, &clock, algorithm, capacity, ops)?;
+        check_on(&twin, &clock, &model, capacity, ops)?;
         let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
         let keyed = KeyedBuilder::new(algorithm)
             .clock(clock.clone())
             .build::<u64>()
             .unwrap();
-        check_on(&keyed.limit(&7), &clock, algorithm, capacity, ops)
+        check_on(&keyed.limit(&7), &clock, &model, capacity, ops)
     }
 
-    fn check_on<A: Algorithm + Copy>(
+    fn check_on(
         real: &dyn Limit,
         clock: &ManualClock,
-        algorithm: A,
+        model: &dyn Fn() -> Box<dyn Limit>,
         capacity: u32,
         ops: &[Op],
     ) -> Result<(), TestCaseError> {
@@ -387,7 +390,7 @@ mod counterfactual {
                 }
             }
             // The other admissions alone, on a fresh limiter.
-            let model = RateLimiter::with_clock(algorithm, ManualClock::new());
+            let model = model();
             for &(at, cost, refunded) in &log {
                 if !refunded {
                     prop_assert!(
@@ -432,6 +435,37 @@ mod counterfactual {
             let policy = Policy::new(limit, Duration::from_nanos(P)).unwrap();
             check(FixedWindow::new(policy).unwrap(), limit as u32 + 1, &ops)?;
             check(SlidingWindow::new(policy).unwrap(), limit as u32 + 1, &ops)?;
+        }
+
+        #[test]
+        fn sliding_log_refunds_give_back_only_their_own(
+            limit in 1u64..6,
+            ops in proptest::collection::vec(op(P), 1..40),
+        ) {
+            let policy = Policy::new(limit, Duration::from_nanos(P)).unwrap();
+            let model = move || -> Box<dyn Limit> {
+                Box::new(SlidingLog::with_clock(policy, ManualClock::new()))
+            };
+            let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+            let log = SlidingLog::with_clock(policy, clock.clone());
+            check_on(&log, &clock, &model, limit as u32 + 1, &ops)?;
+        }
+
+        #[test]
+        fn shaper_refunds_give_back_only_their_own(
+            limit in 1u64..5, burst in 1u64..5,
+            ops in proptest::collection::vec(op(P), 1..40),
+        ) {
+            let policy = Policy::new(limit, Duration::from_nanos(P)).unwrap().with_burst(burst).unwrap();
+            let model = move || -> Box<dyn Limit> {
+                Box::new(RateLimiter::with_clock(Gcra::new(policy), ManualClock::new()))
+            };
+            let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+            let shaper = Shaper::with_clock(policy, clock.clone());
+            check_on(&shaper, &clock, &model, burst as u32 + 1, &ops)?;
+            let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+            let twin = Shaper::locked_with_clock(policy, clock.clone());
+            check_on(&twin, &clock, &model, burst as u32 + 1, &ops)?;
         }
     }
 }

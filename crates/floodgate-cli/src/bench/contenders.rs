@@ -108,8 +108,7 @@ impl Implementation {
 pub(crate) enum Keys {
     /// Every thread decides on the same key: maximum contention on one state.
     Hot,
-    /// Threads spread over many keys (the keyed limiter's case). No group uses it
-    /// until the keyed limiter lands.
+    /// Threads spread over many keys (the keyed limiter's case).
     Many,
 }
 

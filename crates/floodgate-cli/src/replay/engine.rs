@@ -11,9 +11,9 @@
 //! A word-sized algorithm (anything implementing [`floodgate::Algorithm`]) needs one
 //! arm in [`engine_for`]: `Ok(Box::new(PerKeyStates::new(FixedWindow::new(policy)?)))`.
 //! A structure that is not an `Algorithm` (the sliding log) implements
-//! [`ReplayEngine`] itself. When the keyed limiter lands, `PerKeyStates` can be
-//! replaced by an impl of [`ReplayEngine`] for it (sized so that nothing live is
-//! evicted), keeping this trait as the seam.
+//! [`ReplayEngine`] itself. `PerKeyStates` keeps every key's state in a plain map
+//! (nothing is ever evicted, so a replay shows the policy alone); an engine on the
+//! keyed limiter would implement this same trait.
 
 use std::fmt;
 

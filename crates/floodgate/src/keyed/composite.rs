@@ -66,14 +66,22 @@ use super::KeyedLimiter;
 use crate::algorithm::{Algorithm, StateCell};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
+use crate::gcra::GcraState;
 use crate::limiter::RateLimiter;
 use crate::receipt::Receipt;
+use crate::shaping::Shaper;
+use crate::sliding_log::SlidingLog;
 
 /// One limit a composite can charge and refund.
 ///
-/// Implemented by [`RateLimiter`] (the lock-free one), by [`KeyedLimit`] (a keyed
-/// limiter and a key: [`KeyedLimiter::limit`]) and by [`PlanLimit`]
-/// ([`PlanLimiter::limit`]).
+/// Implemented by [`RateLimiter`] (lock-free and its mutex twin), by
+/// [`SlidingLog`], by [`Shaper`] and [`LockedShaper`](crate::LockedShaper) (a
+/// charge is a plain GCRA check), by [`KeyedLimit`] (a keyed limiter and a key:
+/// [`KeyedLimiter::limit`]) and by [`PlanLimit`] ([`PlanLimiter::limit`]).
+///
+/// The provided methods are the check family every direct limiter shares:
+/// `check`, `check_n`, `check_n_at`, `peek` and `charge`, each on this limit's own
+/// clock.
 ///
 /// # Examples
 ///
@@ -99,6 +107,41 @@ pub trait Limit {
     /// Gives back what the charge behind `receipt` still provably holds (see the
     /// [module docs](self)); returns whether anything came back.
     fn refund(&self, receipt: Receipt) -> bool;
+
+    /// Decides `cost` at `now`, consuming it if allowed.
+    fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.charge_at(now, cost).0
+    }
+
+    /// Decides `cost` now, consuming it if allowed.
+    fn check_n(&self, cost: u32) -> Decision {
+        self.check_n_at(self.now(), cost)
+    }
+
+    /// Decides one unit now, consuming it if allowed.
+    fn check(&self) -> Decision {
+        self.check_n(1)
+    }
+
+    /// What `check_n(cost)` would decide now, writing nothing.
+    fn peek(&self, cost: u32) -> Decision {
+        self.peek_at(self.now(), cost)
+    }
+
+    /// Decides `cost` now with a receipt for [`refund`](Limit::refund).
+    fn charge(&self, cost: u32) -> (Decision, Receipt) {
+        self.charge_at(self.now(), cost)
+    }
+
+    /// Books `cost` units at the earliest instant they fit, however far ahead: the
+    /// decision (denied only for "never"), the delay until then, and the receipt
+    /// whose [`refund`](Limit::refund) cancels the booking. `None` (the default)
+    /// when this limit cannot book ahead: a waiter then sleeps until `retry_after`
+    /// and checks again ([`Wait`](crate::Wait)).
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        let _ = (now, cost);
+        None
+    }
 }
 
 /// Checks `cost` against every limit as one decision: if any denies, none is
@@ -214,6 +257,50 @@ impl<A: Algorithm, C: Clock, S: StateCell<A::State>> Limit for RateLimiter<A, C,
 
     fn refund(&self, receipt: Receipt) -> bool {
         RateLimiter::refund(self, receipt)
+    }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        RateLimiter::book_at(self, now, cost)
+    }
+}
+
+impl<C: Clock> Limit for SlidingLog<C> {
+    fn now(&self) -> Nanos {
+        self.clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        SlidingLog::charge_at(self, now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        SlidingLog::peek_at(self, now, cost)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        SlidingLog::refund(self, receipt)
+    }
+}
+
+impl<C: Clock, S: StateCell<GcraState>> Limit for Shaper<C, S> {
+    fn now(&self) -> Nanos {
+        self.clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        Shaper::charge_at(self, now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        Shaper::peek_at(self, now, cost)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        Shaper::refund(self, receipt)
+    }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        Some(Shaper::book_at(self, now, cost))
     }
 }
 
