@@ -695,3 +695,35 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
         )
     );
 }
+
+/// Capacity means capacity: a table holds `capacity` keys that are idle between
+/// visits (GCRA at 10⁹ per second: each check leaves its key idle a nanosecond
+/// later) without reclaiming, evicting or re-inserting any of them, over several
+/// shards (uneven hashing) and on every storage.
+#[test]
+fn a_table_holds_its_capacity_of_idle_keys_without_reclaiming_any() {
+    for kind in KINDS {
+        for (capacity, shards) in [(20_000, 16), (4_096, 64), (1_000, 1)] {
+            let clock = ManualClock::new();
+            let limiter = keyed_as(
+                kind,
+                Gcra::new(Policy::per_second(1_000_000_000).unwrap()),
+                capacity,
+                shards,
+                &clock,
+            );
+            for visit in 0..2 {
+                for key in 0..capacity as u64 {
+                    assert!(limiter.check(&key).is_allowed());
+                    clock.advance(Duration::from_nanos(1));
+                }
+                let m = limiter.metrics();
+                assert_eq!(
+                    (m.reclaimed, m.evicted, m.live_keys),
+                    (0, 0, capacity as u64),
+                    "{kind:?}, {capacity} keys over {shards} shards, visit {visit}"
+                );
+            }
+        }
+    }
+}

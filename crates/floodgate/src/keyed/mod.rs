@@ -37,7 +37,11 @@
 //!   of capacity, all included. A build whose slot array would pass the
 //!   [memory budget](KeyedBuilder::memory_budget) (4 GiB by default) is refused with
 //!   [`KeyedError::OverMemoryBudget`] before anything is allocated.
-//! * **Reclamation without a call**: when an insert finds its shard past 7/8 of its
+//! * **Capacity means capacity**: a table holds `capacity` keys, idle or live,
+//!   without reclaiming, evicting or re-inserting any of them (each shard's share
+//!   carries the headroom for uneven hashing), so clients under their rate — idle
+//!   between requests — keep their entries.
+//! * **Reclamation without a call**: when an insert finds its shard at its full
 //!   share, a clock hand inspects the next few slots and drops idle keys (state equal
 //!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. Each shard records
 //!   the latest instant it removed a key at, and every decision in the shard is made

@@ -614,18 +614,21 @@ where
     (shard.write_side().reclaimed.load(Ordering::Relaxed) - before) as usize
 }
 
-/// Makes room for one more key: past 7/8 of the share, the hand reclaims idle keys
-/// as it passes; when full, the closest-to-idle of a small sample goes.
+/// Makes room for one more key. Below the shard's share (which includes the
+/// headroom for uneven hashing) nothing is removed: a table holds its capacity of
+/// keys, idle or not, without reclaiming or re-inserting any. At the share, the hand
+/// reclaims the idle keys it passes; if none of them was idle, the key whose loss
+/// forgives least of a small sample goes.
 pub(crate) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let share = shard.share();
-    if writer.live >= share - share / 8 {
-        sweep(shard, writer, algorithm, now, SWEEP_STEP);
+    if writer.live < shard.share() {
+        return;
     }
-    if writer.live >= share {
+    sweep(shard, writer, algorithm, now, SWEEP_STEP);
+    if writer.live >= shard.share() {
         evict_one(shard, writer, algorithm, now);
     }
 }
