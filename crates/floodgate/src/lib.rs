@@ -85,8 +85,9 @@ pub use duration::{parse_duration, DurationError};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::{
-    CompactKeyedLimiter, Exact, Fingerprint, KeyBits, KeyedBuilder, KeyedError, KeyedLimiter,
-    KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    Fingerprint, Heap, Inline, InlineKey, Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter,
+    KeyedMetrics, Lookup, Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,
+    MAX_CAPACITY,
 };
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
@@ -105,6 +106,10 @@ const _: () = {
     assert_send_sync::<Decision>();
     assert_send_sync::<KeyedLimiter<u64>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
+    assert_send_sync::<KeyedLimiter<u64, Gcra, DefaultClock, Inline>>();
+    assert_send_sync::<KeyedLimiter<std::net::IpAddr, FixedWindow, ManualClock, Inline>>();
+    assert_send_sync::<KeyedLimiter<String, Gcra, DefaultClock, Fingerprint>>();
+    assert_send_sync::<keyed::plans::PlanLimiter<u64, fn(&u64) -> keyed::plans::PlanId>>();
     assert_send_sync::<RateLimiter<FixedWindow>>();
     assert_send_sync::<RateLimiter<SlidingWindow>>();
     assert_send_sync::<SlidingLog>();

@@ -1,5 +1,5 @@
-//! loom models of the compact keyed table (keys inline in a 128-bit slot): the
-//! general table's models (`loom_keyed_models`: insertion racing with lookup,
+//! loom models of the inline storage (keys inline in a 128-bit slot): the heap
+//! storage's models (`loom_keyed_models`: insertion racing with lookup,
 //! reclamation and eviction racing with a decision), plus a slot emptied and reused
 //! by another key while a stale reader still holds the old key's view of it — the
 //! reader's CAS must never land on the other key — and a key moved by
@@ -12,10 +12,10 @@ mod loom_keyed_models;
 
 use std::sync::Arc;
 
-use floodgate::{CompactKeyedLimiter, Gcra, KeyedBuilder, ManualClock, Nanos, Policy};
+use floodgate::{Gcra, Inline, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy};
 use loom_keyed_models::{self as models, Keyed as _};
 
-type Compact = CompactKeyedLimiter<u64, Gcra, ManualClock>;
+type Compact = KeyedLimiter<u64, Gcra, ManualClock, Inline>;
 
 #[test]
 fn two_inserts_of_one_key_admit_once() {
@@ -98,7 +98,7 @@ fn a_key_moved_by_backward_shift_keeps_every_charge() {
                 .capacity(2)
                 .shards(1)
                 .clock(clock.clone())
-                .build_compact()
+                .build_inline()
                 .unwrap(),
         );
         // Key 1 charged at 0 s (idle by 1 s), `two` charged at 1 s.
