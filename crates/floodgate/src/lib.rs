@@ -61,6 +61,7 @@
 
 mod algorithm;
 mod async_limit;
+mod cell;
 pub mod clock;
 mod decision;
 mod duration;
@@ -77,8 +78,9 @@ pub mod sliding_window;
 mod sync;
 pub mod window;
 
-pub use algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
+pub use algorithm::{Algorithm, Charged};
 pub use async_limit::AsyncLimit;
+pub use cell::{AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
 pub use duration::{parse_duration, DurationError};

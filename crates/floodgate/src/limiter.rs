@@ -1,6 +1,7 @@
 //! [`RateLimiter`]: one limit, one state, any algorithm, any clock.
 
-use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+use crate::algorithm::Algorithm;
+use crate::cell::{AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::Gcra;

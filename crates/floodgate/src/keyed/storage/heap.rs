@@ -51,7 +51,8 @@ use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
     KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
 };
-use crate::algorithm::{refund_word, update_word, Algorithm, CasWord, Charged};
+use crate::algorithm::{Algorithm, Charged};
+use crate::cell::{refund_word, update_word, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::keyed::key::Lookup;

@@ -23,7 +23,8 @@ use core::hash::Hash;
 use crossbeam_utils::CachePadded;
 
 use super::key::{InlineKey, Lookup};
-use crate::algorithm::{update_word_from_ordered, Algorithm, CasWord, Charged, RefundLedger};
+use crate::algorithm::{Algorithm, Charged};
+use crate::cell::{update_word_from_ordered, CasWord, RefundLedger};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
