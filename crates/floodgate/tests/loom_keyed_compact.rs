@@ -137,3 +137,32 @@ fn a_peek_behind_a_key_being_removed_still_finds_its_key() {
         assert!(!peeked.is_allowed(), "peek missed a live key: {peeked:?}");
     });
 }
+
+#[test]
+fn a_refund_racing_with_slot_reuse_never_lands_on_another_key() {
+    // Capacity 1: two slots. Key A is charged at 1 s (TAT 2 s) and its receipt is
+    // refunded while key B, stamped 1 s, evicts A and takes A's slot with the very
+    // state A had. The refund's CAS compares the key half (and the receipt is void
+    // once the shard removed a key): it gives A's unit back or nothing, never B's.
+    const A: u64 = 1;
+    let b = (2..).find(|&k| home(k, 2) == home(A, 2)).unwrap();
+    loom::model(move || {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = Arc::new(Compact::build(1, &clock));
+        let (charged, receipt) = keyed.charge_at(&A, Nanos::from_secs(1), 1);
+        assert!(charged.is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.refund(&A, receipt));
+        let b_first = keyed.check_n_at(&b, Nanos::from_secs(1), 1).is_allowed();
+        let refunded = t.join().unwrap();
+        assert!(b_first);
+        // B holds its own charge in every order: a refund that landed on B would
+        // leave it fresh, admitting again at 1 s.
+        assert!(!keyed.peek_at(&b, Nanos::from_secs(1), 1).is_allowed());
+        // A refund that went through ran before the eviction: A was idle then, so B's
+        // insert reclaimed it instead of evicting it.
+        let m = keyed.metrics();
+        assert_eq!(m.reclaimed + m.evicted, 1);
+        assert!(!refunded || m.reclaimed == 1);
+    });
+}

@@ -37,8 +37,12 @@ const MIN_KEYS_PER_SHARD: usize = 64;
 
 /// A rate limiter with one state per key, in bounded memory.
 ///
-/// See the [module docs](self) for the table design, reclamation, eviction and
-/// brute-force protection.
+/// `K` is the key, `A` the [`Algorithm`] every key runs, `C` the clock and `S` the
+/// storage: [`Heap`] (default, any `Hash + Eq` key), [`Inline`] (keys that encode
+/// into 64 bits, beside their state) or [`Fingerprint`] (opt-in, any `Hash` key as a
+/// 64-bit hash). Every method works on every storage. See the
+/// [module docs](super) for the table design, reclamation, eviction and brute-force
+/// protection.
 ///
 /// # Examples
 ///

@@ -103,9 +103,18 @@
 //! bytes per key of capacity, all of it allocated at build (the 10 M-key flood test
 //! peaks at 18.8 bytes per key, all included).
 //!
+//! # Layout
+//!
+//! The module's files are its floors, and imports point down: `storage` (the
+//! shard machinery every storage shares, then `heap` and `inline`, the slot arrays),
+//! `key` (lookup forms and inline encodings), `limiter` (the one limiter type,
+//! builder, metrics, errors, written once over the storage's table), then the policy
+//! features built on the limiter's public face: `plans` (and `config`, its TOML
+//! loader, which reaches `plans` and never the reverse) and `composite`.
+//!
 //! # Memory ordering
 //!
-//! State words are `Relaxed` (see [`Algorithm`]). Slot publication is Release/Acquire
+//! State words are `Relaxed` (see [`Algorithm`](crate::Algorithm)). Slot publication is Release/Acquire
 //! (entry before pointer before tag); entries are freed through crossbeam-epoch; a
 //! per-shard sequence number (Release/Acquire with an Acquire fence) lets a `peek`
 //! trust a miss. Writers serialise on the shard mutex.
