@@ -1,5 +1,5 @@
-//! Keyed limiting side by side: floodgate's `KeyedLimiter` and `CompactKeyedLimiter`
-//! (word-sized keys inline; and its fingerprint mode) vs governor's keyed
+//! Keyed limiting side by side: floodgate's `KeyedLimiter` on each storage (heap
+//! entries; `u64` keys inline; fingerprints) vs governor's keyed
 //! limiter (default DashMap hasher, and ahash) vs `Mutex<HashMap<u64, GCRA state>>`
 //! vs `DashMap<u64, AtomicU64>` (the same GCRA transition in both), over 10 thousand
 //! and 1 million `u64` keys, uniform and Zipf(1.0), on 1 thread and on 2 threads with
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use floodgate::{
-    Algorithm, Clock, CompactKeyedLimiter, DefaultClock, Gcra, GcraState, KeyBits, KeyedBuilder,
-    KeyedLimiter, Nanos, Policy,
+    Algorithm, Clock, DefaultClock, Gcra, GcraState, KeyedBuilder, KeyedLimiter, Nanos, Policy,
+    Storage,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -89,9 +89,9 @@ impl Contender for Floodgate {
     }
 }
 
-struct FloodgateCompact<E>(CompactKeyedLimiter<u64, Gcra, DefaultClock, E>);
+struct FloodgateCompact<S: Storage<u64, GcraState>>(KeyedLimiter<u64, Gcra, DefaultClock, S>);
 
-impl<E: KeyBits<u64>> Contender for FloodgateCompact<E> {
+impl<S: Storage<u64, GcraState>> Contender for FloodgateCompact<S> {
     #[inline]
     fn check(&self, key: u64) -> bool {
         self.0.check(&key).is_allowed()
@@ -189,7 +189,7 @@ fn contenders(capacity: usize) -> Vec<(&'static str, Box<dyn Contender>)> {
             Box::new(FloodgateCompact(
                 KeyedBuilder::new(Gcra::new(policy()))
                     .capacity(capacity)
-                    .build_compact()
+                    .build_inline()
                     .expect("valid"),
             )),
         ),

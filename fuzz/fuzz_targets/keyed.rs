@@ -2,7 +2,8 @@
 //! "never admit beyond a limit": arbitrary checks (also at readings earlier than the
 //! clock, across reclamations), peeks, charges and refunds, clock moves and explicit
 //! reclamation over a small-capacity, one-shard `KeyedLimiter` (so inserts, automatic
-//! reclamation and eviction all happen).
+//! reclamation and eviction all happen) on the storage an input byte picks: `Heap`,
+//! `Inline` (slot reuse and backward-shift moves under churn) or `Fingerprint`.
 //!
 //! Every decision is compared with the map's at `max(reading, R)`, R being the latest
 //! instant the table removed a key at (the table judges every decision there). After
@@ -16,7 +17,8 @@
 
 use arbitrary::Arbitrary;
 use floodgate::{
-    Clock, Decision, Gcra, KeyedBuilder, ManualClock, Nanos, Policy, RateLimiter, Receipt,
+    Clock, Decision, Fingerprint, Gcra, GcraState, Heap, Inline, KeyedBuilder, ManualClock, Nanos,
+    Policy, RateLimiter, Receipt, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::collections::{HashMap, HashSet};
@@ -43,6 +45,12 @@ enum Op {
         key: u8,
         cost: u8,
     },
+    /// A charge at a reading `back_ms` earlier than the clock.
+    ChargeEarlier {
+        key: u8,
+        cost: u8,
+        back_ms: u16,
+    },
     Refund {
         pick: u8,
     },
@@ -52,6 +60,8 @@ enum Op {
 
 #[derive(Arbitrary, Debug)]
 struct Input {
+    /// Which storage: heap, inline or fingerprint (mod 3).
+    storage: u8,
     limit: u8,
     period_ms: u16,
     burst: u8,
@@ -62,6 +72,14 @@ struct Input {
 type Model = RateLimiter<Gcra, ManualClock>;
 
 fuzz_target!(|input: Input| {
+    match input.storage % 3 {
+        0 => run::<Heap>(&input),
+        1 => run::<Inline>(&input),
+        _ => run::<Fingerprint>(&input),
+    }
+});
+
+fn run<S: Storage<u8, GcraState>>(input: &Input) {
     let Ok(policy) = Policy::new(
         u64::from(input.limit),
         Duration::from_millis(u64::from(input.period_ms)),
@@ -74,7 +92,7 @@ fuzz_target!(|input: Input| {
         .capacity(usize::from(input.capacity).max(1))
         .shards(1)
         .clock(clock.clone())
-        .build::<u8>()
+        .build_in::<u8, S>()
     else {
         return;
     };
@@ -125,14 +143,26 @@ fuzz_target!(|input: Input| {
                     assert_eq!(got, want, "peek {key} cost {cost} at {now:?}");
                 }
             }
-            Op::Charge { key, cost } => {
-                let (got, receipt) = keyed.charge_at(&key, now, u32::from(cost));
+            Op::Charge { key, cost }
+            | Op::ChargeEarlier {
+                key,
+                cost,
+                back_ms: _,
+            } => {
+                let reading = match *op {
+                    Op::ChargeEarlier { back_ms, .. } => {
+                        Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
+                    }
+                    _ => now,
+                };
+                judged = reading.max(removed_at);
+                let (got, receipt) = keyed.charge_at(&key, reading, u32::from(cost));
                 let (want, theirs) = model
                     .entry(key)
                     .or_insert_with(fresh)
                     .charge_at(judged, u32::from(cost));
                 if !untracked.contains(&key) {
-                    assert_eq!(got, want, "charge {key} cost {cost} at {now:?}");
+                    assert_eq!(got, want, "charge {key} cost {cost} read at {reading:?}");
                 }
                 receipts.push((key, receipt, Some(theirs)));
             }
@@ -156,11 +186,14 @@ fuzz_target!(|input: Input| {
                                     !t.is_allowed() || w.is_allowed(),
                                     "refund {key}: table {t:?} vs model {w:?}"
                                 );
-                                assert!(
-                                    t.remaining() <= w.remaining(),
-                                    "refund {key}: table {t:?} vs model {w:?}"
-                                );
                             }
+                            // What is left, read without taking anything (a denial's and
+                            // an admission's `remaining` count before and after the cost).
+                            let (t, w) = (keyed.peek_at(&key, at, 0), m.peek_at(at, 0));
+                            assert!(
+                                t.remaining() <= w.remaining(),
+                                "refund {key}: table {t:?} vs model {w:?}"
+                            );
                             if back != model_back || keyed.peek_at(&key, at, 0) != m.peek_at(at, 0)
                             {
                                 untracked.insert(key);
@@ -191,19 +224,31 @@ fuzz_target!(|input: Input| {
             if untracked.contains(&key) {
                 continue;
             }
-            let got: Decision = keyed.peek_at(&key, clock.now(), 0);
-            let want = m.peek_at(at, 0);
+            // Compared now and at the earliest instant a later operation can be judged
+            // at (the latest removal): a live key evicted in this operation may read as
+            // idle now and still differ for a later reading earlier than now.
+            let (got, want) = [at, removed_at]
+                .into_iter()
+                .map(|t| (keyed.peek_at(&key, t, 0), m.peek_at(t, 0), t))
+                .find(|(g, w, _)| g != w)
+                .map_or_else(
+                    || (keyed.peek_at(&key, at, 0), m.peek_at(at, 0)),
+                    |(g, w, t)| {
+                        assert_eq!(
+                            g,
+                            fresh().peek_at(t, 0),
+                            "key {key} was not dropped cleanly"
+                        );
+                        (g, w)
+                    },
+                );
+            let got: Decision = got;
             if got != want {
                 // Only a live eviction in this operation may explain a difference,
                 // and the evicted key must then read as fresh.
                 assert!(
                     evicted_now > 0,
                     "key {key}: table {got:?} vs model {want:?}"
-                );
-                assert_eq!(
-                    got,
-                    fresh().peek_at(at, 0),
-                    "key {key} was not dropped cleanly"
                 );
                 evicted_now -= 1;
                 forget.push(key);
@@ -218,4 +263,4 @@ fuzz_target!(|input: Input| {
             }
         }
     }
-});
+}

@@ -11,7 +11,8 @@ use core::convert::Infallible;
 use core::future::{ready, Future};
 use core::hash::Hash;
 
-use crate::algorithm::{Algorithm, StateCell};
+use crate::algorithm::Algorithm;
+use crate::cell::StateCell;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::keyed::KeyedLimiter;

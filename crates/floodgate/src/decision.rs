@@ -3,6 +3,8 @@
 use core::fmt;
 use core::time::Duration;
 
+use crate::clock::Nanos;
+
 /// `retry_after` when the cost exceeds the capacity.
 const NEVER: u64 = u64::MAX;
 
@@ -76,14 +78,14 @@ impl Decision {
         let retry_after = match (allowed, retry_after) {
             (true, _) => 0,
             (false, None) => NEVER,
-            (false, Some(d)) => crate::Nanos::from_duration(d).as_u64().min(NEVER - 1),
+            (false, Some(d)) => Nanos::from_duration(d).as_u64().min(NEVER - 1),
         };
         Decision {
             allowed,
             limit,
             headroom: remaining.min(limit),
             unit: 1,
-            reset_after: crate::Nanos::from_duration(reset_after).as_u64(),
+            reset_after: Nanos::from_duration(reset_after).as_u64(),
             retry_after,
         }
     }

@@ -61,6 +61,7 @@
 
 mod algorithm;
 mod async_limit;
+mod cell;
 pub mod clock;
 mod decision;
 mod duration;
@@ -78,8 +79,9 @@ mod sync;
 pub mod waiting;
 pub mod window;
 
-pub use algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
+pub use algorithm::{Algorithm, Charged};
 pub use async_limit::AsyncLimit;
+pub use cell::{AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::Decision;
 pub use duration::{parse_duration, DurationError};
@@ -87,8 +89,9 @@ pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::composite::{check_all, Limit};
 pub use keyed::{
-    CompactKeyedLimiter, Exact, Fingerprint, KeyBits, KeyedBuilder, KeyedError, KeyedLimiter,
-    KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    Fingerprint, Heap, Inline, InlineKey, Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter,
+    KeyedMetrics, Lookup, Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,
+    MAX_CAPACITY,
 };
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
@@ -108,6 +111,10 @@ const _: () = {
     assert_send_sync::<Decision>();
     assert_send_sync::<KeyedLimiter<u64>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
+    assert_send_sync::<KeyedLimiter<u64, Gcra, DefaultClock, Inline>>();
+    assert_send_sync::<KeyedLimiter<std::net::IpAddr, FixedWindow, ManualClock, Inline>>();
+    assert_send_sync::<KeyedLimiter<String, Gcra, DefaultClock, Fingerprint>>();
+    assert_send_sync::<keyed::plans::PlanLimiter<u64, fn(&u64) -> keyed::plans::PlanId>>();
     assert_send_sync::<RateLimiter<FixedWindow>>();
     assert_send_sync::<RateLimiter<SlidingWindow>>();
     assert_send_sync::<SlidingLog>();

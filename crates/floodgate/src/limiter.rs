@@ -2,7 +2,8 @@
 
 use core::time::Duration;
 
-use crate::algorithm::{Algorithm, AtomicCell, LockedCell, StateCell};
+use crate::algorithm::Algorithm;
+use crate::cell::{AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::fixed_window::FixedWindow;

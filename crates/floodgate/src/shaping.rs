@@ -40,7 +40,8 @@
 use core::fmt;
 use core::time::Duration;
 
-use crate::algorithm::{Algorithm, AtomicCell, Charged, LockedCell, StateCell};
+use crate::algorithm::{Algorithm, Charged};
+use crate::cell::{AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};

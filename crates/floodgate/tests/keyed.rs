@@ -1,5 +1,5 @@
-//! Public behaviour of `KeyedLimiter` and of its inline twin `CompactKeyedLimiter`
-//! (every case over `u64` keys runs on both): exact decisions per key, key types, no
+//! Public behaviour of `KeyedLimiter` on every storage (`Heap`, `Inline`,
+//! `Fingerprint`; every case over `u64` keys runs on each): exact decisions per key, key types, no
 //! insert on peek, reclamation, eviction, and a differential test against an
 //! unbounded table.
 #![cfg(not(loom))]
@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use floodgate::{
-    Algorithm, CompactKeyedLimiter, Decision, Fingerprint, FixedWindow, Gcra, KeyedBuilder,
-    KeyedError, KeyedLimiter, KeyedMetrics, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow,
-    DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    Algorithm, Decision, FixedWindow, Gcra, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics,
+    ManualClock, Nanos, Pair, Policy, RateLimiter, SlidingWindow, Storage, DEFAULT_MEMORY_BUDGET,
+    MAX_CAPACITY,
 };
 use proptest::prelude::*;
 
@@ -51,34 +51,26 @@ trait Keyed: Sync {
     fn reclaim_idle(&self) -> usize;
 }
 
-macro_rules! keyed_api {
-    ($limiter:ident $(, $encoding:ty)?) => {
-        impl<A: Algorithm> Keyed for $limiter<u64, A, ManualClock $(, $encoding)?> {
-            fn check(&self, key: &u64) -> Decision {
-                $limiter::check(self, key)
-            }
-            fn check_n(&self, key: &u64, cost: u32) -> Decision {
-                $limiter::check_n(self, key, cost)
-            }
-            fn peek(&self, key: &u64, cost: u32) -> Decision {
-                $limiter::peek(self, key, cost)
-            }
-            fn metrics(&self) -> KeyedMetrics {
-                $limiter::metrics(self)
-            }
-            fn max_keys(&self) -> usize {
-                $limiter::max_keys(self)
-            }
-            fn reclaim_idle(&self) -> usize {
-                $limiter::reclaim_idle(self)
-            }
-        }
-    };
+impl<A: Algorithm, S: Storage<u64, A::State>> Keyed for KeyedLimiter<u64, A, ManualClock, S> {
+    fn check(&self, key: &u64) -> Decision {
+        KeyedLimiter::check(self, key)
+    }
+    fn check_n(&self, key: &u64, cost: u32) -> Decision {
+        KeyedLimiter::check_n(self, key, cost)
+    }
+    fn peek(&self, key: &u64, cost: u32) -> Decision {
+        KeyedLimiter::peek(self, key, cost)
+    }
+    fn metrics(&self) -> KeyedMetrics {
+        KeyedLimiter::metrics(self)
+    }
+    fn max_keys(&self) -> usize {
+        KeyedLimiter::max_keys(self)
+    }
+    fn reclaim_idle(&self) -> usize {
+        KeyedLimiter::reclaim_idle(self)
+    }
 }
-
-keyed_api!(KeyedLimiter);
-keyed_api!(CompactKeyedLimiter);
-keyed_api!(CompactKeyedLimiter, Fingerprint);
 
 /// A `u64`-keyed limiter of `kind`.
 fn keyed_as<A: Algorithm + 'static>(
@@ -94,7 +86,7 @@ fn keyed_as<A: Algorithm + 'static>(
         .clock(clock.clone());
     match kind {
         Kind::General => Box::new(builder.build::<u64>().expect("valid configuration")),
-        Kind::Compact => Box::new(builder.build_compact::<u64>().expect("valid configuration")),
+        Kind::Compact => Box::new(builder.build_inline::<u64>().expect("valid configuration")),
         Kind::Fingerprint => Box::new(
             builder
                 .build_fingerprint::<u64>()
@@ -180,12 +172,13 @@ fn key_types() {
     assert!(by_pair.check(&(a, "alice".to_owned())).is_allowed());
     assert!(by_pair.check(&(b, "alice".to_owned())).is_allowed());
     assert!(!by_pair.check(&(a, "alice".to_owned())).is_allowed());
+    assert!(!by_pair.check(&Pair(&a, "alice")).is_allowed()); // borrowed parts
     assert_eq!(by_pair.metrics().live_keys, 2);
 }
 
 #[test]
-fn compact_key_types() {
-    // Keys of at most 8 bytes, compared by their bits.
+fn inline_key_types() {
+    // Keys that encode into 64 bits, compared by their encoding.
     let compact = |gcra: Gcra, clock: &ManualClock| {
         KeyedBuilder::new(gcra)
             .capacity(64)
@@ -194,28 +187,49 @@ fn compact_key_types() {
     };
     let clock = ManualClock::new();
     let gcra = Gcra::new(Policy::per_second(1).unwrap());
-    let ipv4 = compact(gcra, &clock).build_compact::<[u8; 4]>().unwrap();
+    let ipv4 = compact(gcra, &clock).build_inline::<[u8; 4]>().unwrap();
     assert!(ipv4.check(&[10, 0, 0, 1]).is_allowed());
     assert!(!ipv4.check(&[10, 0, 0, 1]).is_allowed());
     assert!(ipv4.check(&[10, 0, 0, 2]).is_allowed());
     // All-ones keys are ordinary keys (emptiness lives in the state half).
     assert!(ipv4.check(&[255; 4]).is_allowed());
     assert!(!ipv4.check(&[255; 4]).is_allowed());
-    let wide = compact(gcra, &clock).build_compact::<u64>().unwrap();
+    let wide = compact(gcra, &clock).build_inline::<u64>().unwrap();
     for key in [0, u64::MAX, 1 << 63, u64::MAX - 1] {
         assert!(wide.check(&key).is_allowed(), "{key}");
         assert!(!wide.check(&key).is_allowed(), "{key}");
     }
     assert_eq!(wide.metrics().live_keys, 4);
-    let small = compact(gcra, &clock).build_compact::<u16>().unwrap();
+    let small = compact(gcra, &clock).build_inline::<u16>().unwrap();
     assert!(small.check(&0).is_allowed());
     assert!(small.check(&u16::MAX).is_allowed());
     assert!(!small.check(&0).is_allowed());
+    // IP addresses inline: IPv4 exactly (mapped addresses are IPv4), IPv6 by prefix.
+    let by_ip = compact(gcra, &clock).build_inline::<IpAddr>().unwrap();
+    let v4: IpAddr = "192.0.2.7".parse().unwrap();
+    let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+    let v6: IpAddr = "2001:db8::1".parse().unwrap();
+    let v6_same_net: IpAddr = "2001:db8::ffff".parse().unwrap();
+    assert!(by_ip.check(&v4).is_allowed());
+    assert!(!by_ip.check(&mapped).is_allowed());
+    assert!(by_ip
+        .check(&"192.0.2.8".parse::<IpAddr>().unwrap())
+        .is_allowed());
+    assert!(by_ip.check(&v6).is_allowed());
+    assert!(!by_ip.check(&v6_same_net).is_allowed());
+    assert_eq!(by_ip.metrics().live_keys, 3);
+    let by_net = compact(gcra, &clock)
+        .build_inline::<floodgate::Ipv6Prefix>()
+        .unwrap();
+    let net = |s: &str| floodgate::Ipv6Prefix::new(s.parse().unwrap());
+    assert!(by_net.check(&net("2001:db8:0:1::1")).is_allowed());
+    assert!(!by_net.check(&net("2001:db8:0:1::2")).is_allowed());
+    assert!(by_net.check(&net("2001:db8:0:2::1")).is_allowed());
 }
 
 #[test]
 fn fingerprint_key_types() {
-    // Any `Hash` key, unsized ones included, through its 64-bit keyed hash.
+    // Any `Hash` key through its 64-bit keyed hash, looked up by borrowed forms.
     let clock = ManualClock::new();
     let builder = || {
         KeyedBuilder::new(Gcra::new(Policy::per_minute(1).unwrap()))
@@ -223,7 +237,7 @@ fn fingerprint_key_types() {
             .shards(1)
             .clock(clock.clone())
     };
-    let by_name = builder().build_fingerprint::<str>().unwrap();
+    let by_name = builder().build_fingerprint::<String>().unwrap();
     assert!(by_name.check("alice").is_allowed());
     assert!(!by_name.check("alice").is_allowed());
     assert!(by_name.check("bob").is_allowed());
@@ -234,6 +248,7 @@ fn fingerprint_key_types() {
     assert!(by_pair.check(&(a, "alice".to_owned())).is_allowed());
     assert!(!by_pair.check(&(a, "alice".to_owned())).is_allowed());
     assert!(by_pair.check(&(a, "bob".to_owned())).is_allowed());
+    assert!(!by_pair.check(&Pair(&a, "bob")).is_allowed());
 }
 
 #[test]
@@ -653,8 +668,11 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
         slot_bytes: bytes,
         budget: DEFAULT_MEMORY_BUDGET,
     };
-    assert_eq!(most.clone().build_compact::<u64>().unwrap_err(), over);
-    assert_eq!(most.clone().build_fingerprint::<str>().unwrap_err(), over);
+    assert_eq!(most.clone().build_inline::<u64>().unwrap_err(), over);
+    assert_eq!(
+        most.clone().build_fingerprint::<String>().unwrap_err(),
+        over
+    );
     assert_eq!(most.build::<u64>().unwrap_err(), over);
 
     // Around the default budget (16 bytes a slot, 8 slots for 7 keys): the largest
@@ -665,7 +683,7 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
     let bytes = next.slot_bytes().unwrap();
     assert!(bytes > DEFAULT_MEMORY_BUDGET);
     assert_eq!(
-        next.build_compact::<u64>().unwrap_err(),
+        next.build_inline::<u64>().unwrap_err(),
         KeyedError::OverMemoryBudget {
             capacity: fits + 1,
             slot_bytes: bytes,
@@ -678,7 +696,7 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
     let need = small.slot_bytes().unwrap();
     let at = small.clone().memory_budget(need);
     assert_eq!(at.clone().build::<u64>().unwrap().slot_bytes(), need);
-    assert_eq!(at.build_compact::<u64>().unwrap().slot_bytes(), need);
+    assert_eq!(at.build_inline::<u64>().unwrap().slot_bytes(), need);
     let under = small.memory_budget(need - 1);
     let err = KeyedError::OverMemoryBudget {
         capacity: 1_000,
@@ -686,7 +704,7 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
         budget: need - 1,
     };
     assert_eq!(under.clone().build::<u64>().unwrap_err(), err);
-    assert_eq!(under.build_compact::<u64>().unwrap_err(), err);
+    assert_eq!(under.build_inline::<u64>().unwrap_err(), err);
     assert_eq!(
         err.to_string(),
         format!(
@@ -694,4 +712,36 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
             need - 1
         )
     );
+}
+
+/// Capacity means capacity: a table holds `capacity` keys that are idle between
+/// visits (GCRA at 10⁹ per second: each check leaves its key idle a nanosecond
+/// later) without reclaiming, evicting or re-inserting any of them, over several
+/// shards (uneven hashing) and on every storage.
+#[test]
+fn a_table_holds_its_capacity_of_idle_keys_without_reclaiming_any() {
+    for kind in KINDS {
+        for (capacity, shards) in [(20_000, 16), (4_096, 64), (1_000, 1)] {
+            let clock = ManualClock::new();
+            let limiter = keyed_as(
+                kind,
+                Gcra::new(Policy::per_second(1_000_000_000).unwrap()),
+                capacity,
+                shards,
+                &clock,
+            );
+            for visit in 0..2 {
+                for key in 0..capacity as u64 {
+                    assert!(limiter.check(&key).is_allowed());
+                    clock.advance(Duration::from_nanos(1));
+                }
+                let m = limiter.metrics();
+                assert_eq!(
+                    (m.reclaimed, m.evicted, m.live_keys),
+                    (0, 0, capacity as u64),
+                    "{kind:?}, {capacity} keys over {shards} shards, visit {visit}"
+                );
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! A flood of 10 million unique keys through a limiter with capacity 1 million (the
-//! general `KeyedLimiter` and the inline `CompactKeyedLimiter`): the heap never grows
+//! A flood of 10 million unique keys through a limiter with capacity 1 million (on
+//! every storage: `Heap`, `Inline`, `Fingerprint`): the heap never grows
 //! past the bound, keys that stayed live keep their decisions, and a check on a known
 //! key allocates nothing.
 //!
@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use floodgate::{
-    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics,
-    ManualClock, Policy, RateLimiter,
+    Decision, Gcra, GcraState, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, ManualClock,
+    Policy, RateLimiter, Storage,
 };
 
 /// Counts live heap bytes, their peak, and allocations.
@@ -63,40 +63,30 @@ trait Flooded {
     fn bytes_per_key(&self) -> usize;
 }
 
-macro_rules! flooded {
-    ($limiter:ident, |$me:ident| $bytes_per_key:expr) => {
-        impl Flooded for $limiter<u64, Gcra, ManualClock> {
-            fn check(&self, key: u64) -> Decision {
-                $limiter::check(self, &key)
-            }
-            fn check_n(&self, key: u64, cost: u32) -> Decision {
-                $limiter::check_n(self, &key, cost)
-            }
-            fn peek(&self, key: u64, cost: u32) -> Decision {
-                $limiter::peek(self, &key, cost)
-            }
-            fn metrics(&self) -> KeyedMetrics {
-                $limiter::metrics(self)
-            }
-            fn max_keys(&self) -> usize {
-                $limiter::max_keys(self)
-            }
-            fn slot_bytes(&self) -> usize {
-                $limiter::slot_bytes(self)
-            }
-            fn bytes_per_key(&self) -> usize {
-                let $me = self;
-                $bytes_per_key
-            }
-        }
-    };
+// The slot array's share plus one heap entry per key (none for inline slots).
+impl<S: Storage<u64, GcraState>> Flooded for KeyedLimiter<u64, Gcra, ManualClock, S> {
+    fn check(&self, key: u64) -> Decision {
+        KeyedLimiter::check(self, &key)
+    }
+    fn check_n(&self, key: u64, cost: u32) -> Decision {
+        KeyedLimiter::check_n(self, &key, cost)
+    }
+    fn peek(&self, key: u64, cost: u32) -> Decision {
+        KeyedLimiter::peek(self, &key, cost)
+    }
+    fn metrics(&self) -> KeyedMetrics {
+        KeyedLimiter::metrics(self)
+    }
+    fn max_keys(&self) -> usize {
+        KeyedLimiter::max_keys(self)
+    }
+    fn slot_bytes(&self) -> usize {
+        KeyedLimiter::slot_bytes(self)
+    }
+    fn bytes_per_key(&self) -> usize {
+        self.slot_bytes().div_ceil(CAPACITY) + self.entry_bytes()
+    }
 }
-
-// The slot array's share plus one heap entry per key.
-flooded!(KeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY)
-    + me.entry_bytes());
-// Bytes per slot × slots per key: nothing else is allocated per key.
-flooded!(CompactKeyedLimiter, |me| me.slot_bytes().div_ceil(CAPACITY));
 
 /// 1 per second, burst 1 000: a flood key books 1 s, a kept key 500 s, so the kept
 /// keys are never the closest to idle.
@@ -112,8 +102,14 @@ fn ten_million_keys_through_one_million_slots() {
 
 #[test]
 #[cfg_attr(debug_assertions, ignore = "run with --release")]
-fn ten_million_keys_through_one_million_compact_slots() {
-    flood(|b| b.build_compact::<u64>());
+fn ten_million_keys_through_one_million_inline_slots() {
+    flood(|b| b.build_inline::<u64>());
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "run with --release")]
+fn ten_million_keys_through_one_million_fingerprint_slots() {
+    flood(|b| b.build_fingerprint::<u64>());
 }
 
 fn flood<L: Flooded>(build: impl FnOnce(KeyedBuilder<Gcra, ManualClock>) -> Result<L, KeyedError>) {

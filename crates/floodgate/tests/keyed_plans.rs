@@ -97,7 +97,7 @@ fn toml_errors_are_typed() {
 
 #[test]
 fn no_plans_no_limiter() {
-    let err = PlanLimiter::new(
+    let err = PlanLimiter::<u64, _>::new(
         &Plans::new(),
         |_: &u64| unreachable_plan(),
         KeyedBuilder::new(()),

@@ -1,5 +1,5 @@
-//! loom models of the compact keyed table (keys inline in a 128-bit slot): the
-//! general table's models (`loom_keyed_models`: insertion racing with lookup,
+//! loom models of the inline storage (keys inline in a 128-bit slot): the heap
+//! storage's models (`loom_keyed_models`: insertion racing with lookup,
 //! reclamation and eviction racing with a decision), plus a slot emptied and reused
 //! by another key while a stale reader still holds the old key's view of it — the
 //! reader's CAS must never land on the other key — and a key moved by
@@ -12,10 +12,10 @@ mod loom_keyed_models;
 
 use std::sync::Arc;
 
-use floodgate::{CompactKeyedLimiter, Gcra, KeyedBuilder, ManualClock, Nanos, Policy};
+use floodgate::{Gcra, Inline, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy};
 use loom_keyed_models::{self as models, Keyed as _};
 
-type Compact = CompactKeyedLimiter<u64, Gcra, ManualClock>;
+type Compact = KeyedLimiter<u64, Gcra, ManualClock, Inline>;
 
 #[test]
 fn two_inserts_of_one_key_admit_once() {
@@ -98,7 +98,7 @@ fn a_key_moved_by_backward_shift_keeps_every_charge() {
                 .capacity(2)
                 .shards(1)
                 .clock(clock.clone())
-                .build_compact()
+                .build_inline()
                 .unwrap(),
         );
         // Key 1 charged at 0 s (idle by 1 s), `two` charged at 1 s.
@@ -135,5 +135,34 @@ fn a_peek_behind_a_key_being_removed_still_finds_its_key() {
         assert_eq!(keyed.reclaim_idle(), 1);
         let peeked = t.join().unwrap();
         assert!(!peeked.is_allowed(), "peek missed a live key: {peeked:?}");
+    });
+}
+
+#[test]
+fn a_refund_racing_with_slot_reuse_never_lands_on_another_key() {
+    // Capacity 1: two slots. Key A is charged at 1 s (TAT 2 s) and its receipt is
+    // refunded while key B, stamped 1 s, evicts A and takes A's slot with the very
+    // state A had. The refund's CAS compares the key half (and the receipt is void
+    // once the shard removed a key): it gives A's unit back or nothing, never B's.
+    const A: u64 = 1;
+    let b = (2..).find(|&k| home(k, 2) == home(A, 2)).unwrap();
+    loom::model(move || {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = Arc::new(Compact::build(1, &clock));
+        let (charged, receipt) = keyed.charge_at(&A, Nanos::from_secs(1), 1);
+        assert!(charged.is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.refund(&A, receipt));
+        let b_first = keyed.check_n_at(&b, Nanos::from_secs(1), 1).is_allowed();
+        let refunded = t.join().unwrap();
+        assert!(b_first);
+        // B holds its own charge in every order: a refund that landed on B would
+        // leave it fresh, admitting again at 1 s.
+        assert!(!keyed.peek_at(&b, Nanos::from_secs(1), 1).is_allowed());
+        // A refund that went through ran before the eviction: A was idle then, so B's
+        // insert reclaimed it instead of evicting it.
+        let m = keyed.metrics();
+        assert_eq!(m.reclaimed + m.evicted, 1);
+        assert!(!refunded || m.reclaimed == 1);
     });
 }

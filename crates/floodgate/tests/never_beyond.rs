@@ -1,17 +1,36 @@
 //! "Never admit beyond a limit": the review's over-admissions, each as a test that
 //! failed before its fix — composite refunds that gave back another request's units,
 //! reclamation judged at a later reading than a decision, eviction that forgave heavy
-//! window users — and the charge-first login pattern under parallel guesses.
+//! window users — and the charge-first login pattern under parallel guesses. Every
+//! keyed case runs on every storage (`Heap`, `Inline`, `Fingerprint`).
 #![cfg(not(loom))]
 
 use floodgate::keyed::composite::check_all;
 use floodgate::{
-    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy,
-    RateLimiter, Shaper, SlidingLog, SlidingWindow,
+    Algorithm, Clock, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter,
+    ManualClock, Nanos, Policy, RateLimiter, Shaper, SlidingLog, SlidingWindow, Storage,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// Runs `$body` once per storage, with `$s` naming it.
+macro_rules! each_storage {
+    ($s:ident => $body:block) => {{
+        {
+            type $s = Heap;
+            $body
+        }
+        {
+            type $s = Inline;
+            $body
+        }
+        {
+            type $s = Fingerprint;
+            $body
+        }
+    }};
+}
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
@@ -95,14 +114,25 @@ fn a_receipt_refunds_only_its_own_limiter_and_key() {
     assert!(!b.refund(receipt), "another limiter's receipt");
     assert!(!b.check().is_allowed());
 
-    let keyed = KeyedBuilder::new(Gcra::new(policy))
-        .clock(clock.clone())
-        .build::<u64>()
-        .unwrap();
-    assert!(keyed.check(&2).is_allowed());
-    let (_, receipt) = keyed.charge(&1, 1);
-    assert!(!keyed.refund(&2, receipt), "another key's receipt");
-    assert!(!keyed.check(&2).is_allowed());
+    each_storage!(S => {
+        let keyed = KeyedBuilder::new(Gcra::new(policy))
+            .clock(clock.clone())
+            .build_in::<u64, S>()
+            .unwrap();
+        let other = KeyedBuilder::new(Gcra::new(policy))
+            .clock(clock.clone())
+            .build_in::<u64, S>()
+            .unwrap();
+        assert!(keyed.check(&2).is_allowed());
+        let (_, receipt) = keyed.charge(&1, 1);
+        assert!(!keyed.refund(&2, receipt), "another key's receipt");
+        assert!(!keyed.check(&2).is_allowed());
+        let (_, receipt) = keyed.charge(&3, 1);
+        assert!(!other.refund(&3, receipt), "another limiter's receipt");
+        let (_, receipt) = keyed.charge(&4, 1);
+        assert!(keyed.refund(&4, receipt), "its own");
+        assert!(keyed.check(&4).is_allowed());
+    });
 }
 
 #[test]
@@ -112,20 +142,22 @@ fn a_refund_never_lands_on_a_recreated_entry() {
     // charge. The re-created entry never held it: nothing comes back.
     let clock = ManualClock::new();
     let gcra = Gcra::new(Policy::per_minute(1).unwrap().with_burst(2).unwrap());
-    let keyed = KeyedBuilder::new(gcra)
-        .capacity(2)
-        .shards(1)
-        .clock(clock.clone())
-        .build::<u64>()
-        .unwrap();
-    let (_, receipt) = keyed.charge(&1, 1);
-    for k in 2..8 {
-        assert!(keyed.check_n(&k, 2).is_allowed());
-    }
-    assert!(keyed.metrics().evicted > 0);
-    assert!(keyed.check_n(&1, 2).is_allowed()); // re-created and full
-    assert!(!keyed.refund(&1, receipt));
-    assert!(!keyed.check(&1).is_allowed());
+    each_storage!(S => {
+        let keyed = KeyedBuilder::new(gcra)
+            .capacity(2)
+            .shards(1)
+            .clock(clock.clone())
+            .build_in::<u64, S>()
+            .unwrap();
+        let (_, receipt) = keyed.charge(&1, 1);
+        for k in 2..8 {
+            assert!(keyed.check_n(&k, 2).is_allowed());
+        }
+        assert!(keyed.metrics().evicted > 0);
+        assert!(keyed.check_n(&1, 2).is_allowed()); // re-created and full
+        assert!(!keyed.refund(&1, receipt));
+        assert!(!keyed.check(&1).is_allowed());
+    });
 }
 
 /// The review's thread test: two threads run composites that a second limit always
@@ -185,24 +217,19 @@ fn racing_refunds_never_overfill_a_window() {
 
 /// The oracle for readings earlier than a reclamation: the keyed limiter answers as an
 /// unbounded map of un-keyed limiters would at `max(reading, reclamation instant)`.
-fn check_reclamation_oracle<A: Algorithm + Copy + 'static>(algorithm: A, compact: bool) {
+fn check_reclamation_oracle<A, S>(algorithm: A)
+where
+    A: Algorithm + Copy + 'static,
+    S: Storage<u64, A::State>,
+{
     let clock = ManualClock::new();
-    let builder = KeyedBuilder::new(algorithm).shards(1).clock(clock.clone());
-    let (general, compact_table) = if compact {
-        (None, Some(builder.build_compact::<u64>().unwrap()))
-    } else {
-        (Some(builder.build::<u64>().unwrap()), None)
-    };
-    let check = |at: Nanos| match (&general, &compact_table) {
-        (Some(g), _) => g.check_n_at(&1, at, 1),
-        (_, Some(c)) => c.check_n_at(&1, at, 1),
-        _ => unreachable!(),
-    };
-    let reclaim = || match (&general, &compact_table) {
-        (Some(g), _) => g.reclaim_idle(),
-        (_, Some(c)) => c.reclaim_idle(),
-        _ => unreachable!(),
-    };
+    let keyed = KeyedBuilder::new(algorithm)
+        .shards(1)
+        .clock(clock.clone())
+        .build_in::<u64, S>()
+        .unwrap();
+    let check = |at: Nanos| keyed.check_n_at(&1, at, 1);
+    let reclaim = || keyed.reclaim_idle();
     let model = RateLimiter::with_clock(algorithm, ManualClock::new());
     let mut reclaimed_at = Nanos::ZERO;
     let steps: [(u64, bool); 7] = [
@@ -225,7 +252,12 @@ fn check_reclamation_oracle<A: Algorithm + Copy + 'static>(algorithm: A, compact
             continue;
         }
         let expected = model.check_n_at(at.max(reclaimed_at), 1);
-        assert_eq!(check(at), expected, "at {at:?} (compact: {compact})");
+        assert_eq!(
+            check(at),
+            expected,
+            "at {at:?} ({})",
+            core::any::type_name::<S>()
+        );
     }
 }
 
@@ -234,22 +266,26 @@ fn readings_earlier_than_a_reclamation_are_judged_at_it() {
     let gcra = Gcra::new(Policy::per_second(1).unwrap());
     let fixed = FixedWindow::new(Policy::per_second(2).unwrap()).unwrap();
     let sliding = SlidingWindow::new(Policy::per_second(2).unwrap()).unwrap();
-    for compact in [false, true] {
-        check_reclamation_oracle(gcra, compact);
-        check_reclamation_oracle(fixed, compact);
-        check_reclamation_oracle(sliding, compact);
-    }
+    each_storage!(S => {
+        check_reclamation_oracle::<_, S>(gcra);
+        check_reclamation_oracle::<_, S>(fixed);
+        check_reclamation_oracle::<_, S>(sliding);
+    });
 }
 
 /// A shard full of live keys: the victim is never a key whose loss forgives more
 /// than another key of the sample — a heavy user survives any flood of light keys.
-fn check_heavy_user_survives<A: Algorithm + Copy + 'static>(algorithm: A, heavy_cost: u32) {
+fn check_heavy_user_survives<A, St>(algorithm: A, heavy_cost: u32)
+where
+    A: Algorithm + Copy + 'static,
+    St: Storage<u64, A::State>,
+{
     let clock = ManualClock::starting_at(Nanos::new(10 * S));
-    let keyed: KeyedLimiter<u64, A, ManualClock> = KeyedBuilder::new(algorithm)
+    let keyed: KeyedLimiter<u64, A, ManualClock, St> = KeyedBuilder::new(algorithm)
         .capacity(16)
         .shards(1)
         .clock(clock.clone())
-        .build()
+        .build_in()
         .unwrap();
     assert!(keyed.check_n(&0, heavy_cost).is_allowed());
     let heavy_left = keyed.peek(&0, 0).remaining();
@@ -267,9 +303,11 @@ fn check_heavy_user_survives<A: Algorithm + Copy + 'static>(algorithm: A, heavy_
 #[test]
 fn eviction_takes_the_key_whose_loss_forgives_least() {
     let policy = Policy::per_hour(100).unwrap();
-    check_heavy_user_survives(Gcra::new(policy), 90);
-    check_heavy_user_survives(FixedWindow::new(policy).unwrap(), 90);
-    check_heavy_user_survives(SlidingWindow::new(policy).unwrap(), 90);
+    each_storage!(St => {
+        check_heavy_user_survives::<_, St>(Gcra::new(policy), 90);
+        check_heavy_user_survives::<_, St>(FixedWindow::new(policy).unwrap(), 90);
+        check_heavy_user_survives::<_, St>(SlidingWindow::new(policy).unwrap(), 90);
+    });
 }
 
 #[test]
@@ -350,12 +388,15 @@ mod counterfactual {
         let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
         let twin = RateLimiter::locked_with_clock(algorithm, clock.clone());
         check_on(&twin, &clock, &model, capacity, ops)?;
-        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-        let keyed = KeyedBuilder::new(algorithm)
-            .clock(clock.clone())
-            .build::<u64>()
-            .unwrap();
-        check_on(&keyed.limit(&7), &clock, &model, capacity, ops)
+        each_storage!(St => {
+            let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+            let keyed = KeyedBuilder::new(algorithm)
+                .clock(clock.clone())
+                .build_in::<u64, St>()
+                .unwrap();
+            check_on(&keyed.limit(&7), &clock, &model, capacity, ops)?;
+        });
+        Ok(())
     }
 
     fn check_on(

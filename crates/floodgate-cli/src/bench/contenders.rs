@@ -23,7 +23,7 @@
 //!   a mutex per shard), the textbook keyed limiter (one map of `f64` buckets under
 //!   one mutex) and governor's keyed limiter (`RateLimiter::keyed`, a `DashMap`).
 //!   Its floodgate column is the keyed limiter for word-sized keys
-//!   (`CompactKeyedLimiter<u64, _>`, keys inline in the slots), sized for twice
+//!   (`KeyedLimiter<u64, _, _, Inline>`, keys inline in the slots), sized for twice
 //!   [`MANY_KEYS`] so nothing live is evicted.
 //!
 //! # The workload
@@ -400,12 +400,12 @@ pub(crate) fn many_keys<W: Workload>(others: Vec<Contender>) -> Vec<Contender> {
     floodgate_and_twin(floodgate_many::<W>, mutex_twin_many::<W>, others)
 }
 
-/// floodgate's keyed limiter for `u64` keys (the compact table: keys inline in the
+/// floodgate's keyed limiter for `u64` keys (inline storage: keys inline in the
 /// slots), sized for twice [`MANY_KEYS`] (nothing live is evicted).
 fn floodgate_many<W: Workload>(threads: usize, run_time: Duration) -> Measurement {
     let keyed = KeyedBuilder::new(W::algorithm())
         .capacity(2 * MANY_KEYS as usize)
-        .build_compact::<u64>()
+        .build_inline::<u64>()
         .expect("the benchmark capacity is valid");
     run_for(threads, run_time, |thread| {
         let mut next_key = keys_of(thread);

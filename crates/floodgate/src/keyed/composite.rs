@@ -58,12 +58,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use core::borrow::Borrow;
-use core::hash::Hash;
-
+use super::key::Lookup;
 use super::plans::{PlanId, PlanLimiter};
+use super::storage::{Heap, Storage};
 use super::KeyedLimiter;
-use crate::algorithm::{Algorithm, StateCell};
+use crate::algorithm::Algorithm;
+use crate::cell::StateCell;
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::GcraState;
@@ -316,16 +316,21 @@ impl<C: Clock, S: StateCell<GcraState>> Limit for Shaper<C, S> {
 /// assert!(limit.charge_at(limit.now(), 1).0.is_allowed());
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
-pub struct KeyedLimit<'a, K, Q: ?Sized, A: Algorithm, C> {
-    limiter: &'a KeyedLimiter<K, A, C>,
+pub struct KeyedLimit<'a, K, Q, A, C, S = Heap>
+where
+    Q: ?Sized,
+    A: Algorithm,
+    S: Storage<K, A::State>,
+{
+    limiter: &'a KeyedLimiter<K, A, C, S>,
     key: &'a Q,
 }
 
-impl<K, A, C> KeyedLimiter<K, A, C>
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
 where
-    K: Hash + Eq + Send + Sync + 'static,
     A: Algorithm,
     C: Clock,
+    S: Storage<K, A::State>,
 {
     /// This limiter for one key, as a composite [`Limit`].
     ///
@@ -338,21 +343,20 @@ where
     /// assert!(check_all(&[&keyed.limit("alice")], 1).is_allowed());
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
-    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> KeyedLimit<'a, K, Q, A, C>
+    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> KeyedLimit<'a, K, Q, A, C, S>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Lookup<K> + ?Sized,
     {
         KeyedLimit { limiter: self, key }
     }
 }
 
-impl<K, Q, A, C> Limit for KeyedLimit<'_, K, Q, A, C>
+impl<K, Q, A, C, S> Limit for KeyedLimit<'_, K, Q, A, C, S>
 where
-    K: Hash + Eq + Send + Sync + 'static + Borrow<Q>,
-    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    Q: Lookup<K> + ?Sized,
     A: Algorithm,
     C: Clock,
+    S: Storage<K, A::State>,
 {
     fn now(&self) -> Nanos {
         self.limiter.clock().now()
@@ -385,16 +389,19 @@ where
 /// assert_eq!(check_all(&[&limiter.limit(&1)], 10).remaining(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct PlanLimit<'a, K, R, C> {
-    limiter: &'a PlanLimiter<K, R, C>,
-    key: &'a K,
+pub struct PlanLimit<'a, K, Q, R, C, S = Heap>
+where
+    Q: ?Sized,
+    S: Storage<K, GcraState>,
+{
+    limiter: &'a PlanLimiter<K, R, C, S>,
+    key: &'a Q,
 }
 
-impl<K, R, C> PlanLimiter<K, R, C>
+impl<K, R, C, S> PlanLimiter<K, R, C, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Fn(&K) -> PlanId + Send + Sync,
     C: Clock,
+    S: Storage<K, GcraState>,
 {
     /// This limiter for one key, as a composite [`Limit`].
     ///
@@ -411,16 +418,21 @@ where
     /// assert_eq!(limit.charge_at(limit.now(), 1).0.limit(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn limit<'a>(&'a self, key: &'a K) -> PlanLimit<'a, K, R, C> {
+    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> PlanLimit<'a, K, Q, R, C, S>
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         PlanLimit { limiter: self, key }
     }
 }
 
-impl<K, R, C> Limit for PlanLimit<'_, K, R, C>
+impl<K, Q, R, C, S> Limit for PlanLimit<'_, K, Q, R, C, S>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Fn(&K) -> PlanId + Send + Sync,
+    Q: Lookup<K> + ?Sized,
+    R: Fn(&Q) -> PlanId,
     C: Clock,
+    S: Storage<K, GcraState>,
 {
     fn now(&self) -> Nanos {
         self.limiter.keyed().clock().now()

@@ -28,16 +28,15 @@
 //! plain loads and retries only if an update ran at that very moment.
 
 use core::fmt;
-use core::hash::Hash;
-#[cfg(feature = "serde")]
-use std::collections::BTreeMap;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
+use super::key::Lookup;
+use super::storage::{Heap, Storage};
 use super::{KeyedBuilder, KeyedError, KeyedLimiter};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
-use crate::gcra::Gcra;
+use crate::gcra::{Gcra, GcraState};
 use crate::policy::{Policy, PolicyError};
 use crate::receipt::Receipt;
 use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
@@ -247,51 +246,6 @@ impl Plans {
             .enumerate()
             .map(|(i, (name, policy))| (PlanId(i as u32), name.as_str(), *policy))
     }
-
-    /// Parses plans from TOML text (no file access: read the file yourself).
-    ///
-    /// ```toml
-    /// default = "free"            # optional; else the first plan
-    ///
-    /// [plans.free]
-    /// limit = 100
-    /// period = "1d"               # see floodgate::parse_duration
-    /// burst = 10                  # optional; default = limit
-    /// ```
-    ///
-    /// Plans are ordered by name.
-    ///
-    /// # Errors
-    ///
-    /// [`PlansError`] naming the plan and field for malformed TOML, a bad duration,
-    /// an invalid policy or an unknown default.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use floodgate::keyed::plans::Plans;
-    /// let plans = Plans::from_toml(r#"
-    ///     default = "free"
-    ///     [plans.free]
-    ///     limit = 100
-    ///     period = "1d"
-    ///     burst = 10
-    ///     [plans.pro]
-    ///     limit = 10000
-    ///     period = "1d"
-    ///     burst = 100
-    /// "#)?;
-    /// let classic = Plans::classic();
-    /// for name in ["free", "pro"] {
-    ///     assert_eq!(plans.policy(plans.id(name).unwrap()), classic.policy(classic.id(name).unwrap()));
-    /// }
-    /// assert_eq!(plans.name(plans.default_plan().unwrap()), Some("free"));
-    /// # Ok::<(), floodgate::keyed::plans::PlansError>(())
-    /// ```
-    #[cfg(feature = "serde")]
-    pub fn from_toml(text: &str) -> Result<Plans, PlansError> {
-        super::config::parse(text)
-    }
 }
 
 impl FromIterator<(String, Policy)> for Plans {
@@ -413,8 +367,11 @@ impl PlanCell {
 /// A keyed GCRA limiter whose policy depends on the key's plan.
 ///
 /// See the [module docs](self) for an example and runtime changes.
-pub struct PlanLimiter<K, R, C = DefaultClock> {
-    keyed: KeyedLimiter<K, Gcra, C>,
+pub struct PlanLimiter<K, R, C = DefaultClock, S = Heap>
+where
+    S: Storage<K, GcraState>,
+{
+    keyed: KeyedLimiter<K, Gcra, C, S>,
     names: Vec<String>,
     cells: Box<[CachePadded<PlanCell>]>,
     default: usize,
@@ -424,9 +381,8 @@ pub struct PlanLimiter<K, R, C = DefaultClock> {
 
 impl<K, R, C> PlanLimiter<K, R, C>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    R: Fn(&K) -> PlanId + Send + Sync,
     C: Clock,
+    Heap: Storage<K, GcraState>,
 {
     /// A limiter for `plans`, mapping keys to plans with `resolver`, with the
     /// capacity, shards and clock of `table` (its algorithm is not used: pass `()`).
@@ -450,19 +406,47 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(plans: &Plans, resolver: R, table: KeyedBuilder<(), C>) -> Result<Self, PlansError> {
+        Self::new_in(plans, resolver, table)
+    }
+}
+
+impl<K, R, C, S> PlanLimiter<K, R, C, S>
+where
+    C: Clock,
+    S: Storage<K, GcraState>,
+{
+    /// [`new`](PlanLimiter::new) on storage `S` (e.g. [`Inline`](crate::Inline) for
+    /// `u64` or `IpAddr` keys).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](PlanLimiter::new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{Inline, KeyedBuilder};
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter: PlanLimiter<u64, _, _, Inline> =
+    ///     PlanLimiter::new_in(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    /// assert_eq!(limiter.check(&1).limit(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new_in(
+        plans: &Plans,
+        resolver: R,
+        table: KeyedBuilder<(), C>,
+    ) -> Result<Self, PlansError> {
         let default = plans.default_plan().ok_or(PlansError::NoPlans)?;
         let first = plans.policy(default).ok_or(PlansError::NoPlans)?;
         // The table's own algorithm only judges idleness and closeness to idle, which
         // for GCRA depend on the state alone, not on the policy.
-        let keyed = KeyedBuilder {
-            algorithm: Gcra::new(first),
-            clock: table.clock,
-            capacity: table.capacity,
-            shards: table.shards,
-            memory_budget: table.memory_budget,
-        }
-        .build()
-        .map_err(PlansError::Keyed)?;
+        let keyed = table
+            .algorithm(Gcra::new(first))
+            .build_in::<K, S>()
+            .map_err(PlansError::Keyed)?;
         Ok(PlanLimiter {
             keyed,
             names: plans.names.clone(),
@@ -478,7 +462,10 @@ where
     }
 
     #[inline]
-    fn gcra_for(&self, key: &K) -> Gcra {
+    fn gcra_for<Q: ?Sized>(&self, key: &Q) -> Gcra
+    where
+        R: Fn(&Q) -> PlanId,
+    {
         let id = (self.resolver)(key).0 as usize;
         let cell = self.cells.get(id).unwrap_or(&self.cells[self.default]);
         Gcra::new(cell.load())
@@ -498,7 +485,11 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn check(&self, key: &K) -> Decision {
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         self.check_n_at(key, self.keyed.clock().now(), 1)
     }
 
@@ -516,7 +507,11 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn check_n_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         let gcra = self.gcra_for(key);
         self.keyed.check_with(&gcra, key, now, cost)
     }
@@ -535,7 +530,11 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn peek(&self, key: &K, cost: u32) -> Decision {
+    pub fn peek<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         self.peek_at(key, self.keyed.clock().now(), cost)
     }
 
@@ -553,9 +552,13 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn peek_at(&self, key: &K, now: Nanos, cost: u32) -> Decision {
+    pub fn peek_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         let gcra = self.gcra_for(key);
-        self.keyed.table().peek(&gcra, key, now, cost)
+        self.keyed.peek_with(&gcra, key, now, cost)
     }
 
     /// Decides `cost` units for `key` now under its plan, with a [`Receipt`] for a
@@ -575,7 +578,11 @@ where
     /// assert_eq!(limiter.peek(&7, 0).remaining(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn charge(&self, key: &K, cost: u32) -> (Decision, Receipt) {
+    pub fn charge<Q>(&self, key: &Q, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         self.charge_at(key, self.keyed.clock().now(), cost)
     }
 
@@ -594,7 +601,11 @@ where
     /// assert!(receipt.is_charged());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn charge_at(&self, key: &K, now: Nanos, cost: u32) -> (Decision, Receipt) {
+    pub fn charge_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         let gcra = self.gcra_for(key);
         self.keyed.charge_with(&gcra, key, now, cost)
     }
@@ -614,7 +625,11 @@ where
     /// assert!(!limiter.refund(&8, receipt)); // not key 8's charge
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn refund(&self, key: &K, receipt: Receipt) -> bool {
+    pub fn refund<Q>(&self, key: &Q, receipt: Receipt) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
         let gcra = self.gcra_for(key);
         self.keyed.refund_with(&gcra, key, receipt)
     }
@@ -662,7 +677,7 @@ where
     /// ```
     /// use floodgate::keyed::plans::{PlanLimiter, Plans};
     /// use floodgate::KeyedBuilder;
-    /// let limiter = PlanLimiter::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::<u64, _>::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::new(()))?;
     /// assert_eq!(limiter.policy("pro").unwrap().burst(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -685,36 +700,15 @@ where
     /// assert_eq!(limiter.keyed().metrics().live_keys, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn keyed(&self) -> &KeyedLimiter<K, Gcra, C> {
+    pub fn keyed(&self) -> &KeyedLimiter<K, Gcra, C, S> {
         &self.keyed
     }
 }
 
-/// The TOML shape, parsed with serde.
-#[cfg(feature = "serde")]
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PlansFile {
-    #[serde(default)]
-    pub(super) default: Option<String>,
-    #[serde(default)]
-    pub(super) plans: BTreeMap<String, PlanEntry>,
-}
-
-/// One `[plans.<name>]` table.
-#[cfg(feature = "serde")]
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PlanEntry {
-    pub(super) limit: u64,
-    pub(super) period: String,
-    #[serde(default)]
-    pub(super) burst: Option<u64>,
-}
-
-impl<K, R, C: fmt::Debug> fmt::Debug for PlanLimiter<K, R, C>
+impl<K, R, C, S> fmt::Debug for PlanLimiter<K, R, C, S>
 where
-    K: Hash + Eq + Send + Sync + 'static,
+    C: fmt::Debug,
+    S: Storage<K, GcraState> + Default + fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanLimiter")

@@ -1,5 +1,5 @@
-//! The loom models both keyed tables run (`tests/loom_keyed.rs` on
-//! `KeyedLimiter`, `tests/loom_keyed_compact.rs` on `CompactKeyedLimiter`):
+//! The loom models every keyed storage runs (`tests/loom_keyed.rs` on `Heap`,
+//! `tests/loom_keyed_compact.rs` on `Inline`):
 //! insertion racing with lookup, and reclamation and eviction racing with a
 //! decision on the same key. A retired slot must never hand one key's state to
 //! another, and reclaiming an idle key must lose no charge.
@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{
-    CompactKeyedLimiter, Decision, Gcra, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock,
-    Nanos, Policy,
+    Decision, Gcra, GcraState, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock, Nanos,
+    Policy, Storage,
 };
 
 /// What a model needs of a keyed limiter over `u64` keys.
@@ -30,30 +30,26 @@ fn builder(clock: &ManualClock, capacity: usize) -> KeyedBuilder<Gcra, ManualClo
         .clock(clock.clone())
 }
 
-macro_rules! keyed {
-    ($limiter:ident, $build:ident) => {
-        impl Keyed for $limiter<u64, Gcra, ManualClock> {
-            fn build(capacity: usize, clock: &ManualClock) -> Self {
-                builder(clock, capacity).$build().unwrap()
-            }
-            fn check(&self, key: &u64) -> Decision {
-                $limiter::check(self, key)
-            }
-            fn peek(&self, key: &u64, cost: u32) -> Decision {
-                $limiter::peek(self, key, cost)
-            }
-            fn metrics(&self) -> KeyedMetrics {
-                $limiter::metrics(self)
-            }
-            fn reclaim_idle(&self) -> usize {
-                $limiter::reclaim_idle(self)
-            }
-        }
-    };
+impl<S> Keyed for KeyedLimiter<u64, Gcra, ManualClock, S>
+where
+    S: Storage<u64, GcraState> + 'static,
+{
+    fn build(capacity: usize, clock: &ManualClock) -> Self {
+        builder(clock, capacity).build_in().unwrap()
+    }
+    fn check(&self, key: &u64) -> Decision {
+        KeyedLimiter::check(self, key)
+    }
+    fn peek(&self, key: &u64, cost: u32) -> Decision {
+        KeyedLimiter::peek(self, key, cost)
+    }
+    fn metrics(&self) -> KeyedMetrics {
+        KeyedLimiter::metrics(self)
+    }
+    fn reclaim_idle(&self) -> usize {
+        KeyedLimiter::reclaim_idle(self)
+    }
 }
-
-keyed!(KeyedLimiter, build);
-keyed!(CompactKeyedLimiter, build_compact);
 
 fn limiter<L: Keyed>(capacity: usize, clock: &ManualClock) -> Arc<L> {
     Arc::new(L::build(capacity, clock))

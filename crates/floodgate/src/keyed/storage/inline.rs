@@ -1,10 +1,10 @@
-//! The compact key table behind [`CompactKeyedLimiter`](super::CompactKeyedLimiter):
-//! word-sized keys stored inline, no heap entry, no epoch.
+//! [`Inline`](super::Inline) and [`Fingerprint`](super::Fingerprint) storage: a
+//! key's 64-bit encoding stored inline beside its state, no heap entry, no epoch.
 //!
 //! # Layout
 //!
 //! Shards, hashing, probing, sizing, reclamation and eviction are those of the
-//! general table ([`super::table`]). The difference is the slot: one 16-byte
+//! heap table (the shard machinery in [`super`] is shared). The difference is the slot: one 16-byte
 //! atomic word holding the key's bits (high 64 bits, the key's bytes zero-extended)
 //! and its state (low 64 bits, the state's bytes zero-extended). A lookup loads one
 //! slot — one cache line, no pointer to chase — and a decision is one 128-bit CAS
@@ -53,25 +53,28 @@
 //! finds the slot dead or holding another key takes the locked path, which never
 //! misses a present key.
 
+use core::hash::Hash;
 use core::marker::PhantomData;
 
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::{failure_of, update_word, update_word_from, Algorithm, CasWord};
+use super::{
+    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
+    KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+};
+use crate::algorithm::{Algorithm, Charged};
+use crate::cell::{failure_of, refund_word, update_word, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::keyed::key::{InlineKey, Lookup};
 use crate::receipt::{from_bits, to_bits};
 use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
-
-use super::table::{
-    home_slot, judge, make_room, next_slot, Removals, Retired, ShardSet, Slots, WriteSide, Writer,
-};
 
 /// The state half of an empty (or retired) slot.
 pub(crate) const DEAD: u64 = u64::MAX;
 
-/// Bytes of one compact slot.
-pub(crate) const SLOT_BYTES: usize = 16;
+/// Bytes of one inline slot.
+const SLOT_BYTES: usize = 16;
 
 /// An empty slot: all zero in memory (the state half is stored inverted).
 const EMPTY_SLOT: u128 = pack(0, DEAD);
@@ -118,6 +121,107 @@ impl CasWord for Slot {
     }
 }
 
+/// One key's view of a slot, as the shared charge and refund code drives it: its
+/// value is the state while the slot holds this key live and the dead word
+/// otherwise (emptied, retired, or taken by another key), and its CAS compares the
+/// whole slot, key half included.
+struct KeyedSlot<'a, S> {
+    slot: &'a Slot,
+    key: u64,
+    _state: PhantomData<fn() -> S>,
+}
+
+impl<'a, S: bytemuck::Pod> KeyedSlot<'a, S> {
+    #[inline(always)]
+    fn new(slot: &'a Slot, key: u64) -> Self {
+        KeyedSlot {
+            slot,
+            key,
+            _state: PhantomData,
+        }
+    }
+
+    /// The state `slot` holds for this key, or the dead word.
+    #[inline(always)]
+    fn state_of(&self, slot: u128) -> S {
+        let bits = state_half(slot);
+        if bits == DEAD || key_half(slot) != self.key {
+            dead::<S>()
+        } else {
+            from_bits(bits)
+        }
+    }
+}
+
+impl<S: bytemuck::Pod> CasWord for KeyedSlot<'_, S> {
+    type Value = S;
+
+    #[inline(always)]
+    fn load_now(&self) -> S {
+        self.state_of(self.slot.load_now())
+    }
+
+    #[inline(always)]
+    fn load_acquire(&self) -> S {
+        self.state_of(self.slot.load_acquire())
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: S, new: S, success: Ordering) -> Result<S, S> {
+        // The shared code never CASes from the dead word, so `current` is this key's
+        // live state and the whole-slot comparison is the ABA guard (module docs).
+        self.slot
+            .cas_weak(
+                pack(self.key, to_bits(&current)),
+                pack(self.key, to_bits(&new)),
+                success,
+            )
+            .map(|v| self.state_of(v))
+            .map_err(|v| self.state_of(v))
+    }
+}
+
+/// How a key becomes the 64 bits its slot stores.
+pub trait Encoding<K>: Send + Sync {
+    /// A new encoder (fresh seeds for a fingerprint).
+    fn new() -> Self;
+    /// The bits of `key`.
+    fn bits<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64;
+}
+
+/// Exact keys: the key's [`InlineKey`] encoding.
+pub struct Exact;
+
+impl<K: InlineKey> Encoding<K> for Exact {
+    fn new() -> Self {
+        Exact
+    }
+
+    #[inline(always)]
+    fn bits<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64 {
+        key.to_key().to_bits()
+    }
+}
+
+/// Fingerprints: a 64-bit keyed hash of the key (random seeds, fixed under loom).
+pub struct Fingerprinted(ahash::RandomState);
+
+impl<K: Hash> Encoding<K> for Fingerprinted {
+    fn new() -> Self {
+        #[cfg(not(loom))]
+        let seeds = ahash::RandomState::new();
+        #[cfg(loom)]
+        let seeds = ahash::RandomState::with_seeds(5, 6, 7, 8);
+        Fingerprinted(seeds)
+    }
+
+    #[inline(always)]
+    fn bits<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64 {
+        // A lookup form hashes as its key does (the `Lookup` contract).
+        self.0.hash_one(key)
+    }
+}
+
 pub(crate) struct Shard<S> {
     slots: Box<[Slot]>,
     /// Sequence number: odd while a writer moves keys.
@@ -132,23 +236,21 @@ pub(crate) struct Shard<S> {
     _state: PhantomData<fn() -> S>,
 }
 
-/// The compact sharded table: word-sized keys (as bits) to state words `S`.
-pub(crate) struct CompactTable<S> {
+/// The inline sharded table: keys (as their 64-bit encoding `E`) to state words `S`.
+pub struct InlineTable<S, E> {
     set: ShardSet<Shard<S>>,
+    encoding: E,
 }
 
-/// The shard-level operations (counts, capacity, full sweeps) are the shard set's.
-impl<S> core::ops::Deref for CompactTable<S> {
-    type Target = ShardSet<Shard<S>>;
+impl<K, S, E> KeyTable<K, S> for InlineTable<S, E>
+where
+    S: bytemuck::Pod + Send + Sync,
+    E: Encoding<K>,
+{
+    const SLOT_BYTES: usize = SLOT_BYTES;
+    const ENTRY_BYTES: usize = 0;
 
-    fn deref(&self) -> &Self::Target {
-        &self.set
-    }
-}
-
-impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
-    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
-    pub(crate) fn new(capacity: usize, shards: usize) -> Self {
+    fn build(capacity: usize, shards: usize) -> Self {
         let set = ShardSet::new(capacity, shards, |shape| Shard {
             slots: empty_slots(shape.slots),
             version: AtomicU64::new(0),
@@ -159,40 +261,58 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
             write: WriteSide::new(),
             _state: PhantomData,
         });
-        CompactTable { set }
+        InlineTable {
+            set,
+            encoding: E::new(),
+        }
     }
 
-    /// Decides `cost` at the instant `now()` reads for the key with bits `key`,
-    /// inserting it if it must store a state. The clock is read after the slot's load
-    /// is issued, so reading it overlaps the cache miss.
-    #[inline]
-    pub(crate) fn check<A>(
+    #[inline(always)]
+    fn decide<const RECEIPT: bool, Q, A>(
         &self,
         algorithm: &A,
-        key: u64,
-        now: impl FnOnce() -> Nanos,
+        key: &Q,
+        now: Nanos,
         cost: u32,
-    ) -> Decision
+    ) -> KeyedCharge<S>
     where
+        Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        let (shard, hash) = self.set.locate(&key);
-        let found = shard.find(hash, key);
-        let now = shard.removals.clamp(now());
+        let bits = self.encoding.bits(key);
+        let (shard, hash) = self.set.locate(&bits);
+        // Read before the probe: a removal of the key found below happens after this
+        // read, so a refund sees the generation move.
+        let (generation, noted) = if RECEIPT {
+            (shard.removals.generation(), shard.removals.ledger.note())
+        } else {
+            (0, 0)
+        };
+        let found = shard.find(hash, bits);
+        let now = shard.removals.clamp(now);
         if let Some((i, seen)) = found {
-            if let Some(decision) = decide_in(algorithm, &shard.slots[i], seen, key, now, cost) {
-                return decision;
+            let slot = KeyedSlot::new(&shard.slots[i], bits);
+            let seen = slot.state_of(seen);
+            if let Some((decision, charge)) = charge_live(algorithm, &slot, seen, now, cost) {
+                return KeyedCharge {
+                    decision,
+                    charge,
+                    tag: bits,
+                    generation,
+                    noted,
+                };
             }
         }
-        shard.check_locked(algorithm, hash, key, now, cost)
+        shard.check_locked(algorithm, hash, bits, now, cost)
     }
 
-    /// Exactly what `check` would decide now; writes nothing and inserts nothing.
     #[inline]
-    pub(crate) fn peek<A>(&self, algorithm: &A, key: u64, now: Nanos, cost: u32) -> Decision
+    fn peek<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
     where
+        Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
+        let key = self.encoding.bits(key);
         let (shard, hash) = self.set.locate(&key);
         // Acquire: pairs with the writer's final Release store of the version (and
         // so with every removal instant recorded before it).
@@ -219,11 +339,69 @@ impl<S: bytemuck::Pod + Send + Sync> CompactTable<S> {
                 (bits, shard.removals.clamp(now))
             }
         };
-        // As `check` decides: a transition to the dead word is refused.
-        match algorithm.decide(from_bits(bits), now, cost) {
-            (decision, Some(next)) if to_bits(&next) == DEAD => decision.refused(),
-            (decision, _) => decision,
+        decide_unwritten(algorithm, from_bits(bits), now, cost)
+    }
+
+    fn refund<Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        generation: u64,
+        noted: u64,
+        charge: &Charged<S>,
+        now: &dyn Fn() -> Nanos,
+    ) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let bits = self.encoding.bits(key);
+        let (shard, hash) = self.set.locate(&bits);
+        let _writer = lock(&shard.write.lock);
+        let removals = &shard.removals;
+        if removals.generation() != generation {
+            return false;
         }
+        // Under the lock nothing moves and nothing is retired: a hit is this key's
+        // one live slot (readers may still change its state half, never its key).
+        let Some((i, _)) = shard.find(hash, bits) else {
+            return false;
+        };
+        let slot = KeyedSlot::new(&shard.slots[i], bits);
+        removals.ledger.refund_locked(noted, |shift| {
+            refund_word(
+                algorithm,
+                &slot,
+                charge,
+                shift,
+                || removals.clamp(now()),
+                |s| !is_dead(s),
+            )
+        })
+    }
+
+    fn tag_of<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64 {
+        self.encoding.bits(key)
+    }
+
+    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
+        self.set.reclaim_idle(algorithm, now)
+    }
+
+    fn counts(&self) -> TableCounts {
+        self.set.counts()
+    }
+
+    fn capacity(&self) -> usize {
+        self.set.capacity()
+    }
+
+    fn shard_count(&self) -> usize {
+        self.set.shard_count()
+    }
+
+    fn slot_count(&self) -> usize {
+        self.set.slot_count()
     }
 }
 
@@ -256,35 +434,6 @@ fn empty_slots(n: usize) -> Box<[Slot]> {
     (0..n).map(|_| Slot(AtomicU128::new(EMPTY_SLOT))).collect()
 }
 
-/// Runs the decision on slot `slot` (last seen holding `seen`) if it still holds
-/// `key` with a live state; `None` when it does not (emptied, retired, or reused by
-/// another key).
-#[inline(always)]
-fn decide_in<A>(
-    algorithm: &A,
-    slot: &Slot,
-    seen: u128,
-    key: u64,
-    now: Nanos,
-    cost: u32,
-) -> Option<Decision>
-where
-    A: Algorithm + ?Sized,
-{
-    update_word_from(slot, seen, |current| {
-        let bits = state_half(current);
-        if bits == DEAD || key_half(current) != key {
-            return (None, None);
-        }
-        let (decision, next) = algorithm.decide(from_bits(bits), now, cost);
-        match next.map(|n| to_bits(&n)) {
-            Some(DEAD) => (Some(decision.refused()), None),
-            Some(next) => (Some(decision), Some(pack(key, next))),
-            None => (Some(decision), None),
-        }
-    })
-}
-
 impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
     #[inline(always)]
     fn home(&self, hash: u64) -> usize {
@@ -312,27 +461,43 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
 
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<A>(&self, algorithm: &A, hash: u64, key: u64, now: Nanos, cost: u32) -> Decision
+    fn check_locked<A>(
+        &self,
+        algorithm: &A,
+        hash: u64,
+        key: u64,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
     where
         A: Algorithm<State = S> + ?Sized,
     {
         let mut writer = lock(&self.write.lock);
         // Under the lock every removal so far is visible: judge at or after them.
         let now = self.removals.clamp(now);
+        let answer = |decision, charge| KeyedCharge {
+            decision,
+            charge,
+            tag: key,
+            generation: self.removals.generation(),
+            noted: self.removals.ledger.note(),
+        };
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
         if let Some((i, seen)) = self.find(hash, key) {
-            if let Some(decision) = decide_in(algorithm, &self.slots[i], seen, key, now, cost) {
-                return decision;
+            let slot = KeyedSlot::new(&self.slots[i], key);
+            let seen = slot.state_of(seen);
+            if let Some((decision, charge)) = charge_live(algorithm, &slot, seen, now, cost) {
+                return answer(decision, charge);
             }
         }
-        let (decision, next) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
+        let before: S = bytemuck::Zeroable::zeroed();
+        let (decision, next) = algorithm.decide(before, now, cost);
         // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
         let Some(next) = next else {
-            return decision;
+            return answer(decision, None);
         };
-        let next = to_bits(&next);
-        if next == DEAD {
-            return decision.refused();
+        if is_dead(&next) {
+            return answer(decision.refused(), None);
         }
         make_room(self, &mut writer, algorithm, now);
         let mut i = self.home(hash);
@@ -341,14 +506,25 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
             i = next_slot(i, self.slots.len());
             probes += 1;
             if probes == self.slots.len() {
-                return decision.refused();
+                return answer(decision.refused(), None);
             }
         }
         // Release: the seqlock's stores (see `unlink`); the slot itself is one word.
-        self.slots[i].0.store(pack(key, next), Ordering::Release);
+        self.slots[i]
+            .0
+            .store(pack(key, to_bits(&next)), Ordering::Release);
         writer.live += 1;
         self.write.set_live(&writer);
-        decision
+        // The generation after make_room's removals: the key is new at it.
+        answer(
+            decision,
+            Some(Charged {
+                before,
+                after: next,
+                at: now,
+                cost,
+            }),
+        )
     }
 
     /// Makes the sequence number odd (under the lock): a `peek` that misses from now
@@ -482,6 +658,20 @@ mod tests {
         Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap())
     }
 
+    /// Whether a check of `cost` on `key` at `now` is allowed.
+    fn check(
+        table: &InlineTable<GcraState, Exact>,
+        g: &Gcra,
+        key: u64,
+        now: Nanos,
+        cost: u32,
+    ) -> bool {
+        table
+            .decide::<false, _, _>(g, &key, now, cost)
+            .decision
+            .is_allowed()
+    }
+
     #[test]
     fn bits_round_trip_and_never_look_dead() {
         let s = GcraState::from_tat(Nanos::new(u64::MAX - 1));
@@ -496,21 +686,24 @@ mod tests {
 
     #[test]
     fn insert_evict_reclaim_in_one_shard() {
-        let table: CompactTable<GcraState> = CompactTable::new(8, 1);
+        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(8, 1);
         let shard = &table.set.shards[0];
         let g = gcra();
         let t0 = Nanos::from_secs(1);
         for k in 0..8 {
-            assert!(table.check(&g, k, || t0, 1).is_allowed());
+            assert!(check(&table, &g, k, t0, 1));
         }
-        assert_eq!(table.counts().live, 8);
+        assert_eq!(KeyTable::<u64, _>::counts(&table).live, 8);
         for k in 8..20 {
-            assert!(table.check(&g, k, || t0, 2).is_allowed());
+            assert!(check(&table, &g, k, t0, 2));
         }
-        assert_eq!(table.counts().live, 8);
-        assert_eq!(table.counts().evicted, 12);
-        assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 8);
-        assert!(table.peek(&g, 19, Nanos::from_secs(10), 2).is_allowed());
+        assert_eq!(KeyTable::<u64, _>::counts(&table).live, 8);
+        assert_eq!(KeyTable::<u64, _>::counts(&table).evicted, 12);
+        assert_eq!(
+            KeyTable::<u64, _>::reclaim_idle(&table, &g, Nanos::from_secs(10)),
+            8
+        );
+        assert!(KeyTable::<u64, _>::peek(&table, &g, &19u64, Nanos::from_secs(10), 2).is_allowed());
         // Every slot is empty again after backward-shift deletions.
         assert!(shard.slots.iter().all(|s| state_half(s.load_now()) == DEAD));
     }
@@ -521,33 +714,38 @@ mod tests {
             3,
             to_bits(&GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000))),
         )));
-        let seen = slot.load_now();
-        let d = decide_in(
+        let view = KeyedSlot::<GcraState>::new(&slot, 3);
+        let seen = view.load_now();
+        let d = charge_live(
             &gcra(),
-            &slot,
+            &view,
             seen,
-            3,
             Nanos::new(u64::MAX - 1_500_000_000),
             1,
         );
-        assert!(d.is_some_and(|d| !d.is_allowed()));
+        assert!(d.is_some_and(|(d, charge)| !d.is_allowed() && charge.is_none()));
         assert_ne!(state_half(slot.load_now()), DEAD);
-        // Another key's CAS never applies to this slot.
-        assert!(decide_in(&gcra(), &slot, seen, 4, Nanos::new(0), 1).is_none());
+        // Another key's CAS never applies to this slot: it reads as dead to key 4.
+        let other = KeyedSlot::<GcraState>::new(&slot, 4);
+        assert!(is_dead(&other.load_now()));
+        assert!(charge_live(&gcra(), &other, other.load_now(), Nanos::new(0), 1).is_none());
+        // Even a CAS from a guessed state compares the key half and fails.
+        let guessed = view.load_now();
+        assert!(other.cas_weak(guessed, guessed, Ordering::Relaxed).is_err());
     }
 
     /// An empty slot is all zero in memory, so a new table's slot array can come
     /// zeroed from the allocator instead of being written slot by slot.
     #[test]
     fn a_new_table_is_all_zero_bytes() {
-        let table: CompactTable<GcraState> = CompactTable::new(100, 2);
+        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(100, 2);
         let g = gcra();
         for shard in table.set.shards.iter() {
             assert!(shard.slots.iter().all(|s| s.0.load(Ordering::Relaxed) == 0));
         }
         // Zero bytes are empty slots: the table behaves as fresh.
-        assert!(table.check(&g, 0, || Nanos::from_secs(1), 2).is_allowed());
-        assert!(!table.check(&g, 0, || Nanos::from_secs(1), 1).is_allowed());
-        assert_eq!(table.counts().live, 1);
+        assert!(check(&table, &g, 0, Nanos::from_secs(1), 2));
+        assert!(!check(&table, &g, 0, Nanos::from_secs(1), 1));
+        assert_eq!(KeyTable::<u64, _>::counts(&table).live, 1);
     }
 }

@@ -1,0 +1,545 @@
+//! The cell driver: runs an [`Algorithm`] on shared memory. One CAS loop
+//! ([`update_word`] and friends) owns every `compare_exchange` on a state word; two
+//! cells run any algorithm:
+//!
+//! * [`AtomicCell`]: the state in one cache-padded atomic word, updated by a
+//!   `compare_exchange_weak` loop — lock-free;
+//! * [`LockedCell`]: the same transition under a `Mutex` — the mutex twin, the
+//!   apples-to-apples baseline for benchmarks and an oracle for tests.
+//!
+//! The keyed tables drive the same loop over their own words ([`CasWord`]). Memory
+//! ordering: see [`crate::algorithm`].
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::algorithm::{Algorithm, Charged};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::sync::{lock, Atomic, AtomicU64, Mutex, Ordering};
+
+
+/// Runs one decision on an atomic word and returns what it wrote, if anything.
+///
+/// The CAS is `Release` (see [`RefundLedger`]): a refund that later sees this state
+/// also sees the ledger as it was when the charge read it.
+#[inline(always)]
+pub(crate) fn charge_on<A: Algorithm + ?Sized>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    now: Nanos,
+    cost: u32,
+) -> (Decision, Option<Charged<A::State>>) {
+    update_word_ordered(word, Ordering::Release, |before| {
+        let (decision, next) = algorithm.decide(before, now, cost);
+        let charge = next.map(|after| Charged {
+            before,
+            after,
+            at: now,
+            cost,
+        });
+        ((decision, charge), next)
+    })
+}
+
+/// What refunds have given back on one state word (or one keyed shard), so that a
+/// later refund knows how far its own booking may have moved.
+///
+/// A GCRA refund lowers the TAT and with it every booking made after the refunded
+/// one; a receipt taken before that refund would then describe its booking where it
+/// no longer is. So a charge notes the ledger before its CAS, and a refund — holding
+/// the ledger's lock, so refunds are serialised — bounds its booking's move by what
+/// the ledger has grown since, applies itself, then adds what it gave back.
+///
+/// # Memory ordering
+///
+/// A charge reads the ledger (`Relaxed`) before its `Release` CAS; a refund's CAS on
+/// the same word is `AcqRel` and runs after every earlier refund's ledger update
+/// (the lock). A refund whose CAS lands after a charge's thus reads from that
+/// charge's release sequence, so the charge's ledger read happens before the
+/// refund's ledger update and cannot have seen it: the growth since the charge
+/// covers every refund that moved its booking.
+pub(crate) struct RefundLedger {
+    lock: Mutex<()>,
+    given_back: AtomicU64,
+}
+
+impl RefundLedger {
+    pub(crate) fn new() -> RefundLedger {
+        RefundLedger {
+            lock: Mutex::new(()),
+            given_back: AtomicU64::new(0),
+        }
+    }
+
+    /// The ledger as a charge notes it (before its CAS).
+    #[inline(always)]
+    pub(crate) fn note(&self) -> u64 {
+        self.given_back.load(Ordering::Relaxed)
+    }
+
+    /// Runs `refund` (given how far the charge's booking may have moved since
+    /// `noted`) with refunds serialised, and records what it gave back.
+    pub(crate) fn refund(&self, noted: u64, refund: impl FnOnce(u64) -> Option<u64>) -> bool {
+        let _serial = lock(&self.lock);
+        self.refund_locked(noted, refund)
+    }
+
+    /// [`refund`](Self::refund) for a caller that already serialises refunds (a keyed
+    /// shard's writer lock).
+    pub(crate) fn refund_locked(
+        &self,
+        noted: u64,
+        refund: impl FnOnce(u64) -> Option<u64>,
+    ) -> bool {
+        let shift = self.given_back.load(Ordering::Relaxed).wrapping_sub(noted);
+        match refund(shift) {
+            Some(moved) => {
+                let total = self.given_back.load(Ordering::Relaxed);
+                self.given_back
+                    .store(total.wrapping_add(moved), Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One refund on a state word: `Acquire` load and `AcqRel` CAS (see
+/// [`RefundLedger`]), the clock read after each load of the state, so every
+/// admission the refund sees was decided at a reading no later than its own (with a
+/// clock that is monotone across threads). `live` rejects a state that must not be
+/// touched (a keyed table's dead word). Returns how far it moved later bookings.
+pub(crate) fn refund_word<W, A>(
+    algorithm: &A,
+    word: &W,
+    charge: &Charged<A::State>,
+    shift: u64,
+    mut now: impl FnMut() -> Nanos,
+    live: impl Fn(&A::State) -> bool,
+) -> Option<u64>
+where
+    A: Algorithm + ?Sized,
+    W: CasWord<Value = A::State> + ?Sized,
+{
+    update_word_from_ordered(word, word.load_acquire(), Ordering::AcqRel, |state| {
+        if !live(&state) {
+            return (None, None);
+        }
+        match algorithm.refund(state, charge, shift, now()) {
+            Some((next, moved)) if live(&next) => (Some(moved), Some(next)),
+            _ => (None, None),
+        }
+    })
+}
+
+/// Runs one decision on an atomic word (see [`update_word`]).
+///
+/// One clock reading (`now`) serves every retry. The CAS is `Release` so that a
+/// refund that sees this admission also sees the clock reading it was decided at
+/// (see [`RefundLedger`]); on x86 every locked CAS is a full barrier, so this costs
+/// nothing there.
+#[inline(always)]
+pub(crate) fn decide_on<A: Algorithm + ?Sized>(
+    algorithm: &A,
+    word: &Atomic<A::State>,
+    now: Nanos,
+    cost: u32,
+) -> Decision {
+    update_word_ordered(word, Ordering::Release, |current| {
+        algorithm.decide(current, now, cost)
+    })
+}
+
+/// A word [`update_word`] can drive: a load and a weak compare-exchange.
+pub(crate) trait CasWord {
+    /// The value the word holds.
+    type Value: Copy;
+    /// Loads the current value (`Relaxed`).
+    fn load_now(&self) -> Self::Value;
+    /// Loads the current value with `Acquire` (refunds).
+    fn load_acquire(&self) -> Self::Value;
+    /// One weak CAS with `success` ordering (failure: `Relaxed`, or `Acquire` when
+    /// `success` acquires); `Err` hands back the current value.
+    fn cas_weak(
+        &self,
+        current: Self::Value,
+        new: Self::Value,
+        success: Ordering,
+    ) -> Result<Self::Value, Self::Value>;
+}
+
+/// The failure ordering that goes with a success ordering.
+#[inline(always)]
+pub(crate) fn failure_of(success: Ordering) -> Ordering {
+    match success {
+        Ordering::AcqRel | Ordering::Acquire | Ordering::SeqCst => Ordering::Acquire,
+        _ => Ordering::Relaxed,
+    }
+}
+
+impl<S: bytemuck::Pod> CasWord for Atomic<S> {
+    type Value = S;
+
+    #[inline(always)]
+    fn load_now(&self) -> S {
+        // Relaxed: see the module docs; the word publishes nothing but itself.
+        self.load(Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn load_acquire(&self) -> S {
+        self.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn cas_weak(&self, current: S, new: S, success: Ordering) -> Result<S, S> {
+        self.compare_exchange_weak(current, new, success, failure_of(success))
+    }
+}
+
+/// The crate's only `compare_exchange` loop: applies `step` to the word until the
+/// state it wants written is written, or it wants nothing written.
+///
+/// `step` maps the current state to an outcome and the state to store (`None`:
+/// nothing to write). A failed CAS hands back the current value, which the next round
+/// reuses instead of reloading; `Backoff::spin` runs only after a failure, so the
+/// uncontended path never spins. Every caller (decisions, the keyed tables'
+/// retirement, refunds) goes through here.
+#[inline(always)]
+pub(crate) fn update_word<W, R>(word: &W, step: impl FnMut(W::Value) -> (R, Option<W::Value>)) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from(word, word.load_now(), step)
+}
+
+/// [`update_word`] with a `success` ordering for the CAS.
+#[inline(always)]
+pub(crate) fn update_word_ordered<W, R>(
+    word: &W,
+    success: Ordering,
+    step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from_ordered(word, word.load_now(), success, step)
+}
+
+/// [`update_word`] from a value of the word the caller has just loaded (a lookup that
+/// read the word to find it saves the second load; a stale value only costs a failed
+/// CAS, which hands back the current one).
+#[inline(always)]
+pub(crate) fn update_word_from<W, R>(
+    word: &W,
+    current: W::Value,
+    step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
+    update_word_from_ordered(word, current, Ordering::Relaxed, step)
+}
+
+/// The loop itself, with a `success` ordering for the CAS.
+#[inline(always)]
+pub(crate) fn update_word_from_ordered<W, R>(
+    word: &W,
+    mut current: W::Value,
+    success: Ordering,
+    mut step: impl FnMut(W::Value) -> (R, Option<W::Value>),
+) -> R
+where
+    W: CasWord + ?Sized,
+{
+    let backoff = Backoff::new();
+    loop {
+        let (outcome, next) = step(current);
+        let Some(next) = next else {
+            return outcome;
+        };
+        match word.cas_weak(current, next, success) {
+            Ok(_) => return outcome,
+            Err(actual) => {
+                current = actual;
+                backoff.spin();
+            }
+        }
+    }
+}
+
+/// Where a limiter keeps its state: an [`AtomicCell`] or its mutex twin [`LockedCell`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{AtomicCell, Gcra, LockedCell, Nanos, Policy, StateCell};
+///
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let a = AtomicCell::fresh();
+/// let l = LockedCell::fresh();
+/// let now = Nanos::from_secs(1);
+/// assert_eq!(a.apply(&gcra, now, 1), l.apply(&gcra, now, 1));
+/// assert_eq!(a.load(), l.load());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait StateCell<S>: Send + Sync {
+    /// A cell holding the fresh (all-zero) state.
+    fn fresh() -> Self;
+    /// The current state.
+    fn load(&self) -> S;
+    /// Overwrites the state (used when a policy changes or a test sets a state up).
+    fn store(&self, state: S);
+    /// Decides and, when the transition says so, writes the new state.
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision;
+    /// [`apply`](StateCell::apply), also returning what the admission wrote (`None`
+    /// when it wrote nothing: a denial, cost 0) and the refund ledger as it stood,
+    /// for a later [`refund`](StateCell::refund).
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<(Charged<S>, u64)>);
+    /// Gives back what `charge` (whose ledger note is `noted`, taken at
+    /// [`generation`](StateCell::generation) `generation`) still provably holds
+    /// ([`Algorithm::refund`]), reading the instant from `now` after the state is
+    /// loaded. Refunds and resets are serialised. A charge from before the latest
+    /// [`reset`](StateCell::reset) gives back nothing. Returns whether anything came
+    /// back.
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        noted: u64,
+        generation: u64,
+        now: impl FnMut() -> Nanos,
+    ) -> bool;
+    /// How many [`reset`](StateCell::reset)s this cell has seen. A charge reads it
+    /// before its write and hands it to its refund.
+    ///
+    /// `Acquire`: a charge that reads a reset's generation writes after that
+    /// reset's fresh state, so no charge can be wiped by a reset it has already seen.
+    fn generation(&self) -> u64;
+    /// Back to the fresh state, invalidating every outstanding charge: a refund of
+    /// a charge taken before the reset gives back nothing. Serialised with refunds.
+    fn reset(&self);
+    /// Replaces the state with `f(state)` as one step (a policy change), serialised
+    /// with refunds and resets, and invalidates every outstanding charge (the new
+    /// state may be in another algorithm's packing, where a receipt means nothing).
+    ///
+    /// Decisions may run concurrently: `f` sees the latest state and the CAS retries
+    /// if a decision moved it.
+    fn replace(&self, f: impl FnMut(S) -> S);
+}
+
+/// The lock-free cell: one cache-padded atomic word.
+///
+/// `CachePadded` keeps the word alone on its cache line (128 bytes on x86_64), so a
+/// hot limiter never false-shares with its neighbours.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{AtomicCell, Gcra, Nanos, Policy, StateCell};
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let cell = AtomicCell::fresh();
+/// assert!(cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// assert!(!cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub struct AtomicCell<S> {
+    word: CachePadded<Atomic<S>>,
+    /// Refund bookkeeping (touched by `charge` and `refund` only, never by `apply`).
+    ledger: RefundLedger,
+    /// Resets and replacements so far ([`StateCell::generation`]); written under
+    /// the ledger's lock.
+    generation: AtomicU64,
+}
+
+impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
+    fn fresh() -> Self {
+        AtomicCell {
+            word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
+            ledger: RefundLedger::new(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn load(&self) -> S {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    fn store(&self, state: S) {
+        self.word.store(state, Ordering::Relaxed);
+    }
+
+    #[inline(always)]
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
+        decide_on(algorithm, &self.word, now, cost)
+    }
+
+    #[inline]
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<(Charged<S>, u64)>) {
+        let noted = self.ledger.note();
+        let (decision, charge) = charge_on(algorithm, &self.word, now, cost);
+        (decision, charge.map(|c| (c, noted)))
+    }
+
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        noted: u64,
+        generation: u64,
+        now: impl FnMut() -> Nanos,
+    ) -> bool {
+        self.ledger.refund(noted, |shift| {
+            // Relaxed: resets write the generation under the ledger's lock, held here.
+            if self.generation.load(Ordering::Relaxed) != generation {
+                return None;
+            }
+            refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
+        })
+    }
+
+    #[inline]
+    fn generation(&self) -> u64 {
+        // Acquire: pairs with the Release bump in `replace` (see the trait docs).
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn reset(&self) {
+        self.replace(|_| bytemuck::Zeroable::zeroed());
+    }
+
+    fn replace(&self, mut f: impl FnMut(S) -> S) {
+        self.ledger.refund(0, |_| {
+            // The new state first (an RMW: ordered after every decision it saw),
+            // then the generation (Release): a charge that reads the new generation
+            // writes after the new state.
+            update_word_ordered(&*self.word, Ordering::AcqRel, |state| ((), Some(f(state))));
+            let g = self.generation.load(Ordering::Relaxed);
+            self.generation.store(g.wrapping_add(1), Ordering::Release);
+            // Nothing given back: the ledger stays as it is.
+            Some(0)
+        });
+    }
+}
+
+impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for AtomicCell<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("AtomicCell").field(&self.load()).finish()
+    }
+}
+
+/// The mutex twin: the same transition behind a `std::sync::Mutex`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, LockedCell, Nanos, Policy, StateCell};
+/// let gcra = Gcra::new(Policy::per_second(1)?);
+/// let cell = LockedCell::fresh();
+/// assert!(cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// assert!(!cell.apply(&gcra, Nanos::ZERO, 1).is_allowed());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub struct LockedCell<S> {
+    /// The state, the refund ledger (see [`RefundLedger`]) and the generation
+    /// ([`StateCell::generation`]), under one lock.
+    state: CachePadded<Mutex<(S, u64, u64)>>,
+}
+
+impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
+    fn fresh() -> Self {
+        LockedCell {
+            state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0, 0))),
+        }
+    }
+
+    fn load(&self) -> S {
+        lock(&self.state).0
+    }
+
+    fn store(&self, state: S) {
+        lock(&self.state).0 = state;
+    }
+
+    #[inline]
+    fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
+        self.charge(algorithm, now, cost).0
+    }
+
+    #[inline]
+    fn charge<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<(Charged<S>, u64)>) {
+        let mut guard = lock(&self.state);
+        let (before, noted, _) = *guard;
+        let (decision, next) = algorithm.decide(before, now, cost);
+        let charge = next.map(|after| {
+            guard.0 = after;
+            let charge = Charged {
+                before,
+                after,
+                at: now,
+                cost,
+            };
+            (charge, noted)
+        });
+        (decision, charge)
+    }
+
+    fn refund<A: Algorithm<State = S>>(
+        &self,
+        algorithm: &A,
+        charge: &Charged<S>,
+        noted: u64,
+        generation: u64,
+        mut now: impl FnMut() -> Nanos,
+    ) -> bool {
+        let mut guard = lock(&self.state);
+        let (state, ledger, current) = *guard;
+        if current != generation {
+            return false;
+        }
+        let shift = ledger.wrapping_sub(noted);
+        match algorithm.refund(state, charge, shift, now()) {
+            Some((next, moved)) => {
+                *guard = (next, ledger.wrapping_add(moved), current);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        lock(&self.state).2
+    }
+
+    fn reset(&self) {
+        self.replace(|_| bytemuck::Zeroable::zeroed());
+    }
+
+    fn replace(&self, mut f: impl FnMut(S) -> S) {
+        let mut guard = lock(&self.state);
+        guard.0 = f(guard.0);
+        guard.2 = guard.2.wrapping_add(1);
+    }
+}
+
+impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for LockedCell<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_tuple("LockedCell").field(&self.load()).finish()
+    }
+}

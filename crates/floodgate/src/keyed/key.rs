@@ -1,0 +1,376 @@
+//! Keys: the borrowed forms a lookup may take ([`Lookup`], [`Pair`]) and the keys
+//! that encode into the 64 bits of an inline slot ([`InlineKey`], IP addresses,
+//! [`Ipv6Prefix`]).
+
+use core::borrow::Borrow;
+use core::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A form of key `K` that a lookup may take without building a `K`: it hashes as the
+/// equal `K` hashes, compares with a stored `K`, and makes a `K` only when a new key
+/// is inserted. So a check on a key already present allocates nothing.
+///
+/// Every `Q` that `K` borrows as implements it (`str` for `String`, `[u8]` for
+/// `Vec<u8>`, `K` itself), and [`Pair`] for pairs of such forms (`(IpAddr, String)`
+/// looked up by `Pair(&ip, "alice")`). Implement it for a borrowed form of your own
+/// key type; `hash` must then feed the hasher exactly what `K`'s `hash` feeds it for
+/// the equal key.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Pair, Policy};
+/// use std::net::IpAddr;
+/// let keyed: KeyedLimiter<(IpAddr, String)> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let ip: IpAddr = "192.0.2.7".parse()?;
+/// assert!(keyed.check(&Pair(&ip, "alice")).is_allowed()); // inserts (ip, "alice")
+/// assert!(!keyed.check(&Pair(&ip, "alice")).is_allowed()); // found: no allocation
+/// assert!(!keyed.check(&(ip, "alice".to_owned())).is_allowed()); // the owned key too
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Lookup<K>: Hash {
+    /// Whether `key` is the key this form stands for.
+    fn matches(&self, key: &K) -> bool;
+    /// The owned key, for an insert.
+    fn to_key(&self) -> K;
+}
+
+impl<K, Q> Lookup<K> for Q
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    #[inline(always)]
+    fn matches(&self, key: &K) -> bool {
+        key.borrow() == self
+    }
+
+    fn to_key(&self) -> K {
+        self.to_owned()
+    }
+}
+
+/// A borrowed pair: looks up a tuple key `(A, B)` from borrowed parts, e.g.
+/// `Pair(&ip, user)` with `user: &str` for a `(IpAddr, String)` key, without
+/// allocating (see [`Lookup`]).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Lookup, Pair};
+/// let key = (7u64, "bob".to_owned());
+/// assert!(Pair(&7u64, "bob").matches(&key));
+/// assert_eq!(Pair(&7u64, "bob").to_key(), key);
+/// ```
+#[derive(Debug)]
+pub struct Pair<'a, A: ?Sized, B: ?Sized>(pub &'a A, pub &'a B);
+
+impl<A: ?Sized, B: ?Sized> Clone for Pair<'_, A, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A: ?Sized, B: ?Sized> Copy for Pair<'_, A, B> {}
+
+/// As a tuple hashes: the first part, then the second.
+impl<A: Hash + ?Sized, B: Hash + ?Sized> Hash for Pair<'_, A, B> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+        self.1.hash(state);
+    }
+}
+
+impl<KA, KB, A, B> Lookup<(KA, KB)> for Pair<'_, A, B>
+where
+    A: Lookup<KA> + ?Sized,
+    B: Lookup<KB> + ?Sized,
+{
+    #[inline(always)]
+    fn matches(&self, key: &(KA, KB)) -> bool {
+        self.0.matches(&key.0) && self.1.matches(&key.1)
+    }
+
+    fn to_key(&self) -> (KA, KB) {
+        (self.0.to_key(), self.1.to_key())
+    }
+}
+
+/// A key that encodes into 64 bits, injectively (two different keys never share an
+/// encoding): the keys of [`Inline`](super::Inline) storage, which keeps the
+/// encoding beside the state in one 128-bit slot.
+///
+/// Implemented for the integers of at most 64 bits, `bool`, `char`, `[u8; N]` for
+/// `N ≤ 8`, [`Ipv4Addr`], [`IpAddr`] and [`Ipv6Prefix`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::InlineKey;
+/// assert_eq!(7u64.to_bits(), 7);
+/// assert_ne!([10u8, 0, 0, 1].to_bits(), [10u8, 0, 0, 2].to_bits());
+/// ```
+pub trait InlineKey: Copy + Send + Sync + 'static {
+    /// The key's 64-bit encoding.
+    fn to_bits(&self) -> u64;
+}
+
+macro_rules! inline_ints {
+    ($($t:ty),*) => {$(
+        impl InlineKey for $t {
+            #[inline(always)]
+            fn to_bits(&self) -> u64 {
+                crate::receipt::to_bits(self)
+            }
+        }
+    )*};
+}
+
+inline_ints!(u8, u16, u32, u64, i8, i16, i32, i64, usize, isize);
+
+impl InlineKey for bool {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        u64::from(*self)
+    }
+}
+
+impl InlineKey for char {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        u64::from(u32::from(*self))
+    }
+}
+
+impl<const N: usize> InlineKey for [u8; N] {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        const { assert!(N <= 8, "an inline key holds at most 8 bytes") };
+        let mut bytes = [0u8; 8];
+        bytes[..N].copy_from_slice(self);
+        u64::from_le_bytes(bytes)
+    }
+}
+
+/// Bit 63 of an [`IpAddr`]'s encoding: set for IPv6, clear for IPv4.
+const V6_TAG: u64 = 1 << 63;
+
+/// An IPv4 address, exactly: its 32 bits.
+impl InlineKey for Ipv4Addr {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        u64::from(u32::from(*self))
+    }
+}
+
+/// An IP address from a dual-stack socket: IPv4 exactly, IPv6 by its /63 prefix.
+///
+/// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address
+/// ([`IpAddr::to_canonical`]), so IPv4 clients on a dual-stack socket keep their own
+/// keys. The encoding is injective across the two families: bit 63 tells them
+/// apart (clear: the IPv4 address in the low 32 bits; set: the top 63 bits of the
+/// IPv6 address in the low 63). That leaves 63 bits for IPv6, so an `IpAddr` key
+/// groups IPv6 clients by /63 (two adjacent /64s share a key); key an IPv6-only
+/// listener on [`Ipv6Prefix`] for /64 (or any prefix of at most 64 bits).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::InlineKey;
+/// use std::net::IpAddr;
+/// let v4: IpAddr = "192.0.2.7".parse()?;
+/// let mapped: IpAddr = "::ffff:192.0.2.7".parse()?;
+/// assert_eq!(v4.to_bits(), mapped.to_bits()); // the same client
+/// let a: IpAddr = "2001:db8::1".parse()?;
+/// let b: IpAddr = "2001:db8::2".parse()?;
+/// assert_eq!(a.to_bits(), b.to_bits()); // one /64: one key
+/// assert_ne!(a.to_bits(), v4.to_bits());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl InlineKey for IpAddr {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        match self.to_canonical() {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => V6_TAG | ((u128::from(v6) >> 65) as u64),
+        }
+    }
+}
+
+/// An IPv6 key grouped by a prefix of at most 64 bits (/64 by default: one host
+/// typically owns a whole /64), stored inline.
+///
+/// Two addresses with the same prefix are the same key. Keep one prefix length per
+/// limiter: the encoding is the prefix's bits, so `2001:db8::/32` and
+/// `2001:db8::/48` would be the same key.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, Ipv6Prefix, KeyedBuilder, Policy};
+/// use std::net::Ipv6Addr;
+/// let per_net = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_inline::<Ipv6Prefix>()?;
+/// let a: Ipv6Addr = "2001:db8:0:1::1".parse()?;
+/// let b: Ipv6Addr = "2001:db8:0:1::ffff".parse()?;
+/// assert!(per_net.check(&Ipv6Prefix::new(a)).is_allowed());
+/// assert!(!per_net.check(&Ipv6Prefix::new(b)).is_allowed()); // the same /64
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ipv6Prefix(u64);
+
+/// A prefix length over 64 bits ([`Ipv6Prefix::with_len`]).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::Ipv6Prefix;
+/// assert!(Ipv6Prefix::with_len("2001:db8::1".parse()?, 65).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixTooLong {
+    /// The length asked for.
+    pub len: u8,
+}
+
+impl core::fmt::Display for PrefixTooLong {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "an inline IPv6 prefix holds at most 64 bits, not {}",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for PrefixTooLong {}
+
+impl Ipv6Prefix {
+    /// The /64 of `addr`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Ipv6Prefix;
+    /// assert_eq!(Ipv6Prefix::new("2001:db8::1".parse()?), Ipv6Prefix::new("2001:db8::2".parse()?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(addr: Ipv6Addr) -> Ipv6Prefix {
+        Ipv6Prefix((u128::from(addr) >> 64) as u64)
+    }
+
+    /// The first `len` bits of `addr` (`len ≤ 64`; 0 puts every address in one key).
+    ///
+    /// # Errors
+    ///
+    /// [`PrefixTooLong`] for `len > 64`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Ipv6Prefix;
+    /// let a = Ipv6Prefix::with_len("2001:db8:1::1".parse()?, 32)?;
+    /// let b = Ipv6Prefix::with_len("2001:db8:2::1".parse()?, 32)?;
+    /// assert_eq!(a, b);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_len(addr: Ipv6Addr, len: u8) -> Result<Ipv6Prefix, PrefixTooLong> {
+        if len > 64 {
+            return Err(PrefixTooLong { len });
+        }
+        let top = (u128::from(addr) >> 64) as u64;
+        let mask = if len == 0 { 0 } else { u64::MAX << (64 - len) };
+        Ok(Ipv6Prefix(top & mask))
+    }
+
+    /// The prefix's bits, high-aligned (the address's first 64 bits, masked).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Ipv6Prefix;
+    /// assert_eq!(Ipv6Prefix::new("2001:db8::1".parse()?).bits(), 0x2001_0db8_0000_0000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bits(&self) -> u64 {
+        self.0
+    }
+}
+
+impl InlineKey for Ipv6Prefix {
+    #[inline(always)]
+    fn to_bits(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ip_encoding_is_injective_across_families() {
+        // Every IPv4 address has bit 63 clear, every IPv6 one has it set.
+        for v4 in ["0.0.0.0", "255.255.255.255", "10.0.0.1", "192.0.2.7"] {
+            assert_eq!(ip(v4).to_bits() & V6_TAG, 0, "{v4}");
+            assert_eq!(ip(v4).to_bits() >> 32, 0, "{v4}");
+        }
+        for v6 in ["::", "::1", "::a00:1", "2001:db8::1", "ffff:ffff::1"] {
+            assert_ne!(ip(v6).to_bits() & V6_TAG, 0, "{v6}");
+        }
+        // `::a00:1` (IPv4-compatible, not mapped) is IPv6, not 10.0.0.1.
+        assert_ne!(ip("::a00:1").to_bits(), ip("10.0.0.1").to_bits());
+        assert_ne!(ip("::").to_bits(), ip("0.0.0.0").to_bits());
+        // Distinct IPv4 addresses, distinct /63s: distinct keys.
+        assert_ne!(ip("10.0.0.1").to_bits(), ip("10.0.0.2").to_bits());
+        assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db8:0:2::").to_bits());
+        assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db9::").to_bits());
+    }
+
+    #[test]
+    fn mapped_addresses_are_ipv4() {
+        assert_eq!(ip("::ffff:192.0.2.7").to_bits(), ip("192.0.2.7").to_bits());
+        assert_eq!(
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)).to_bits(),
+            u64::from(u32::from(Ipv4Addr::new(192, 0, 2, 7)))
+        );
+    }
+
+    #[test]
+    fn ipv6_groups_by_prefix() {
+        let a: Ipv6Addr = "2001:db8:0:1::1".parse().unwrap();
+        let b: Ipv6Addr = "2001:db8:0:1:ffff:ffff:ffff:ffff".parse().unwrap();
+        let c: Ipv6Addr = "2001:db8:0:2::1".parse().unwrap();
+        assert_eq!(Ipv6Prefix::new(a), Ipv6Prefix::new(b));
+        assert_ne!(Ipv6Prefix::new(a), Ipv6Prefix::new(c));
+        assert_eq!(
+            Ipv6Prefix::with_len(a, 48).unwrap(),
+            Ipv6Prefix::with_len(c, 48).unwrap()
+        );
+        assert_eq!(Ipv6Prefix::with_len(a, 64).unwrap(), Ipv6Prefix::new(a));
+        assert_eq!(Ipv6Prefix::with_len(a, 0).unwrap().bits(), 0);
+        assert_eq!(Ipv6Prefix::with_len(a, 65), Err(PrefixTooLong { len: 65 }));
+        // An `IpAddr` key groups by /63: the /64s 2n and 2n+1 share it.
+        assert_eq!(
+            IpAddr::V6(a).to_bits(),
+            IpAddr::V6("2001:db8:0:0::9".parse().unwrap()).to_bits()
+        );
+        assert_ne!(IpAddr::V6(a).to_bits(), IpAddr::V6(c).to_bits());
+    }
+
+    #[test]
+    fn borrowed_pairs_hash_and_compare_as_the_owned_tuple() {
+        let state = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let key = (ip("192.0.2.7"), "alice".to_owned());
+        let borrowed = Pair(&key.0, "alice");
+        assert_eq!(state.hash_one(&key), state.hash_one(borrowed));
+        assert!(borrowed.matches(&key));
+        assert!(!Pair(&key.0, "bob").matches(&key));
+        assert_eq!(borrowed.to_key(), key);
+    }
+}

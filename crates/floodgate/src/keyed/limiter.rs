@@ -1,0 +1,1001 @@
+//! [`KeyedLimiter`]: one limiter type over every storage, its builder, metrics and
+//! errors. Every feature is written here once, over [`KeyTable`].
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use crossbeam_utils::CachePadded;
+
+use super::key::Lookup;
+use super::storage::{shard_size, Fingerprint, Heap, Inline, KeyTable, Storage, TableCounts};
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, DefaultClock, Nanos};
+use crate::decision::Decision;
+use crate::gcra::Gcra;
+use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
+use crate::sync::{thread_index, AtomicU64, Ordering};
+
+/// The key capacity when none is set: 100 000 keys (≈ 3.5 MB for `u64` keys).
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The largest key capacity accepted: 2^32 keys (its slot array alone takes
+/// ≈ 78.6 GB, so it also needs a [`memory_budget`](KeyedBuilder::memory_budget)
+/// that large).
+pub const MAX_CAPACITY: usize = 1 << 32;
+
+/// The slot-array budget when none is set: 4 GiB, enough for ≈ 234 million keys of
+/// capacity (see [`KeyedBuilder::memory_budget`]).
+pub const DEFAULT_MEMORY_BUDGET: usize = 4 << 30;
+
+/// Bytes of one slot, in every storage: the heap table's (tag, entry pointer) and
+/// the inline table's 128-bit (key, state) word.
+const SLOT_BYTES: usize = 16;
+
+/// Keys per shard below which no more shards are added.
+const MIN_KEYS_PER_SHARD: usize = 64;
+
+/// A rate limiter with one state per key, in bounded memory.
+///
+/// `K` is the key, `A` the [`Algorithm`] every key runs, `C` the clock and `S` the
+/// storage: [`Heap`] (default, any `Hash + Eq` key), [`Inline`] (keys that encode
+/// into 64 bits, beside their state) or [`Fingerprint`] (opt-in, any `Hash` key as a
+/// 64-bit hash). Every method works on every storage. See the
+/// [module docs](super) for the table design, reclamation, eviction and brute-force
+/// protection.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, ManualClock, Policy};
+///
+/// let clock = ManualClock::new();
+/// let per_ip = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(2)?))
+///     .capacity(10_000)
+///     .clock(clock)
+///     .build::<&str>()?;
+/// assert!(per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(!per_ip.check(&"10.0.0.1").is_allowed());
+/// assert!(per_ip.check(&"10.0.0.2").is_allowed()); // its own budget
+/// assert_eq!(per_ip.metrics().live_keys, 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, A = Gcra, C = DefaultClock, S = Heap>
+where
+    A: Algorithm,
+    S: Storage<K, A::State>,
+{
+    capacity: usize,
+    algorithm: A,
+    clock: C,
+    table: S::Table,
+    stripes: Stripes,
+    /// The id its receipts carry.
+    owner: Owner,
+    _key: PhantomData<fn(&K)>,
+}
+
+/// Per-thread decision counters (one cache line each).
+struct Stripe {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+}
+
+/// Decision counters striped by thread (see [`KeyedMetrics`]).
+pub(crate) struct Stripes(Box<[CachePadded<Stripe>]>);
+
+impl Stripes {
+    /// 2 × `shards` stripes, rounded up to a power of two.
+    fn new(shards: usize) -> Self {
+        Stripes(
+            (0..(2 * shards).next_power_of_two())
+                .map(|_| {
+                    CachePadded::new(Stripe {
+                        allowed: AtomicU64::new(0),
+                        denied: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    #[inline(always)]
+    fn count(&self, allowed: bool) {
+        let stripe = &self.0[thread_index() & (self.0.len() - 1)];
+        let counter = if allowed {
+            &stripe.allowed
+        } else {
+            &stripe.denied
+        };
+        // A load and a store, not an RMW: the stripe belongs to this thread (see
+        // `KeyedMetrics` for what happens when threads outnumber stripes).
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The metrics: these decision counts and the table's key counts.
+    fn metrics(&self, counts: TableCounts) -> KeyedMetrics {
+        let mut m = KeyedMetrics::default();
+        for stripe in self.0.iter() {
+            // Relaxed: statistics.
+            m.allowed += stripe.allowed.load(Ordering::Relaxed);
+            m.denied += stripe.denied.load(Ordering::Relaxed);
+        }
+        m.live_keys = counts.live;
+        m.reclaimed = counts.reclaimed;
+        m.evicted = counts.evicted;
+        m
+    }
+}
+
+/// A snapshot of a [`KeyedLimiter`]'s counters.
+///
+/// `allowed` and `denied` are kept per thread stripe (a thread writes only its own
+/// cache line, with a plain load + store rather than an atomic read-modify-write) and
+/// summed when read. They are exact while no more threads use the limiter than it
+/// has stripes (2 × the shard count); beyond that two threads may share a stripe and
+/// an increment can occasionally be lost. The key counts are exact (written by the
+/// write path under its shard lock).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, ManualClock, Policy};
+/// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?))
+///     .clock(ManualClock::new())
+///     .build::<u64>()?;
+/// let _ = keyed.check(&1u64);
+/// let _ = keyed.check(&1u64);
+/// let m = keyed.metrics();
+/// assert_eq!((m.allowed, m.denied, m.live_keys), (1, 1, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyedMetrics {
+    /// Checks admitted.
+    pub allowed: u64,
+    /// Checks denied.
+    pub denied: u64,
+    /// Keys in the table now.
+    pub live_keys: u64,
+    /// Idle keys dropped (lossless).
+    pub reclaimed: u64,
+    /// Live keys evicted because the table was full (their state was lost).
+    pub evicted: u64,
+}
+
+/// Why a [`KeyedBuilder`] could not build.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedError, KeyedLimiter, Policy};
+/// let err = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?))
+///     .capacity(0)
+///     .build::<u64>()
+///     .unwrap_err();
+/// assert_eq!(err, KeyedError::ZeroCapacity);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedError {
+    /// The key capacity was 0: set at least 1.
+    ZeroCapacity,
+    /// The key capacity exceeds [`MAX_CAPACITY`].
+    CapacityTooLarge {
+        /// The capacity asked for.
+        requested: usize,
+    },
+    /// The shard count was 0: set at least 1 (it is rounded up to a power of two).
+    ZeroShards,
+    /// The slot array for this capacity would take more bytes than the memory budget
+    /// ([`KeyedBuilder::memory_budget`]). Nothing was allocated: lower the capacity or
+    /// raise the budget.
+    OverMemoryBudget {
+        /// The capacity asked for.
+        capacity: usize,
+        /// The bytes its slot array would take.
+        slot_bytes: usize,
+        /// The budget, in bytes.
+        budget: usize,
+    },
+}
+
+impl fmt::Display for KeyedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedError::ZeroCapacity => f.write_str("key capacity must be at least 1"),
+            KeyedError::CapacityTooLarge { requested } => write!(
+                f,
+                "key capacity {requested} exceeds the maximum of {MAX_CAPACITY}"
+            ),
+            KeyedError::ZeroShards => f.write_str("shard count must be at least 1"),
+            KeyedError::OverMemoryBudget {
+                capacity,
+                slot_bytes,
+                budget,
+            } => write!(
+                f,
+                "a key capacity of {capacity} needs {slot_bytes} bytes of slots, over the \
+                 memory budget of {budget} bytes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyedError {}
+
+/// Configures a [`KeyedLimiter`]: capacity, shard count, memory budget, clock, and
+/// (by the build method) the storage.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy, StdClock};
+/// let keyed: KeyedLimiter<String, _, _> = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_minute(60)?))
+///     .capacity(1_000)
+///     .shards(4)
+///     .clock(StdClock::new())
+///     .build()?;
+/// assert_eq!(keyed.capacity(), 1_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct KeyedBuilder<A, C = DefaultClock> {
+    algorithm: A,
+    clock: C,
+    capacity: usize,
+    shards: Option<usize>,
+    memory_budget: usize,
+}
+
+impl<A> KeyedBuilder<A> {
+    /// Starts configuring a keyed limiter running `algorithm` for every key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy, TokenBucket};
+    /// use std::time::Duration;
+    /// let bucket = TokenBucket::new(10, 1, Duration::from_millis(100))?;
+    /// let keyed: KeyedLimiter<u64, _> = floodgate::KeyedBuilder::new(bucket).capacity(1_000).build()?;
+    /// assert!(keyed.check_n(&7, 10).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(algorithm: A) -> KeyedBuilder<A> {
+        KeyedBuilder {
+            algorithm,
+            clock: DefaultClock::new(),
+            capacity: DEFAULT_CAPACITY,
+            shards: None,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+        }
+    }
+}
+
+impl<A, C> KeyedBuilder<A, C> {
+    /// The most keys held at once (default [`DEFAULT_CAPACITY`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?));
+    /// assert_eq!(b.capacity(64).build::<u64>()?.capacity(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The number of shards, rounded up to a power of two and down to at most one
+    /// per key of capacity (default: 4 × `available_parallelism()`, at most one per 64
+    /// keys).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let b = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?));
+    /// assert_eq!(b.shards(3).build::<u64>()?.shards(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The most bytes the slot array may take (default [`DEFAULT_MEMORY_BUDGET`],
+    /// 4 GiB); a build whose slot array would take more returns
+    /// [`KeyedError::OverMemoryBudget`] without allocating.
+    ///
+    /// # What a capacity costs
+    ///
+    /// Both tables allocate their whole slot array at build: 16 bytes per slot, with
+    /// `capacity / shards` keys per shard (plus ≈ 4/√share slack when there is more
+    /// than one shard) at a load factor of 7/8 — ≈ 18.3 bytes per key of capacity
+    /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number).
+    ///
+    /// * [`Inline`] and [`Fingerprint`] storage: the slot array is all its key memory.
+    /// * [`Heap`] storage: each live key also takes a heap entry (the key and its state
+    ///   word, plus allocator overhead), allocated as keys arrive and not counted in the
+    ///   budget: at most [`max_keys`](KeyedLimiter::max_keys) of them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, KeyedError, Policy};
+    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).capacity(700).shards(1);
+    /// assert_eq!(b.slot_bytes()?, 800 * 16);
+    /// assert!(b.clone().memory_budget(800 * 16).build::<u64>().is_ok());
+    /// assert_eq!(
+    ///     b.memory_budget(1_000).build_inline::<u64>().unwrap_err(),
+    ///     KeyedError::OverMemoryBudget { capacity: 700, slot_bytes: 800 * 16, budget: 1_000 }
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    /// The bytes of the slot array a build would allocate now (the same for both
+    /// tables; see [`memory_budget`](KeyedBuilder::memory_budget)). Allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, or zero shards (the budget is
+    /// not checked).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, Policy, MAX_CAPACITY};
+    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?));
+    /// // About 78.6 GB for the largest capacity: over the default budget.
+    /// let most = b.capacity(MAX_CAPACITY).shards(1).slot_bytes()?;
+    /// assert_eq!(most, ((1usize << 32) + (1usize << 32).div_ceil(7)) * 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_bytes(&self) -> Result<usize, KeyedError> {
+        let wanted = self.validate_shape()?;
+        let (capacity, shards) = self.layout(wanted);
+        let (_, slots_per_shard) = shard_size(capacity, shards);
+        Ok(slots_per_shard
+            .saturating_mul(shards)
+            .saturating_mul(SLOT_BYTES))
+    }
+
+    /// The clock decisions read (default [`DefaultClock`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Clock, ManualClock};
+    /// let clock = ManualClock::new();
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .clock(clock.clone())
+    ///     .build::<u64>()?;
+    /// assert_eq!(keyed.clock().now(), clock.now());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock<C2>(self, clock: C2) -> KeyedBuilder<A, C2> {
+        KeyedBuilder {
+            algorithm: self.algorithm,
+            clock,
+            capacity: self.capacity,
+            shards: self.shards,
+            memory_budget: self.memory_budget,
+        }
+    }
+
+    /// The same configuration running `algorithm` instead (plans build their table
+    /// this way from a builder of `()`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, Policy};
+    /// let keyed = KeyedBuilder::new(()).capacity(64).algorithm(Gcra::new(Policy::per_second(1)?)).build::<u64>()?;
+    /// assert_eq!(keyed.capacity(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn algorithm<A2>(self, algorithm: A2) -> KeyedBuilder<A2, C> {
+        KeyedBuilder {
+            algorithm,
+            clock: self.clock,
+            capacity: self.capacity,
+            shards: self.shards,
+            memory_budget: self.memory_budget,
+        }
+    }
+
+    fn default_shards(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        (cores * 4).min((self.capacity / MIN_KEYS_PER_SHARD).max(1))
+    }
+
+    /// Builds the limiter, allocating its whole slot array now.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, zero shards, or a slot array
+    /// over the [`memory_budget`](KeyedBuilder::memory_budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?)).build::<u64>()?;
+    /// assert_eq!(keyed.capacity(), floodgate::DEFAULT_CAPACITY);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build<K>(self) -> Result<KeyedLimiter<K, A, C>, KeyedError>
+    where
+        A: Algorithm,
+        Heap: Storage<K, A::State>,
+    {
+        self.build_in::<K, Heap>()
+    }
+
+    /// Builds a limiter on [`Inline`] storage: keys that encode into 64 bits
+    /// ([`InlineKey`](super::InlineKey): integers, `[u8; N ≤ 8]`, IP addresses)
+    /// stored beside their state, no heap entry per key.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](KeyedBuilder::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(700)
+    ///     .shards(1)
+    ///     .build_inline::<u64>()?;
+    /// assert_eq!(keyed.slot_bytes(), 800 * 16);
+    /// assert!(keyed.check(&7).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_inline<K>(self) -> Result<KeyedLimiter<K, A, C, Inline>, KeyedError>
+    where
+        A: Algorithm,
+        Inline: Storage<K, A::State>,
+    {
+        self.build_in::<K, Inline>()
+    }
+
+    /// Builds a limiter on [`Fingerprint`] storage: keys of any `Hash` type stand for
+    /// their 64-bit keyed hash in an inline slot. Opt-in and **not exact**: see
+    /// [`Fingerprint`] for the collision odds.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](KeyedBuilder::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .build_fingerprint::<String>()?;
+    /// assert!(keyed.check("alice").is_allowed());
+    /// assert!(!keyed.check("alice").is_allowed());
+    /// assert!(keyed.check("bob").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_fingerprint<K>(self) -> Result<KeyedLimiter<K, A, C, Fingerprint>, KeyedError>
+    where
+        A: Algorithm,
+        Fingerprint: Storage<K, A::State>,
+    {
+        self.build_in::<K, Fingerprint>()
+    }
+
+    /// Builds a limiter on storage `S` ([`Heap`], [`Inline`] or [`Fingerprint`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](KeyedBuilder::build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, Inline, KeyedBuilder, Policy};
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_in::<u32, Inline>()?;
+    /// assert!(keyed.check(&7).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_in<K, S>(self) -> Result<KeyedLimiter<K, A, C, S>, KeyedError>
+    where
+        A: Algorithm,
+        S: Storage<K, A::State>,
+    {
+        let wanted = self.validate()?;
+        Ok(self.assemble(wanted))
+    }
+
+    /// The shard count asked for, once capacity, shards and the slot array's size
+    /// are known to be valid.
+    fn validate(&self) -> Result<usize, KeyedError> {
+        let slot_bytes = self.slot_bytes()?;
+        if slot_bytes > self.memory_budget {
+            return Err(KeyedError::OverMemoryBudget {
+                capacity: self.capacity,
+                slot_bytes,
+                budget: self.memory_budget,
+            });
+        }
+        self.validate_shape()
+    }
+
+    /// The shard count asked for, once capacity and shards are known to be valid.
+    fn validate_shape(&self) -> Result<usize, KeyedError> {
+        if self.capacity == 0 {
+            return Err(KeyedError::ZeroCapacity);
+        }
+        if self.capacity > MAX_CAPACITY {
+            return Err(KeyedError::CapacityTooLarge {
+                requested: self.capacity,
+            });
+        }
+        match self.shards {
+            Some(0) => Err(KeyedError::ZeroShards),
+            Some(n) => Ok(n),
+            None => Ok(self.default_shards()),
+        }
+    }
+
+    /// The capacity and shard count (a power of two in `[1, capacity]`) for `wanted`.
+    fn layout(&self, wanted: usize) -> (usize, usize) {
+        let capacity = self.capacity.clamp(1, MAX_CAPACITY);
+        let shards = wanted
+            .clamp(1, 1 << 16)
+            .next_power_of_two()
+            .min(prev_power_of_two(capacity));
+        (capacity, shards)
+    }
+
+    /// Builds with `wanted` shards (rounded to a power of two in `[1, capacity]`).
+    fn assemble<K, S>(self, wanted: usize) -> KeyedLimiter<K, A, C, S>
+    where
+        A: Algorithm,
+        S: Storage<K, A::State>,
+    {
+        let (capacity, shards) = self.layout(wanted);
+        KeyedLimiter {
+            capacity,
+            algorithm: self.algorithm,
+            clock: self.clock,
+            table: S::Table::build(capacity, shards),
+            stripes: Stripes::new(shards),
+            owner: Owner::new(),
+            _key: PhantomData,
+        }
+    }
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+impl<K> KeyedLimiter<K, Gcra>
+where
+    Heap: Storage<K, crate::gcra::GcraState>,
+{
+    /// A GCRA keyed limiter for `policy` with the default capacity and clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// assert!(keyed.check(&42u64).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn gcra(policy: Policy) -> Self {
+        let builder = KeyedBuilder::new(Gcra::new(policy));
+        let shards = builder.default_shards();
+        builder.assemble(shards)
+    }
+}
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    A: Algorithm,
+    C: Clock,
+    S: Storage<K, A::State>,
+{
+    /// Decides one unit for `key` now, consuming it if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.check("alice").is_allowed()); // &str looks up a String key
+    /// assert!(!keyed.check("alice").is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.check_n_at(key, self.clock.now(), 1)
+    }
+
+    /// Decides `cost` units for `key` now, consuming them if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// assert_eq!(keyed.check_n(&1u64, 4).remaining(), 6);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.check_n_at(key, self.clock.now(), cost)
+    }
+
+    /// [`check_n`](KeyedLimiter::check_n) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.check_n_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// assert!(!keyed.check_n_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.check_with(&self.algorithm, key, now, cost)
+    }
+
+    /// A check with another algorithm over the same state type (plans).
+    #[inline]
+    pub(crate) fn check_with<Q>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let decision = self
+            .table
+            .decide::<false, Q, A>(algorithm, key, now, cost)
+            .decision;
+        self.count(decision.is_allowed());
+        decision
+    }
+
+    /// Decides `cost` units for `key` now like [`check_n`](KeyedLimiter::check_n), and
+    /// returns a [`Receipt`] for a later [`refund`](KeyedLimiter::refund): the
+    /// charge-first login pattern, composite limits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (decision, receipt) = keyed.charge("alice", 1);
+    /// assert!(decision.is_allowed());
+    /// assert!(keyed.refund("alice", receipt));
+    /// assert!(keyed.check("alice").is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge<Q>(&self, key: &Q, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.charge_at(key, self.clock.now(), cost)
+    }
+
+    /// [`charge`](KeyedLimiter::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (decision, receipt) = keyed.charge_at(&1u64, Nanos::from_secs(5), 1);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn charge_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.charge_with(&self.algorithm, key, now, cost)
+    }
+
+    /// A charge with another algorithm over the same state type (plans).
+    pub(crate) fn charge_with<Q>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let c = self.table.decide::<true, Q, A>(algorithm, key, now, cost);
+        self.count(c.decision.is_allowed());
+        let charge = c.charge.map(|charge| (charge, c.noted));
+        (
+            c.decision,
+            Receipt::new(self.owner, c.tag, c.generation, charge),
+        )
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds for `key`
+    /// ([`Algorithm::refund`]: never another request's units). Returns whether
+    /// anything came back. Nothing comes back for a receipt of another limiter or
+    /// another key, a charge that took nothing, or a key whose shard has removed any
+    /// key since the charge (the entry may have been re-created: the charge is not in
+    /// it). The refund is judged at a clock reading taken after the state is loaded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let (_, first) = keyed.charge(&1, 1);
+    /// assert!(keyed.refund(&1, first)); // consumed: a charge comes back once
+    /// let (_, second) = keyed.charge(&1, 1);
+    /// assert!(!keyed.refund(&2, second)); // another key's receipt: nothing
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refund<Q>(&self, key: &Q, receipt: Receipt) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.refund_with(&self.algorithm, key, receipt)
+    }
+
+    /// A refund with another algorithm over the same state type (plans).
+    pub(crate) fn refund_with<Q>(&self, algorithm: &A, key: &Q, receipt: Receipt) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let tag = self.table.tag_of(key);
+        let Some(charge) = receipt.charge_for(self.owner, tag) else {
+            return false;
+        };
+        let (generation, noted) = (receipt.generation(), receipt.noted());
+        self.table
+            .refund(algorithm, key, generation, noted, &charge, &|| {
+                self.clock.now()
+            })
+    }
+
+    /// Exactly what [`check_n(key, cost)`](KeyedLimiter::check_n) would return now;
+    /// writes nothing and inserts no key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// assert!(keyed.peek(&9, 1).is_allowed());
+    /// assert_eq!(keyed.metrics().live_keys, 0); // nothing inserted
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn peek<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.peek_at(key, self.clock.now(), cost)
+    }
+
+    /// [`peek`](KeyedLimiter::peek) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Nanos, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let _ = keyed.check_n_at(&1u64, Nanos::from_secs(5), 1);
+    /// assert!(!keyed.peek_at(&1u64, Nanos::from_secs(5), 1).is_allowed());
+    /// assert!(keyed.peek_at(&1u64, Nanos::from_secs(6), 1).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn peek_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.peek_with(&self.algorithm, key, now, cost)
+    }
+
+    /// A peek with another algorithm over the same state type (plans).
+    #[inline]
+    pub(crate) fn peek_with<Q>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.table.peek(algorithm, key, now, cost)
+    }
+
+    /// Drops every idle key now and returns how many (never needed for bounded
+    /// memory — inserts reclaim on their own — but handy before a snapshot).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(1)?)).clock(clock.clone()).build::<u64>()?;
+    /// let _ = keyed.check(&1u64);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(keyed.reclaim_idle(), 1);
+    /// assert_eq!(keyed.metrics().live_keys, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reclaim_idle(&self) -> usize {
+        self.table.reclaim_idle(&self.algorithm, self.clock.now())
+    }
+
+    #[inline(always)]
+    fn count(&self, allowed: bool) {
+        self.stripes.count(allowed);
+    }
+}
+
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    A: Algorithm,
+    S: Storage<K, A::State>,
+{
+    /// The counters, summed over stripes and shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let _ = keyed.check(&1u64);
+    /// assert_eq!(keyed.metrics().allowed, 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn metrics(&self) -> KeyedMetrics {
+        self.stripes.metrics(self.table.counts())
+    }
+
+    /// The configured key capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert_eq!(keyed.capacity(), floodgate::DEFAULT_CAPACITY);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The most keys the table can hold: each shard's share of the capacity plus a
+    /// slack for uneven hashing (4·√share + 8 per shard, about 1 % at 125 000 keys
+    /// per shard; none with one shard), so that `capacity` keys fit without evicting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let one = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(1_000).shards(1).build::<u64>()?;
+    /// assert_eq!(one.max_keys(), 1_000);
+    /// let four = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(1_000).shards(4).build::<u64>()?;
+    /// assert_eq!(four.max_keys(), 4 * (250 + 4 * 15 + 8));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_keys(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// The number of shards.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert!(keyed.shards().is_power_of_two());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn shards(&self) -> usize {
+        self.table.shard_count()
+    }
+
+    /// Bytes of the fixed slot array (allocated once, at build).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    ///     .capacity(700).shards(1).build::<u64>()?;
+    /// assert_eq!(keyed.slot_bytes(), 800 * 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn slot_bytes(&self) -> usize {
+        self.table.slot_count() * <S::Table as KeyTable<K, A::State>>::SLOT_BYTES
+    }
+
+    /// Bytes one live key's entry holds on the heap (key + state, before allocator
+    /// overhead).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(1)?);
+    /// assert_eq!(keyed.entry_bytes(), 16);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn entry_bytes(&self) -> usize {
+        <S::Table as KeyTable<K, A::State>>::ENTRY_BYTES
+    }
+
+    /// The algorithm every key runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(3)?);
+    /// assert_eq!(keyed.algorithm().policy().limit(), 3);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::Clock;
+    /// let keyed = floodgate::KeyedLimiter::<u64>::gcra(floodgate::Policy::per_second(3)?);
+    /// let _now = keyed.clock().now();
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<K, A, C, S> fmt::Debug for KeyedLimiter<K, A, C, S>
+where
+    A: Algorithm + fmt::Debug,
+    C: fmt::Debug,
+    S: Storage<K, A::State> + Default + fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("clock", &self.clock)
+            .field("storage", &S::default())
+            .field("capacity", &self.capacity())
+            .field("shards", &self.shards())
+            .field("metrics", &self.metrics())
+            .finish()
+    }
+}

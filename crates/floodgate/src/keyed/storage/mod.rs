@@ -1,0 +1,734 @@
+//! Key storage: where a [`KeyedLimiter`](super::KeyedLimiter) keeps each key's state
+//! word. The storage is the limiter's last type parameter; every feature (checks,
+//! peeks, charges and refunds, plans, composites, metrics, reclamation) is written
+//! once over [`KeyTable`] and works on each:
+//!
+//! * [`Heap`] (the default): slots point to heap entries holding the key and its
+//!   state; any `Hash + Eq` key, borrowed lookups ([`Lookup`](super::Lookup));
+//! * [`Inline`]: the key's 64-bit encoding ([`InlineKey`](super::InlineKey)) and the
+//!   state in one 128-bit atomic slot, no heap entry, one cache miss per lookup;
+//! * [`Fingerprint`] (opt-in, not exact): the inline slot keyed by a 64-bit keyed
+//!   hash of any `Hash` key.
+//!
+//! The shard machinery is shared: sizing, hashing to shards, the removal record
+//! ([`Removals`]: generation, latest removal instant, refund ledger), reclamation,
+//! eviction, counters and the dead-word guard ([`charge_live`]) live here; a storage
+//! supplies only its slot array ([`Slots`]) and its lookups.
+
+pub(crate) mod heap;
+pub(crate) mod inline;
+
+use core::hash::Hash;
+
+use crossbeam_utils::CachePadded;
+
+use super::key::{InlineKey, Lookup};
+use crate::algorithm::{Algorithm, Charged};
+use crate::cell::{update_word_from_ordered, CasWord, RefundLedger};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+
+/// Heap storage (the default): each key and its state in a heap entry behind a
+/// 16-byte slot; any `Hash + Eq` key, looked up by any [`Lookup`](super::Lookup)
+/// form (`&str` for `String`, [`Pair`](super::Pair) for pairs) without allocating.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, Heap, KeyedBuilder, KeyedLimiter, Policy};
+/// let keyed: KeyedLimiter<String, Gcra, _, Heap> =
+///     KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build()?;
+/// assert!(keyed.check("alice").is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heap;
+
+/// Inline storage: keys that encode into 64 bits ([`InlineKey`](super::InlineKey):
+/// integers, `[u8; N ≤ 8]`, `Ipv4Addr`, `IpAddr`, [`Ipv6Prefix`](super::Ipv6Prefix))
+/// live in the slot beside their state, one 128-bit atomic word: no heap entry, no
+/// epoch, one cache miss per lookup, ≈ 18.5 bytes per key of capacity all included.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, KeyedBuilder, Policy};
+/// use std::net::IpAddr;
+/// let per_ip = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_inline::<IpAddr>()?;
+/// assert!(per_ip.check(&"192.0.2.7".parse::<IpAddr>()?).is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inline;
+
+/// Fingerprint storage (opt-in, [`KeyedBuilder::build_fingerprint`](super::KeyedBuilder::build_fingerprint)):
+/// the inline slot keyed by a 64-bit keyed hash (`ahash`, per-process random seeds)
+/// of a key of any `Hash` type.
+///
+/// **Not exact**: two different keys whose fingerprints are equal share one state
+/// (each is charged for the other). For `n` keys in the table at once, the chance
+/// that any two of them collide is about n² / 2⁶⁵: 3 × 10⁻⁸ for a million keys,
+/// 3 × 10⁻⁴ for a hundred million. The seeds are random per process, so a client
+/// cannot choose keys that collide. A collision never panics and never admits more
+/// than one key's limit for the pair.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, KeyedBuilder, Policy};
+/// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_fingerprint::<String>()?;
+/// assert!(keyed.check("alice").is_allowed());
+/// assert!(!keyed.check("alice").is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fingerprint;
+
+/// A storage for keys `K` and state words `S`: [`Heap`], [`Inline`] or
+/// [`Fingerprint`] (sealed: the table behind it is the crate's).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{GcraState, Heap, Inline, Storage};
+/// fn stores<K, S: Storage<K, GcraState>>() {}
+/// stores::<String, Heap>();
+/// stores::<u64, Inline>();
+/// ```
+pub trait Storage<K, S>: sealed::Sealed {
+    /// The table.
+    #[doc(hidden)]
+    type Table: KeyTable<K, S>;
+}
+
+pub(crate) mod sealed {
+    /// Only this crate's storages.
+    pub trait Sealed {}
+    impl Sealed for super::Heap {}
+    impl Sealed for super::Inline {}
+    impl Sealed for super::Fingerprint {}
+}
+
+impl<K, S> Storage<K, S> for Heap
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    S: bytemuck::Pod + Send + Sync,
+{
+    type Table = heap::Table<K, S>;
+}
+
+impl<K: InlineKey, S: bytemuck::Pod + Send + Sync> Storage<K, S> for Inline {
+    type Table = inline::InlineTable<S, inline::Exact>;
+}
+
+impl<K: Hash, S: bytemuck::Pod + Send + Sync> Storage<K, S> for Fingerprint {
+    type Table = inline::InlineTable<S, inline::Fingerprinted>;
+}
+
+/// What a keyed limiter needs of its table: every storage implements it once, and
+/// the limiter (and with it plans and composites) is written once over it.
+#[doc(hidden)]
+pub trait KeyTable<K, S>: Send + Sync + Sized {
+    /// Bytes of one slot.
+    const SLOT_BYTES: usize;
+    /// Heap bytes one live key takes outside its slot (before allocator overhead).
+    const ENTRY_BYTES: usize;
+
+    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
+    fn build(capacity: usize, shards: usize) -> Self;
+
+    /// Decides `cost` at `now` for `key`, inserting the key if it must store a state;
+    /// only a charge (`RECEIPT`) reads what its receipt compares.
+    fn decide<const RECEIPT: bool, Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized;
+
+    /// Exactly what `decide` would decide now; writes nothing and inserts nothing.
+    fn peek<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized;
+
+    /// Gives back what `charge` (made on `key` at removal generation `generation`,
+    /// with the shard's refund ledger at `noted`) still provably holds, judged at
+    /// `now()` read after the state is loaded. Refunds in a shard are serialised by
+    /// its lock. Nothing if the shard has removed any key since the charge: the key's
+    /// state may be a re-created one that the charge never touched.
+    fn refund<Q, A>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        generation: u64,
+        noted: u64,
+        charge: &Charged<S>,
+        now: &dyn Fn() -> Nanos,
+    ) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized;
+
+    /// The tag receipts carry for `key`.
+    fn tag_of<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64;
+
+    /// Reclaims every idle key now (a full sweep under each shard's lock).
+    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize;
+
+    /// Writer-side counters summed over shards.
+    fn counts(&self) -> TableCounts;
+
+    /// Keys the table holds at most.
+    fn capacity(&self) -> usize;
+
+    /// Number of shards.
+    fn shard_count(&self) -> usize;
+
+    /// Slots over all shards.
+    fn slot_count(&self) -> usize;
+}
+
+/// How many slots the reclamation hand inspects per insert once a shard passes its
+/// share.
+const SWEEP_STEP: usize = 4;
+
+/// How many live keys an eviction compares before evicting the closest to idle.
+const EVICTION_SAMPLE: usize = 8;
+
+/// The reserved *dead* state: all bits set.
+pub(crate) fn dead<S: bytemuck::Pod>() -> S {
+    let mut s: S = bytemuck::Zeroable::zeroed();
+    bytemuck::bytes_of_mut(&mut s).fill(0xFF);
+    s
+}
+
+pub(crate) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
+    bytemuck::bytes_of(s).iter().all(|b| *b == 0xFF)
+}
+
+/// Writer-side bookkeeping, only touched under the shard's mutex.
+pub(crate) struct Writer {
+    pub(crate) live: usize,
+    /// The reclamation hand: the next slot to inspect.
+    pub(crate) hand: usize,
+}
+
+pub(crate) struct WriteSide {
+    pub(crate) lock: Mutex<Writer>,
+    /// Counters written only under `lock`, read lock-free by metrics.
+    pub(crate) live: AtomicU64,
+    pub(crate) reclaimed: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+}
+
+impl WriteSide {
+    pub(crate) fn new() -> CachePadded<Self> {
+        CachePadded::new(WriteSide {
+            lock: Mutex::new(Writer { live: 0, hand: 0 }),
+            live: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        })
+    }
+
+    /// Records `live` keys (under `lock`).
+    pub(crate) fn set_live(&self, writer: &Writer) {
+        self.live.store(writer.live as u64, Ordering::Relaxed);
+    }
+}
+
+/// The removals a shard has made: how many (the generation a refund receipt
+/// compares, so that a refund never lands on a re-created entry) and the latest
+/// instant one was judged at (every decision in the shard is made at
+/// `max(reading, that instant)`, so a reading taken before a removal never finds a
+/// fresh key where the removed state would have denied). Written under the shard
+/// lock, read lock-free on the hot path: it sits on the readers' line beside the
+/// sequence number, which every removal writes anyway.
+pub(crate) struct Removals {
+    generation: AtomicU64,
+    at: AtomicU64,
+    /// What refunds in this shard gave back (serialised by the shard lock).
+    pub(crate) ledger: RefundLedger,
+}
+
+impl Removals {
+    pub(crate) fn new() -> Removals {
+        Removals {
+            generation: AtomicU64::new(0),
+            at: AtomicU64::new(0),
+            ledger: RefundLedger::new(),
+        }
+    }
+
+    /// `now`, or the latest removal instant if that is later.
+    #[inline(always)]
+    pub(crate) fn clamp(&self, now: Nanos) -> Nanos {
+        // Relaxed: a stale value is read only by a decision on a live entry (whose
+        // state was not removed); a miss re-reads it under the lock, which orders it
+        // after every removal.
+        now.max(Nanos::new(self.at.load(Ordering::Relaxed)))
+    }
+
+    /// How many removals the shard has made. Relaxed: a reader that found an entry
+    /// through an Acquire load of its slot sees every removal made before that
+    /// entry was linked (they were made under the lock the inserter held later).
+    #[inline(always)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Records a removal judged at `now` (under the shard lock).
+    pub(crate) fn record(&self, now: Nanos) {
+        let generation = self.generation.load(Ordering::Relaxed);
+        self.generation
+            .store(generation.wrapping_add(1), Ordering::Relaxed);
+        if now.as_u64() > self.at.load(Ordering::Relaxed) {
+            self.at.store(now.as_u64(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sums the counters of `sides` (each read lock-free).
+pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> TableCounts {
+    let mut c = TableCounts::default();
+    for side in sides {
+        // Relaxed: statistics; each counter is written only under its shard lock.
+        c.live += side.live.load(Ordering::Relaxed);
+        c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
+        c.evicted += side.evicted.load(Ordering::Relaxed);
+    }
+    c
+}
+
+/// Slots per shard and each shard's share of the key capacity, for `capacity` keys
+/// over `shards` shards.
+///
+/// Keys do not spread evenly: a shard's count is binomial around its share with
+/// σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity` keys
+/// from evicting live ones in a crowded shard, for about 4/√share more memory (1 % at
+/// 125 000 keys per shard). Load factor ≤ 7/8, and always at least one empty slot so
+/// probes end.
+pub(crate) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
+    debug_assert!(shards.is_power_of_two() && shards <= capacity);
+    let share = capacity.div_ceil(shards);
+    let per_shard = if shards == 1 {
+        share
+    } else {
+        share + 4 * isqrt(share) + 8
+    };
+    (per_shard, per_shard + per_shard.div_ceil(7))
+}
+
+/// The shard of `hash`: its high bits (`>> 1 >> (63 − bits)` is 0 for one shard).
+#[inline(always)]
+pub(crate) fn shard_index(hash: u64, shard_bits: u32) -> usize {
+    ((hash >> 1) >> (63 - shard_bits)) as usize
+}
+
+/// The home slot of `hash` among `len`: multiply-shift (any slot count works) over
+/// the bits below the shard bits.
+#[inline(always)]
+pub(crate) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
+    let spread = hash << shard_bits;
+    ((u128::from(spread) * len as u128) >> 64) as usize
+}
+
+/// The slot after `i` among `len`, wrapping.
+#[inline(always)]
+pub(crate) fn next_slot(i: usize, len: usize) -> usize {
+    if i + 1 == len {
+        0
+    } else {
+        i + 1
+    }
+}
+
+/// One shard's slot array as the shared reclamation and eviction code sees it. Every
+/// method runs with the shard lock held.
+pub(crate) trait Slots {
+    /// The state word type.
+    type State: bytemuck::Pod;
+    /// Number of slots.
+    fn len(&self) -> usize;
+    /// The shard's write side (lock and counters).
+    fn write_side(&self) -> &WriteSide;
+    /// The shard's removal record.
+    fn removals(&self) -> &Removals;
+    /// This shard's share of the key capacity.
+    fn share(&self) -> usize;
+    /// The state of the key in slot `i`, or `None` when `i` is empty.
+    fn state_at(&self, i: usize) -> Option<Self::State>;
+    /// Retires the state of the key in slot `i` (see [`judge`]); `None` when empty.
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    where
+        A: Algorithm<State = Self::State> + ?Sized;
+    /// Unlinks the (retired) key in slot `i`.
+    fn unlink(&self, writer: &mut Writer, i: usize);
+}
+
+/// Whether to retire `state`: the outcome, and whether to write the dead word.
+pub(crate) fn judge<A>(
+    algorithm: &A,
+    state: A::State,
+    now: Nanos,
+    idle_only: bool,
+) -> (Retired, bool)
+where
+    A: Algorithm + ?Sized,
+{
+    let idle = algorithm.is_idle(state, now);
+    if idle_only && !idle {
+        return (Retired::Kept, false);
+    }
+    (if idle { Retired::Idle } else { Retired::Live }, true)
+}
+
+/// Writer-side counters of a table, summed over shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableCounts {
+    pub(crate) live: u64,
+    pub(crate) reclaimed: u64,
+    pub(crate) evicted: u64,
+}
+
+/// A table's shards and the hasher that spreads keys over them.
+pub(crate) struct ShardSet<T> {
+    pub(crate) shards: Box<[CachePadded<T>]>,
+    shard_bits: u32,
+    hasher: ahash::RandomState,
+}
+
+/// What a new shard is made from.
+pub(crate) struct ShardShape<'a> {
+    /// The shard's share of the key capacity.
+    pub(crate) share: usize,
+    /// Its slot count.
+    pub(crate) slots: usize,
+    /// The table's shard bits.
+    pub(crate) shard_bits: u32,
+    /// The table's hasher.
+    pub(crate) hasher: &'a ahash::RandomState,
+}
+
+impl<T: Slots> ShardSet<T> {
+    /// `shards` shards (a power of two ≤ `capacity`), each made by `make`.
+    pub(crate) fn new(capacity: usize, shards: usize, make: impl Fn(ShardShape<'_>) -> T) -> Self {
+        let (share, slots) = shard_size(capacity, shards);
+        let shard_bits = shards.trailing_zeros();
+        // Random per-process seeds (HashDoS resistance); fixed under loom, whose
+        // exploration must be deterministic.
+        #[cfg(not(loom))]
+        let hasher = ahash::RandomState::new();
+        #[cfg(loom)]
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let shards = (0..shards)
+            .map(|_| {
+                CachePadded::new(make(ShardShape {
+                    share,
+                    slots,
+                    shard_bits,
+                    hasher: &hasher,
+                }))
+            })
+            .collect();
+        ShardSet {
+            shards,
+            shard_bits,
+            hasher,
+        }
+    }
+
+    /// The shard of `key` and the key's hash.
+    #[inline(always)]
+    pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&T, u64) {
+        let hash = self.hasher.hash_one(key);
+        (&self.shards[shard_index(hash, self.shard_bits)], hash)
+    }
+
+    /// Number of shards.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Keys the table holds at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.share()).sum()
+    }
+
+    /// Slots over all shards.
+    pub(crate) fn slot_count(&self) -> usize {
+        self.shards.iter().map(|s| s.len()).sum()
+    }
+
+    /// Counters summed over shards (each read lock-free).
+    pub(crate) fn counts(&self) -> TableCounts {
+        sum_counts(self.shards.iter().map(|s| s.write_side()))
+    }
+
+    /// Reclaims every idle key now (a full sweep under each shard's lock).
+    pub(crate) fn reclaim_idle<A>(&self, algorithm: &A, now: Nanos) -> usize
+    where
+        A: Algorithm<State = T::State> + ?Sized,
+    {
+        self.shards
+            .iter()
+            .map(|shard| reclaim_shard(&**shard, algorithm, now))
+            .sum()
+    }
+}
+
+/// How a removal went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retired {
+    /// The key was idle: nothing lost.
+    Idle,
+    /// The key was live: its state is lost (an eviction).
+    Live,
+    /// Not retired (it was not idle and only idle keys were wanted).
+    Kept,
+}
+
+/// A keyed decision, what it wrote, and what a refund of it must compare.
+pub struct KeyedCharge<S> {
+    pub(crate) decision: Decision,
+    /// What the admission wrote (`None`: nothing).
+    pub(crate) charge: Option<Charged<S>>,
+    /// The key's tag as receipts carry it (see [`KeyTable::tag_of`]).
+    pub(crate) tag: u64,
+    /// The shard's removal generation when the charged entry was known live.
+    pub(crate) generation: u64,
+    /// The shard's refund ledger before the charge's CAS.
+    pub(crate) noted: u64,
+}
+
+/// Reclaims every idle key of one shard (a full sweep under its lock).
+pub(crate) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let mut writer = lock(&shard.write_side().lock);
+    let before = shard.write_side().reclaimed.load(Ordering::Relaxed);
+    let start = writer.hand;
+    writer.hand = 0;
+    sweep(shard, &mut writer, algorithm, now, shard.len());
+    writer.hand = start % shard.len();
+    (shard.write_side().reclaimed.load(Ordering::Relaxed) - before) as usize
+}
+
+/// Makes room for one more key. Below the shard's share (which includes the
+/// headroom for uneven hashing) nothing is removed: a table holds its capacity of
+/// keys, idle or not, without reclaiming or re-inserting any. At the share, the hand
+/// reclaims the idle keys it passes; if none of them was idle, the key whose loss
+/// forgives least of a small sample goes.
+pub(crate) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    if writer.live < shard.share() {
+        return;
+    }
+    sweep(shard, writer, algorithm, now, SWEEP_STEP);
+    if writer.live >= shard.share() {
+        evict_one(shard, writer, algorithm, now);
+    }
+}
+
+/// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
+fn sweep<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    // Count slots the hand moves past, not iterations: after a removal a later key
+    // may have shifted into the same slot, which is inspected again.
+    let mut advanced = 0;
+    while advanced < steps {
+        let i = writer.hand;
+        if shard.retire_at(algorithm, i, now, true) == Some(Retired::Idle) {
+            // A later key may shift into `i`: look at it next.
+            shard.removals().record(now);
+            shard.unlink(writer, i);
+            shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            writer.hand = next_slot(i, shard.len());
+            advanced += 1;
+        }
+    }
+}
+
+/// Removes one key: the first idle one met, else the closest to idle of a sample.
+fn evict_one<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let side = shard.write_side();
+    let mut best: Option<((u64, u64), usize)> = None;
+    let mut sampled = 0;
+    let mut i = writer.hand;
+    for _ in 0..shard.len() {
+        if let Some(how) = shard.retire_at(algorithm, i, now, true) {
+            if how == Retired::Idle {
+                shard.removals().record(now);
+                shard.unlink(writer, i);
+                side.reclaimed.fetch_add(1, Ordering::Relaxed);
+                writer.hand = i;
+                return;
+            }
+            // Live (or made live by a racing decision): a candidate. The victim is
+            // the key whose loss forgives least: the fewest units in use now
+            // (`limit − remaining`: what a fresh state would hand back at once), then
+            // the least time until the state is fresh again.
+            if let Some(state) = shard.state_at(i) {
+                let loss = forgiven(algorithm, state, now);
+                if best.is_none_or(|(b, _)| loss < b) {
+                    best = Some((loss, i));
+                }
+            }
+            sampled += 1;
+            if sampled == EVICTION_SAMPLE {
+                break;
+            }
+        }
+        i = next_slot(i, shard.len());
+    }
+    let Some((_, victim)) = best else {
+        return;
+    };
+    if let Some(how) = shard.retire_at(algorithm, victim, now, false) {
+        shard.removals().record(now);
+        shard.unlink(writer, victim);
+        if how == Retired::Idle {
+            side.reclaimed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            side.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        writer.hand = next_slot(i, shard.len());
+    }
+}
+
+/// What forgetting `state` at `now` would forgive, as an order: the units in use
+/// (`limit − remaining`), then the time until the state is fresh again. Eviction
+/// takes the least of its sample.
+pub(crate) fn forgiven<A>(algorithm: &A, state: A::State, now: Nanos) -> (u64, u64)
+where
+    A: Algorithm + ?Sized,
+{
+    let view = algorithm.decide(state, now, 0).0;
+    (
+        view.limit().saturating_sub(view.remaining()),
+        view.reset_after_nanos(),
+    )
+}
+
+/// ⌊√n⌋ by Newton's method (no floating point).
+fn isqrt(n: usize) -> usize {
+    if n < 2 {
+        return n;
+    }
+    let mut x = n;
+    let mut y = x.div_ceil(2);
+    while y < x {
+        x = y;
+        y = (x + n / x) / 2;
+    }
+    x
+}
+
+/// The decision `check` would take on `state`, without writing: a transition to the
+/// dead word is refused there, so it is refused here too.
+#[inline(always)]
+pub(crate) fn decide_unwritten<A>(algorithm: &A, state: A::State, now: Nanos, cost: u32) -> Decision
+where
+    A: Algorithm + ?Sized,
+{
+    match algorithm.decide(state, now, cost) {
+        (decision, Some(next)) if is_dead(&next) => decision.refused(),
+        (decision, _) => decision,
+    }
+}
+
+/// The dead-word guard, shared by every storage: runs the decision on a key's state
+/// word (last seen holding `seen`) unless it is dead; `None` when it is (the key is
+/// being removed, or — for inline slots — the slot holds another key now). A
+/// transition that would store the dead word is refused instead. Also returns what
+/// the admission wrote.
+#[inline(always)]
+pub(crate) fn charge_live<A, W>(
+    algorithm: &A,
+    word: &W,
+    seen: A::State,
+    now: Nanos,
+    cost: u32,
+) -> Option<(Decision, Option<Charged<A::State>>)>
+where
+    A: Algorithm + ?Sized,
+    W: CasWord<Value = A::State> + ?Sized,
+{
+    // Release: see `RefundLedger` (a refund that sees this state sees the ledger
+    // as the charge noted it).
+    update_word_from_ordered(word, seen, Ordering::Release, |before| {
+        if is_dead(&before) {
+            return (None, None);
+        }
+        let (decision, next) = algorithm.decide(before, now, cost);
+        match next {
+            Some(next) if is_dead(&next) => (Some((decision.refused(), None)), None),
+            Some(after) => {
+                let charge = Charged {
+                    before,
+                    after,
+                    at: now,
+                    cost,
+                };
+                (Some((decision, Some(charge))), Some(after))
+            }
+            None => (Some((decision, None)), None),
+        }
+    })
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::gcra::{Gcra, GcraState};
+    use crate::policy::Policy;
+    use crate::sync::Atomic;
+
+    fn gcra() -> Gcra {
+        Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap())
+    }
+
+    #[test]
+    fn the_dead_word_is_never_stored() {
+        assert!(is_dead(&dead::<GcraState>()));
+        assert!(!is_dead(&GcraState::from_tat(Nanos::new(u64::MAX - 1))));
+        // A transition that would store the dead word is refused instead.
+        let word = Atomic::new(GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000)));
+        let seen = word.load(Ordering::Relaxed);
+        let now = Nanos::new(u64::MAX - 1_500_000_000);
+        let d = charge_live(&gcra(), &word, seen, now, 1);
+        assert!(d.is_some_and(|(d, charge)| !d.is_allowed() && charge.is_none()));
+        assert!(!is_dead(&word.load(Ordering::Relaxed)));
+        // A dead word is never charged.
+        let dead_word = Atomic::new(dead::<GcraState>());
+        assert!(charge_live(&gcra(), &dead_word, dead::<GcraState>(), now, 1).is_none());
+    }
+
+    #[test]
+    fn isqrt_is_exact() {
+        for n in [0usize, 1, 2, 3, 4, 15, 16, 17, 99, 100, 125_000, usize::MAX] {
+            let r = isqrt(n);
+            assert!(r.checked_mul(r).is_some_and(|sq| sq <= n));
+            assert!((r + 1).checked_mul(r + 1).is_none_or(|sq| sq > n), "{n}");
+        }
+    }
+}
