@@ -471,6 +471,12 @@ struct Shared {
 ///   a body saying so;
 /// * no usable key and [`OnMissingKey::Reject`]: `400 Bad Request` saying why;
 /// * a limiter error and [`OnLimiterError::FailClosed`]: `503 Service Unavailable`.
+/// * to a gRPC request (`content-type: application/grpc*`, feature `grpc`), each of
+///   these answers is instead a trailers-only gRPC status (HTTP 200): a denial or a
+///   never-fits request is `RESOURCE_EXHAUSTED` (8) with `grpc-retry-pushback-ms` (the
+///   delay in milliseconds rounded up, `-1` for never) and, for a denial, a
+///   `google.rpc.RetryInfo` in `grpc-status-details-bin`; a missing key is
+///   `INVALID_ARGUMENT` (3), a failed limiter `UNAVAILABLE` (14).
 ///
 /// # Examples
 ///
@@ -703,7 +709,8 @@ where
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let mut verdict = decide(&shared, &parts).await;
-            if let Some(mut resp) = verdict.reply.take() {
+            if let Some(reply) = verdict.reply.take() {
+                let mut resp = respond(&parts, &verdict, reply);
                 render(&shared, &verdict, resp.headers_mut());
                 return Ok(resp);
             }
@@ -717,16 +724,24 @@ where
 }
 
 /// What the rules decided for one request.
-struct Verdict<B> {
+struct Verdict {
     shown: Vec<Shown>,
     exceeded: Vec<usize>,
     /// The hard denial that stopped the walk.
     denial: Option<Shown>,
-    /// The layer's own answer (429, never-fits, 400, 503), headers still to add.
-    reply: Option<Response<RateLimitBody<B>>>,
+    /// The layer's own answer (429, never-fits, 400, 503).
+    reply: Option<Reply>,
 }
 
-async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
+/// The layer's own answer to a request it does not pass on.
+pub(crate) struct Reply {
+    /// The HTTP status (429, the never-fits status, 400 or 503).
+    pub(crate) status: StatusCode,
+    /// A one-line explanation, ending in a newline.
+    pub(crate) text: String,
+}
+
+async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     let mut v = Verdict {
         shown: Vec::with_capacity(shared.rules.len()),
         exceeded: Vec::new(),
@@ -748,7 +763,10 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
             entry.counters.bump(Count::BadKey);
             if started.check.is_none() {
                 let text = format!("{e} (rate limit \"{}\")\n", entry.name);
-                v.reply = Some(reply(StatusCode::BAD_REQUEST, text));
+                v.reply = Some(Reply {
+                    status: StatusCode::BAD_REQUEST,
+                    text,
+                });
                 give_back(core::mem::take(&mut held));
                 return v;
             }
@@ -766,7 +784,10 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
                     OnLimiterError::FailOpen => continue,
                     OnLimiterError::FailClosed => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
-                        v.reply = Some(reply(StatusCode::SERVICE_UNAVAILABLE, text));
+                        v.reply = Some(Reply {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            text,
+                        });
                         give_back(core::mem::take(&mut held));
                         return v;
                     }
@@ -810,7 +831,7 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
                             ),
                         ),
                     };
-                    v.reply = Some(reply(status, text));
+                    v.reply = Some(Reply { status, text });
                     v.shown.push(shown);
                     v.denial = Some(shown);
                     return v;
@@ -833,9 +854,16 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
     v
 }
 
-fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
-    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(text)));
-    *resp.status_mut() = status;
+/// The response for the layer's own answer: `text/plain`, or, to a gRPC request
+/// (feature `grpc`), the gRPC status that says the same.
+fn respond<B>(parts: &Parts, v: &Verdict, reply: Reply) -> Response<RateLimitBody<B>> {
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(&parts.headers) {
+        return crate::grpc::respond(v.denial.as_ref().map(|d| &d.decision), reply);
+    }
+    let _ = (parts, v);
+    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(reply.text)));
+    *resp.status_mut() = reply.status;
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -844,7 +872,7 @@ fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
 }
 
 /// Writes the configured header families for `v` into `out`.
-fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
+fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
     let opts = &shared.headers;
     if let Some(d) = &v.denial {
         insert_retry_after(out, &d.decision);

@@ -57,6 +57,10 @@
 //! * `tracing` — a `tracing` event on each denial and limiter error.
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
 //!   instead of being refused; needs Tokio's timer.
+//! * `grpc` — the layer's own answer to a gRPC request (`content-type:
+//!   application/grpc*`) is a trailers-only gRPC status: a denial is
+//!   `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo` in
+//!   `grpc-status-details-bin` (see [`RateLimitLayer`], "Responses").
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -64,6 +68,8 @@
 mod body;
 mod error;
 mod extract;
+#[cfg(feature = "grpc")]
+mod grpc;
 pub mod headers;
 mod layer;
 #[cfg(feature = "queue")]

@@ -112,4 +112,3 @@ const _: () = {
     assert_send_sync::<LockedShaper>();
     assert_send_sync::<Reservation>();
 };
-
