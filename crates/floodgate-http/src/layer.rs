@@ -271,9 +271,17 @@ pub(crate) struct Started<'a> {
     pub(crate) check: Option<BoxFuture<'a, Checked>>,
 }
 
-/// A rule's check: the decision and, for an in-process charge, its receipt; or the
-/// limiter's error.
-pub(crate) type Checked = Result<(Decision, Option<Receipt>), String>;
+/// A rule's decision for one request.
+pub(crate) struct Check {
+    pub(crate) decision: Decision,
+    /// For an in-process charge, what a refund needs.
+    pub(crate) receipt: Option<Receipt>,
+    /// The request waited in a queue for its slot (and was admitted).
+    pub(crate) queued: bool,
+}
+
+/// A rule's check, or the limiter's error.
+pub(crate) type Checked = Result<Check, String>;
 
 /// A rule with its key and limiter types erased, so one layer holds rules on
 /// different keys (global, per client, per endpoint).
@@ -319,7 +327,11 @@ where
             // In process: decide now, keeping the receipt for a refund.
             Some(in_process) => {
                 let (decision, receipt) = (in_process.charge)(limiter, key_ref, cost);
-                Box::pin(core::future::ready(Ok((decision, Some(receipt)))))
+                Box::pin(core::future::ready(Ok(Check {
+                    decision,
+                    receipt: Some(receipt),
+                    queued: false,
+                })))
             }
             None => Box::pin(async move {
                 let key = match &key {
@@ -327,7 +339,13 @@ where
                     Key::Fallback(k) => *k,
                 };
                 let decision = limiter.check_n(key, cost).await;
-                decision.map(|d| (d, None)).map_err(|e| e.to_string())
+                decision
+                    .map(|decision| Check {
+                        decision,
+                        receipt: None,
+                        queued: false,
+                    })
+                    .map_err(|e| e.to_string())
             }),
         };
         Started {
@@ -563,6 +581,26 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Adds a priority-queueing rule (feature `queue`), checked after the rules added
+    /// before it: one queue per tier (plan), the highest tier served first, the lowest
+    /// shed first when a queue is full.
+    #[cfg(feature = "queue")]
+    pub fn priority<C, S, E>(mut self, rule: crate::priority::PriorityRule<C, S, E>) -> Self
+    where
+        C: floodgate::Clock + 'static,
+        S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
+        E: KeyExtractor<Key = usize>,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: Strategy::Hard,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
     /// Which headers to write.
     pub fn headers(self, headers: HeaderOptions) -> Self {
         RateLimitLayerBuilder { headers, ..self }
@@ -774,8 +812,12 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
         let Some(check) = started.check else {
             continue;
         };
-        let (decision, receipt) = match check.await {
-            Ok(d) => d,
+        let Check {
+            decision,
+            receipt,
+            queued,
+        } = match check.await {
+            Ok(c) => c,
             Err(_error) => {
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
@@ -801,6 +843,9 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
         };
         if decision.is_allowed() {
             entry.counters.bump(Count::Allowed);
+            if queued {
+                entry.counters.bump(Count::Queued);
+            }
             if let Some(receipt) = receipt.filter(Receipt::is_charged) {
                 held.push((i, receipt));
             }

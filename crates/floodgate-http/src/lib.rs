@@ -56,7 +56,8 @@
 //!
 //! * `tracing` — a `tracing` event on each denial and limiter error.
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
-//!   instead of being refused; needs Tokio's timer.
+//!   instead of being refused; `PriorityRule`: one queue per plan, the highest plan
+//!   served first and the lowest shed first; needs Tokio's timer.
 //! * `grpc` — the layer's own answer to a gRPC request (`content-type:
 //!   application/grpc*`) is a trailers-only gRPC status: a denial is
 //!   `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo` in
@@ -72,6 +73,8 @@ mod extract;
 mod grpc;
 pub mod headers;
 mod layer;
+#[cfg(feature = "queue")]
+mod priority;
 #[cfg(feature = "queue")]
 mod queue;
 mod stats;
@@ -91,6 +94,8 @@ pub use layer::{
     Charge, HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
     RateLimitService, ResponseFuture, Rule, Strategy,
 };
+#[cfg(feature = "queue")]
+pub use priority::PriorityRule;
 #[cfg(feature = "queue")]
 pub use queue::QueueRule;
 pub use stats::RuleStats;
