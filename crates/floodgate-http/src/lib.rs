@@ -58,6 +58,9 @@
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
 //!   instead of being refused; `PriorityRule`: one queue per plan, the highest plan
 //!   served first and the lowest shed first; needs Tokio's timer.
+//! * `metrics` — `RateLimitLayer::export_metrics` sets `metrics` facade counters
+//!   (`METRIC_NAMES`, label `rule`) to the per-rule totals, read from the sharded
+//!   counters when called, so the request path writes nothing shared.
 //! * `grpc` — the layer's own answer to a gRPC request (`content-type:
 //!   application/grpc*`) is a trailers-only gRPC status: a denial is
 //!   `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo` in
@@ -68,6 +71,8 @@
 
 mod body;
 mod error;
+#[cfg(feature = "metrics")]
+mod export;
 mod extract;
 #[cfg(feature = "grpc")]
 mod grpc;
@@ -81,6 +86,8 @@ mod stats;
 
 pub use body::RateLimitBody;
 pub use error::ConfigError;
+#[cfg(feature = "metrics")]
+pub use export::METRIC_NAMES;
 pub use extract::{
     default_peer_lookup, from_fn, ForwardedIp, ForwardingHeader, FromFn, Global, HeaderKey,
     IpGrouping, IpNet, KeyError, KeyExtractor, PeerAddr, PeerIp, PeerLookup, RoutePath,
