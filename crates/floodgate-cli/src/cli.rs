@@ -78,6 +78,18 @@ pub(crate) struct ReplayArgs {
     /// One JSON object per request instead of a summary.
     #[arg(long)]
     pub(crate) jsonl: bool,
+    /// Decide through Redis at this URL (e.g. `redis://127.0.0.1:6379/`) instead of
+    /// in process: the same transitions as Lua scripts, the trace's time passed in as
+    /// whole microseconds (a time finer than 1 µs is refused). Prints the same output.
+    #[cfg(feature = "redis")]
+    #[arg(long, value_name = "URL")]
+    pub(crate) redis: Option<String>,
+    /// The Redis key prefix (with --redis). Default: a fresh prefix per run,
+    /// `floodgate:replay:<pid>-<nanoseconds since the epoch>:`, so runs never share
+    /// state; give one to continue a run's keys.
+    #[cfg(feature = "redis")]
+    #[arg(long, value_name = "P", requires = "redis")]
+    pub(crate) prefix: Option<String>,
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,

@@ -4,7 +4,9 @@
 //!   against its mutex twin, the textbook version and governor, as a table, JSON or
 //!   CSV.
 //! * `floodgate replay` — a deterministic dry run of a policy over a trace or an nginx
-//!   access log, through the library's own engine on virtual time.
+//!   access log, through the library's own engine on virtual time; with
+//!   `--redis URL` (the default `redis` feature), through floodgate-redis's scripts
+//!   on a Redis server instead, the time passed in as whole microseconds.
 //!
 //! Exit status: 0 on success; 2 for bad arguments, a bad policy or a bad input line
 //! (the message names the line and its text); 1 when reading or writing fails. A

@@ -5,6 +5,9 @@
 //! `cargo bench -p floodgate-redis --bench throughput` (needs `redis-server` and
 //! `redis-benchmark` on `PATH`; starts its own server on a free loopback port).
 //! `FLOODGATE_BENCH_CALLS` sets the calls per row (default 50 000).
+//!
+//! Then a flood: 64 tasks on one key far past its limit, the local denial cache off
+//! and on — decisions per second and the `EVALSHA` calls Redis served.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -73,6 +76,61 @@ fn main() {
         let ours = (per_task * tasks) as f64 / t0.elapsed().as_secs_f64();
         let theirs = redis_benchmark(&server, &limiter, tasks, calls);
         println!("| {tasks} | {ours:.0} | {theirs} |");
+    }
+    flood(&rt, &server, calls);
+}
+
+/// 64 tasks hammering one key (GCRA, 10 a minute) with the denial cache off and on.
+fn flood(rt: &tokio::runtime::Runtime, server: &RedisServer, calls: u64) {
+    let tasks = 64_u64;
+    let per_task = calls / tasks;
+    println!();
+    println!("flood: {tasks} tasks, one key, GCRA 10 per minute, {calls} calls");
+    println!("| deny cache | decisions/s | Redis EVALSHA calls |");
+    println!("|---|---:|---:|");
+    for keys in [0_usize, 1_024] {
+        let conn = rt
+            .block_on(floodgate_redis::connect(&server.url()))
+            .unwrap();
+        let limiter = Arc::new(
+            RedisLimiter::builder(Algorithm::Gcra, Policy::per_minute(10).unwrap())
+                .prefix(format!("flood{keys}:"))
+                .timeout(Duration::from_secs(5))
+                .on_failure(OnFailure::Error)
+                .deny_cache(keys)
+                .build(conn)
+                .unwrap(),
+        );
+        let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+        let t0 = Instant::now();
+        rt.block_on(async {
+            let handles: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let limiter = Arc::clone(&limiter);
+                    tokio::spawn(async move {
+                        for _ in 0..per_task {
+                            match limiter.check_n("victim", 1).await {
+                                Ok(Verdict::Decided(_) | Verdict::Cached(_)) => {}
+                                other => panic!("{other:?}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.await.unwrap();
+            }
+        });
+        let rate = (per_task * tasks) as f64 / t0.elapsed().as_secs_f64();
+        let info: String = server.cmd(&["INFO", "commandstats"]);
+        let evalsha = info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .unwrap_or("0")
+            .to_owned();
+        let label = if keys == 0 { "off" } else { "on (1024 keys)" };
+        println!("| {label} | {rate:.0} | {evalsha} |");
     }
 }
 

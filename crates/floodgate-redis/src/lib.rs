@@ -90,6 +90,14 @@
 //! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
 //! a restart the client loads the script again and retries (`NOSCRIPT`).
 //!
+//! ## Redis Cluster
+//!
+//! [`connect_cluster`] gives a [`ClusterConnection`]; a limiter built on it
+//! ([`RedisLimiter<ClusterConnection>`](RedisLimiter)) sends each script run to the
+//! node owning its key's slot, follows `MOVED` and `ASK` while slots migrate, and
+//! loads the script on every primary after a `NOSCRIPT`. Every call touches one slot:
+//! one key, or a multi-limit call's hash-tagged keys.
+//!
 //! ## Local denial cache
 //!
 //! With [`RedisLimiterBuilder::deny_cache`], a key that Redis denied is denied again
@@ -120,7 +128,9 @@ use std::time::Instant;
 
 use deny_cache::DenyCache;
 use floodgate::{AsyncLimit, Decision, Policy};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use script::Shape;
 
@@ -270,6 +280,45 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
     ConnectionManager::new_with_config(client, config).await
 }
 
+/// A connection to a Redis Cluster through any of its nodes (`seeds`), tuned like
+/// [`connect`]: a connection attempt gives up after 1 s, and a failed request is
+/// retried up to 3 times, 10 to 100 ms apart.
+///
+/// The connection learns the cluster's slot map and sends each script run to the
+/// node that owns its key's slot. It follows `MOVED` (refreshing the map) and `ASK`
+/// redirections, so a limiter keeps deciding while slots migrate, and loads a script
+/// on every primary when one answers `NOSCRIPT`.
+///
+/// # Errors
+///
+/// A bad URL, or no seed answered with the cluster's slot map.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use floodgate::Policy;
+/// use floodgate_redis::{Algorithm, RedisLimiter};
+/// let conn = floodgate_redis::connect_cluster(&[
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+/// ])
+/// .await?;
+/// let limiter = RedisLimiter::builder(Algorithm::Gcra, Policy::per_second(100)?).build(conn)?;
+/// let verdict = limiter.check_n("user:42", 1).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect_cluster(seeds: &[&str]) -> redis::RedisResult<ClusterConnection> {
+    ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(Duration::from_secs(1))
+        .retries(3)
+        .min_retry_wait(10)
+        .max_retry_wait(100)
+        .build()?
+        .get_async_connection()
+        .await
+}
+
 /// Builds a [`RedisLimiter`]: [`RedisLimiter::builder`], then options, then
 /// [`build`](RedisLimiterBuilder::build).
 #[derive(Clone, Debug)]
@@ -389,14 +438,15 @@ impl RedisLimiterBuilder {
             .collect()
     }
 
-    /// The limiter on `conn` (see [`connect`]; a clone of one connection may serve
-    /// many limiters).
+    /// The limiter on `conn`: a single server's [`ConnectionManager`] ([`connect`]),
+    /// a Redis Cluster's [`ClusterConnection`] ([`connect_cluster`]), or any other
+    /// cloneable async connection. A clone of one connection may serve many limiters.
     ///
     /// # Errors
     ///
     /// [`ConfigError`]: a prefix with `{`, a zero timeout, or a policy beyond the
     /// exact range (see the crate docs).
-    pub fn build(self, conn: ConnectionManager) -> Result<RedisLimiter, ConfigError> {
+    pub fn build<C: Connection>(self, conn: C) -> Result<RedisLimiter<C>, ConfigError> {
         let limits = self.limits()?;
         let shape = match limits.as_slice() {
             [one] => Shape::Single(one.algorithm),
@@ -478,15 +528,24 @@ impl Limit {
     }
 }
 
+/// What a [`RedisLimiter`] runs its scripts over: a cloneable, shareable async Redis
+/// connection. Implemented for every such [`ConnectionLike`], among them
+/// [`ConnectionManager`] (one server, [`connect`]) and [`ClusterConnection`] (a Redis
+/// Cluster, [`connect_cluster`]).
+pub trait Connection: ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Connection for C {}
+
 /// A rate limiter whose state lives in Redis, shared by every process that uses the
 /// same keys, prefix and policy.
 ///
 /// `Send + Sync` and cheap to share by reference or `Arc`; calls run concurrently
-/// over one multiplexed connection. It needs a Tokio runtime with the timer enabled.
-/// See the [crate docs](crate) for the semantics, the exact range and the failure
-/// policy.
-pub struct RedisLimiter {
-    conn: ConnectionManager,
+/// over one multiplexed connection `C`: a single server's [`ConnectionManager`] (the
+/// default) or a Redis Cluster's [`ClusterConnection`], which sends each call to the
+/// node owning its key. It needs a Tokio runtime with the timer enabled. See the
+/// [crate docs](crate) for the semantics, the exact range and the failure policy.
+pub struct RedisLimiter<C = ConnectionManager> {
+    conn: C,
     limits: Vec<Limit>,
     capacity: u64,
     prefix: String,
@@ -497,7 +556,7 @@ pub struct RedisLimiter {
     replay: Script,
 }
 
-impl core::fmt::Debug for RedisLimiter {
+impl<C> core::fmt::Debug for RedisLimiter<C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("RedisLimiter")
             .field("limits", &self.limits)
@@ -529,7 +588,9 @@ impl RedisLimiter {
             deny_cache: 0,
         }
     }
+}
 
+impl<C: Connection> RedisLimiter<C> {
     /// The capacity a fallback decision reports as its limit: the limit's (GCRA:
     /// burst; others: limit), the smallest one's with several limits.
     pub fn capacity(&self) -> u64 {
@@ -766,7 +827,7 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
 /// `Open` and `Closed` the fallback comes back as `Ok` (use
 /// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
-impl<K: Display + ?Sized> AsyncLimit<K> for RedisLimiter {
+impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 
     fn check_n(
@@ -792,6 +853,7 @@ impl<K: Display + ?Sized> AsyncLimit<K> for RedisLimiter {
 const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<RedisLimiter>();
+    assert_send_sync::<RedisLimiter<ClusterConnection>>();
     assert_send_sync::<Verdict>();
     assert_send_sync::<RedisLimitError>();
 };

@@ -8,8 +8,8 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{limiter, runtime, RedisServer};
-use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
+use common::{limiter, runtime, whole_micros, Model, RedisServer};
+use floodgate::reference::ExactGcra;
 use floodgate::{Decision, Policy};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
 use proptest::prelude::*;
@@ -24,63 +24,6 @@ struct Op {
     step: i64,
     cost: u32,
     peek: bool,
-}
-
-/// The reference model of `algorithm` for `limit` per `period_us` (burst for GCRA).
-enum Model {
-    Gcra(ExactGcra),
-    Fixed(ExactFixedWindow),
-    Sliding(ExactSlidingWindow),
-    Log(ExactSlidingLog),
-}
-
-impl Model {
-    fn new(algorithm: Algorithm, limit: u64, period_ns: u64, burst: u64) -> Model {
-        // The numbers come from a policy the limiter accepted: the models accept them.
-        const VALID: &str = "a policy the limiter accepted";
-        match algorithm {
-            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst).expect(VALID)),
-            Algorithm::FixedWindow => {
-                Model::Fixed(ExactFixedWindow::new(limit, period_ns).expect(VALID))
-            }
-            Algorithm::SlidingWindow => {
-                Model::Sliding(ExactSlidingWindow::new(limit, period_ns).expect(VALID))
-            }
-            Algorithm::SlidingLog => {
-                Model::Log(ExactSlidingLog::new(limit, period_ns).expect(VALID))
-            }
-            _ => unreachable!("every algorithm has a model"),
-        }
-    }
-
-    fn decide(&mut self, now_ns: u64, cost: u32, peek: bool) -> Decision {
-        match (self, peek) {
-            (Model::Gcra(m), false) => m.check(now_ns, cost),
-            (Model::Gcra(m), true) => m.peek(now_ns, cost),
-            (Model::Fixed(m), false) => m.check(now_ns, cost),
-            (Model::Fixed(m), true) => m.peek(now_ns, cost),
-            (Model::Sliding(m), false) => m.check(now_ns, cost),
-            (Model::Sliding(m), true) => m.peek(now_ns, cost),
-            (Model::Log(m), false) => m.check(now_ns, cost),
-            (Model::Log(m), true) => m.peek(now_ns, cost),
-        }
-    }
-}
-
-/// The model's decision at the scripts' resolution: the sliding window's retry can
-/// fall between two microseconds (admitted 1 ns past a bound); the first whole
-/// microsecond after it is the script's answer. Every other number is whole already.
-fn whole_micros(d: Decision) -> Decision {
-    let retry = d
-        .retry_after_nanos()
-        .map(|ns| Duration::from_micros(ns.div_ceil(1_000)));
-    Decision::new(
-        d.is_allowed(),
-        d.limit(),
-        d.remaining(),
-        d.reset_after(),
-        retry,
-    )
 }
 
 static KEYS: AtomicU64 = AtomicU64::new(0);

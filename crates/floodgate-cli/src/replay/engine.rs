@@ -29,7 +29,54 @@ use crate::cli::AlgorithmName;
 pub(crate) trait ReplayEngine {
     /// `check_n(cost)` for `key` at `now`. Callers never pass a `now` earlier than a
     /// previous one.
-    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision;
+    ///
+    /// # Errors
+    ///
+    /// Only an engine outside the process (Redis) fails: see [`DecideError`].
+    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Result<Decision, DecideError>;
+}
+
+/// Why an engine could not decide a request; the reader adds the line number.
+#[derive(Debug)]
+#[cfg_attr(
+    not(feature = "redis"),
+    allow(dead_code, reason = "only the Redis engine fails")
+)]
+pub(crate) enum DecideError {
+    /// A time the engine cannot represent exactly (Redis counts whole microseconds):
+    /// exit status 2.
+    TimeNotWholeMicros {
+        /// The time, in nanoseconds on the input's axis.
+        time: u64,
+    },
+    /// A time past the engine's range (Redis: 2^52 µs since the epoch, in the year
+    /// 2112): exit status 2.
+    TimeOutOfRange {
+        /// The time, in nanoseconds on the input's axis.
+        time: u64,
+    },
+    /// The engine's server failed or refused the request: exit status 1.
+    Backend(String),
+}
+
+impl fmt::Display for DecideError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecideError::TimeNotWholeMicros { time } => write!(
+                f,
+                "time {} s is not a whole number of microseconds: replay --redis counts \
+                 whole microseconds (round the trace's times to 6 decimals)",
+                floodgate_cli::seconds::Seconds(*time)
+            ),
+            DecideError::TimeOutOfRange { time } => write!(
+                f,
+                "time {} s is past the last time replay --redis decides at (2^52 µs, in \
+                 the year 2112)",
+                floodgate_cli::seconds::Seconds(*time)
+            ),
+            DecideError::Backend(e) => write!(f, "redis: {e}"),
+        }
+    }
 }
 
 /// The packed state of every key, each request run through one library cell.
@@ -63,7 +110,7 @@ impl<A: Algorithm> PerKeyStates<A> {
 }
 
 impl<A: Algorithm> ReplayEngine for PerKeyStates<A> {
-    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision {
+    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Result<Decision, DecideError> {
         let state = match self.states.get_mut(key) {
             Some(state) => state,
             None => self.states.entry(key.into()).or_insert(self.fresh),
@@ -71,7 +118,7 @@ impl<A: Algorithm> ReplayEngine for PerKeyStates<A> {
         self.cell.store(*state);
         let decision = self.cell.apply(&self.algorithm, now, cost);
         *state = self.cell.load();
-        decision
+        Ok(decision)
     }
 }
 
@@ -93,14 +140,14 @@ impl PerKeyLogs {
 }
 
 impl ReplayEngine for PerKeyLogs {
-    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Decision {
+    fn check(&mut self, key: &str, now: Nanos, cost: u32) -> Result<Decision, DecideError> {
         if let Some(log) = self.logs.get(key) {
-            return log.check_n_at(now, cost);
+            return Ok(log.check_n_at(now, cost));
         }
         let log = SlidingLog::with_clock(self.policy, self.clock.clone());
         let decision = log.check_n_at(now, cost);
         self.logs.insert(key.into(), log);
-        decision
+        Ok(decision)
     }
 }
 
@@ -158,20 +205,25 @@ impl From<PolicyError> for EngineError {
     }
 }
 
-/// The engine for `spec`: the one `match` from algorithm names to library types.
-pub(crate) fn engine_for(spec: &PolicySpec) -> Result<Box<dyn ReplayEngine>, EngineError> {
+/// The policy of `spec`, its burst applied (the GCRA family only).
+pub(crate) fn policy_for(spec: &PolicySpec) -> Result<Policy, EngineError> {
     if spec.burst.is_some() && !spec.algorithm.takes_burst() {
         return Err(EngineError::BurstNotApplicable(spec.algorithm));
     }
     let policy = Policy::new(spec.limit, spec.per)?;
+    Ok(match spec.burst {
+        Some(burst) => policy.with_burst(burst)?,
+        None => policy,
+    })
+}
+
+/// The engine for `spec`: the one `match` from algorithm names to library types.
+pub(crate) fn engine_for(spec: &PolicySpec) -> Result<Box<dyn ReplayEngine>, EngineError> {
+    let policy = policy_for(spec)?;
     match spec.algorithm {
         // The token bucket (capacity B, refilled L per P) and the leaky bucket as a
         // meter (capacity B, draining L per P) are the same machine as GCRA.
         AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
-            let policy = match spec.burst {
-                Some(burst) => policy.with_burst(burst)?,
-                None => policy,
-            };
             Ok(Box::new(PerKeyStates::new(Gcra::new(policy))))
         }
         AlgorithmName::FixedWindow => Ok(Box::new(PerKeyStates::new(FixedWindow::new(policy)?))),
@@ -218,7 +270,7 @@ mod tests {
                 .entry(key)
                 .or_insert_with(|| ExactGcra::new(3, 1_000_000_000, 2).expect("a valid policy"));
             assert_eq!(
-                engine.check(key, Nanos::new(now), cost),
+                engine.check(key, Nanos::new(now), cost).unwrap(),
                 model.check(now, cost),
                 "{now} {key} {cost}"
             );

@@ -11,6 +11,8 @@
 //! printed.
 
 mod engine;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,7 +27,7 @@ use floodgate_cli::seconds::Seconds;
 use crate::cli::{InputFormat, ReplayArgs};
 use crate::Failure;
 
-pub(crate) use engine::{engine_for, PolicySpec, ReplayEngine};
+pub(crate) use engine::{engine_for, DecideError, PolicySpec, ReplayEngine};
 
 /// The longest line accepted, in bytes (without its line end).
 pub(crate) const MAX_LINE_BYTES: usize = 1 << 20;
@@ -41,6 +43,9 @@ pub(crate) enum ReplayError {
         error: LineError,
         text: String,
     },
+    /// The engine could not decide a line's request: exit status 2 for a time it
+    /// cannot represent, 1 for a failing server.
+    Decide { line: u64, error: DecideError },
     /// Reading the input failed.
     Read(io::Error),
     /// Writing the output failed.
@@ -56,6 +61,7 @@ impl fmt::Display for ReplayError {
                 let cut = if shown.len() < text.len() { " …" } else { "" };
                 write!(f, "line {line}: {error}\n  text: {shown:?}{cut}")
             }
+            ReplayError::Decide { line, error } => write!(f, "line {line}: {error}"),
             ReplayError::Read(e) => write!(f, "reading the input: {e}"),
             ReplayError::Write(e) => write!(f, "writing the output: {e}"),
         }
@@ -115,7 +121,12 @@ pub(crate) fn replay<R: Read>(
             continue;
         };
         latest = latest.max(request.time);
-        let decision = engine.check(request.key, Nanos::new(latest), request.cost);
+        let decision = engine
+            .check(request.key, Nanos::new(latest), request.cost)
+            .map_err(|error| ReplayError::Decide {
+                line: line_no,
+                error,
+            })?;
         observe(&request, latest, &decision).map_err(ReplayError::Write)?;
     }
 }
@@ -263,7 +274,10 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
         per: args.per,
         burst: args.burst,
     };
-    let mut engine = engine_for(&spec).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut engine = match redis_engine(&args, &spec)? {
+        Some(engine) => engine,
+        None => engine_for(&spec).map_err(|e| Failure::usage(e.to_string()))?,
+    };
     let input: Box<dyn Read> = match args.input.as_deref() {
         None => Box::new(io::stdin().lock()),
         Some(path) if path.as_os_str() == "-" => Box::new(io::stdin().lock()),
@@ -295,7 +309,13 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
         Err(e @ ReplayError::Input { .. }) => {
             return Err(flushed.map_or_else(Failure::output, |()| Failure::usage(e.to_string())))
         }
-        Err(e @ ReplayError::Read(_)) => {
+        Err(
+            e @ ReplayError::Decide {
+                error: DecideError::TimeNotWholeMicros { .. } | DecideError::TimeOutOfRange { .. },
+                ..
+            },
+        ) => return Err(flushed.map_or_else(Failure::output, |()| Failure::usage(e.to_string()))),
+        Err(e @ (ReplayError::Read(_) | ReplayError::Decide { .. })) => {
             return Err(flushed.map_or_else(Failure::output, |()| Failure::runtime(e.to_string())))
         }
     };
@@ -307,6 +327,28 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
             .map_err(Failure::output)?;
     }
     Ok(())
+}
+
+/// The Redis engine when `--redis` is given.
+#[cfg(feature = "redis")]
+fn redis_engine(
+    args: &ReplayArgs,
+    spec: &PolicySpec,
+) -> Result<Option<Box<dyn ReplayEngine>>, Failure> {
+    let Some(url) = args.redis.as_deref() else {
+        return Ok(None);
+    };
+    let engine = redis::RedisEngine::connect(url, args.prefix.clone(), spec)?;
+    Ok(Some(Box::new(engine)))
+}
+
+/// Without the `redis` feature there is no `--redis`.
+#[cfg(not(feature = "redis"))]
+fn redis_engine(
+    _args: &ReplayArgs,
+    _spec: &PolicySpec,
+) -> Result<Option<Box<dyn ReplayEngine>>, Failure> {
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floodgate::Policy;
+use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
+use floodgate::{Decision, Policy};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
 
 pub const ALGORITHMS: [Algorithm; 4] = [
@@ -28,28 +29,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// A fresh server, or `None` (after a loud message) where none can run.
     pub fn start() -> Option<RedisServer> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            let required = std::env::var("FLOODGATE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "FLOODGATE_REQUIRE_REDIS=1 but redis-server is not on PATH \
-                 (apt-get install -y redis-server)"
-            );
-            // Straight to the process's stderr: the test harness captures `eprintln!`.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-                 !!! SKIPPED: redis-server is not on PATH; this Redis test did not run. !!!\n\
-                 !!! Install it (apt-get install -y redis-server) or set             !!!\n\
-                 !!! FLOODGATE_REQUIRE_REDIS=1 to make its absence a failure.        !!!\n\
-                 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-            );
+        if !tools_on_path(&["redis-server"]) {
             return None;
         }
         // A port can be taken between finding it free and the server binding it:
@@ -140,7 +120,45 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
+/// Whether every one of `tools` runs (`TOOL --version`). Where one does not, prints
+/// a loud message and returns `false`, unless `FLOODGATE_REQUIRE_REDIS=1`, when it
+/// panics.
+pub fn tools_on_path(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|tool| {
+            !Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let missing = missing.join(" and ");
+    let required = std::env::var("FLOODGATE_REQUIRE_REDIS").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "FLOODGATE_REQUIRE_REDIS=1 but {missing} not on PATH \
+         (apt-get install -y redis-server, which brings redis-tools)"
+    );
+    // Straight to the process's stderr: the test harness captures `eprintln!`.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+         !!! SKIPPED: {missing} not on PATH; this Redis test did not run.\n\
+         !!! Install it (apt-get install -y redis-server) or set\n\
+         !!! FLOODGATE_REQUIRE_REDIS=1 to make its absence a failure.\n\
+         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+    );
+    false
+}
+
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -175,4 +193,61 @@ pub fn limiter(
             .build(conn)
             .expect("valid limiter")
     })
+}
+
+/// The reference model of `algorithm` for `limit` per `period_us` (burst for GCRA).
+pub enum Model {
+    Gcra(ExactGcra),
+    Fixed(ExactFixedWindow),
+    Sliding(ExactSlidingWindow),
+    Log(ExactSlidingLog),
+}
+
+impl Model {
+    pub fn new(algorithm: Algorithm, limit: u64, period_ns: u64, burst: u64) -> Model {
+        // The numbers come from a policy the limiter accepted: the models accept them.
+        const VALID: &str = "a policy the limiter accepted";
+        match algorithm {
+            Algorithm::Gcra => Model::Gcra(ExactGcra::new(limit, period_ns, burst).expect(VALID)),
+            Algorithm::FixedWindow => {
+                Model::Fixed(ExactFixedWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingWindow => {
+                Model::Sliding(ExactSlidingWindow::new(limit, period_ns).expect(VALID))
+            }
+            Algorithm::SlidingLog => {
+                Model::Log(ExactSlidingLog::new(limit, period_ns).expect(VALID))
+            }
+            _ => unreachable!("every algorithm has a model"),
+        }
+    }
+
+    pub fn decide(&mut self, now_ns: u64, cost: u32, peek: bool) -> Decision {
+        match (self, peek) {
+            (Model::Gcra(m), false) => m.check(now_ns, cost),
+            (Model::Gcra(m), true) => m.peek(now_ns, cost),
+            (Model::Fixed(m), false) => m.check(now_ns, cost),
+            (Model::Fixed(m), true) => m.peek(now_ns, cost),
+            (Model::Sliding(m), false) => m.check(now_ns, cost),
+            (Model::Sliding(m), true) => m.peek(now_ns, cost),
+            (Model::Log(m), false) => m.check(now_ns, cost),
+            (Model::Log(m), true) => m.peek(now_ns, cost),
+        }
+    }
+}
+
+/// The model's decision at the scripts' resolution: the sliding window's retry can
+/// fall between two microseconds (admitted 1 ns past a bound); the first whole
+/// microsecond after it is the script's answer. Every other number is whole already.
+pub fn whole_micros(d: Decision) -> Decision {
+    let retry = d
+        .retry_after_nanos()
+        .map(|ns| Duration::from_micros(ns.div_ceil(1_000)));
+    Decision::new(
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        d.reset_after(),
+        retry,
+    )
 }

@@ -14,7 +14,7 @@
 //! held (a *phantom* charge: it may be denied although, in hindsight, the composite
 //! took nothing) — never the reverse. Each charge returns a [`Receipt`], and a refund
 //! gives back only what the receipt proves is still that charge's own
-//! ([`Algorithm::refund`](crate::Algorithm::refund)): after a refund, a limit's state
+//! ([`Algorithm::refund`]): after a refund, a limit's state
 //! is never more permissive than the state that the other requests alone would have
 //! produced, so no sequence of composites admits beyond any single limit.
 //!

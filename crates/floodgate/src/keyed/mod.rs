@@ -101,7 +101,7 @@
 //! success. [`charge`](KeyedLimiter::charge) counts the attempt the moment it
 //! arrives, so N parallel guesses cannot all pass a gate that none of them has yet
 //! charged (a `peek` first would let them); a right password hands the
-//! [`Receipt`](crate::Receipt) back ([`refund`](KeyedLimiter::refund)), so the
+//! [`Receipt`] back ([`refund`](KeyedLimiter::refund)), so the
 //! attempt does not count as a failure.
 //!
 //! ```

@@ -1,0 +1,207 @@
+//! One round trip per decision: after `CONFIG RESETSTAT`, N decisions (checks and
+//! peeks, admissions and denials, the denial cache off) show in `INFO commandstats`
+//! as exactly N `EVALSHA` calls — plus, for a script the server has not seen, one
+//! failed `EVALSHA` (`NOSCRIPT`) and one `SCRIPT LOAD` — and no `EVAL`. Commandstats
+//! also counts the commands a script calls inside (`TIME`, `GET`, `SET`, …), so
+//! `MONITOR` (through `redis-cli`), which tells a script's commands (`[0 lua]`) from a
+//! client's, shows that the limiter's connection sent nothing but those.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use common::{runtime, tools_on_path, RedisServer};
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+
+/// Decisions per phase.
+const N: u64 = 25;
+
+/// `INFO commandstats` as `{command: (calls, failed_calls)}`.
+fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    let mut stats = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                .map_or(0, |v| v.parse::<u64>().expect("a count"))
+        };
+        stats.insert(name.to_owned(), (field("calls"), field("failed_calls")));
+    }
+    stats
+}
+
+/// The commands `EVALSHA`, `SCRIPT` and `EVAL` of `stats`: the client-side script
+/// commands (the rest run inside scripts or come from the test's own connections).
+fn script_commands(stats: &BTreeMap<String, (u64, u64)>) -> BTreeMap<String, (u64, u64)> {
+    stats
+        .iter()
+        .filter(|(name, _)| {
+            name.as_str() == "evalsha" || name.as_str() == "eval" || name.starts_with("script|")
+        })
+        .map(|(name, &counts)| (name.clone(), counts))
+        .collect()
+}
+
+/// `redis-cli monitor` on the server: every command, with who sent it.
+struct Monitor {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+/// A sentinel the test echoes to know it has seen every earlier command.
+const SENTINEL: &str = "floodgate-round-trips-sentinel";
+
+impl Monitor {
+    fn start(server: &RedisServer) -> Monitor {
+        let mut child = Command::new("redis-cli")
+            .args(["-u", &server.url(), "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-cli monitor");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next().expect("a first line").expect("UTF-8");
+        assert_eq!(first, "OK", "redis-cli monitor did not start");
+        Monitor { child, lines }
+    }
+
+    /// The commands sent by clients (not by scripts) since the last call, by client
+    /// address, in order, up to the sentinel (which is left out).
+    fn client_commands(&mut self, server: &RedisServer) -> BTreeMap<String, Vec<String>> {
+        let _: String = server.cmd(&["ECHO", SENTINEL]);
+        let mut by_client: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for line in &mut self.lines {
+            let line = line.expect("UTF-8");
+            if line.contains(SENTINEL) {
+                return by_client;
+            }
+            // `<time> [<db> <client address | lua>] "<command>" "<arg>" …`
+            let Some((source, rest)) = line.split_once("] \"") else {
+                continue;
+            };
+            let client = source.rsplit(' ').next().unwrap_or_default().to_owned();
+            if client == "lua" {
+                continue;
+            }
+            let command = rest.split('"').next().unwrap_or_default().to_lowercase();
+            by_client.entry(client).or_default().push(command);
+        }
+        panic!("redis-cli monitor ended before the sentinel");
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The commands of the one client that sent `EVALSHA` (the limiter's connection);
+/// every other client sent only the test's inspection commands.
+fn limiter_commands(by_client: BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let mut limiter = None;
+    for (client, commands) in by_client {
+        if commands.iter().any(|c| c == "evalsha") {
+            assert!(limiter.is_none(), "two clients ran EVALSHA");
+            limiter = Some(commands);
+        } else {
+            for c in &commands {
+                assert!(
+                    ["config", "echo", "info", "client", "ping"].contains(&c.as_str()),
+                    "{client} sent {c}"
+                );
+            }
+        }
+    }
+    limiter.expect("the limiter's commands")
+}
+
+fn decide_n(rt: &tokio::runtime::Runtime, limiter: &RedisLimiter) {
+    rt.block_on(async {
+        for i in 0..N {
+            let key = format!("k{}", i % 3);
+            let verdict = if i % 4 == 3 {
+                limiter.peek_n(&key, 1).await
+            } else {
+                limiter.check_n(&key, 1).await
+            };
+            let verdict = verdict.expect("decided");
+            assert!(
+                !verdict.is_fallback() && !verdict.is_cached(),
+                "{verdict:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn each_decision_is_one_evalsha_and_nothing_else() {
+    if !tools_on_path(&["redis-cli"]) {
+        return;
+    }
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut monitor = Monitor::start(&server);
+    let rt = runtime();
+    let url = server.url();
+    let minute = Duration::from_secs(60);
+    let builders = [
+        RedisLimiter::builder(Algorithm::Gcra, Policy::new(5, minute).expect("policy")),
+        RedisLimiter::builder(
+            Algorithm::SlidingLog,
+            Policy::new(4, minute).expect("policy"),
+        )
+        .and(
+            Algorithm::FixedWindow,
+            Policy::new(6, minute).expect("policy"),
+        ),
+    ];
+    for builder in builders {
+        let limiter = rt.block_on(async {
+            let conn = floodgate_redis::connect(&url).await.expect("connect");
+            builder
+                .prefix("trips:")
+                .timeout(Duration::from_secs(5))
+                .on_failure(OnFailure::Error)
+                .deny_cache(0)
+                .build(conn)
+                .expect("valid limiter")
+        });
+        // A script the server has not seen: the first call fails NOSCRIPT, the
+        // client loads the script and runs it again.
+        let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+        monitor.client_commands(&server);
+        decide_n(&rt, &limiter);
+        let first = BTreeMap::from([
+            ("evalsha".to_owned(), (N + 1, 1)),
+            ("script|load".to_owned(), (1, 0)),
+        ]);
+        assert_eq!(script_commands(&command_stats(&server)), first);
+        let mut sent = vec!["evalsha", "script"];
+        sent.extend(["evalsha"; N as usize]);
+        assert_eq!(limiter_commands(monitor.client_commands(&server)), sent);
+        // Loaded: N decisions, N EVALSHA, nothing else.
+        let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+        monitor.client_commands(&server);
+        decide_n(&rt, &limiter);
+        let then = BTreeMap::from([("evalsha".to_owned(), (N, 0))]);
+        assert_eq!(script_commands(&command_stats(&server)), then);
+        let sent = vec!["evalsha"; N as usize];
+        assert_eq!(limiter_commands(monitor.client_commands(&server)), sent);
+    }
+}
