@@ -14,6 +14,14 @@
 //! 3. `global` — 1000 per second for the whole server.
 //!
 //! `GET /stats` shows the per-rule counters.
+//!
+//! Options:
+//!
+//! * `--trusted-proxy NET` — the server sits behind a load balancer in `NET` (e.g.
+//!   `127.0.0.1/32`): `per-ip` keys on the rightmost `X-Forwarded-For` address (one
+//!   trusted hop) when the peer is in `NET`, else on the peer;
+//! * `--no-limits` — serve the same routes without the layer (a baseline to measure
+//!   the layer against).
 
 use std::future::{ready, Future};
 use std::net::{IpAddr, SocketAddr};
@@ -25,7 +33,10 @@ use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{
     AsyncLimit, Clock, Decision, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Receipt,
 };
-use floodgate_http::{Charge, Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Rule};
+use floodgate_http::{
+    Charge, ForwardedIp, Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Rule,
+    TrustedProxies,
+};
 
 /// The plan limiter behind the [`AsyncLimit`] trait the layer consumes.
 struct PlanLimit<R>(PlanLimiter<String, R>);
@@ -68,26 +79,48 @@ where
     }
 }
 
-fn listen_arg() -> Result<SocketAddr, String> {
+struct Args {
+    listen: SocketAddr,
+    trusted_proxy: Option<String>,
+    no_limits: bool,
+}
+
+const USAGE: &str =
+    "usage: api_server [--listen ADDR] [--trusted-proxy NET] [--no-limits]  (port 0 picks a free port)";
+
+fn args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let mut listen = "127.0.0.1:3000".to_owned();
+    let mut trusted_proxy = None;
+    let mut no_limits = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().ok_or("--listen needs an address")?,
-            "-h" | "--help" => {
-                return Err("usage: api_server [--listen ADDR]  (port 0 picks a free port)".into())
+            "--trusted-proxy" => {
+                trusted_proxy = Some(args.next().ok_or("--trusted-proxy needs a network")?)
             }
+            "--no-limits" => no_limits = true,
+            "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
     }
-    listen
-        .parse()
-        .map_err(|e| format!("--listen {listen:?}: {e}"))
+    Ok(Args {
+        listen: listen
+            .parse()
+            .map_err(|e| format!("--listen {listen:?}: {e}"))?,
+        trusted_proxy,
+        no_limits,
+    })
+}
+
+/// `ConnectInfo<SocketAddr>`, as `into_make_service_with_connect_info` inserts it.
+fn connect_info(ext: &http::Extensions) -> Option<IpAddr> {
+    ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip())
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let listen = match listen_arg() {
+    let args = match args() {
         Ok(a) => a,
         Err(msg) => {
             eprintln!("{msg}");
@@ -118,9 +151,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let global_policy = Policy::per_second(1_000)?;
     let global = RateLimiter::gcra(global_policy);
 
-    let peer = PeerIp::new().lookup(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new("per-ip", per_ip, peer)?.window_of(&per_ip_policy))
+    let builder = RateLimitLayer::builder();
+    let builder = match &args.trusted_proxy {
+        Some(net) => {
+            let client = ForwardedIp::x_forwarded_for(TrustedProxies::new([net.as_str()])?, 1)
+                .lookup(connect_info);
+            builder.rule(Rule::new("per-ip", per_ip, client)?.window_of(&per_ip_policy))
+        }
+        None => {
+            let peer = PeerIp::new().lookup(connect_info);
+            builder.rule(Rule::new("per-ip", per_ip, peer)?.window_of(&per_ip_policy))
+        }
+    };
+    let layer = builder
         .rule(
             // Plans differ in window, so `w` is not advertised for this rule.
             Rule::new("plan", plan, HeaderKey::new("x-api-key")?)?
@@ -130,7 +173,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let stats_layer = layer.clone();
-    let app = Router::new()
+    let routes = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route(
             "/stats",
@@ -140,17 +183,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .iter()
                     .map(|s| {
                         format!(
-                            "{} allowed={} denied={} soft={} shadow={} bad_key={} errors={}\n",
-                            s.name, s.allowed, s.denied, s.soft, s.shadow, s.bad_key, s.errors
+                            "{} allowed={} denied={} soft={} shadow={} queued={} bad_key={} errors={}\n",
+                            s.name, s.allowed, s.denied, s.soft, s.shadow, s.queued, s.bad_key, s.errors
                         )
                     })
                     .collect();
                 async move { text }
             }),
-        )
-        .layer(layer);
+        );
+    let app = if args.no_limits {
+        routes
+    } else {
+        routes.layer(layer)
+    };
 
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("{}", listener.local_addr()?);
     axum::serve(
         listener,

@@ -44,6 +44,11 @@ pub enum ConfigError {
         /// The length given.
         len: u8,
     },
+    /// A priority rule with no tiers (its `bounds` list is empty).
+    Tiers {
+        /// The rule's name.
+        name: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -64,6 +69,12 @@ impl fmt::Display for ConfigError {
             ConfigError::Prefix { family, len } => {
                 let max = if *family == "ipv4" { 32 } else { 128 };
                 write!(f, "{family} prefix /{len} is longer than /{max}")
+            }
+            ConfigError::Tiers { name } => {
+                write!(
+                    f,
+                    "priority rule {name:?}: bounds is empty; give one per tier"
+                )
             }
         }
     }

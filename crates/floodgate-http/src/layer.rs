@@ -271,9 +271,17 @@ pub(crate) struct Started<'a> {
     pub(crate) check: Option<BoxFuture<'a, Checked>>,
 }
 
-/// A rule's check: the decision and, for an in-process charge, its receipt; or the
-/// limiter's error.
-pub(crate) type Checked = Result<(Decision, Option<Receipt>), String>;
+/// A rule's decision for one request.
+pub(crate) struct Check {
+    pub(crate) decision: Decision,
+    /// For an in-process charge, what a refund needs.
+    pub(crate) receipt: Option<Receipt>,
+    /// The request waited in a queue for its slot (and was admitted).
+    pub(crate) queued: bool,
+}
+
+/// A rule's check, or the limiter's error.
+pub(crate) type Checked = Result<Check, String>;
 
 /// A rule with its key and limiter types erased, so one layer holds rules on
 /// different keys (global, per client, per endpoint).
@@ -319,7 +327,11 @@ where
             // In process: decide now, keeping the receipt for a refund.
             Some(in_process) => {
                 let (decision, receipt) = (in_process.charge)(limiter, key_ref, cost);
-                Box::pin(core::future::ready(Ok((decision, Some(receipt)))))
+                Box::pin(core::future::ready(Ok(Check {
+                    decision,
+                    receipt: Some(receipt),
+                    queued: false,
+                })))
             }
             None => Box::pin(async move {
                 let key = match &key {
@@ -327,7 +339,13 @@ where
                     Key::Fallback(k) => *k,
                 };
                 let decision = limiter.check_n(key, cost).await;
-                decision.map(|d| (d, None)).map_err(|e| e.to_string())
+                decision
+                    .map(|decision| Check {
+                        decision,
+                        receipt: None,
+                        queued: false,
+                    })
+                    .map_err(|e| e.to_string())
             }),
         };
         Started {
@@ -471,6 +489,12 @@ struct Shared {
 ///   a body saying so;
 /// * no usable key and [`OnMissingKey::Reject`]: `400 Bad Request` saying why;
 /// * a limiter error and [`OnLimiterError::FailClosed`]: `503 Service Unavailable`.
+/// * to a gRPC request (`content-type: application/grpc*`, feature `grpc`), each of
+///   these answers is instead a trailers-only gRPC status (HTTP 200): a denial or a
+///   never-fits request is `RESOURCE_EXHAUSTED` (8) with `grpc-retry-pushback-ms` (the
+///   delay in milliseconds rounded up, `-1` for never) and, for a denial, a
+///   `google.rpc.RetryInfo` in `grpc-status-details-bin`; a missing key is
+///   `INVALID_ARGUMENT` (3), a failed limiter `UNAVAILABLE` (14).
 ///
 /// # Examples
 ///
@@ -546,6 +570,26 @@ impl RateLimitLayerBuilder {
     where
         C: floodgate::Clock + 'static,
         S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
+    {
+        self.rules.push(RuleEntry {
+            name: rule.name.clone(),
+            strategy: Strategy::Hard,
+            window: rule.window,
+            rule: Box::new(rule),
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Adds a priority-queueing rule (feature `queue`), checked after the rules added
+    /// before it: one queue per tier (plan), the highest tier served first, the lowest
+    /// shed first when a queue is full.
+    #[cfg(feature = "queue")]
+    pub fn priority<C, S, E>(mut self, rule: crate::priority::PriorityRule<C, S, E>) -> Self
+    where
+        C: floodgate::Clock + 'static,
+        S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
+        E: KeyExtractor<Key = usize>,
     {
         self.rules.push(RuleEntry {
             name: rule.name.clone(),
@@ -703,7 +747,8 @@ where
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let mut verdict = decide(&shared, &parts).await;
-            if let Some(mut resp) = verdict.reply.take() {
+            if let Some(reply) = verdict.reply.take() {
+                let mut resp = respond(&parts, &verdict, reply);
                 render(&shared, &verdict, resp.headers_mut());
                 return Ok(resp);
             }
@@ -717,16 +762,24 @@ where
 }
 
 /// What the rules decided for one request.
-struct Verdict<B> {
+struct Verdict {
     shown: Vec<Shown>,
     exceeded: Vec<usize>,
     /// The hard denial that stopped the walk.
     denial: Option<Shown>,
-    /// The layer's own answer (429, never-fits, 400, 503), headers still to add.
-    reply: Option<Response<RateLimitBody<B>>>,
+    /// The layer's own answer (429, never-fits, 400, 503).
+    reply: Option<Reply>,
 }
 
-async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
+/// The layer's own answer to a request it does not pass on.
+pub(crate) struct Reply {
+    /// The HTTP status (429, the never-fits status, 400 or 503).
+    pub(crate) status: StatusCode,
+    /// A one-line explanation, ending in a newline.
+    pub(crate) text: String,
+}
+
+async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     let mut v = Verdict {
         shown: Vec::with_capacity(shared.rules.len()),
         exceeded: Vec::new(),
@@ -748,7 +801,10 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
             entry.counters.bump(Count::BadKey);
             if started.check.is_none() {
                 let text = format!("{e} (rate limit \"{}\")\n", entry.name);
-                v.reply = Some(reply(StatusCode::BAD_REQUEST, text));
+                v.reply = Some(Reply {
+                    status: StatusCode::BAD_REQUEST,
+                    text,
+                });
                 give_back(core::mem::take(&mut held));
                 return v;
             }
@@ -756,8 +812,12 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
         let Some(check) = started.check else {
             continue;
         };
-        let (decision, receipt) = match check.await {
-            Ok(d) => d,
+        let Check {
+            decision,
+            receipt,
+            queued,
+        } = match check.await {
+            Ok(c) => c,
             Err(_error) => {
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
@@ -766,7 +826,10 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
                     OnLimiterError::FailOpen => continue,
                     OnLimiterError::FailClosed => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
-                        v.reply = Some(reply(StatusCode::SERVICE_UNAVAILABLE, text));
+                        v.reply = Some(Reply {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            text,
+                        });
                         give_back(core::mem::take(&mut held));
                         return v;
                     }
@@ -780,6 +843,9 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
         };
         if decision.is_allowed() {
             entry.counters.bump(Count::Allowed);
+            if queued {
+                entry.counters.bump(Count::Queued);
+            }
             if let Some(receipt) = receipt.filter(Receipt::is_charged) {
                 held.push((i, receipt));
             }
@@ -810,7 +876,7 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
                             ),
                         ),
                     };
-                    v.reply = Some(reply(status, text));
+                    v.reply = Some(Reply { status, text });
                     v.shown.push(shown);
                     v.denial = Some(shown);
                     return v;
@@ -833,9 +899,16 @@ async fn decide<B>(shared: &Shared, parts: &Parts) -> Verdict<B> {
     v
 }
 
-fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
-    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(text)));
-    *resp.status_mut() = status;
+/// The response for the layer's own answer: `text/plain`, or, to a gRPC request
+/// (feature `grpc`), the gRPC status that says the same.
+fn respond<B>(parts: &Parts, v: &Verdict, reply: Reply) -> Response<RateLimitBody<B>> {
+    #[cfg(feature = "grpc")]
+    if crate::grpc::is_grpc(&parts.headers) {
+        return crate::grpc::respond(v.denial.as_ref().map(|d| &d.decision), reply);
+    }
+    let _ = (parts, v);
+    let mut resp = Response::new(RateLimitBody::reply(Bytes::from(reply.text)));
+    *resp.status_mut() = reply.status;
     resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -844,7 +917,7 @@ fn reply<B>(status: StatusCode, text: String) -> Response<RateLimitBody<B>> {
 }
 
 /// Writes the configured header families for `v` into `out`.
-fn render<B>(shared: &Shared, v: &Verdict<B>, out: &mut HeaderMap) {
+fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
     let opts = &shared.headers;
     if let Some(d) = &v.denial {
         insert_retry_after(out, &d.decision);

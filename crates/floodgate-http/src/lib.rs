@@ -56,22 +56,38 @@
 //!
 //! * `tracing` — a `tracing` event on each denial and limiter error.
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
-//!   instead of being refused; needs Tokio's timer.
+//!   instead of being refused; `PriorityRule`: one queue per plan, the highest plan
+//!   served first and the lowest shed first; needs Tokio's timer.
+//! * `metrics` — `RateLimitLayer::export_metrics` sets `metrics` facade counters
+//!   (`METRIC_NAMES`, label `rule`) to the per-rule totals, read from the sharded
+//!   counters when called, so the request path writes nothing shared.
+//! * `grpc` — the layer's own answer to a gRPC request (`content-type:
+//!   application/grpc*`) is a trailers-only gRPC status: a denial is
+//!   `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo` in
+//!   `grpc-status-details-bin` (see [`RateLimitLayer`], "Responses").
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod body;
 mod error;
+#[cfg(feature = "metrics")]
+mod export;
 mod extract;
+#[cfg(feature = "grpc")]
+mod grpc;
 pub mod headers;
 mod layer;
+#[cfg(feature = "queue")]
+mod priority;
 #[cfg(feature = "queue")]
 mod queue;
 mod stats;
 
 pub use body::RateLimitBody;
 pub use error::ConfigError;
+#[cfg(feature = "metrics")]
+pub use export::METRIC_NAMES;
 pub use extract::{
     default_peer_lookup, from_fn, ForwardedIp, ForwardingHeader, FromFn, Global, HeaderKey,
     IpGrouping, IpNet, KeyError, KeyExtractor, PeerAddr, PeerIp, PeerLookup, RoutePath,
@@ -85,6 +101,8 @@ pub use layer::{
     Charge, HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
     RateLimitService, ResponseFuture, Rule, Strategy,
 };
+#[cfg(feature = "queue")]
+pub use priority::PriorityRule;
 #[cfg(feature = "queue")]
 pub use queue::QueueRule;
 pub use stats::RuleStats;

@@ -22,7 +22,7 @@ use http::request::Parts;
 
 use crate::error::ConfigError;
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{ErasedRule, Started};
+use crate::layer::{Check, ErasedRule, Started};
 
 /// A queueing rule for [`RateLimitLayerBuilder::queue`](crate::RateLimitLayerBuilder::queue):
 /// one shaper for every request (a global queue).
@@ -144,7 +144,8 @@ where
                 Ok(reservation) => {
                     let decision = reservation.decision();
                     let delay = reservation.delay();
-                    if !delay.is_zero() {
+                    let queued = !delay.is_zero();
+                    if queued {
                         let mut pending = CancelOnDrop {
                             shaper: &*self.shaper,
                             reservation: Some(reservation),
@@ -154,9 +155,17 @@ where
                         let _kept = pending.reservation.take();
                     }
                     // The slot has passed: there is nothing a receipt could give back.
-                    Ok((decision, None))
+                    Ok(Check {
+                        decision,
+                        receipt: None,
+                        queued,
+                    })
                 }
-                Err(e) => Ok((self.refusal(e), None)),
+                Err(e) => Ok(Check {
+                    decision: self.refusal(e),
+                    receipt: None,
+                    queued: false,
+                }),
             }
         });
         Started {

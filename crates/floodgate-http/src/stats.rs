@@ -21,6 +21,8 @@ use crate::headers::PolicyName;
 /// * `soft` — requests a **soft** rule went over and let through (marked with
 ///   `X-RateLimit-Exceeded`);
 /// * `shadow` — requests a **shadow** rule would have denied (let through, unmarked);
+/// * `queued` — requests a queueing rule admitted after a wait for their slot (also
+///   counted in `allowed`);
 /// * `bad_key` — requests whose key could not be extracted (rejected with 400, or
 ///   counted against the fallback bucket);
 /// * `errors` — decisions the limiter could not make (a backend error).
@@ -37,6 +39,8 @@ pub struct RuleStats {
     pub soft: u64,
     /// Over this shadow rule, let through unmarked.
     pub shadow: u64,
+    /// Admitted after waiting in a queue (also counted in `allowed`).
+    pub queued: u64,
     /// No usable key.
     pub bad_key: u64,
     /// The limiter failed.
@@ -52,9 +56,10 @@ pub(crate) enum Count {
     Shadow = 3,
     BadKey = 4,
     Error = 5,
+    Queued = 6,
 }
 
-const KINDS: usize = 6;
+const KINDS: usize = 7;
 
 pub(crate) struct Counters {
     shards: Box<[CachePadded<[AtomicU64; KINDS]>]>,
@@ -110,6 +115,7 @@ impl Counters {
             denied: sums[Count::Denied as usize],
             soft: sums[Count::Soft as usize],
             shadow: sums[Count::Shadow as usize],
+            queued: sums[Count::Queued as usize],
             bad_key: sums[Count::BadKey as usize],
             errors: sums[Count::Error as usize],
         }

@@ -122,4 +122,3 @@ const _: () = {
     assert_send_sync::<LockedShaper>();
     assert_send_sync::<Reservation>();
 };
-

@@ -1,0 +1,387 @@
+//! Priority queueing (feature `queue`): the queue strategy with per-plan queues.
+//!
+//! Requests are sorted into **tiers** (plans) by an extractor: tier 0 is the lowest.
+//! A request that finds a slot free on the [`Shaper`] and nobody waiting goes at once.
+//! Otherwise it joins its tier's FIFO queue, and slots are handed out one at a time to
+//! the head of the **highest** non-empty tier: a pro request that arrives after a
+//! queue of free requests is served before them; within a tier, first come first
+//! served.
+//!
+//! Each tier has a bound on how many of its requests may wait. A request that finds
+//! its tier's queue full **sheds** a waiting request of a lower tier — the lowest tier
+//! first, and in it the newest (so the survivors keep their FIFO order) — which is
+//! answered 429 at once; when no lower tier has a waiter, the arriving request itself
+//! is refused (429). So under overload the lower plans are shed first.
+//!
+//! A request cancelled while it waits leaves its queue (and gives back the slot it
+//! was about to take, [`Shaper::cancel`]).
+//!
+//! # Design and costs
+//!
+//! The queues sit behind one `Mutex` (never held across an `.await`); the fast path
+//! — nobody waiting — takes the lock once and reserves with one compare-and-swap. At
+//! most one waiter holds a reservation at a time (the head of the highest tier,
+//! sleeping until its slot), so a later higher-tier arrival gets the next slot. When a
+//! waiter is served, shed or cancelled, every waiter is woken to look again
+//! (`Notify::notify_waiters`): O(waiting) work per slot, fine for queues bounded in the
+//! tens or hundreds; this is not meant for queues of millions.
+//!
+//! The shaper's clock and Tokio's must agree, as for [`QueueRule`](crate::QueueRule).
+
+use core::fmt;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use floodgate::{Clock, Decision, GcraState, Policy, Reservation, ShapeError, Shaper, StateCell};
+use http::request::Parts;
+use tokio::sync::Notify;
+
+use crate::error::ConfigError;
+use crate::extract::KeyExtractor;
+use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
+use crate::layer::{Check, ErasedRule, Started};
+
+/// The longest a head-of-queue waiter reserves ahead: effectively unbounded (the
+/// queues' lengths are the bound).
+const NO_DELAY_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A priority-queueing rule for
+/// [`RateLimitLayerBuilder::priority`](crate::RateLimitLayerBuilder::priority): one
+/// shaper, one FIFO queue per tier (plan), lower tiers shed first.
+///
+/// The extractor's key is the request's tier, `0` being the lowest; a missing key or
+/// a tier beyond the configured ones counts as tier 0 (shed first).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Policy, Shaper};
+/// use floodgate_http::{from_fn, PriorityRule, RateLimitLayer};
+/// // 100 per second one at a time; free (tier 0) may queue 10 deep, pro (tier 1) 50.
+/// let tier = from_fn(|parts: &http::request::Parts| {
+///     let pro = parts.headers.get("x-api-key").is_some_and(|k| k.as_bytes().starts_with(b"pro_"));
+///     Ok(usize::from(pro))
+/// });
+/// let shaper = Shaper::new(Policy::per_second(100)?.with_burst(1)?);
+/// let layer = RateLimitLayer::builder()
+///     .priority(PriorityRule::new("smooth", shaper, &[10, 50], tier)?)
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PriorityRule<C, S, E> {
+    pub(crate) name: PolicyName,
+    pub(crate) window: Option<u64>,
+    shaper: Arc<Shaper<C, S>>,
+    tiers: Arc<Tiers>,
+    classify: E,
+    cost: u32,
+}
+
+impl<C, S, E: fmt::Debug> fmt::Debug for PriorityRule<C, S, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PriorityRule")
+            .field("name", &self.name)
+            .field("bounds", &self.tiers.bounds)
+            .field("classify", &self.classify)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The queues and who holds the one outstanding reservation.
+struct Tiers {
+    /// How many requests of each tier may wait.
+    bounds: Box<[usize]>,
+    queues: Mutex<Queues>,
+    /// Woken whenever a queue changes in a way a waiter must see.
+    changed: Notify,
+}
+
+struct Queues {
+    /// Waiter ids per tier, oldest first.
+    waiting: Box<[VecDeque<u64>]>,
+    /// Ids of waiters shed by a higher tier, not yet told.
+    shed: Vec<u64>,
+    /// The waiter holding a reservation, sleeping until its slot.
+    holder: Option<u64>,
+    next_id: u64,
+}
+
+impl Queues {
+    fn is_empty(&self) -> bool {
+        self.waiting.iter().all(VecDeque::is_empty)
+    }
+
+    /// The id that should take the next slot: the head of the highest non-empty tier.
+    fn head(&self) -> Option<u64> {
+        self.waiting.iter().rev().find_map(|q| q.front().copied())
+    }
+
+    /// How many wait in tiers `tier` and above (ahead of or level with a newcomer).
+    fn ahead_of(&self, tier: usize) -> usize {
+        self.waiting[tier..].iter().map(VecDeque::len).sum()
+    }
+
+    fn remove(&mut self, id: u64) -> bool {
+        for q in self.waiting.iter_mut() {
+            if let Some(at) = q.iter().position(|&w| w == id) {
+                q.remove(at);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Tiers {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        // A panic elsewhere cannot leave the queues half-updated (every update is a
+        // single push, pop or remove), so a poisoned lock is still usable.
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C, S, E> PriorityRule<C, S, E>
+where
+    C: Clock + 'static,
+    S: StateCell<GcraState> + Send + Sync + 'static,
+    E: KeyExtractor<Key = usize>,
+{
+    /// A rule named `name` queueing requests (cost 1) on `shaper`, with one queue per
+    /// tier: `bounds[i]` requests of tier `i` may wait (tier 0 is the lowest, shed
+    /// first). `classify` gives each request its tier.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name;
+    /// [`ConfigError::Tiers`] when `bounds` is empty.
+    pub fn new(
+        name: &str,
+        shaper: Shaper<C, S>,
+        bounds: &[usize],
+        classify: E,
+    ) -> Result<Self, ConfigError> {
+        PriorityRule::shared(name, Arc::new(shaper), bounds, classify)
+    }
+
+    /// [`PriorityRule::new`] with a shaper the application keeps a handle on.
+    ///
+    /// # Errors
+    ///
+    /// As [`PriorityRule::new`].
+    pub fn shared(
+        name: &str,
+        shaper: Arc<Shaper<C, S>>,
+        bounds: &[usize],
+        classify: E,
+    ) -> Result<Self, ConfigError> {
+        let name = PolicyName::new(name)?;
+        if bounds.is_empty() {
+            return Err(ConfigError::Tiers {
+                name: name.as_str().to_owned(),
+            });
+        }
+        let window = Some(window_secs(&shaper.policy()));
+        Ok(PriorityRule {
+            name,
+            window,
+            shaper,
+            tiers: Arc::new(Tiers {
+                bounds: bounds.into(),
+                queues: Mutex::new(Queues {
+                    waiting: bounds.iter().map(|_| VecDeque::new()).collect(),
+                    shed: Vec::new(),
+                    holder: None,
+                    next_id: 0,
+                }),
+                changed: Notify::new(),
+            }),
+            classify,
+            cost: 1,
+        })
+    }
+
+    /// Reserves `cost` units per request.
+    pub fn cost(self, cost: u32) -> Self {
+        PriorityRule { cost, ..self }
+    }
+
+    /// How many requests wait in each tier now.
+    pub fn waiting(&self) -> Vec<usize> {
+        self.tiers
+            .lock()
+            .waiting
+            .iter()
+            .map(VecDeque::len)
+            .collect()
+    }
+
+    /// A refusal as a [`Decision`]: nothing remains; retry after the slots of the
+    /// `ahead` requests that go first (at least one interval).
+    fn refusal(&self, ahead: usize, never: bool) -> Decision {
+        let policy: Policy = self.shaper.policy();
+        let interval = policy.interval_nanos().saturating_mul(u64::from(self.cost));
+        let wait = Duration::from_nanos(
+            interval.saturating_mul(u64::try_from(ahead).unwrap_or(u64::MAX).saturating_add(1)),
+        );
+        let retry = (!never).then_some(wait);
+        Decision::new(false, policy.burst(), 0, wait, retry)
+    }
+
+    /// Waits in `tier`'s queue for a slot: the admission and whether it waited in a
+    /// queue, or the refusal (shed, queue full, never fits).
+    async fn wait_in_line(&self, tier: usize) -> Result<(Decision, bool), Decision> {
+        let tiers = &*self.tiers;
+        let mut guard = Leave {
+            tiers,
+            shaper: &self.shaper,
+            id: None,
+            reservation: None,
+        };
+        let id = {
+            let mut q = tiers.lock();
+            if q.is_empty() {
+                match self.shaper.reserve(self.cost, Duration::ZERO) {
+                    Ok(r) => return Ok((r.decision(), false)),
+                    Err(ShapeError::TooLong { .. }) => {}
+                    // Never (or any later non-retryable error): no wait helps.
+                    Err(_) => return Err(self.refusal(0, true)),
+                }
+            }
+            if q.waiting[tier].len() >= tiers.bounds[tier] {
+                // Full: shed the newest waiter of the lowest tier below this one (never
+                // the one already sleeping on its reservation).
+                let holder = q.holder;
+                let victim = (0..tier).find_map(|t| {
+                    let back = q.waiting[t].back().copied();
+                    (back.is_some() && back != holder)
+                        .then(|| q.waiting[t].pop_back())
+                        .flatten()
+                });
+                match victim {
+                    Some(v) => {
+                        q.shed.push(v);
+                        tiers.changed.notify_waiters();
+                    }
+                    None => return Err(self.refusal(q.ahead_of(tier), false)),
+                }
+            }
+            let id = q.next_id;
+            q.next_id += 1;
+            q.waiting[tier].push_back(id);
+            id
+        };
+        guard.id = Some(id);
+        loop {
+            let changed = tiers.changed.notified();
+            tokio::pin!(changed);
+            // Registered before the look, so no wake-up between the two is lost.
+            changed.as_mut().enable();
+            let reserved = {
+                let mut q = tiers.lock();
+                if let Some(at) = q.shed.iter().position(|&s| s == id) {
+                    q.shed.swap_remove(at);
+                    guard.id = None;
+                    return Err(self.refusal(q.ahead_of(tier), false));
+                }
+                if q.holder.is_none() && q.head() == Some(id) {
+                    match self.shaper.reserve(self.cost, NO_DELAY_BOUND) {
+                        Ok(r) => {
+                            q.holder = Some(id);
+                            Some(r)
+                        }
+                        Err(e) => {
+                            q.remove(id);
+                            guard.id = None;
+                            tiers.changed.notify_waiters();
+                            let never = !matches!(e, ShapeError::TooLong { .. });
+                            return Err(self.refusal(0, never));
+                        }
+                    }
+                } else {
+                    None
+                }
+            };
+            if let Some(r) = reserved {
+                let delay = r.delay();
+                let decision = r.decision();
+                guard.reservation = Some(r);
+                tokio::time::sleep(delay).await;
+                // The slot has come: keep it, leave the queue, let the next one reserve.
+                guard.reservation = None;
+                return Ok((decision, true));
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Takes a waiter out of its queue however its wait ends (served, refused or
+/// cancelled), giving back a reservation it did not get to use.
+struct Leave<'a, C: Clock, S: StateCell<GcraState>> {
+    tiers: &'a Tiers,
+    shaper: &'a Shaper<C, S>,
+    id: Option<u64>,
+    reservation: Option<Reservation>,
+}
+
+impl<C: Clock, S: StateCell<GcraState>> Drop for Leave<'_, C, S> {
+    fn drop(&mut self) {
+        let Some(id) = self.id else {
+            return;
+        };
+        if let Some(r) = self.reservation.take() {
+            self.shaper.cancel(r);
+        }
+        let mut q = self.tiers.lock();
+        q.remove(id);
+        if q.holder == Some(id) {
+            q.holder = None;
+        }
+        if let Some(at) = q.shed.iter().position(|&s| s == id) {
+            q.shed.swap_remove(at);
+        }
+        drop(q);
+        self.tiers.changed.notify_waiters();
+    }
+}
+
+impl<C, S, E> ErasedRule for PriorityRule<C, S, E>
+where
+    C: Clock + 'static,
+    S: StateCell<GcraState> + Send + Sync + 'static,
+    E: KeyExtractor<Key = usize>,
+{
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
+        let (tier, key_error) = match self.classify.extract(parts) {
+            Ok(t) => (t, None),
+            Err(e) => (0, Some(e)),
+        };
+        let tier = if tier < self.tiers.bounds.len() {
+            tier
+        } else {
+            0
+        };
+        let partition_key = hasher.map(|h| h.hash(&tier));
+        let check = Box::pin(async move {
+            let (decision, queued) = match self.wait_in_line(tier).await {
+                Ok(admitted) => admitted,
+                Err(refused) => (refused, false),
+            };
+            Ok(Check {
+                decision,
+                receipt: None,
+                queued,
+            })
+        });
+        Started {
+            key_error,
+            partition_key,
+            check: Some(check),
+        }
+    }
+
+    /// The slot was waited for and has passed: nothing can be given back.
+    fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) {}
+}

@@ -1,0 +1,204 @@
+//! Priority queueing (feature `queue`): one queue per tier on Tokio's paused clock,
+//! which also drives the shaper, so every slot time is exact and no test sleeps.
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use floodgate::{Clock, Nanos, Policy, Shaper};
+use floodgate_http::{from_fn, KeyError, PriorityRule, RateLimitLayer, RateLimitService};
+use http::request::Parts;
+use http::{Request, Response};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// Tokio's clock as the shaper's clock.
+#[derive(Clone, Copy)]
+struct TokioClock {
+    start: Instant,
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Nanos {
+        Nanos::new(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+#[derive(Clone)]
+struct Hello;
+
+impl Service<Request<()>> for Hello {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The tier from `x-tier` (0 = free, 1 = pro).
+fn tier(parts: &Parts) -> Result<usize, KeyError> {
+    parts
+        .headers
+        .get("x-tier")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::missing("x-tier"))
+}
+
+/// 10 per second, one at a time (slots 100 ms apart); `bounds` waiters per tier.
+fn layer(start: Instant, bounds: &[usize]) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    let policy = Policy::per_second(10)?.with_burst(1)?;
+    let shaper = Shaper::with_clock(policy, TokioClock { start });
+    Ok(RateLimitLayer::builder()
+        .priority(PriorityRule::new("smooth", shaper, bounds, from_fn(tier))?)
+        .build()?)
+}
+
+type Outcome = (u16, Duration);
+
+/// Sends a request of `tier` and lets it reach its queue before returning.
+async fn arrive(svc: &RateLimitService<Hello>, start: Instant, tier: usize) -> JoinHandle<Outcome> {
+    let mut svc = svc.clone();
+    let req = Request::builder()
+        .header("x-tier", tier.to_string())
+        .body(())
+        .expect("request");
+    let task = tokio::spawn(async move {
+        let resp = svc.call(req).await.expect("infallible");
+        (resp.status().as_u16(), start.elapsed())
+    });
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_higher_tier_goes_first_and_fifo_holds_within_a_tier() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[4, 4])?;
+    let svc = layer.layer(Hello);
+    let a = arrive(&svc, start, 0).await; // the free slot at 0
+    let b = arrive(&svc, start, 0).await; // holds the slot at 100 ms
+    let c = arrive(&svc, start, 0).await;
+    let d = arrive(&svc, start, 0).await;
+    let p = arrive(&svc, start, 1).await; // pro, after c and d
+    let q = arrive(&svc, start, 1).await;
+    assert_eq!(a.await?, (200, ms(0)));
+    assert_eq!(b.await?, (200, ms(100)));
+    // Both pro requests overtake the free ones that were waiting; each tier is FIFO.
+    assert_eq!(p.await?, (200, ms(200)));
+    assert_eq!(q.await?, (200, ms(300)));
+    assert_eq!(c.await?, (200, ms(400)));
+    assert_eq!(d.await?, (200, ms(500)));
+    let s = layer.rule_stats("smooth").ok_or("rule")?;
+    assert_eq!((s.allowed, s.queued, s.denied), (6, 5, 0));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_sheds_the_lower_tier_first() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[2, 1])?;
+    let svc = layer.layer(Hello);
+    let a = arrive(&svc, start, 0).await; // at once
+    let b = arrive(&svc, start, 0).await; // holds 100 ms
+    let c = arrive(&svc, start, 0).await; // free queue: b, c (full)
+                                          // A third free request finds its queue full and nobody lower to shed: refused.
+    let e = arrive(&svc, start, 0).await;
+    assert_eq!(e.await?, (429, ms(0)));
+    let p = arrive(&svc, start, 1).await; // pro queue: p (full)
+                                          // A second pro request sheds the newest free waiter that holds no slot: c.
+    let q = arrive(&svc, start, 1).await;
+    assert_eq!(c.await?, (429, ms(0)));
+    assert_eq!(a.await?, (200, ms(0)));
+    assert_eq!(b.await?, (200, ms(100)));
+    assert_eq!(p.await?, (200, ms(200)));
+    assert_eq!(q.await?, (200, ms(300)));
+    let s = layer.rule_stats("smooth").ok_or("rule")?;
+    assert_eq!((s.allowed, s.queued, s.denied), (4, 3, 2));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shed_or_refused_request_says_when_to_retry() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[1])?;
+    let mut svc = layer.layer(Hello);
+    let _a = arrive(&svc, start, 0).await;
+    let _b = arrive(&svc, start, 0).await;
+    let req = Request::builder().header("x-tier", "0").body(())?;
+    let resp = svc.call(req).await?;
+    assert_eq!(resp.status(), 429);
+    // One waiter ahead: two slots (200 ms) away, rounded up to 1 s.
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(resp.headers()["ratelimit-policy"], r#""smooth";q=1;w=1"#);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_waiter_leaves_its_queue_and_its_slot() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[4, 4])?;
+    let svc = layer.layer(Hello);
+    let a = arrive(&svc, start, 0).await;
+    let b = arrive(&svc, start, 0).await; // holds 100 ms
+    let c = arrive(&svc, start, 0).await;
+    let d = arrive(&svc, start, 1).await; // next after b
+    tokio::time::sleep(ms(10)).await;
+    b.abort();
+    d.abort();
+    assert!(b.await.is_err_and(|e| e.is_cancelled()));
+    assert!(d.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(a.await?, (200, ms(0)));
+    // b's slot at 100 ms came back and goes to c, the only one left.
+    assert_eq!(c.await?, (200, ms(100)));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_tier_is_tier_zero_and_no_bounds_is_an_error() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[1, 1])?;
+    let mut svc = layer.layer(Hello);
+    // Missing and out-of-range tiers both count as tier 0 (a missing one as a bad key).
+    assert_eq!(svc.call(Request::new(())).await?.status(), 200);
+    let req = Request::builder().header("x-tier", "9").body(())?;
+    let held = tokio::spawn({
+        let mut svc = svc.clone();
+        async move { svc.call(req).await.map(|r| r.status().as_u16()) }
+    });
+    tokio::task::yield_now().await;
+    let req = Request::builder().header("x-tier", "0").body(())?;
+    assert_eq!(
+        svc.call(req).await?.status(),
+        429,
+        "tier 0's one place is taken"
+    );
+    assert_eq!(held.await??, 200);
+    assert_eq!(layer.rule_stats("smooth").ok_or("rule")?.bad_key, 1);
+
+    let policy = Policy::per_second(1)?;
+    let shaper = Arc::new(Shaper::with_clock(policy, TokioClock { start }));
+    let err = PriorityRule::shared("p", shaper, &[], from_fn(tier)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"priority rule "p": bounds is empty; give one per tier"#
+    );
+    Ok(())
+}
