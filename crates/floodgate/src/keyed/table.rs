@@ -437,7 +437,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        self.decide::<false, Q, A>(algorithm, key, now, cost).decision
+        self.decide::<false, Q, A>(algorithm, key, now, cost)
+            .decision
     }
 
     /// [`check`](Table::check), also returning what the admission wrote and what a
