@@ -25,6 +25,7 @@
 //! ```
 
 mod harness;
+pub mod latency;
 pub mod matrix;
 
 pub use harness::{measure, run_for, run_ops, run_threads, Budget, Measurement, Outcome, BATCH};

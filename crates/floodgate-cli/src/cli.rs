@@ -55,6 +55,11 @@ pub(crate) struct BenchArgs {
     /// Write the results as CSV on stdout (one line per cell) instead of a table.
     #[arg(long)]
     pub(crate) csv: bool,
+    /// Print per-decision latency under 2-thread contention on one hot key (p50, p99,
+    /// p99.9, max; CAS retries when built with the `cas-stats` feature) instead of the
+    /// throughput table.
+    #[arg(long, conflicts_with_all = ["csv", "plot"])]
+    pub(crate) latency: bool,
     /// Also draw throughput against threads (the hot-key group, one line per
     /// contender) as an SVG file.
     #[arg(long, value_name = "FILE.svg")]

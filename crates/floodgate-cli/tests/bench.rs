@@ -234,3 +234,34 @@ fn plot_writes_a_well_formed_svg() {
         "no lines drawn"
     );
 }
+
+#[test]
+fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
+    let output = bench(&["--latency", "--quick", "--json"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("stdout is one JSON document");
+    assert_eq!(report["threads"].as_u64(), Some(2));
+    let rows = report["rows"].as_array().expect("rows");
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["implementation"].as_str().unwrap())
+        .collect();
+    let mut want = vec!["timer_only", "floodgate", "mutex_twin"];
+    if cfg!(feature = "compare") {
+        want.push("governor");
+    }
+    assert_eq!(names, want);
+    for row in rows {
+        let p = |k: &str| row[k].as_u64().expect(k);
+        assert!(p("decisions") > 0, "{row}");
+        assert!(
+            p("p50") <= p("p99") && p("p99") <= p("p999") && p("p999") <= p("max"),
+            "{row}"
+        );
+    }
+    let table = String::from_utf8(bench(&["--latency", "--quick"]).stdout).unwrap();
+    assert!(
+        table.contains("p99.9") && table.contains("timer_only"),
+        "{table}"
+    );
+}

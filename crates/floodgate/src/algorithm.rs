@@ -401,15 +401,27 @@ where
     W: CasWord + ?Sized,
 {
     let backoff = Backoff::new();
+    #[cfg(feature = "cas-stats")]
+    let mut retries = 0u64;
     loop {
         let (outcome, next) = step(current);
         let Some(next) = next else {
+            #[cfg(feature = "cas-stats")]
+            crate::cas_stats::record(retries);
             return outcome;
         };
         match word.cas_weak(current, next, success) {
-            Ok(_) => return outcome,
+            Ok(_) => {
+                #[cfg(feature = "cas-stats")]
+                crate::cas_stats::record(retries);
+                return outcome;
+            }
             Err(actual) => {
                 current = actual;
+                #[cfg(feature = "cas-stats")]
+                {
+                    retries += 1;
+                }
                 backoff.spin();
             }
         }

@@ -61,6 +61,8 @@
 
 mod algorithm;
 mod async_limit;
+#[cfg(feature = "cas-stats")]
+pub mod cas_stats;
 pub mod clock;
 mod decision;
 mod duration;

@@ -193,8 +193,121 @@ struct Cell {
     samples: Vec<Measurement>,
 }
 
+/// Decisions each thread times in `--latency` (and with `--quick`).
+const LATENCY_DECISIONS: u64 = 2_000_000;
+const QUICK_LATENCY_DECISIONS: u64 = 200_000;
+
+#[derive(Serialize)]
+struct LatencyReport {
+    unit: &'static str,
+    machine: Machine,
+    threads: usize,
+    rows: Vec<LatencyRow>,
+}
+
+#[derive(Serialize)]
+struct LatencyRow {
+    implementation: &'static str,
+    decisions: u64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    cas_retries_mean: Option<f64>,
+    cas_retries_max: Option<u64>,
+}
+
+/// `floodgate bench --latency`.
+fn run_latency(args: &BenchArgs) -> Result<(), Failure> {
+    let threads = args.max_threads.map_or(2, |n| n.get().min(2));
+    let decisions = if args.quick {
+        QUICK_LATENCY_DECISIONS
+    } else {
+        LATENCY_DECISIONS
+    };
+    let _ = floodgate::Clock::now(&floodgate::DefaultClock::new());
+    let rows: Vec<LatencyRow> = floodgate_bench::latency::table(threads, decisions)
+        .into_iter()
+        .map(|l| LatencyRow {
+            implementation: l.implementation.map_or("timer_only", Implementation::id),
+            decisions: l.decisions,
+            p50: l.p50,
+            p99: l.p99,
+            p999: l.p999,
+            max: l.max,
+            cas_retries_mean: l.cas_retries.map(|c| c.0),
+            cas_retries_max: l.cas_retries.map(|c| c.1),
+        })
+        .collect();
+    let report = LatencyReport {
+        unit: "nanoseconds per decision, timer included",
+        machine: machine(),
+        threads,
+        rows,
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_latency(&mut out, &report)
+    };
+    written.and_then(|()| out.flush()).map_err(Failure::output)
+}
+
+fn write_latency(out: &mut impl Write, report: &LatencyReport) -> io::Result<()> {
+    writeln!(
+        out,
+        "floodgate bench --latency: {}, {} thread{} on one hot key",
+        report.unit,
+        report.threads,
+        if report.threads == 1 { "" } else { "s" }
+    )?;
+    writeln!(
+        out,
+        "machine: {}, available parallelism {}",
+        report.machine.cpu, report.machine.available_parallelism
+    )?;
+    writeln!(
+        out,
+        "each decision timed by two TSC reads; `timer_only` times nothing (the cost of timing)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
+        "", "decisions", "p50", "p99", "p99.9", "max", "CAS mean", "CAS max"
+    )?;
+    for r in &report.rows {
+        let (mean, max) = match (r.cas_retries_mean, r.cas_retries_max) {
+            (Some(mean), Some(max)) => (format!("{mean:.3}"), max.to_string()),
+            _ => ("n/a".to_owned(), "n/a".to_owned()),
+        };
+        writeln!(
+            out,
+            "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
+            r.implementation, r.decisions, r.p50, r.p99, r.p999, r.max, mean, max
+        )?;
+    }
+    Ok(())
+}
+
+fn machine() -> Machine {
+    Machine {
+        cpu: cpu_model(),
+        available_parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        arch: std::env::consts::ARCH,
+        os: std::env::consts::OS,
+    }
+}
+
 /// `floodgate bench`.
 pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
+    if args.latency {
+        return run_latency(&args);
+    }
     let total = args.duration.unwrap_or(if args.quick {
         QUICK_TOTAL
     } else {
