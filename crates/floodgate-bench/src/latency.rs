@@ -4,8 +4,8 @@
 //! counter around it and records the difference in its own histogram (merged at the
 //! end); the **timer-only** row times nothing between the two reads, so it is the cost
 //! of measuring itself — every other row includes it. The contenders are the hot-key
-//! GCRA ones of the matrix ([`crate::matrix::gcra_policy`]): floodgate, its mutex twin
-//! and governor (feature `compare`).
+//! GCRA ones of the matrix ([`crate::matrix::gcra_policy`]): floodgate, its leased
+//! hot-key mode, its mutex twin and governor (feature `compare`).
 //!
 //! With floodgate's `cas-stats` feature (this crate's feature of the same name), the
 //! floodgate row also reports CAS retries per decision (mean, max), summed over the
@@ -55,7 +55,11 @@ impl Latency {
 
 /// The contenders of the latency table, after the timer-only row.
 pub fn contenders() -> Vec<Implementation> {
-    let mut out = vec![Implementation::Floodgate, Implementation::MutexTwin];
+    let mut out = vec![
+        Implementation::Floodgate,
+        Implementation::Leased,
+        Implementation::MutexTwin,
+    ];
     if cfg!(feature = "compare") {
         out.push(Implementation::Governor);
     }
@@ -68,7 +72,7 @@ pub fn contenders() -> Vec<Implementation> {
 /// # Panics
 ///
 /// If `threads` is zero or `implementation` has no latency contender (only floodgate,
-/// the mutex twin and governor do).
+/// the leased mode, the mutex twin and governor do).
 ///
 /// # Examples
 ///
@@ -86,6 +90,10 @@ pub fn measure_latency(
     decisions_per_thread: u64,
 ) -> Latency {
     let floodgate = RateLimiter::new(Gcra::new(gcra_policy()));
+    let leased = floodgate::LeasedGcra::builder(gcra_policy())
+        .shards(threads)
+        .build()
+        .expect("valid lease settings");
     let twin = RateLimiter::locked_with_clock(Gcra::new(gcra_policy()), DefaultClock::new());
     #[cfg(feature = "compare")]
     let governor = governor::RateLimiter::direct(crate::matrix::governor_quota());
@@ -93,6 +101,7 @@ pub fn measure_latency(
         None => &|| true,
         Some(Implementation::Floodgate) => &|| floodgate.check().is_allowed(),
         Some(Implementation::MutexTwin) => &|| twin.check().is_allowed(),
+        Some(Implementation::Leased) => &|| leased.check().is_allowed(),
         #[cfg(feature = "compare")]
         Some(Implementation::Governor) => &|| governor.check().is_ok(),
         Some(other) => panic!("no latency contender for {other:?}"),

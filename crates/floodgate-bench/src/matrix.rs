@@ -10,6 +10,10 @@
 //!
 //! # The contenders
 //!
+//! * **leased**, **leased-coarse**: floodgate's hot-key mode (`LeasedGcra`, one shard
+//!   per thread): each thread spends units leased from the central GCRA word on its
+//!   own padded word; `leased` reads the TSC on every decision, `leased-coarse` only
+//!   on a refill (lease expiry on quanta's recent time).
 //! * **floodgate**: the lock-free limiter (`RateLimiter`; for many keys the compact
 //!   keyed table for `u64` keys, sized for twice the key count so nothing live is
 //!   evicted).
@@ -50,8 +54,8 @@ use floodgate::reference::{
     TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
 };
 use floodgate::{
-    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, GcraState, KeyedBuilder, Policy,
-    RateLimiter, SlidingLog, SlidingWindow, StateCell,
+    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, GcraState, KeyedBuilder,
+    LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
 };
 
 use crate::harness::{measure, Budget, Measurement};
@@ -72,6 +76,10 @@ pub const TWIN_SHARDS: usize = 64;
 pub enum Implementation {
     /// floodgate's lock-free limiter.
     Floodgate,
+    /// floodgate's leased hot-key mode (`LeasedGcra`), a clock read per decision.
+    Leased,
+    /// The leased mode with the coarse expiry clock: no TSC read while a lease is valid.
+    LeasedCoarse,
     /// The same transition under a mutex.
     MutexTwin,
     /// The seed article's version under a mutex (`floodgate::reference`).
@@ -88,8 +96,10 @@ pub enum Implementation {
 
 impl Implementation {
     /// Every column, in table order.
-    pub const ALL: [Implementation; 7] = [
+    pub const ALL: [Implementation; 9] = [
         Implementation::Floodgate,
+        Implementation::Leased,
+        Implementation::LeasedCoarse,
         Implementation::MutexTwin,
         Implementation::Textbook,
         Implementation::Governor,
@@ -109,6 +119,8 @@ impl Implementation {
     pub fn heading(self) -> &'static str {
         match self {
             Implementation::Floodgate => "floodgate",
+            Implementation::Leased => "leased",
+            Implementation::LeasedCoarse => "leased-coarse",
             Implementation::MutexTwin => "mutex twin",
             Implementation::Textbook => "textbook",
             Implementation::Governor => "governor",
@@ -129,6 +141,8 @@ impl Implementation {
     pub fn id(self) -> &'static str {
         match self {
             Implementation::Floodgate => "floodgate",
+            Implementation::Leased => "leased",
+            Implementation::LeasedCoarse => "leased_coarse",
             Implementation::MutexTwin => "mutex_twin",
             Implementation::Textbook => "textbook",
             Implementation::Governor => "governor",
@@ -251,6 +265,8 @@ pub fn groups() -> Vec<Group> {
     };
     let mut gcra_hot = vec![
         c(Implementation::Floodgate, hot::<GcraWorkload>),
+        c(Implementation::Leased, leased::<false>),
+        c(Implementation::LeasedCoarse, leased::<true>),
         c(Implementation::MutexTwin, hot_twin::<GcraWorkload>),
         c(Implementation::Textbook, gcra_textbook),
     ];
@@ -481,6 +497,21 @@ fn gcra_textbook(setup: &Setup) -> Measurement {
 fn gcra_governor(setup: &Setup) -> Measurement {
     let limiter = governor::RateLimiter::direct(governor_quota());
     measure(setup.threads, setup.budget, |_| || limiter.check().is_ok())
+}
+
+/// The leased hot-key mode: one shard per thread, default lease size (burst ÷ 4 ×
+/// shards) and lifetime (1 ms); `COARSE`: the coarse expiry clock.
+fn leased<const COARSE: bool>(setup: &Setup) -> Measurement {
+    let builder = LeasedGcra::builder(gcra_policy()).shards(setup.threads);
+    let limiter = if COARSE {
+        builder.build_coarse()
+    } else {
+        builder.build()
+    }
+    .expect("the benchmark lease settings are valid");
+    measure(setup.threads, setup.budget, |_| {
+        || limiter.check().is_allowed()
+    })
 }
 
 /// One clock read and one CAS on the thread's own padded word.

@@ -68,7 +68,7 @@ fn quick_json_is_a_well_formed_table() {
             required.push("mutex_twin");
         }
         if row["group"] == "gcra" {
-            required.extend(["floor", "no_write_ceiling"]);
+            required.extend(["leased", "leased_coarse", "floor", "no_write_ceiling"]);
         }
         // governor has GCRA only.
         let gcra = row["group"].as_str().is_some_and(|g| g.starts_with("gcra"));
@@ -79,6 +79,8 @@ fn quick_json_is_a_well_formed_table() {
         }
         for implementation in [
             "floodgate",
+            "leased",
+            "leased_coarse",
             "mutex_twin",
             "textbook",
             "governor",
@@ -139,7 +141,13 @@ fn csv_and_table_carry_every_cell() {
         .filter(|l| l.starts_with("gcra,1,1,"))
         .map(|l| l.split(',').nth(3).unwrap())
         .collect();
-    let mut want = vec!["floodgate", "mutex_twin", "textbook"];
+    let mut want = vec![
+        "floodgate",
+        "leased",
+        "leased_coarse",
+        "mutex_twin",
+        "textbook",
+    ];
     if cfg!(feature = "compare") {
         want.push("governor");
     }
@@ -226,7 +234,7 @@ fn plot_writes_a_well_formed_svg() {
     }
     assert!(open.is_empty(), "unclosed: {open:?}");
     // One line per contender, labelled in the legend.
-    for name in ["floodgate", "mutex twin", "floor", "no-write"] {
+    for name in ["floodgate", "leased", "mutex twin", "floor", "no-write"] {
         assert!(svg.contains(name), "{name} missing from the legend");
     }
     assert!(
@@ -246,7 +254,7 @@ fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
         .iter()
         .map(|r| r["implementation"].as_str().unwrap())
         .collect();
-    let mut want = vec!["timer_only", "floodgate", "mutex_twin"];
+    let mut want = vec!["timer_only", "floodgate", "leased", "mutex_twin"];
     if cfg!(feature = "compare") {
         want.push("governor");
     }

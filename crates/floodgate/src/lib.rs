@@ -69,6 +69,7 @@ mod duration;
 pub mod fixed_window;
 pub mod gcra;
 pub mod keyed;
+pub mod lease;
 mod limiter;
 mod policy;
 pub mod receipt;
@@ -90,6 +91,7 @@ pub use keyed::{
     CompactKeyedLimiter, Exact, Fingerprint, KeyBits, KeyedBuilder, KeyedError, KeyedLimiter,
     KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
+pub use lease::{LeaseBuilder, LeaseError, LeasedGcra};
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 pub use receipt::Receipt;
@@ -105,6 +107,7 @@ const _: () = {
     assert_send_sync::<LockedRateLimiter<Gcra>>();
     assert_send_sync::<RateLimiter<Gcra, ManualClock>>();
     assert_send_sync::<Decision>();
+    assert_send_sync::<LeasedGcra>();
     assert_send_sync::<KeyedLimiter<u64>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
     assert_send_sync::<RateLimiter<FixedWindow>>();

@@ -110,6 +110,11 @@ struct Row {
     vs_mutex_twin: Option<f64>,
     /// floodgate ÷ governor.
     vs_governor: Option<f64>,
+    /// Leased mode ÷ the no-write ceiling, with a TSC read per decision and coarse.
+    leased_vs_ceiling: Option<f64>,
+    leased_coarse_vs_ceiling: Option<f64>,
+    /// Leased mode ÷ governor.
+    leased_vs_governor: Option<f64>,
     /// Wall time of this row's runs, all contenders and repeats.
     ran_s: f64,
 }
@@ -443,12 +448,23 @@ fn rows(groups: &[Group], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
                     cells: measured,
                     vs_mutex_twin: None,
                     vs_governor: None,
+                    leased_vs_ceiling: None,
+                    leased_coarse_vs_ceiling: None,
+                    leased_vs_governor: None,
                     ran_s: 0.0,
                 };
                 let floodgate = row.get(Implementation::Floodgate);
                 let vs_mutex_twin = ratio(floodgate, row.get(Implementation::MutexTwin));
                 let vs_governor = ratio(floodgate, row.get(Implementation::Governor));
                 (row.vs_mutex_twin, row.vs_governor) = (vs_mutex_twin, vs_governor);
+                let ceiling = row.get(Implementation::NoWriteCeiling);
+                let leased = row.get(Implementation::Leased);
+                let leased_vs_ceiling = ratio(leased, ceiling);
+                let coarse_vs_ceiling = ratio(row.get(Implementation::LeasedCoarse), ceiling);
+                let leased_vs_governor = ratio(leased, row.get(Implementation::Governor));
+                row.leased_vs_ceiling = leased_vs_ceiling;
+                row.leased_coarse_vs_ceiling = coarse_vs_ceiling;
+                row.leased_vs_governor = leased_vs_governor;
                 row.ran_s = row.cells.values().map(|m| m.ran_s).sum();
                 rows.push(row);
             }
@@ -546,6 +562,18 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         }
         line += &format!(" {:>6.1}s", row.ran_s);
         writeln!(out, "{line}")?;
+    }
+    let x = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}x"));
+    for row in report.rows.iter().filter(|r| r.leased_vs_ceiling.is_some()) {
+        writeln!(
+            out,
+            "hot key, {} thread{}: leased = {} the no-write ceiling ({} governor), leased-coarse = {} the ceiling",
+            row.threads,
+            if row.threads == 1 { "" } else { "s" },
+            x(row.leased_vs_ceiling),
+            x(row.leased_vs_governor),
+            x(row.leased_coarse_vs_ceiling)
+        )?;
     }
     Ok(())
 }
