@@ -563,6 +563,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "quanta executes CPUID")]
     fn the_builder_names_bad_settings() {
         let b = || LeasedGcra::builder(policy(10));
         assert_eq!(
@@ -644,6 +645,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "quanta executes CPUID")]
     fn the_coarse_expiry_clock_spends_leases() {
         let l = LeasedGcra::builder(
             Policy::per_second(1_000_000_000)
