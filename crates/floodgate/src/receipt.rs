@@ -6,7 +6,7 @@
 //! restarted by a later admission, since the charge. A receipt carries what the charge
 //! wrote ([`Charged`]), which limiter wrote it (a process-unique id), and for a keyed
 //! limiter which key and which incarnation of the key's entry, so that
-//! [`Algorithm::refund`] can judge what is still provably the charge's own.
+//! [`Algorithm::refund`](crate::Algorithm::refund) can judge what is still provably the charge's own.
 
 use crate::algorithm::Charged;
 use crate::clock::Nanos;
