@@ -30,7 +30,7 @@ if ! [[ $RUNS =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 
-SUITES=${SUITES:-gcra}
+SUITES=${SUITES:-matrix}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${BENCH_OUT:-$TARGET/bench-runs/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"

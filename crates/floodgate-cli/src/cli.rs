@@ -42,7 +42,7 @@ pub(crate) struct BenchArgs {
     /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
-    /// Runs of each cell; the table shows their median.
+    /// Runs of each cell (at least 3); the table shows their median and spread.
     #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N")]
     pub(crate) repeats: NonZeroUsize,
     /// Measure no thread count above this (the default goes one power of two past
@@ -55,6 +55,15 @@ pub(crate) struct BenchArgs {
     /// Write the results as CSV on stdout (one line per cell) instead of a table.
     #[arg(long)]
     pub(crate) csv: bool,
+    /// Print per-decision latency under 2-thread contention on one hot key (p50, p99,
+    /// p99.9, max; CAS retries when built with the `cas-stats` feature) instead of the
+    /// throughput table.
+    #[arg(long, conflicts_with_all = ["csv", "plot"])]
+    pub(crate) latency: bool,
+    /// Also draw throughput against threads (the hot-key group, one line per
+    /// contender) as an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -33,16 +33,15 @@ fn quick_json_is_a_well_formed_table() {
     assert!(report["machine"]["available_parallelism"].as_u64() >= Some(1));
     assert!(report["machine"]["cpu"].is_string());
     let repeats = report["repeats"].as_u64().expect("repeats");
-    assert!(repeats >= 1);
+    assert!(repeats >= 3, "every cell runs at least three times");
     assert!(report["run_ms"].as_f64() >= Some(20.0));
+    assert!(report["warm_up_ms"].as_f64() > Some(0.0));
+    assert_eq!(report["unstable_spread"].as_f64(), Some(1.2));
     let rows = report["rows"].as_array().expect("rows");
-    // Every group (algorithm, keys) has one row per thread count, in order.
-    let mut groups: Vec<((&str, &str), Vec<u64>)> = Vec::new();
+    // Every (group, key count) has one row per thread count, in order.
+    let mut groups: Vec<((&str, u64), Vec<u64>)> = Vec::new();
     for r in rows {
-        let group = (
-            r["algorithm"].as_str().unwrap(),
-            r["keys"].as_str().unwrap(),
-        );
+        let group = (r["group"].as_str().unwrap(), r["keys"].as_u64().unwrap());
         let threads = r["threads"].as_u64().unwrap();
         match groups.last_mut() {
             Some((g, t)) if *g == group => t.push(threads),
@@ -52,23 +51,43 @@ fn quick_json_is_a_well_formed_table() {
     for (group, threads) in &groups {
         assert_eq!(threads, &[1, 2], "{group:?}");
     }
-    let names: Vec<(&str, &str)> = groups.iter().map(|(g, _)| *g).collect();
-    assert!(names.contains(&("gcra", "hot")), "{names:?}");
-    assert!(names.contains(&("gcra", "many")), "{names:?}");
+    let names: Vec<(&str, u64)> = groups.iter().map(|(g, _)| *g).collect();
+    for want in [
+        ("gcra", 1),
+        ("gcra-keyed-booked", 1_000),
+        ("gcra-keyed-booked", 100_000),
+        ("gcra-keyed-idle", 100_000),
+    ] {
+        assert!(names.contains(&want), "{want:?} in {names:?}");
+    }
     for row in rows {
         assert!(row["workload"].as_str().is_some_and(|w| !w.is_empty()));
         let mut required = vec!["floodgate", "textbook"];
         // The sliding log is itself a short critical section: it has no mutex twin.
-        if row["algorithm"] != "sliding-log" {
+        if row["group"] != "sliding-log" {
             required.push("mutex_twin");
         }
+        if row["group"] == "gcra" {
+            required.extend(["leased", "leased_coarse", "floor", "no_write_ceiling"]);
+        }
         // governor has GCRA only.
-        if cfg!(feature = "compare") && row["algorithm"] == "gcra" {
+        let gcra = row["group"].as_str().is_some_and(|g| g.starts_with("gcra"));
+        if cfg!(feature = "compare") && gcra {
             required.push("governor");
         } else if !cfg!(feature = "compare") {
             assert!(row["governor"].is_null(), "{row}");
         }
-        for implementation in ["floodgate", "mutex_twin", "textbook", "governor"] {
+        for implementation in [
+            "floodgate",
+            "leased",
+            "leased_coarse",
+            "mutex_twin",
+            "textbook",
+            "governor",
+            "dashmap_anchor",
+            "floor",
+            "no_write_ceiling",
+        ] {
             let m = &row[implementation];
             if m.is_null() {
                 assert!(
@@ -82,11 +101,14 @@ fn quick_json_is_a_well_formed_table() {
                 m["runs_mdps"].as_array().map(Vec::len),
                 Some(repeats as usize)
             );
+            let spread = m["spread"].as_f64().expect("spread");
+            assert!(spread >= 1.0, "{row}");
+            assert_eq!(m["unstable"].as_bool(), Some(spread > 1.2), "{row}");
             assert!(m["ran_s"].as_f64() > Some(0.0));
             let admits_all = row["workload"]
                 .as_str()
                 .is_some_and(|w| w.contains("every decision admits"));
-            if admits_all {
+            if admits_all && implementation != "no_write_ceiling" {
                 assert!(m["admitted_fraction"].as_f64() > Some(0.9), "{row}");
             }
         }
@@ -108,54 +130,146 @@ fn quick_json_is_a_well_formed_table() {
 
 #[test]
 fn csv_and_table_carry_every_cell() {
-    let args = [
-        "--duration",
-        "100ms",
-        "--max-threads",
-        "1",
-        "--repeats",
-        "1",
-    ];
+    let args = ["--duration", "100ms", "--max-threads", "1"];
     let csv = String::from_utf8(bench(&[&args[..], &["--csv"]].concat()).stdout).unwrap();
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("algorithm,keys,threads,implementation,mdps,runs,admitted_fraction,ran_s")
+        Some("group,keys,threads,implementation,mdps,spread,unstable,runs,admitted_fraction,ran_s")
     );
     let hot: Vec<&str> = lines
-        .filter(|l| l.starts_with("gcra,hot,1,"))
+        .filter(|l| l.starts_with("gcra,1,1,"))
         .map(|l| l.split(',').nth(3).unwrap())
         .collect();
-    let mut want = vec!["floodgate", "mutex_twin", "textbook"];
+    let mut want = vec![
+        "floodgate",
+        "leased",
+        "leased_coarse",
+        "mutex_twin",
+        "textbook",
+    ];
     if cfg!(feature = "compare") {
         want.push("governor");
     }
+    want.extend(["floor", "no_write_ceiling"]);
     assert_eq!(hot, want);
-    assert!(csv.contains("\ngcra,many,1,mutex_twin,"), "{csv}");
+    assert!(
+        csv.contains("\ngcra-keyed-idle,100000,1,mutex_twin,"),
+        "{csv}"
+    );
 
     let table = String::from_utf8(bench(&args).stdout).unwrap();
     let header = table
         .lines()
-        .find(|l| l.starts_with("algorithm"))
+        .find(|l| l.starts_with("group"))
         .expect("a header line");
     for column in [
         "floodgate",
         "mutex twin",
         "textbook",
-        "governor",
+        "floor",
+        "no-write",
         "vs mutex",
         "ran",
     ] {
         assert!(header.contains(column), "{header}");
     }
+    assert_eq!(
+        header.contains("governor"),
+        cfg!(feature = "compare"),
+        "{header}"
+    );
     let row = table
         .lines()
-        .find(|l| l.starts_with("gcra") && l.contains(" hot "))
+        .find(|l| l.starts_with("gcra ") && l.contains(" 1 "))
         .expect("a gcra hot-key row");
-    assert_eq!(
-        row.contains("n/a"),
-        !cfg!(feature = "compare"),
-        "governor is n/a exactly without the compare feature: {row}"
+    // Each cell is `median/spread`, then `!` (unstable) or a blank.
+    assert!(row.contains('/'), "{row}");
+    assert!(table.contains("median/spread of 3 runs of"), "{table}");
+    assert!(table.contains("! = spread above 1.2"), "{table}");
+}
+
+#[test]
+fn plot_writes_a_well_formed_svg() {
+    let dir = std::env::temp_dir().join(format!("floodgate-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("scaling.svg");
+    let output = bench(&[
+        "--duration",
+        "100ms",
+        "--max-threads",
+        "2",
+        "--csv",
+        "--plot",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!output.stdout.is_empty());
+    let svg = std::fs::read_to_string(&path).expect("the plot was written");
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        svg.trim_start().starts_with("<svg"),
+        "{}",
+        &svg[..svg.len().min(200)]
     );
-    assert!(table.contains("median of 1 run of"), "{table}");
+    assert!(svg.trim_end().ends_with("</svg>"));
+    // Well-formed: every element that opens closes, in order.
+    let mut open: Vec<String> = Vec::new();
+    let mut rest = svg.as_str();
+    while let Some(start) = rest.find('<') {
+        let end = rest[start..].find('>').expect("every tag closes") + start;
+        let tag = &rest[start + 1..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('?') || tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(
+                open.pop().as_deref(),
+                Some(name.trim()),
+                "mismatched </{name}>"
+            );
+        } else if !tag.ends_with('/') {
+            open.push(tag.split_whitespace().next().unwrap_or("").to_owned());
+        }
+    }
+    assert!(open.is_empty(), "unclosed: {open:?}");
+    // One line per contender, labelled in the legend.
+    for name in ["floodgate", "leased", "mutex twin", "floor", "no-write"] {
+        assert!(svg.contains(name), "{name} missing from the legend");
+    }
+    assert!(
+        svg.contains("<polyline") || svg.contains("<path"),
+        "no lines drawn"
+    );
+}
+
+#[test]
+fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
+    let output = bench(&["--latency", "--quick", "--json"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("stdout is one JSON document");
+    assert_eq!(report["threads"].as_u64(), Some(2));
+    let rows = report["rows"].as_array().expect("rows");
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["implementation"].as_str().unwrap())
+        .collect();
+    let mut want = vec!["timer_only", "floodgate", "leased", "mutex_twin"];
+    if cfg!(feature = "compare") {
+        want.push("governor");
+    }
+    assert_eq!(names, want);
+    for row in rows {
+        let p = |k: &str| row[k].as_u64().expect(k);
+        assert!(p("decisions") > 0, "{row}");
+        assert!(
+            p("p50") <= p("p99") && p("p99") <= p("p999") && p("p999") <= p("max"),
+            "{row}"
+        );
+    }
+    let table = String::from_utf8(bench(&["--latency", "--quick"]).stdout).unwrap();
+    assert!(
+        table.contains("p99.9") && table.contains("timer_only"),
+        "{table}"
+    );
 }

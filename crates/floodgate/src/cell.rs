@@ -17,7 +17,6 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{lock, Atomic, AtomicU64, Mutex, Ordering};
 
-
 /// Runs one decision on an atomic word and returns what it wrote, if anything.
 ///
 /// The CAS is `Release` (see [`RefundLedger`]): a refund that later sees this state
@@ -253,15 +252,27 @@ where
     W: CasWord + ?Sized,
 {
     let backoff = Backoff::new();
+    #[cfg(feature = "cas-stats")]
+    let mut retries = 0u64;
     loop {
         let (outcome, next) = step(current);
         let Some(next) = next else {
+            #[cfg(feature = "cas-stats")]
+            crate::cas_stats::record(retries);
             return outcome;
         };
         match word.cas_weak(current, next, success) {
-            Ok(_) => return outcome,
+            Ok(_) => {
+                #[cfg(feature = "cas-stats")]
+                crate::cas_stats::record(retries);
+                return outcome;
+            }
             Err(actual) => {
                 current = actual;
+                #[cfg(feature = "cas-stats")]
+                {
+                    retries += 1;
+                }
                 backoff.spin();
             }
         }

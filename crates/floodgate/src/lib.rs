@@ -61,6 +61,8 @@
 
 mod algorithm;
 mod async_limit;
+#[cfg(feature = "cas-stats")]
+pub mod cas_stats;
 mod cell;
 pub mod clock;
 mod decision;
@@ -68,6 +70,7 @@ mod duration;
 pub mod fixed_window;
 pub mod gcra;
 pub mod keyed;
+pub mod lease;
 mod limiter;
 mod policy;
 pub mod receipt;
@@ -93,6 +96,7 @@ pub use keyed::{
     KeyedMetrics, Lookup, Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,
     MAX_CAPACITY,
 };
+pub use lease::{LeaseBuilder, LeaseError, LeasedGcra};
 pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 pub use receipt::Receipt;
@@ -109,6 +113,7 @@ const _: () = {
     assert_send_sync::<LockedRateLimiter<Gcra>>();
     assert_send_sync::<RateLimiter<Gcra, ManualClock>>();
     assert_send_sync::<Decision>();
+    assert_send_sync::<LeasedGcra>();
     assert_send_sync::<KeyedLimiter<u64>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, ManualClock>>();
     assert_send_sync::<KeyedLimiter<u64, Gcra, DefaultClock, Inline>>();

@@ -1,36 +1,41 @@
 //! `floodgate bench`: multi-thread throughput, side by side, in one run.
 //!
-//! The matrix is groups (algorithm × key pattern, see [`contenders`]) × thread counts
-//! ([`thread_counts`]) × implementations. The time budget is split evenly over every
-//! run; the cells are visited round-robin, `repeats` times over, so a slow drift of
-//! the machine (another process, thermal throttling) spreads over every contender
-//! instead of landing on one, and each cell reports the median of its runs.
+//! The matrix is [`floodgate_bench::matrix::groups`] (workloads × implementations ×
+//! key counts) × thread counts ([`thread_counts`]), the same one the criterion suites
+//! walk. The time budget is split evenly over every run; the cells are visited
+//! round-robin, `repeats` times over (at least [`MIN_REPEATS`]), so a slow drift of the
+//! machine (another process, thermal throttling) spreads over every contender instead
+//! of landing on one. Each run builds its limiter, inserts its keys, warms up on the
+//! same limiter for a quarter of its run time (untimed), then measures.
 //!
-//! Each run goes through [`floodgate_benches::run_for`], the harness the criterion
-//! suites use: every thread builds its decision loop before a shared start barrier,
-//! times itself, and stops once its own clock passes the run time (it looks every
-//! [`floodgate_benches::BATCH`] decisions); a run's rate is all decisions over the span
-//! from the first thread's start to the last thread's finish.
+//! Each cell reports the median of its runs and their spread (max ÷ min); a cell whose
+//! runs disagree by more than [`UNSTABLE_SPREAD`] is marked `!` in the table and
+//! `"unstable": true` in JSON: its median is not to be trusted.
 
-mod contenders;
+mod plot;
 
+use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use floodgate_benches::Measurement;
+use floodgate_bench::matrix::{groups, Group, Implementation, Setup};
+use floodgate_bench::{Budget, Measurement};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::cli::BenchArgs;
 use crate::Failure;
-use contenders::{groups, Group, Implementation, Keys};
 
-/// The default total measuring time.
+/// The default total measuring time (warm-ups and key insertion come on top).
 const DEFAULT_TOTAL: Duration = Duration::from_secs(30);
 /// `--quick`'s total.
 const QUICK_TOTAL: Duration = Duration::from_secs(10);
-/// No run is shorter than this: fewer repeats first, then a longer total.
+/// No run is shorter than this: a longer total first, never fewer repeats than asked.
 const MIN_RUN: Duration = Duration::from_millis(20);
+/// Each cell runs at least this often, so its spread means something.
+pub(crate) const MIN_REPEATS: usize = 3;
+/// Runs of a cell whose max ÷ min exceeds this are marked unstable.
+pub(crate) const UNSTABLE_SPREAD: f64 = 1.2;
 
 /// 1, 2, 4, … up to `available`, then one power of two past it; none above `cap`.
 pub(crate) fn thread_counts(available: usize, cap: Option<usize>) -> Vec<usize> {
@@ -54,18 +59,21 @@ pub(crate) struct Plan {
     pub(crate) run_time: Duration,
 }
 
-/// Splits `total` over `cells × repeats` runs, trading repeats for run length when
-/// the runs would fall under [`MIN_RUN`].
+impl Plan {
+    /// The untimed warm-up before each run: a quarter of it.
+    pub(crate) fn warm_up(&self) -> Duration {
+        self.run_time / 4
+    }
+}
+
+/// Splits `total` over `cells × repeats` runs; a run is never shorter than
+/// [`MIN_RUN`] (the total grows instead).
 pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
     let cells = cells.max(1) as u32;
-    let fits = |repeats: usize| total / (cells * repeats as u32);
-    let mut repeats = repeats.clamp(1, 1_000);
-    while repeats > 1 && fits(repeats) < MIN_RUN {
-        repeats -= 1;
-    }
+    let repeats = repeats.clamp(1, 1_000);
     Plan {
         repeats,
-        run_time: fits(repeats).max(MIN_RUN),
+        run_time: (total / (cells * repeats as u32)).max(MIN_RUN),
     }
 }
 
@@ -75,6 +83,8 @@ struct Report {
     machine: Machine,
     repeats: usize,
     run_ms: f64,
+    warm_up_ms: f64,
+    unstable_spread: f64,
     total_s: f64,
     rows: Vec<Row>,
 }
@@ -89,27 +99,35 @@ struct Machine {
 
 #[derive(Serialize)]
 struct Row {
-    algorithm: &'static str,
-    keys: &'static str,
+    group: String,
+    keys: u64,
     workload: String,
     threads: usize,
-    floodgate: Option<Measured>,
-    mutex_twin: Option<Measured>,
-    textbook: Option<Measured>,
-    governor: Option<Measured>,
+    /// One entry per implementation measured, by its id.
+    #[serde(flatten)]
+    cells: BTreeMap<&'static str, Measured>,
     /// floodgate ÷ mutex twin.
     vs_mutex_twin: Option<f64>,
     /// floodgate ÷ governor.
     vs_governor: Option<f64>,
+    /// Leased mode ÷ the no-write ceiling, with a TSC read per decision and coarse.
+    leased_vs_ceiling: Option<f64>,
+    leased_coarse_vs_ceiling: Option<f64>,
+    /// Leased mode ÷ governor.
+    leased_vs_governor: Option<f64>,
     /// Wall time of this row's runs, all contenders and repeats.
     ran_s: f64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone, Debug, PartialEq)]
 struct Measured {
     /// Median of the runs, million decisions per second.
     mdps: f64,
     runs_mdps: Vec<f64>,
+    /// Fastest run ÷ slowest run.
+    spread: f64,
+    /// `spread` above [`UNSTABLE_SPREAD`].
+    unstable: bool,
     admitted_fraction: f64,
     ran_s: f64,
 }
@@ -135,11 +153,17 @@ fn median_rate(runs: &[Measurement]) -> Option<f64> {
 impl Measured {
     fn from_samples(samples: &[Measurement]) -> Option<Measured> {
         let mdps = median_rate(samples)?;
+        let rates: Vec<f64> = samples.iter().map(millions_per_second).collect();
+        let max = rates.iter().copied().fold(f64::MIN, f64::max);
+        let min = rates.iter().copied().fold(f64::MAX, f64::min);
+        let spread = if min > 0.0 { max / min } else { f64::INFINITY };
         let operations: u64 = samples.iter().map(|s| s.ops).sum();
         let admitted: u64 = samples.iter().map(|s| s.admitted).sum();
         Some(Measured {
             mdps,
-            runs_mdps: samples.iter().map(millions_per_second).collect(),
+            runs_mdps: rates,
+            spread: if spread.is_finite() { spread } else { 0.0 },
+            unstable: !spread.is_finite() || spread > UNSTABLE_SPREAD,
             admitted_fraction: if operations == 0 {
                 0.0
             } else {
@@ -152,12 +176,7 @@ impl Measured {
 
 impl Row {
     fn get(&self, implementation: Implementation) -> Option<&Measured> {
-        match implementation {
-            Implementation::Floodgate => self.floodgate.as_ref(),
-            Implementation::MutexTwin => self.mutex_twin.as_ref(),
-            Implementation::Textbook => self.textbook.as_ref(),
-            Implementation::Governor => self.governor.as_ref(),
-        }
+        self.cells.get(implementation.id())
     }
 }
 
@@ -168,18 +187,132 @@ fn ratio(a: Option<&Measured>, b: Option<&Measured>) -> Option<f64> {
     }
 }
 
-/// One cell of the matrix: a contender at a thread count.
+/// One cell of the matrix: a contender at a key count and a thread count.
 struct Cell {
     group: usize,
+    keys: u64,
     threads: usize,
     implementation: Implementation,
-    run: contenders::Runner,
+    run: floodgate_bench::matrix::Runner,
     label: String,
     samples: Vec<Measurement>,
 }
 
+/// Decisions each thread times in `--latency` (and with `--quick`).
+const LATENCY_DECISIONS: u64 = 2_000_000;
+const QUICK_LATENCY_DECISIONS: u64 = 200_000;
+
+#[derive(Serialize)]
+struct LatencyReport {
+    unit: &'static str,
+    machine: Machine,
+    threads: usize,
+    rows: Vec<LatencyRow>,
+}
+
+#[derive(Serialize)]
+struct LatencyRow {
+    implementation: &'static str,
+    decisions: u64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    cas_retries_mean: Option<f64>,
+    cas_retries_max: Option<u64>,
+}
+
+/// `floodgate bench --latency`.
+fn run_latency(args: &BenchArgs) -> Result<(), Failure> {
+    let threads = args.max_threads.map_or(2, |n| n.get().min(2));
+    let decisions = if args.quick {
+        QUICK_LATENCY_DECISIONS
+    } else {
+        LATENCY_DECISIONS
+    };
+    let _ = floodgate::Clock::now(&floodgate::DefaultClock::new());
+    let rows: Vec<LatencyRow> = floodgate_bench::latency::table(threads, decisions)
+        .into_iter()
+        .map(|l| LatencyRow {
+            implementation: l.implementation.map_or("timer_only", Implementation::id),
+            decisions: l.decisions,
+            p50: l.p50,
+            p99: l.p99,
+            p999: l.p999,
+            max: l.max,
+            cas_retries_mean: l.cas_retries.map(|c| c.0),
+            cas_retries_max: l.cas_retries.map(|c| c.1),
+        })
+        .collect();
+    let report = LatencyReport {
+        unit: "nanoseconds per decision, timer included",
+        machine: machine(),
+        threads,
+        rows,
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let written = if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(io::Error::from)
+            .and_then(|()| writeln!(out))
+    } else {
+        write_latency(&mut out, &report)
+    };
+    written.and_then(|()| out.flush()).map_err(Failure::output)
+}
+
+fn write_latency(out: &mut impl Write, report: &LatencyReport) -> io::Result<()> {
+    writeln!(
+        out,
+        "floodgate bench --latency: {}, {} thread{} on one hot key",
+        report.unit,
+        report.threads,
+        if report.threads == 1 { "" } else { "s" }
+    )?;
+    writeln!(
+        out,
+        "machine: {}, available parallelism {}",
+        report.machine.cpu, report.machine.available_parallelism
+    )?;
+    writeln!(
+        out,
+        "each decision timed by two TSC reads; `timer_only` times nothing (the cost of timing)"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
+        "", "decisions", "p50", "p99", "p99.9", "max", "CAS mean", "CAS max"
+    )?;
+    for r in &report.rows {
+        let (mean, max) = match (r.cas_retries_mean, r.cas_retries_max) {
+            (Some(mean), Some(max)) => (format!("{mean:.3}"), max.to_string()),
+            _ => ("n/a".to_owned(), "n/a".to_owned()),
+        };
+        writeln!(
+            out,
+            "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
+            r.implementation, r.decisions, r.p50, r.p99, r.p999, r.max, mean, max
+        )?;
+    }
+    Ok(())
+}
+
+fn machine() -> Machine {
+    Machine {
+        cpu: cpu_model(),
+        available_parallelism: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        arch: std::env::consts::ARCH,
+        os: std::env::consts::OS,
+    }
+}
+
 /// `floodgate bench`.
 pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
+    if args.latency {
+        return run_latency(&args);
+    }
     let total = args.duration.unwrap_or(if args.quick {
         QUICK_TOTAL
     } else {
@@ -190,27 +323,29 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     let groups = groups();
     let mut cells: Vec<Cell> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
-        for &n in &threads {
-            for contender in &group.contenders {
-                cells.push(Cell {
-                    group: g,
-                    threads: n,
-                    implementation: contender.implementation,
-                    run: contender.run,
-                    label: format!(
-                        "{}, {} key{}, {n} thread{}, {}",
-                        group.algorithm,
-                        group.keys.id(),
-                        if group.keys == Keys::Hot { "" } else { "s" },
-                        if n == 1 { "" } else { "s" },
-                        contender.implementation.heading()
-                    ),
-                    samples: Vec::new(),
-                });
+        for &keys in &group.key_counts {
+            for &n in &threads {
+                for contender in &group.contenders {
+                    cells.push(Cell {
+                        group: g,
+                        keys,
+                        threads: n,
+                        implementation: contender.implementation,
+                        run: contender.run,
+                        label: format!(
+                            "{}, {keys} key{}, {n} thread{}, {}",
+                            group.id,
+                            if keys == 1 { "" } else { "s" },
+                            if n == 1 { "" } else { "s" },
+                            contender.implementation.heading()
+                        ),
+                        samples: Vec::new(),
+                    });
+                }
             }
         }
     }
-    let plan = plan(total, cells.len(), args.repeats.get());
+    let plan = plan(total, cells.len(), args.repeats.get().max(MIN_REPEATS));
     // Calibrate and anchor the TSC clock now, not inside the first measured run.
     let _ = floodgate::Clock::now(&floodgate::DefaultClock::new());
     let progress = progress_bar((cells.len() * plan.repeats) as u64);
@@ -218,7 +353,14 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     for repeat in 1..=plan.repeats {
         for cell in &mut cells {
             progress.set_message(format!("{} (run {repeat}/{})", cell.label, plan.repeats));
-            cell.samples.push((cell.run)(cell.threads, plan.run_time));
+            cell.samples.push((cell.run)(&Setup {
+                threads: cell.threads,
+                keys: cell.keys,
+                budget: Budget::Time {
+                    warm_up: plan.warm_up(),
+                    run: plan.run_time,
+                },
+            }));
             progress.inc(1);
         }
     }
@@ -233,9 +375,30 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         },
         repeats: plan.repeats,
         run_ms: plan.run_time.as_secs_f64() * 1e3,
+        warm_up_ms: plan.warm_up().as_secs_f64() * 1e3,
+        unstable_spread: UNSTABLE_SPREAD,
         total_s: started.elapsed().as_secs_f64(),
         rows: rows(&groups, &threads, &cells),
     };
+    if let Some(path) = &args.plot {
+        let series = plot::series(report.rows.iter().filter(|r| r.group == groups[0].id).map(
+            |row| {
+                (
+                    row.threads,
+                    Implementation::ALL
+                        .iter()
+                        .filter_map(|&i| row.get(i).map(|m| (i.heading(), m.mdps)))
+                        .collect::<Vec<_>>(),
+                )
+            },
+        ));
+        let title = format!(
+            "{} on one hot key, {} ({} cores): million decisions/s",
+            groups[0].id, report.machine.cpu, available
+        );
+        plot::draw(path, &title, &series)
+            .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;
+    }
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let written = if args.json {
@@ -266,34 +429,45 @@ fn cpu_model() -> String {
 fn rows(groups: &[Group], threads: &[usize], cells: &[Cell]) -> Vec<Row> {
     let mut rows = Vec::new();
     for (g, group) in groups.iter().enumerate() {
-        for &n in threads {
-            let measured = |implementation: Implementation| {
-                let cell = cells.iter().find(|c| {
-                    c.group == g && c.threads == n && c.implementation == implementation
-                })?;
-                Measured::from_samples(&cell.samples)
-            };
-            let mut row = Row {
-                algorithm: group.algorithm,
-                keys: group.keys.id(),
-                workload: group.workload.clone(),
-                threads: n,
-                floodgate: measured(Implementation::Floodgate),
-                mutex_twin: measured(Implementation::MutexTwin),
-                textbook: measured(Implementation::Textbook),
-                governor: measured(Implementation::Governor),
-                vs_mutex_twin: None,
-                vs_governor: None,
-                ran_s: 0.0,
-            };
-            row.vs_mutex_twin = ratio(row.floodgate.as_ref(), row.mutex_twin.as_ref());
-            row.vs_governor = ratio(row.floodgate.as_ref(), row.governor.as_ref());
-            row.ran_s = Implementation::ALL
-                .iter()
-                .filter_map(|&i| row.get(i))
-                .map(|m| m.ran_s)
-                .sum();
-            rows.push(row);
+        for &keys in &group.key_counts {
+            for &n in threads {
+                let mut measured = BTreeMap::new();
+                for cell in cells
+                    .iter()
+                    .filter(|c| c.group == g && c.keys == keys && c.threads == n)
+                {
+                    if let Some(m) = Measured::from_samples(&cell.samples) {
+                        measured.insert(cell.implementation.id(), m);
+                    }
+                }
+                let mut row = Row {
+                    group: group.id.clone(),
+                    keys,
+                    workload: group.workload.clone(),
+                    threads: n,
+                    cells: measured,
+                    vs_mutex_twin: None,
+                    vs_governor: None,
+                    leased_vs_ceiling: None,
+                    leased_coarse_vs_ceiling: None,
+                    leased_vs_governor: None,
+                    ran_s: 0.0,
+                };
+                let floodgate = row.get(Implementation::Floodgate);
+                let vs_mutex_twin = ratio(floodgate, row.get(Implementation::MutexTwin));
+                let vs_governor = ratio(floodgate, row.get(Implementation::Governor));
+                (row.vs_mutex_twin, row.vs_governor) = (vs_mutex_twin, vs_governor);
+                let ceiling = row.get(Implementation::NoWriteCeiling);
+                let leased = row.get(Implementation::Leased);
+                let leased_vs_ceiling = ratio(leased, ceiling);
+                let coarse_vs_ceiling = ratio(row.get(Implementation::LeasedCoarse), ceiling);
+                let leased_vs_governor = ratio(leased, row.get(Implementation::Governor));
+                row.leased_vs_ceiling = leased_vs_ceiling;
+                row.leased_coarse_vs_ceiling = coarse_vs_ceiling;
+                row.leased_vs_governor = leased_vs_governor;
+                row.ran_s = row.cells.values().map(|m| m.ran_s).sum();
+                rows.push(row);
+            }
         }
     }
     rows
@@ -312,6 +486,16 @@ fn progress_bar(runs: u64) -> ProgressBar {
     bar
 }
 
+/// A cell as the table prints it: `median/spread`, `!` when unstable.
+fn cell_text(m: &Measured) -> String {
+    format!(
+        "{:.2}/{:.2}{}",
+        m.mdps,
+        m.spread,
+        if m.unstable { "!" } else { " " }
+    )
+}
+
 fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
     writeln!(out, "floodgate bench: {}", report.unit)?;
     writeln!(
@@ -324,52 +508,50 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "each cell: median of {} run{} of {:.0} ms; column `ran` = time that row measured; total {:.1} s",
+        "each cell: median/spread of {} run{} of {:.0} ms (after {:.0} ms warm-up); spread = \
+         fastest run / slowest run; ! = spread above {:.1}: runs disagree, do not trust the \
+         median; total {:.1} s",
         report.repeats,
         if report.repeats == 1 { "" } else { "s" },
         report.run_ms,
+        report.warm_up_ms,
+        report.unstable_spread,
         report.total_s
     )?;
-    let mut described: Vec<(&str, &str)> = Vec::new();
+    let mut described: Vec<&str> = Vec::new();
     for row in &report.rows {
-        if !described.contains(&(row.algorithm, row.keys)) {
-            described.push((row.algorithm, row.keys));
-            writeln!(
-                out,
-                "workload {} ({} key{}): {}",
-                row.algorithm,
-                row.keys,
-                if row.keys == Keys::Hot.id() { "" } else { "s" },
-                row.workload
-            )?;
+        if !described.contains(&row.group.as_str()) {
+            described.push(&row.group);
+            writeln!(out, "workload {}: {}", row.group, row.workload)?;
         }
     }
     writeln!(out)?;
     let name_width = report
         .rows
         .iter()
-        .map(|r| r.algorithm.len())
-        .chain(["algorithm".len()])
+        .map(|r| r.group.len())
+        .chain(["group".len()])
         .max()
         .unwrap_or(0);
-    let mut header = format!(
-        "{:<name_width$} {:<5} {:>7}",
-        "algorithm", "keys", "threads"
-    );
-    for implementation in Implementation::ALL {
-        header += &format!(" {:>10}", implementation.heading());
+    let columns: Vec<Implementation> = Implementation::ALL
+        .into_iter()
+        .filter(|&i| report.rows.iter().any(|r| r.get(i).is_some()))
+        .collect();
+    let mut header = format!("{:<name_width$} {:>7} {:>7}", "group", "keys", "threads");
+    for implementation in &columns {
+        header += &format!(" {:>12}", implementation.heading());
     }
     header += &format!(" {:>9} {:>12} {:>7}", "vs mutex", "vs governor", "ran");
     writeln!(out, "{header}")?;
     for row in &report.rows {
         let mut line = format!(
-            "{:<name_width$} {:<5} {:>7}",
-            row.algorithm, row.keys, row.threads
+            "{:<name_width$} {:>7} {:>7}",
+            row.group, row.keys, row.threads
         );
-        for implementation in Implementation::ALL {
+        for &implementation in &columns {
             match row.get(implementation) {
-                Some(m) => line += &format!(" {:>10.2}", m.mdps),
-                None => line += &format!(" {:>10}", "n/a"),
+                Some(m) => line += &format!(" {:>12}", cell_text(m)),
+                None => line += &format!(" {:>12}", "n/a "),
             }
         }
         for (r, width) in [(row.vs_mutex_twin, 9), (row.vs_governor, 12)] {
@@ -381,25 +563,39 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         line += &format!(" {:>6.1}s", row.ran_s);
         writeln!(out, "{line}")?;
     }
+    let x = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}x"));
+    for row in report.rows.iter().filter(|r| r.leased_vs_ceiling.is_some()) {
+        writeln!(
+            out,
+            "hot key, {} thread{}: leased = {} the no-write ceiling ({} governor), leased-coarse = {} the ceiling",
+            row.threads,
+            if row.threads == 1 { "" } else { "s" },
+            x(row.leased_vs_ceiling),
+            x(row.leased_vs_governor),
+            x(row.leased_coarse_vs_ceiling)
+        )?;
+    }
     Ok(())
 }
 
 fn write_csv(out: &mut impl Write, report: &Report) -> io::Result<()> {
     writeln!(
         out,
-        "algorithm,keys,threads,implementation,mdps,runs,admitted_fraction,ran_s"
+        "group,keys,threads,implementation,mdps,spread,unstable,runs,admitted_fraction,ran_s"
     )?;
     for row in &report.rows {
         for implementation in Implementation::ALL {
             if let Some(m) = row.get(implementation) {
                 writeln!(
                     out,
-                    "{},{},{},{},{:.4},{},{:.6},{:.4}",
-                    row.algorithm,
+                    "{},{},{},{},{:.4},{:.4},{},{},{:.6},{:.4}",
+                    row.group,
                     row.keys,
                     row.threads,
                     implementation.id(),
                     m.mdps,
+                    m.spread,
+                    m.unstable,
                     m.runs_mdps.len(),
                     m.admitted_fraction,
                     m.ran_s
@@ -444,7 +640,7 @@ mod tests {
     }
 
     #[test]
-    fn cells_report_medians_admitted_fractions_and_time_ran() {
+    fn cells_report_medians_spreads_admitted_fractions_and_time_ran() {
         let run = |ops, admitted, ms| Measurement {
             ops,
             admitted,
@@ -457,15 +653,35 @@ mod tests {
         .unwrap();
         assert_eq!(m.mdps, 4.0);
         assert_eq!(m.runs_mdps, [4.0, 4.0]);
+        assert_eq!((m.spread, m.unstable), (1.0, false));
         assert_eq!(m.admitted_fraction, 0.5);
         assert_eq!(m.ran_s, 1.5);
         assert!(Measured::from_samples(&[]).is_none());
         let empty = Measured::from_samples(&[run(0, 0, 0)]).unwrap();
         assert_eq!((empty.mdps, empty.admitted_fraction), (0.0, 0.0));
+        assert!(empty.unstable, "a run with no rate cannot be trusted");
     }
 
     #[test]
-    fn plans_trade_repeats_for_run_length() {
+    fn runs_that_disagree_by_more_than_the_threshold_are_marked() {
+        let rate = |mdps: u64| Measurement {
+            ops: mdps * 1_000_000,
+            admitted: 0,
+            elapsed: Duration::from_secs(1),
+        };
+        let steady = Measured::from_samples(&[rate(100), rate(110), rate(120)]).unwrap();
+        assert_eq!(
+            (steady.mdps, steady.spread, steady.unstable),
+            (110.0, 1.2, false)
+        );
+        assert!(cell_text(&steady).ends_with(' '), "{}", cell_text(&steady));
+        let shaky = Measured::from_samples(&[rate(100), rate(110), rate(121)]).unwrap();
+        assert!(shaky.unstable);
+        assert_eq!(cell_text(&shaky), "110.00/1.21!");
+    }
+
+    #[test]
+    fn plans_keep_the_repeats_and_a_minimum_run() {
         let s = Duration::from_secs;
         assert_eq!(
             plan(s(30), 12, 3),
@@ -474,20 +690,9 @@ mod tests {
                 run_time: Duration::from_nanos(833_333_333)
             }
         );
-        assert_eq!(
-            plan(Duration::from_millis(500), 12, 3),
-            Plan {
-                repeats: 2,
-                run_time: Duration::from_nanos(20_833_333)
-            }
-        );
-        assert_eq!(
-            plan(Duration::from_millis(100), 12, 3),
-            Plan {
-                repeats: 1,
-                run_time: MIN_RUN
-            }
-        );
+        let short = plan(Duration::from_millis(100), 12, 3);
+        assert_eq!((short.repeats, short.run_time), (3, MIN_RUN));
+        assert_eq!(short.warm_up(), MIN_RUN / 4);
         assert_eq!(plan(s(1), 0, 0).repeats, 1);
     }
 }

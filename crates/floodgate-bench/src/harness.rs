@@ -1,8 +1,7 @@
-//! Shared helpers for the floodgate benchmark suites: a multi-thread throughput harness.
+//! The multi-thread throughput harness.
 //!
-//! The criterion suites (`benches/*.rs`, through `iter_custom`) and the `floodgate bench`
-//! command drive concurrent runs with the same two functions, so both measure exactly
-//! the same thing:
+//! The criterion suites (through `iter_custom`) and the `floodgate bench` command drive
+//! concurrent runs with the same functions, so both measure exactly the same thing:
 //!
 //! * [`run_threads`] — a fixed number of operations per thread (what criterion's
 //!   `iter_custom` asks for);
@@ -26,7 +25,7 @@
 //! Two threads hammering one atomic counter:
 //!
 //! ```
-//! use floodgate_benches::run_threads;
+//! use floodgate_bench::run_threads;
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //!
 //! let hits = AtomicU64::new(0);
@@ -62,7 +61,7 @@ pub const BATCH: u64 = 1024;
 /// # Examples
 ///
 /// ```
-/// use floodgate_benches::Outcome;
+/// use floodgate_bench::Outcome;
 ///
 /// assert!(true.admitted());
 /// assert!(!false.admitted());
@@ -92,7 +91,7 @@ impl Outcome for bool {
 /// # Examples
 ///
 /// ```
-/// use floodgate_benches::Measurement;
+/// use floodgate_bench::Measurement;
 /// use std::time::Duration;
 ///
 /// let m = Measurement { ops: 2_000_000, admitted: 0, elapsed: Duration::from_millis(500) };
@@ -116,7 +115,7 @@ impl Measurement {
     /// # Examples
     ///
     /// ```
-    /// use floodgate_benches::Measurement;
+    /// use floodgate_bench::Measurement;
     /// use std::time::Duration;
     ///
     /// let m = Measurement { ops: 10, admitted: 5, elapsed: Duration::from_secs(2) };
@@ -138,7 +137,7 @@ impl Measurement {
     /// # Examples
     ///
     /// ```
-    /// use floodgate_benches::Measurement;
+    /// use floodgate_bench::Measurement;
     /// use std::time::Duration;
     ///
     /// let m = Measurement { ops: 4, admitted: 4, elapsed: Duration::from_nanos(100) };
@@ -169,7 +168,7 @@ impl Measurement {
 /// # Examples
 ///
 /// ```
-/// use floodgate_benches::run_threads;
+/// use floodgate_bench::run_threads;
 /// use std::hint::black_box;
 /// use std::sync::Mutex;
 ///
@@ -188,14 +187,7 @@ where
     Op: FnMut() -> R,
     R: Outcome,
 {
-    on_threads(threads, make_op, |op| {
-        let mut admitted = 0u64;
-        for _ in 0..ops_per_thread {
-            admitted += u64::from(op().admitted());
-        }
-        (ops_per_thread, admitted)
-    })
-    .elapsed
+    run_ops(threads, ops_per_thread, make_op).elapsed
 }
 
 /// Runs operations on each of `threads` threads until `duration` has passed on that
@@ -213,7 +205,7 @@ where
 /// # Examples
 ///
 /// ```
-/// use floodgate_benches::{run_for, BATCH};
+/// use floodgate_bench::{run_for, BATCH};
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::time::Duration;
 ///
@@ -246,6 +238,99 @@ where
                 return (ops, admitted);
             }
         }
+    })
+}
+
+/// How much work one measured run does: a fixed number of operations per thread (what
+/// criterion's `iter_custom` asks for) or a time span, after a warm-up (what a command
+/// with a time budget wants).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::Budget;
+/// use std::time::Duration;
+///
+/// let fixed = Budget::Ops(1_000);
+/// let timed = Budget::Time { warm_up: Duration::from_millis(5), run: Duration::from_millis(20) };
+/// assert_ne!(fixed, timed);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// This many operations on each thread, no warm-up (criterion warms up itself).
+    Ops(u64),
+    /// First `warm_up` on the same state (untimed, discarded), then `run` measured.
+    Time {
+        /// Run, untimed, before the measured run: caches, branch predictors, the TSC
+        /// calibration and the CPU's frequency settle here.
+        warm_up: Duration,
+        /// The measured span (at least; see [`run_for`]).
+        run: Duration,
+    },
+}
+
+/// Runs `make_op`'s operations on `threads` threads under `budget` and returns the
+/// measured run (for [`Budget::Time`], after an untimed warm-up run whose operations
+/// act on the same state).
+///
+/// # Panics
+///
+/// If `threads` is zero, or (re-raised here) if `make_op` or an operation panics.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::{measure, Budget};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// let hits = AtomicU64::new(0);
+/// let m = measure(2, Budget::Ops(100), |_| || hits.fetch_add(1, Ordering::Relaxed) % 2 == 0);
+/// assert_eq!((m.ops, m.admitted), (200, 100));
+/// ```
+pub fn measure<M, Op, R>(threads: usize, budget: Budget, make_op: M) -> Measurement
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut() -> R,
+    R: Outcome,
+{
+    match budget {
+        Budget::Ops(ops) => run_ops(threads, ops, make_op),
+        Budget::Time { warm_up, run } => {
+            if !warm_up.is_zero() {
+                run_for(threads, warm_up, &make_op);
+            }
+            run_for(threads, run, make_op)
+        }
+    }
+}
+
+/// As [`run_threads`], but returns the whole [`Measurement`] (operations, admitted,
+/// elapsed).
+///
+/// # Panics
+///
+/// If `threads` is zero, or (re-raised here) if `make_op` or an operation panics.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::run_ops;
+///
+/// let m = run_ops(3, 10, |thread| move || thread == 0);
+/// assert_eq!((m.ops, m.admitted), (30, 10));
+/// ```
+pub fn run_ops<M, Op, R>(threads: usize, ops_per_thread: u64, make_op: M) -> Measurement
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut() -> R,
+    R: Outcome,
+{
+    on_threads(threads, make_op, |op| {
+        let mut admitted = 0u64;
+        for _ in 0..ops_per_thread {
+            admitted += u64::from(op().admitted());
+        }
+        (ops_per_thread, admitted)
     })
 }
 

@@ -1,0 +1,882 @@
+//! The benchmark matrix: workloads × implementations × key counts × threads.
+//!
+//! A [`Group`] is one workload (an algorithm, its policy, the keys it goes to); it has
+//! up to one [`Contender`] per [`Implementation`] (the table's columns). A contender is
+//! a plain function ([`Runner`]) that builds its limiter, inserts its keys, and hands a
+//! decision closure per thread to the harness ([`measure`]) under a [`Setup`]: thread
+//! count, key count and [`Budget`]. The criterion suites (`cargo bench -p
+//! floodgate-benches`) and `floodgate bench` both walk [`groups`], so the two measure
+//! the same code.
+//!
+//! # The contenders
+//!
+//! * **leased**, **leased-coarse**: floodgate's hot-key mode (`LeasedGcra`, one shard
+//!   per thread): each thread spends units leased from the central GCRA word on its
+//!   own padded word; `leased` reads the TSC on every decision, `leased-coarse` only
+//!   on a refill (lease expiry on quanta's recent time).
+//! * **floodgate**: the lock-free limiter (`RateLimiter`; for many keys the compact
+//!   keyed table for `u64` keys, sized for twice the key count so nothing live is
+//!   evicted).
+//! * **mutex twin**: the same transition under a mutex. For many keys it is the
+//!   *sharded* twin — [`TWIN_SHARDS`] `Mutex<HashMap<u64, State>>` shards with ahash,
+//!   the shard from the high hash bits — because that is floodgate's table shape with a
+//!   lock in place of the CAS: the ratio then measures the lock, not the sharding. One
+//!   map under one mutex is the textbook column's job.
+//! * **textbook**: the seed article's version (`floodgate::reference`) under one mutex.
+//! * **governor**: the `governor` crate in its fastest configuration: the direct
+//!   limiter with its quanta clock; keyed, its `DashMap` store hashed with ahash.
+//! * **dashmap anchor**: the GCRA transition on a `DashMap<u64, AtomicU64>` (a shard
+//!   read lock, then a CAS): what a careful hand-rolled keyed limiter gets.
+//! * **floor**: one clock read and one *uncontended* CAS per decision (each thread its
+//!   own padded word): no limiter that reads a clock and writes a word can be faster.
+//! * **no-write ceiling**: each thread reads the clock and one *shared read-only* word:
+//!   what a decision could cost if it never wrote shared memory — the bound a hot-key
+//!   mode that spends leased units locally is measured against.
+//!
+//! # Key policies
+//!
+//! Keyed groups come in two policies: **booked ahead** (1 per second, burst 10^9: each
+//! visit books the key a second further ahead, so every key stays live for the whole
+//! run and every decision is the known-key path) and **idle between visits** (10^9 per
+//! second, burst 1000: each key is idle again long before its next visit, so a table
+//! may reclaim it). Keys are inserted before the measured loop, and under a
+//! [`Budget::Time`] a warm-up runs first on the same limiter.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crossbeam_utils::CachePadded;
+use dashmap::DashMap;
+use floodgate::reference::{
+    TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
+};
+use floodgate::{
+    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, GcraState, KeyedBuilder,
+    LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
+};
+
+use crate::harness::{measure, Budget, Measurement};
+
+/// Units per second of the hot-key GCRA workload (and of the idle keyed policy).
+pub const LIMIT: u64 = 1_000_000_000;
+/// Their burst (capacity).
+pub const BURST: u64 = 1_000;
+/// The sliding window counter's and the sliding log's limit per second: the counter's
+/// two counts and a window index that lasts a year share one word, so it cannot take
+/// GCRA's 10^9 per second.
+pub const SLIDING_LIMIT: u64 = 1_000;
+/// Shards of the keyed mutex twin (a power of two: threads rarely meet on one lock).
+pub const TWIN_SHARDS: usize = 64;
+
+/// The columns of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Implementation {
+    /// floodgate's lock-free limiter.
+    Floodgate,
+    /// floodgate's leased hot-key mode (`LeasedGcra`), a clock read per decision.
+    Leased,
+    /// The leased mode with the coarse expiry clock: no TSC read while a lease is valid.
+    LeasedCoarse,
+    /// The same transition under a mutex.
+    MutexTwin,
+    /// The seed article's version under a mutex (`floodgate::reference`).
+    Textbook,
+    /// The `governor` crate.
+    Governor,
+    /// GCRA on a `DashMap<u64, AtomicU64>`.
+    DashmapAnchor,
+    /// A clock read and one uncontended CAS.
+    Floor,
+    /// A clock read and a load of one shared read-only word.
+    NoWriteCeiling,
+}
+
+impl Implementation {
+    /// Every column, in table order.
+    pub const ALL: [Implementation; 9] = [
+        Implementation::Floodgate,
+        Implementation::Leased,
+        Implementation::LeasedCoarse,
+        Implementation::MutexTwin,
+        Implementation::Textbook,
+        Implementation::Governor,
+        Implementation::DashmapAnchor,
+        Implementation::Floor,
+        Implementation::NoWriteCeiling,
+    ];
+
+    /// The column heading.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::matrix::Implementation;
+    /// assert_eq!(Implementation::MutexTwin.heading(), "mutex twin");
+    /// ```
+    pub fn heading(self) -> &'static str {
+        match self {
+            Implementation::Floodgate => "floodgate",
+            Implementation::Leased => "leased",
+            Implementation::LeasedCoarse => "leased-coarse",
+            Implementation::MutexTwin => "mutex twin",
+            Implementation::Textbook => "textbook",
+            Implementation::Governor => "governor",
+            Implementation::DashmapAnchor => "dashmap",
+            Implementation::Floor => "floor",
+            Implementation::NoWriteCeiling => "no-write",
+        }
+    }
+
+    /// The name in JSON, CSV and criterion benchmark ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::matrix::Implementation;
+    /// assert_eq!(Implementation::NoWriteCeiling.id(), "no_write_ceiling");
+    /// ```
+    pub fn id(self) -> &'static str {
+        match self {
+            Implementation::Floodgate => "floodgate",
+            Implementation::Leased => "leased",
+            Implementation::LeasedCoarse => "leased_coarse",
+            Implementation::MutexTwin => "mutex_twin",
+            Implementation::Textbook => "textbook",
+            Implementation::Governor => "governor",
+            Implementation::DashmapAnchor => "dashmap_anchor",
+            Implementation::Floor => "floor",
+            Implementation::NoWriteCeiling => "no_write_ceiling",
+        }
+    }
+}
+
+/// Which criterion group a workload belongs to (`floodgate bench` prints them all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// GCRA on one hot key: `uncontended` at one thread, `contended` above.
+    HotKey,
+    /// Many keys: `keyed`.
+    Keyed,
+    /// The other algorithms on one hot key: `algorithms`.
+    Algorithms,
+}
+
+/// How the keyed groups' per-key policy treats a key between two visits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyPolicy {
+    /// 1 per second, burst 10^9: each key is booked ahead of the clock (always live).
+    BookedAhead,
+    /// 10^9 per second, burst 1000: each key is idle again between visits.
+    IdleBetweenVisits,
+}
+
+impl KeyPolicy {
+    /// The name in the table, JSON and benchmark ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::matrix::KeyPolicy;
+    /// assert_eq!(KeyPolicy::BookedAhead.id(), "booked");
+    /// ```
+    pub fn id(self) -> &'static str {
+        match self {
+            KeyPolicy::BookedAhead => "booked",
+            KeyPolicy::IdleBetweenVisits => "idle",
+        }
+    }
+
+    fn policy(self) -> Policy {
+        match self {
+            KeyPolicy::BookedAhead => {
+                Policy::per_second(1).and_then(|p| p.with_burst(1_000_000_000))
+            }
+            KeyPolicy::IdleBetweenVisits => gcra_policy_result(),
+        }
+        .expect("the benchmark policies are valid")
+    }
+
+    #[cfg(feature = "compare")]
+    fn quota(self) -> governor::Quota {
+        let policy = self.policy();
+        let nz = |n: u64| {
+            NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX)).unwrap_or(NonZeroU32::MIN)
+        };
+        governor::Quota::per_second(nz(policy.limit())).allow_burst(nz(policy.burst()))
+    }
+}
+
+/// What one measured run is asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setup {
+    /// Threads deciding at once.
+    pub threads: usize,
+    /// Distinct keys (1 for a hot key).
+    pub keys: u64,
+    /// How much work each thread does.
+    pub budget: Budget,
+}
+
+/// Builds a contender's limiter, inserts its keys, and measures it under a [`Setup`].
+pub type Runner = fn(&Setup) -> Measurement;
+
+/// One implementation in one group.
+#[derive(Clone, Copy)]
+pub struct Contender {
+    /// Its column.
+    pub implementation: Implementation,
+    /// Its run.
+    pub run: Runner,
+}
+
+/// One workload: the rows of the table (one per key count × thread count).
+pub struct Group {
+    /// Short name: the algorithm, and for keyed groups the key policy.
+    pub id: String,
+    /// The criterion group it belongs to.
+    pub suite: Suite,
+    /// The key counts it runs at (`[1]` for a hot key).
+    pub key_counts: Vec<u64>,
+    /// The policy and what it makes the decisions do.
+    pub workload: String,
+    /// Its contenders, in column order.
+    pub contenders: Vec<Contender>,
+}
+
+/// Key counts of the keyed groups.
+pub const KEY_COUNTS: [u64; 2] = [1_000, 100_000];
+
+/// The whole matrix.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::matrix::{groups, Implementation};
+/// let matrix = groups();
+/// assert!(matrix.iter().any(|g| g.contenders.iter().any(|c| c.implementation == Implementation::Floor)));
+/// ```
+pub fn groups() -> Vec<Group> {
+    let c = |implementation, run| Contender {
+        implementation,
+        run,
+    };
+    let mut gcra_hot = vec![
+        c(Implementation::Floodgate, hot::<GcraWorkload>),
+        c(Implementation::Leased, leased::<false>),
+        c(Implementation::LeasedCoarse, leased::<true>),
+        c(Implementation::MutexTwin, hot_twin::<GcraWorkload>),
+        c(Implementation::Textbook, gcra_textbook),
+    ];
+    #[cfg(feature = "compare")]
+    gcra_hot.push(c(Implementation::Governor, gcra_governor));
+    gcra_hot.push(c(Implementation::Floor, floor));
+    gcra_hot.push(c(Implementation::NoWriteCeiling, no_write_ceiling));
+    let mut matrix = vec![Group {
+        id: "gcra".to_owned(),
+        suite: Suite::HotKey,
+        key_counts: vec![1],
+        workload: GcraWorkload::description(),
+        contenders: gcra_hot,
+    }];
+    for policy in [KeyPolicy::BookedAhead, KeyPolicy::IdleBetweenVisits] {
+        matrix.push(keyed_group(policy));
+    }
+    matrix.push(Group {
+        id: "fixed-window".to_owned(),
+        suite: Suite::Algorithms,
+        key_counts: vec![1],
+        workload: FixedWindowWorkload::description(),
+        contenders: vec![
+            c(Implementation::Floodgate, hot::<FixedWindowWorkload>),
+            c(Implementation::MutexTwin, hot_twin::<FixedWindowWorkload>),
+            c(Implementation::Textbook, fixed_window_textbook),
+        ],
+    });
+    matrix.push(Group {
+        id: "sliding-window".to_owned(),
+        suite: Suite::Algorithms,
+        key_counts: vec![1],
+        workload: SlidingWindowWorkload::description(),
+        contenders: vec![
+            c(Implementation::Floodgate, hot::<SlidingWindowWorkload>),
+            c(Implementation::MutexTwin, hot_twin::<SlidingWindowWorkload>),
+            c(Implementation::Textbook, sliding_window_textbook),
+        ],
+    });
+    matrix.push(Group {
+        id: "sliding-log".to_owned(),
+        suite: Suite::Algorithms,
+        key_counts: vec![1],
+        workload: format!(
+            "{SLIDING_LIMIT} per second, a ring of {SLIDING_LIMIT} timestamps under a short \
+             mutex (no lock-free twin to compare)"
+        ),
+        contenders: vec![
+            c(Implementation::Floodgate, sliding_log_floodgate),
+            c(Implementation::Textbook, sliding_log_textbook),
+        ],
+    });
+    matrix
+}
+
+fn keyed_group(policy: KeyPolicy) -> Group {
+    let (booked, idle): (Runner, Runner) = (keyed_floodgate::<true>, keyed_floodgate::<false>);
+    let c = |implementation, run| Contender {
+        implementation,
+        run,
+    };
+    let pick = |a: Runner, b: Runner| {
+        if policy == KeyPolicy::BookedAhead {
+            a
+        } else {
+            b
+        }
+    };
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut contenders = vec![
+        c(Implementation::Floodgate, pick(booked, idle)),
+        c(
+            Implementation::MutexTwin,
+            pick(keyed_twin::<true>, keyed_twin::<false>),
+        ),
+        c(
+            Implementation::Textbook,
+            pick(keyed_textbook::<true>, keyed_textbook::<false>),
+        ),
+    ];
+    #[cfg(feature = "compare")]
+    contenders.push(c(
+        Implementation::Governor,
+        pick(keyed_governor::<true>, keyed_governor::<false>),
+    ));
+    contenders.push(c(
+        Implementation::DashmapAnchor,
+        pick(keyed_dashmap::<true>, keyed_dashmap::<false>),
+    ));
+    let policy_text = match policy {
+        KeyPolicy::BookedAhead => "each key 1 per second, burst 10^9: booked ahead, always live",
+        KeyPolicy::IdleBetweenVisits => {
+            "each key 10^9 per second, burst 1000: idle again between visits"
+        }
+    };
+    Group {
+        id: format!("gcra-keyed-{}", policy.id()),
+        suite: Suite::Keyed,
+        key_counts: KEY_COUNTS.to_vec(),
+        workload: format!(
+            "{policy_text}; keys inserted before the run, each thread walks its own \
+             scrambled sequence; every decision admits"
+        ),
+        contenders,
+    }
+}
+
+/// A word-sized algorithm the matrix measures, built for the workload's rate.
+pub trait Workload {
+    /// The library type.
+    type Algorithm: Algorithm;
+    /// The algorithm, built for this workload's policy.
+    fn algorithm() -> Self::Algorithm;
+    /// The policy and what it makes the decisions do, for the report.
+    fn description() -> String;
+}
+
+/// GCRA (and so the token and leaky buckets) at [`LIMIT`] per second, burst [`BURST`].
+pub struct GcraWorkload;
+
+impl Workload for GcraWorkload {
+    type Algorithm = Gcra;
+    fn algorithm() -> Gcra {
+        Gcra::new(gcra_policy())
+    }
+    fn description() -> String {
+        format!("{LIMIT} per second, burst {BURST}: every decision admits and writes the state")
+    }
+}
+
+/// The fixed window at [`LIMIT`] per second.
+pub struct FixedWindowWorkload;
+
+impl Workload for FixedWindowWorkload {
+    type Algorithm = FixedWindow;
+    fn algorithm() -> FixedWindow {
+        Policy::per_second(LIMIT)
+            .and_then(FixedWindow::new)
+            .expect("the benchmark policy is valid")
+    }
+    fn description() -> String {
+        format!("{LIMIT} per second: every decision admits and writes the state")
+    }
+}
+
+/// The sliding window counter at [`SLIDING_LIMIT`] per second.
+pub struct SlidingWindowWorkload;
+
+impl Workload for SlidingWindowWorkload {
+    type Algorithm = SlidingWindow;
+    fn algorithm() -> SlidingWindow {
+        Policy::per_second(SLIDING_LIMIT)
+            .and_then(SlidingWindow::new)
+            .expect("the benchmark policy is valid")
+    }
+    fn description() -> String {
+        format!("{SLIDING_LIMIT} per second: nearly every decision denies and writes nothing")
+    }
+}
+
+fn gcra_policy_result() -> Result<Policy, floodgate::PolicyError> {
+    Policy::per_second(LIMIT).and_then(|p| p.with_burst(BURST))
+}
+
+/// The hot-key GCRA policy: [`LIMIT`] per second, burst [`BURST`].
+///
+/// # Examples
+///
+/// ```
+/// let policy = floodgate_bench::matrix::gcra_policy();
+/// assert_eq!(policy.burst(), floodgate_bench::matrix::BURST);
+/// ```
+pub fn gcra_policy() -> Policy {
+    gcra_policy_result().expect("the benchmark policy is valid")
+}
+
+/// governor's quota for the hot-key workload.
+#[cfg(feature = "compare")]
+pub fn governor_quota() -> governor::Quota {
+    let limit = NonZeroU32::new(LIMIT as u32).unwrap_or(NonZeroU32::MAX);
+    let burst = NonZeroU32::new(BURST as u32).unwrap_or(NonZeroU32::MIN);
+    governor::Quota::per_second(limit).allow_burst(burst)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn hot<W: Workload>(setup: &Setup) -> Measurement {
+    let limiter = RateLimiter::new(W::algorithm());
+    measure(setup.threads, setup.budget, |_| {
+        || limiter.check().is_allowed()
+    })
+}
+
+fn hot_twin<W: Workload>(setup: &Setup) -> Measurement {
+    let limiter = RateLimiter::locked_with_clock(W::algorithm(), DefaultClock::new());
+    measure(setup.threads, setup.budget, |_| {
+        || limiter.check().is_allowed()
+    })
+}
+
+/// A full textbook bucket for GCRA's workload, created at `now`.
+fn textbook_bucket(now: u64) -> TextbookTokenBucket {
+    TextbookTokenBucket::new(
+        BURST as f64,
+        LIMIT as f64,
+        std::time::Duration::from_secs(1),
+        now,
+    )
+}
+
+fn gcra_textbook(setup: &Setup) -> Measurement {
+    let clock = DefaultClock::new();
+    let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
+    measure(setup.threads, setup.budget, |_| {
+        || {
+            // The clock is read before taking the lock, as the limiters do.
+            let now = clock.now().as_u64();
+            lock(&bucket).allow(now, 1.0)
+        }
+    })
+}
+
+#[cfg(feature = "compare")]
+fn gcra_governor(setup: &Setup) -> Measurement {
+    let limiter = governor::RateLimiter::direct(governor_quota());
+    measure(setup.threads, setup.budget, |_| || limiter.check().is_ok())
+}
+
+/// The leased hot-key mode: one shard per thread, default lease size (burst ÷ 4 ×
+/// shards) and lifetime (1 ms); `COARSE`: the coarse expiry clock.
+fn leased<const COARSE: bool>(setup: &Setup) -> Measurement {
+    let builder = LeasedGcra::builder(gcra_policy()).shards(setup.threads);
+    let limiter = if COARSE {
+        builder.build_coarse()
+    } else {
+        builder.build()
+    }
+    .expect("the benchmark lease settings are valid");
+    measure(setup.threads, setup.budget, |_| {
+        || limiter.check().is_allowed()
+    })
+}
+
+/// One clock read and one CAS on the thread's own padded word.
+fn floor(setup: &Setup) -> Measurement {
+    let clock = DefaultClock::new();
+    let words: Vec<CachePadded<AtomicU64>> = (0..setup.threads)
+        .map(|_| CachePadded::new(AtomicU64::new(0)))
+        .collect();
+    measure(setup.threads, setup.budget, |thread| {
+        let (clock, word) = (&clock, &words[thread]);
+        move || {
+            let now = clock.now().as_u64();
+            let current = word.load(Ordering::Relaxed);
+            word.compare_exchange(
+                current,
+                now.max(current + 1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        }
+    })
+}
+
+/// One clock read and a load of one shared word nobody writes.
+fn no_write_ceiling(setup: &Setup) -> Measurement {
+    let clock = DefaultClock::new();
+    let word = CachePadded::new(AtomicU64::new(u64::MAX));
+    measure(setup.threads, setup.budget, |_| {
+        || {
+            let now = clock.now().as_u64();
+            now < word.load(Ordering::Acquire)
+        }
+    })
+}
+
+fn fixed_window_textbook(setup: &Setup) -> Measurement {
+    textbook_window(
+        setup,
+        LIMIT,
+        TextbookFixedWindow::new,
+        TextbookFixedWindow::allow,
+    )
+}
+
+fn sliding_window_textbook(setup: &Setup) -> Measurement {
+    textbook_window(
+        setup,
+        SLIDING_LIMIT,
+        TextbookSlidingWindow::new,
+        TextbookSlidingWindow::allow,
+    )
+}
+
+/// A textbook window of `limit` per second under one mutex (`new` builds it from
+/// limit, period and now), asked with `allow` at each clock reading.
+fn textbook_window<T: Send>(
+    setup: &Setup,
+    limit: u64,
+    new: fn(u64, u64, u64) -> T,
+    allow: impl Fn(&mut T, u64, u64) -> bool + Sync,
+) -> Measurement {
+    let clock = DefaultClock::new();
+    let window = Mutex::new(new(limit, 1_000_000_000, clock.now().as_u64()));
+    let (clock, window, allow) = (&clock, &window, &allow);
+    measure(setup.threads, setup.budget, |_| {
+        move || {
+            let now = clock.now().as_u64();
+            allow(&mut lock(window), now, 1)
+        }
+    })
+}
+
+fn sliding_log_policy() -> Policy {
+    Policy::per_second(SLIDING_LIMIT).expect("the benchmark policy is valid")
+}
+
+fn sliding_log_floodgate(setup: &Setup) -> Measurement {
+    let log = SlidingLog::new(sliding_log_policy());
+    measure(setup.threads, setup.budget, |_| || log.check().is_allowed())
+}
+
+/// The seed article's log: a `Vec` of timestamps pruned with `retain`, in a mutex.
+fn sliding_log_textbook(setup: &Setup) -> Measurement {
+    let clock = DefaultClock::new();
+    let log = Mutex::new(TextbookSlidingLog::new(
+        SLIDING_LIMIT as usize,
+        1_000_000_000,
+    ));
+    let (clock, log) = (&clock, &log);
+    measure(setup.threads, setup.budget, |_| {
+        move || {
+            let now = clock.now().as_u64();
+            lock(log).allow(now)
+        }
+    })
+}
+
+/// The key of operation `op` on thread `thread` among `keys` keys: a multiplicative
+/// scramble, each thread on its own sequence.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::matrix::key_for;
+/// assert!((0..1_000).all(|op| key_for(3, op, 100) < 100));
+/// ```
+pub fn key_for(thread: usize, op: u64, keys: u64) -> u64 {
+    let thread = (thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread) % keys.max(1)
+}
+
+/// Thread `thread`'s keys, one per call: `key_for(thread, 0, keys)`, … (built in the
+/// harness's untimed per-thread setup).
+fn keys_of(thread: usize, keys: u64) -> impl FnMut() -> u64 {
+    let mut op = 0u64;
+    move || {
+        let key = key_for(thread, op, keys);
+        op = op.wrapping_add(1);
+        key
+    }
+}
+
+/// Runs `check` once on every key (untimed, before the measured loop), then measures
+/// it on each thread's key sequence.
+fn keyed_run(setup: &Setup, check: impl Fn(u64) -> bool + Sync) -> Measurement {
+    for key in 0..setup.keys {
+        check(key);
+    }
+    measure(setup.threads, setup.budget, |thread| {
+        let mut next_key = keys_of(thread, setup.keys);
+        let check = &check;
+        move || check(next_key())
+    })
+}
+
+fn key_policy(booked: bool) -> KeyPolicy {
+    if booked {
+        KeyPolicy::BookedAhead
+    } else {
+        KeyPolicy::IdleBetweenVisits
+    }
+}
+
+/// floodgate's keyed limiter for `u64` keys (inline storage: keys in the slots),
+/// sized as the README tells users to size it: capacity = the number of keys (a
+/// table holds its capacity without reclaiming or evicting any).
+fn keyed_floodgate<const BOOKED: bool>(setup: &Setup) -> Measurement {
+    let keyed = KeyedBuilder::new(Gcra::new(key_policy(BOOKED).policy()))
+        .capacity(setup.keys.max(1) as usize)
+        .build_inline::<u64>()
+        .expect("the benchmark capacity is valid");
+    keyed_run(setup, |key| keyed.check(&key).is_allowed())
+}
+
+/// One shard of the keyed mutex twin, alone on its cache lines.
+type TwinShard = CachePadded<Mutex<HashMap<u64, GcraState, ahash::RandomState>>>;
+
+/// The keyed mutex twin: GCRA's transition over per-key states in [`TWIN_SHARDS`]
+/// ahash maps, one mutex per shard (the shard from the key's high hash bits).
+fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Measurement {
+    let gcra = Gcra::new(key_policy(BOOKED).policy());
+    let fresh = AtomicCell::<GcraState>::fresh().load();
+    let clock = DefaultClock::new();
+    let shards: Vec<TwinShard> = (0..TWIN_SHARDS)
+        .map(|_| CachePadded::new(Mutex::new(HashMap::default())))
+        .collect();
+    let hasher = ahash::RandomState::new();
+    keyed_run(setup, |key| {
+        let now = clock.now();
+        let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
+        let mut states = lock(&shards[shard]);
+        let state = states.entry(key).or_insert(fresh);
+        let (decision, next) = gcra.decide(*state, now, 1);
+        if let Some(next) = next {
+            *state = next;
+        }
+        decision.is_allowed()
+    })
+}
+
+/// The textbook keyed limiter: one map of `f64` buckets under one mutex.
+fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Measurement {
+    let policy = key_policy(BOOKED).policy();
+    let clock = DefaultClock::new();
+    let buckets: Mutex<HashMap<u64, TextbookTokenBucket, ahash::RandomState>> =
+        Mutex::new(HashMap::default());
+    keyed_run(setup, |key| {
+        let now = clock.now().as_u64();
+        lock(&buckets)
+            .entry(key)
+            .or_insert_with(|| {
+                TextbookTokenBucket::new(
+                    policy.burst() as f64,
+                    policy.limit() as f64,
+                    std::time::Duration::from_secs(1),
+                    now,
+                )
+            })
+            .allow(now, 1.0)
+    })
+}
+
+/// governor's keyed limiter on its `DashMap` store, hashed with ahash.
+#[cfg(feature = "compare")]
+fn keyed_governor<const BOOKED: bool>(setup: &Setup) -> Measurement {
+    let limiter = governor::RateLimiter::dashmap_with_hasher(
+        key_policy(BOOKED).quota(),
+        ahash::RandomState::new(),
+    );
+    keyed_run(setup, |key| limiter.check_key(&key).is_ok())
+}
+
+/// GCRA on a `DashMap<u64, AtomicU64>`: a shard read lock, then a CAS on the key's word.
+fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Measurement {
+    let gcra = Gcra::new(key_policy(BOOKED).policy());
+    let clock = DefaultClock::new();
+    let map: DashMap<u64, AtomicU64, ahash::RandomState> =
+        DashMap::with_hasher(ahash::RandomState::new());
+    keyed_run(setup, |key| {
+        let now = clock.now();
+        let word = match map.get(&key) {
+            Some(word) => word,
+            None => map
+                .entry(key)
+                .or_insert_with(|| AtomicU64::new(0))
+                .downgrade(),
+        };
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            let state = GcraState::from_tat(floodgate::Nanos::new(current));
+            let (decision, next) = gcra.decide(state, now, 1);
+            let Some(next) = next else {
+                return decision.is_allowed();
+            };
+            match word.compare_exchange_weak(
+                current,
+                next.tat().as_u64(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return decision.is_allowed(),
+                Err(actual) => current = actual,
+            }
+        }
+    })
+}
+
+/// One clock source: a reading in nanoseconds from some origin (never 0).
+pub type ClockRead = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// Clock sources the `clock` criterion group compares: what one reading costs.
+///
+/// # Examples
+///
+/// ```
+/// for (name, read) in floodgate_bench::matrix::clock_reads() {
+///     assert!(read() > 0, "{name}");
+/// }
+/// ```
+pub fn clock_reads() -> Vec<(&'static str, ClockRead)> {
+    let floodgate = DefaultClock::new();
+    let quanta = quanta::Clock::new();
+    let origin = Instant::now();
+    vec![
+        (
+            "floodgate_default",
+            Box::new(move || floodgate.now().as_u64()),
+        ),
+        ("quanta_now", {
+            let start = quanta.now();
+            Box::new(move || quanta.now().duration_since(start).as_nanos() as u64 + 1)
+        }),
+        ("quanta_raw", {
+            let quanta = quanta::Clock::new();
+            Box::new(move || quanta.raw())
+        }),
+        (
+            "std_instant",
+            Box::new(move || origin.elapsed().as_nanos() as u64 + 1),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_workload_policies_are_valid_and_fit_governor() {
+        let policy = gcra_policy();
+        assert_eq!((policy.limit(), policy.burst()), (LIMIT, BURST));
+        assert!(u32::try_from(LIMIT).is_ok() && u32::try_from(BURST).is_ok());
+        for p in [KeyPolicy::BookedAhead, KeyPolicy::IdleBetweenVisits] {
+            let policy = p.policy();
+            assert!(u32::try_from(policy.limit()).is_ok() && u32::try_from(policy.burst()).is_ok());
+        }
+    }
+
+    #[test]
+    fn every_contender_runs_and_admits() {
+        for group in groups() {
+            for contender in &group.contenders {
+                for &keys in &group.key_counts {
+                    for budget in [
+                        Budget::Ops(3_000),
+                        Budget::Time {
+                            warm_up: Duration::from_millis(1),
+                            run: Duration::from_millis(3),
+                        },
+                    ] {
+                        let setup = Setup {
+                            threads: 2,
+                            keys: keys.min(1_000),
+                            budget,
+                        };
+                        let sample = (contender.run)(&setup);
+                        assert!(
+                            sample.ops > 0,
+                            "{} {:?}",
+                            group.id,
+                            contender.implementation
+                        );
+                        if !group.workload.contains("every decision admits") {
+                            continue;
+                        }
+                        // A rate far above the achievable one: (nearly) everything admits.
+                        assert!(
+                            sample.admitted * 10 >= sample.ops * 9,
+                            "{} {:?}: {sample:?}",
+                            group.id,
+                            contender.implementation
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_thread_walks_its_own_key_sequence() {
+        for thread in [0, 1, 7] {
+            let mut next_key = keys_of(thread, 100_000);
+            for op in 0..100 {
+                assert_eq!(next_key(), key_for(thread, op, 100_000));
+            }
+        }
+        assert_ne!(
+            (0..8).map(|op| key_for(0, op, 1_000)).collect::<Vec<_>>(),
+            (0..8).map(|op| key_for(1, op, 1_000)).collect::<Vec<_>>()
+        );
+        assert_eq!(key_for(5, 9, 1), 0);
+    }
+
+    #[test]
+    fn every_group_has_floodgate_first_and_distinct_columns() {
+        for group in groups() {
+            assert_eq!(
+                group.contenders[0].implementation,
+                Implementation::Floodgate
+            );
+            let mut seen: Vec<_> = group.contenders.iter().map(|c| c.implementation).collect();
+            seen.dedup();
+            assert_eq!(seen.len(), group.contenders.len(), "{}", group.id);
+        }
+    }
+}

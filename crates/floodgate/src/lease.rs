@@ -1,0 +1,663 @@
+//! A hot key that scales across cores: GCRA with per-shard leases.
+//!
+//! A plain [`RateLimiter`](crate::RateLimiter) writes one word on every admission;
+//! when every core decides on the same key, that word's cache line moves between cores
+//! on every decision and throughput cannot pass one line transfer per decision.
+//! [`LeasedGcra`] keeps the same central GCRA word but lets each shard (by default one
+//! per thread index, see [`LeaseBuilder::shards`]) take a small batch of units from it
+//! with one CAS — a **lease** — and spend them on its own padded word, which no other
+//! shard writes. Unspent units **expire** after a short lifetime; a shard that goes back
+//! to the central word first takes back its own unexpired units, so none is lost.
+//!
+//! # The bound (the one mode exempt from exact admission)
+//!
+//! Every admitted unit was taken from the central word no later than it was admitted,
+//! and the central word is an exact GCRA (capacity B, emission interval T). Hence, over
+//! any interval `[a, b]`:
+//!
+//! ```text
+//! admitted in [a, b]  ≤  B + ⌊(b − a) / T⌋  +  units out on lease at a
+//! ```
+//!
+//! and the units out on lease are at most `shards × lease size` while no two threads
+//! share a shard (threads take shards by their thread index; with more threads than
+//! shards, two refills on one shard can merge, and the bound is `threads × lease
+//! size`). A refill admits from the central word whatever it can give (at least the
+//! cost, at most the lease size), so a request is denied only when this shard's lease
+//! and the central word together hold fewer units than it costs: it **under-admits**
+//! (against a plain GCRA fed the same admissions) by at most the units stranded in
+//! other shards' leases, and a stranded unit stays stranded for at most one lease
+//! lifetime (then it expires; its charge drains from the central word at the rate T,
+//! like any admission's).
+//!
+//! # What a decision reports
+//!
+//! `limit` is the burst B. `remaining` is, on a lease spend, the units left in this
+//! shard's lease (a lower bound on what could be admitted now: other shards and the
+//! central word may hold more); on a refill or a denial, this shard's lease units plus
+//! the central word's remaining. `reset_after` on a lease spend is the lease's remaining
+//! lifetime; otherwise the central word's. `retry_after` on a denial is the central
+//! word's for the units this shard is short of. `check(0)` reports the central word
+//! and writes nothing.
+//!
+//! # Clocks
+//!
+//! Refills read the limiter's clock (`C`, by default the TSC) for the central GCRA
+//! word. Lease expiry reads an **expiry clock**: [`Expiry::Fresh`] is the same clock
+//! (one TSC read per decision), [`Expiry::Coarse`] is quanta's *recent* time, a
+//! process-wide word an upkeep thread refreshes every [`COARSE_TICK`]: a decision
+//! spending a valid lease then reads no TSC at all. Its staleness is at most one tick
+//! plus however long the upkeep thread waits for a core; a stale expiry clock only
+//! lets a lease live that much longer (it never changes the admission bound, which
+//! holds whatever the lifetime).
+//!
+//! # Memory ordering
+//!
+//! Both words publish nothing but themselves: every access is `Relaxed`, and every
+//! update goes through the crate's one CAS loop (a failed CAS hands back the current
+//! value). Units move central → lease by a CAS on the central word followed by a CAS on
+//! the shard word; between the two they are held by the refilling thread.
+//!
+//! # Examples
+//!
+//! ```
+//! use floodgate::{LeasedGcra, ManualClock, Policy};
+//!
+//! let policy = Policy::per_second(1_000)?.with_burst(100)?;
+//! let leased = LeasedGcra::builder(policy)
+//!     .shards(2)
+//!     .lease_size(10)
+//!     .build_with_clock(ManualClock::new())?;
+//! let first = leased.check_on(0, 1); // takes a lease of 10 from the central word
+//! assert!(first.is_allowed());
+//! assert_eq!(leased.units_on_lease(), 9);
+//! let second = leased.check_on(0, 1); // spends locally
+//! assert_eq!(second.remaining(), 8);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use core::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::cell::update_word;
+use crate::clock::{Clock, DefaultClock, Nanos};
+use crate::decision::Decision;
+use crate::gcra::{Gcra, GcraState};
+use crate::policy::Policy;
+use crate::sync::{thread_index, Atomic};
+use crate::Algorithm;
+
+/// The largest lease: the units field's width.
+pub const MAX_LEASE: u32 = (1 << UNITS_BITS) - 1;
+/// The most shards a limiter takes.
+pub const MAX_SHARDS: usize = 1 << 12;
+/// How often the coarse expiry clock is refreshed (its staleness bound when its upkeep
+/// thread runs on time).
+pub const COARSE_TICK: Duration = Duration::from_millis(1);
+/// Expiry ticks are 2^16 ns (65.536 µs): 44 bits of them last 36 years.
+const TICK_SHIFT: u32 = 16;
+const UNITS_BITS: u32 = 20;
+const UNITS_MASK: u64 = (1 << UNITS_BITS) - 1;
+const EXPIRY_MAX: u64 = (1 << (64 - UNITS_BITS)) - 1;
+const _: () = assert!(UNITS_BITS + (64 - UNITS_BITS) == 64);
+
+/// One shard's lease: unspent units (low 20 bits) and the expiry tick (high 44 bits,
+/// ticks of 2^16 ns since the limiter's origin). All zero: no lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+struct Lease(u64);
+
+impl Lease {
+    const fn new(units: u32, expires: u64) -> Lease {
+        let expires = if expires > EXPIRY_MAX {
+            EXPIRY_MAX
+        } else {
+            expires
+        };
+        Lease((expires << UNITS_BITS) | (units as u64 & UNITS_MASK))
+    }
+
+    const fn units(self) -> u32 {
+        (self.0 & UNITS_MASK) as u32
+    }
+
+    const fn expires(self) -> u64 {
+        self.0 >> UNITS_BITS
+    }
+
+    /// The units still spendable at `tick` (0 once expired).
+    const fn valid_units(self, tick: u64) -> u32 {
+        if tick < self.expires() {
+            self.units()
+        } else {
+            0
+        }
+    }
+
+    /// Spends `cost` at `tick`, if the lease is valid and holds that much.
+    fn spend(self, tick: u64, cost: u32) -> Option<Lease> {
+        let units = self.valid_units(tick);
+        (units >= cost).then(|| Lease::new(units - cost, self.expires()))
+    }
+}
+
+/// Which clock decides whether a lease has expired.
+#[derive(Debug)]
+pub enum Expiry {
+    /// The limiter's own clock, read on every decision.
+    Fresh,
+    /// quanta's recent time (refreshed every [`COARSE_TICK`] by an upkeep thread): no
+    /// TSC read while a lease is valid.
+    #[cfg(not(loom))]
+    Coarse(CoarseClock),
+}
+
+/// quanta's recent time as nanoseconds since its creation.
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub struct CoarseClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+#[cfg(not(loom))]
+impl CoarseClock {
+    /// Starts the process-wide upkeep thread (once; later calls share it) and anchors
+    /// the clock now. If the thread cannot be started, readings fall back to quanta's
+    /// fresh time (correct, just not coarse).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let coarse = floodgate::lease::CoarseClock::new();
+    /// let a = coarse.nanos();
+    /// assert!(coarse.nanos() >= a);
+    /// ```
+    pub fn new() -> CoarseClock {
+        static UPKEEP: std::sync::OnceLock<Option<quanta::Handle>> = std::sync::OnceLock::new();
+        UPKEEP.get_or_init(|| quanta::Upkeep::new(COARSE_TICK).start().ok());
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        CoarseClock { clock, origin }
+    }
+
+    /// Nanoseconds since this clock was made, as of the last upkeep tick.
+    #[inline]
+    pub fn nanos(&self) -> u64 {
+        self.clock
+            .recent()
+            .saturating_duration_since(self.origin)
+            .as_nanos() as u64
+    }
+}
+
+#[cfg(not(loom))]
+impl Default for CoarseClock {
+    fn default() -> Self {
+        CoarseClock::new()
+    }
+}
+
+/// A configuration the builder refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// `lease_size` must be in 1..=min(burst, [`MAX_LEASE`]).
+    LeaseSize {
+        /// The value given.
+        size: u32,
+        /// The largest allowed for this policy.
+        max: u32,
+    },
+    /// `shards` must be in 1..=[`MAX_SHARDS`].
+    Shards(usize),
+    /// `lifetime` must be at least one expiry tick (65.536 µs) and at most a year.
+    Lifetime(Duration),
+}
+
+impl core::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            LeaseError::LeaseSize { size, max } => {
+                write!(
+                    f,
+                    "lease_size {size} is outside 1..={max} (the burst and {MAX_LEASE})"
+                )
+            }
+            LeaseError::Shards(n) => write!(f, "shards {n} is outside 1..={MAX_SHARDS}"),
+            LeaseError::Lifetime(d) => {
+                write!(f, "lifetime {d:?} is outside 65.536µs..=1 year")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// Builds a [`LeasedGcra`].
+#[derive(Debug)]
+#[must_use]
+pub struct LeaseBuilder {
+    policy: Policy,
+    shards: usize,
+    lease_size: Option<u32>,
+    lifetime: Duration,
+}
+
+impl LeaseBuilder {
+    /// Shards (rounded up to a power of two): by default the available parallelism.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Units per lease: by default burst ÷ (4 × shards), at least 1 and at most 1024.
+    pub fn lease_size(mut self, units: u32) -> Self {
+        self.lease_size = Some(units);
+        self
+    }
+
+    /// How long unspent units stay spendable (default 1 ms).
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = lifetime;
+        self
+    }
+
+    /// With the default TSC clock and [`Expiry::Fresh`].
+    ///
+    /// # Errors
+    ///
+    /// A [`LeaseError`] naming the bad setting.
+    pub fn build(self) -> Result<LeasedGcra, LeaseError> {
+        self.build_with_clock(DefaultClock::new())
+    }
+
+    /// With the default TSC clock for refills and [`Expiry::Coarse`] for expiry.
+    ///
+    /// # Errors
+    ///
+    /// A [`LeaseError`] naming the bad setting.
+    #[cfg(not(loom))]
+    pub fn build_coarse(self) -> Result<LeasedGcra, LeaseError> {
+        self.build_with(DefaultClock::new(), Expiry::Coarse(CoarseClock::new()))
+    }
+
+    /// With `clock` for refills and expiry ([`Expiry::Fresh`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`LeaseError`] naming the bad setting.
+    pub fn build_with_clock<C: Clock>(self, clock: C) -> Result<LeasedGcra<C>, LeaseError> {
+        self.build_with(clock, Expiry::Fresh)
+    }
+
+    /// With `clock` for refills and `expiry` for lease expiry.
+    ///
+    /// # Errors
+    ///
+    /// A [`LeaseError`] naming the bad setting.
+    pub fn build_with<C: Clock>(
+        self,
+        clock: C,
+        expiry: Expiry,
+    ) -> Result<LeasedGcra<C>, LeaseError> {
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(LeaseError::Shards(self.shards));
+        }
+        let shards = self.shards.next_power_of_two();
+        let max = u32::try_from(self.policy.burst())
+            .unwrap_or(u32::MAX)
+            .min(MAX_LEASE);
+        let default = (self.policy.burst() / (4 * shards as u64)).clamp(1, 1024) as u32;
+        let size = self.lease_size.unwrap_or(default.min(max));
+        if size == 0 || size > max {
+            return Err(LeaseError::LeaseSize { size, max });
+        }
+        let ticks = (self.lifetime.as_nanos() >> TICK_SHIFT) as u64;
+        if ticks == 0 || self.lifetime > Duration::from_secs(366 * 86_400) {
+            return Err(LeaseError::Lifetime(self.lifetime));
+        }
+        let mut limiter = LeasedGcra {
+            gcra: Gcra::new(self.policy),
+            central: CachePadded::new(Atomic::new(GcraState::default())),
+            shards: (0..shards)
+                .map(|_| CachePadded::new(Atomic::new(Lease::default())))
+                .collect(),
+            mask: shards - 1,
+            lease_size: size,
+            lifetime_ticks: ticks,
+            clock,
+            expiry,
+            origin: 0,
+        };
+        limiter.origin = limiter.expiry_nanos().1;
+        Ok(limiter)
+    }
+}
+
+/// GCRA on one hot key with per-shard leases (see the [module docs](self)).
+pub struct LeasedGcra<C: Clock = DefaultClock> {
+    gcra: Gcra,
+    central: CachePadded<Atomic<GcraState>>,
+    shards: Box<[CachePadded<Atomic<Lease>>]>,
+    mask: usize,
+    lease_size: u32,
+    lifetime_ticks: u64,
+    clock: C,
+    expiry: Expiry,
+    origin: u64,
+}
+
+impl LeasedGcra {
+    /// A builder for `policy` (see [`LeaseBuilder`] for the defaults).
+    pub fn builder(policy: Policy) -> LeaseBuilder {
+        LeaseBuilder {
+            policy,
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            lease_size: None,
+            lifetime: Duration::from_millis(1),
+        }
+    }
+}
+
+impl<C: Clock> LeasedGcra<C> {
+    /// Decides one unit on the calling thread's shard.
+    #[inline]
+    pub fn check(&self) -> Decision {
+        self.check_on(thread_index(), 1)
+    }
+
+    /// Decides `cost` units on the calling thread's shard.
+    #[inline]
+    pub fn check_n(&self, cost: u32) -> Decision {
+        self.check_on(thread_index(), cost)
+    }
+
+    /// Decides `cost` units on shard `shard` (taken modulo the shard count): for
+    /// callers that pin threads to cores and know theirs.
+    #[inline]
+    pub fn check_on(&self, shard: usize, cost: u32) -> Decision {
+        let word = &self.shards[shard & self.mask];
+        let (now, nanos) = self.expiry_nanos();
+        let tick = self.tick(nanos);
+        if cost > 0 {
+            let spent = update_word(&**word, |lease: Lease| match lease.spend(tick, cost) {
+                Some(next) => (Some(next), Some(next)),
+                None => (None, None),
+            });
+            if let Some(lease) = spent {
+                let left = lease.expires().saturating_sub(tick) << TICK_SHIFT;
+                return Decision::allow(
+                    self.gcra.policy().burst(),
+                    u64::from(lease.units()),
+                    1,
+                    left,
+                );
+            }
+        }
+        self.refill(word, now, tick, cost)
+    }
+
+    /// The central word's peek and a lease refill (the slow path).
+    #[cold]
+    fn refill(&self, word: &Atomic<Lease>, now: Option<Nanos>, tick: u64, cost: u32) -> Decision {
+        let now = now.unwrap_or_else(|| self.clock.now());
+        let burst = self.gcra.policy().burst();
+        if cost == 0 || u64::from(cost) > burst {
+            // A report (cost 0) or a cost that never fits: the central word's answer,
+            // nothing written.
+            return update_word(&*self.central, |state| {
+                (self.gcra.decide(state, now, cost).0, None)
+            });
+        }
+        // Take back this shard's own unexpired units first: none is stranded here.
+        let own = update_word(word, |lease: Lease| match lease.valid_units(tick) {
+            0 => (0, None),
+            units => (units, Some(Lease::new(0, lease.expires()))),
+        });
+        let need = cost.saturating_sub(own);
+        let want = self.lease_size.max(need);
+        let (taken, central) = if need == 0 {
+            (0, None)
+        } else {
+            update_word(&*self.central, |state| {
+                let available = self.gcra.decide(state, now, 0).0.remaining();
+                if available < u64::from(need) {
+                    return ((0, Some(self.gcra.decide(state, now, need).0)), None);
+                }
+                let take = u64::from(want).min(available) as u32;
+                let (decision, next) = self.gcra.decide(state, now, take);
+                ((take, Some(decision)), next)
+            })
+        };
+        let expires = tick.saturating_add(self.lifetime_ticks);
+        if taken == 0 && need > 0 {
+            // Denied: the units taken back return to the lease, unspent.
+            self.put_back(word, own, expires, tick);
+            let denial =
+                central.unwrap_or_else(|| self.gcra.decide(GcraState::default(), now, cost).0);
+            let remaining = denial.remaining().saturating_add(u64::from(own)).min(burst);
+            return match denial.retry_after_nanos() {
+                Some(retry) => {
+                    Decision::deny(burst, remaining, 1, denial.reset_after_nanos(), retry)
+                }
+                None => Decision::never(burst, remaining, 1, denial.reset_after_nanos()),
+            };
+        }
+        let left = own + taken - cost;
+        self.put_back(word, left, expires, tick);
+        let central_remaining = central.map_or(0, |d| d.remaining());
+        let reset = central.map_or(self.lifetime_ticks << TICK_SHIFT, |d| d.reset_after_nanos());
+        Decision::allow(
+            burst,
+            central_remaining.saturating_add(u64::from(left)).min(burst),
+            1,
+            reset,
+        )
+    }
+
+    /// Adds `units` to the shard's lease (keeping its unexpired units; units past
+    /// [`MAX_LEASE`] are dropped: under-admission only), valid until `expires`.
+    fn put_back(&self, word: &Atomic<Lease>, units: u32, expires: u64, tick: u64) {
+        if units == 0 {
+            return;
+        }
+        update_word(word, |lease: Lease| {
+            let total =
+                (lease.valid_units(tick) as u64 + u64::from(units)).min(u64::from(MAX_LEASE));
+            (
+                (),
+                Some(Lease::new(total as u32, expires.max(lease.expires()))),
+            )
+        });
+    }
+
+    /// The main clock's reading when the expiry clock is that clock, and the expiry
+    /// clock's nanoseconds.
+    #[inline(always)]
+    fn expiry_nanos(&self) -> (Option<Nanos>, u64) {
+        match &self.expiry {
+            Expiry::Fresh => {
+                let now = self.clock.now();
+                (Some(now), now.as_u64())
+            }
+            #[cfg(not(loom))]
+            Expiry::Coarse(coarse) => (None, coarse.nanos()),
+        }
+    }
+
+    #[inline(always)]
+    fn tick(&self, nanos: u64) -> u64 {
+        nanos.saturating_sub(self.origin) >> TICK_SHIFT
+    }
+
+    /// Units on unexpired leases, over all shards (reads every shard word).
+    pub fn units_on_lease(&self) -> u64 {
+        let tick = self.tick(self.expiry_nanos().1);
+        self.shards
+            .iter()
+            .map(|w| u64::from(w.load(crate::sync::Ordering::Relaxed).valid_units(tick)))
+            .sum()
+    }
+
+    /// Units held by shard words, expired or not (expired ones are cleared at that
+    /// shard's next refill): the units taken from the central word and not admitted.
+    pub fn units_held(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|w| u64::from(w.load(crate::sync::Ordering::Relaxed).units()))
+            .sum()
+    }
+
+    /// The number of shards (a power of two).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Units per lease.
+    pub fn lease_size(&self) -> u32 {
+        self.lease_size
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.gcra.policy()
+    }
+}
+
+impl<C: Clock> core::fmt::Debug for LeasedGcra<C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LeasedGcra")
+            .field("policy", &self.gcra.policy())
+            .field("shards", &self.shards.len())
+            .field("lease_size", &self.lease_size)
+            .field("lifetime_ticks", &self.lifetime_ticks)
+            .field("expiry", &self.expiry)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    fn policy(burst: u64) -> Policy {
+        Policy::per_second(1_000)
+            .and_then(|p| p.with_burst(burst))
+            .unwrap()
+    }
+
+    #[test]
+    fn lease_packing_round_trips_and_expires() {
+        let l = Lease::new(MAX_LEASE, EXPIRY_MAX + 5);
+        assert_eq!((l.units(), l.expires()), (MAX_LEASE, EXPIRY_MAX));
+        let l = Lease::new(7, 10);
+        assert_eq!(l.valid_units(9), 7);
+        assert_eq!(l.valid_units(10), 0);
+        assert_eq!(l.spend(9, 7), Some(Lease::new(0, 10)));
+        assert_eq!(l.spend(9, 8), None);
+        assert_eq!(l.spend(10, 1), None);
+        assert_eq!(Lease::default().valid_units(0), 0);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "quanta executes CPUID")]
+    fn the_builder_names_bad_settings() {
+        let b = || LeasedGcra::builder(policy(10));
+        assert_eq!(
+            b().lease_size(11).build().unwrap_err(),
+            LeaseError::LeaseSize { size: 11, max: 10 }
+        );
+        assert_eq!(
+            b().lease_size(0).build().unwrap_err(),
+            LeaseError::LeaseSize { size: 0, max: 10 }
+        );
+        assert_eq!(b().shards(0).build().unwrap_err(), LeaseError::Shards(0));
+        assert_eq!(
+            b().lifetime(Duration::from_micros(10)).build().unwrap_err(),
+            LeaseError::Lifetime(Duration::from_micros(10))
+        );
+        let l = b().shards(3).build().unwrap();
+        assert_eq!((l.shard_count(), l.lease_size()), (4, 1));
+        assert!(b()
+            .lease_size(11)
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("lease_size 11"));
+    }
+
+    #[test]
+    fn a_shard_spends_its_lease_without_the_central_word_then_refills() {
+        let clock = ManualClock::new();
+        let l = LeasedGcra::builder(policy(10))
+            .shards(2)
+            .lease_size(4)
+            .build_with_clock(clock.clone())
+            .unwrap();
+        let d = l.check_on(0, 1);
+        assert!(d.is_allowed());
+        assert_eq!((d.limit(), d.remaining()), (10, 3 + 6));
+        for left in [2, 1, 0] {
+            assert_eq!(l.check_on(0, 1).remaining(), left);
+        }
+        assert_eq!(l.units_on_lease(), 0);
+        // Shard 1 takes its own lease; shard 0 refills with what the central word has
+        // left (2 of the 4 it wants: 4 + 4 + 2 = the burst of 10).
+        assert!(l.check_on(1, 1).is_allowed());
+        assert!(l.check_on(0, 2).is_allowed());
+        assert_eq!(l.units_on_lease(), 3);
+        assert_eq!(l.check_on(0, 0).remaining(), 0);
+        // Shard 0 is out, and so is the central word: denied, retry when one unit is back.
+        let denied = l.check_on(0, 1);
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.retry_after(), Some(Duration::from_millis(1)));
+        // Shard 1 has 3 and wants 4: it takes its 3 back, the central word has none to
+        // add: denied, and its 3 are still on its lease.
+        assert!(!l.check_on(1, 4).is_allowed());
+        assert_eq!(l.units_on_lease(), 3);
+        assert!(l.check_on(1, 3).is_allowed());
+        assert_eq!(l.units_on_lease(), 0);
+        // A cost above the burst is never admitted.
+        assert_eq!(l.check_on(0, 11).retry_after(), None);
+    }
+
+    #[test]
+    fn unspent_units_expire_after_the_lifetime() {
+        let clock = ManualClock::new();
+        let l = LeasedGcra::builder(policy(100))
+            .shards(1)
+            .lease_size(10)
+            .lifetime(Duration::from_millis(1))
+            .build_with_clock(clock.clone())
+            .unwrap();
+        assert!(l.check().is_allowed());
+        assert_eq!(l.units_on_lease(), 9);
+        clock.advance(Duration::from_micros(1_100));
+        assert_eq!(l.units_on_lease(), 0);
+        assert_eq!(l.units_held(), 9);
+        // The next decision refills; the expired units are gone.
+        let d = l.check();
+        assert!(d.is_allowed());
+        assert_eq!(l.units_held(), 9);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "quanta executes CPUID")]
+    fn the_coarse_expiry_clock_spends_leases() {
+        let l = LeasedGcra::builder(
+            Policy::per_second(1_000_000_000)
+                .unwrap()
+                .with_burst(1_000)
+                .unwrap(),
+        )
+        .shards(1)
+        .lease_size(100)
+        .build_coarse()
+        .unwrap();
+        let admitted = (0..1_000).filter(|_| l.check().is_allowed()).count();
+        assert!(admitted > 0);
+    }
+}
