@@ -43,6 +43,7 @@
 //! [`Budget::Time`] a warm-up runs first on the same limiter.
 
 use std::collections::HashMap;
+#[cfg(feature = "compare")]
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
