@@ -554,3 +554,29 @@ impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for Loc
         f.debug_tuple("LockedCell").field(&self.load()).finish()
     }
 }
+
+/// A direct limiter's refund: `receipt` gives back through `cell` only if `owner`
+/// issued it (and for no key), judged at `now()` read after the state is loaded.
+pub(crate) fn refund_receipt<S, A, C>(
+    cell: &C,
+    algorithm: &A,
+    owner: crate::receipt::Owner,
+    receipt: crate::receipt::Receipt,
+    now: impl FnMut() -> Nanos,
+) -> bool
+where
+    S: bytemuck::Pod,
+    A: Algorithm<State = S>,
+    C: StateCell<S>,
+{
+    match receipt.charge_for(owner, 0) {
+        Some(charge) => cell.refund(
+            algorithm,
+            &charge,
+            receipt.noted(),
+            receipt.generation(),
+            now,
+        ),
+        None => false,
+    }
+}

@@ -3,7 +3,7 @@
 use core::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::cell::{AtomicCell, LockedCell, StateCell};
+use crate::cell::{refund_receipt, AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::fixed_window::FixedWindow;
@@ -397,16 +397,9 @@ where
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn refund(&self, receipt: Receipt) -> bool {
-        match receipt.charge_for(self.owner, 0) {
-            Some(charge) => self.cell.refund(
-                &self.algorithm,
-                &charge,
-                receipt.noted(),
-                receipt.generation(),
-                || self.clock.now(),
-            ),
-            None => false,
-        }
+        refund_receipt(&self.cell, &self.algorithm, self.owner, receipt, || {
+            self.clock.now()
+        })
     }
 
     /// Back to the fresh state, as if no request had been seen (to unblock a client,

@@ -41,7 +41,7 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{AtomicCell, LockedCell, StateCell};
+use crate::cell::{refund_receipt, AtomicCell, LockedCell, StateCell};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
@@ -665,16 +665,9 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn refund(&self, receipt: Receipt) -> bool {
-        match receipt.charge_for(self.owner, 0) {
-            Some(charge) => self.cell.refund(
-                &self.gcra,
-                &charge,
-                receipt.noted(),
-                receipt.generation(),
-                || self.clock.now(),
-            ),
-            None => false,
-        }
+        refund_receipt(&self.cell, &self.gcra, self.owner, receipt, || {
+            self.clock.now()
+        })
     }
 
     /// Back to the fresh state: every slot handed out is forgotten, and outstanding
