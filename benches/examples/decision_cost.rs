@@ -13,6 +13,10 @@
 //! `textbook`, `governor`, `floor`, `no_write_ceiling`). The limiter is built (and
 //! the clock calibrated) before `run_ops`, so the count holds the decisions, one
 //! thread start and one barrier.
+//!
+//! Another group of the matrix, with its key count, follows as two more arguments,
+//! e.g. `decision_cost governor 1000000 gcra-keyed-idle 1000000`; keyed groups insert
+//! their keys before `run_ops` too (add `--cache-sim=yes` for the cache misses).
 
 use std::process::ExitCode;
 
@@ -25,8 +29,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let matrix = groups();
-    let Some(hot) = matrix.iter().find(|g| g.suite == Suite::HotKey) else {
-        eprintln!("the matrix has no hot-key group");
+    let (group, keys) = match args.get(2..4) {
+        Some([group, keys]) => (Some(group.as_str()), keys.parse::<u64>().ok()),
+        _ => (None, Some(1)),
+    };
+    let Some(hot) = matrix.iter().find(|g| match group {
+        Some(id) => g.id == id,
+        None => g.suite == Suite::HotKey,
+    }) else {
+        eprintln!("the matrix has no such group");
         return ExitCode::from(1);
     };
     let ids: Vec<&str> = hot
@@ -34,8 +45,11 @@ fn main() -> ExitCode {
         .iter()
         .map(|c| c.implementation.id())
         .collect();
-    let usage = format!("usage: decision_cost <{}> <decisions>", ids.join("|"));
-    let [wanted, decisions] = args.as_slice() else {
+    let usage = format!(
+        "usage: decision_cost <{}> <decisions> [<group> <keys>]",
+        ids.join("|")
+    );
+    let (Some(keys), [wanted, decisions, ..]) = (keys, args.as_slice()) else {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
@@ -50,7 +64,7 @@ fn main() -> ExitCode {
     };
     let m = (contender.run)(&Setup {
         threads: 1,
-        keys: 1,
+        keys,
         budget: Budget::Ops(decisions),
     });
     println!(

@@ -7,7 +7,9 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::key::Lookup;
-use super::storage::{shard_size, Fingerprint, Heap, Inline, KeyTable, Storage, TableCounts};
+use super::storage::{
+    shard_size, Fingerprint, Heap, Inline, KeyTable, KeyedCharge, Storage, TableCounts,
+};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
@@ -675,10 +677,7 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        let decision = self
-            .table
-            .decide::<false, Q, A>(algorithm, key, now, cost)
-            .decision;
+        let decision: Decision = self.table.decide(algorithm, key, now, cost);
         self.count(decision.is_allowed());
         decision
     }
@@ -736,7 +735,9 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        let c = self.table.decide::<true, Q, A>(algorithm, key, now, cost);
+        let c = self
+            .table
+            .decide::<KeyedCharge<A::State>, Q, A>(algorithm, key, now, cost);
         self.count(c.decision.is_allowed());
         let charge = c.charge.map(|charge| (charge, c.noted));
         (

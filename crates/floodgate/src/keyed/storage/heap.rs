@@ -49,7 +49,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{refund_word, update_word, CasWord};
@@ -134,14 +134,9 @@ where
     }
 
     #[inline(always)]
-    fn decide<const RECEIPT: bool, Q, A>(
-        &self,
-        algorithm: &A,
-        key: &Q,
-        now: Nanos,
-        cost: u32,
-    ) -> KeyedCharge<S>
+    fn decide<O, Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> O
     where
+        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
@@ -149,7 +144,7 @@ where
         let guard = pin();
         // Read before the probe: a removal of the entry found below happens after
         // this read, so a refund sees the generation move.
-        let (generation, noted) = if RECEIPT {
+        let (generation, noted) = if O::RECEIPT {
             (shard.removals.generation(), shard.removals.ledger.note())
         } else {
             (0, 0)
@@ -159,13 +154,7 @@ where
             let seen = entry.state.load_now();
             if let Some((decision, charge)) = charge_live(algorithm, &entry.state, seen, now, cost)
             {
-                return KeyedCharge {
-                    decision,
-                    charge,
-                    tag,
-                    generation,
-                    noted,
-                };
+                return O::from_parts(decision, charge, tag, generation, noted);
             }
         }
         shard.check_locked(algorithm, tag, key, now, cost, &guard)
@@ -331,7 +320,7 @@ where
 {
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<Q, A>(
+    fn check_locked<O, Q, A>(
         &self,
         algorithm: &A,
         tag: u64,
@@ -339,20 +328,23 @@ where
         now: Nanos,
         cost: u32,
         guard: &Guard,
-    ) -> KeyedCharge<S>
+    ) -> O
     where
+        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
         let mut writer = lock(&self.write.lock);
         // Under the lock every removal so far is visible: judge at or after them.
         let now = self.removals.clamp(now);
-        let answer = |decision, charge| KeyedCharge {
-            decision,
-            charge,
-            tag,
-            generation: self.removals.generation(),
-            noted: self.removals.ledger.note(),
+        let answer = |decision, charge| {
+            O::from_parts(
+                decision,
+                charge,
+                tag,
+                self.removals.generation(),
+                self.removals.ledger.note(),
+            )
         };
         // Under the lock nothing moves and every linked entry is live: a writer
         // retires and unlinks within one critical section.
@@ -547,16 +539,14 @@ mod tests {
         let t0 = Nanos::from_secs(1);
         for i in 0..8 {
             assert!(table
-                .decide::<false, _, _>(&g, format!("k{i}").as_str(), t0, 1)
-                .decision
+                .decide::<Decision, _, _>(&g, format!("k{i}").as_str(), t0, 1)
                 .is_allowed());
         }
         assert_eq!(table.counts().live, 8);
         // Full of live keys: each new key evicts one (backward-shift unlinks).
         for i in 8..20 {
             assert!(table
-                .decide::<false, _, _>(&g, format!("k{i}").as_str(), t0, 2)
-                .decision
+                .decide::<Decision, _, _>(&g, format!("k{i}").as_str(), t0, 2)
                 .is_allowed());
         }
         assert_eq!(table.counts().live, 8);
@@ -568,7 +558,12 @@ mod tests {
         let t = Nanos::from_secs(10);
         let mut charged = None;
         for i in 0..5 {
-            let c = table.decide::<true, _, _>(&g, format!("again{i}").as_str(), t, 1);
+            let c = table.decide::<super::super::KeyedCharge<_>, _, _>(
+                &g,
+                format!("again{i}").as_str(),
+                t,
+                1,
+            );
             if i == 0 {
                 charged = c.charge.map(|charge| (charge, c.generation));
             }
@@ -595,7 +590,7 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..12u64 {
                         let now = Nanos::from_secs(1 + i);
-                        let _ = table.decide::<false, _, _>(g, &((i + t) % 6), now, 1);
+                        let _ = table.decide::<Decision, _, _>(g, &((i + t) % 6), now, 1);
                         let _ = table.peek(g, &(i % 6), now, 1);
                     }
                 });

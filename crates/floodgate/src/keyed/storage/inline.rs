@@ -60,7 +60,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, refund_word, update_word, CasWord};
@@ -268,14 +268,9 @@ where
     }
 
     #[inline(always)]
-    fn decide<const RECEIPT: bool, Q, A>(
-        &self,
-        algorithm: &A,
-        key: &Q,
-        now: Nanos,
-        cost: u32,
-    ) -> KeyedCharge<S>
+    fn decide<O, Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> O
     where
+        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
@@ -283,7 +278,7 @@ where
         let (shard, hash) = self.set.locate(&bits);
         // Read before the probe: a removal of the key found below happens after this
         // read, so a refund sees the generation move.
-        let (generation, noted) = if RECEIPT {
+        let (generation, noted) = if O::RECEIPT {
             (shard.removals.generation(), shard.removals.ledger.note())
         } else {
             (0, 0)
@@ -294,13 +289,7 @@ where
             let slot = KeyedSlot::new(&shard.slots[i], bits);
             let seen = slot.state_of(seen);
             if let Some((decision, charge)) = charge_live(algorithm, &slot, seen, now, cost) {
-                return KeyedCharge {
-                    decision,
-                    charge,
-                    tag: bits,
-                    generation,
-                    noted,
-                };
+                return O::from_parts(decision, charge, bits, generation, noted);
             }
         }
         shard.check_locked(algorithm, hash, bits, now, cost)
@@ -461,26 +450,22 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
 
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<A>(
-        &self,
-        algorithm: &A,
-        hash: u64,
-        key: u64,
-        now: Nanos,
-        cost: u32,
-    ) -> KeyedCharge<S>
+    fn check_locked<O, A>(&self, algorithm: &A, hash: u64, key: u64, now: Nanos, cost: u32) -> O
     where
+        O: Outcome<S>,
         A: Algorithm<State = S> + ?Sized,
     {
         let mut writer = lock(&self.write.lock);
         // Under the lock every removal so far is visible: judge at or after them.
         let now = self.removals.clamp(now);
-        let answer = |decision, charge| KeyedCharge {
-            decision,
-            charge,
-            tag: key,
-            generation: self.removals.generation(),
-            noted: self.removals.ledger.note(),
+        let answer = |decision, charge| {
+            O::from_parts(
+                decision,
+                charge,
+                key,
+                self.removals.generation(),
+                self.removals.ledger.note(),
+            )
         };
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
         if let Some((i, seen)) = self.find(hash, key) {
@@ -667,8 +652,7 @@ mod tests {
         cost: u32,
     ) -> bool {
         table
-            .decide::<false, _, _>(g, &key, now, cost)
-            .decision
+            .decide::<Decision, _, _>(g, &key, now, cost)
             .is_allowed()
     }
 

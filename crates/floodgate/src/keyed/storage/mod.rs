@@ -139,15 +139,10 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     fn build(capacity: usize, shards: usize) -> Self;
 
     /// Decides `cost` at `now` for `key`, inserting the key if it must store a state;
-    /// only a charge (`RECEIPT`) reads what its receipt compares.
-    fn decide<const RECEIPT: bool, Q, A>(
-        &self,
-        algorithm: &A,
-        key: &Q,
-        now: Nanos,
-        cost: u32,
-    ) -> KeyedCharge<S>
+    /// only a charge (an [`Outcome`] with `RECEIPT`) reads what its receipt compares.
+    fn decide<O, Q, A>(&self, algorithm: &A, key: &Q, now: Nanos, cost: u32) -> O
     where
+        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized;
 
@@ -492,6 +487,53 @@ pub(crate) enum Retired {
     Live,
     /// Not retired (it was not idle and only idle keys were wanted).
     Kept,
+}
+
+/// What a table's `decide` returns: the bare [`Decision`] (a check: nothing else is
+/// read or carried) or a [`KeyedCharge`] (a charge: what its receipt compares).
+#[doc(hidden)]
+pub trait Outcome<S>: Sized {
+    /// Whether the receipt's parts are read (the removal generation and ledger note
+    /// before the probe).
+    const RECEIPT: bool;
+    /// The outcome from a decision and what a receipt would carry.
+    fn from_parts(
+        decision: Decision,
+        charge: Option<Charged<S>>,
+        tag: u64,
+        generation: u64,
+        noted: u64,
+    ) -> Self;
+}
+
+impl<S> Outcome<S> for Decision {
+    const RECEIPT: bool = false;
+
+    #[inline(always)]
+    fn from_parts(decision: Decision, _: Option<Charged<S>>, _: u64, _: u64, _: u64) -> Self {
+        decision
+    }
+}
+
+impl<S> Outcome<S> for KeyedCharge<S> {
+    const RECEIPT: bool = true;
+
+    #[inline(always)]
+    fn from_parts(
+        decision: Decision,
+        charge: Option<Charged<S>>,
+        tag: u64,
+        generation: u64,
+        noted: u64,
+    ) -> Self {
+        KeyedCharge {
+            decision,
+            charge,
+            tag,
+            generation,
+            noted,
+        }
+    }
 }
 
 /// A keyed decision, what it wrote, and what a refund of it must compare.
