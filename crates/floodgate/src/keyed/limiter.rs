@@ -127,6 +127,7 @@ impl Stripes {
         m.live_keys = counts.live;
         m.reclaimed = counts.reclaimed;
         m.evicted = counts.evicted;
+        m.removed = counts.removed;
         m
     }
 }
@@ -166,6 +167,8 @@ pub struct KeyedMetrics {
     pub reclaimed: u64,
     /// Live keys evicted because the table was full (their state was lost).
     pub evicted: u64,
+    /// Keys removed by [`KeyedLimiter::remove`] or [`KeyedLimiter::reset`].
+    pub removed: u64,
 }
 
 /// Why a [`KeyedBuilder`] could not build.
@@ -853,6 +856,82 @@ where
     /// ```
     pub fn reclaim_idle(&self) -> usize {
         self.table.reclaim_idle(&self.algorithm, self.clock.now())
+    }
+
+    /// Deletes `key`'s entry and returns whether it was present: its state is
+    /// forgotten, and its next check finds a fresh key.
+    ///
+    /// The removal goes the way reclamation drops an idle key, under the key's
+    /// shard lock, at a clock reading `t` taken now:
+    ///
+    /// * **Linearisable at `t`.** A decision racing the removal is ordered either
+    ///   before it (charged to the removed state) or after it. One ordered after is
+    ///   judged at `max(its reading, t)`: a reading taken before the removal (a
+    ///   thread preempted between its clock read and its check, or
+    ///   [`check_n_at`](KeyedLimiter::check_n_at) with an older time) never starts
+    ///   the fresh state in the past, where it would have admitted more. So a key
+    ///   admits, between two removals, at most what a fresh un-keyed limiter admits
+    ///   from the first removal's instant on — for GCRA, `B` plus one unit per `T`
+    ///   elapsed: **each removal forgives at most one burst** (a window algorithm's:
+    ///   one window's limit).
+    /// * **Receipts are void.** Every refund receipt taken before the removal for a
+    ///   key in the same shard gives back nothing (the shard's removal generation
+    ///   moved): the charge is not in the re-created state.
+    ///
+    /// With [`Fingerprint`] storage, keys whose fingerprints collide share one entry
+    /// and are removed together.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_minute(1)?);
+    /// assert!(keyed.check("banned").is_allowed());
+    /// assert!(!keyed.check("banned").is_allowed());
+    /// assert!(keyed.remove("banned"));
+    /// assert!(!keyed.remove("banned")); // gone already
+    /// assert!(keyed.check("banned").is_allowed()); // a fresh key
+    /// assert_eq!(keyed.metrics().removed, 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.table.remove(&self.algorithm, key, self.clock.now())
+    }
+
+    /// Returns `key` to its fresh state — to clear a login counter after a
+    /// successful login, or to unblock a customer — and returns whether the key had
+    /// an entry.
+    ///
+    /// A fresh state and no entry are the same thing, so a reset *is*
+    /// [`remove`](KeyedLimiter::remove): the entry is deleted and the key's next
+    /// check re-creates it, with everything `remove` guarantees (linearisable at the
+    /// reset's clock reading; refund receipts taken before it give back nothing).
+    /// It intentionally forgives: after a reset the key may admit a whole burst
+    /// again, however much it used before. Resetting the state in place instead
+    /// would let a check racing the reset with an earlier clock reading start the
+    /// fresh state in the past.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let logins: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_hour(3)?);
+    /// for _ in 0..3 {
+    ///     let _ = logins.check("alice"); // three failed attempts
+    /// }
+    /// assert!(!logins.peek("alice", 1).is_allowed());
+    /// assert!(logins.reset("alice")); // she logged in: the counter starts over
+    /// assert_eq!(logins.peek("alice", 1).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.remove(key)
     }
 
     #[inline(always)]

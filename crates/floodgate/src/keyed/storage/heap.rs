@@ -48,8 +48,9 @@ use core::ptr;
 use crossbeam_utils::CachePadded;
 
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
+    remove_at, KeyTable, KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{refund_word, update_word, CasWord};
@@ -254,6 +255,20 @@ where
         self.set.reclaim_idle(algorithm, now)
     }
 
+    fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        remove_at(shard, algorithm, now, |shard| {
+            // Under the lock nothing moves: a miss is a miss.
+            let entry = shard.find(tag, key, &guard)?;
+            shard.slot_of(tag, entry)
+        })
+    }
+
     fn counts(&self) -> TableCounts {
         self.set.counts()
     }
@@ -404,6 +419,19 @@ where
                 cost,
             }),
         )
+    }
+
+    /// The slot linking `entry` (found by `tag`), under the shard lock.
+    fn slot_of(&self, tag: u64, entry: &Entry<K, S>) -> Option<usize> {
+        let wanted: *const Entry<K, S> = entry;
+        let mut i = self.home(tag);
+        for _ in 0..self.slots.len() {
+            if ptr::eq(self.slots[i].entry.load(Ordering::Relaxed), wanted) {
+                return Some(i);
+            }
+            i = self.next(i);
+        }
+        None
     }
 
     /// The entry in slot `i`, if any (under the shard lock).
@@ -579,6 +607,15 @@ mod tests {
         // The shard of "again0" removed keys after the charge (here: none, so the
         // refund above went through); a stale generation gives nothing back.
         assert!(!table.refund(&g, "again0", generation.wrapping_add(1), 0, &charge, &|| t));
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
+    fn remove_heap_keys() {
+        super::super::tests::remove_deletes_one_key::<Table<u64, GcraState>>();
     }
 
     #[test]

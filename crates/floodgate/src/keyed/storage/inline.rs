@@ -59,8 +59,9 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
+    remove_at, KeyTable, KeyedCharge, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, refund_word, update_word, CasWord};
@@ -386,6 +387,20 @@ where
 
     fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
         self.set.reclaim_idle(algorithm, now)
+    }
+
+    fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let bits = self.encoding.bits(key);
+        let (shard, hash) = self.set.locate(&bits);
+        // Under the lock nothing moves and nothing is retired: a hit is this key's
+        // one live slot, a miss is a miss.
+        remove_at(shard, algorithm, now, |shard| {
+            shard.find(hash, bits).map(|(i, _)| i)
+        })
     }
 
     fn counts(&self) -> TableCounts {
