@@ -1,13 +1,14 @@
 //! Runtime changes to a keyed limiter, on every storage (`Heap`, `Inline`,
 //! `Fingerprint`): `remove(key)` and `reset(key)` (receipts from before give back
-//! nothing; racing checks never admit more than one burst per removal).
+//! nothing; racing checks never admit more than one burst per removal), and
+//! `set_policy` / `set_algorithm` (each live key's state carried over).
 #![cfg(not(loom))]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use floodgate::{
-    Algorithm, Fingerprint, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter, ManualClock, Nanos,
-    Policy, Storage,
+    Algorithm, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter,
+    ManualClock, Nanos, Policy, SlidingWindow, Storage,
 };
 
 type Keyed<A, S> = KeyedLimiter<u64, A, ManualClock, S>;
@@ -195,4 +196,68 @@ fn racing_removals_admit_a_burst_per_removal<S: Storage<u64, floodgate::GcraStat
         assert!(admitted >= BURST * removed, "{admitted}");
         assert_eq!(keyed.metrics().removed, removed + 1);
     }
+}
+
+#[test]
+fn set_policy_keeps_each_keys_schedule() {
+    on_every_storage!(set_policy_keeps_schedules);
+}
+
+fn set_policy_keeps_schedules<S: Storage<u64, floodgate::GcraState>>() {
+    let clock = ManualClock::new();
+    let mut keyed: Keyed<Gcra, S> = keyed(Gcra::new(Policy::per_second(10).unwrap()), &clock);
+    assert!(keyed.check_n(&1, 6).is_allowed());
+    assert!(keyed.check_n(&2, 10).is_allowed());
+    let (_, receipt) = keyed.charge(&3, 1);
+    keyed.set_policy(Policy::per_second(5).unwrap());
+    assert_eq!(keyed.algorithm().policy().limit(), 5);
+    // TAT 600 ms: under 5/s (T = 200 ms, τ = 1 s) two units fit; TAT 1 s: none.
+    assert_eq!(keyed.peek(&1, 0).remaining(), 2);
+    assert_eq!(keyed.peek(&2, 0).remaining(), 0);
+    assert_eq!(
+        keyed.peek(&4, 0).remaining(),
+        5,
+        "a fresh key: the new burst"
+    );
+    // The receipt names the old configuration: void.
+    assert!(!keyed.refund(&3, receipt));
+    assert_eq!(keyed.peek(&3, 0).remaining(), 4);
+    // Receipts taken after the change still work.
+    let (_, receipt) = keyed.charge(&3, 1);
+    assert!(keyed.refund(&3, receipt));
+    assert_eq!(keyed.metrics().live_keys, 3);
+}
+
+#[test]
+fn set_algorithm_carries_window_counts_over() {
+    on_every_storage!(set_algorithm_carries_fixed_windows);
+    on_every_storage!(set_algorithm_carries_sliding_windows);
+}
+
+fn set_algorithm_carries_fixed_windows<S: Storage<u64, floodgate::FixedWindowState>>() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(90));
+    let fixed = |p| FixedWindow::new(p).unwrap();
+    let mut keyed: Keyed<FixedWindow, S> = keyed(fixed(Policy::per_minute(10).unwrap()), &clock);
+    assert!(keyed.check_n(&1, 4).is_allowed());
+    assert!(keyed.check_n(&2, 9).is_allowed());
+    // Same period: the counts stay (and may exceed the new limit: denied).
+    keyed.set_algorithm(fixed(Policy::per_minute(5).unwrap()));
+    assert_eq!(keyed.peek(&1, 0).remaining(), 1);
+    assert!(!keyed.check(&2).is_allowed());
+    // Another period: fresh windows.
+    keyed.set_algorithm(fixed(Policy::per_hour(5).unwrap()));
+    assert_eq!(keyed.peek(&1, 0).remaining(), 5);
+    assert_eq!(keyed.peek(&2, 0).remaining(), 5);
+}
+
+fn set_algorithm_carries_sliding_windows<S: Storage<u64, floodgate::SlidingWindowState>>() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(90));
+    let sliding = |p| SlidingWindow::new(p).unwrap();
+    let mut keyed: Keyed<SlidingWindow, S> =
+        keyed(sliding(Policy::per_minute(10).unwrap()), &clock);
+    assert!(keyed.check_n(&1, 4).is_allowed());
+    keyed.set_algorithm(sliding(Policy::per_minute(6).unwrap()));
+    assert_eq!(keyed.peek(&1, 0).remaining(), 2);
+    keyed.set_algorithm(sliding(Policy::per_hour(6).unwrap()));
+    assert_eq!(keyed.peek(&1, 0).remaining(), 6);
 }

@@ -934,9 +934,76 @@ where
         self.remove(key)
     }
 
+    /// Replaces the algorithm (and with it the policy) for every key, keeping each
+    /// live key's state as [`Algorithm::carry_over`] says: GCRA keeps its schedule
+    /// and applies the new rate from now on (`remaining` clamped to the new burst);
+    /// a window keeps its counts when the period stays and starts fresh when it
+    /// changes. Outstanding refund receipts are invalidated (a refund of an earlier
+    /// charge gives back nothing: the state may be in another packing).
+    ///
+    /// Takes `&mut self`: no decision runs on the old algorithm while the states are
+    /// carried over, and the pass visits every slot (time proportional to the
+    /// capacity). To change a shared limiter, hold it in a lock of your own; for
+    /// per-key quotas that change while requests run, see
+    /// [`PlanLimiter::set_policy`](crate::keyed::plans::PlanLimiter::set_policy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, KeyedBuilder, ManualClock, Policy};
+    /// let mut keyed = KeyedBuilder::new(FixedWindow::new(Policy::per_minute(10)?)?)
+    ///     .clock(ManualClock::new())
+    ///     .build::<u64>()?;
+    /// assert!(keyed.check_n(&1, 4).is_allowed());
+    /// // Same period: the 4 units stay counted.
+    /// keyed.set_algorithm(FixedWindow::new(Policy::per_minute(5)?)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 1);
+    /// // Another period: a fresh window.
+    /// keyed.set_algorithm(FixedWindow::new(Policy::per_hour(5)?)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_algorithm(&mut self, algorithm: A) {
+        let now = self.clock.now();
+        let previous = core::mem::replace(&mut self.algorithm, algorithm);
+        let next = &self.algorithm;
+        self.table
+            .replace_states(now, |state, now| next.carry_over(&previous, state, now));
+        // Receipts name their limiter: a new name voids every one handed out.
+        self.owner = Owner::new();
+    }
+
     #[inline(always)]
     fn count(&self, allowed: bool) {
         self.stripes.count(allowed);
+    }
+}
+
+impl<K, C, S> KeyedLimiter<K, Gcra, C, S>
+where
+    C: Clock,
+    S: Storage<K, crate::gcra::GcraState>,
+{
+    /// Replaces the policy for every key ([`set_algorithm`](KeyedLimiter::set_algorithm)
+    /// with `Gcra::new(policy)`): each key keeps its schedule, the new rate applies
+    /// from now on and `remaining` is clamped to the new burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Gcra, ManualClock, Policy};
+    /// let mut keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(10)?))
+    ///     .clock(ManualClock::new())
+    ///     .build_inline::<u64>()?;
+    /// assert!(keyed.check_n(&1, 6).is_allowed());
+    /// // TAT = now + 600 ms; under 5/s (T = 200 ms, τ = 1 s) 2 units fit.
+    /// keyed.set_policy(Policy::per_second(5)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 2);
+    /// assert_eq!(keyed.peek(&2, 0).remaining(), 5); // a fresh key gets the new burst
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.set_algorithm(Gcra::new(policy));
     }
 }
 

@@ -269,6 +269,10 @@ where
         })
     }
 
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
+        self.set.replace_states(now, f);
+    }
+
     fn counts(&self) -> TableCounts {
         self.set.counts()
     }
@@ -532,6 +536,14 @@ where
     fn unlink(&self, writer: &mut Writer, i: usize) {
         self.unlink_entry(writer, i, &pin());
     }
+
+    fn set_state_at(&mut self, i: usize, state: S) {
+        if let Some(entry) = self.entry_at(i) {
+            // Relaxed: `&mut self`, no reader; the next shares the table through a
+            // synchronising handoff.
+            entry.state.store(state, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<K, S> Drop for Table<K, S> {
@@ -614,8 +626,9 @@ mod tests {
         miri,
         ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
     )]
-    fn remove_heap_keys() {
+    fn remove_and_replace_heap_keys() {
         super::super::tests::remove_deletes_one_key::<Table<u64, GcraState>>();
+        super::super::tests::replace_states_rewrites_live_keys::<Table<u64, GcraState>>();
     }
 
     #[test]

@@ -403,6 +403,10 @@ where
         })
     }
 
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
+        self.set.replace_states(now, f);
+    }
+
     fn counts(&self) -> TableCounts {
         self.set.counts()
     }
@@ -660,6 +664,16 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
         self.close_window();
         writer.live -= 1;
         self.write.set_live(writer);
+    }
+
+    fn set_state_at(&mut self, i: usize, state: S) {
+        let slot = self.slots[i].load_now();
+        debug_assert!(state_half(slot) != DEAD && !is_dead(&state));
+        // Relaxed: `&mut self`, no reader; the next shares the table through a
+        // synchronising handoff.
+        self.slots[i]
+            .0
+            .store(pack(key_half(slot), to_bits(&state)), Ordering::Relaxed);
     }
 }
 

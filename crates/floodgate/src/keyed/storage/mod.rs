@@ -188,6 +188,10 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized;
 
+    /// Replaces every live key's state `s` with `f(s, now)`, `now` clamped to its
+    /// shard's latest removal instant. `&mut self`: no decision runs meanwhile.
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S);
+
     /// Writer-side counters summed over shards.
     fn counts(&self) -> TableCounts;
 
@@ -380,6 +384,9 @@ pub(crate) trait Slots {
         A: Algorithm<State = Self::State> + ?Sized;
     /// Unlinks the (retired) key in slot `i`.
     fn unlink(&self, writer: &mut Writer, i: usize);
+    /// Stores `state` for the key in slot `i` (occupied), while no decision runs
+    /// (the table is borrowed mutably). `state` is never the dead word.
+    fn set_state_at(&mut self, i: usize, state: Self::State);
 }
 
 /// Whether to retire `state`: the outcome, and whether to write the dead word.
@@ -491,6 +498,32 @@ impl<T: Slots> ShardSet<T> {
             .iter()
             .map(|shard| reclaim_shard(&**shard, algorithm, now))
             .sum()
+    }
+
+    /// Replaces every live key's state `s` with `f(s, now)`, `now` clamped to its
+    /// shard's latest removal instant (no decision runs: `&mut self`).
+    ///
+    /// A replacement that would be the dead word (which no algorithm may store;
+    /// none of this crate's `carry_over`s returns it) stores the fresh state instead.
+    pub(crate) fn replace_states(
+        &mut self,
+        now: Nanos,
+        mut f: impl FnMut(T::State, Nanos) -> T::State,
+    ) {
+        for shard in self.shards.iter_mut() {
+            let now = shard.removals().clamp(now);
+            for i in 0..shard.len() {
+                if let Some(state) = shard.state_at(i) {
+                    let next = f(state, now);
+                    let next = if is_dead(&next) {
+                        bytemuck::Zeroable::zeroed()
+                    } else {
+                        next
+                    };
+                    shard.set_state_at(i, next);
+                }
+            }
+        }
     }
 }
 
@@ -830,10 +863,41 @@ mod tests {
         assert_eq!(table.counts().removed, 2);
     }
 
+    /// `replace_states` on table `T` rewrites every live key's state and only those.
+    pub(super) fn replace_states_rewrites_live_keys<T: KeyTable<u64, GcraState>>() {
+        let mut table = T::build(8, 2);
+        let g = gcra();
+        let t = Nanos::from_secs(10);
+        for key in 0..5u64 {
+            assert!(table
+                .decide::<false, _, _>(&g, &key, t, 2)
+                .decision
+                .is_allowed());
+        }
+        let mut seen = 0;
+        // Every key's schedule moves 2 s back: each admits two again at 10 s.
+        table.replace_states(t, |state, now| {
+            seen += 1;
+            assert_eq!((state.tat(), now), (Nanos::from_secs(12), t));
+            GcraState::from_tat(Nanos::from_secs(10))
+        });
+        assert_eq!(seen, 5);
+        for key in 0..5u64 {
+            assert!(table
+                .decide::<false, _, _>(&g, &key, t, 2)
+                .decision
+                .is_allowed());
+        }
+        assert_eq!(table.counts().live, 5);
+    }
+
     #[test]
-    fn inline_storages_remove_keys() {
+    fn inline_storages_remove_and_replace() {
         remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Exact>>();
         remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Fingerprinted>>();
+        replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Exact>>();
+        replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Fingerprinted>>(
+        );
     }
 
     #[test]
