@@ -236,6 +236,11 @@ impl std::error::Error for KeyedError {}
 /// Configures a [`KeyedLimiter`]: capacity, shard count, memory budget, clock, and
 /// (by the build method) the storage.
 ///
+/// The clock is made when the limiter is built: without a
+/// [`clock`](KeyedBuilder::clock) of your own, `build` makes the [`DefaultClock`]
+/// (which calibrates the TSC once per process); with one, the TSC is never touched
+/// (so a [`ManualClock`](crate::ManualClock) builder works under Miri and loom).
+///
 /// # Examples
 ///
 /// ```
@@ -252,10 +257,49 @@ impl std::error::Error for KeyedError {}
 #[must_use]
 pub struct KeyedBuilder<A, C = DefaultClock> {
     algorithm: A,
-    clock: C,
+    clock: ClockChoice<C>,
     capacity: usize,
     shards: Option<usize>,
     memory_budget: usize,
+}
+
+/// The clock a builder will hand its limiter: one given, or a constructor run at
+/// build time (the default clock calibrates the TSC: not before it is needed).
+#[derive(Clone, Debug)]
+enum ClockChoice<C> {
+    Given(C),
+    Deferred(fn() -> C),
+}
+
+impl<C> ClockChoice<C> {
+    fn make(self) -> C {
+        match self {
+            ClockChoice::Given(clock) => clock,
+            ClockChoice::Deferred(make) => make(),
+        }
+    }
+}
+
+/// A builder with no algorithm yet, for limiters that bring their own
+/// ([`PlanLimiter`](crate::keyed::plans::PlanLimiter) runs each key's plan): the
+/// table's capacity, shards, memory budget and clock.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::{KeyedBuilder, ManualClock};
+/// let plans = Plans::classic();
+/// let free = plans.id("free").unwrap();
+/// let table = KeyedBuilder::default().capacity(1_000).clock(ManualClock::new());
+/// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, table)?;
+/// assert_eq!(limiter.check(&1).limit(), 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl Default for KeyedBuilder<()> {
+    fn default() -> Self {
+        KeyedBuilder::new(())
+    }
 }
 
 impl<A> KeyedBuilder<A> {
@@ -274,7 +318,7 @@ impl<A> KeyedBuilder<A> {
     pub fn new(algorithm: A) -> KeyedBuilder<A> {
         KeyedBuilder {
             algorithm,
-            clock: DefaultClock::new(),
+            clock: ClockChoice::Deferred(DefaultClock::new),
             capacity: DEFAULT_CAPACITY,
             shards: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
@@ -390,7 +434,7 @@ impl<A, C> KeyedBuilder<A, C> {
     pub fn clock<C2>(self, clock: C2) -> KeyedBuilder<A, C2> {
         KeyedBuilder {
             algorithm: self.algorithm,
-            clock,
+            clock: ClockChoice::Given(clock),
             capacity: self.capacity,
             shards: self.shards,
             memory_budget: self.memory_budget,
@@ -398,13 +442,13 @@ impl<A, C> KeyedBuilder<A, C> {
     }
 
     /// The same configuration running `algorithm` instead (plans build their table
-    /// this way from a builder of `()`).
+    /// this way from [`KeyedBuilder::default`], which has none).
     ///
     /// # Examples
     ///
     /// ```
     /// use floodgate::{Gcra, KeyedBuilder, Policy};
-    /// let keyed = KeyedBuilder::new(()).capacity(64).algorithm(Gcra::new(Policy::per_second(1)?)).build::<u64>()?;
+    /// let keyed = KeyedBuilder::default().capacity(64).algorithm(Gcra::new(Policy::per_second(1)?)).build::<u64>()?;
     /// assert_eq!(keyed.capacity(), 64);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -572,7 +616,7 @@ impl<A, C> KeyedBuilder<A, C> {
         KeyedLimiter {
             capacity,
             algorithm: self.algorithm,
-            clock: self.clock,
+            clock: self.clock.make(),
             table: S::Table::build(capacity, shards),
             stripes: Stripes::new(shards),
             owner: Owner::new(),
@@ -1143,5 +1187,33 @@ where
             .field("shards", &self.shards())
             .field("metrics", &self.metrics())
             .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// A builder given a clock never makes the default one: under Miri (which cannot
+    /// run the TSC calibration's CPUID) this test would fail if it did.
+    #[test]
+    fn a_builder_with_its_own_clock_never_makes_the_default_clock() {
+        let clock = ManualClock::starting_at(Nanos::from_secs(7));
+        let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap()))
+            .capacity(8)
+            .clock(clock.clone())
+            .build_inline::<u64>()
+            .unwrap();
+        assert_eq!(keyed.clock().now(), Nanos::from_secs(7));
+        assert!(keyed.check(&1).is_allowed());
+        // The same through the algorithm-less builder plans use.
+        let table = KeyedBuilder::default()
+            .capacity(8)
+            .clock(clock)
+            .algorithm(Gcra::new(Policy::per_second(1).unwrap()))
+            .build_inline::<u64>()
+            .unwrap();
+        assert_eq!(table.clock().now(), Nanos::from_secs(7));
     }
 }
