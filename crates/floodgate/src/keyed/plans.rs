@@ -23,9 +23,12 @@
 //! [`PlanLimiter::set_policy`] swaps a plan's policy while requests run. Every key
 //! keeps its GCRA state (its theoretical arrival time): the new emission interval
 //! applies from the next decision on, and `remaining` is clamped to `[0, B]` of the
-//! new burst — as DESIGN.md "Changing a policy at runtime" specifies. Each plan's
-//! policy sits in a per-plan sequence lock (four words); a decision reads it with
-//! plain loads and retries only if an update ran at that very moment.
+//! new burst — the rule every runtime policy change in this crate follows for GCRA
+//! ([`Algorithm::carry_over`](crate::Algorithm::carry_over)). The change itself
+//! neither forgives nor charges anything: a key that had used more than the new
+//! burst allows is denied until its schedule catches up. Each plan's policy sits in
+//! a per-plan sequence lock (four words); a decision reads it with plain loads and
+//! retries only if an update ran at that very moment.
 
 use core::fmt;
 
