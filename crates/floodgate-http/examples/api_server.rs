@@ -146,7 +146,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             free
         }
     };
-    let plan = PlanLimit(PlanLimiter::new(&plans, resolver, KeyedBuilder::new(()))?);
+    let plan = PlanLimit(PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?);
 
     let global_policy = Policy::per_second(1_000)?;
     let global = RateLimiter::gcra(global_policy);

@@ -113,7 +113,7 @@ fn the_plan_limiter_looks_up_borrowed_keys_without_allocating() {
     let limiter: PlanLimiter<String, _, _> = PlanLimiter::new(
         &plans,
         move |_: &str| pro,
-        KeyedBuilder::new(()).clock(ManualClock::new()),
+        KeyedBuilder::default().clock(ManualClock::new()),
     )
     .unwrap();
     assert!(limiter.check("alice").is_allowed());

@@ -126,7 +126,7 @@ fn plan_limits_compose_too() {
     let per_key = PlanLimiter::new(
         &plans,
         move |_: &String| free,
-        KeyedBuilder::new(()).clock(clock.clone()),
+        KeyedBuilder::default().clock(clock.clone()),
     )
     .unwrap();
     let global = RateLimiter::gcra_with_clock(Policy::per_second(5).unwrap(), clock.clone());

@@ -100,7 +100,7 @@ fn no_plans_no_limiter() {
     let err = PlanLimiter::<u64, _>::new(
         &Plans::new(),
         |_: &u64| unreachable_plan(),
-        KeyedBuilder::new(()),
+        KeyedBuilder::default(),
     )
     .unwrap_err();
     assert_eq!(err, PlansError::NoPlans);
@@ -126,7 +126,7 @@ fn the_resolver_picks_each_keys_plan() {
             Some("ent") => enterprise,
             _ => free,
         },
-        KeyedBuilder::new(()).clock(clock.clone()).capacity(100),
+        KeyedBuilder::default().clock(clock.clone()).capacity(100),
     )
     .unwrap();
     let twins: Vec<(String, RateLimiter<Gcra, ManualClock>)> =
@@ -160,7 +160,7 @@ fn changing_a_quota_keeps_every_keys_state() {
     let limiter = PlanLimiter::new(
         &plans,
         move |_: &u64| free,
-        KeyedBuilder::new(()).clock(clock.clone()),
+        KeyedBuilder::default().clock(clock.clone()),
     )
     .unwrap();
     // Key 1 spends its whole burst of 10: TAT = now + 10 × 864 s.
@@ -206,7 +206,7 @@ fn quota_changes_race_with_decisions_safely() {
     let limiter = PlanLimiter::new(
         &plans,
         move |_: &u64| free,
-        KeyedBuilder::new(()).capacity(1_000),
+        KeyedBuilder::default().capacity(1_000),
     )
     .unwrap();
     let a = Policy::per_day(100).unwrap().with_burst(10).unwrap();

@@ -1,6 +1,7 @@
 //! loom models of the inline storage (keys inline in a 128-bit slot): the heap
 //! storage's models (`loom_keyed_models`: insertion racing with lookup,
-//! reclamation and eviction racing with a decision), plus a slot emptied and reused
+//! reclamation and eviction racing with a decision, removal and reset racing with a
+//! check or a refund), plus a slot emptied and reused
 //! by another key while a stale reader still holds the old key's view of it — the
 //! reader's CAS must never land on the other key — and a key moved by
 //! backward-shift deletion while a reader charges it.
@@ -40,6 +41,30 @@ fn a_retired_slot_never_hands_its_state_to_another_key() {
 #[test]
 fn evicting_a_live_key_racing_with_its_decision() {
     models::evicting_a_live_key_racing_with_its_decision::<Compact>();
+}
+
+#[test]
+fn removing_a_key_racing_a_check_read_earlier() {
+    models::a_removal_racing_a_check_read_earlier::<Compact>(models::Removal::Remove);
+}
+
+#[test]
+fn resetting_a_key_racing_a_check_read_earlier() {
+    models::a_removal_racing_a_check_read_earlier::<Compact>(models::Removal::Reset);
+}
+
+#[test]
+fn a_refund_racing_a_removal_never_lands_on_the_new_state() {
+    models::a_refund_racing_a_removal_never_lands_on_the_new_state::<Compact>(
+        models::Removal::Remove,
+    );
+}
+
+#[test]
+fn a_refund_racing_a_reset_never_lands_on_the_new_state() {
+    models::a_refund_racing_a_removal_never_lands_on_the_new_state::<Compact>(
+        models::Removal::Reset,
+    );
 }
 
 /// The home slot the table gives `key` in a one-shard table of `slots` slots under

@@ -385,7 +385,7 @@ where
 /// use floodgate::KeyedBuilder;
 /// let plans = Plans::classic();
 /// let free = plans.id("free").unwrap();
-/// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+/// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
 /// assert_eq!(check_all(&[&limiter.limit(&1)], 10).remaining(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -413,7 +413,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let pro = plans.id("pro").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
     /// let limit = limiter.limit(&1);
     /// assert_eq!(limit.charge_at(limit.now(), 1).0.limit(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

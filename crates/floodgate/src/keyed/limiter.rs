@@ -129,6 +129,7 @@ impl Stripes {
         m.live_keys = counts.live;
         m.reclaimed = counts.reclaimed;
         m.evicted = counts.evicted;
+        m.removed = counts.removed;
         m
     }
 }
@@ -168,6 +169,8 @@ pub struct KeyedMetrics {
     pub reclaimed: u64,
     /// Live keys evicted because the table was full (their state was lost).
     pub evicted: u64,
+    /// Keys removed by [`KeyedLimiter::remove`] or [`KeyedLimiter::reset`].
+    pub removed: u64,
 }
 
 /// Why a [`KeyedBuilder`] could not build.
@@ -235,6 +238,11 @@ impl std::error::Error for KeyedError {}
 /// Configures a [`KeyedLimiter`]: capacity, shard count, memory budget, clock, and
 /// (by the build method) the storage.
 ///
+/// The clock is made when the limiter is built: without a
+/// [`clock`](KeyedBuilder::clock) of your own, `build` makes the [`DefaultClock`]
+/// (which calibrates the TSC once per process); with one, the TSC is never touched
+/// (so a [`ManualClock`](crate::ManualClock) builder works under Miri and loom).
+///
 /// # Examples
 ///
 /// ```
@@ -251,10 +259,49 @@ impl std::error::Error for KeyedError {}
 #[must_use]
 pub struct KeyedBuilder<A, C = DefaultClock> {
     algorithm: A,
-    clock: C,
+    clock: ClockChoice<C>,
     capacity: usize,
     shards: Option<usize>,
     memory_budget: usize,
+}
+
+/// The clock a builder will hand its limiter: one given, or a constructor run at
+/// build time (the default clock calibrates the TSC: not before it is needed).
+#[derive(Clone, Debug)]
+enum ClockChoice<C> {
+    Given(C),
+    Deferred(fn() -> C),
+}
+
+impl<C> ClockChoice<C> {
+    fn make(self) -> C {
+        match self {
+            ClockChoice::Given(clock) => clock,
+            ClockChoice::Deferred(make) => make(),
+        }
+    }
+}
+
+/// A builder with no algorithm yet, for limiters that bring their own
+/// ([`PlanLimiter`](crate::keyed::plans::PlanLimiter) runs each key's plan): the
+/// table's capacity, shards, memory budget and clock.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::{KeyedBuilder, ManualClock};
+/// let plans = Plans::classic();
+/// let free = plans.id("free").unwrap();
+/// let table = KeyedBuilder::default().capacity(1_000).clock(ManualClock::new());
+/// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, table)?;
+/// assert_eq!(limiter.check(&1).limit(), 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl Default for KeyedBuilder<()> {
+    fn default() -> Self {
+        KeyedBuilder::new(())
+    }
 }
 
 impl<A> KeyedBuilder<A> {
@@ -273,7 +320,7 @@ impl<A> KeyedBuilder<A> {
     pub fn new(algorithm: A) -> KeyedBuilder<A> {
         KeyedBuilder {
             algorithm,
-            clock: DefaultClock::new(),
+            clock: ClockChoice::Deferred(DefaultClock::new),
             capacity: DEFAULT_CAPACITY,
             shards: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
@@ -389,7 +436,7 @@ impl<A, C> KeyedBuilder<A, C> {
     pub fn clock<C2>(self, clock: C2) -> KeyedBuilder<A, C2> {
         KeyedBuilder {
             algorithm: self.algorithm,
-            clock,
+            clock: ClockChoice::Given(clock),
             capacity: self.capacity,
             shards: self.shards,
             memory_budget: self.memory_budget,
@@ -397,13 +444,13 @@ impl<A, C> KeyedBuilder<A, C> {
     }
 
     /// The same configuration running `algorithm` instead (plans build their table
-    /// this way from a builder of `()`).
+    /// this way from [`KeyedBuilder::default`], which has none).
     ///
     /// # Examples
     ///
     /// ```
     /// use floodgate::{Gcra, KeyedBuilder, Policy};
-    /// let keyed = KeyedBuilder::new(()).capacity(64).algorithm(Gcra::new(Policy::per_second(1)?)).build::<u64>()?;
+    /// let keyed = KeyedBuilder::default().capacity(64).algorithm(Gcra::new(Policy::per_second(1)?)).build::<u64>()?;
     /// assert_eq!(keyed.capacity(), 64);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -571,7 +618,7 @@ impl<A, C> KeyedBuilder<A, C> {
         KeyedLimiter {
             capacity,
             algorithm: self.algorithm,
-            clock: self.clock,
+            clock: self.clock.make(),
             table: S::Table::build(capacity, shards),
             stripes: Stripes::new(shards),
             owner: Owner::new(),
@@ -856,9 +903,152 @@ where
         self.table.reclaim_idle(&self.algorithm, self.clock.now())
     }
 
+    /// Deletes `key`'s entry and returns whether it was present: its state is
+    /// forgotten, and its next check finds a fresh key.
+    ///
+    /// The removal goes the way reclamation drops an idle key, under the key's
+    /// shard lock, at a clock reading `t` taken now:
+    ///
+    /// * **Linearisable at `t`.** A decision racing the removal is ordered either
+    ///   before it (charged to the removed state) or after it. One ordered after is
+    ///   judged at `max(its reading, t)`: a reading taken before the removal (a
+    ///   thread preempted between its clock read and its check, or
+    ///   [`check_n_at`](KeyedLimiter::check_n_at) with an older time) never starts
+    ///   the fresh state in the past, where it would have admitted more. So a key
+    ///   admits, between two removals, at most what a fresh un-keyed limiter admits
+    ///   from the first removal's instant on — for GCRA, `B` plus one unit per `T`
+    ///   elapsed: **each removal forgives at most one burst** (a window algorithm's:
+    ///   one window's limit).
+    /// * **Receipts are void.** Every refund receipt taken before the removal for a
+    ///   key in the same shard gives back nothing (the shard's removal generation
+    ///   moved): the charge is not in the re-created state.
+    ///
+    /// With [`Fingerprint`] storage, keys whose fingerprints collide share one entry
+    /// and are removed together.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_minute(1)?);
+    /// assert!(keyed.check("banned").is_allowed());
+    /// assert!(!keyed.check("banned").is_allowed());
+    /// assert!(keyed.remove("banned"));
+    /// assert!(!keyed.remove("banned")); // gone already
+    /// assert!(keyed.check("banned").is_allowed()); // a fresh key
+    /// assert_eq!(keyed.metrics().removed, 1);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.table.remove(&self.algorithm, key, self.clock.now())
+    }
+
+    /// Returns `key` to its fresh state — to clear a login counter after a
+    /// successful login, or to unblock a customer — and returns whether the key had
+    /// an entry.
+    ///
+    /// A fresh state and no entry are the same thing, so a reset *is*
+    /// [`remove`](KeyedLimiter::remove): the entry is deleted and the key's next
+    /// check re-creates it, with everything `remove` guarantees (linearisable at the
+    /// reset's clock reading; refund receipts taken before it give back nothing).
+    /// It intentionally forgives: after a reset the key may admit a whole burst
+    /// again, however much it used before. Resetting the state in place instead
+    /// would let a check racing the reset with an earlier clock reading start the
+    /// fresh state in the past.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let logins: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_hour(3)?);
+    /// for _ in 0..3 {
+    ///     let _ = logins.check("alice"); // three failed attempts
+    /// }
+    /// assert!(!logins.peek("alice", 1).is_allowed());
+    /// assert!(logins.reset("alice")); // she logged in: the counter starts over
+    /// assert_eq!(logins.peek("alice", 1).remaining(), 2);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.remove(key)
+    }
+
+    /// Replaces the algorithm (and with it the policy) for every key, keeping each
+    /// live key's state as [`Algorithm::carry_over`] says: GCRA keeps its schedule
+    /// and applies the new rate from now on (`remaining` clamped to the new burst);
+    /// a window keeps its counts when the period stays and starts fresh when it
+    /// changes. Outstanding refund receipts are invalidated (a refund of an earlier
+    /// charge gives back nothing: the state may be in another packing).
+    ///
+    /// Takes `&mut self`: no decision runs on the old algorithm while the states are
+    /// carried over, and the pass visits every slot (time proportional to the
+    /// capacity). To change a shared limiter, hold it in a lock of your own; for
+    /// per-key quotas that change while requests run, see
+    /// [`PlanLimiter::set_policy`](crate::keyed::plans::PlanLimiter::set_policy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, KeyedBuilder, ManualClock, Policy};
+    /// let mut keyed = KeyedBuilder::new(FixedWindow::new(Policy::per_minute(10)?)?)
+    ///     .clock(ManualClock::new())
+    ///     .build::<u64>()?;
+    /// assert!(keyed.check_n(&1, 4).is_allowed());
+    /// // Same period: the 4 units stay counted.
+    /// keyed.set_algorithm(FixedWindow::new(Policy::per_minute(5)?)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 1);
+    /// // Another period: a fresh window.
+    /// keyed.set_algorithm(FixedWindow::new(Policy::per_hour(5)?)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_algorithm(&mut self, algorithm: A) {
+        let now = self.clock.now();
+        let previous = core::mem::replace(&mut self.algorithm, algorithm);
+        let next = &self.algorithm;
+        self.table
+            .replace_states(now, |state, now| next.carry_over(&previous, state, now));
+        // Receipts name their limiter: a new name voids every one handed out.
+        self.owner = Owner::new();
+    }
+
     #[inline(always)]
     fn count(&self, allowed: bool) {
         self.stripes.count(allowed);
+    }
+}
+
+impl<K, C, S> KeyedLimiter<K, Gcra, C, S>
+where
+    C: Clock,
+    S: Storage<K, crate::gcra::GcraState>,
+{
+    /// Replaces the policy for every key ([`set_algorithm`](KeyedLimiter::set_algorithm)
+    /// with `Gcra::new(policy)`): each key keeps its schedule, the new rate applies
+    /// from now on and `remaining` is clamped to the new burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Gcra, ManualClock, Policy};
+    /// let mut keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(10)?))
+    ///     .clock(ManualClock::new())
+    ///     .build_inline::<u64>()?;
+    /// assert!(keyed.check_n(&1, 6).is_allowed());
+    /// // TAT = now + 600 ms; under 5/s (T = 200 ms, τ = 1 s) 2 units fit.
+    /// keyed.set_policy(Policy::per_second(5)?);
+    /// assert_eq!(keyed.peek(&1, 0).remaining(), 2);
+    /// assert_eq!(keyed.peek(&2, 0).remaining(), 5); // a fresh key gets the new burst
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.set_algorithm(Gcra::new(policy));
     }
 }
 
@@ -998,5 +1188,33 @@ where
             .field("shards", &self.shards())
             .field("metrics", &self.metrics())
             .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// A builder given a clock never makes the default one: under Miri (which cannot
+    /// run the TSC calibration's CPUID) this test would fail if it did.
+    #[test]
+    fn a_builder_with_its_own_clock_never_makes_the_default_clock() {
+        let clock = ManualClock::starting_at(Nanos::from_secs(7));
+        let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap()))
+            .capacity(8)
+            .clock(clock.clone())
+            .build_inline::<u64>()
+            .unwrap();
+        assert_eq!(keyed.clock().now(), Nanos::from_secs(7));
+        assert!(keyed.check(&1).is_allowed());
+        // The same through the algorithm-less builder plans use.
+        let table = KeyedBuilder::default()
+            .capacity(8)
+            .clock(clock)
+            .algorithm(Gcra::new(Policy::per_second(1).unwrap()))
+            .build_inline::<u64>()
+            .unwrap();
+        assert_eq!(table.clock().now(), Nanos::from_secs(7));
     }
 }

@@ -11,7 +11,7 @@
 //! let limiter = PlanLimiter::new(
 //!     &plans,
 //!     move |api_key: &String| if api_key.starts_with("pro_") { pro } else { free },
-//!     KeyedBuilder::new(()).clock(ManualClock::new()),
+//!     KeyedBuilder::default().clock(ManualClock::new()),
 //! )?;
 //! assert_eq!(limiter.check(&"pro_42".to_owned()).limit(), 100);
 //! assert_eq!(limiter.check(&"anon".to_owned()).limit(), 10);
@@ -23,9 +23,12 @@
 //! [`PlanLimiter::set_policy`] swaps a plan's policy while requests run. Every key
 //! keeps its GCRA state (its theoretical arrival time): the new emission interval
 //! applies from the next decision on, and `remaining` is clamped to `[0, B]` of the
-//! new burst — as DESIGN.md "Changing a policy at runtime" specifies. Each plan's
-//! policy sits in a per-plan sequence lock (four words); a decision reads it with
-//! plain loads and retries only if an update ran at that very moment.
+//! new burst — the rule every runtime policy change in this crate follows for GCRA
+//! ([`Algorithm::carry_over`](crate::Algorithm::carry_over)). The change itself
+//! neither forgives nor charges anything: a key that had used more than the new
+//! burst allows is denied until its schedule catches up. Each plan's policy sits in
+//! a per-plan sequence lock (four words); a decision reads it with plain loads and
+//! retries only if an update ran at that very moment.
 
 use core::fmt;
 
@@ -385,7 +388,8 @@ where
     Heap: Storage<K, GcraState>,
 {
     /// A limiter for `plans`, mapping keys to plans with `resolver`, with the
-    /// capacity, shards and clock of `table` (its algorithm is not used: pass `()`).
+    /// capacity, shards and clock of `table` ([`KeyedBuilder::default`]: each key
+    /// runs its plan's GCRA, so the table brings no algorithm).
     ///
     /// An id that is not in `plans` resolves to the default plan.
     ///
@@ -401,7 +405,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let enterprise = plans.id("enterprise").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| enterprise, KeyedBuilder::new(()).capacity(1_000))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| enterprise, KeyedBuilder::default().capacity(1_000))?;
     /// assert_eq!(limiter.check(&1).limit(), 1_000);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -430,7 +434,7 @@ where
     /// let plans = Plans::classic();
     /// let pro = plans.id("pro").unwrap();
     /// let limiter: PlanLimiter<u64, _, _, Inline> =
-    ///     PlanLimiter::new_in(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    ///     PlanLimiter::new_in(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
     /// assert_eq!(limiter.check(&1).limit(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -480,7 +484,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// assert_eq!(limiter.check(&7).remaining(), 9);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -502,7 +506,7 @@ where
     /// use floodgate::{KeyedBuilder, Nanos};
     /// let plans = Plans::classic();
     /// let pro = plans.id("pro").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
     /// assert_eq!(limiter.check_n_at(&7, Nanos::from_secs(1), 100).remaining(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -525,7 +529,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// assert!(!limiter.peek(&7, 11).is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -547,7 +551,7 @@ where
     /// use floodgate::{KeyedBuilder, Nanos};
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// assert!(limiter.peek_at(&7, Nanos::from_secs(3), 10).is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -571,7 +575,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// let (decision, receipt) = limiter.charge(&7, 10);
     /// assert_eq!(decision.remaining(), 0);
     /// assert!(limiter.refund(&7, receipt));
@@ -595,7 +599,7 @@ where
     /// use floodgate::{KeyedBuilder, Nanos};
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// let (decision, receipt) = limiter.charge_at(&7, Nanos::from_secs(1), 10);
     /// assert_eq!(decision.remaining(), 0);
     /// assert!(receipt.is_charged());
@@ -620,7 +624,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// let (_, receipt) = limiter.charge(&7, 1);
     /// assert!(!limiter.refund(&8, receipt)); // not key 8's charge
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -649,7 +653,7 @@ where
     /// use floodgate::{KeyedBuilder, ManualClock, Policy};
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()).clock(ManualClock::new()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default().clock(ManualClock::new()))?;
     /// for _ in 0..10 { assert!(limiter.check(&1).is_allowed()); }
     /// assert!(!limiter.check(&1).is_allowed());
     /// // Doubling the burst: the key's TAT is kept, so it gets the 10 extra at once.
@@ -677,7 +681,7 @@ where
     /// ```
     /// use floodgate::keyed::plans::{PlanLimiter, Plans};
     /// use floodgate::KeyedBuilder;
-    /// let limiter = PlanLimiter::<u64, _>::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::<u64, _>::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::default())?;
     /// assert_eq!(limiter.policy("pro").unwrap().burst(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -695,7 +699,7 @@ where
     /// use floodgate::KeyedBuilder;
     /// let plans = Plans::classic();
     /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::new(()))?;
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
     /// let _ = limiter.check(&1);
     /// assert_eq!(limiter.keyed().metrics().live_keys, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -1,8 +1,11 @@
 //! The loom models every keyed storage runs (`tests/loom_keyed.rs` on `Heap`,
 //! `tests/loom_keyed_compact.rs` on `Inline`):
-//! insertion racing with lookup, and reclamation and eviction racing with a
-//! decision on the same key. A retired slot must never hand one key's state to
-//! another, and reclaiming an idle key must lose no charge.
+//! insertion racing with lookup, reclamation and eviction racing with a decision on
+//! the same key, and `remove` / `reset` racing with a check or a refund. A retired
+//! slot must never hand one key's state to another, reclaiming an idle key must
+//! lose no charge, and a removal must never let a check with an earlier clock
+//! reading start the fresh state in the past, nor a refund land on the re-created
+//! state.
 #![allow(dead_code)] // each file uses the models it needs
 
 use std::sync::Arc;
@@ -10,7 +13,7 @@ use std::time::Duration;
 
 use floodgate::{
     Decision, Gcra, GcraState, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock, Nanos,
-    Policy, Storage,
+    Policy, Receipt, Storage,
 };
 
 /// What a model needs of a keyed limiter over `u64` keys.
@@ -21,6 +24,11 @@ pub trait Keyed: Send + Sync + Sized + 'static {
     fn peek(&self, key: &u64, cost: u32) -> Decision;
     fn metrics(&self) -> KeyedMetrics;
     fn reclaim_idle(&self) -> usize;
+    fn check_n_at(&self, key: &u64, now: Nanos, cost: u32) -> Decision;
+    fn charge(&self, key: &u64, cost: u32) -> (Decision, Receipt);
+    fn refund(&self, key: &u64, receipt: Receipt) -> bool;
+    fn remove(&self, key: &u64) -> bool;
+    fn reset(&self, key: &u64) -> bool;
 }
 
 fn builder(clock: &ManualClock, capacity: usize) -> KeyedBuilder<Gcra, ManualClock> {
@@ -48,6 +56,21 @@ where
     }
     fn reclaim_idle(&self) -> usize {
         KeyedLimiter::reclaim_idle(self)
+    }
+    fn check_n_at(&self, key: &u64, now: Nanos, cost: u32) -> Decision {
+        KeyedLimiter::check_n_at(self, key, now, cost)
+    }
+    fn charge(&self, key: &u64, cost: u32) -> (Decision, Receipt) {
+        KeyedLimiter::charge(self, key, cost)
+    }
+    fn refund(&self, key: &u64, receipt: Receipt) -> bool {
+        KeyedLimiter::refund(self, key, receipt)
+    }
+    fn remove(&self, key: &u64) -> bool {
+        KeyedLimiter::remove(self, key)
+    }
+    fn reset(&self, key: &u64) -> bool {
+        KeyedLimiter::reset(self, key)
     }
 }
 
@@ -147,5 +170,74 @@ pub fn evicting_a_live_key_racing_with_its_decision<L: Keyed>() {
         let m = keyed.metrics();
         assert_eq!(m.live_keys, 1);
         assert!(m.evicted >= 1);
+    });
+}
+
+/// How a model takes a key out: `remove` or `reset` (the same operation, each
+/// modelled under its own name).
+#[derive(Clone, Copy)]
+pub enum Removal {
+    Remove,
+    Reset,
+}
+
+impl Removal {
+    fn apply<L: Keyed>(self, keyed: &L, key: &u64) -> bool {
+        match self {
+            Removal::Remove => keyed.remove(key),
+            Removal::Reset => keyed.reset(key),
+        }
+    }
+}
+
+pub fn a_removal_racing_a_check_read_earlier<L: Keyed>(how: Removal) {
+    loom::model(move || {
+        // Key 1 charged at 1 s (TAT 2 s, burst 1). The remover reads 5 s; a check
+        // read its clock at 1 s and runs now. Before the removal it is denied (the
+        // state is exhausted at 1 s); after it, it must be judged at 5 s, not at
+        // 1 s on a fresh state (TAT 2 s, which would admit again at 5 s).
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<L>(4, &clock);
+        assert!(keyed.check(&1).is_allowed());
+        clock.set(Nanos::from_secs(5));
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.check_n_at(&1, Nanos::from_secs(1), 1));
+        assert!(how.apply(&*keyed, &1), "present in every order");
+        let one = t.join().unwrap();
+        let m = keyed.metrics();
+        assert_eq!(m.removed, 1);
+        if one.is_allowed() {
+            // After the removal, at 5 s: TAT 6 s.
+            assert_eq!(one.reset_after(), Duration::from_secs(1));
+            let again = keyed.peek(&1, 1);
+            assert_eq!(again.retry_after(), Some(Duration::from_secs(1)));
+            assert_eq!(m.live_keys, 1);
+        } else {
+            // Before it: the removal forgave the charge.
+            assert_eq!(one.retry_after(), Some(Duration::from_secs(1)));
+            assert!(keyed.peek(&1, 1).is_allowed());
+            assert_eq!(m.live_keys, 0);
+        }
+    });
+}
+
+pub fn a_refund_racing_a_removal_never_lands_on_the_new_state<L: Keyed>(how: Removal) {
+    loom::model(move || {
+        // Key 1 charged with a receipt; the remover removes it and charges it again
+        // (a fresh key: admitted). The refund runs meanwhile: before the removal it
+        // gives the first unit back (and the removal forgets the key anyway); after
+        // it, it gives back nothing. Never the second charge.
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<L>(4, &clock);
+        let (first, receipt) = keyed.charge(&1, 1);
+        assert!(first.is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.refund(&1, receipt));
+        assert!(how.apply(&*keyed, &1));
+        assert!(keyed.check(&1).is_allowed(), "fresh after the removal");
+        let _refunded = t.join().unwrap();
+        // The second charge stands in every order.
+        assert!(!keyed.peek(&1, 1).is_allowed());
+        assert_eq!(keyed.metrics().live_keys, 1);
     });
 }

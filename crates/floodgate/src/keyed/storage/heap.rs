@@ -48,8 +48,9 @@ use core::ptr;
 use crossbeam_utils::CachePadded;
 
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
+    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{refund_word, update_word, CasWord};
@@ -243,6 +244,24 @@ where
         self.set.reclaim_idle(algorithm, now)
     }
 
+    fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let (shard, tag) = self.locate(key);
+        let guard = pin();
+        remove_at(shard, algorithm, now, |shard| {
+            // Under the lock nothing moves: a miss is a miss.
+            let entry = shard.find(tag, key, &guard)?;
+            shard.slot_of(tag, entry)
+        })
+    }
+
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
+        self.set.replace_states(now, f);
+    }
+
     fn counts(&self) -> TableCounts {
         self.set.counts()
     }
@@ -398,6 +417,19 @@ where
         )
     }
 
+    /// The slot linking `entry` (found by `tag`), under the shard lock.
+    fn slot_of(&self, tag: u64, entry: &Entry<K, S>) -> Option<usize> {
+        let wanted: *const Entry<K, S> = entry;
+        let mut i = self.home(tag);
+        for _ in 0..self.slots.len() {
+            if ptr::eq(self.slots[i].entry.load(Ordering::Relaxed), wanted) {
+                return Some(i);
+            }
+            i = self.next(i);
+        }
+        None
+    }
+
     /// The entry in slot `i`, if any (under the shard lock).
     fn entry_at(&self, i: usize) -> Option<&Entry<K, S>> {
         let p = self.slots[i].entry.load(Ordering::Relaxed);
@@ -496,6 +528,14 @@ where
     fn unlink(&self, writer: &mut Writer, i: usize) {
         self.unlink_entry(writer, i, &pin());
     }
+
+    fn set_state_at(&mut self, i: usize, state: S) {
+        if let Some(entry) = self.entry_at(i) {
+            // Relaxed: `&mut self`, no reader; the next shares the table through a
+            // synchronising handoff.
+            entry.state.store(state, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<K, S> Drop for Table<K, S> {
@@ -574,6 +614,16 @@ mod tests {
         // The shard of "again0" removed keys after the charge (here: none, so the
         // refund above went through); a stale generation gives nothing back.
         assert!(!table.refund(&g, "again0", generation.wrapping_add(1), 0, &charge, &|| t));
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
+    fn remove_and_replace_heap_keys() {
+        super::super::tests::remove_deletes_one_key::<Table<u64, GcraState>>();
+        super::super::tests::replace_states_rewrites_live_keys::<Table<u64, GcraState>>();
     }
 
     #[test]

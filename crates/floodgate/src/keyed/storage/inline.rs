@@ -59,8 +59,9 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot, KeyTable,
-    Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide, Writer,
+    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
+    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, refund_word, update_word, CasWord};
@@ -377,6 +378,24 @@ where
         self.set.reclaim_idle(algorithm, now)
     }
 
+    fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized,
+    {
+        let bits = self.encoding.bits(key);
+        let (shard, hash) = self.set.locate(&bits);
+        // Under the lock nothing moves and nothing is retired: a hit is this key's
+        // one live slot, a miss is a miss.
+        remove_at(shard, algorithm, now, |shard| {
+            shard.find(hash, bits).map(|(i, _)| i)
+        })
+    }
+
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
+        self.set.replace_states(now, f);
+    }
+
     fn counts(&self) -> TableCounts {
         self.set.counts()
     }
@@ -630,6 +649,16 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
         self.close_window();
         writer.live -= 1;
         self.write.set_live(writer);
+    }
+
+    fn set_state_at(&mut self, i: usize, state: S) {
+        let slot = self.slots[i].load_now();
+        debug_assert!(state_half(slot) != DEAD && !is_dead(&state));
+        // Relaxed: `&mut self`, no reader; the next shares the table through a
+        // synchronising handoff.
+        self.slots[i]
+            .0
+            .store(pack(key_half(slot), to_bits(&state)), Ordering::Relaxed);
     }
 }
 

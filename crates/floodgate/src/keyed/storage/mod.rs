@@ -176,6 +176,17 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     /// Reclaims every idle key now (a full sweep under each shard's lock).
     fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize;
 
+    /// Removes `key` whatever its state, as reclamation removes an idle key (see
+    /// [`remove_at`]): judged at `now`. Returns whether the key was present.
+    fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+        A: Algorithm<State = S> + ?Sized;
+
+    /// Replaces every live key's state `s` with `f(s, now)`, `now` clamped to its
+    /// shard's latest removal instant. `&mut self`: no decision runs meanwhile.
+    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S);
+
     /// Writer-side counters summed over shards.
     fn counts(&self) -> TableCounts;
 
@@ -220,6 +231,7 @@ pub(crate) struct WriteSide {
     pub(crate) live: AtomicU64,
     pub(crate) reclaimed: AtomicU64,
     pub(crate) evicted: AtomicU64,
+    pub(crate) removed: AtomicU64,
 }
 
 impl WriteSide {
@@ -229,6 +241,7 @@ impl WriteSide {
             live: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
         })
     }
 
@@ -297,6 +310,7 @@ pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> Tabl
         c.live += side.live.load(Ordering::Relaxed);
         c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
         c.evicted += side.evicted.load(Ordering::Relaxed);
+        c.removed += side.removed.load(Ordering::Relaxed);
     }
     c
 }
@@ -365,6 +379,9 @@ pub(crate) trait Slots {
         A: Algorithm<State = Self::State> + ?Sized;
     /// Unlinks the (retired) key in slot `i`.
     fn unlink(&self, writer: &mut Writer, i: usize);
+    /// Stores `state` for the key in slot `i` (occupied), while no decision runs
+    /// (the table is borrowed mutably). `state` is never the dead word.
+    fn set_state_at(&mut self, i: usize, state: Self::State);
 }
 
 /// Whether to retire `state`: the outcome, and whether to write the dead word.
@@ -390,6 +407,7 @@ pub struct TableCounts {
     pub(crate) live: u64,
     pub(crate) reclaimed: u64,
     pub(crate) evicted: u64,
+    pub(crate) removed: u64,
 }
 
 /// A table's shards and the hasher that spreads keys over them.
@@ -475,6 +493,32 @@ impl<T: Slots> ShardSet<T> {
             .iter()
             .map(|shard| reclaim_shard(&**shard, algorithm, now))
             .sum()
+    }
+
+    /// Replaces every live key's state `s` with `f(s, now)`, `now` clamped to its
+    /// shard's latest removal instant (no decision runs: `&mut self`).
+    ///
+    /// A replacement that would be the dead word (which no algorithm may store;
+    /// none of this crate's `carry_over`s returns it) stores the fresh state instead.
+    pub(crate) fn replace_states(
+        &mut self,
+        now: Nanos,
+        mut f: impl FnMut(T::State, Nanos) -> T::State,
+    ) {
+        for shard in self.shards.iter_mut() {
+            let now = shard.removals().clamp(now);
+            for i in 0..shard.len() {
+                if let Some(state) = shard.state_at(i) {
+                    let next = f(state, now);
+                    let next = if is_dead(&next) {
+                        bytemuck::Zeroable::zeroed()
+                    } else {
+                        next
+                    };
+                    shard.set_state_at(i, next);
+                }
+            }
+        }
     }
 }
 
@@ -594,10 +638,8 @@ where
     let mut advanced = 0;
     while advanced < steps {
         let i = writer.hand;
-        if shard.retire_at(algorithm, i, now, true) == Some(Retired::Idle) {
+        if take(shard, writer, algorithm, i, now, true) == Some(Retired::Idle) {
             // A later key may shift into `i`: look at it next.
-            shard.removals().record(now);
-            shard.unlink(writer, i);
             shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
             writer.hand = next_slot(i, shard.len());
@@ -617,10 +659,8 @@ where
     let mut sampled = 0;
     let mut i = writer.hand;
     for _ in 0..shard.len() {
-        if let Some(how) = shard.retire_at(algorithm, i, now, true) {
+        if let Some(how) = take(shard, writer, algorithm, i, now, true) {
             if how == Retired::Idle {
-                shard.removals().record(now);
-                shard.unlink(writer, i);
                 side.reclaimed.fetch_add(1, Ordering::Relaxed);
                 writer.hand = i;
                 return;
@@ -645,9 +685,7 @@ where
     let Some((_, victim)) = best else {
         return;
     };
-    if let Some(how) = shard.retire_at(algorithm, victim, now, false) {
-        shard.removals().record(now);
-        shard.unlink(writer, victim);
+    if let Some(how) = take(shard, writer, algorithm, victim, now, false) {
         if how == Retired::Idle {
             side.reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -655,6 +693,63 @@ where
         }
         writer.hand = next_slot(i, shard.len());
     }
+}
+
+/// Takes the key in slot `i` out of its shard (under the shard lock `writer`
+/// guards), the one way every removal goes — reclamation, eviction and
+/// [`remove_at`]: retire its state (a CAS to the dead word, only if idle when
+/// `idle_only`), record the removal judged at `now` (the generation moves, so a
+/// refund receipt for a key of this shard gives back nothing; every later decision
+/// in the shard is made at `max(reading, now)`), and unlink it. `None` when `i` is
+/// empty; [`Retired::Kept`] when the key was not idle and only idle keys were
+/// wanted (nothing changed).
+fn take<T, A>(
+    shard: &T,
+    writer: &mut Writer,
+    algorithm: &A,
+    i: usize,
+    now: Nanos,
+    idle_only: bool,
+) -> Option<Retired>
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let how = shard.retire_at(algorithm, i, now, idle_only)?;
+    if how != Retired::Kept {
+        shard.removals().record(now);
+        shard.unlink(writer, i);
+    }
+    Some(how)
+}
+
+/// Removes the key a storage found in slot `i` of `shard` (its lookup under the
+/// lock; `None`: absent), whatever its state, judged at `now`: a user's
+/// `remove(key)` or `reset(key)`. Returns whether the key was present.
+///
+/// A decision racing the removal is ordered before it (its CAS landed first: the
+/// retirement takes the state it left) or after it (its CAS meets the dead word and
+/// it retries on the locked path, which sees the removal): it then finds no key and
+/// is judged at `max(reading, now)` on a fresh state, never at an earlier reading.
+pub(crate) fn remove_at<T, A>(
+    shard: &T,
+    algorithm: &A,
+    now: Nanos,
+    find: impl FnOnce(&T) -> Option<usize>,
+) -> bool
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    let mut writer = lock(&shard.write_side().lock);
+    let Some(i) = find(shard) else {
+        return false;
+    };
+    if take(shard, &mut writer, algorithm, i, now, false).is_none() {
+        return false;
+    }
+    shard.write_side().removed.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 /// What forgetting `state` at `now` would forgive, as an order: the units in use
@@ -763,6 +858,88 @@ mod tests {
         // A dead word is never charged.
         let dead_word = Atomic::new(dead::<GcraState>());
         assert!(charge_live(&gcra(), &dead_word, dead::<GcraState>(), now, 1).is_none());
+    }
+
+    /// `remove` on table `T` (one shard, 8 keys of capacity, GCRA 1/s burst 2):
+    /// deletes one key and nothing else, moves the generation (a receipt from before
+    /// refunds nothing), counts it, and clamps later decisions to its instant. Each
+    /// storage's tests run it.
+    pub(super) fn remove_deletes_one_key<T: KeyTable<u64, GcraState>>() {
+        let table = T::build(8, 1);
+        let g = gcra();
+        let t = Nanos::from_secs(10);
+        let check = |key: u64, now: Nanos, cost: u32| {
+            table
+                .decide::<false, _, _>(&g, &key, now, cost)
+                .decision
+                .is_allowed()
+        };
+        for key in 0..6 {
+            assert!(check(key, t, 2));
+        }
+        let receipt = table.decide::<true, _, _>(&g, &6u64, t, 1);
+        let charge = receipt.charge.expect("a fresh key stores its state");
+        assert!(table.remove(&g, &3u64, t));
+        assert!(!table.remove(&g, &3u64, t), "gone already");
+        assert!(!table.remove(&g, &99u64, t), "never present");
+        let counts = table.counts();
+        assert_eq!((counts.live, counts.removed), (6, 1));
+        // Every other key keeps its state wherever backward shifting moved it.
+        for key in [0, 1, 2, 4, 5] {
+            assert!(!table.peek(&g, &key, t, 1).is_allowed(), "key {key}");
+        }
+        assert!(table.peek(&g, &6u64, t, 1).is_allowed(), "one of two used");
+        // Key 3 is fresh again.
+        assert!(check(3, t, 2));
+        // The shard removed a key since key 6 was charged: its receipt is void.
+        assert!(!table.refund(&g, &6u64, receipt.generation, receipt.noted, &charge, &|| t));
+        assert!(!table.peek(&g, &6u64, t, 2).is_allowed());
+        // A removal at 20 s: a decision read earlier (10 s) is judged at 20 s, so
+        // the fresh state does not start in the past (TAT 12 s would admit again at
+        // 20 s; TAT 22 s does not).
+        assert!(table.remove(&g, &0u64, Nanos::from_secs(20)));
+        let late = table.decide::<false, _, _>(&g, &0u64, t, 2).decision;
+        assert!(late.is_allowed());
+        assert_eq!(late.reset_after(), core::time::Duration::from_secs(2));
+        assert!(!check(0, Nanos::from_secs(20), 1));
+        assert_eq!(table.counts().removed, 2);
+    }
+
+    /// `replace_states` on table `T` rewrites every live key's state and only those.
+    pub(super) fn replace_states_rewrites_live_keys<T: KeyTable<u64, GcraState>>() {
+        let mut table = T::build(8, 2);
+        let g = gcra();
+        let t = Nanos::from_secs(10);
+        for key in 0..5u64 {
+            assert!(table
+                .decide::<false, _, _>(&g, &key, t, 2)
+                .decision
+                .is_allowed());
+        }
+        let mut seen = 0;
+        // Every key's schedule moves 2 s back: each admits two again at 10 s.
+        table.replace_states(t, |state, now| {
+            seen += 1;
+            assert_eq!((state.tat(), now), (Nanos::from_secs(12), t));
+            GcraState::from_tat(Nanos::from_secs(10))
+        });
+        assert_eq!(seen, 5);
+        for key in 0..5u64 {
+            assert!(table
+                .decide::<false, _, _>(&g, &key, t, 2)
+                .decision
+                .is_allowed());
+        }
+        assert_eq!(table.counts().live, 5);
+    }
+
+    #[test]
+    fn inline_storages_remove_and_replace() {
+        remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Exact>>();
+        remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Fingerprinted>>();
+        replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Exact>>();
+        replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Fingerprinted>>(
+        );
     }
 
     #[test]
