@@ -870,14 +870,13 @@ mod tests {
         let t = Nanos::from_secs(10);
         let check = |key: u64, now: Nanos, cost: u32| {
             table
-                .decide::<false, _, _>(&g, &key, now, cost)
-                .decision
+                .decide::<Decision, _, _>(&g, &key, now, cost)
                 .is_allowed()
         };
         for key in 0..6 {
             assert!(check(key, t, 2));
         }
-        let receipt = table.decide::<true, _, _>(&g, &6u64, t, 1);
+        let receipt = table.decide::<KeyedCharge<_>, _, _>(&g, &6u64, t, 1);
         let charge = receipt.charge.expect("a fresh key stores its state");
         assert!(table.remove(&g, &3u64, t));
         assert!(!table.remove(&g, &3u64, t), "gone already");
@@ -898,7 +897,7 @@ mod tests {
         // the fresh state does not start in the past (TAT 12 s would admit again at
         // 20 s; TAT 22 s does not).
         assert!(table.remove(&g, &0u64, Nanos::from_secs(20)));
-        let late = table.decide::<false, _, _>(&g, &0u64, t, 2).decision;
+        let late = table.decide::<Decision, _, _>(&g, &0u64, t, 2);
         assert!(late.is_allowed());
         assert_eq!(late.reset_after(), core::time::Duration::from_secs(2));
         assert!(!check(0, Nanos::from_secs(20), 1));
@@ -911,10 +910,7 @@ mod tests {
         let g = gcra();
         let t = Nanos::from_secs(10);
         for key in 0..5u64 {
-            assert!(table
-                .decide::<false, _, _>(&g, &key, t, 2)
-                .decision
-                .is_allowed());
+            assert!(table.decide::<Decision, _, _>(&g, &key, t, 2).is_allowed());
         }
         let mut seen = 0;
         // Every key's schedule moves 2 s back: each admits two again at 10 s.
@@ -925,10 +921,7 @@ mod tests {
         });
         assert_eq!(seen, 5);
         for key in 0..5u64 {
-            assert!(table
-                .decide::<false, _, _>(&g, &key, t, 2)
-                .decision
-                .is_allowed());
+            assert!(table.decide::<Decision, _, _>(&g, &key, t, 2).is_allowed());
         }
         assert_eq!(table.counts().live, 5);
     }
