@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    let m = (contender.run)(&Setup {
+    let m = contender.measure(&Setup {
         threads: 1,
         keys,
         budget: Budget::Ops(decisions),

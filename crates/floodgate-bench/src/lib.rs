@@ -20,7 +20,7 @@
 //!
 //! let matrix = groups();
 //! let hot = &matrix[0];
-//! let run = (hot.contenders[0].run)(&Setup { threads: 1, keys: 1, budget: Budget::Ops(1_000) });
+//! let run = hot.contenders[0].measure(&Setup { threads: 1, keys: 1, budget: Budget::Ops(1_000) });
 //! assert_eq!(run.ops, 1_000);
 //! ```
 

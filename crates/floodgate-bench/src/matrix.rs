@@ -221,16 +221,70 @@ pub struct Setup {
     pub budget: Budget,
 }
 
-/// Builds a contender's limiter, inserts its keys, and measures it under a [`Setup`].
-pub type Runner = fn(&Setup) -> Measurement;
+/// Builds a contender's limiter for a [`Setup`] and inserts its keys (the setup's
+/// budget is not used until [`Prepared::run`]).
+pub type Runner = fn(&Setup) -> Prepared;
+
+/// A contender built for a setup: its limiter exists and its keys are inserted, so
+/// that each [`run`](Prepared::run) measures the same table again, its keys in the
+/// states the previous runs left them in (as a long-lived limiter's are). The
+/// criterion suites prepare once per cell and run once per sample.
+pub struct Prepared {
+    threads: usize,
+    run: Box<dyn FnMut(usize, Budget) -> Measurement>,
+}
+
+impl Prepared {
+    /// A prepared run for `setup.threads` threads; `run` measures one budget on the
+    /// state it owns.
+    fn new(setup: &Setup, run: impl FnMut(usize, Budget) -> Measurement + 'static) -> Prepared {
+        Prepared {
+            threads: setup.threads,
+            run: Box::new(run),
+        }
+    }
+
+    /// Measures one run of `budget` on each thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::matrix::{groups, Setup};
+    /// use floodgate_bench::Budget;
+    /// let matrix = groups();
+    /// let keyed = matrix.iter().find(|g| g.id == "gcra-keyed-idle").unwrap();
+    /// let setup = Setup { threads: 1, keys: 100, budget: Budget::Ops(0) };
+    /// let mut prepared = (keyed.contenders[0].run)(&setup);
+    /// assert_eq!(prepared.run(Budget::Ops(1_000)).admitted, 1_000);
+    /// assert_eq!(prepared.run(Budget::Ops(500)).ops, 500);
+    /// ```
+    pub fn run(&mut self, budget: Budget) -> Measurement {
+        (self.run)(self.threads, budget)
+    }
+}
 
 /// One implementation in one group.
 #[derive(Clone, Copy)]
 pub struct Contender {
     /// Its column.
     pub implementation: Implementation,
-    /// Its run.
+    /// Builds it for a setup.
     pub run: Runner,
+}
+
+impl Contender {
+    /// Builds it for `setup` and measures one run of `setup.budget`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let matrix = floodgate_bench::matrix::groups();
+    /// let setup = floodgate_bench::matrix::Setup { threads: 1, keys: 1, budget: floodgate_bench::Budget::Ops(100) };
+    /// assert_eq!(matrix[0].contenders[0].measure(&setup).ops, 100);
+    /// ```
+    pub fn measure(&self, setup: &Setup) -> Measurement {
+        (self.run)(setup).run(setup.budget)
+    }
 }
 
 /// One workload: the rows of the table (one per key count × thread count).
@@ -378,7 +432,7 @@ fn keyed_group(policy: KeyPolicy) -> Group {
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
 pub trait Workload {
     /// The library type.
-    type Algorithm: Algorithm;
+    type Algorithm: Algorithm + 'static;
     /// The algorithm, built for this workload's policy.
     fn algorithm() -> Self::Algorithm;
     /// The policy and what it makes the decisions do, for the report.
@@ -458,17 +512,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn hot<W: Workload>(setup: &Setup) -> Measurement {
+fn hot<W: Workload>(setup: &Setup) -> Prepared {
     let limiter = RateLimiter::new(W::algorithm());
-    measure(setup.threads, setup.budget, |_| {
-        || limiter.check().is_allowed()
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || limiter.check().is_allowed())
     })
 }
 
-fn hot_twin<W: Workload>(setup: &Setup) -> Measurement {
+fn hot_twin<W: Workload>(setup: &Setup) -> Prepared {
     let limiter = RateLimiter::locked_with_clock(W::algorithm(), DefaultClock::new());
-    measure(setup.threads, setup.budget, |_| {
-        || limiter.check().is_allowed()
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || limiter.check().is_allowed())
     })
 }
 
@@ -482,27 +536,31 @@ fn textbook_bucket(now: u64) -> TextbookTokenBucket {
     )
 }
 
-fn gcra_textbook(setup: &Setup) -> Measurement {
+fn gcra_textbook(setup: &Setup) -> Prepared {
     let clock = DefaultClock::new();
     let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
-    measure(setup.threads, setup.budget, |_| {
-        || {
-            // The clock is read before taking the lock, as the limiters do.
-            let now = clock.now().as_u64();
-            lock(&bucket).allow(now, 1.0)
-        }
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| {
+            || {
+                // The clock is read before taking the lock, as the limiters do.
+                let now = clock.now().as_u64();
+                lock(&bucket).allow(now, 1.0)
+            }
+        })
     })
 }
 
 #[cfg(feature = "compare")]
-fn gcra_governor(setup: &Setup) -> Measurement {
+fn gcra_governor(setup: &Setup) -> Prepared {
     let limiter = governor::RateLimiter::direct(governor_quota());
-    measure(setup.threads, setup.budget, |_| || limiter.check().is_ok())
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || limiter.check().is_ok())
+    })
 }
 
 /// The leased hot-key mode: one shard per thread, default lease size (burst ÷ 4 ×
 /// shards) and lifetime (1 ms); `COARSE`: the coarse expiry clock.
-fn leased<const COARSE: bool>(setup: &Setup) -> Measurement {
+fn leased<const COARSE: bool>(setup: &Setup) -> Prepared {
     let builder = LeasedGcra::builder(gcra_policy()).shards(setup.threads);
     let limiter = if COARSE {
         builder.build_coarse()
@@ -510,46 +568,50 @@ fn leased<const COARSE: bool>(setup: &Setup) -> Measurement {
         builder.build()
     }
     .expect("the benchmark lease settings are valid");
-    measure(setup.threads, setup.budget, |_| {
-        || limiter.check().is_allowed()
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || limiter.check().is_allowed())
     })
 }
 
 /// One clock read and one CAS on the thread's own padded word.
-fn floor(setup: &Setup) -> Measurement {
+fn floor(setup: &Setup) -> Prepared {
     let clock = DefaultClock::new();
     let words: Vec<CachePadded<AtomicU64>> = (0..setup.threads)
         .map(|_| CachePadded::new(AtomicU64::new(0)))
         .collect();
-    measure(setup.threads, setup.budget, |thread| {
-        let (clock, word) = (&clock, &words[thread]);
-        move || {
-            let now = clock.now().as_u64();
-            let current = word.load(Ordering::Relaxed);
-            word.compare_exchange(
-                current,
-                now.max(current + 1),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        }
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |thread| {
+            let (clock, word) = (&clock, &words[thread]);
+            move || {
+                let now = clock.now().as_u64();
+                let current = word.load(Ordering::Relaxed);
+                word.compare_exchange(
+                    current,
+                    now.max(current + 1),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            }
+        })
     })
 }
 
 /// One clock read and a load of one shared word nobody writes.
-fn no_write_ceiling(setup: &Setup) -> Measurement {
+fn no_write_ceiling(setup: &Setup) -> Prepared {
     let clock = DefaultClock::new();
     let word = CachePadded::new(AtomicU64::new(u64::MAX));
-    measure(setup.threads, setup.budget, |_| {
-        || {
-            let now = clock.now().as_u64();
-            now < word.load(Ordering::Acquire)
-        }
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| {
+            || {
+                let now = clock.now().as_u64();
+                now < word.load(Ordering::Acquire)
+            }
+        })
     })
 }
 
-fn fixed_window_textbook(setup: &Setup) -> Measurement {
+fn fixed_window_textbook(setup: &Setup) -> Prepared {
     textbook_window(
         setup,
         LIMIT,
@@ -558,7 +620,7 @@ fn fixed_window_textbook(setup: &Setup) -> Measurement {
     )
 }
 
-fn sliding_window_textbook(setup: &Setup) -> Measurement {
+fn sliding_window_textbook(setup: &Setup) -> Prepared {
     textbook_window(
         setup,
         SLIDING_LIMIT,
@@ -569,20 +631,22 @@ fn sliding_window_textbook(setup: &Setup) -> Measurement {
 
 /// A textbook window of `limit` per second under one mutex (`new` builds it from
 /// limit, period and now), asked with `allow` at each clock reading.
-fn textbook_window<T: Send>(
+fn textbook_window<T: Send + 'static>(
     setup: &Setup,
     limit: u64,
     new: fn(u64, u64, u64) -> T,
-    allow: impl Fn(&mut T, u64, u64) -> bool + Sync,
-) -> Measurement {
+    allow: impl Fn(&mut T, u64, u64) -> bool + Sync + 'static,
+) -> Prepared {
     let clock = DefaultClock::new();
     let window = Mutex::new(new(limit, 1_000_000_000, clock.now().as_u64()));
-    let (clock, window, allow) = (&clock, &window, &allow);
-    measure(setup.threads, setup.budget, |_| {
-        move || {
-            let now = clock.now().as_u64();
-            allow(&mut lock(window), now, 1)
-        }
+    Prepared::new(setup, move |threads, budget| {
+        let (clock, window, allow) = (&clock, &window, &allow);
+        measure(threads, budget, |_| {
+            move || {
+                let now = clock.now().as_u64();
+                allow(&mut lock(window), now, 1)
+            }
+        })
     })
 }
 
@@ -590,24 +654,28 @@ fn sliding_log_policy() -> Policy {
     Policy::per_second(SLIDING_LIMIT).expect("the benchmark policy is valid")
 }
 
-fn sliding_log_floodgate(setup: &Setup) -> Measurement {
+fn sliding_log_floodgate(setup: &Setup) -> Prepared {
     let log = SlidingLog::new(sliding_log_policy());
-    measure(setup.threads, setup.budget, |_| || log.check().is_allowed())
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || log.check().is_allowed())
+    })
 }
 
 /// The seed article's log: a `Vec` of timestamps pruned with `retain`, in a mutex.
-fn sliding_log_textbook(setup: &Setup) -> Measurement {
+fn sliding_log_textbook(setup: &Setup) -> Prepared {
     let clock = DefaultClock::new();
     let log = Mutex::new(TextbookSlidingLog::new(
         SLIDING_LIMIT as usize,
         1_000_000_000,
     ));
-    let (clock, log) = (&clock, &log);
-    measure(setup.threads, setup.budget, |_| {
-        move || {
-            let now = clock.now().as_u64();
-            lock(log).allow(now)
-        }
+    Prepared::new(setup, move |threads, budget| {
+        let (clock, log) = (&clock, &log);
+        measure(threads, budget, |_| {
+            move || {
+                let now = clock.now().as_u64();
+                lock(log).allow(now)
+            }
+        })
     })
 }
 
@@ -636,16 +704,19 @@ fn keys_of(thread: usize, keys: u64) -> impl FnMut() -> u64 {
     }
 }
 
-/// Runs `check` once on every key (untimed, before the measured loop), then measures
-/// it on each thread's key sequence.
-fn keyed_run(setup: &Setup, check: impl Fn(u64) -> bool + Sync) -> Measurement {
+/// Runs `check` once on every key (untimed, before any measured run), then prepares
+/// runs of it on each thread's key sequence.
+fn keyed_run(setup: &Setup, check: impl Fn(u64) -> bool + Sync + 'static) -> Prepared {
     for key in 0..setup.keys {
         check(key);
     }
-    measure(setup.threads, setup.budget, |thread| {
-        let mut next_key = keys_of(thread, setup.keys);
-        let check = &check;
-        move || check(next_key())
+    let keys = setup.keys;
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |thread| {
+            let mut next_key = keys_of(thread, keys);
+            let check = &check;
+            move || check(next_key())
+        })
     })
 }
 
@@ -660,12 +731,12 @@ fn key_policy(booked: bool) -> KeyPolicy {
 /// floodgate's keyed limiter for `u64` keys (inline storage: keys in the slots),
 /// sized as the README tells users to size it: capacity = the number of keys (a
 /// table holds its capacity without reclaiming or evicting any).
-fn keyed_floodgate<const BOOKED: bool>(setup: &Setup) -> Measurement {
+fn keyed_floodgate<const BOOKED: bool>(setup: &Setup) -> Prepared {
     let keyed = KeyedBuilder::new(Gcra::new(key_policy(BOOKED).policy()))
         .capacity(setup.keys.max(1) as usize)
         .build_inline::<u64>()
         .expect("the benchmark capacity is valid");
-    keyed_run(setup, |key| keyed.check(&key).is_allowed())
+    keyed_run(setup, move |key| keyed.check(&key).is_allowed())
 }
 
 /// One shard of the keyed mutex twin, alone on its cache lines.
@@ -673,7 +744,7 @@ type TwinShard = CachePadded<Mutex<HashMap<u64, GcraState, ahash::RandomState>>>
 
 /// The keyed mutex twin: GCRA's transition over per-key states in [`TWIN_SHARDS`]
 /// ahash maps, one mutex per shard (the shard from the key's high hash bits).
-fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Measurement {
+fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let fresh = AtomicCell::<GcraState>::fresh().load();
     let clock = DefaultClock::new();
@@ -681,7 +752,7 @@ fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Measurement {
         .map(|_| CachePadded::new(Mutex::new(HashMap::default())))
         .collect();
     let hasher = ahash::RandomState::new();
-    keyed_run(setup, |key| {
+    keyed_run(setup, move |key| {
         let now = clock.now();
         let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
         let mut states = lock(&shards[shard]);
@@ -695,12 +766,12 @@ fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Measurement {
 }
 
 /// The textbook keyed limiter: one map of `f64` buckets under one mutex.
-fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Measurement {
+fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Prepared {
     let policy = key_policy(BOOKED).policy();
     let clock = DefaultClock::new();
     let buckets: Mutex<HashMap<u64, TextbookTokenBucket, ahash::RandomState>> =
         Mutex::new(HashMap::default());
-    keyed_run(setup, |key| {
+    keyed_run(setup, move |key| {
         let now = clock.now().as_u64();
         lock(&buckets)
             .entry(key)
@@ -718,21 +789,21 @@ fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Measurement {
 
 /// governor's keyed limiter on its `DashMap` store, hashed with ahash.
 #[cfg(feature = "compare")]
-fn keyed_governor<const BOOKED: bool>(setup: &Setup) -> Measurement {
+fn keyed_governor<const BOOKED: bool>(setup: &Setup) -> Prepared {
     let limiter = governor::RateLimiter::dashmap_with_hasher(
         key_policy(BOOKED).quota(),
         ahash::RandomState::new(),
     );
-    keyed_run(setup, |key| limiter.check_key(&key).is_ok())
+    keyed_run(setup, move |key| limiter.check_key(&key).is_ok())
 }
 
 /// GCRA on a `DashMap<u64, AtomicU64>`: a shard read lock, then a CAS on the key's word.
-fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Measurement {
+fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
     let map: DashMap<u64, AtomicU64, ahash::RandomState> =
         DashMap::with_hasher(ahash::RandomState::new());
-    keyed_run(setup, |key| {
+    keyed_run(setup, move |key| {
         let now = clock.now();
         let word = match map.get(&key) {
             Some(word) => word,
@@ -830,7 +901,7 @@ mod tests {
                             keys: keys.min(1_000),
                             budget,
                         };
-                        let sample = (contender.run)(&setup);
+                        let sample = contender.measure(&setup);
                         assert!(
                             sample.ops > 0,
                             "{} {:?}",

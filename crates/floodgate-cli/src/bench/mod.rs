@@ -193,7 +193,7 @@ struct Cell {
     keys: u64,
     threads: usize,
     implementation: Implementation,
-    run: floodgate_bench::matrix::Runner,
+    run: floodgate_bench::matrix::Contender,
     label: String,
     samples: Vec<Measurement>,
 }
@@ -331,7 +331,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
                         keys,
                         threads: n,
                         implementation: contender.implementation,
-                        run: contender.run,
+                        run: *contender,
                         label: format!(
                             "{}, {keys} key{}, {n} thread{}, {}",
                             group.id,
@@ -353,7 +353,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     for repeat in 1..=plan.repeats {
         for cell in &mut cells {
             progress.set_message(format!("{} (run {repeat}/{})", cell.label, plan.repeats));
-            cell.samples.push((cell.run)(&Setup {
+            cell.samples.push(cell.run.measure(&Setup {
                 threads: cell.threads,
                 keys: cell.keys,
                 budget: Budget::Time {
