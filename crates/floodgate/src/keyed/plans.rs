@@ -638,6 +638,58 @@ where
         self.keyed.refund_with(&gcra, key, receipt)
     }
 
+    /// Deletes `key`'s entry, whatever its plan, and returns whether it had one:
+    /// [`KeyedLimiter::remove`] on the table behind the plans (refund receipts taken
+    /// before it give back nothing; a check racing it is judged at or after its clock
+    /// reading).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// for _ in 0..10 { assert!(limiter.check(&7).is_allowed()); }
+    /// assert!(limiter.remove(&7));
+    /// assert!(!limiter.remove(&7));
+    /// assert_eq!(limiter.check(&7).remaining(), 9);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.keyed.remove(key)
+    }
+
+    /// Returns `key` to its fresh state under its plan (a whole burst again) and
+    /// returns whether it had an entry: [`KeyedLimiter::reset`], which is
+    /// [`remove`](PlanLimiter::remove).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &&str| pro, KeyedBuilder::default())?;
+    /// let burst = limiter.check(&"acme").remaining() + 1;
+    /// for _ in 1..burst { assert!(limiter.check(&"acme").is_allowed()); }
+    /// assert!(!limiter.check(&"acme").is_allowed());
+    /// assert!(limiter.reset(&"acme"));
+    /// assert!(limiter.check(&"acme").is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.keyed.reset(key)
+    }
+
     /// Changes plan `name`'s policy now; every key keeps its state (GCRA: its TAT),
     /// the new interval applies from the next decision and `remaining` is clamped to
     /// the new burst.
