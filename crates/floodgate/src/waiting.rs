@@ -44,7 +44,10 @@ use core::fmt;
 use core::future::Future;
 use core::time::Duration;
 
+use crate::algorithm::Algorithm;
+use crate::clock::Clock;
 use crate::keyed::composite::Limit;
+use crate::keyed::{KeyedLimiter, Lookup, Storage};
 use crate::receipt::Receipt;
 use crate::sync::unique_id;
 
@@ -328,3 +331,132 @@ pub trait Wait: Limit {
 }
 
 impl<L: Limit + ?Sized> Wait for L {}
+
+/// Waiting for one key of a [`KeyedLimiter`]: [`Wait`] on
+/// [`limit(key)`](KeyedLimiter::limit). GCRA waits through a booking of the key's
+/// own schedule ([`KeyedLimiter::book_at`]: first come, first served among the
+/// key's waiters, given back if an async wait is dropped before its slot); the
+/// windows and the log check, sleep until `retry_after` and check again.
+impl<K, A, C, S> KeyedLimiter<K, A, C, S>
+where
+    A: Algorithm,
+    C: Clock,
+    S: Storage<K, A::State>,
+{
+    /// Blocks the thread (`std::thread::sleep`) until `cost` units for `key` are
+    /// admitted; returns how long it slept.
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::Never`] when `cost` exceeds the capacity (nothing slept).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1000)?.with_burst(1)?);
+    /// assert!(keyed.wait_key("alice", 1)?.is_zero());
+    /// assert!(keyed.wait_key("alice", 1).is_ok()); // sleeps about 1 ms
+    /// assert!(keyed.wait_key("alice", 2).is_err()); // never fits a burst of 1
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_key<Q>(&self, key: &Q, cost: u32) -> Result<Duration, WaitError>
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.limit(key).wait(cost)
+    }
+
+    /// Blocks until `cost` units for `key` are admitted, sleeping with `sleep` and
+    /// adding `jitter` to each sleep ([`Wait::wait_with`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_key`](KeyedLimiter::wait_key).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{FixedWindow, Jitter, KeyedBuilder, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let keyed = KeyedBuilder::new(FixedWindow::new(Policy::per_second(1)?)?)
+    ///     .clock(clock.clone())
+    ///     .build::<u64>()?;
+    /// let sleep = |d: Duration| {
+    ///     clock.advance(d);
+    /// };
+    /// assert_eq!(keyed.wait_key_with(&7, 1, Jitter::NONE, sleep)?, Duration::ZERO);
+    /// // A window cannot book: the waiter sleeps until the next window and checks again.
+    /// assert_eq!(keyed.wait_key_with(&7, 1, Jitter::NONE, sleep)?, Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_key_with<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        jitter: Jitter,
+        sleep: impl FnMut(Duration),
+    ) -> Result<Duration, WaitError>
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.limit(key).wait_with(cost, jitter, sleep)
+    }
+
+    /// Waits asynchronously until `cost` units for `key` are admitted, sleeping on
+    /// the future `sleep` returns ([`Wait::until_ready_with`]). Dropping the future
+    /// before a booked slot gives the booking back.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_key`](KeyedLimiter::wait_key).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Jitter, KeyedLimiter, Policy};
+    /// use std::time::Duration;
+    /// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    /// # rt.block_on(async {
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(10)?.with_burst(1)?);
+    /// keyed.until_key_ready_with("alice", 1, Jitter::NONE, tokio::time::sleep).await?;
+    /// let waited = keyed.until_key_ready_with("alice", 1, Jitter::NONE, tokio::time::sleep).await?;
+    /// assert!(waited > Duration::from_millis(90) && waited <= Duration::from_millis(100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn until_key_ready_with<Q, F>(
+        &self,
+        key: &Q,
+        cost: u32,
+        jitter: Jitter,
+        sleep: impl FnMut(Duration) -> F + Send,
+    ) -> Result<Duration, WaitError>
+    where
+        Q: Lookup<K> + Sync + ?Sized,
+        F: Future<Output = ()> + Send,
+        Self: Sync,
+    {
+        self.limit(key).until_ready_with(cost, jitter, sleep).await
+    }
+
+    /// [`until_key_ready_with`](KeyedLimiter::until_key_ready_with) on Tokio's timer,
+    /// without jitter. Must run inside a Tokio runtime with the time driver enabled.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_key`](KeyedLimiter::wait_key).
+    #[cfg(feature = "tokio")]
+    pub fn until_key_ready<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        cost: u32,
+    ) -> impl Future<Output = Result<Duration, WaitError>> + Send + 'a
+    where
+        Q: Lookup<K> + Sync + ?Sized,
+        Self: Sync,
+    {
+        self.until_key_ready_with(key, cost, Jitter::NONE, tokio::time::sleep)
+    }
+}

@@ -4,31 +4,20 @@
 //! `set_policy` / `set_algorithm` (each live key's state carried over).
 #![cfg(not(loom))]
 
+#[macro_use]
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use floodgate::{
-    Algorithm, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter,
-    ManualClock, Nanos, Policy, SlidingWindow, Storage,
+    Algorithm, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy,
+    SlidingWindow, Storage,
 };
 
 type Keyed<A, S> = KeyedLimiter<u64, A, ManualClock, S>;
 
 fn keyed<A: Algorithm, S: Storage<u64, A::State>>(alg: A, clock: &ManualClock) -> Keyed<A, S> {
-    KeyedBuilder::new(alg)
-        .capacity(64)
-        .shards(2)
-        .clock(clock.clone())
-        .build_in()
-        .expect("valid configuration")
-}
-
-/// Runs `case` on every storage.
-macro_rules! on_every_storage {
-    ($case:ident) => {
-        $case::<Heap>();
-        $case::<Inline>();
-        $case::<Fingerprint>();
-    };
+    common::keyed_on(alg, clock, 64, 2)
 }
 
 #[test]

@@ -373,6 +373,10 @@ where
     fn refund(&self, receipt: Receipt) -> bool {
         self.limiter.refund(self.key, receipt)
     }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        self.limiter.book_at(self.key, now, cost)
+    }
 }
 
 /// A [`PlanLimiter`] and one key, as a [`Limit`].

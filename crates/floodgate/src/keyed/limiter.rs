@@ -14,6 +14,7 @@ use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::Gcra;
+use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
 use crate::sync::{thread_index, AtomicU64, Ordering};
@@ -785,12 +786,74 @@ where
         let c = self
             .table
             .decide::<KeyedCharge<A::State>, Q, A>(algorithm, key, now, cost);
+        self.settle(c)
+    }
+
+    /// Counts a keyed charge's decision and writes its receipt.
+    fn settle(&self, c: KeyedCharge<A::State>) -> (Decision, Receipt) {
         self.count(c.decision.is_allowed());
         let charge = c.charge.map(|charge| (charge, c.noted));
         (
             c.decision,
             Receipt::new(self.owner, c.tag, c.generation, charge),
         )
+    }
+
+    /// Books `cost` units for `key` at the earliest instant they fit, however far
+    /// ahead, for a waiter ([`wait_key`](KeyedLimiter::wait_key),
+    /// [`until_key_ready_with`](KeyedLimiter::until_key_ready_with)): the decision
+    /// (denied only for "never"), the delay until the booked slot, and the receipt
+    /// whose [`refund`](KeyedLimiter::refund) cancels the booking (the part of it the
+    /// clock has not reached). `None` when the algorithm cannot book ahead
+    /// ([`Algorithm::book`]: GCRA books, the windows do not).
+    ///
+    /// Bookings of one key are first come, first served: each moves the key's
+    /// schedule by its own units in one compare-and-swap. A [`remove`](KeyedLimiter::remove)
+    /// or [`reset`](KeyedLimiter::reset) in the key's shard voids the receipt, like any
+    /// other.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, ManualClock, Nanos, Policy};
+    /// use std::time::Duration;
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(2)?.with_burst(1)?))
+    ///     .clock(ManualClock::new())
+    ///     .build::<String>()?;
+    /// let now = Nanos::from_secs(1);
+    /// let (first, wait, _) = keyed.book_at("alice", now, 1).unwrap();
+    /// assert!(first.is_allowed() && wait.is_zero());
+    /// let (_, wait, receipt) = keyed.book_at("alice", now, 1).unwrap();
+    /// assert_eq!(wait, Duration::from_millis(500));
+    /// assert!(keyed.book_at("bob", now, 1).unwrap().1.is_zero()); // another key's schedule
+    /// assert!(keyed.refund("alice", receipt)); // not reached yet: it all comes back
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn book_at<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> Option<(Decision, core::time::Duration, Receipt)>
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let _can_book = self.algorithm.book(bytemuck::Zeroable::zeroed(), now, 0)?;
+        let booking = Booking(&self.algorithm);
+        let c = self
+            .table
+            .decide::<KeyedCharge<A::State>, Q, Booking<'_, A>>(&booking, key, now, cost);
+        let delay = c
+            .charge
+            .as_ref()
+            .map_or(core::time::Duration::ZERO, |charge| {
+                self.algorithm
+                    .ready_at(charge)
+                    .saturating_since(now)
+                    .as_duration()
+            });
+        let (decision, receipt) = self.settle(c);
+        Some((decision, delay, receipt))
     }
 
     /// Gives back what the charge behind `receipt` still provably holds for `key`

@@ -42,3 +42,34 @@ pub fn advance(now: u64, step: i64) -> u64 {
         now.saturating_sub(step.unsigned_abs())
     }
 }
+
+/// A keyed limiter of `capacity` keys over `shards` shards on storage `S`, driven
+/// by `clock` (the keyed tests run one case on every storage).
+pub fn keyed_on<A, S>(
+    algorithm: A,
+    clock: &floodgate::ManualClock,
+    capacity: usize,
+    shards: usize,
+) -> floodgate::KeyedLimiter<u64, A, floodgate::ManualClock, S>
+where
+    A: floodgate::Algorithm,
+    S: floodgate::Storage<u64, A::State>,
+{
+    floodgate::KeyedBuilder::new(algorithm)
+        .capacity(capacity)
+        .shards(shards)
+        .clock(clock.clone())
+        .build_in()
+        .expect("valid configuration")
+}
+
+/// Runs the generic case `$case::<S>()` on every storage (`Heap`, `Inline`,
+/// `Fingerprint`).
+#[allow(unused_macros)] // not every test file that shares this module runs keyed cases
+macro_rules! on_every_storage {
+    ($case:ident) => {
+        $case::<floodgate::Heap>();
+        $case::<floodgate::Inline>();
+        $case::<floodgate::Fingerprint>();
+    };
+}
