@@ -9,63 +9,17 @@
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed_compact`
 #![cfg(loom)]
 
+#[macro_use]
 mod loom_keyed_models;
 
 use std::sync::Arc;
 
 use floodgate::{Gcra, Inline, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy};
-use loom_keyed_models::{self as models, Keyed as _};
+use loom_keyed_models::Keyed as _;
 
 type Compact = KeyedLimiter<u64, Gcra, ManualClock, Inline>;
 
-#[test]
-fn two_inserts_of_one_key_admit_once() {
-    models::two_inserts_of_one_key_admit_once::<Compact>();
-}
-
-#[test]
-fn lookup_racing_with_insertion_sees_a_whole_slot() {
-    models::lookup_racing_with_insertion_sees_a_whole_entry::<Compact>();
-}
-
-#[test]
-fn reclaiming_an_idle_key_loses_no_charge() {
-    models::reclaiming_an_idle_key_loses_no_charge::<Compact>();
-}
-
-#[test]
-fn a_retired_slot_never_hands_its_state_to_another_key() {
-    models::a_retired_slot_never_hands_its_state_to_another_key::<Compact>();
-}
-
-#[test]
-fn evicting_a_live_key_racing_with_its_decision() {
-    models::evicting_a_live_key_racing_with_its_decision::<Compact>();
-}
-
-#[test]
-fn removing_a_key_racing_a_check_read_earlier() {
-    models::a_removal_racing_a_check_read_earlier::<Compact>(models::Removal::Remove);
-}
-
-#[test]
-fn resetting_a_key_racing_a_check_read_earlier() {
-    models::a_removal_racing_a_check_read_earlier::<Compact>(models::Removal::Reset);
-}
-
-#[test]
-fn a_refund_racing_a_removal_never_lands_on_the_new_state() {
-    models::a_refund_racing_a_removal_never_lands_on_the_new_state::<Compact>(
-        models::Removal::Remove,
-    );
-}
-
-#[test]
-fn a_refund_racing_a_reset_never_lands_on_the_new_state() {
-    models::a_refund_racing_a_removal_never_lands_on_the_new_state::<Compact>(
-        models::Removal::Reset,
-    );
-}
+shared_keyed_models!(Compact);
 
 /// The home slot the table gives `key` in a one-shard table of `slots` slots under
 /// loom (fixed hash seeds; multiply-shift of the hash). Used only to pick a second

@@ -1,5 +1,6 @@
 //! The loom models every keyed storage runs (`tests/loom_keyed.rs` on `Heap`,
-//! `tests/loom_keyed_compact.rs` on `Inline`):
+//! `tests/loom_keyed_compact.rs` on `Inline`, `tests/loom_keyed_fingerprint.rs` on
+//! `Fingerprint`, each through [`shared_keyed_models!`]):
 //! insertion racing with lookup, reclamation and eviction racing with a decision on
 //! the same key, and `remove` / `reset` racing with a check or a refund. A retired
 //! slot must never hand one key's state to another, reclaiming an idle key must
@@ -15,6 +16,65 @@ use floodgate::{
     Decision, Gcra, GcraState, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock, Nanos,
     Policy, Receipt, Storage,
 };
+
+/// Every shared model as a `#[test]` on the keyed limiter type `$keyed` (the calling
+/// file declares `mod loom_keyed_models;`).
+macro_rules! shared_keyed_models {
+    ($keyed:ty) => {
+        #[test]
+        fn two_inserts_of_one_key_admit_once() {
+            loom_keyed_models::two_inserts_of_one_key_admit_once::<$keyed>();
+        }
+
+        #[test]
+        fn lookup_racing_with_insertion_sees_a_whole_entry() {
+            loom_keyed_models::lookup_racing_with_insertion_sees_a_whole_entry::<$keyed>();
+        }
+
+        #[test]
+        fn reclaiming_an_idle_key_loses_no_charge() {
+            loom_keyed_models::reclaiming_an_idle_key_loses_no_charge::<$keyed>();
+        }
+
+        #[test]
+        fn a_retired_slot_never_hands_its_state_to_another_key() {
+            loom_keyed_models::a_retired_slot_never_hands_its_state_to_another_key::<$keyed>();
+        }
+
+        #[test]
+        fn evicting_a_live_key_racing_with_its_decision() {
+            loom_keyed_models::evicting_a_live_key_racing_with_its_decision::<$keyed>();
+        }
+
+        #[test]
+        fn removing_a_key_racing_a_check_read_earlier() {
+            loom_keyed_models::a_removal_racing_a_check_read_earlier::<$keyed>(
+                loom_keyed_models::Removal::Remove,
+            );
+        }
+
+        #[test]
+        fn resetting_a_key_racing_a_check_read_earlier() {
+            loom_keyed_models::a_removal_racing_a_check_read_earlier::<$keyed>(
+                loom_keyed_models::Removal::Reset,
+            );
+        }
+
+        #[test]
+        fn a_refund_racing_a_removal_never_lands_on_the_new_state() {
+            loom_keyed_models::a_refund_racing_a_removal_never_lands_on_the_new_state::<$keyed>(
+                loom_keyed_models::Removal::Remove,
+            );
+        }
+
+        #[test]
+        fn a_refund_racing_a_reset_never_lands_on_the_new_state() {
+            loom_keyed_models::a_refund_racing_a_removal_never_lands_on_the_new_state::<$keyed>(
+                loom_keyed_models::Removal::Reset,
+            );
+        }
+    };
+}
 
 /// What a model needs of a keyed limiter over `u64` keys.
 pub trait Keyed: Send + Sync + Sized + 'static {
