@@ -2,9 +2,10 @@
 //!
 //! A [`Group`] is one workload (an algorithm, its policy, the keys it goes to); it has
 //! up to one [`Contender`] per [`Implementation`] (the table's columns). A contender is
-//! a plain function ([`Runner`]) that builds its limiter, inserts its keys, and hands a
-//! decision closure per thread to the harness ([`measure`]) under a [`Setup`]: thread
-//! count, key count and [`Budget`]. The criterion suites (`cargo bench -p
+//! a plain function ([`Runner`]) that builds its limiter and inserts its keys for a
+//! [`Setup`] (thread count, key count), returning a [`Prepared`] run that hands a
+//! decision closure per thread to the harness ([`measure`]) for each [`Budget`] it is
+//! asked to measure. The criterion suites (`cargo bench -p
 //! floodgate-benches`) and `floodgate bench` both walk [`groups`], so the two measure
 //! the same code.
 //!
@@ -14,9 +15,9 @@
 //!   per thread): each thread spends units leased from the central GCRA word on its
 //!   own padded word; `leased` reads the TSC on every decision, `leased-coarse` only
 //!   on a refill (lease expiry on quanta's recent time).
-//! * **floodgate**: the lock-free limiter (`RateLimiter`; for many keys the compact
-//!   keyed table for `u64` keys, sized for twice the key count so nothing live is
-//!   evicted).
+//! * **floodgate**: the lock-free limiter (`RateLimiter`; for many keys the keyed
+//!   limiter on inline storage for `u64` keys, capacity = the key count, as the README
+//!   tells users to size it).
 //! * **mutex twin**: the same transition under a mutex. For many keys it is the
 //!   *sharded* twin — [`TWIN_SHARDS`] `Mutex<HashMap<u64, State>>` shards with ahash,
 //!   the shard from the high hash bits — because that is floodgate's table shape with a
@@ -27,6 +28,10 @@
 //!   limiter with its quanta clock; keyed, its `DashMap` store hashed with ahash.
 //! * **dashmap anchor**: the GCRA transition on a `DashMap<u64, AtomicU64>` (a shard
 //!   read lock, then a CAS): what a careful hand-rolled keyed limiter gets.
+//! * **papaya anchor**: the same transition on a `papaya::HashMap<u64, AtomicU64>`
+//!   (a lock-free lookup under papaya's guard, then a CAS): the strongest hand-rolled
+//!   keyed anchor — but unbounded: no key is ever removed, so a flood of unique keys
+//!   grows it without limit, where floodgate's table stays within its capacity.
 //! * **floor**: one clock read and one *uncontended* CAS per decision (each thread its
 //!   own padded word): no limiter that reads a clock and writes a word can be faster.
 //! * **no-write ceiling**: each thread reads the clock and one *shared read-only* word:
@@ -89,6 +94,9 @@ pub enum Implementation {
     Governor,
     /// GCRA on a `DashMap<u64, AtomicU64>`.
     DashmapAnchor,
+    /// GCRA on a `papaya::HashMap<u64, AtomicU64>` (lock-free reads): the few lines
+    /// a careful user writes, the strongest keyed anchor.
+    PapayaAnchor,
     /// A clock read and one uncontended CAS.
     Floor,
     /// A clock read and a load of one shared read-only word.
@@ -97,7 +105,7 @@ pub enum Implementation {
 
 impl Implementation {
     /// Every column, in table order.
-    pub const ALL: [Implementation; 9] = [
+    pub const ALL: [Implementation; 10] = [
         Implementation::Floodgate,
         Implementation::Leased,
         Implementation::LeasedCoarse,
@@ -105,6 +113,7 @@ impl Implementation {
         Implementation::Textbook,
         Implementation::Governor,
         Implementation::DashmapAnchor,
+        Implementation::PapayaAnchor,
         Implementation::Floor,
         Implementation::NoWriteCeiling,
     ];
@@ -126,6 +135,7 @@ impl Implementation {
             Implementation::Textbook => "textbook",
             Implementation::Governor => "governor",
             Implementation::DashmapAnchor => "dashmap",
+            Implementation::PapayaAnchor => "papaya",
             Implementation::Floor => "floor",
             Implementation::NoWriteCeiling => "no-write",
         }
@@ -148,6 +158,7 @@ impl Implementation {
             Implementation::Textbook => "textbook",
             Implementation::Governor => "governor",
             Implementation::DashmapAnchor => "dashmap_anchor",
+            Implementation::PapayaAnchor => "papaya_anchor",
             Implementation::Floor => "floor",
             Implementation::NoWriteCeiling => "no_write_ceiling",
         }
@@ -410,6 +421,10 @@ fn keyed_group(policy: KeyPolicy) -> Group {
     contenders.push(c(
         Implementation::DashmapAnchor,
         pick(keyed_dashmap::<true>, keyed_dashmap::<false>),
+    ));
+    contenders.push(c(
+        Implementation::PapayaAnchor,
+        pick(keyed_papaya::<true>, keyed_papaya::<false>),
     ));
     let policy_text = match policy {
         KeyPolicy::BookedAhead => "each key 1 per second, burst 10^9: booked ahead, always live",
@@ -812,24 +827,52 @@ fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Prepared {
                 .or_insert_with(|| AtomicU64::new(0))
                 .downgrade(),
         };
-        let mut current = word.load(Ordering::Relaxed);
-        loop {
-            let state = GcraState::from_tat(floodgate::Nanos::new(current));
-            let (decision, next) = gcra.decide(state, now, 1);
-            let Some(next) = next else {
-                return decision.is_allowed();
-            };
-            match word.compare_exchange_weak(
-                current,
-                next.tat().as_u64(),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return decision.is_allowed(),
-                Err(actual) => current = actual,
-            }
-        }
+        gcra_on_word(&gcra, &word, now)
     })
+}
+
+/// GCRA on a `papaya::HashMap<u64, AtomicU64>` sized for the keys: a lock-free
+/// lookup under papaya's guard, then a CAS on the key's word (an insert only for a
+/// new key). Unbounded: nothing ever removes a key.
+fn keyed_papaya<const BOOKED: bool>(setup: &Setup) -> Prepared {
+    let gcra = Gcra::new(key_policy(BOOKED).policy());
+    let clock = DefaultClock::new();
+    let map: papaya::HashMap<u64, AtomicU64, ahash::RandomState> = papaya::HashMap::builder()
+        .capacity(setup.keys.max(1) as usize)
+        .hasher(ahash::RandomState::new())
+        .build();
+    keyed_run(setup, move |key| {
+        let now = clock.now();
+        let map = map.pin();
+        let word = match map.get(&key) {
+            Some(word) => word,
+            None => map.get_or_insert_with(key, || AtomicU64::new(0)),
+        };
+        gcra_on_word(&gcra, word, now)
+    })
+}
+
+/// The GCRA step on a bare `AtomicU64` holding the TAT: decide, then CAS (retried on
+/// a race), as a hand-rolled keyed limiter does it.
+#[inline(always)]
+fn gcra_on_word(gcra: &Gcra, word: &AtomicU64, now: floodgate::Nanos) -> bool {
+    let mut current = word.load(Ordering::Relaxed);
+    loop {
+        let state = GcraState::from_tat(floodgate::Nanos::new(current));
+        let (decision, next) = gcra.decide(state, now, 1);
+        let Some(next) = next else {
+            return decision.is_allowed();
+        };
+        match word.compare_exchange_weak(
+            current,
+            next.tat().as_u64(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return decision.is_allowed(),
+            Err(actual) => current = actual,
+        }
+    }
 }
 
 /// One clock source: a reading in nanoseconds from some origin (never 0).

@@ -1,6 +1,6 @@
 //! Command-line arguments (clap derive).
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -64,6 +64,14 @@ pub(crate) struct BenchArgs {
     /// contender) as an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<std::path::PathBuf>,
+    /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000).
+    /// Each table holds its key count (capacity = keys).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    pub(crate) keys: Vec<NonZeroU64>,
+    /// Measure only these groups (ids as the table prints them), e.g.
+    /// `gcra-keyed-idle,gcra-keyed-booked`.
+    #[arg(long, value_delimiter = ',', value_name = "ID,ID,...")]
+    pub(crate) groups: Vec<String>,
 }
 
 #[derive(Debug, Args)]

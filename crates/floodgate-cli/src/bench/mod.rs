@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use floodgate_bench::matrix::{groups, Group, Implementation, Setup};
+use floodgate_bench::matrix::{groups, Group, Implementation, Setup, Suite};
 use floodgate_bench::{Budget, Measurement};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -308,6 +308,32 @@ fn machine() -> Machine {
     }
 }
 
+/// The matrix's groups `--groups` names (all by default), the keyed ones at the
+/// `--keys` key counts.
+fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
+    let mut all = groups();
+    if let Some(unknown) = args
+        .groups
+        .iter()
+        .find(|id| !all.iter().any(|g| &g.id == *id))
+    {
+        let known: Vec<&str> = all.iter().map(|g| g.id.as_str()).collect();
+        return Err(Failure::usage(format!(
+            "--groups: no group `{unknown}`; the groups are {}",
+            known.join(", ")
+        )));
+    }
+    if !args.groups.is_empty() {
+        all.retain(|g| args.groups.contains(&g.id));
+    }
+    if !args.keys.is_empty() {
+        for group in all.iter_mut().filter(|g| g.suite == Suite::Keyed) {
+            group.key_counts = args.keys.iter().map(|k| k.get()).collect();
+        }
+    }
+    Ok(all)
+}
+
 /// `floodgate bench`.
 pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     if args.latency {
@@ -320,7 +346,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     });
     let available = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = thread_counts(available, args.max_threads.map(|n| n.get()));
-    let groups = groups();
+    let groups = chosen_groups(&args)?;
     let mut cells: Vec<Cell> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
         for &keys in &group.key_counts {
