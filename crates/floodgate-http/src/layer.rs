@@ -20,9 +20,8 @@ use crate::body::RateLimitBody;
 use crate::error::ConfigError;
 use crate::extract::{KeyError, KeyExtractor};
 use crate::headers::{
-    duration_window_secs, insert_retry_after, legacy_headers, list_value, render_limit,
-    render_policy, window_secs, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat,
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_EXCEEDED,
+    duration_window_secs, window_secs, write_limit_member, write_name_member, write_policy_member,
+    Field, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat, ResponseFields,
 };
 use crate::stats::{Count, Counters, RuleStats};
 
@@ -916,11 +915,13 @@ fn respond<B>(parts: &Parts, v: &Verdict, reply: Reply) -> Response<RateLimitBod
     resp
 }
 
-/// Writes the configured header families for `v` into `out`.
+/// Writes the configured header families for `v` into `out`: all their values in one
+/// buffer, one allocation for the lot ([`ResponseFields`]).
 fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
     let opts = &shared.headers;
+    let mut fields = ResponseFields::new();
     if let Some(d) = &v.denial {
-        insert_retry_after(out, &d.decision);
+        fields.retry_after(&d.decision);
     }
     if let Some(format) = opts.legacy {
         let pick = v.denial.as_ref().or_else(|| {
@@ -936,51 +937,40 @@ fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
                 ResetFormat::UnixEpoch => SystemTime::now(),
                 _ => SystemTime::UNIX_EPOCH,
             };
-            legacy_headers(out, &s.decision, format, now);
+            fields.legacy(&s.decision, format, now);
         }
     }
     if opts.ietf && !v.shown.is_empty() {
-        // One allocation each: a member is about 30 bytes (60 with `pk`).
-        let per_member = if opts.partition_key.is_some() { 64 } else { 32 };
-        let mut policy = String::with_capacity(per_member * v.shown.len());
-        let mut limit = String::with_capacity(per_member * v.shown.len());
         for s in &v.shown {
             let rule = &shared.rules[s.rule];
-            let pk = s.partition_key.as_ref().map(|k| &k[..]);
-            render_policy(
-                &mut policy,
-                &[PolicyItem {
+            write_policy_member(
+                fields.value(),
+                &PolicyItem {
                     name: &rule.name,
                     quota: s.decision.limit(),
                     window: rule.window,
-                    partition_key: pk,
-                }],
+                    partition_key: s.partition_key.as_ref().map(|k| &k[..]),
+                },
             );
-            render_limit(
-                &mut limit,
-                &[LimitItem {
-                    partition_key: pk,
+        }
+        fields.finish(Field::Policy);
+        for s in &v.shown {
+            let rule = &shared.rules[s.rule];
+            write_limit_member(
+                fields.value(),
+                &LimitItem {
+                    partition_key: s.partition_key.as_ref().map(|k| &k[..]),
                     ..LimitItem::from_decision(&rule.name, &s.decision)
-                }],
+                },
             );
         }
-        if let Some(p) = list_value(policy) {
-            out.insert(RATELIMIT_POLICY.clone(), p);
-        }
-        if let Some(l) = list_value(limit) {
-            out.insert(RATELIMIT.clone(), l);
-        }
+        fields.finish(Field::RateLimit);
     }
     if !v.exceeded.is_empty() {
-        let mut names = String::new();
         for &i in &v.exceeded {
-            if !names.is_empty() {
-                names.push_str(", ");
-            }
-            shared.rules[i].name.write_sf_string(&mut names);
+            write_name_member(fields.value(), &shared.rules[i].name);
         }
-        if let Some(n) = list_value(names) {
-            out.insert(X_RATELIMIT_EXCEEDED.clone(), n);
-        }
+        fields.finish(Field::Exceeded);
     }
+    fields.insert_into(out);
 }
