@@ -62,7 +62,8 @@ pub enum OnLimiterError {
 
 /// An in-process limiter that charges with a [`Receipt`] and can give back what the
 /// charge took, so a request denied by a later rule is charged nowhere (see
-/// [`RateLimitLayer`], "How rules combine").
+/// [`RateLimitLayer`], "How rules combine"); after the refund its headers show the
+/// limiter as it then is ([`peek`](Charge::peek)).
 ///
 /// Implemented for the in-process limiters: [`KeyedLimiter`] (per key) and
 /// [`RateLimiter`] (one limit for every key). A refund gives back only what the
@@ -78,6 +79,7 @@ pub enum OnLimiterError {
 /// let (decision, receipt) = Charge::<()>::charge(&limiter, &(), 1);
 /// assert!(decision.is_allowed());
 /// assert!(Charge::<()>::refund(&limiter, &(), receipt));
+/// assert_eq!(Charge::<()>::peek(&limiter, &(), 0).remaining(), 1);
 /// assert!(limiter.check().is_allowed());
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
@@ -88,6 +90,9 @@ pub trait Charge<K: ?Sized> {
     /// Gives back what the charge behind `receipt` still provably holds; returns
     /// whether anything came back.
     fn refund(&self, key: &K, receipt: Receipt) -> bool;
+    /// What a charge of `cost` units for `key` would decide now, writing nothing
+    /// (cost 0 reports the state).
+    fn peek(&self, key: &K, cost: u32) -> Decision;
 }
 
 impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
@@ -97,6 +102,10 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 
     fn refund(&self, _key: &K, receipt: Receipt) -> bool {
         RateLimiter::refund(self, receipt)
+    }
+
+    fn peek(&self, _key: &K, cost: u32) -> Decision {
+        RateLimiter::peek(self, cost)
     }
 }
 
@@ -114,12 +123,17 @@ where
     fn refund(&self, key: &Q, receipt: Receipt) -> bool {
         KeyedLimiter::refund(self, key, receipt)
     }
+
+    fn peek(&self, key: &Q, cost: u32) -> Decision {
+        KeyedLimiter::peek(self, key, cost)
+    }
 }
 
-/// How an in-process rule charges and refunds (its limiter's [`Charge`]).
+/// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
     charge: fn(&L, &K, u32) -> (Decision, Receipt),
     refund: fn(&L, &K, Receipt) -> bool,
+    peek: fn(&L, &K, u32) -> Decision,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -182,6 +196,7 @@ where
         rule.in_process = Some(InProcess {
             charge: |l: &L, k: &E::Key, cost| l.charge(k, cost),
             refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
+            peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
         });
         Ok(rule)
     }
@@ -288,8 +303,10 @@ pub(crate) trait ErasedRule: Send + Sync {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
 
     /// Gives back what `start` charged for this request (its `receipt`): the key is
-    /// extracted again (extractors are pure functions of the request head).
-    fn refund(&self, parts: &Parts, receipt: Receipt);
+    /// extracted again (extractors are pure functions of the request head). Returns
+    /// the rule's state after the refund (a peek at cost 0) for the headers, when it
+    /// can tell.
+    fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision>;
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -354,16 +371,18 @@ where
         }
     }
 
-    fn refund(&self, parts: &Parts, receipt: Receipt) {
-        let Some(in_process) = &self.in_process else {
-            return;
+    fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        let in_process = self.in_process.as_ref()?;
+        let limiter = &*self.limiter;
+        let refund_and_peek = |key: &E::Key| {
+            let _ = (in_process.refund)(limiter, key, receipt);
+            (in_process.peek)(limiter, key, 0)
         };
-        let refund = in_process.refund;
-        let _ = match (self.extractor.extract(parts), &self.on_missing) {
-            (Ok(key), _) => refund(&self.limiter, &key, receipt),
-            (Err(_), OnMissingKey::Fallback(key)) => refund(&self.limiter, key, receipt),
-            (Err(_), OnMissingKey::Reject) => false,
-        };
+        match (self.extractor.extract(parts), &self.on_missing) {
+            (Ok(key), _) => Some(refund_and_peek(&key)),
+            (Err(_), OnMissingKey::Fallback(key)) => Some(refund_and_peek(key)),
+            (Err(_), OnMissingKey::Reject) => None,
+        }
     }
 }
 
@@ -475,8 +494,9 @@ struct Shared {
 ///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
 ///
 /// Counters count an admission that was later refunded as allowed. The headers of a
-/// denied request show the earlier rules' numbers as of their check (before the
-/// refund).
+/// denied request show an earlier in-process rule as it is after the refund (a peek
+/// at cost 0: its `remaining` no longer counts this request); a remote rule as of
+/// its check (it kept the charge).
 ///
 /// # Responses
 ///
@@ -788,10 +808,15 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     let hasher = shared.headers.partition_key.as_ref();
     // The receipts of the in-process rules that admitted (and so charged) this request.
     let mut held: Vec<(usize, Receipt)> = Vec::new();
-    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere.
-    let give_back = |held: Vec<(usize, Receipt)>| {
+    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere,
+    // and the headers show each refunded rule as it then is.
+    let give_back = |held: Vec<(usize, Receipt)>, shown: &mut [Shown]| {
         for (j, receipt) in held {
-            shared.rules[j].rule.refund(parts, receipt);
+            if let Some(after) = shared.rules[j].rule.refund(parts, receipt) {
+                for s in shown.iter_mut().filter(|s| s.rule == j) {
+                    s.decision = after;
+                }
+            }
         }
     };
     for (i, entry) in shared.rules.iter().enumerate() {
@@ -804,7 +829,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     status: StatusCode::BAD_REQUEST,
                     text,
                 });
-                give_back(core::mem::take(&mut held));
+                give_back(core::mem::take(&mut held), &mut v.shown);
                 return v;
             }
         }
@@ -829,7 +854,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                             status: StatusCode::SERVICE_UNAVAILABLE,
                             text,
                         });
-                        give_back(core::mem::take(&mut held));
+                        give_back(core::mem::take(&mut held), &mut v.shown);
                         return v;
                     }
                 }
@@ -852,7 +877,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
-                    give_back(core::mem::take(&mut held));
+                    give_back(core::mem::take(&mut held), &mut v.shown);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
