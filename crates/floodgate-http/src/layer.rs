@@ -944,6 +944,11 @@ fn respond<B>(parts: &Parts, v: &Verdict, reply: Reply) -> Response<RateLimitBod
 /// buffer, one allocation for the lot ([`ResponseFields`]).
 fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
     let opts = &shared.headers;
+    let visible = (opts.legacy.is_some() || opts.ietf) && !v.shown.is_empty();
+    if !visible && v.denial.is_none() && v.exceeded.is_empty() {
+        // Nothing to write: not even the buffer is set up.
+        return;
+    }
     let mut fields = ResponseFields::new();
     if let Some(d) = &v.denial {
         fields.retry_after(&d.decision);
