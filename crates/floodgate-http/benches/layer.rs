@@ -10,6 +10,20 @@
 //! ```text
 //! cargo bench -p floodgate-http --bench layer
 //! ```
+//!
+//! On a shared or loaded machine, count instructions instead: with
+//! `FLOODGATE_LAYER_CALLS=<contender>:<calls>` set (contender `bare`, `both` or
+//! `none`), the binary warms the contender up (every client seen once), then makes
+//! `<calls>` calls inside `counted_calls`, which callgrind can measure alone:
+//!
+//! ```text
+//! cargo bench -p floodgate-http --bench layer --no-run
+//! FLOODGATE_LAYER_CALLS=both:100000 valgrind --tool=callgrind \
+//!     --toggle-collect='*counted_calls*' target/release/deps/layer-<hash>
+//! ```
+//!
+//! Instructions per call are the total over `<calls>`; the layer's cost is a
+//! contender's figure less `bare`'s.
 
 // `criterion_group!` expands to an undocumented `pub fn`.
 #![allow(missing_docs)]
@@ -22,7 +36,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, Policy};
 use floodgate_http::{HeaderOptions, PeerAddr, PeerIp, RateLimitLayer, Rule};
 use http::{Request, Response};
@@ -115,5 +129,54 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// `calls` calls of `service`, the only code callgrind counts
+/// (`--toggle-collect='*counted_calls*'`).
+#[inline(never)]
+fn counted_calls<S>(service: &mut S, first: u32, calls: u32)
+where
+    S: Service<Request<()>>,
+{
+    for i in first..first.wrapping_add(calls) {
+        let _ = black_box(now(service.call(request(i))));
+    }
+}
+
+/// The instruction-count mode: `<contender>:<calls>`.
+fn count(spec: &str) {
+    let (contender, calls) = spec
+        .split_once(':')
+        .and_then(|(c, n)| Some((c, n.parse::<u32>().ok()?)))
+        .expect("FLOODGATE_LAYER_CALLS is <bare|both|none>:<calls>");
+    fn run<S: Service<Request<()>>>(mut service: S, calls: u32) {
+        // Every client once (the keyed table's entries are created here), then the
+        // counted calls.
+        warm_up(&mut service);
+        counted_calls(&mut service, CLIENTS, calls);
+    }
+    fn warm_up<S: Service<Request<()>>>(service: &mut S) {
+        for i in 0..CLIENTS {
+            let _ = black_box(now(service.call(request(i))));
+        }
+    }
+    match contender {
+        "bare" => run(Hello, calls),
+        "both" => run(layer(HeaderOptions::default()).layer(Hello), calls),
+        "none" => run(
+            layer(HeaderOptions::default().legacy(None).ietf(false)).layer(Hello),
+            calls,
+        ),
+        other => panic!("unknown contender {other:?}: bare, both or none"),
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    match std::env::var("FLOODGATE_LAYER_CALLS") {
+        Ok(spec) => count(&spec),
+        Err(_) => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}

@@ -77,6 +77,10 @@ where
     fn refund(&self, key: &String, receipt: Receipt) -> bool {
         self.0.refund(key, receipt)
     }
+
+    fn peek(&self, key: &String, cost: u32) -> Decision {
+        self.0.peek(key, cost)
+    }
 }
 
 struct Args {

@@ -26,11 +26,22 @@
 //!
 //! Later revisions of the draft exist; the field syntax above is the one -10 defines,
 //! and a change of revision is a change of this module.
+//!
+//! # Cost
+//!
+//! The layer writes a response's fields one after another into one stack buffer
+//! ([`ResponseFields`]): integers by hand, names quoted and escaped once (when the
+//! [`PolicyName`] is made), no `format!`, no `String`. The buffer then becomes one
+//! shared byte string and every field value is a slice of it: **one allocation per
+//! response** for all the fields. Nothing is shared with other requests (a value
+//! cached across requests would be a reference count written by every thread).
 
-use core::fmt::{self, Write as _};
+use core::fmt;
 use core::hash::Hash;
+use core::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use floodgate::{Decision, Policy};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -69,7 +80,11 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// # Ok::<(), floodgate_http::ConfigError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct PolicyName(Box<str>);
+pub struct PolicyName {
+    name: Box<str>,
+    /// The name as an sf-string (quoted, `"` and `\` escaped), rendered once.
+    sf_string: Box<str>,
+}
 
 impl PolicyName {
     /// Validates `name`.
@@ -94,7 +109,19 @@ impl PolicyName {
                 "an sf-string holds only printable ASCII (0x20..=0x7E): no control characters, no non-ASCII",
             ));
         }
-        Ok(PolicyName(name.into()))
+        let mut sf_string = String::with_capacity(name.len() + 2);
+        sf_string.push('"');
+        for c in name.chars() {
+            if c == '"' || c == '\\' {
+                sf_string.push('\\');
+            }
+            sf_string.push(c);
+        }
+        sf_string.push('"');
+        Ok(PolicyName {
+            name: name.into(),
+            sf_string: sf_string.into(),
+        })
     }
 
     /// The name as configured.
@@ -106,31 +133,24 @@ impl PolicyName {
     /// # Ok::<(), floodgate_http::ConfigError>(())
     /// ```
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 
-    /// Writes the name as an sf-string: quoted, `"` and `\` escaped.
-    pub(crate) fn write_sf_string(&self, out: &mut String) {
-        out.push('"');
-        for c in self.0.chars() {
-            if c == '"' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out.push('"');
+    /// The name as an sf-string: quoted, `"` and `\` escaped.
+    pub(crate) fn sf_string(&self) -> &str {
+        &self.sf_string
     }
 }
 
 impl fmt::Debug for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.name, f)
     }
 }
 
 impl fmt::Display for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 
@@ -267,10 +287,258 @@ fn sf_int(n: u64) -> u64 {
     n.min(MAX_SF_INTEGER)
 }
 
+/// The decimal digits of a `u64`, written right to left into a stack buffer.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn new(mut n: u64) -> Digits {
+        let mut buf = [b'0'; 20];
+        let mut start = buf.len();
+        // `u64::MAX` has 20 digits: the loop ends by `n == 0`.
+        for slot in buf.iter_mut().rev() {
+            // `n % 10 < 10`: the cast keeps the digit.
+            *slot = b'0' + (n % 10) as u8;
+            start -= 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Digits { buf, start }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// Where a field value is written: a `String` (the public renderers) or a
+/// [`FieldBuf`] (the layer). Everything written is printable ASCII.
+pub(crate) trait FieldOut {
+    fn put(&mut self, s: &[u8]);
+    fn is_empty(&self) -> bool;
+
+    /// `", "` before every list member but the first.
+    fn separate(&mut self) {
+        if !self.is_empty() {
+            self.put(b", ");
+        }
+    }
+}
+
+impl FieldOut for String {
+    fn put(&mut self, s: &[u8]) {
+        // The renderers write ASCII only; anything else would be a bug, left out.
+        self.push_str(core::str::from_utf8(s).unwrap_or_default());
+    }
+
+    fn is_empty(&self) -> bool {
+        String::is_empty(self)
+    }
+}
+
+/// The bytes a [`FieldBuf`] holds on the stack: the legacy trio and one rule's IETF
+/// members take about 70 bytes, so a handful of rules never reach the heap.
+const FIELD_INLINE: usize = 256;
+
+/// Field values under construction, one after another: on the stack up to
+/// [`FIELD_INLINE`] bytes, on the heap beyond.
+pub(crate) struct FieldBuf {
+    inline: [u8; FIELD_INLINE],
+    inline_len: usize,
+    spill: Vec<u8>,
+    /// Where the value being written starts.
+    start: usize,
+}
+
+impl FieldBuf {
+    fn new() -> FieldBuf {
+        FieldBuf {
+            inline: [0; FIELD_INLINE],
+            inline_len: 0,
+            spill: Vec::new(),
+            start: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        if self.spill.is_empty() {
+            self.inline_len
+        } else {
+            self.spill.len()
+        }
+    }
+
+    #[cfg(test)]
+    fn as_bytes(&self) -> &[u8] {
+        if self.spill.is_empty() {
+            &self.inline[..self.inline_len]
+        } else {
+            &self.spill
+        }
+    }
+
+    /// The bytes as one shared byte string (one allocation: the stack buffer moves
+    /// to the heap, or the spill is taken as it is).
+    fn into_bytes(self) -> Bytes {
+        if self.spill.is_empty() {
+            Bytes::from_owner(self.inline)
+        } else {
+            Bytes::from(self.spill)
+        }
+    }
+}
+
+impl FieldOut for FieldBuf {
+    fn put(&mut self, s: &[u8]) {
+        if !self.spill.is_empty() {
+            self.spill.extend_from_slice(s);
+            return;
+        }
+        let len = self.inline_len;
+        match self.inline.get_mut(len..len + s.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(s);
+                self.inline_len += s.len();
+            }
+            None => {
+                self.spill = Vec::with_capacity(2 * (len + s.len()));
+                self.spill.extend_from_slice(&self.inline[..len]);
+                self.spill.extend_from_slice(s);
+            }
+        }
+    }
+
+    /// Whether the value being written is still empty.
+    fn is_empty(&self) -> bool {
+        self.len() == self.start
+    }
+}
+
+/// A rate-limit field of a response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Field {
+    RetryAfter,
+    Limit,
+    Remaining,
+    Reset,
+    Policy,
+    RateLimit,
+    Exceeded,
+}
+
+impl Field {
+    /// How many fields there are: a response carries each at most once.
+    const COUNT: usize = 7;
+
+    fn name(self) -> HeaderName {
+        match self {
+            Field::RetryAfter => RETRY_AFTER,
+            Field::Limit => X_RATELIMIT_LIMIT.clone(),
+            Field::Remaining => X_RATELIMIT_REMAINING.clone(),
+            Field::Reset => X_RATELIMIT_RESET.clone(),
+            Field::Policy => RATELIMIT_POLICY.clone(),
+            Field::RateLimit => RATELIMIT.clone(),
+            Field::Exceeded => X_RATELIMIT_EXCEEDED.clone(),
+        }
+    }
+}
+
+/// The rate-limit fields of one response, written one after another into one
+/// [`FieldBuf`]; their header values are slices of one shared byte string.
+pub(crate) struct ResponseFields {
+    buf: FieldBuf,
+    /// The fields written, in order, each with where its value lies in `buf`.
+    written: [(Field, Range<usize>); Field::COUNT],
+    count: usize,
+}
+
+impl ResponseFields {
+    pub(crate) fn new() -> ResponseFields {
+        ResponseFields {
+            buf: FieldBuf::new(),
+            written: [const { (Field::RetryAfter, 0..0) }; Field::COUNT],
+            count: 0,
+        }
+    }
+
+    /// Where the next field's value is written; [`finish`](Self::finish) names it.
+    pub(crate) fn value(&mut self) -> &mut FieldBuf {
+        &mut self.buf
+    }
+
+    /// Ends the value written since the last field as `field`'s. A field written
+    /// twice keeps its first value.
+    pub(crate) fn finish(&mut self, field: Field) {
+        let (start, end) = (self.buf.start, self.buf.len());
+        let first = !self.written[..self.count].iter().any(|(f, _)| *f == field);
+        match self.written.get_mut(self.count) {
+            Some(slot) if first => {
+                *slot = (field, start..end);
+                self.count += 1;
+            }
+            // A repeat: its bytes stay in the buffer, unreferenced.
+            _ => {}
+        }
+        self.buf.start = end;
+    }
+
+    fn int(&mut self, field: Field, n: u64) {
+        self.buf.put(Digits::new(n).as_bytes());
+        self.finish(field);
+    }
+
+    /// `Retry-After` for a denial (see [`retry_after`]); nothing otherwise.
+    pub(crate) fn retry_after(&mut self, decision: &Decision) {
+        if !decision.is_allowed() {
+            if let Some(secs) = decision.retry_after_secs() {
+                self.int(Field::RetryAfter, secs);
+            }
+        }
+    }
+
+    /// The legacy trio (see [`legacy_headers`]).
+    pub(crate) fn legacy(&mut self, decision: &Decision, format: ResetFormat, now: SystemTime) {
+        self.int(Field::Limit, decision.limit());
+        self.int(Field::Remaining, decision.remaining());
+        let reset = match format {
+            ResetFormat::Seconds => decision.reset_after_secs(),
+            ResetFormat::UnixEpoch => {
+                // A clock before 1970 reads as the epoch; a sum past SystemTime's
+                // range saturates.
+                let since = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+                let at = since.saturating_add(decision.reset_after());
+                at.as_secs() + u64::from(at.subsec_nanos() > 0)
+            }
+        };
+        self.int(Field::Reset, reset);
+    }
+
+    /// Inserts every field written into `headers`, replacing values of the same
+    /// names. Every byte the renderers write is printable ASCII (validated names,
+    /// digits, base64), so no value can be refused; should one ever be, that field
+    /// is left out rather than the request failed.
+    pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
+        if self.count == 0 {
+            return;
+        }
+        headers.reserve(self.count);
+        let bytes = self.buf.into_bytes();
+        for (field, range) in &self.written[..self.count] {
+            if let Ok(value) = HeaderValue::from_maybe_shared(bytes.slice(range.clone())) {
+                headers.insert(field.name(), value);
+            }
+        }
+    }
+}
+
 /// Standard base64 with padding, as sf-binary wants it.
-fn write_base64(out: &mut String, bytes: &[u8]) {
+fn write_base64(out: &mut impl FieldOut, bytes: &[u8]) {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let sym = |i: u32| char::from(ALPHABET[(i & 63) as usize]);
+    let sym = |i: u32| ALPHABET[(i & 63) as usize];
     for chunk in bytes.chunks(3) {
         let b = [
             chunk[0],
@@ -278,19 +546,53 @@ fn write_base64(out: &mut String, bytes: &[u8]) {
             chunk.get(2).copied().unwrap_or(0),
         ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(sym(n >> 18));
-        out.push(sym(n >> 12));
-        out.push(if chunk.len() > 1 { sym(n >> 6) } else { '=' });
-        out.push(if chunk.len() > 2 { sym(n) } else { '=' });
+        let quad = [
+            sym(n >> 18),
+            sym(n >> 12),
+            if chunk.len() > 1 { sym(n >> 6) } else { b'=' },
+            if chunk.len() > 2 { sym(n) } else { b'=' },
+        ];
+        out.put(&quad);
     }
 }
 
-fn write_pk(out: &mut String, pk: Option<&[u8]>) {
+fn write_int(out: &mut impl FieldOut, key: &[u8], n: u64) {
+    out.put(key);
+    out.put(Digits::new(n).as_bytes());
+}
+
+fn write_pk(out: &mut impl FieldOut, pk: Option<&[u8]>) {
     if let Some(pk) = pk {
-        out.push_str(";pk=:");
+        out.put(b";pk=:");
         write_base64(out, pk);
-        out.push(':');
+        out.put(b":");
     }
+}
+
+/// Appends one `RateLimit-Policy` member.
+pub(crate) fn write_policy_member(out: &mut impl FieldOut, item: &PolicyItem<'_>) {
+    out.separate();
+    out.put(item.name.sf_string().as_bytes());
+    write_int(out, b";q=", sf_int(item.quota));
+    if let Some(w) = item.window {
+        write_int(out, b";w=", w.clamp(1, MAX_SF_INTEGER));
+    }
+    write_pk(out, item.partition_key);
+}
+
+/// Appends one `RateLimit` member.
+pub(crate) fn write_limit_member(out: &mut impl FieldOut, item: &LimitItem<'_>) {
+    out.separate();
+    out.put(item.name.sf_string().as_bytes());
+    write_int(out, b";r=", sf_int(item.remaining));
+    write_int(out, b";t=", sf_int(item.reset));
+    write_pk(out, item.partition_key);
+}
+
+/// Appends an sf-string member (a policy name) to a list.
+pub(crate) fn write_name_member(out: &mut impl FieldOut, name: &PolicyName) {
+    out.separate();
+    out.put(name.sf_string().as_bytes());
 }
 
 /// Appends `RateLimit-Policy` members to `out` (a list, `", "`-separated).
@@ -307,16 +609,7 @@ fn write_pk(out: &mut String, pk: Option<&[u8]>) {
 /// ```
 pub fn render_policy(out: &mut String, items: &[PolicyItem<'_>]) {
     for item in items {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        item.name.write_sf_string(out);
-        // Writing to a String cannot fail.
-        let _ = write!(out, ";q={}", sf_int(item.quota));
-        if let Some(w) = item.window {
-            let _ = write!(out, ";w={}", w.clamp(1, MAX_SF_INTEGER));
-        }
-        write_pk(out, item.partition_key);
+        write_policy_member(out, item);
     }
 }
 
@@ -334,17 +627,7 @@ pub fn render_policy(out: &mut String, items: &[PolicyItem<'_>]) {
 /// ```
 pub fn render_limit(out: &mut String, items: &[LimitItem<'_>]) {
     for item in items {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        item.name.write_sf_string(out);
-        let _ = write!(
-            out,
-            ";r={};t={}",
-            sf_int(item.remaining),
-            sf_int(item.reset)
-        );
-        write_pk(out, item.partition_key);
+        write_limit_member(out, item);
     }
 }
 
@@ -396,39 +679,9 @@ pub fn legacy_headers(
     format: ResetFormat,
     now: SystemTime,
 ) {
-    headers.insert(
-        X_RATELIMIT_LIMIT.clone(),
-        HeaderValue::from(decision.limit()),
-    );
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(decision.remaining()),
-    );
-    let reset = match format {
-        ResetFormat::Seconds => decision.reset_after_secs(),
-        ResetFormat::UnixEpoch => {
-            // A clock before 1970 reads as the epoch; a sum past SystemTime's range
-            // saturates.
-            let since = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-            let at = since.saturating_add(decision.reset_after());
-            at.as_secs() + u64::from(at.subsec_nanos() > 0)
-        }
-    };
-    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset));
-}
-
-/// Writes `Retry-After` for a denial (see [`retry_after`]); removes none otherwise.
-pub(crate) fn insert_retry_after(headers: &mut HeaderMap, decision: &Decision) {
-    if let Some(v) = retry_after(decision) {
-        headers.insert(RETRY_AFTER, v);
-    }
-}
-
-/// Turns a rendered list into a header value. Every byte written by the renderers is
-/// printable ASCII (validated names, digits, base64), so this cannot fail; should it
-/// ever, the field is left out rather than the request failed.
-pub(crate) fn list_value(s: String) -> Option<HeaderValue> {
-    HeaderValue::try_from(s).ok()
+    let mut fields = ResponseFields::new();
+    fields.legacy(decision, format, now);
+    fields.insert_into(headers);
 }
 
 #[cfg(test)]
@@ -533,6 +786,71 @@ mod tests {
             }],
         );
         assert_eq!(out, r#""w";q=1;w=1"#);
+    }
+
+    #[test]
+    fn digits() {
+        for n in (0..1_100).chain([12_345, u64::from(u32::MAX), u64::MAX]) {
+            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn fields_share_one_buffer_and_spill_intact() {
+        // Many long members: past the stack buffer, onto the heap.
+        let mut fields = ResponseFields::new();
+        let mut expected = String::new();
+        for i in 0..100u64 {
+            let name = name(&format!("rule \"{i}\""));
+            let item = LimitItem {
+                name: &name,
+                remaining: i,
+                reset: 1,
+                partition_key: Some(&[0xfb; 16]),
+            };
+            write_limit_member(fields.value(), &item);
+            render_limit(&mut expected, &[item]);
+        }
+        assert!(expected.len() > FIELD_INLINE);
+        assert_eq!(fields.buf.as_bytes(), expected.as_bytes());
+        fields.finish(Field::RateLimit);
+        let d = Decision::new(
+            false,
+            7,
+            0,
+            Duration::from_secs(3),
+            Some(Duration::from_millis(1)),
+        );
+        fields.retry_after(&d);
+        fields.legacy(&d, ResetFormat::Seconds, UNIX_EPOCH);
+        // A field finished twice keeps its first value.
+        fields.int(Field::Limit, 99);
+        let mut h = HeaderMap::new();
+        h.insert(&X_RATELIMIT_LIMIT, HeaderValue::from_static("replaced"));
+        fields.insert_into(&mut h);
+        assert_eq!(h[&RATELIMIT], expected.as_str());
+        assert_eq!(h[RETRY_AFTER], "1");
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "7");
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
+        assert_eq!(h[&X_RATELIMIT_RESET], "3");
+        assert_eq!(h.len(), 5);
+    }
+
+    #[test]
+    fn list_separators_restart_with_each_field() {
+        let (a, b) = (name("a"), name("b"));
+        let mut fields = ResponseFields::new();
+        write_name_member(fields.value(), &a);
+        write_name_member(fields.value(), &b);
+        fields.finish(Field::Exceeded);
+        fields.int(Field::Reset, 0);
+        write_name_member(fields.value(), &b);
+        fields.finish(Field::Policy);
+        let mut h = HeaderMap::new();
+        fields.insert_into(&mut h);
+        assert_eq!(h[&X_RATELIMIT_EXCEEDED], r#""a", "b""#);
+        assert_eq!(h[&X_RATELIMIT_RESET], "0");
+        assert_eq!(h[&RATELIMIT_POLICY], r#""b""#);
     }
 
     #[test]

@@ -20,9 +20,8 @@ use crate::body::RateLimitBody;
 use crate::error::ConfigError;
 use crate::extract::{KeyError, KeyExtractor};
 use crate::headers::{
-    duration_window_secs, insert_retry_after, legacy_headers, list_value, render_limit,
-    render_policy, window_secs, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat,
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_EXCEEDED,
+    duration_window_secs, window_secs, write_limit_member, write_name_member, write_policy_member,
+    Field, LimitItem, PartitionKeyHasher, PolicyItem, PolicyName, ResetFormat, ResponseFields,
 };
 use crate::stats::{Count, Counters, RuleStats};
 
@@ -63,7 +62,8 @@ pub enum OnLimiterError {
 
 /// An in-process limiter that charges with a [`Receipt`] and can give back what the
 /// charge took, so a request denied by a later rule is charged nowhere (see
-/// [`RateLimitLayer`], "How rules combine").
+/// [`RateLimitLayer`], "How rules combine"); after the refund its headers show the
+/// limiter as it then is ([`peek`](Charge::peek)).
 ///
 /// Implemented for the in-process limiters: [`KeyedLimiter`] (per key) and
 /// [`RateLimiter`] (one limit for every key). A refund gives back only what the
@@ -79,6 +79,7 @@ pub enum OnLimiterError {
 /// let (decision, receipt) = Charge::<()>::charge(&limiter, &(), 1);
 /// assert!(decision.is_allowed());
 /// assert!(Charge::<()>::refund(&limiter, &(), receipt));
+/// assert_eq!(Charge::<()>::peek(&limiter, &(), 0).remaining(), 1);
 /// assert!(limiter.check().is_allowed());
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
@@ -89,6 +90,9 @@ pub trait Charge<K: ?Sized> {
     /// Gives back what the charge behind `receipt` still provably holds; returns
     /// whether anything came back.
     fn refund(&self, key: &K, receipt: Receipt) -> bool;
+    /// What a charge of `cost` units for `key` would decide now, writing nothing
+    /// (cost 0 reports the state).
+    fn peek(&self, key: &K, cost: u32) -> Decision;
 }
 
 impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
@@ -98,6 +102,10 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 
     fn refund(&self, _key: &K, receipt: Receipt) -> bool {
         RateLimiter::refund(self, receipt)
+    }
+
+    fn peek(&self, _key: &K, cost: u32) -> Decision {
+        RateLimiter::peek(self, cost)
     }
 }
 
@@ -115,12 +123,17 @@ where
     fn refund(&self, key: &Q, receipt: Receipt) -> bool {
         KeyedLimiter::refund(self, key, receipt)
     }
+
+    fn peek(&self, key: &Q, cost: u32) -> Decision {
+        KeyedLimiter::peek(self, key, cost)
+    }
 }
 
-/// How an in-process rule charges and refunds (its limiter's [`Charge`]).
+/// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
     charge: fn(&L, &K, u32) -> (Decision, Receipt),
     refund: fn(&L, &K, Receipt) -> bool,
+    peek: fn(&L, &K, u32) -> Decision,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -183,6 +196,7 @@ where
         rule.in_process = Some(InProcess {
             charge: |l: &L, k: &E::Key, cost| l.charge(k, cost),
             refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
+            peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
         });
         Ok(rule)
     }
@@ -289,8 +303,10 @@ pub(crate) trait ErasedRule: Send + Sync {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a>;
 
     /// Gives back what `start` charged for this request (its `receipt`): the key is
-    /// extracted again (extractors are pure functions of the request head).
-    fn refund(&self, parts: &Parts, receipt: Receipt);
+    /// extracted again (extractors are pure functions of the request head). Returns
+    /// the rule's state after the refund (a peek at cost 0) for the headers, when it
+    /// can tell.
+    fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision>;
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -355,16 +371,18 @@ where
         }
     }
 
-    fn refund(&self, parts: &Parts, receipt: Receipt) {
-        let Some(in_process) = &self.in_process else {
-            return;
+    fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        let in_process = self.in_process.as_ref()?;
+        let limiter = &*self.limiter;
+        let refund_and_peek = |key: &E::Key| {
+            let _ = (in_process.refund)(limiter, key, receipt);
+            (in_process.peek)(limiter, key, 0)
         };
-        let refund = in_process.refund;
-        let _ = match (self.extractor.extract(parts), &self.on_missing) {
-            (Ok(key), _) => refund(&self.limiter, &key, receipt),
-            (Err(_), OnMissingKey::Fallback(key)) => refund(&self.limiter, key, receipt),
-            (Err(_), OnMissingKey::Reject) => false,
-        };
+        match (self.extractor.extract(parts), &self.on_missing) {
+            (Ok(key), _) => Some(refund_and_peek(&key)),
+            (Err(_), OnMissingKey::Fallback(key)) => Some(refund_and_peek(key)),
+            (Err(_), OnMissingKey::Reject) => None,
+        }
     }
 }
 
@@ -476,8 +494,9 @@ struct Shared {
 ///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
 ///
 /// Counters count an admission that was later refunded as allowed. The headers of a
-/// denied request show the earlier rules' numbers as of their check (before the
-/// refund).
+/// denied request show an earlier in-process rule as it is after the refund (a peek
+/// at cost 0: its `remaining` no longer counts this request); a remote rule as of
+/// its check (it kept the charge).
 ///
 /// # Responses
 ///
@@ -789,10 +808,15 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     let hasher = shared.headers.partition_key.as_ref();
     // The receipts of the in-process rules that admitted (and so charged) this request.
     let mut held: Vec<(usize, Receipt)> = Vec::new();
-    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere.
-    let give_back = |held: Vec<(usize, Receipt)>| {
+    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere,
+    // and the headers show each refunded rule as it then is.
+    let give_back = |held: Vec<(usize, Receipt)>, shown: &mut [Shown]| {
         for (j, receipt) in held {
-            shared.rules[j].rule.refund(parts, receipt);
+            if let Some(after) = shared.rules[j].rule.refund(parts, receipt) {
+                for s in shown.iter_mut().filter(|s| s.rule == j) {
+                    s.decision = after;
+                }
+            }
         }
     };
     for (i, entry) in shared.rules.iter().enumerate() {
@@ -805,7 +829,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     status: StatusCode::BAD_REQUEST,
                     text,
                 });
-                give_back(core::mem::take(&mut held));
+                give_back(core::mem::take(&mut held), &mut v.shown);
                 return v;
             }
         }
@@ -830,7 +854,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                             status: StatusCode::SERVICE_UNAVAILABLE,
                             text,
                         });
-                        give_back(core::mem::take(&mut held));
+                        give_back(core::mem::take(&mut held), &mut v.shown);
                         return v;
                     }
                 }
@@ -853,7 +877,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
-                    give_back(core::mem::take(&mut held));
+                    give_back(core::mem::take(&mut held), &mut v.shown);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
@@ -916,11 +940,18 @@ fn respond<B>(parts: &Parts, v: &Verdict, reply: Reply) -> Response<RateLimitBod
     resp
 }
 
-/// Writes the configured header families for `v` into `out`.
+/// Writes the configured header families for `v` into `out`: all their values in one
+/// buffer, one allocation for the lot ([`ResponseFields`]).
 fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
     let opts = &shared.headers;
+    let visible = (opts.legacy.is_some() || opts.ietf) && !v.shown.is_empty();
+    if !visible && v.denial.is_none() && v.exceeded.is_empty() {
+        // Nothing to write: not even the buffer is set up.
+        return;
+    }
+    let mut fields = ResponseFields::new();
     if let Some(d) = &v.denial {
-        insert_retry_after(out, &d.decision);
+        fields.retry_after(&d.decision);
     }
     if let Some(format) = opts.legacy {
         let pick = v.denial.as_ref().or_else(|| {
@@ -936,51 +967,40 @@ fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
                 ResetFormat::UnixEpoch => SystemTime::now(),
                 _ => SystemTime::UNIX_EPOCH,
             };
-            legacy_headers(out, &s.decision, format, now);
+            fields.legacy(&s.decision, format, now);
         }
     }
     if opts.ietf && !v.shown.is_empty() {
-        // One allocation each: a member is about 30 bytes (60 with `pk`).
-        let per_member = if opts.partition_key.is_some() { 64 } else { 32 };
-        let mut policy = String::with_capacity(per_member * v.shown.len());
-        let mut limit = String::with_capacity(per_member * v.shown.len());
         for s in &v.shown {
             let rule = &shared.rules[s.rule];
-            let pk = s.partition_key.as_ref().map(|k| &k[..]);
-            render_policy(
-                &mut policy,
-                &[PolicyItem {
+            write_policy_member(
+                fields.value(),
+                &PolicyItem {
                     name: &rule.name,
                     quota: s.decision.limit(),
                     window: rule.window,
-                    partition_key: pk,
-                }],
+                    partition_key: s.partition_key.as_ref().map(|k| &k[..]),
+                },
             );
-            render_limit(
-                &mut limit,
-                &[LimitItem {
-                    partition_key: pk,
+        }
+        fields.finish(Field::Policy);
+        for s in &v.shown {
+            let rule = &shared.rules[s.rule];
+            write_limit_member(
+                fields.value(),
+                &LimitItem {
+                    partition_key: s.partition_key.as_ref().map(|k| &k[..]),
                     ..LimitItem::from_decision(&rule.name, &s.decision)
-                }],
+                },
             );
         }
-        if let Some(p) = list_value(policy) {
-            out.insert(RATELIMIT_POLICY.clone(), p);
-        }
-        if let Some(l) = list_value(limit) {
-            out.insert(RATELIMIT.clone(), l);
-        }
+        fields.finish(Field::RateLimit);
     }
     if !v.exceeded.is_empty() {
-        let mut names = String::new();
         for &i in &v.exceeded {
-            if !names.is_empty() {
-                names.push_str(", ");
-            }
-            shared.rules[i].name.write_sf_string(&mut names);
+            write_name_member(fields.value(), &shared.rules[i].name);
         }
-        if let Some(n) = list_value(names) {
-            out.insert(X_RATELIMIT_EXCEEDED.clone(), n);
-        }
+        fields.finish(Field::Exceeded);
     }
+    fields.insert_into(out);
 }

@@ -176,5 +176,7 @@ where
     }
 
     /// The slot was waited for and has passed: nothing can be given back.
-    fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) {}
+    fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
+        None
+    }
 }

@@ -860,7 +860,13 @@ async fn in_process_rules_are_all_or_nothing_remote_ones_keep_their_charge() -> 
     let addr = serve(layer.clone(), true).await;
     assert_eq!(send(addr, "/", &[]).await.status, 200);
     assert_eq!(send(addr, "/", &[]).await.status, 429);
-    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    let r = send(addr, "/", &[]).await;
+    assert_eq!(r.status, 429);
+    // The 429 shows "global" after its refund: one unit taken, not two.
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""global";r=999;t=1, "client";r=0;t=60"#)
+    );
     // Only the admitted request stays charged to the rules before "client".
     assert_eq!(global.peek(0).remaining(), 999);
     let ip: IpAddr = "127.0.0.1".parse()?;
@@ -887,7 +893,13 @@ async fn in_process_rules_are_all_or_nothing_remote_ones_keep_their_charge() -> 
     let addr = serve(layer, true).await;
     assert_eq!(send(addr, "/", &[]).await.status, 200);
     assert_eq!(send(addr, "/", &[]).await.status, 429);
-    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    let r = send(addr, "/", &[]).await;
+    assert_eq!(r.status, 429);
+    // A remote rule keeps its charge, and its numbers show it.
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(r#""global";r=997;t=1, "client";r=0;t=60"#)
+    );
     // In order, stop at the first denial: the remote rule keeps every charge.
     assert_eq!(remote.peek(0).remaining(), 997);
 

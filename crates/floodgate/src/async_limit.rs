@@ -15,6 +15,7 @@ use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::keyed::composite::Identified;
 use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
 
@@ -25,8 +26,9 @@ use crate::limiter::RateLimiter;
 /// [`Decision`] contract: cost 0 reports the state and is always allowed, a cost above
 /// the capacity is denied with `retry_after() == None`.
 ///
-/// Implemented by [`KeyedLimiter`] (per key) and by [`RateLimiter`] (one limit for
-/// every key: a global limit ignores the key).
+/// Implemented by [`KeyedLimiter`] (per key), by [`RateLimiter`] (one limit for
+/// every key: a global limit ignores the key), and by [`Identified`] (a limit whose
+/// decisions carry a [`PolicyId`](crate::PolicyId)).
 ///
 /// # Examples
 ///
@@ -114,5 +116,65 @@ where
         cost: u32,
     ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
         ready(Ok(RateLimiter::peek(self, cost)))
+    }
+}
+
+/// The wrapped limit's answer, labelled with the id.
+impl<K, L> AsyncLimit<K> for Identified<L>
+where
+    K: ?Sized,
+    L: AsyncLimit<K>,
+{
+    type Error = L::Error;
+
+    fn check_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, L::Error>> + Send {
+        let (id, decided) = (self.id(), self.get_ref().check_n(key, cost));
+        async move { decided.await.map(|d| d.with_policy(id)) }
+    }
+
+    fn peek_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, L::Error>> + Send {
+        let (id, decided) = (self.id(), self.get_ref().peek_n(key, cost));
+        async move { decided.await.map(|d| d.with_policy(id)) }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Policy, PolicyId};
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+
+    /// The in-process futures are ready on their first poll.
+    fn ready_now<F: Future>(f: F) -> F::Output {
+        match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("an in-process limit was not ready at once"),
+        }
+    }
+
+    #[test]
+    fn identified_labels_async_answers() {
+        let policy = Policy::per_second(1).unwrap();
+        let keyed: KeyedLimiter<u64, _, _> = crate::KeyedBuilder::new(crate::Gcra::new(policy))
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let id = PolicyId::new(9);
+        let labelled = Identified::new(id, keyed);
+        let d = ready_now(AsyncLimit::check_n(&labelled, &1, 1)).unwrap();
+        assert_eq!((d.is_allowed(), d.policy()), (true, id));
+        let d = ready_now(AsyncLimit::peek_n(&labelled, &1, 1)).unwrap();
+        assert_eq!((d.is_allowed(), d.policy()), (false, id));
+        let d = ready_now(AsyncLimit::check_n(labelled.get_ref(), &2, 1)).unwrap();
+        assert_eq!(d.policy(), PolicyId::UNSET);
     }
 }

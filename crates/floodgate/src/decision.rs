@@ -1,4 +1,5 @@
-//! [`Decision`]: the one answer every algorithm and backend gives.
+//! [`Decision`]: the one answer every algorithm and backend gives, and the
+//! [`PolicyId`] that says which limit gave it.
 
 use core::fmt;
 use core::time::Duration;
@@ -8,9 +9,64 @@ use crate::clock::Nanos;
 /// `retry_after` when the cost exceeds the capacity.
 const NEVER: u64 = u64::MAX;
 
+/// Which limit a [`Decision`] came from: a small number the application assigns, so
+/// a composite's answer can name the rule that denied it (names, windows and the
+/// rest live in the application's configuration, keeping [`Decision`] small and
+/// `Copy`).
+///
+/// A limiter's own decisions carry [`PolicyId::UNSET`] (0); a limit wrapped by
+/// [`Limit::with_policy_id`](crate::Limit::with_policy_id) stamps its id on every
+/// decision it returns.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::PolicyId;
+/// let per_user = PolicyId::new(2);
+/// assert_eq!(per_user.get(), 2);
+/// assert_eq!(PolicyId::default(), PolicyId::UNSET);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyId(u32);
+
+impl PolicyId {
+    /// The id of a decision no one labelled: 0.
+    pub const UNSET: PolicyId = PolicyId(0);
+
+    /// The id `id`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(floodgate::PolicyId::new(7).get(), 7);
+    /// ```
+    pub const fn new(id: u32) -> PolicyId {
+        PolicyId(id)
+    }
+
+    /// The number.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(floodgate::PolicyId::UNSET.get(), 0);
+    /// ```
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl From<u32> for PolicyId {
+    fn from(id: u32) -> PolicyId {
+        PolicyId(id)
+    }
+}
+
 /// The outcome of one request: allowed or not, and the numbers a client needs.
 ///
 /// * `allowed` — [`is_allowed`](Decision::is_allowed)
+/// * `policy` — which limit decided ([`policy`](Decision::policy)); [`PolicyId::UNSET`]
+///   unless the limit was given an id
 /// * `limit` — the capacity (GCRA: burst `B`; windows and log: `L`)
 /// * `remaining` — whole units that could still be admitted now (after this request
 ///   if it was admitted), in `[0, limit]`
@@ -20,8 +76,9 @@ const NEVER: u64 = u64::MAX;
 ///   the cost exceeds the capacity
 ///
 /// `remaining` is derived lazily (a division), so a caller that reads only
-/// `is_allowed` pays for none of it. HTTP headers, CLI output and Redis replies are all
-/// rendered from this type.
+/// `is_allowed` pays for none of it. The policy id sits in the padding after
+/// `allowed`: the type is 48 bytes with or without it. HTTP headers, CLI output and
+/// Redis replies are all rendered from this type.
 ///
 /// # Examples
 ///
@@ -44,6 +101,7 @@ const NEVER: u64 = u64::MAX;
 #[derive(Clone, Copy)]
 pub struct Decision {
     allowed: bool,
+    policy: PolicyId,
     limit: u64,
     /// `remaining = min(headroom / unit, limit)`; GCRA stores nanoseconds of headroom
     /// and `T`, the windows store the count itself and 1.
@@ -82,6 +140,7 @@ impl Decision {
         };
         Decision {
             allowed,
+            policy: PolicyId::UNSET,
             limit,
             headroom: remaining.min(limit),
             unit: 1,
@@ -95,6 +154,7 @@ impl Decision {
     pub(crate) fn allow(limit: u64, headroom: u64, unit: u64, reset_after: u64) -> Decision {
         Decision {
             allowed: true,
+            policy: PolicyId::UNSET,
             limit,
             headroom,
             unit,
@@ -114,6 +174,7 @@ impl Decision {
     ) -> Decision {
         Decision {
             allowed: false,
+            policy: PolicyId::UNSET,
             limit,
             headroom,
             unit,
@@ -127,6 +188,7 @@ impl Decision {
     pub(crate) fn never(limit: u64, headroom: u64, unit: u64, reset_after: u64) -> Decision {
         Decision {
             allowed: false,
+            policy: PolicyId::UNSET,
             limit,
             headroom,
             unit,
@@ -143,6 +205,48 @@ impl Decision {
             retry_after: NEVER,
             ..self
         }
+    }
+
+    /// Which limit made this decision: [`PolicyId::UNSET`] unless the limit was given
+    /// an id ([`Limit::with_policy_id`](crate::Limit::with_policy_id)) or the
+    /// decision was labelled ([`with_policy`](Decision::with_policy)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::{check_all, Limit};
+    /// use floodgate::{ManualClock, Policy, PolicyId, RateLimiter};
+    /// let clock = ManualClock::new();
+    /// let global = RateLimiter::gcra_with_clock(Policy::per_second(100)?, clock.clone());
+    /// let per_user = RateLimiter::gcra_with_clock(Policy::per_second(1)?, clock.clone());
+    /// assert_eq!(global.check().policy(), PolicyId::UNSET);
+    ///
+    /// let global = (&global).with_policy_id(PolicyId::new(1));
+    /// let per_user = (&per_user).with_policy_id(PolicyId::new(2));
+    /// assert!(check_all(&[&global, &per_user], 1).is_allowed());
+    /// let denied = check_all(&[&global, &per_user], 1);
+    /// assert!(!denied.is_allowed());
+    /// assert_eq!(denied.policy(), PolicyId::new(2)); // the per-user limit denied
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    #[inline]
+    pub fn policy(&self) -> PolicyId {
+        self.policy
+    }
+
+    /// This decision labelled as made by the limit `policy`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Decision, PolicyId};
+    /// let d = Decision::new(true, 10, 9, Default::default(), None).with_policy(PolicyId::new(3));
+    /// assert_eq!(d.policy(), PolicyId::new(3));
+    /// assert_eq!(d.remaining(), 9);
+    /// ```
+    #[inline]
+    pub fn with_policy(self, policy: PolicyId) -> Decision {
+        Decision { policy, ..self }
     }
 
     /// Whether the request was admitted (and, for a check, consumed).
@@ -289,10 +393,12 @@ impl Decision {
     }
 }
 
-/// Equal when every observable number is equal (`remaining` compared as derived).
+/// Equal when every observable number and the policy id are equal (`remaining`
+/// compared as derived).
 impl PartialEq for Decision {
     fn eq(&self, other: &Decision) -> bool {
         self.allowed == other.allowed
+            && self.policy == other.policy
             && self.limit == other.limit
             && self.remaining() == other.remaining()
             && self.reset_after == other.reset_after
@@ -302,10 +408,14 @@ impl PartialEq for Decision {
 
 impl Eq for Decision {}
 
+// The policy id lives in the padding after `allowed`: a decision stays six words.
+const _: () = assert!(core::mem::size_of::<Decision>() == 48);
+
 impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
             .field("allowed", &self.allowed)
+            .field("policy", &self.policy.0)
             .field("limit", &self.limit)
             .field("remaining", &self.remaining())
             .field("reset_after", &self.reset_after())

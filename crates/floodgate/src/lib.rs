@@ -86,11 +86,11 @@ pub use algorithm::{Algorithm, Charged};
 pub use async_limit::AsyncLimit;
 pub use cell::{AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
-pub use decision::Decision;
+pub use decision::{Decision, PolicyId};
 pub use duration::{parse_duration, DurationError};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
-pub use keyed::composite::{check_all, Limit};
+pub use keyed::composite::{check_all, check_all_indexed, Identified, Limit};
 pub use keyed::{
     Fingerprint, Heap, Inline, InlineKey, Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter,
     KeyedMetrics, Lookup, Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,

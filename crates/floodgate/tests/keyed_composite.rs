@@ -5,11 +5,11 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use floodgate::keyed::composite::{check_all, Limit};
-use floodgate::keyed::plans::{PlanLimiter, Plans};
+use floodgate::keyed::composite::{check_all, check_all_indexed, Limit};
+use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{
-    FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy, RateLimiter,
-    SlidingWindow,
+    FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy, PolicyId,
+    RateLimiter, Shaper, SlidingLog, SlidingWindow,
 };
 
 fn keyed<K: std::hash::Hash + Eq + Send + Sync + 'static>(
@@ -21,6 +21,18 @@ fn keyed<K: std::hash::Hash + Eq + Send + Sync + 'static>(
         .clock(clock.clone())
         .build()
         .unwrap()
+}
+
+/// Every key on the classic "free" plan.
+fn free_plan(clock: &ManualClock) -> PlanLimiter<String, impl Fn(&str) -> PlanId, ManualClock> {
+    let plans = Plans::classic();
+    let free = plans.id("free").unwrap();
+    PlanLimiter::new(
+        &plans,
+        move |_: &str| free,
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -121,14 +133,7 @@ fn the_most_restrictive_decision_wins() {
 #[test]
 fn plan_limits_compose_too() {
     let clock = ManualClock::new();
-    let plans = Plans::classic();
-    let free = plans.id("free").unwrap();
-    let per_key = PlanLimiter::new(
-        &plans,
-        move |_: &String| free,
-        KeyedBuilder::default().clock(clock.clone()),
-    )
-    .unwrap();
+    let per_key = free_plan(&clock);
     let global = RateLimiter::gcra_with_clock(Policy::per_second(5).unwrap(), clock.clone());
     let key = "k".to_owned();
     for _ in 0..5 {
@@ -139,6 +144,104 @@ fn plan_limits_compose_too() {
     assert_eq!(per_key.peek(&key, 0).remaining(), 5);
     let limit = per_key.limit(&key);
     assert_eq!(limit.peek_at(limit.now(), 0).remaining(), 5);
+}
+
+#[test]
+fn a_denial_carries_the_denying_limits_id() {
+    let clock = ManualClock::new();
+    let per_second = |n| Policy::per_second(n).unwrap();
+    let global = RateLimiter::gcra_with_clock(per_second(100), clock.clone());
+    let user = keyed::<u64>(per_second(10).with_burst(3).unwrap(), &clock);
+    let endpoint = keyed::<&str>(per_second(50).with_burst(5).unwrap(), &clock);
+    let (g, u, e) = (PolicyId::new(10), PolicyId::new(20), PolicyId::new(30));
+    let request = |who: u64, path: &'static str| {
+        check_all_indexed(
+            &[
+                &(&global).with_policy_id(g),
+                &user.limit(&who).with_policy_id(u),
+                &endpoint.limit(&path).with_policy_id(e),
+            ],
+            1,
+        )
+    };
+    // Admissions carry the tightest limit's id: user 1 has 2 of 3 left, /a 4 of 5.
+    let (d, i) = request(1, "/a");
+    assert!(d.is_allowed());
+    assert_eq!((d.policy(), i, d.remaining()), (u, Some(1), 2));
+    for _ in 0..2 {
+        assert!(request(1, "/a").0.is_allowed());
+    }
+    // The per-user limit (second) denies.
+    let (d, i) = request(1, "/a");
+    assert!(!d.is_allowed());
+    assert_eq!((d.policy(), i), (u, Some(1)));
+    // Other users drain /a (5 in all); the endpoint limit (third) denies user 2.
+    assert!(request(2, "/a").0.is_allowed());
+    assert!(request(3, "/a").0.is_allowed());
+    let (d, i) = request(4, "/a");
+    assert!(!d.is_allowed());
+    assert_eq!((d.policy(), i), (e, Some(2)));
+    // The charges of the denied requests were refunded (5 of 100 taken).
+    assert_eq!(global.peek(0).remaining(), 95);
+    assert_eq!(user.peek(&4, 0).remaining(), 3);
+    // The unlabelled limiters answer with no id.
+    assert_eq!(global.peek(1).policy(), PolicyId::UNSET);
+}
+
+#[test]
+fn a_later_limits_longer_wait_names_that_limit() {
+    let clock = ManualClock::new();
+    let slow = RateLimiter::gcra_with_clock(Policy::per_minute(1).unwrap(), clock.clone());
+    let fast = RateLimiter::gcra_with_clock(Policy::per_second(1).unwrap(), clock.clone());
+    let limits = [
+        &(&fast).with_policy_id(PolicyId::new(1)) as &dyn Limit,
+        &(&slow).with_policy_id(PolicyId::new(2)),
+    ];
+    assert!(check_all(&limits, 1).is_allowed());
+    // fast is charged first and denies; slow, only peeked, would wait longer.
+    let (d, i) = check_all_indexed(&limits, 1);
+    assert_eq!(
+        (d.is_allowed(), d.policy(), i),
+        (false, PolicyId::new(2), Some(1))
+    );
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
+    // A cost beyond the first limit's capacity: "never" names it.
+    let (d, i) = check_all_indexed(&limits, 2);
+    assert_eq!(
+        (d.retry_after(), d.policy(), i),
+        (None, PolicyId::new(1), Some(0))
+    );
+    assert_eq!(check_all_indexed(&[], 1), (check_all(&[], 1), None));
+}
+
+#[test]
+fn every_limit_kind_takes_an_id() {
+    let clock = ManualClock::new();
+    let policy = Policy::per_second(2).unwrap();
+    let log = SlidingLog::with_clock(policy, clock.clone());
+    let shaper = Shaper::with_clock(policy, clock.clone());
+    let window = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+    let per_plan = free_plan(&clock);
+    let id = PolicyId::new(u32::MAX);
+    let limits: [&dyn Limit; 4] = [
+        &(&log).with_policy_id(id),
+        &(&shaper).with_policy_id(id),
+        &(&window).with_policy_id(id),
+        &per_plan.limit("k").with_policy_id(id),
+    ];
+    for limit in limits {
+        assert_eq!(limit.check().policy(), id);
+        assert_eq!(limit.peek(1).policy(), id);
+        let (d, receipt) = limit.charge(1);
+        assert_eq!(d.policy(), id);
+        assert!(limit.refund(receipt));
+        if let Some((d, _, receipt)) = limit.book_at(limit.now(), 1) {
+            assert_eq!(d.policy(), id);
+            assert!(limit.refund(receipt));
+        }
+    }
+    // The limiters themselves are unchanged.
+    assert_eq!(shaper.peek(1).policy(), PolicyId::UNSET);
 }
 
 /// The login pattern: peek(1) before the password check, check(1) on failure only.

@@ -37,20 +37,29 @@
 //!
 //! ```
 //! use floodgate::keyed::composite::{check_all, Limit};
-//! use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter};
+//! use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, PolicyId, RateLimiter};
 //!
 //! let clock = ManualClock::new();
 //! let global = RateLimiter::gcra_with_clock(Policy::per_second(1_000)?, clock.clone());
 //! let per_user = KeyedBuilder::new(Gcra::new(Policy::per_minute(2)?)).clock(clock.clone()).build::<String>()?;
 //! let per_endpoint = KeyedBuilder::new(Gcra::new(Policy::per_minute(100)?)).clock(clock.clone()).build::<&str>()?;
 //!
+//! // Ids say which rule decided: 1 global, 2 per user, 3 per endpoint.
 //! let request = |user: &str| {
-//!     check_all(&[&global, &per_user.limit("alice"), &per_endpoint.limit(&"/search")], 1)
+//!     check_all(
+//!         &[
+//!             &(&global).with_policy_id(PolicyId::new(1)),
+//!             &per_user.limit(user).with_policy_id(PolicyId::new(2)),
+//!             &per_endpoint.limit(&"/search").with_policy_id(PolicyId::new(3)),
+//!         ],
+//!         1,
+//!     )
 //! };
 //! assert!(request("alice").is_allowed());
 //! assert!(request("alice").is_allowed());
 //! let third = request("alice");
-//! assert!(!third.is_allowed()); // per-user limit
+//! assert!(!third.is_allowed());
+//! assert_eq!(third.policy(), PolicyId::new(2)); // the per-user limit
 //! // Nothing was charged for the denied request: the global and endpoint limits
 //! // still show exactly two units taken.
 //! assert_eq!(global.peek(0).remaining(), 998);
@@ -65,7 +74,7 @@ use super::KeyedLimiter;
 use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::{Clock, Nanos};
-use crate::decision::Decision;
+use crate::decision::{Decision, PolicyId};
 use crate::gcra::GcraState;
 use crate::limiter::RateLimiter;
 use crate::receipt::Receipt;
@@ -77,7 +86,9 @@ use crate::sliding_log::SlidingLog;
 /// Implemented by [`RateLimiter`] (lock-free and its mutex twin), by
 /// [`SlidingLog`], by [`Shaper`] and [`LockedShaper`](crate::LockedShaper) (a
 /// charge is a plain GCRA check), by [`KeyedLimit`] (a keyed limiter and a key:
-/// [`KeyedLimiter::limit`]) and by [`PlanLimit`] ([`PlanLimiter::limit`]).
+/// [`KeyedLimiter::limit`]), by [`PlanLimit`] ([`PlanLimiter::limit`]), by a
+/// reference to any of them, and by [`Identified`] (any of them with a policy id:
+/// [`with_policy_id`](Limit::with_policy_id)).
 ///
 /// The provided methods are the check family every direct limiter shares:
 /// `check`, `check_n`, `check_n_at`, `peek` and `charge`, each on this limit's own
@@ -142,6 +153,145 @@ pub trait Limit {
         let _ = (now, cost);
         None
     }
+
+    /// This limit with its every decision labelled `id` ([`Decision::policy`]), so
+    /// a composite's answer says which limit gave it. Wrap a reference to keep the
+    /// limiter: `(&limiter).with_policy_id(id)`.
+    ///
+    /// The limiter itself is unchanged: its own `check` pays nothing for ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::Limit;
+    /// use floodgate::{ManualClock, Policy, PolicyId, RateLimiter};
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let labelled = (&limiter).with_policy_id(PolicyId::new(4));
+    /// assert_eq!(labelled.check().policy(), PolicyId::new(4));
+    /// assert_eq!(labelled.peek(1).policy(), PolicyId::new(4));
+    /// assert_eq!(limiter.peek(1).policy(), PolicyId::UNSET);
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn with_policy_id(self, id: PolicyId) -> Identified<Self>
+    where
+        Self: Sized,
+    {
+        Identified::new(id, self)
+    }
+}
+
+/// A borrowed limit is a limit: `check_all(&[&(&limiter).with_policy_id(id)], 1)`
+/// keeps `limiter` with its owner.
+impl<L: Limit + ?Sized> Limit for &L {
+    fn now(&self) -> Nanos {
+        (**self).now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        (**self).charge_at(now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        (**self).peek_at(now, cost)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        (**self).refund(receipt)
+    }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        (**self).book_at(now, cost)
+    }
+}
+
+/// A limit whose every decision carries a policy id: [`Limit::with_policy_id`].
+///
+/// Charges, peeks, refunds and bookings go to the wrapped limit unchanged; only the
+/// returned decisions are labelled. It is an [`AsyncLimit`](crate::AsyncLimit) too
+/// when the wrapped limit is one (a layer's rule, a remote backend).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::{check_all_indexed, Limit};
+/// use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, PolicyId, RateLimiter};
+/// let clock = ManualClock::new();
+/// let global = RateLimiter::gcra_with_clock(Policy::per_second(100)?, clock.clone())
+///     .with_policy_id(PolicyId::new(1));
+/// let per_ip = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?))
+///     .clock(clock.clone())
+///     .build::<u32>()?;
+/// let request = |ip: u32| check_all_indexed(&[&global, &per_ip.limit(&ip).with_policy_id(PolicyId::new(2))], 1);
+/// assert!(request(7).0.is_allowed());
+/// let (denied, index) = request(7);
+/// assert_eq!((denied.policy(), index), (PolicyId::new(2), Some(1)));
+/// assert_eq!(global.get_ref().peek(0).remaining(), 99); // the global charge was refunded
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Identified<L> {
+    id: PolicyId,
+    limit: L,
+}
+
+impl<L> Identified<L> {
+    /// `limit` with `id` on its every decision: the constructor for an
+    /// [`AsyncLimit`](crate::AsyncLimit) that is not a [`Limit`] (a
+    /// [`KeyedLimiter`] for all its keys, a remote backend).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::Identified;
+    /// use floodgate::{KeyedLimiter, Policy, PolicyId};
+    /// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let per_ip = Identified::new(PolicyId::new(2), per_ip);
+    /// assert_eq!(per_ip.id(), PolicyId::new(2));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn new(id: PolicyId, limit: L) -> Identified<L> {
+        Identified { id, limit }
+    }
+
+    /// The id stamped on every decision.
+    pub fn id(&self) -> PolicyId {
+        self.id
+    }
+
+    /// The wrapped limit (its own methods answer without the id).
+    pub fn get_ref(&self) -> &L {
+        &self.limit
+    }
+
+    /// The wrapped limit, unwrapped.
+    pub fn into_inner(self) -> L {
+        self.limit
+    }
+}
+
+impl<L: Limit> Limit for Identified<L> {
+    fn now(&self) -> Nanos {
+        self.limit.now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let (decision, receipt) = self.limit.charge_at(now, cost);
+        (decision.with_policy(self.id), receipt)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limit.peek_at(now, cost).with_policy(self.id)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        self.limit.refund(receipt)
+    }
+
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, core::time::Duration, Receipt)> {
+        self.limit
+            .book_at(now, cost)
+            .map(|(decision, delay, receipt)| (decision.with_policy(self.id), delay, receipt))
+    }
 }
 
 /// Checks `cost` against every limit as one decision: if any denies, none is
@@ -164,30 +314,61 @@ pub trait Limit {
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub fn check_all(limits: &[&dyn Limit], cost: u32) -> Decision {
+    check_all_indexed(limits, cost).0
+}
+
+/// [`check_all`], also saying which limit's decision it returns: its index in
+/// `limits` (`None` for an empty list). On a denial that is the limit with the
+/// longest wait (the one that denied, or a later one whose peek would wait longer);
+/// on an admission the one with the least `remaining`. With ids on the limits
+/// ([`Limit::with_policy_id`]) the decision's [`policy`](Decision::policy) says the
+/// same.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::check_all_indexed;
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// let clock = ManualClock::new();
+/// let a = RateLimiter::gcra_with_clock(Policy::per_second(5)?, clock.clone());
+/// let b = RateLimiter::gcra_with_clock(Policy::per_second(1)?, clock.clone());
+/// let (admitted, tightest) = check_all_indexed(&[&a, &b], 1);
+/// assert!(admitted.is_allowed());
+/// assert_eq!(tightest, Some(1)); // b has nothing left
+/// let (denied, by) = check_all_indexed(&[&a, &b], 1);
+/// assert_eq!((denied.is_allowed(), by), (false, Some(1)));
+/// assert_eq!(check_all_indexed(&[], 1).1, None);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub fn check_all_indexed(limits: &[&dyn Limit], cost: u32) -> (Decision, Option<usize>) {
     // The receipts of the limits charged so far (a composite rarely has more than a
     // handful of limits: no allocation below 8).
     let mut receipts: SmallReceipts = SmallReceipts::default();
-    let mut verdict: Option<Decision> = None;
+    // The decision to return and the index of the limit that gave it.
+    let mut verdict: Option<(Decision, usize)> = None;
     for (i, limit) in limits.iter().enumerate() {
         let (decision, receipt) = limit.charge_at(limit.now(), cost);
         verdict = Some(match verdict {
-            Some(v) => most_restrictive(v, decision),
-            None => decision,
+            Some(v) => most_restrictive(v, (decision, i)),
+            None => (decision, i),
         });
         if !decision.is_allowed() {
             // Undo what was taken, then learn the other limits' verdicts.
             for (taken, receipt) in limits[..i].iter().zip(receipts.drain()) {
                 taken.refund(receipt);
             }
-            for rest in &limits[i + 1..] {
+            for (j, rest) in limits.iter().enumerate().skip(i + 1) {
                 let d = rest.peek_at(rest.now(), cost);
-                verdict = verdict.map(|v| most_restrictive(v, d));
+                verdict = verdict.map(|v| most_restrictive(v, (d, j)));
             }
             break;
         }
         receipts.push(receipt);
     }
-    verdict.unwrap_or_else(|| Decision::new(true, 0, 0, Default::default(), None))
+    match verdict {
+        Some((decision, i)) => (decision, Some(i)),
+        None => (Decision::new(true, 0, 0, Default::default(), None), None),
+    }
 }
 
 /// Receipts inline up to 8, on the heap beyond.
@@ -216,24 +397,24 @@ impl SmallReceipts {
     }
 }
 
-/// The more restrictive of two decisions.
-fn most_restrictive(a: Decision, b: Decision) -> Decision {
-    match (a.is_allowed(), b.is_allowed()) {
+/// The more restrictive of two decisions (each with its limit's index); the first on
+/// a tie.
+fn most_restrictive(a: (Decision, usize), b: (Decision, usize)) -> (Decision, usize) {
+    match (a.0.is_allowed(), b.0.is_allowed()) {
         (true, false) => b,
         (false, true) => a,
         (false, false) => {
             // None ("never") is the longest wait.
             let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
-            if wait(&b) > wait(&a) {
+            if wait(&b.0) > wait(&a.0) {
                 b
             } else {
                 a
             }
         }
         (true, true) => {
-            if (b.remaining(), core::cmp::Reverse(b.reset_after_nanos()))
-                < (a.remaining(), core::cmp::Reverse(a.reset_after_nanos()))
-            {
+            let key = |d: &Decision| (d.remaining(), core::cmp::Reverse(d.reset_after_nanos()));
+            if key(&b.0) < key(&a.0) {
                 b
             } else {
                 a
