@@ -581,23 +581,45 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Adds a rule that denies as a hard rule does (the queueing rules).
+    #[cfg(feature = "queue")]
+    fn hard(mut self, name: PolicyName, window: Option<u64>, rule: Box<dyn ErasedRule>) -> Self {
+        self.rules.push(RuleEntry {
+            name,
+            strategy: Strategy::Hard,
+            window,
+            rule,
+            counters: Counters::new(),
+        });
+        self
+    }
+
+    /// Adds a per-key queueing rule (feature `queue`), checked after the rules added
+    /// before it: a request waits for its key's slot up to the rule's `max_delay`,
+    /// else it is denied as by a hard rule; a request without a usable key is a 400.
+    #[cfg(feature = "queue")]
+    pub fn queue_per_key<E, C, S>(self, rule: crate::queue::KeyedQueueRule<E, C, S>) -> Self
+    where
+        E: KeyExtractor,
+        E::Key: Clone,
+        C: floodgate::Clock + 'static,
+        S: floodgate::Storage<E::Key, floodgate::GcraState> + 'static,
+    {
+        let (name, window) = (rule.name.clone(), rule.window);
+        self.hard(name, window, Box::new(rule))
+    }
+
     /// Adds a queueing rule (feature `queue`), checked after the rules added before
     /// it: a request waits for its slot up to the rule's `max_delay`, else it is
     /// denied as by a hard rule.
     #[cfg(feature = "queue")]
-    pub fn queue<C, S>(mut self, rule: crate::queue::QueueRule<C, S>) -> Self
+    pub fn queue<C, S>(self, rule: crate::queue::QueueRule<C, S>) -> Self
     where
         C: floodgate::Clock + 'static,
         S: floodgate::StateCell<floodgate::GcraState> + Send + Sync + 'static,
     {
-        self.rules.push(RuleEntry {
-            name: rule.name.clone(),
-            strategy: Strategy::Hard,
-            window: rule.window,
-            rule: Box::new(rule),
-            counters: Counters::new(),
-        });
-        self
+        let (name, window) = (rule.name.clone(), rule.window);
+        self.hard(name, window, Box::new(rule))
     }
 
     /// Adds a priority-queueing rule (feature `queue`), checked after the rules added

@@ -56,7 +56,8 @@
 //!
 //! * `tracing` — a `tracing` event on each denial and limiter error.
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
-//!   instead of being refused; `PriorityRule`: one queue per plan, the highest plan
+//!   instead of being refused; `KeyedQueueRule`: the same per key (client IP, API
+//!   key), each key waiting behind its own requests only; `PriorityRule`: one queue per plan, the highest plan
 //!   served first and the lowest shed first; needs Tokio's timer.
 //! * `metrics` — `RateLimitLayer::export_metrics` sets `metrics` facade counters
 //!   (`METRIC_NAMES`, label `rule`) to the per-rule totals, read from the sharded
@@ -104,7 +105,7 @@ pub use layer::{
 #[cfg(feature = "queue")]
 pub use priority::PriorityRule;
 #[cfg(feature = "queue")]
-pub use queue::QueueRule;
+pub use queue::{KeyedQueueRule, QueueRule};
 pub use stats::RuleStats;
 
 /// Compile-time proof that the layer and its service can be shared across threads.

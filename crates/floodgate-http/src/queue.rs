@@ -1,6 +1,8 @@
 //! Queueing (feature `queue`): a request that arrives early waits for its GCRA slot,
 //! up to a bound, instead of being refused — nginx's `limit_req` `burst` without
-//! `nodelay`, on a [`Shaper`].
+//! `nodelay`: one queue for every request on a [`Shaper`] ([`QueueRule`]), or one
+//! queue per key (client IP, API key) on a keyed GCRA limiter ([`KeyedQueueRule`]),
+//! where a client that sends too fast waits behind its own requests only.
 //!
 //! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`]);
 //! slots are handed out in reservation order, and the request then sleeps until its
@@ -17,12 +19,16 @@ use core::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::{Clock, Decision, GcraState, Policy, ShapeError, Shaper, StateCell};
+use floodgate::{
+    Clock, Decision, Gcra, GcraState, KeyedLimiter, Policy, Receipt, ShapeError, Shaper, StateCell,
+    Storage,
+};
 use http::request::Parts;
 
 use crate::error::ConfigError;
+use crate::extract::KeyExtractor;
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{Check, ErasedRule, Started};
+use crate::layer::{Check, Checked, ErasedRule, Started};
 
 /// A queueing rule for [`RateLimitLayerBuilder::queue`](crate::RateLimitLayerBuilder::queue):
 /// one shaper for every request (a global queue).
@@ -118,10 +124,40 @@ where
     }
 }
 
+/// A queueing rule's answer: nothing a receipt could give back once the slot has
+/// passed (or nothing was reserved).
+fn checked(decision: Decision, queued: bool) -> Checked {
+    Ok(Check {
+        decision,
+        receipt: None,
+        queued,
+    })
+}
+
+/// Units a waiting request holds: given back when dropped (the request was
+/// cancelled before its slot) unless kept.
+trait Held {
+    /// The slot has come: the units are the request's.
+    fn keep(&mut self);
+}
+
+/// Sleeps until the slot `delay` away, holding `pending`; a drop before then (the
+/// client went away, a timeout layer fired) gives the units back.
+async fn wait_for_slot(delay: Duration, mut pending: impl Held) {
+    tokio::time::sleep(delay).await;
+    pending.keep();
+}
+
 /// Gives a reservation's units back unless the wait completed.
 struct CancelOnDrop<'a, C: Clock, S: StateCell<GcraState>> {
     shaper: &'a Shaper<C, S>,
     reservation: Option<floodgate::Reservation>,
+}
+
+impl<C: Clock, S: StateCell<GcraState>> Held for CancelOnDrop<'_, C, S> {
+    fn keep(&mut self) {
+        self.reservation = None;
+    }
 }
 
 impl<C: Clock, S: StateCell<GcraState>> Drop for CancelOnDrop<'_, C, S> {
@@ -146,26 +182,16 @@ where
                     let delay = reservation.delay();
                     let queued = !delay.is_zero();
                     if queued {
-                        let mut pending = CancelOnDrop {
+                        let pending = CancelOnDrop {
                             shaper: &*self.shaper,
                             reservation: Some(reservation),
                         };
-                        tokio::time::sleep(delay).await;
-                        // The slot has come: keep the units.
-                        let _kept = pending.reservation.take();
+                        wait_for_slot(delay, pending).await;
                     }
                     // The slot has passed: there is nothing a receipt could give back.
-                    Ok(Check {
-                        decision,
-                        receipt: None,
-                        queued,
-                    })
+                    checked(decision, queued)
                 }
-                Err(e) => Ok(Check {
-                    decision: self.refusal(e),
-                    receipt: None,
-                    queued: false,
-                }),
+                Err(e) => checked(self.refusal(e), false),
             }
         });
         Started {
@@ -177,6 +203,208 @@ where
 
     /// The slot was waited for and has passed: nothing can be given back.
     fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
+        None
+    }
+}
+
+/// A queueing rule per key for
+/// [`RateLimitLayerBuilder::queue_per_key`](crate::RateLimitLayerBuilder::queue_per_key):
+/// each key the extractor finds (client IP, API key, route) waits for its own GCRA
+/// slot on a keyed limiter ([`KeyedLimiter::reserve`]), up to `max_delay`; keys never
+/// wait for each other. A slot further than `max_delay` is a 429 with `Retry-After`;
+/// a request without a usable key is a 400. A request cancelled while it waits gives
+/// its units back (the receipt's refund).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Gcra, KeyedBuilder, Policy};
+/// use floodgate_http::{KeyedQueueRule, PeerIp, RateLimitLayer};
+/// use std::time::Duration;
+/// // Each client IP: 10 per second, one at a time, a request waits at most 500 ms.
+/// let per_ip = KeyedBuilder::new(Gcra::new(Policy::per_second(10)?.with_burst(1)?))
+///     .capacity(100_000)
+///     .build_inline()?;
+/// let layer = RateLimitLayer::builder()
+///     .queue_per_key(KeyedQueueRule::new("per-ip", PeerIp::new(), per_ip, Duration::from_millis(500))?)
+///     .build()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedQueueRule<E, C, S>
+where
+    E: KeyExtractor,
+    S: Storage<E::Key, GcraState>,
+{
+    pub(crate) name: PolicyName,
+    limiter: Arc<KeyedLimiter<E::Key, Gcra, C, S>>,
+    extractor: E,
+    max_delay: Duration,
+    cost: u32,
+    pub(crate) window: Option<u64>,
+}
+
+impl<E, C, S> fmt::Debug for KeyedQueueRule<E, C, S>
+where
+    E: KeyExtractor + fmt::Debug,
+    S: Storage<E::Key, GcraState>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQueueRule")
+            .field("name", &self.name)
+            .field("extractor", &self.extractor)
+            .field("max_delay", &self.max_delay)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E, C, S> KeyedQueueRule<E, C, S>
+where
+    E: KeyExtractor,
+    E::Key: Clone,
+    C: Clock + 'static,
+    S: Storage<E::Key, GcraState> + 'static,
+{
+    /// A rule named `name` queueing each request (cost 1) on its key's schedule in
+    /// `limiter` for at most `max_delay`; it advertises the GCRA window `⌈B·T⌉`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn new(
+        name: &str,
+        extractor: E,
+        limiter: KeyedLimiter<E::Key, Gcra, C, S>,
+        max_delay: Duration,
+    ) -> Result<Self, ConfigError> {
+        KeyedQueueRule::shared(name, extractor, Arc::new(limiter), max_delay)
+    }
+
+    /// [`KeyedQueueRule::new`] with a limiter the application keeps a handle on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicyName`] when `name` cannot be a header policy name.
+    pub fn shared(
+        name: &str,
+        extractor: E,
+        limiter: Arc<KeyedLimiter<E::Key, Gcra, C, S>>,
+        max_delay: Duration,
+    ) -> Result<Self, ConfigError> {
+        let window = Some(window_secs(&limiter.algorithm().policy()));
+        Ok(KeyedQueueRule {
+            name: PolicyName::new(name)?,
+            limiter,
+            extractor,
+            max_delay,
+            cost: 1,
+            window,
+        })
+    }
+
+    /// Reserves `cost` units per request.
+    pub fn cost(self, cost: u32) -> Self {
+        KeyedQueueRule { cost, ..self }
+    }
+}
+
+/// Gives a keyed reservation's units back unless the wait completed.
+struct RefundOnDrop<'a, K, C, S>
+where
+    K: Clone + core::hash::Hash + Eq,
+    C: Clock,
+    S: Storage<K, GcraState>,
+{
+    limiter: &'a KeyedLimiter<K, Gcra, C, S>,
+    key: &'a K,
+    receipt: Option<Receipt>,
+}
+
+impl<K, C, S> Held for RefundOnDrop<'_, K, C, S>
+where
+    K: Clone + core::hash::Hash + Eq,
+    C: Clock,
+    S: Storage<K, GcraState>,
+{
+    fn keep(&mut self) {
+        self.receipt = None;
+    }
+}
+
+impl<K, C, S> Drop for RefundOnDrop<'_, K, C, S>
+where
+    K: Clone + core::hash::Hash + Eq,
+    C: Clock,
+    S: Storage<K, GcraState>,
+{
+    fn drop(&mut self) {
+        if let Some(receipt) = self.receipt.take() {
+            let _ = self.limiter.refund(self.key, receipt);
+        }
+    }
+}
+
+impl<E, C, S> ErasedRule for KeyedQueueRule<E, C, S>
+where
+    E: KeyExtractor,
+    E::Key: Clone,
+    C: Clock + 'static,
+    S: Storage<E::Key, GcraState> + 'static,
+{
+    fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
+        let key = match self.extractor.extract(parts) {
+            Ok(key) => key,
+            Err(e) => {
+                return Started {
+                    key_error: Some(e),
+                    partition_key: None,
+                    check: None,
+                }
+            }
+        };
+        let partition_key = hasher.map(|h| h.hash(&key));
+        let check = Box::pin(async move {
+            match self.limiter.reserve(&key, self.cost, self.max_delay) {
+                Ok((decision, delay, receipt)) => {
+                    let queued = !delay.is_zero();
+                    if queued {
+                        let pending = RefundOnDrop {
+                            limiter: &*self.limiter,
+                            key: &key,
+                            receipt: Some(receipt),
+                        };
+                        wait_for_slot(delay, pending).await;
+                    }
+                    checked(decision, queued)
+                }
+                Err(e) => {
+                    // The key's GCRA numbers now, with the reservation's own wait:
+                    // when the same reservation would fit within `max_delay`.
+                    let now = self.limiter.peek(&key, self.cost);
+                    let retry = match e {
+                        ShapeError::TooLong { retry_after } => Some(retry_after),
+                        _ => None,
+                    };
+                    let refusal = Decision::new(
+                        false,
+                        now.limit(),
+                        now.remaining(),
+                        now.reset_after(),
+                        retry,
+                    );
+                    checked(refusal, false)
+                }
+            }
+        });
+        Started {
+            key_error: None,
+            partition_key,
+            check: Some(check),
+        }
+    }
+
+    /// The slot was waited for and has passed: nothing can be given back.
+    fn refund(&self, _parts: &Parts, _receipt: Receipt) -> Option<Decision> {
         None
     }
 }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use floodgate::{Clock, Nanos, Policy, Shaper};
-use floodgate_http::{QueueRule, RateLimitLayer};
+use floodgate_http::{HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer};
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -44,6 +44,37 @@ impl Service<Request<()>> for Hello {
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Sends every request at once (each on its own task) and returns, in order, each
+/// response's status, when it came (since `start`) and its `Retry-After`.
+async fn all_at_once<S, B>(
+    svc: &S,
+    requests: impl IntoIterator<Item = Request<()>>,
+    start: Instant,
+) -> Result<Vec<(u16, Duration, Option<http::HeaderValue>)>, Box<dyn std::error::Error>>
+where
+    S: Service<Request<()>, Response = Response<B>> + Clone + Send + 'static,
+    B: Send + 'static,
+    S::Error: std::error::Error + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
+    let mut tasks = Vec::new();
+    for request in requests {
+        let call = svc.clone().call(request);
+        tasks.push(tokio::spawn(async move {
+            let resp = call.await;
+            (resp, start.elapsed())
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        let (resp, at) = t.await?;
+        let resp = resp?;
+        let retry = resp.headers().get("retry-after").cloned();
+        done.push((resp.status().as_u16(), at, retry));
+    }
+    Ok(done)
+}
+
 fn shaper(start: Instant) -> Result<Arc<Shaper<TokioClock>>, floodgate::PolicyError> {
     // 10 per second, one at a time: slots 100 ms apart.
     let policy = Policy::per_second(10)?.with_burst(1)?;
@@ -60,26 +91,7 @@ async fn requests_wait_for_their_slot_up_to_the_bound() -> TestResult {
             Duration::from_millis(250),
         )?)
         .build()?;
-    let svc = layer.layer(Hello);
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let mut svc = svc.clone();
-        let call = svc.call(Request::new(()));
-        tasks.push(tokio::spawn(async move {
-            let resp = call.await;
-            (resp, start.elapsed())
-        }));
-    }
-    let mut done = Vec::new();
-    for t in tasks {
-        let (resp, at) = t.await?;
-        let resp = resp?;
-        done.push((
-            resp.status().as_u16(),
-            at,
-            resp.headers().get("retry-after").cloned(),
-        ));
-    }
+    let done = all_at_once(&layer.layer(Hello), (0..4).map(|_| Request::new(())), start).await?;
     // Slots at 0, 100 and 200 ms; the fourth (300 ms) is past the 250 ms bound.
     assert_eq!(done[0].0, 200);
     assert_eq!(done[0].1, Duration::ZERO);
@@ -138,5 +150,89 @@ async fn a_cost_above_the_burst_never_fits() -> TestResult {
             .map(|v| v.to_str().unwrap_or("")),
         Some(r#""smooth";q=1;w=1"#)
     );
+    Ok(())
+}
+
+/// 10 per second per API key, one at a time, on Tokio's clock.
+fn per_key(
+    start: Instant,
+) -> Result<floodgate::KeyedLimiter<String, floodgate::Gcra, TokioClock>, Box<dyn std::error::Error>>
+{
+    let gcra = floodgate::Gcra::new(Policy::per_second(10)?.with_burst(1)?);
+    Ok(floodgate::KeyedBuilder::new(gcra)
+        .capacity(64)
+        .clock(TokioClock { start })
+        .build()?)
+}
+
+fn with_key(key: &str) -> Request<()> {
+    Request::get("/")
+        .header("x-api-key", key)
+        .body(())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_key_waits_behind_its_own_requests_only() -> TestResult {
+    let start = Instant::now();
+    let layer = RateLimitLayer::builder()
+        .queue_per_key(KeyedQueueRule::new(
+            "per-key",
+            HeaderKey::new("x-api-key")?,
+            per_key(start)?,
+            Duration::from_millis(250),
+        )?)
+        .build()?;
+    let requests = ["a", "a", "b", "a", "a", "b"].map(with_key);
+    let done = all_at_once(&layer.layer(Hello), requests, start).await?;
+    let slots: Vec<(u16, u128)> = done.iter().map(|d| (d.0, d.1.as_millis())).collect();
+    // Key a: slots at 0, 100 and 200 ms, its fourth (300 ms) is past the bound; key b
+    // has its own schedule (0 and 100 ms), untouched by a's queue.
+    assert_eq!(
+        slots,
+        vec![
+            (200, 0),
+            (200, 100),
+            (200, 0),
+            (200, 200),
+            (429, 0),
+            (200, 100)
+        ]
+    );
+    // The refused reservation fits 50 ms later: Retry-After rounds up to 1.
+    assert_eq!(
+        done[4].2.as_ref().map(|v| v.to_str().unwrap_or("")),
+        Some("1")
+    );
+    let s = layer.rule_stats("per-key").ok_or("rule")?;
+    assert_eq!((s.allowed, s.denied, s.queued), (5, 1, 3));
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_per_key_wait_gives_its_slot_back() -> TestResult {
+    let start = Instant::now();
+    let limiter = Arc::new(per_key(start)?);
+    let layer = RateLimitLayer::builder()
+        .queue_per_key(KeyedQueueRule::shared(
+            "per-key",
+            HeaderKey::new("x-api-key")?,
+            Arc::clone(&limiter),
+            Duration::from_secs(1),
+        )?)
+        .build()?;
+    let mut svc = layer.layer(Hello);
+    assert_eq!(svc.call(with_key("a")).await?.status(), 200);
+    // The second request's slot is at 100 ms; it is given up at 10 ms.
+    let waiting = svc.call(with_key("a"));
+    assert!(tokio::time::timeout(Duration::from_millis(10), waiting)
+        .await
+        .is_err());
+    // Its units came back: the next slot is at 100 ms again (90 ms from now).
+    let (_, delay, _) = limiter.reserve("a", 1, Duration::from_secs(1))?;
+    assert_eq!(delay, Duration::from_millis(90));
+    // A request without a key is a 400, and reserves nothing.
+    let resp = svc.call(Request::new(())).await?;
+    assert_eq!(resp.status(), 400);
     Ok(())
 }

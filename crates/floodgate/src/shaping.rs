@@ -203,9 +203,46 @@ impl fmt::Display for ShapeError {
 impl std::error::Error for ShapeError {}
 
 /// A reservation: GCRA with the tolerance `τ + max_delay`. Monotone like GCRA.
-struct Reserve {
+/// Shared by [`Shaper::reserve`] and the keyed
+/// [`KeyedLimiter::reserve`](crate::KeyedLimiter::reserve).
+pub(crate) struct Reserve {
     gcra: Gcra,
     tolerance: u64,
+}
+
+impl Reserve {
+    /// `gcra` admitting anything whose slot is at most `max_delay` away.
+    pub(crate) fn new(gcra: Gcra, max_delay: Duration) -> Reserve {
+        Reserve {
+            gcra,
+            tolerance: gcra
+                .tolerance_nanos()
+                .saturating_add(Nanos::from_duration(max_delay).as_u64()),
+        }
+    }
+
+    /// What this reservation's `decision` for `cost` means: the nanoseconds until
+    /// its slot, or why nothing was reserved.
+    pub(crate) fn outcome(&self, decision: &Decision, cost: u32) -> Result<u64, ShapeError> {
+        if !decision.is_allowed() {
+            return Err(match decision.retry_after() {
+                Some(retry_after) => ShapeError::TooLong { retry_after },
+                None => ShapeError::Never {
+                    cost,
+                    burst: self.gcra.policy().burst(),
+                },
+            });
+        }
+        // Admitted with cost ≥ 1: reset_after = new_tat − now, the slot new_tat − τ.
+        // Cost 0 reserves nothing and proceeds now.
+        Ok(if cost == 0 {
+            0
+        } else {
+            decision
+                .reset_after_nanos()
+                .saturating_sub(self.gcra.tolerance_nanos())
+        })
+    }
 }
 
 impl Algorithm for Reserve {
@@ -385,30 +422,11 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         cost: u32,
         max_delay: Duration,
     ) -> Result<Reservation, ShapeError> {
-        let tau = self.gcra.tolerance_nanos();
-        let reserve = Reserve {
-            gcra: self.gcra,
-            tolerance: tau.saturating_add(Nanos::from_duration(max_delay).as_u64()),
-        };
+        let reserve = Reserve::new(self.gcra, max_delay);
         let generation = self.cell.generation();
         let decision = self.cell.apply(&reserve, now, cost);
-        if !decision.is_allowed() {
-            return Err(match decision.retry_after() {
-                Some(retry_after) => ShapeError::TooLong { retry_after },
-                None => ShapeError::Never {
-                    cost,
-                    burst: self.gcra.policy().burst(),
-                },
-            });
-        }
-        // Admitted with cost ≥ 1: reset_after = new_tat − now, the slot new_tat − τ.
-        // Cost 0 reserves nothing and proceeds now.
+        let delay = reserve.outcome(&decision, cost)?;
         let booked = decision.reset_after_nanos();
-        let delay = if cost == 0 {
-            0
-        } else {
-            booked.saturating_sub(tau)
-        };
         Ok(Reservation {
             shaper: self.id,
             generation,

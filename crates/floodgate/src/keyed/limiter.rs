@@ -13,10 +13,11 @@ use super::storage::{
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
-use crate::gcra::Gcra;
+use crate::gcra::{Gcra, GcraState};
 use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
+use crate::shaping::{Reserve, ShapeError};
 use crate::sync::{thread_index, AtomicU64, Ordering};
 
 /// The key capacity when none is set: 100 000 keys (≈ 3.5 MB for `u64` keys).
@@ -1112,6 +1113,88 @@ where
     /// ```
     pub fn set_policy(&mut self, policy: Policy) {
         self.set_algorithm(Gcra::new(policy));
+    }
+
+    /// Reserves `cost` units for `key` now if their slot is at most `max_delay`
+    /// away — [`Shaper::reserve`](crate::Shaper::reserve) for one key of many: the
+    /// decision, the delay until the slot, and the receipt whose
+    /// [`refund`](KeyedLimiter::refund) cancels the reservation (the part of it the
+    /// clock has not reached). Slots of one key are handed out first come, first
+    /// served; keys do not wait for each other.
+    ///
+    /// # Errors
+    ///
+    /// [`ShapeError::TooLong`] when the slot is further than `max_delay` (nothing is
+    /// consumed), [`ShapeError::Never`] when `cost` exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(4)?.with_burst(1)?))
+    ///     .clock(ManualClock::new())
+    ///     .build::<String>()?;
+    /// let max = Duration::from_millis(300);
+    /// assert!(keyed.reserve("alice", 1, max)?.1.is_zero());
+    /// let (_, delay, receipt) = keyed.reserve("alice", 1, max)?;
+    /// assert_eq!(delay, Duration::from_millis(250));
+    /// assert!(keyed.reserve("alice", 1, max).is_err()); // 500 ms away
+    /// assert!(keyed.reserve("bob", 1, max)?.1.is_zero()); // bob's own schedule
+    /// assert!(keyed.refund("alice", receipt)); // cancelled: the slot comes back
+    /// assert_eq!(keyed.reserve("alice", 1, max)?.1, Duration::from_millis(250));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        max_delay: core::time::Duration,
+    ) -> Result<(Decision, core::time::Duration, Receipt), ShapeError>
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.reserve_at(key, self.clock.now(), cost, max_delay)
+    }
+
+    /// [`reserve`](KeyedLimiter::reserve) at an instant the caller read.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](KeyedLimiter::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, ManualClock, Nanos, Policy};
+    /// use std::time::Duration;
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?.with_burst(1)?))
+    ///     .clock(ManualClock::new())
+    ///     .build_inline::<u64>()?;
+    /// let now = Nanos::from_secs(10);
+    /// assert!(keyed.reserve_at(&1, now, 1, Duration::ZERO)?.1.is_zero());
+    /// assert!(keyed.reserve_at(&1, now, 1, Duration::ZERO).is_err());
+    /// assert!(keyed.reserve_at(&1, now, 2, Duration::from_secs(60)).is_err()); // never fits
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve_at<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+        max_delay: core::time::Duration,
+    ) -> Result<(Decision, core::time::Duration, Receipt), ShapeError>
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let reserve = Reserve::new(self.algorithm, max_delay);
+        let c = self
+            .table
+            .decide::<KeyedCharge<GcraState>, Q, Reserve>(&reserve, key, now, cost);
+        let outcome = reserve.outcome(&c.decision, cost);
+        let (decision, receipt) = self.settle(c);
+        let delay = outcome?;
+        Ok((decision, core::time::Duration::from_nanos(delay), receipt))
     }
 }
 
