@@ -21,7 +21,10 @@
 //!   `127.0.0.1/32`): `per-ip` keys on the rightmost `X-Forwarded-For` address (one
 //!   trusted hop) when the peer is in `NET`, else on the peer;
 //! * `--no-limits` — serve the same routes without the layer (a baseline to measure
-//!   the layer against).
+//!   the layer against);
+//! * `--never-deny` — the same rules at 10^9 per second, burst 10^9 (every plan too):
+//!   every request is admitted and still pays for every rule and both header
+//!   families (the layer's cost on the requests a proxy forwards).
 
 use std::future::{ready, Future};
 use std::net::{IpAddr, SocketAddr};
@@ -87,16 +90,18 @@ struct Args {
     listen: SocketAddr,
     trusted_proxy: Option<String>,
     no_limits: bool,
+    never_deny: bool,
 }
 
 const USAGE: &str =
-    "usage: api_server [--listen ADDR] [--trusted-proxy NET] [--no-limits]  (port 0 picks a free port)";
+    "usage: api_server [--listen ADDR] [--trusted-proxy NET] [--no-limits] [--never-deny]  (port 0 picks a free port)";
 
 fn args() -> Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let mut listen = "127.0.0.1:3000".to_owned();
     let mut trusted_proxy = None;
     let mut no_limits = false;
+    let mut never_deny = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().ok_or("--listen needs an address")?,
@@ -104,6 +109,7 @@ fn args() -> Result<Args, String> {
                 trusted_proxy = Some(args.next().ok_or("--trusted-proxy needs a network")?)
             }
             "--no-limits" => no_limits = true,
+            "--never-deny" => never_deny = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -114,6 +120,7 @@ fn args() -> Result<Args, String> {
             .map_err(|e| format!("--listen {listen:?}: {e}"))?,
         trusted_proxy,
         no_limits,
+        never_deny,
     })
 }
 
@@ -132,10 +139,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
-    let per_ip_policy = Policy::per_minute(10)?.with_burst(10)?;
+    // `--never-deny`: every rule at a rate no client reaches.
+    let unreachable = Policy::per_second(1_000_000_000)?.with_burst(1_000_000_000)?;
+    let pick = |policy: Policy| if args.never_deny { unreachable } else { policy };
+    let per_ip_policy = pick(Policy::per_minute(10)?.with_burst(10)?);
     let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(per_ip_policy);
 
-    let plans = Plans::classic();
+    let mut plans = Plans::classic();
+    if args.never_deny {
+        for name in ["free", "pro", "enterprise"] {
+            plans.insert(name, unreachable);
+        }
+    }
     let (free, pro, enterprise) = (
         plans.id("free").ok_or("no free plan")?,
         plans.id("pro").ok_or("no pro plan")?,
@@ -152,7 +167,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let plan = PlanLimit(PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?);
 
-    let global_policy = Policy::per_second(1_000)?;
+    let global_policy = pick(Policy::per_second(1_000)?);
     let global = RateLimiter::gcra(global_policy);
 
     let builder = RateLimitLayer::builder();
