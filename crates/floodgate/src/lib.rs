@@ -72,6 +72,7 @@ pub mod gcra;
 pub mod keyed;
 pub mod lease;
 mod limiter;
+mod live;
 mod policy;
 pub mod receipt;
 pub mod reference;
@@ -98,6 +99,7 @@ pub use keyed::{
 };
 pub use lease::{LeaseBuilder, LeaseError, LeasedGcra};
 pub use limiter::{LockedRateLimiter, RateLimiter};
+pub use live::LiveGcra;
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 pub use receipt::Receipt;
 pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};

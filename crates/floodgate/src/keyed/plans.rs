@@ -32,7 +32,7 @@
 
 use core::fmt;
 
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 
 use super::key::Lookup;
 use super::storage::{Heap, Storage};
@@ -40,9 +40,10 @@ use super::{KeyedBuilder, KeyedError, KeyedLimiter};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
+use crate::live::PolicyCell;
 use crate::policy::{Policy, PolicyError};
 use crate::receipt::Receipt;
-use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, Mutex};
 
 /// A plan's index in its [`Plans`] table.
 ///
@@ -319,54 +320,6 @@ impl fmt::Display for PlansError {
 
 impl std::error::Error for PlansError {}
 
-/// One plan's policy in four atomic words behind a sequence lock.
-struct PlanCell {
-    version: AtomicU64,
-    words: [AtomicU64; 4],
-}
-
-impl PlanCell {
-    fn new(policy: Policy) -> PlanCell {
-        PlanCell {
-            version: AtomicU64::new(0),
-            words: policy.to_words().map(AtomicU64::new),
-        }
-    }
-
-    /// The current policy: retried only while an update is mid-way.
-    #[inline]
-    fn load(&self) -> Policy {
-        let backoff = Backoff::new();
-        loop {
-            // Acquire: pairs with the writer's closing Release store.
-            let before = self.version.load(Ordering::Acquire);
-            let words = [0, 1, 2, 3].map(|i| self.words[i].load(Ordering::Relaxed));
-            // Acquire fence: if a word came from an update, the re-read sees its
-            // odd (or later) version.
-            fence(Ordering::Acquire);
-            if before % 2 == 0 && self.version.load(Ordering::Relaxed) == before {
-                return Policy::from_words(words);
-            }
-            backoff.snooze();
-        }
-    }
-
-    /// Replaces the policy; callers serialise on the limiter's update lock.
-    fn store(&self, policy: Policy) {
-        let version = self.version.load(Ordering::Relaxed);
-        self.version
-            .store(version.wrapping_add(1), Ordering::Relaxed);
-        // Release fence: orders the odd version before the word stores.
-        fence(Ordering::Release);
-        for (word, value) in self.words.iter().zip(policy.to_words()) {
-            word.store(value, Ordering::Relaxed);
-        }
-        // Release: a reader that sees the even version sees every word.
-        self.version
-            .store(version.wrapping_add(2), Ordering::Release);
-    }
-}
-
 /// A keyed GCRA limiter whose policy depends on the key's plan.
 ///
 /// See the [module docs](self) for an example and runtime changes.
@@ -376,7 +329,7 @@ where
 {
     keyed: KeyedLimiter<K, Gcra, C, S>,
     names: Vec<String>,
-    cells: Box<[CachePadded<PlanCell>]>,
+    cells: Box<[CachePadded<PolicyCell>]>,
     default: usize,
     update: Mutex<()>,
     resolver: R,
@@ -457,7 +410,7 @@ where
             cells: plans
                 .policies
                 .iter()
-                .map(|p| CachePadded::new(PlanCell::new(*p)))
+                .map(|p| CachePadded::new(PolicyCell::new(*p)))
                 .collect(),
             default: default.0 as usize,
             update: Mutex::new(()),
