@@ -30,7 +30,7 @@
 //! # Cost
 //!
 //! The layer writes a response's fields one after another into one stack buffer
-//! ([`ResponseFields`]): integers by hand, names quoted and escaped once (when the
+//! (`ResponseFields`): integers by hand, names quoted and escaped once (when the
 //! [`PolicyName`] is made), no `format!`, no `String`. The buffer then becomes one
 //! shared byte string and every field value is a slice of it: **one allocation per
 //! response** for all the fields. Nothing is shared with other requests (a value
