@@ -38,6 +38,12 @@
 //!   what a decision could cost if it never wrote shared memory — the bound a hot-key
 //!   mode that spends leased units locally is measured against.
 //!
+//! # The deny path
+//!
+//! `gcra-deny` (one per hour, burst 1) measures the path where every decision after
+//! the first denies and writes nothing: floodgate, its mutex twin, the textbook bucket
+//! and governor.
+//!
 //! # Key policies
 //!
 //! Keyed groups come in two policies: **booked ahead** (1 per second, burst 10^9: each
@@ -334,7 +340,7 @@ pub fn groups() -> Vec<Group> {
         c(Implementation::Leased, leased::<false>),
         c(Implementation::LeasedCoarse, leased::<true>),
         c(Implementation::MutexTwin, hot_twin::<GcraWorkload>),
-        c(Implementation::Textbook, gcra_textbook),
+        c(Implementation::Textbook, gcra_textbook::<false>),
     ];
     #[cfg(feature = "compare")]
     gcra_hot.push(c(Implementation::Governor, gcra_governor));
@@ -347,6 +353,21 @@ pub fn groups() -> Vec<Group> {
         workload: GcraWorkload::description(),
         contenders: gcra_hot,
     }];
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut gcra_deny = vec![
+        c(Implementation::Floodgate, hot::<GcraDenyWorkload>),
+        c(Implementation::MutexTwin, hot_twin::<GcraDenyWorkload>),
+        c(Implementation::Textbook, gcra_textbook::<true>),
+    ];
+    #[cfg(feature = "compare")]
+    gcra_deny.push(c(Implementation::Governor, gcra_governor_deny));
+    matrix.push(Group {
+        id: "gcra-deny".to_owned(),
+        suite: Suite::HotKey,
+        key_counts: vec![1],
+        workload: GcraDenyWorkload::description(),
+        contenders: gcra_deny,
+    });
     for policy in [KeyPolicy::BookedAhead, KeyPolicy::IdleBetweenVisits] {
         matrix.push(keyed_group(policy));
     }
@@ -482,6 +503,25 @@ impl Workload for FixedWindowWorkload {
     }
 }
 
+/// GCRA at one per hour, burst 1: after the first decision every decision denies
+/// and writes nothing (the deny path).
+pub struct GcraDenyWorkload;
+
+impl Workload for GcraDenyWorkload {
+    type Algorithm = Gcra;
+    fn algorithm() -> Gcra {
+        Gcra::new(gcra_deny_policy())
+    }
+    fn description() -> String {
+        "1 per hour, burst 1: after the first, every decision denies and writes nothing".to_owned()
+    }
+}
+
+/// The deny workload's policy.
+fn gcra_deny_policy() -> Policy {
+    Policy::per_hour(1).expect("the benchmark policy is valid")
+}
+
 /// The sliding window counter at [`SLIDING_LIMIT`] per second.
 pub struct SlidingWindowWorkload;
 
@@ -541,19 +581,24 @@ fn hot_twin<W: Workload>(setup: &Setup) -> Prepared {
     })
 }
 
-/// A full textbook bucket for GCRA's workload, created at `now`.
-fn textbook_bucket(now: u64) -> TextbookTokenBucket {
-    TextbookTokenBucket::new(
-        BURST as f64,
-        LIMIT as f64,
-        std::time::Duration::from_secs(1),
-        now,
-    )
+/// A full textbook bucket for GCRA's workload (`DENY`: the deny workload's one
+/// per hour, burst 1), created at `now`.
+fn textbook_bucket<const DENY: bool>(now: u64) -> TextbookTokenBucket {
+    let (burst, refill, every) = if DENY {
+        (1.0, 1.0, std::time::Duration::from_secs(3600))
+    } else {
+        (
+            BURST as f64,
+            LIMIT as f64,
+            std::time::Duration::from_secs(1),
+        )
+    };
+    TextbookTokenBucket::new(burst, refill, every, now)
 }
 
-fn gcra_textbook(setup: &Setup) -> Prepared {
+fn gcra_textbook<const DENY: bool>(setup: &Setup) -> Prepared {
     let clock = DefaultClock::new();
-    let bucket = Mutex::new(textbook_bucket(clock.now().as_u64()));
+    let bucket = Mutex::new(textbook_bucket::<DENY>(clock.now().as_u64()));
     Prepared::new(setup, move |threads, budget| {
         measure(threads, budget, |_| {
             || {
@@ -568,6 +613,16 @@ fn gcra_textbook(setup: &Setup) -> Prepared {
 #[cfg(feature = "compare")]
 fn gcra_governor(setup: &Setup) -> Prepared {
     let limiter = governor::RateLimiter::direct(governor_quota());
+    Prepared::new(setup, move |threads, budget| {
+        measure(threads, budget, |_| || limiter.check().is_ok())
+    })
+}
+
+/// governor's direct limiter on the deny workload's quota (one per hour, burst 1).
+#[cfg(feature = "compare")]
+fn gcra_governor_deny(setup: &Setup) -> Prepared {
+    let quota = governor::Quota::per_hour(NonZeroU32::MIN);
+    let limiter = governor::RateLimiter::direct(quota);
     Prepared::new(setup, move |threads, budget| {
         measure(threads, budget, |_| || limiter.check().is_ok())
     })
@@ -951,6 +1006,14 @@ mod tests {
                             group.id,
                             contender.implementation
                         );
+                        if group.id == "gcra-deny" {
+                            // One unit per hour: only the limiter's first decision admits.
+                            assert!(
+                                sample.admitted <= 1,
+                                "{:?}: {sample:?}",
+                                contender.implementation
+                            );
+                        }
                         if !group.workload.contains("every decision admits") {
                             continue;
                         }
