@@ -55,7 +55,7 @@ where
         key: &String,
         cost: u32,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
-        let now = self.0.keyed().clock().now();
+        let now = self.0.clock().now();
         ready(Ok(self.0.check_n_at(key, now, cost)))
     }
 

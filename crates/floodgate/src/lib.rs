@@ -122,6 +122,15 @@ const _: () = {
     assert_send_sync::<KeyedLimiter<std::net::IpAddr, FixedWindow, ManualClock, Inline>>();
     assert_send_sync::<KeyedLimiter<String, Gcra, DefaultClock, Fingerprint>>();
     assert_send_sync::<keyed::plans::PlanLimiter<u64, fn(&u64) -> keyed::plans::PlanId>>();
+    assert_send_sync::<
+        keyed::plans::PlanLimiter<
+            u64,
+            fn(&u64) -> keyed::plans::PlanId,
+            DefaultClock,
+            Inline,
+            SlidingWindow,
+        >,
+    >();
     assert_send_sync::<RateLimiter<FixedWindow>>();
     assert_send_sync::<RateLimiter<SlidingWindow>>();
     assert_send_sync::<SlidingLog>();

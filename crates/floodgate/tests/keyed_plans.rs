@@ -1,11 +1,22 @@
-//! Plans: TOML loading, errors, the resolver, and runtime quota changes that keep
-//! every key's GCRA state.
+//! Plans: TOML loading, errors, the resolver, runtime quota changes that keep every
+//! key's state, and plans on every algorithm (GCRA and both windows) and storage,
+//! against one un-keyed limiter per key.
 #![cfg(not(loom))]
 
+#[macro_use]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use floodgate::keyed::plans::{PlanLimiter, Plans, PlansError};
-use floodgate::{DurationError, Gcra, KeyedBuilder, ManualClock, Policy, PolicyError, RateLimiter};
+use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
+use floodgate::{
+    DurationError, FixedWindow, Gcra, KeyedBuilder, ManualClock, Nanos, Policy, PolicyError,
+    RateLimiter, SlidingWindow, Storage,
+};
+use proptest::prelude::*;
 
 const CLASSIC: &str = r#"
 default = "free"
@@ -231,4 +242,280 @@ fn quota_changes_race_with_decisions_safely() {
             }
         });
     });
+}
+
+/// Plans for the differential test: short windows so that traces cross many.
+fn small_plans() -> Plans {
+    let mut plans = Plans::new();
+    plans.insert("a", Policy::new(3, Duration::from_secs(1)).unwrap());
+    plans.insert("b", Policy::new(5, Duration::from_secs(2)).unwrap());
+    plans.insert(
+        "c",
+        Policy::new(10, Duration::from_millis(500))
+            .unwrap()
+            .with_burst(4)
+            .unwrap(),
+    );
+    plans
+}
+
+/// Policies a plan may change to: the same periods as `small_plans` with other
+/// limits, and other periods.
+fn new_policy(i: usize) -> Policy {
+    [
+        Policy::new(2, Duration::from_secs(1)).unwrap(),
+        Policy::new(8, Duration::from_secs(2)).unwrap(),
+        Policy::new(4, Duration::from_millis(300)).unwrap(),
+        Policy::new(6, Duration::from_secs(3))
+            .unwrap()
+            .with_burst(2)
+            .unwrap(),
+    ][i % 4]
+}
+
+#[derive(Clone, Debug)]
+enum PlanOp {
+    Advance(u64),
+    Check { key: u64, cost: u32 },
+    Peek { key: u64, cost: u32 },
+    Remove { key: u64 },
+    SetPolicy { plan: usize, policy: usize },
+}
+
+fn plan_op() -> impl Strategy<Value = PlanOp> {
+    prop_oneof![
+        4 => (0u64..700_000_000).prop_map(PlanOp::Advance),
+        8 => (0u64..9, 0u32..5).prop_map(|(key, cost)| PlanOp::Check { key, cost }),
+        2 => (0u64..9, 0u32..5).prop_map(|(key, cost)| PlanOp::Peek { key, cost }),
+        1 => (0u64..9).prop_map(|key| PlanOp::Remove { key }),
+        1 => (0usize..3, 0usize..4).prop_map(|(plan, policy)| PlanOp::SetPolicy { plan, policy }),
+    ]
+}
+
+/// Runs `ops` on a plan limiter of algorithm `A` on storage `S` (key `k` on plan
+/// `k mod 3`) and on one `RateLimiter` per key built from its plan's policy, which
+/// changes as `set_algorithm` carries state over; every decision must be equal.
+fn plans_match_one_limiter_per_key<A, S>(ops: &[PlanOp])
+where
+    A: PlanAlgorithm,
+    S: Storage<u64, A::State>,
+{
+    let clock = ManualClock::new();
+    clock.set(Nanos::from_secs(1_000));
+    let plans = small_plans();
+    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    let resolve = {
+        let ids = ids.clone();
+        move |key: &u64| ids[(*key % 3) as usize]
+    };
+    let mut limiter: PlanLimiter<u64, _, ManualClock, S, A> = PlanLimiter::new_in(
+        &plans,
+        resolve,
+        KeyedBuilder::default().clock(clock.clone()).capacity(64),
+    )
+    .unwrap();
+    let mut policies: Vec<Policy> = plans.iter().map(|(_, _, p)| p).collect();
+    let mut twins: HashMap<u64, RateLimiter<A, ManualClock>> = HashMap::new();
+    let ensure =
+        |twins: &mut HashMap<u64, RateLimiter<A, ManualClock>>, policies: &[Policy], key: u64| {
+            twins.entry(key).or_insert_with(|| {
+                let policy = policies[(key % 3) as usize];
+                RateLimiter::with_clock(A::for_policy(policy).unwrap(), clock.clone())
+            });
+        };
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            PlanOp::Advance(ns) => {
+                clock.advance(Duration::from_nanos(ns));
+            }
+            PlanOp::Check { key, cost } => {
+                ensure(&mut twins, &policies, key);
+                let expected = twins[&key].check_n(cost);
+                assert_eq!(limiter.check_n(&key, cost), expected, "step {step}: {op:?}");
+            }
+            PlanOp::Peek { key, cost } => {
+                ensure(&mut twins, &policies, key);
+                let expected = twins[&key].peek(cost);
+                assert_eq!(limiter.peek(&key, cost), expected, "step {step}: {op:?}");
+            }
+            PlanOp::Remove { key } => {
+                limiter.remove(&key);
+                twins.remove(&key);
+            }
+            PlanOp::SetPolicy { plan, policy } => {
+                let policy = new_policy(policy);
+                let name = plans.name(ids[plan]).unwrap().to_owned();
+                limiter.set_policy_mut(&name, policy).unwrap();
+                policies[plan] = policy;
+                for (key, twin) in twins.iter_mut() {
+                    if (*key % 3) as usize == plan {
+                        twin.set_algorithm(A::for_policy(policy).unwrap());
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn plans_on_every_algorithm_and_storage_match_one_limiter_per_key(
+        ops in prop::collection::vec(plan_op(), 1..300)
+    ) {
+        macro_rules! on_storages {
+            ($a:ty) => {
+                plans_match_one_limiter_per_key::<$a, floodgate::Heap>(&ops);
+                plans_match_one_limiter_per_key::<$a, floodgate::Inline>(&ops);
+                plans_match_one_limiter_per_key::<$a, floodgate::Fingerprint>(&ops);
+            };
+        }
+        on_storages!(Gcra);
+        on_storages!(FixedWindow);
+        on_storages!(SlidingWindow);
+    }
+}
+
+#[test]
+fn window_plans_count_each_plans_limit_per_window() {
+    let clock = ManualClock::new();
+    let plans = Plans::classic();
+    let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    let limiter = PlanLimiter::fixed_window(
+        &plans,
+        move |key: &str| if key.starts_with("pro_") { pro } else { free },
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    // A window counts the plan's limit (the burst is GCRA's notion): 100 a day free.
+    assert!(limiter.check_n("anon", 100).is_allowed());
+    assert!(!limiter.check("anon").is_allowed());
+    assert!(limiter.check_n("pro_1", 10_000).is_allowed());
+    assert!(!limiter.check("pro_1").is_allowed());
+    // Each plan has its own table; the metrics add them up.
+    assert_eq!(limiter.table(free).metrics().live_keys, 1);
+    assert_eq!(limiter.table(pro).metrics().live_keys, 1);
+    assert_eq!(limiter.metrics().live_keys, 2);
+    assert_eq!(limiter.metrics().denied, 2);
+    clock.advance(Duration::from_secs(86_400));
+    assert_eq!(limiter.check("anon").remaining(), 99);
+}
+
+#[test]
+fn a_window_plan_whose_period_changes_starts_fresh_and_is_never_stuck() {
+    // The window index of a stored state means nothing under another period: the
+    // change rewrites every key (`carry_over`) instead of leaving states that would
+    // read as a window far ahead (and deny for years).
+    let clock = ManualClock::new();
+    clock.set(Nanos::from_secs(1_700_000_000));
+    let plans: Plans = [("p".to_owned(), Policy::per_second(5).unwrap())]
+        .into_iter()
+        .collect();
+    let p = plans.id("p").unwrap();
+    let mut limiter = PlanLimiter::fixed_window(
+        &plans,
+        move |_: &u64| p,
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    assert!(limiter.check_n(&1, 5).is_allowed());
+    assert!(!limiter.check(&1).is_allowed());
+    // Same period, lower limit: the 5 units stay counted (0 of 3 left).
+    limiter
+        .set_policy_mut("p", Policy::per_second(3).unwrap())
+        .unwrap();
+    assert!(!limiter.check(&1).is_allowed());
+    // A longer period: a fresh window of the new policy.
+    limiter
+        .set_policy_mut("p", Policy::per_hour(7).unwrap())
+        .unwrap();
+    assert_eq!(limiter.check(&1).remaining(), 6);
+    assert!(limiter.check_n(&1, 6).is_allowed());
+    assert!(!limiter.check(&1).is_allowed());
+    clock.advance(Duration::from_secs(3_600));
+    assert!(limiter.check(&1).is_allowed(), "the next hour admits again");
+    assert!(matches!(
+        limiter.set_policy_mut("q", Policy::per_hour(1).unwrap()),
+        Err(PlansError::UnknownPlan { .. })
+    ));
+}
+
+#[test]
+fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
+    let clock = ManualClock::new();
+    let plans: Plans = [
+        ("small".to_owned(), Policy::per_minute(2).unwrap()),
+        ("large".to_owned(), Policy::per_minute(4).unwrap()),
+    ]
+    .into_iter()
+    .collect();
+    let current = Arc::new(AtomicU32::new(0));
+    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    let limiter = PlanLimiter::sliding_window(
+        &plans,
+        {
+            let current = Arc::clone(&current);
+            move |_: &u64| ids[current.load(Ordering::Relaxed) as usize]
+        },
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    let mut admitted = 0;
+    // Within one minute the key moves small → large → small → large.
+    for plan in [0, 1, 0, 1] {
+        current.store(plan, Ordering::Relaxed);
+        while limiter.check(&9).is_allowed() {
+            admitted += 1;
+        }
+    }
+    // small: 2, large: 4, then each table still counts its own units: nothing more.
+    assert_eq!(admitted, 6);
+    // A receipt from one plan's table refunds nothing once the key has moved.
+    current.store(0, Ordering::Relaxed);
+    clock.advance(Duration::from_secs(120));
+    let (decision, receipt) = limiter.charge(&9, 1);
+    assert!(decision.is_allowed());
+    current.store(1, Ordering::Relaxed);
+    assert!(!limiter.refund(&9, receipt));
+    // `remove` clears the key from every plan's table.
+    assert!(limiter.remove(&9));
+    assert_eq!(limiter.metrics().live_keys, 0);
+}
+
+/// Valid as a policy, but a sliding window counter's two counts of 20 bits leave
+/// its window index too few bits to last a year at 1 ms windows.
+fn too_fine_for_a_sliding_window() -> Policy {
+    Policy::new(1_000_000, Duration::from_millis(1)).unwrap()
+}
+
+#[test]
+fn a_plan_the_algorithm_cannot_run_is_named_in_the_error() {
+    let plans: Plans = [("fine".to_owned(), too_fine_for_a_sliding_window())]
+        .into_iter()
+        .collect();
+    let id = plans.id("fine").unwrap();
+    let err = PlanLimiter::<u64, _, _, _, _>::sliding_window(
+        &plans,
+        move |_: &u64| id,
+        KeyedBuilder::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, PlansError::Policy { plan, .. } if plan == "fine"),
+        "{err}"
+    );
+    // A change to such a policy is refused and changes nothing.
+    let plans: Plans = [("fine".to_owned(), Policy::per_second(5).unwrap())]
+        .into_iter()
+        .collect();
+    let mut limiter =
+        PlanLimiter::sliding_window(&plans, move |_: &u64| id, KeyedBuilder::default()).unwrap();
+    assert!(limiter.check_n(&1, 2).is_allowed());
+    assert!(matches!(
+        limiter.set_policy_mut("fine", too_fine_for_a_sliding_window()),
+        Err(PlansError::Policy { .. })
+    ));
+    assert_eq!(limiter.policy("fine"), Some(Policy::per_second(5).unwrap()));
+    assert_eq!(limiter.peek(&1, 0).remaining(), 3);
 }

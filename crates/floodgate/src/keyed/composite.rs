@@ -68,14 +68,14 @@
 //! ```
 
 use super::key::Lookup;
-use super::plans::{PlanId, PlanLimiter};
+use super::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use super::storage::{Heap, Storage};
 use super::KeyedLimiter;
 use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, PolicyId};
-use crate::gcra::GcraState;
+use crate::gcra::{Gcra, GcraState};
 use crate::limiter::RateLimiter;
 use crate::receipt::Receipt;
 use crate::shaping::Shaper;
@@ -574,19 +574,21 @@ where
 /// assert_eq!(check_all(&[&limiter.limit(&1)], 10).remaining(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct PlanLimit<'a, K, Q, R, C, S = Heap>
+pub struct PlanLimit<'a, K, Q, R, C, S = Heap, A = Gcra>
 where
     Q: ?Sized,
-    S: Storage<K, GcraState>,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
 {
-    limiter: &'a PlanLimiter<K, R, C, S>,
+    limiter: &'a PlanLimiter<K, R, C, S, A>,
     key: &'a Q,
 }
 
-impl<K, R, C, S> PlanLimiter<K, R, C, S>
+impl<K, R, C, S, A> PlanLimiter<K, R, C, S, A>
 where
     C: Clock,
-    S: Storage<K, GcraState>,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
 {
     /// This limiter for one key, as a composite [`Limit`].
     ///
@@ -603,7 +605,7 @@ where
     /// assert_eq!(limit.charge_at(limit.now(), 1).0.limit(), 100);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> PlanLimit<'a, K, Q, R, C, S>
+    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> PlanLimit<'a, K, Q, R, C, S, A>
     where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
@@ -612,15 +614,16 @@ where
     }
 }
 
-impl<K, Q, R, C, S> Limit for PlanLimit<'_, K, Q, R, C, S>
+impl<K, Q, R, C, S, A> Limit for PlanLimit<'_, K, Q, R, C, S, A>
 where
     Q: Lookup<K> + ?Sized,
     R: Fn(&Q) -> PlanId,
     C: Clock,
-    S: Storage<K, GcraState>,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
 {
     fn now(&self) -> Nanos {
-        self.limiter.keyed().clock().now()
+        self.limiter.clock().now()
     }
 
     fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {

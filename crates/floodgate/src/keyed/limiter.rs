@@ -331,6 +331,15 @@ impl<A> KeyedBuilder<A> {
 }
 
 impl<A, C> KeyedBuilder<A, C> {
+    /// This builder with its clock made now (a deferred default clock is calibrated
+    /// here), so that every limiter built from its clones shares one clock.
+    pub(crate) fn settle_clock(self) -> Self {
+        KeyedBuilder {
+            clock: ClockChoice::Given(self.clock.make()),
+            ..self
+        }
+    }
+
     /// The most keys held at once (default [`DEFAULT_CAPACITY`]).
     ///
     /// # Examples

@@ -19,8 +19,9 @@
 //!
 //! Around them (the policy features):
 //!
-//! * [`plans`]: per-key quotas (`free`, `pro`, `enterprise`), loadable from TOML, with
-//!   a resolver from key to plan and runtime quota changes that keep every key's state;
+//! * [`plans`]: per-key quotas (`free`, `pro`, `enterprise`) on GCRA or either window,
+//!   loadable from TOML, with a resolver from key to plan and runtime quota changes
+//!   that keep every key's state;
 //! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
 //!   if any denies, none is charged;
 //! * brute-force protection, below.

@@ -18,14 +18,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Any algorithm
+//!
+//! Plans run GCRA by default ([`PlanLimiter::new`]); [`PlanLimiter::fixed_window`]
+//! and [`PlanLimiter::sliding_window`] count each plan's `limit` per `period`
+//! instead, and [`PlanLimiter::new_in`] picks any [`PlanAlgorithm`] and storage. GCRA
+//! keeps every key in one table (a TAT means the same under every policy); a window
+//! state is packed for its plan's limit and period, so each window plan has a table
+//! of its own, with the builder's capacity.
+//!
 //! # Changing a quota at runtime
 //!
+//! [`PlanLimiter::set_policy_mut`] changes a plan's policy on every algorithm,
+//! rewriting each of its keys as [`Algorithm::carry_over`] does (a window of another
+//! period starts fresh). GCRA plans also change through a shared reference:
 //! [`PlanLimiter::set_policy`] swaps a plan's policy while requests run. Every key
 //! keeps its GCRA state (its theoretical arrival time): the new emission interval
 //! applies from the next decision on, and `remaining` is clamped to `[0, B]` of the
 //! new burst — the rule every runtime policy change in this crate follows for GCRA
-//! ([`Algorithm::carry_over`](crate::Algorithm::carry_over)). The change itself
-//! neither forgives nor charges anything: a key that had used more than the new
+//! ([`Algorithm::carry_over`]). The change itself neither forgives nor charges anything: a key that had used more than the new
 //! burst allows is denied until its schedule catches up. Each plan's policy sits in
 //! a per-plan sequence lock (four words); a decision reads it with plain loads and
 //! retries only if an update ran at that very moment.
@@ -36,13 +47,16 @@ use crossbeam_utils::CachePadded;
 
 use super::key::Lookup;
 use super::storage::{Heap, Storage};
-use super::{KeyedBuilder, KeyedError, KeyedLimiter};
+use super::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
+use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
+use crate::fixed_window::FixedWindow;
 use crate::gcra::{Gcra, GcraState};
 use crate::live::PolicyCell;
 use crate::policy::{Policy, PolicyError};
 use crate::receipt::Receipt;
+use crate::sliding_window::SlidingWindow;
 use crate::sync::{lock, Mutex};
 
 /// A plan's index in its [`Plans`] table.
@@ -320,14 +334,85 @@ impl fmt::Display for PlansError {
 
 impl std::error::Error for PlansError {}
 
-/// A keyed GCRA limiter whose policy depends on the key's plan.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::gcra::Gcra {}
+    impl Sealed for crate::fixed_window::FixedWindow {}
+    impl Sealed for crate::sliding_window::SlidingWindow {}
+}
+
+/// An algorithm a plan can run: [`Gcra`] (the default), [`FixedWindow`] or
+/// [`SlidingWindow`], built from each plan's policy.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::PlanAlgorithm;
+/// use floodgate::{FixedWindow, Gcra, Policy};
+/// assert!(Gcra::POLICY_FREE_STATE); // a TAT means the same under every policy
+/// assert!(!FixedWindow::POLICY_FREE_STATE); // a count is packed for its limit and period
+/// assert!(FixedWindow::for_policy(Policy::per_minute(10)?).is_ok());
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub trait PlanAlgorithm: Algorithm + Sized + sealed::Sealed {
+    /// Whether a key's state means the same under every policy. Then one table
+    /// holds every key whatever its plan, a key that changes plan keeps its state,
+    /// and a plan's policy changes through `&self` ([`PlanLimiter::set_policy`]).
+    /// Otherwise each plan has a table of its own (the state is packed for the
+    /// plan's limit and period).
+    const POLICY_FREE_STATE: bool;
+
+    /// The algorithm for `policy`.
+    ///
+    /// # Errors
+    ///
+    /// What the algorithm's constructor rejects (a window too long for its packed
+    /// index, for instance).
+    fn for_policy(policy: Policy) -> Result<Self, PolicyError>;
+}
+
+impl PlanAlgorithm for Gcra {
+    const POLICY_FREE_STATE: bool = true;
+
+    #[inline]
+    fn for_policy(policy: Policy) -> Result<Self, PolicyError> {
+        Ok(Gcra::new(policy))
+    }
+}
+
+impl PlanAlgorithm for FixedWindow {
+    const POLICY_FREE_STATE: bool = false;
+
+    fn for_policy(policy: Policy) -> Result<Self, PolicyError> {
+        FixedWindow::new(policy)
+    }
+}
+
+impl PlanAlgorithm for SlidingWindow {
+    const POLICY_FREE_STATE: bool = false;
+
+    fn for_policy(policy: Policy) -> Result<Self, PolicyError> {
+        SlidingWindow::new(policy)
+    }
+}
+
+/// A keyed limiter whose policy depends on the key's plan, running GCRA (the
+/// default), a fixed window or a sliding window counter ([`PlanAlgorithm`]).
+///
+/// GCRA keeps every key in one table: a key whose plan changes keeps its schedule.
+/// The window algorithms keep one table per plan, each with the capacity of the
+/// builder passed in (memory is bounded by plans × capacity); a key whose plan
+/// changes starts fresh in its new plan's table, which forgives at most one window
+/// of the new plan per change (the resolver, not the client, picks the plan).
 ///
 /// See the [module docs](self) for an example and runtime changes.
-pub struct PlanLimiter<K, R, C = DefaultClock, S = Heap>
+pub struct PlanLimiter<K, R, C = DefaultClock, S = Heap, A = Gcra>
 where
-    S: Storage<K, GcraState>,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
 {
-    keyed: KeyedLimiter<K, Gcra, C, S>,
+    /// One table ([`PlanAlgorithm::POLICY_FREE_STATE`]) or one per plan.
+    tables: Box<[KeyedLimiter<K, A, C, S>]>,
     names: Vec<String>,
     cells: Box<[CachePadded<PolicyCell>]>,
     default: usize,
@@ -337,12 +422,12 @@ where
 
 impl<K, R, C> PlanLimiter<K, R, C>
 where
-    C: Clock,
+    C: Clock + Clone,
     Heap: Storage<K, GcraState>,
 {
-    /// A limiter for `plans`, mapping keys to plans with `resolver`, with the
+    /// A GCRA limiter for `plans`, mapping keys to plans with `resolver`, with the
     /// capacity, shards and clock of `table` ([`KeyedBuilder::default`]: each key
-    /// runs its plan's GCRA, so the table brings no algorithm).
+    /// runs its plan's algorithm, so the table brings none).
     ///
     /// An id that is not in `plans` resolves to the default plan.
     ///
@@ -367,45 +452,144 @@ where
     }
 }
 
-impl<K, R, C, S> PlanLimiter<K, R, C, S>
+impl<K, R, C> PlanLimiter<K, R, C, Heap, FixedWindow>
 where
-    C: Clock,
-    S: Storage<K, GcraState>,
+    C: Clock + Clone,
+    Heap: Storage<K, <FixedWindow as Algorithm>::State>,
 {
-    /// [`new`](PlanLimiter::new) on storage `S` (e.g. [`Inline`](crate::Inline) for
-    /// `u64` or `IpAddr` keys).
+    /// [`new`](PlanLimiter::new) with a fixed window per plan: `limit` units per
+    /// `period` window, one table per plan.
     ///
     /// # Errors
     ///
-    /// As [`new`](PlanLimiter::new).
+    /// As [`new`](PlanLimiter::new), and [`PlansError::Policy`] for a plan whose
+    /// policy a fixed window cannot run.
     ///
     /// # Examples
     ///
     /// ```
     /// use floodgate::keyed::plans::{PlanLimiter, Plans};
-    /// use floodgate::{Inline, KeyedBuilder};
+    /// use floodgate::{KeyedBuilder, ManualClock};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::fixed_window(&plans, move |_: &u64| free, KeyedBuilder::default().clock(ManualClock::new()))?;
+    /// // A window counts the plan's limit (100 a day), not a burst.
+    /// assert_eq!(limiter.check(&1).remaining(), 99);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fixed_window(
+        plans: &Plans,
+        resolver: R,
+        table: KeyedBuilder<(), C>,
+    ) -> Result<Self, PlansError> {
+        Self::new_in(plans, resolver, table)
+    }
+}
+
+impl<K, R, C> PlanLimiter<K, R, C, Heap, SlidingWindow>
+where
+    C: Clock + Clone,
+    Heap: Storage<K, <SlidingWindow as Algorithm>::State>,
+{
+    /// [`new`](PlanLimiter::new) with a sliding window counter per plan, one table
+    /// per plan.
+    ///
+    /// # Errors
+    ///
+    /// As [`fixed_window`](PlanLimiter::fixed_window).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, ManualClock};
     /// let plans = Plans::classic();
     /// let pro = plans.id("pro").unwrap();
-    /// let limiter: PlanLimiter<u64, _, _, Inline> =
+    /// let limiter = PlanLimiter::sliding_window(&plans, move |_: &u64| pro, KeyedBuilder::default().clock(ManualClock::new()))?;
+    /// assert_eq!(limiter.check_n(&1, 10_000).remaining(), 0);
+    /// assert!(!limiter.check(&1).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sliding_window(
+        plans: &Plans,
+        resolver: R,
+        table: KeyedBuilder<(), C>,
+    ) -> Result<Self, PlansError> {
+        Self::new_in(plans, resolver, table)
+    }
+}
+
+impl<K, R, C, S, A> PlanLimiter<K, R, C, S, A>
+where
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    /// A limiter running algorithm `A` on storage `S` (e.g. [`Inline`](crate::Inline)
+    /// for `u64` or `IpAddr` keys); see [`new`](PlanLimiter::new).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](PlanLimiter::new), and [`PlansError::Policy`] for a plan whose
+    /// policy `A` cannot run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{FixedWindow, Inline, KeyedBuilder};
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let gcra: PlanLimiter<u64, _, _, Inline> =
     ///     PlanLimiter::new_in(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
-    /// assert_eq!(limiter.check(&1).limit(), 100);
+    /// assert_eq!(gcra.check(&1).limit(), 100);
+    /// let window: PlanLimiter<u64, _, _, Inline, FixedWindow> =
+    ///     PlanLimiter::new_in(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
+    /// assert_eq!(window.check(&1).limit(), 10_000);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new_in(
         plans: &Plans,
         resolver: R,
         table: KeyedBuilder<(), C>,
-    ) -> Result<Self, PlansError> {
+    ) -> Result<Self, PlansError>
+    where
+        C: Clone,
+    {
         let default = plans.default_plan().ok_or(PlansError::NoPlans)?;
-        let first = plans.policy(default).ok_or(PlansError::NoPlans)?;
-        // The table's own algorithm only judges idleness and closeness to idle, which
-        // for GCRA depend on the state alone, not on the policy.
-        let keyed = table
-            .algorithm(Gcra::new(first))
-            .build_in::<K, S>()
-            .map_err(PlansError::Keyed)?;
+        let algorithms = plans
+            .iter()
+            .map(|(_, name, policy)| {
+                A::for_policy(policy).map_err(|error| PlansError::Policy {
+                    plan: name.to_owned(),
+                    error,
+                })
+            })
+            .collect::<Result<Vec<A>, PlansError>>()?;
+        // Every table shares one clock, made once.
+        let table = table.settle_clock();
+        let tables = if A::POLICY_FREE_STATE {
+            // The table's own algorithm only judges idleness and closeness to idle,
+            // which for a policy-free state depend on the state alone; each decision
+            // runs the key's plan.
+            let first = A::for_policy(plans.policies[default.0 as usize]).map_err(|error| {
+                PlansError::Policy {
+                    plan: plans.names[default.0 as usize].clone(),
+                    error,
+                }
+            })?;
+            vec![table.algorithm(first).build_in::<K, S>()]
+        } else {
+            algorithms
+                .into_iter()
+                .map(|algorithm| table.clone().algorithm(algorithm).build_in::<K, S>())
+                .collect()
+        };
         Ok(PlanLimiter {
-            keyed,
+            tables: tables
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .map_err(PlansError::Keyed)?,
             names: plans.names.clone(),
             cells: plans
                 .policies
@@ -418,14 +602,27 @@ where
         })
     }
 
+    /// The table that holds `key` and the algorithm that decides for it: the one
+    /// table with the plan's policy read now, or the plan's own table (whose
+    /// algorithm is its plan's).
     #[inline]
-    fn gcra_for<Q: ?Sized>(&self, key: &Q) -> Gcra
+    fn route<Q: ?Sized>(&self, key: &Q) -> (&KeyedLimiter<K, A, C, S>, Option<A>)
     where
         R: Fn(&Q) -> PlanId,
     {
-        let id = (self.resolver)(key).0 as usize;
-        let cell = self.cells.get(id).unwrap_or(&self.cells[self.default]);
-        Gcra::new(cell.load())
+        let plan = (self.resolver)(key).0 as usize;
+        let plan = if plan < self.cells.len() {
+            plan
+        } else {
+            self.default
+        };
+        if A::POLICY_FREE_STATE {
+            // Every stored policy was accepted by `for_policy` (at construction or
+            // by a change), so this is `Some`.
+            (&self.tables[0], A::for_policy(self.cells[plan].load()).ok())
+        } else {
+            (&self.tables[plan], None)
+        }
     }
 
     /// Decides one unit for `key` under its plan, consuming it if allowed.
@@ -447,7 +644,29 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        self.check_n_at(key, self.keyed.clock().now(), 1)
+        self.check_n_at(key, self.clock().now(), 1)
+    }
+
+    /// Decides `cost` units for `key` now under its plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// assert!(!limiter.check_n(&7, 11).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
+        self.check_n_at(key, self.clock().now(), cost)
     }
 
     /// Decides `cost` units for `key` at `now` under its plan.
@@ -469,8 +688,13 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        let gcra = self.gcra_for(key);
-        self.keyed.check_with(&gcra, key, now, cost)
+        let (table, algorithm) = self.route(key);
+        table.check_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            now,
+            cost,
+        )
     }
 
     /// What a check of `cost` would decide now; writes nothing, inserts nothing.
@@ -492,7 +716,7 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        self.peek_at(key, self.keyed.clock().now(), cost)
+        self.peek_at(key, self.clock().now(), cost)
     }
 
     /// [`peek`](PlanLimiter::peek) at an instant the caller read.
@@ -514,8 +738,13 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        let gcra = self.gcra_for(key);
-        self.keyed.peek_with(&gcra, key, now, cost)
+        let (table, algorithm) = self.route(key);
+        table.peek_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            now,
+            cost,
+        )
     }
 
     /// Decides `cost` units for `key` now under its plan, with a [`Receipt`] for a
@@ -540,7 +769,7 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        self.charge_at(key, self.keyed.clock().now(), cost)
+        self.charge_at(key, self.clock().now(), cost)
     }
 
     /// [`charge`](PlanLimiter::charge) at an instant the caller read.
@@ -563,12 +792,19 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        let gcra = self.gcra_for(key);
-        self.keyed.charge_with(&gcra, key, now, cost)
+        let (table, algorithm) = self.route(key);
+        table.charge_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            now,
+            cost,
+        )
     }
 
     /// Gives back what the charge behind `receipt` still provably holds for `key`
-    /// (see [`KeyedLimiter::refund`]); returns whether anything came back.
+    /// (see [`KeyedLimiter::refund`]); returns whether anything came back. A charge
+    /// taken before the key changed plan (on the windows: in another table) gives
+    /// back nothing.
     ///
     /// # Examples
     ///
@@ -587,14 +823,18 @@ where
         Q: Lookup<K> + ?Sized,
         R: Fn(&Q) -> PlanId,
     {
-        let gcra = self.gcra_for(key);
-        self.keyed.refund_with(&gcra, key, receipt)
+        let (table, algorithm) = self.route(key);
+        table.refund_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            receipt,
+        )
     }
 
-    /// Deletes `key`'s entry, whatever its plan, and returns whether it had one:
-    /// [`KeyedLimiter::remove`] on the table behind the plans (refund receipts taken
-    /// before it give back nothing; a check racing it is judged at or after its clock
-    /// reading).
+    /// Deletes `key`'s entries, whatever its plan, and returns whether it had one:
+    /// [`KeyedLimiter::remove`] on every table behind the plans (refund receipts
+    /// taken before it give back nothing; a check racing it is judged at or after
+    /// its clock reading).
     ///
     /// # Examples
     ///
@@ -614,12 +854,14 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        self.keyed.remove(key)
+        // Every table: a key that changed plan may have left an entry behind.
+        self.tables
+            .iter()
+            .fold(false, |removed, table| table.remove(key) | removed)
     }
 
-    /// Returns `key` to its fresh state under its plan (a whole burst again) and
-    /// returns whether it had an entry: [`KeyedLimiter::reset`], which is
-    /// [`remove`](PlanLimiter::remove).
+    /// Returns `key` to its fresh state under its plan (a whole burst or window
+    /// again) and returns whether it had an entry: [`remove`](PlanLimiter::remove).
     ///
     /// # Examples
     ///
@@ -640,12 +882,156 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        self.keyed.reset(key)
+        self.remove(key)
     }
 
-    /// Changes plan `name`'s policy now; every key keeps its state (GCRA: its TAT),
-    /// the new interval applies from the next decision and `remaining` is clamped to
-    /// the new burst.
+    /// Changes plan `name`'s policy, for every algorithm: each key of the plan
+    /// keeps its state as [`Algorithm::carry_over`] rewrites it (GCRA: its
+    /// schedule; a window of the same period: its count, clamped to the new limit;
+    /// a window of another period starts fresh). GCRA plans can also change through
+    /// a shared reference ([`set_policy`](PlanLimiter::set_policy)).
+    ///
+    /// # Errors
+    ///
+    /// [`PlansError::UnknownPlan`] if no plan has this name; [`PlansError::Policy`]
+    /// if `A` cannot run `policy` (nothing changes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let mut limiter = PlanLimiter::fixed_window(&plans, move |_: &u64| free, KeyedBuilder::default().clock(ManualClock::new()))?;
+    /// assert!(limiter.check_n(&1, 60).is_allowed());
+    /// // The same period (a day): the 60 units stay counted against the new limit.
+    /// limiter.set_policy_mut("free", Policy::per_day(80)?)?;
+    /// assert_eq!(limiter.peek(&1, 0).remaining(), 20);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy_mut(&mut self, name: &str, policy: Policy) -> Result<(), PlansError> {
+        let id = self.plan_named(name)?;
+        let algorithm = A::for_policy(policy).map_err(|error| PlansError::Policy {
+            plan: name.to_owned(),
+            error,
+        })?;
+        if !A::POLICY_FREE_STATE {
+            self.tables[id].set_algorithm(algorithm);
+        }
+        self.cells[id].store(policy);
+        Ok(())
+    }
+
+    /// The index of plan `name`.
+    fn plan_named(&self, name: &str) -> Result<usize, PlansError> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| PlansError::UnknownPlan {
+                name: name.to_owned(),
+            })
+    }
+
+    /// The current policy of plan `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let limiter = PlanLimiter::<u64, _>::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::default())?;
+    /// assert_eq!(limiter.policy("pro").unwrap().burst(), 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self, name: &str) -> Option<Policy> {
+        let id = self.names.iter().position(|n| n == name)?;
+        Some(self.cells[id].load())
+    }
+
+    /// The counters of every table behind the plans, added up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let limiter = PlanLimiter::sliding_window(&plans, move |k: &u64| if *k < 10 { free } else { pro }, KeyedBuilder::default())?;
+    /// let _ = (limiter.check(&1), limiter.check(&20));
+    /// let m = limiter.metrics();
+    /// assert_eq!((m.allowed, m.live_keys), (2, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn metrics(&self) -> KeyedMetrics {
+        self.tables
+            .iter()
+            .map(|t| t.metrics())
+            .fold(KeyedMetrics::default(), |sum, m| KeyedMetrics {
+                allowed: sum.allowed + m.allowed,
+                denied: sum.denied + m.denied,
+                live_keys: sum.live_keys + m.live_keys,
+                reclaimed: sum.reclaimed + m.reclaimed,
+                evicted: sum.evicted + m.evicted,
+                removed: sum.removed + m.removed,
+            })
+    }
+
+    /// The table behind plan `plan` (the one table for GCRA; an unknown id is the
+    /// default plan's).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{FixedWindow, KeyedBuilder};
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter = PlanLimiter::fixed_window(&plans, move |_: &u64| pro, KeyedBuilder::default().capacity(500))?;
+    /// let _ = limiter.check(&1);
+    /// assert_eq!(limiter.table(pro).metrics().live_keys, 1);
+    /// assert_eq!(limiter.table(plans.id("free").unwrap()).metrics().live_keys, 0);
+    /// assert_eq!(limiter.table(pro).capacity(), 500);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn table(&self, plan: PlanId) -> &KeyedLimiter<K, A, C, S> {
+        let plan = plan.0 as usize;
+        if A::POLICY_FREE_STATE {
+            &self.tables[0]
+        } else {
+            self.tables.get(plan).unwrap_or(&self.tables[self.default])
+        }
+    }
+
+    /// The clock every table reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{Clock, KeyedBuilder, ManualClock, Nanos};
+    /// let clock = ManualClock::new();
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter: PlanLimiter<u64, _, _> = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default().clock(clock.clone()))?;
+    /// clock.advance(std::time::Duration::from_secs(5));
+    /// assert_eq!(limiter.clock().now(), Nanos::from_secs(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        self.tables[0].clock()
+    }
+}
+
+impl<K, R, C, S> PlanLimiter<K, R, C, S, Gcra>
+where
+    C: Clock,
+    S: Storage<K, GcraState>,
+{
+    /// Changes plan `name`'s policy now, through a shared reference; every key
+    /// keeps its state (GCRA: its TAT), the new interval applies from the next
+    /// decision and `remaining` is clamped to the new burst.
     ///
     /// # Errors
     ///
@@ -667,35 +1053,14 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_policy(&self, name: &str, policy: Policy) -> Result<(), PlansError> {
-        let id =
-            self.names
-                .iter()
-                .position(|n| n == name)
-                .ok_or_else(|| PlansError::UnknownPlan {
-                    name: name.to_owned(),
-                })?;
+        let id = self.plan_named(name)?;
         let _serial = lock(&self.update);
         self.cells[id].store(policy);
         Ok(())
     }
 
-    /// The current policy of plan `name`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
-    /// use floodgate::KeyedBuilder;
-    /// let limiter = PlanLimiter::<u64, _>::new(&Plans::classic(), |_: &u64| floodgate::keyed::plans::Plans::classic().default_plan().unwrap(), KeyedBuilder::default())?;
-    /// assert_eq!(limiter.policy("pro").unwrap().burst(), 100);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn policy(&self, name: &str) -> Option<Policy> {
-        let id = self.names.iter().position(|n| n == name)?;
-        Some(self.cells[id].load())
-    }
-
-    /// The key table underneath (metrics, capacity).
+    /// The key table underneath (metrics, capacity): GCRA keeps every plan's keys
+    /// in one table.
     ///
     /// # Examples
     ///
@@ -710,19 +1075,20 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn keyed(&self) -> &KeyedLimiter<K, Gcra, C, S> {
-        &self.keyed
+        &self.tables[0]
     }
 }
 
-impl<K, R, C, S> fmt::Debug for PlanLimiter<K, R, C, S>
+impl<K, R, C, S, A> fmt::Debug for PlanLimiter<K, R, C, S, A>
 where
     C: fmt::Debug,
-    S: Storage<K, GcraState> + Default + fmt::Debug,
+    A: PlanAlgorithm + fmt::Debug,
+    S: Storage<K, A::State> + Default + fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanLimiter")
             .field("plans", &self.names)
-            .field("keyed", &self.keyed)
+            .field("tables", &self.tables)
             .finish_non_exhaustive()
     }
 }
