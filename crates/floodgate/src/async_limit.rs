@@ -6,15 +6,17 @@
 //! says whether a backend can fail; the in-process limiters use
 //! [`Infallible`](core::convert::Infallible).
 
+use core::borrow::Borrow;
 use core::convert::Infallible;
 use core::future::{ready, Future};
+use core::hash::Hash;
 
 use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::keyed::composite::Identified;
-use crate::keyed::{KeyedLimiter, Lookup, Storage};
+use crate::keyed::{KeyedLimiter, KeyedSlidingLog, Lookup, Storage};
 use crate::limiter::RateLimiter;
 
 /// A limit on keys of type `K` that answers through a future.
@@ -24,7 +26,7 @@ use crate::limiter::RateLimiter;
 /// [`Decision`] contract: cost 0 reports the state and is always allowed, a cost above
 /// the capacity is denied with `retry_after() == None`.
 ///
-/// Implemented by [`KeyedLimiter`] (per key), by [`RateLimiter`] (one limit for
+/// Implemented by [`KeyedLimiter`] and [`KeyedSlidingLog`] (per key), by [`RateLimiter`] (one limit for
 /// every key: a global limit ignores the key), and by [`Identified`] (a limit whose
 /// decisions carry a [`PolicyId`](crate::PolicyId)).
 ///
@@ -89,6 +91,31 @@ where
         cost: u32,
     ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
         ready(Ok(KeyedLimiter::peek(self, key, cost)))
+    }
+}
+
+impl<K, Q, C> AsyncLimit<Q> for KeyedSlidingLog<K, C>
+where
+    K: Hash + Eq + Clone + Borrow<Q> + Send + Sync,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    C: Clock,
+{
+    type Error = Infallible;
+
+    fn check_n(
+        &self,
+        key: &Q,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(KeyedSlidingLog::check_n(self, key, cost)))
+    }
+
+    fn peek_n(
+        &self,
+        key: &Q,
+        cost: u32,
+    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(KeyedSlidingLog::peek(self, key, cost)))
     }
 }
 

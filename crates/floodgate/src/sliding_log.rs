@@ -87,13 +87,179 @@ struct Entry {
     units: u64,
 }
 
-/// The ring, oldest first, the units it holds, and the policy it is judged by.
-#[derive(Debug)]
-struct Log {
-    entries: VecDeque<Entry>,
-    units: u64,
+/// The limit and period a log is judged by.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
     limit: u64,
     period: u64,
+}
+
+impl Bounds {
+    pub(crate) fn of(policy: Policy) -> Bounds {
+        Bounds {
+            limit: policy.limit(),
+            period: policy.period_nanos(),
+        }
+    }
+}
+
+/// One log: its ring of entries, oldest first, and the units they hold. The
+/// transitions of the [module docs](self), shared by [`SlidingLog`] and the keyed
+/// log ([`KeyedSlidingLog`](crate::keyed::log::KeyedSlidingLog)).
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
+    entries: VecDeque<Entry>,
+    units: u64,
+}
+
+impl Ring {
+    /// The instant a reading `now` is judged at: never before the newest entry.
+    #[inline]
+    fn judged_at(&self, now: u64) -> u64 {
+        self.entries.back().map_or(now, |e| e.at.max(now))
+    }
+
+    /// `(units still counting at t, index of the oldest entry still counting)`.
+    #[inline]
+    fn live(&self, bounds: Bounds, t: u64) -> (u64, usize) {
+        let mut expired = 0;
+        let mut first = 0;
+        // t ≥ every entry's instant, so t − at does not underflow.
+        for e in &self.entries {
+            if t - e.at < bounds.period {
+                break;
+            }
+            expired += e.units;
+            first += 1;
+        }
+        (self.units - expired, first)
+    }
+
+    /// Units still counting at `now` (judged no earlier than the newest entry).
+    pub(crate) fn live_units(&self, bounds: Bounds, now: u64) -> u64 {
+        self.live(bounds, self.judged_at(now)).0
+    }
+
+    /// Whether no logged unit counts at `now`, so that dropping the log loses nothing.
+    pub(crate) fn is_idle(&self, bounds: Bounds, now: u64) -> bool {
+        self.live_units(bounds, now) == 0
+    }
+
+    /// Entries held now.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Forgets every unit.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.units = 0;
+    }
+
+    /// The decision, and the instant to log the units at if admitted.
+    pub(crate) fn judge(&self, bounds: Bounds, now: u64, cost: u32) -> (Decision, Option<u64>) {
+        let t = self.judged_at(now);
+        let (units, first) = self.live(bounds, t);
+        // Until the newest live entry leaves: at + P − now.
+        let leaves =
+            |at: u64| saturate(u128::from(at) + u128::from(bounds.period) - u128::from(now));
+        let reset = if units == 0 {
+            0
+        } else {
+            self.entries.back().map_or(0, |e| leaves(e.at))
+        };
+        let n = u64::from(cost);
+        // Denied: the oldest `units + n − L` units must leave; retry when the last of
+        // them does.
+        let retry = || {
+            let mut must_leave = units + n - bounds.limit;
+            for e in self.entries.iter().skip(first) {
+                if e.units >= must_leave {
+                    return leaves(e.at);
+                }
+                must_leave -= e.units;
+            }
+            reset
+        };
+        let (decision, admit) = counted(bounds.limit, units, n, reset, || leaves(t), retry);
+        (decision, admit.then_some(t))
+    }
+
+    /// Decides `cost` units at `now` and logs them if admitted: the decision and
+    /// what was charged (the instant the units were logged at).
+    pub(crate) fn charge(
+        &mut self,
+        bounds: Bounds,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<Charged<u64>>) {
+        let (decision, admit_at) = self.judge(bounds, now.as_u64(), cost);
+        let charge = match admit_at {
+            Some(at) if cost > 0 => {
+                self.admit(bounds, at, u64::from(cost));
+                Some(Charged {
+                    before: 0u64,
+                    after: at,
+                    at: now,
+                    cost,
+                })
+            }
+            _ => None,
+        };
+        (decision, charge)
+    }
+
+    /// Drops what expired at `at`, then logs `n` units there.
+    fn admit(&mut self, bounds: Bounds, at: u64, n: u64) {
+        while let Some(oldest) = self.entries.front() {
+            if at - oldest.at < bounds.period {
+                break;
+            }
+            self.units -= oldest.units;
+            self.entries.pop_front();
+        }
+        self.units += n;
+        match self.entries.back_mut() {
+            Some(newest) if newest.at == at => newest.units += n,
+            _ => self.entries.push_back(Entry { at, units: n }),
+        }
+    }
+
+    /// Gives back `charge`'s units if they still count at `now` (judged no earlier
+    /// than the newest entry): the entry at the instant they were logged at has not
+    /// expired. Units logged at one instant are interchangeable, so removing the
+    /// charge's own count from that entry leaves exactly the log the other requests
+    /// would have produced. Returns whether anything came back.
+    pub(crate) fn give_back(&mut self, bounds: Bounds, now: u64, charge: &Charged<u64>) -> bool {
+        let t = self.judged_at(now);
+        let at = charge.after;
+        let units = u64::from(charge.cost);
+        if t.saturating_sub(at) >= bounds.period {
+            return false;
+        }
+        let Ok(i) = self.entries.binary_search_by_key(&at, |e| e.at) else {
+            return false;
+        };
+        let Some(entry) = self.entries.get_mut(i) else {
+            return false;
+        };
+        if entry.units < units {
+            return false;
+        }
+        entry.units -= units;
+        if entry.units == 0 {
+            let _ = self.entries.remove(i);
+        }
+        self.units -= units;
+        true
+    }
+}
+
+/// A log, the policy it is judged by, and its resets so far.
+#[derive(Debug)]
+struct Log {
+    ring: Ring,
+    bounds: Bounds,
     policy: Policy,
     /// Resets so far: a receipt from an earlier generation refunds nothing.
     generation: u64,
@@ -130,10 +296,8 @@ impl<C: Clock> SlidingLog<C> {
         SlidingLog {
             clock,
             log: CachePadded::new(Mutex::new(Log {
-                entries: VecDeque::new(),
-                units: 0,
-                limit: policy.limit(),
-                period: policy.period_nanos(),
+                ring: Ring::default(),
+                bounds: Bounds::of(policy),
                 policy,
                 generation: 0,
             })),
@@ -238,26 +402,11 @@ impl<C: Clock> SlidingLog<C> {
     /// ```
     pub fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
         let mut log = lock(&self.log);
-        let (decision, admit_at) = Self::judge(&log, now.as_u64(), cost);
-        let charge = match admit_at {
-            Some(at) if cost > 0 => {
-                Self::admit(&mut log, at, u64::from(cost));
-                // The receipt records the instant the units were logged at.
-                Some((
-                    Charged {
-                        before: 0u64,
-                        after: at,
-                        at: now,
-                        cost,
-                    },
-                    0,
-                ))
-            }
-            _ => None,
-        };
+        let bounds = log.bounds;
+        let (decision, charge) = log.ring.charge(bounds, now, cost);
         (
             decision,
-            Receipt::new(self.owner, 0, log.generation, charge),
+            Receipt::new(self.owner, 0, log.generation, charge.map(|c| (c, 0))),
         )
     }
 
@@ -290,28 +439,10 @@ impl<C: Clock> SlidingLog<C> {
         if log.generation != receipt.generation() {
             return false;
         }
+        let bounds = log.bounds;
         // Read after the lock: no earlier than any admission the log holds.
-        let t = Self::judged_at(&log, self.clock.now().as_u64());
-        let at = charge.after;
-        let units = u64::from(charge.cost);
-        if t.saturating_sub(at) >= log.period {
-            return false;
-        }
-        let Ok(i) = log.entries.binary_search_by_key(&at, |e| e.at) else {
-            return false;
-        };
-        let Some(entry) = log.entries.get_mut(i) else {
-            return false;
-        };
-        if entry.units < units {
-            return false;
-        }
-        entry.units -= units;
-        if entry.units == 0 {
-            let _ = log.entries.remove(i);
-        }
-        log.units -= units;
-        true
+        log.ring
+            .give_back(bounds, self.clock.now().as_u64(), &charge)
     }
 
     /// Forgets every logged unit, as if no request had been seen. Outstanding
@@ -331,8 +462,7 @@ impl<C: Clock> SlidingLog<C> {
     /// ```
     pub fn reset(&self) {
         let mut log = lock(&self.log);
-        log.entries.clear();
-        log.units = 0;
+        log.ring.clear();
         log.generation = log.generation.wrapping_add(1);
     }
 
@@ -354,8 +484,7 @@ impl<C: Clock> SlidingLog<C> {
     /// ```
     pub fn set_policy(&self, policy: Policy) {
         let mut log = lock(&self.log);
-        log.limit = policy.limit();
-        log.period = policy.period_nanos();
+        log.bounds = Bounds::of(policy);
         log.policy = policy;
     }
 
@@ -370,7 +499,8 @@ impl<C: Clock> SlidingLog<C> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
-        Self::judge(&lock(&self.log), now.as_u64(), cost).0
+        let log = lock(&self.log);
+        log.ring.judge(log.bounds, now.as_u64(), cost).0
     }
 
     /// Whether no logged unit counts at `now`, so that dropping the log loses nothing.
@@ -387,8 +517,7 @@ impl<C: Clock> SlidingLog<C> {
     /// ```
     pub fn is_idle(&self, now: Nanos) -> bool {
         let log = lock(&self.log);
-        let t = Self::judged_at(&log, now.as_u64());
-        Self::live(&log, t).0 == 0
+        log.ring.is_idle(log.bounds, now.as_u64())
     }
 
     /// Entries the ring holds now (at most `L` after any admission): for tests and
@@ -404,7 +533,7 @@ impl<C: Clock> SlidingLog<C> {
     /// # Ok::<(), floodgate::PolicyError>(())
     /// ```
     pub fn entries(&self) -> usize {
-        lock(&self.log).entries.len()
+        lock(&self.log).ring.len()
     }
 
     /// The policy this log enforces.
@@ -434,72 +563,6 @@ impl<C: Clock> SlidingLog<C> {
     pub fn clock(&self) -> &C {
         &self.clock
     }
-
-    /// The instant a reading `now` is judged at: never before the newest entry.
-    #[inline]
-    fn judged_at(log: &Log, now: u64) -> u64 {
-        log.entries.back().map_or(now, |e| e.at.max(now))
-    }
-
-    /// `(units still counting at t, index of the oldest entry still counting)`.
-    #[inline]
-    fn live(log: &Log, t: u64) -> (u64, usize) {
-        let mut expired = 0;
-        let mut first = 0;
-        // t ≥ every entry's instant, so t − at does not underflow.
-        for e in &log.entries {
-            if t - e.at < log.period {
-                break;
-            }
-            expired += e.units;
-            first += 1;
-        }
-        (log.units - expired, first)
-    }
-
-    /// The decision, and the instant to log the units at if admitted.
-    fn judge(log: &Log, now: u64, cost: u32) -> (Decision, Option<u64>) {
-        let t = Self::judged_at(log, now);
-        let (units, first) = Self::live(log, t);
-        // Until the newest live entry leaves: at + P − now.
-        let leaves = |at: u64| saturate(u128::from(at) + u128::from(log.period) - u128::from(now));
-        let reset = if units == 0 {
-            0
-        } else {
-            log.entries.back().map_or(0, |e| leaves(e.at))
-        };
-        let n = u64::from(cost);
-        // Denied: the oldest `units + n − L` units must leave; retry when the last of
-        // them does.
-        let retry = || {
-            let mut must_leave = units + n - log.limit;
-            for e in log.entries.iter().skip(first) {
-                if e.units >= must_leave {
-                    return leaves(e.at);
-                }
-                must_leave -= e.units;
-            }
-            reset
-        };
-        let (decision, admit) = counted(log.limit, units, n, reset, || leaves(t), retry);
-        (decision, admit.then_some(t))
-    }
-
-    /// Drops what expired at `at`, then logs `n` units there.
-    fn admit(log: &mut Log, at: u64, n: u64) {
-        while let Some(oldest) = log.entries.front() {
-            if at - oldest.at < log.period {
-                break;
-            }
-            log.units -= oldest.units;
-            log.entries.pop_front();
-        }
-        log.units += n;
-        match log.entries.back_mut() {
-            Some(newest) if newest.at == at => newest.units += n,
-            _ => log.entries.push_back(Entry { at, units: n }),
-        }
-    }
 }
 
 impl<C: core::fmt::Debug> core::fmt::Debug for SlidingLog<C> {
@@ -508,8 +571,8 @@ impl<C: core::fmt::Debug> core::fmt::Debug for SlidingLog<C> {
         f.debug_struct("SlidingLog")
             .field("policy", &log.policy)
             .field("clock", &self.clock)
-            .field("entries", &log.entries.len())
-            .field("units", &log.units)
+            .field("entries", &log.ring.entries.len())
+            .field("units", &log.ring.units)
             .finish()
     }
 }

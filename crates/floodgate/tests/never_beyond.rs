@@ -490,6 +490,12 @@ mod counterfactual {
             let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
             let log = SlidingLog::with_clock(policy, clock.clone());
             check_on(&log, &clock, &model, limit as u32 + 1, &ops)?;
+            let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+            let keyed = KeyedBuilder::default()
+                .clock(clock.clone())
+                .sliding_log::<u64>(policy)
+                .unwrap();
+            check_on(&keyed.limit(&7), &clock, &model, limit as u32 + 1, &ops)?;
         }
 
         #[test]

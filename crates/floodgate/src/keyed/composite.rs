@@ -67,7 +67,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use core::borrow::Borrow;
+use core::hash::Hash;
+
 use super::key::Lookup;
+use super::log::KeyedSlidingLog;
 use super::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use super::storage::{Heap, Storage};
 use super::KeyedLimiter;
@@ -636,5 +640,72 @@ where
 
     fn refund(&self, receipt: Receipt) -> bool {
         self.limiter.refund(self.key, receipt)
+    }
+}
+
+/// A [`KeyedSlidingLog`] and one key, as a [`Limit`].
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{check_all, KeyedBuilder, ManualClock, Policy, RateLimiter};
+/// let clock = ManualClock::new();
+/// let global = RateLimiter::gcra_with_clock(Policy::per_second(100)?, clock.clone());
+/// let per_user = KeyedBuilder::default().clock(clock).sliding_log::<String>(Policy::per_second(2)?)?;
+/// assert!(check_all(&[&global, &per_user.limit("alice")], 2).is_allowed());
+/// // alice's log is full: the global limit is not charged either.
+/// assert!(!check_all(&[&global, &per_user.limit("alice")], 1).is_allowed());
+/// assert_eq!(global.peek(0).remaining(), 98);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLogLimit<'a, K, Q: ?Sized, C> {
+    log: &'a KeyedSlidingLog<K, C>,
+    key: &'a Q,
+}
+
+impl<K, C> KeyedSlidingLog<K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// This log for one key, as a composite [`Limit`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Limit, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(3)?)?;
+    /// assert_eq!(log.limit(&7).check_n(2).remaining(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit<'a, Q>(&'a self, key: &'a Q) -> KeyedLogLimit<'a, K, Q, C>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        KeyedLogLimit { log: self, key }
+    }
+}
+
+impl<K, Q, C> Limit for KeyedLogLimit<'_, K, Q, C>
+where
+    K: Hash + Eq + Clone + Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    C: Clock,
+{
+    fn now(&self) -> Nanos {
+        self.log.clock().now()
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        self.log.charge_at(self.key, now, cost)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.log.peek_at(self.key, now, cost)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        self.log.refund(self.key, receipt)
     }
 }

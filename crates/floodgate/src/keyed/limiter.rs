@@ -7,6 +7,7 @@ use core::marker::PhantomData;
 use crossbeam_utils::CachePadded;
 
 use super::key::Lookup;
+use super::log::{worst_case_bytes, KeyedSlidingLog};
 use super::storage::{
     shard_size, Fingerprint, Heap, Inline, KeyTable, KeyedCharge, Storage, TableCounts,
 };
@@ -303,6 +304,58 @@ impl<C> ClockChoice<C> {
 impl Default for KeyedBuilder<()> {
     fn default() -> Self {
         KeyedBuilder::new(())
+    }
+}
+
+impl<C> KeyedBuilder<(), C> {
+    /// Builds the exact sliding log per key ([`KeyedSlidingLog`]) for `policy`
+    /// (`limit` per `period`; `burst` is not used) with this builder's capacity,
+    /// shards and clock.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError`] for a zero or too large capacity, zero shards, or a worst case
+    /// (every key holding a full log) over the
+    /// [`memory_budget`](KeyedBuilder::memory_budget).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, KeyedError, Policy};
+    /// let log = KeyedBuilder::default().capacity(1_000).sliding_log::<u64>(Policy::per_second(10)?)?;
+    /// assert!(log.check_n(&1, 10).is_allowed());
+    /// // A million keys of a million-unit log: terabytes in the worst case.
+    /// let err = KeyedBuilder::default()
+    ///     .capacity(1_000_000)
+    ///     .sliding_log::<u64>(Policy::per_minute(1_000_000)?)
+    ///     .unwrap_err();
+    /// assert!(matches!(err, KeyedError::OverMemoryBudget { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sliding_log<K>(self, policy: Policy) -> Result<KeyedSlidingLog<K, C>, KeyedError>
+    where
+        K: core::hash::Hash + Eq + Clone,
+        C: Clock,
+    {
+        let wanted = self.validate_shape()?;
+        let (capacity, shards) = self.layout(wanted);
+        let (share, _) = shard_size(capacity, shards);
+        let bytes = worst_case_bytes::<K>(share * shards, policy).unwrap_or(usize::MAX);
+        if bytes > self.memory_budget {
+            return Err(KeyedError::OverMemoryBudget {
+                capacity: self.capacity,
+                slot_bytes: bytes,
+                budget: self.memory_budget,
+            });
+        }
+        Ok(KeyedSlidingLog::assemble(
+            self.clock.make(),
+            policy,
+            capacity,
+            shards,
+            share,
+            self.memory_budget,
+        ))
     }
 }
 

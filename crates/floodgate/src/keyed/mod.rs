@@ -22,6 +22,9 @@
 //! * [`plans`]: per-key quotas (`free`, `pro`, `enterprise`) on GCRA or either window,
 //!   loadable from TOML, with a resolver from key to plan and runtime quota changes
 //!   that keep every key's state;
+//! * [`log`]: the exact sliding log per key ([`KeyedSlidingLog`]): a log is many
+//!   words, so its keys sit in sharded maps under one mutex per shard, with the same
+//!   capacity, reclamation and eviction rules;
 //! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
 //!   if any denies, none is charged;
 //! * brute-force protection, below.
@@ -170,6 +173,7 @@ pub mod composite;
 mod config;
 mod key;
 mod limiter;
+pub mod log;
 pub mod plans;
 mod storage;
 
@@ -178,4 +182,5 @@ pub use limiter::{
     KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,
     MAX_CAPACITY,
 };
+pub use log::KeyedSlidingLog;
 pub use storage::{Fingerprint, Heap, Inline, Storage};

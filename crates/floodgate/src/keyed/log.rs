@@ -1,0 +1,599 @@
+//! [`KeyedSlidingLog`]: the exact sliding log for many keys, with bounded memory.
+//!
+//! Each key has the log of [`SlidingLog`](crate::SlidingLog) (same semantics, same
+//! transitions: an admitted unit at `t` counts while `now < t + P`). A log is many
+//! words, so it cannot live in the lock-free table's state word: the keys sit in
+//! sharded `HashMap`s, one mutex per shard (cache-padded), each decision one short
+//! critical section on its key's shard.
+//!
+//! # Memory stays bounded
+//!
+//! A table holds its `capacity` of keys (spread over shards with the same headroom
+//! for uneven hashing as the lock-free table) without removing any. Beyond that, a
+//! shard first drops the logs of idle keys (no unit counts: lossless), at most once
+//! per an eighth of its share of inserts, and when every key is live it evicts the
+//! key of a sample of 8 whose loss forgives least (fewest units counting). Each log
+//! holds at most `L` entries after an admission, so the table's memory is bounded by
+//! `capacity × (key + ring of at most 2·L entries of 16 bytes)`; the builder checks
+//! that bound against its [`memory_budget`](crate::KeyedBuilder::memory_budget).
+//!
+//! # Removals and earlier readings
+//!
+//! As in the lock-free table: every removal (reclaimed, evicted, [`remove`]) bumps its
+//! shard's generation, so a receipt taken before it refunds nothing, and records the
+//! instant it was judged at; every later decision in the shard is judged no earlier
+//! than that instant, so a reading taken before a reclamation cannot see a fresh log
+//! where the removed one still had units counting.
+//!
+//! [`remove`]: KeyedSlidingLog::remove
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::Hash;
+use std::collections::HashMap;
+
+use crossbeam_utils::CachePadded;
+
+use super::limiter::KeyedMetrics;
+use crate::clock::{Clock, Nanos};
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
+use crate::sliding_log::{Bounds, Ring};
+use crate::sync::{lock, Mutex};
+
+/// Keys an eviction compares.
+const EVICTION_SAMPLE: usize = 8;
+
+/// One shard: its keys' logs and its counters, under one mutex.
+struct LogShard<K> {
+    logs: HashMap<K, Ring, ahash::RandomState>,
+    bounds: Bounds,
+    policy: Policy,
+    /// Removals so far: a receipt from an earlier generation refunds nothing.
+    generation: u64,
+    /// The latest instant a log was removed at: decisions are judged no earlier.
+    removed_at: u64,
+    /// Full-shard inserts left before the next sweep for idle logs.
+    sweep_credit: usize,
+    counts: KeyedMetrics,
+}
+
+/// The exact sliding log per key: see the [module docs](self). Build it with
+/// [`KeyedBuilder::sliding_log`](crate::KeyedBuilder::sliding_log).
+///
+/// Keys are looked up by any borrowed form (`&str` for `String` keys); a key
+/// already present never allocates. Keys are `Clone` (an eviction copies its
+/// victim's key to remove it).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{KeyedBuilder, ManualClock, Policy};
+/// use std::time::Duration;
+/// let clock = ManualClock::new();
+/// let logins = KeyedBuilder::default()
+///     .capacity(10_000)
+///     .clock(clock.clone())
+///     .sliding_log::<String>(Policy::per_minute(2)?)?;
+/// assert!(logins.check("alice").is_allowed()); // at 0 s
+/// clock.advance(Duration::from_secs(30));
+/// assert!(logins.check("alice").is_allowed()); // at 30 s
+/// let denied = logins.check("alice");
+/// assert_eq!(denied.retry_after(), Some(Duration::from_secs(30))); // the 0 s unit leaves at 60 s
+/// assert!(logins.check("bob").is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedSlidingLog<K, C> {
+    clock: C,
+    shards: Box<[CachePadded<Mutex<LogShard<K>>>]>,
+    hasher: ahash::RandomState,
+    shard_bits: u32,
+    /// Keys a shard holds before it removes any.
+    share: usize,
+    capacity: usize,
+    memory_budget: usize,
+    /// The id its receipts carry.
+    owner: Owner,
+}
+
+/// The most bytes `keys` logs of keys of type `K` can hold under `policy`: each
+/// key, its ring, a map slot's overhead, and at most `2·L` entries (a ring holds at
+/// most `L` after an admission; its buffer at most doubles that).
+pub(crate) fn worst_case_bytes<K>(keys: usize, policy: Policy) -> Option<usize> {
+    let entries = usize::try_from(policy.limit()).ok()?.checked_mul(2)?.max(4);
+    let per_key = entries
+        .checked_mul(16)?
+        .checked_add(core::mem::size_of::<K>() + core::mem::size_of::<Ring>() + 16)?;
+    keys.checked_mul(per_key)
+}
+
+impl<K, C> KeyedSlidingLog<K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// A table of `shards` shards (a power of two) holding `share` keys each.
+    pub(crate) fn assemble(
+        clock: C,
+        policy: Policy,
+        capacity: usize,
+        shards: usize,
+        share: usize,
+        memory_budget: usize,
+    ) -> Self {
+        let shards_list = (0..shards)
+            .map(|_| {
+                CachePadded::new(Mutex::new(LogShard {
+                    logs: HashMap::with_hasher(ahash::RandomState::new()),
+                    bounds: Bounds::of(policy),
+                    policy,
+                    generation: 0,
+                    removed_at: 0,
+                    sweep_credit: 0,
+                    counts: KeyedMetrics::default(),
+                }))
+            })
+            .collect();
+        KeyedSlidingLog {
+            clock,
+            shards: shards_list,
+            hasher: ahash::RandomState::new(),
+            shard_bits: shards.trailing_zeros(),
+            share,
+            capacity,
+            memory_budget,
+            owner: Owner::new(),
+        }
+    }
+
+    /// The hash of `key` and its shard.
+    #[inline]
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &Mutex<LogShard<K>>) {
+        let hash = self.hasher.hash_one(key);
+        let shard = super::storage::shard_index(hash, self.shard_bits);
+        (hash, &self.shards[shard])
+    }
+
+    /// Decides one unit for `key` now, logging it if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// assert!(log.check(&1).is_allowed());
+    /// assert!(!log.check(&1).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_n(key, 1)
+    }
+
+    /// Decides `cost` units for `key` now, logging them if allowed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(5)?)?;
+    /// assert_eq!(log.check_n(&1, 4).remaining(), 1);
+    /// assert_eq!(log.check_n(&1, 6).retry_after(), None); // more than the limit: never
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.charge_at(key, self.clock.now(), cost).0
+    }
+
+    /// [`check_n`](KeyedSlidingLog::check_n) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Nanos, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// assert!(log.check_n_at(&1, Nanos::from_secs(5), 1).is_allowed());
+    /// assert!(log.check_n_at(&1, Nanos::from_secs(6), 1).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.charge_at(key, now, cost).0
+    }
+
+    /// Decides `cost` units for `key` now, with a [`Receipt`] for a later
+    /// [`refund`](KeyedSlidingLog::refund).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<String>(Policy::per_minute(5)?)?;
+    /// let (decision, receipt) = log.charge("alice", 5);
+    /// assert_eq!(decision.remaining(), 0);
+    /// assert!(log.refund("alice", receipt));
+    /// assert_eq!(log.peek("alice", 0).remaining(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge<Q>(&self, key: &Q, cost: u32) -> (Decision, Receipt)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.charge_at(key, self.clock.now(), cost)
+    }
+
+    /// [`charge`](KeyedSlidingLog::charge) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Nanos, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// let (decision, receipt) = log.charge_at(&1, Nanos::from_secs(3), 1);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (Decision, Receipt)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let (hash, shard) = self.locate(key);
+        let mut shard = lock(shard);
+        let now = Nanos::new(now.as_u64().max(shard.removed_at));
+        let bounds = shard.bounds;
+        let (decision, charge) = match shard.logs.get_mut(key) {
+            Some(ring) => ring.charge(bounds, now, cost),
+            None => {
+                // A fresh log: insert it only if the request logs anything.
+                let (decision, _) = Ring::default().judge(bounds, now.as_u64(), cost);
+                if decision.is_allowed() && cost > 0 {
+                    self.make_room(&mut shard, now.as_u64());
+                    let mut ring = Ring::default();
+                    let charged = ring.charge(bounds, now, cost);
+                    shard.logs.insert(key.to_owned(), ring);
+                    charged
+                } else {
+                    (decision, None)
+                }
+            }
+        };
+        if decision.is_allowed() {
+            shard.counts.allowed += 1;
+        } else {
+            shard.counts.denied += 1;
+        }
+        let receipt = Receipt::new(self.owner, hash, shard.generation, charge.map(|c| (c, 0)));
+        (decision, receipt)
+    }
+
+    /// Makes room for one more key in a shard at its share: drops idle logs
+    /// (lossless) when the sweep credit allows, then evicts the sampled key whose
+    /// loss forgives least if the shard is still full.
+    fn make_room(&self, shard: &mut LogShard<K>, now: u64) {
+        if shard.logs.len() < self.share {
+            return;
+        }
+        let bounds = shard.bounds;
+        if shard.sweep_credit == 0 {
+            let before = shard.logs.len();
+            shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
+            let dropped = before - shard.logs.len();
+            if dropped > 0 {
+                shard.counts.reclaimed += dropped as u64;
+                Self::record_removal(shard, now);
+            }
+            shard.sweep_credit = (self.share / 8).max(1);
+        } else {
+            shard.sweep_credit -= 1;
+        }
+        if shard.logs.len() < self.share {
+            return;
+        }
+        let victim = shard
+            .logs
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, ring)| (ring.live_units(bounds, now), ring.len()))
+            .map(|(key, ring)| (key.clone(), ring.is_idle(bounds, now)));
+        if let Some((victim, idle)) = victim {
+            shard.logs.remove(&victim);
+            if idle {
+                shard.counts.reclaimed += 1;
+            } else {
+                shard.counts.evicted += 1;
+            }
+            Self::record_removal(shard, now);
+        }
+    }
+
+    /// A removal at `now`: receipts from before it refund nothing, and later
+    /// decisions are judged no earlier than `now`.
+    fn record_removal(shard: &mut LogShard<K>, now: u64) {
+        shard.generation = shard.generation.wrapping_add(1);
+        shard.removed_at = shard.removed_at.max(now);
+    }
+
+    /// What [`check_n`](KeyedSlidingLog::check_n) would decide now; writes nothing,
+    /// inserts nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(2)?)?;
+    /// assert_eq!(log.peek(&1, 1), log.check(&1));
+    /// assert_eq!(log.metrics().live_keys, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek<Q>(&self, key: &Q, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.peek_at(key, self.clock.now(), cost)
+    }
+
+    /// [`peek`](KeyedSlidingLog::peek) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Nanos, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(2)?)?;
+    /// assert!(log.peek_at(&1, Nanos::from_secs(1), 2).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (_, shard) = self.locate(key);
+        let shard = lock(shard);
+        let now = now.as_u64().max(shard.removed_at);
+        match shard.logs.get(key) {
+            Some(ring) => ring.judge(shard.bounds, now, cost).0,
+            None => Ring::default().judge(shard.bounds, now, cost).0,
+        }
+    }
+
+    /// Gives back the units the charge behind `receipt` logged for `key`, if they
+    /// still count (see [`SlidingLog::refund`](crate::SlidingLog::refund)); returns
+    /// whether anything came back. A receipt of another limiter or key, of a charge
+    /// that took nothing, or taken before any removal in the key's shard, gives back
+    /// nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// let (_, receipt) = log.charge(&1, 1);
+    /// assert!(!log.refund(&2, receipt)); // not key 2's charge
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund<Q>(&self, key: &Q, receipt: Receipt) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (hash, shard) = self.locate(key);
+        let Some(charge) = receipt.charge_for::<u64>(self.owner, hash) else {
+            return false;
+        };
+        let mut shard = lock(shard);
+        if shard.generation != receipt.generation() {
+            return false;
+        }
+        let bounds = shard.bounds;
+        // Read after the lock: no earlier than any admission the log holds.
+        let now = self.clock.now().as_u64().max(shard.removed_at);
+        shard
+            .logs
+            .get_mut(key)
+            .is_some_and(|ring| ring.give_back(bounds, now, &charge))
+    }
+
+    /// Deletes `key`'s log and returns whether it had one (to unblock a client, or
+    /// to clear a login counter). Receipts taken before it refund nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// assert!(log.check(&1).is_allowed());
+    /// assert!(!log.check(&1).is_allowed());
+    /// assert!(log.remove(&1));
+    /// assert!(log.check(&1).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (_, shard) = self.locate(key);
+        let mut shard = lock(shard);
+        // Read under the lock: later decisions in the shard are judged no earlier.
+        let now = self.clock.now().as_u64();
+        if shard.logs.remove(key).is_none() {
+            return false;
+        }
+        shard.counts.removed += 1;
+        Self::record_removal(&mut shard, now);
+        true
+    }
+
+    /// [`remove`](KeyedSlidingLog::remove): the key's next request starts a fresh log.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// assert!(!log.reset(&1)); // nothing to reset
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.remove(key)
+    }
+
+    /// Replaces the policy for every key, through a shared reference. Each log keeps
+    /// its timestamps — exact under any period (see
+    /// [`SlidingLog::set_policy`](crate::SlidingLog::set_policy)); each shard
+    /// switches under its own lock, so every decision runs on one whole policy.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyedError::OverMemoryBudget`](crate::KeyedError::OverMemoryBudget) when
+    /// the table's worst case under `policy` exceeds its memory budget; nothing
+    /// changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_minute(10)?)?;
+    /// assert!(log.check_n(&1, 4).is_allowed());
+    /// log.set_policy(Policy::per_minute(5)?)?;
+    /// assert_eq!(log.peek(&1, 0).remaining(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_policy(&self, policy: Policy) -> Result<(), super::KeyedError> {
+        let keys = self.share * self.shards.len();
+        let bytes = worst_case_bytes::<K>(keys, policy).unwrap_or(usize::MAX);
+        if bytes > self.memory_budget {
+            return Err(super::KeyedError::OverMemoryBudget {
+                capacity: self.capacity,
+                slot_bytes: bytes,
+                budget: self.memory_budget,
+            });
+        }
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            shard.bounds = Bounds::of(policy);
+            shard.policy = policy;
+        }
+        Ok(())
+    }
+
+    /// The policy every key is judged by.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Policy};
+    /// let log = KeyedBuilder::default().sliding_log::<u64>(Policy::per_second(3)?)?;
+    /// assert_eq!(log.policy().limit(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self) -> Policy {
+        lock(&self.shards[0]).policy
+    }
+
+    /// Counters summed over the shards: decisions, live keys, and keys removed
+    /// (reclaimed idle, evicted live, or removed by [`remove`](KeyedSlidingLog::remove)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(1)?)?;
+    /// let _ = (log.check(&1), log.check(&1), log.check(&2));
+    /// let m = log.metrics();
+    /// assert_eq!((m.allowed, m.denied, m.live_keys), (2, 1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn metrics(&self) -> KeyedMetrics {
+        self.shards
+            .iter()
+            .fold(KeyedMetrics::default(), |sum, shard| {
+                let shard = lock(shard);
+                let c = shard.counts;
+                KeyedMetrics {
+                    allowed: sum.allowed + c.allowed,
+                    denied: sum.denied + c.denied,
+                    live_keys: sum.live_keys + shard.logs.len() as u64,
+                    reclaimed: sum.reclaimed + c.reclaimed,
+                    evicted: sum.evicted + c.evicted,
+                    removed: sum.removed + c.removed,
+                }
+            })
+    }
+
+    /// Entries (instants with units) logged over every key: for memory metrics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, ManualClock, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(9)?)?;
+    /// let _ = (log.check_n(&1, 3), log.check(&2));
+    /// assert_eq!(log.entries(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn entries(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).logs.values().map(Ring::len).sum::<usize>())
+            .sum()
+    }
+
+    /// The keys held without removing any (the builder's capacity).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Policy};
+    /// let log = KeyedBuilder::default().capacity(5_000).sliding_log::<u64>(Policy::per_second(3)?)?;
+    /// assert_eq!(log.capacity(), 5_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Clock, KeyedBuilder, ManualClock, Nanos, Policy};
+    /// let log = KeyedBuilder::default().clock(ManualClock::new()).sliding_log::<u64>(Policy::per_second(3)?)?;
+    /// assert_eq!(log.clock().now(), Nanos::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<K, C: fmt::Debug> fmt::Debug for KeyedSlidingLog<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSlidingLog")
+            .field("capacity", &self.capacity)
+            .field("shards", &self.shards.len())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
