@@ -304,3 +304,22 @@ fn the_keyed_log_composes_all_or_nothing() {
     assert_eq!(per_user.peek("alice", 0).remaining(), 1);
     assert_eq!(clock.now(), Nanos::ZERO);
 }
+
+#[test]
+fn waiting_on_one_key_sleeps_until_its_oldest_unit_leaves() {
+    use floodgate::{Jitter, Wait};
+    let clock = ManualClock::new();
+    let keyed = log_of(Policy::per_second(2).unwrap(), &clock, 100, 1);
+    assert!(keyed.check_n(&1, 2).is_allowed());
+    clock.advance(Duration::from_millis(300));
+    let slept = keyed
+        .limit(&1)
+        .wait_with(1, Jitter::NONE, |d| {
+            clock.advance(d);
+        })
+        .unwrap();
+    // The units from 0 s leave at 1 s: 700 ms after the wait began.
+    assert_eq!(slept, Duration::from_millis(700));
+    assert_eq!(keyed.peek(&1, 0).remaining(), 1);
+    assert!(keyed.limit(&2).wait_with(3, Jitter::NONE, |_| ()).is_err());
+}
