@@ -85,7 +85,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
-use crate::sync::{thread_index, Atomic};
+use crate::sync::{thread_index, Atomic, Ordering};
 use crate::Algorithm;
 
 /// The largest lease: the units field's width.
@@ -378,8 +378,74 @@ impl<C: Clock> LeasedGcra<C> {
     /// callers that pin threads to cores and know theirs.
     #[inline]
     pub fn check_on(&self, shard: usize, cost: u32) -> Decision {
-        let word = &self.shards[shard & self.mask];
         let (now, nanos) = self.expiry_nanos();
+        self.decide_on(shard, now, nanos, cost)
+    }
+
+    /// [`check_n`](LeasedGcra::check_n) with a clock reading the caller has taken
+    /// from this limiter's clock (the expiry clock still decides expiry when it is
+    /// [`Expiry::Coarse`]).
+    #[inline]
+    pub(crate) fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
+        match &self.expiry {
+            Expiry::Fresh => self.decide_on(thread_index(), Some(now), now.as_u64(), cost),
+            #[cfg(not(loom))]
+            Expiry::Coarse(coarse) => {
+                self.decide_on(thread_index(), Some(now), coarse.nanos(), cost)
+            }
+        }
+    }
+
+    /// What [`check_n_at`](LeasedGcra::check_n_at) would decide, writing nothing:
+    /// allowed when this thread's shard lease holds `cost` units, or the central word
+    /// holds what it is short of.
+    pub(crate) fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        let word = &self.shards[thread_index() & self.mask];
+        let nanos = match &self.expiry {
+            Expiry::Fresh => now.as_u64(),
+            #[cfg(not(loom))]
+            Expiry::Coarse(coarse) => coarse.nanos(),
+        };
+        let own = word.load(Ordering::Relaxed).valid_units(self.tick(nanos));
+        let burst = self.gcra.policy().burst();
+        let central = self.central.load(Ordering::Relaxed);
+        let short = cost.saturating_sub(own);
+        let decision = self.gcra.decide(central, now, short).0;
+        let remaining = decision
+            .remaining()
+            .saturating_add(u64::from(own))
+            .min(burst);
+        match decision.retry_after_nanos() {
+            _ if decision.is_allowed() => {
+                Decision::allow(burst, remaining, 1, decision.reset_after_nanos())
+            }
+            Some(retry) => Decision::deny(burst, remaining, 1, decision.reset_after_nanos(), retry),
+            None => Decision::never(burst, remaining, 1, decision.reset_after_nanos()),
+        }
+    }
+
+    /// Sets the central word (a limiter taking over a key's schedule).
+    pub(crate) fn open_central(&self, state: GcraState) {
+        self.central.store(state, Ordering::Relaxed);
+    }
+
+    /// Closes the central word: every later refill is denied (its TAT is the end of
+    /// time). Returns the schedule as it was: every unit ever leased is in it.
+    pub(crate) fn close_central(&self) -> GcraState {
+        update_word(&*self.central, |state| {
+            (state, Some(GcraState::from_tat(Nanos::new(u64::MAX))))
+        })
+    }
+
+    /// Whether nothing is owed: the central schedule is idle at `now` and no shard
+    /// holds an unexpired lease.
+    pub(crate) fn is_idle(&self, now: Nanos) -> bool {
+        self.central.load(Ordering::Relaxed).tat() <= now && self.units_on_lease() == 0
+    }
+
+    #[inline(always)]
+    fn decide_on(&self, shard: usize, now: Option<Nanos>, nanos: u64, cost: u32) -> Decision {
+        let word = &self.shards[shard & self.mask];
         let tick = self.tick(nanos);
         if cost > 0 {
             let spent = update_word(&**word, |lease: Lease| match lease.spend(tick, cost) {

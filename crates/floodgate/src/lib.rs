@@ -93,9 +93,9 @@ pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
 pub use keyed::composite::{check_all, check_all_indexed, Identified, Limit};
 pub use keyed::{
-    Fingerprint, Heap, Inline, InlineKey, Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter,
-    KeyedMetrics, KeyedSlidingLog, Lookup, Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY,
-    DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
+    Fingerprint, Heap, HotKeyError, HotKeyLimiter, HotKeys, HotMetrics, Inline, InlineKey,
+    Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Lookup,
+    Pair, PrefixTooLong, Storage, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY,
 };
 pub use lease::{LeaseBuilder, LeaseError, LeasedGcra};
 pub use limiter::{LockedRateLimiter, RateLimiter};
@@ -135,6 +135,8 @@ const _: () = {
     assert_send_sync::<RateLimiter<SlidingWindow>>();
     assert_send_sync::<SlidingLog>();
     assert_send_sync::<KeyedSlidingLog<String, DefaultClock>>();
+    assert_send_sync::<HotKeyLimiter<String>>();
+    assert_send_sync::<HotKeyLimiter<u64, ManualClock, Inline>>();
     assert_send_sync::<Shaper>();
     assert_send_sync::<LockedShaper>();
     assert_send_sync::<Reservation>();

@@ -1145,8 +1145,24 @@ where
     }
 
     #[inline(always)]
-    fn count(&self, allowed: bool) {
+    pub(crate) fn count(&self, allowed: bool) {
         self.stripes.count(allowed);
+    }
+
+    /// [`check_with`](KeyedLimiter::check_with) without counting the decision in
+    /// the metrics (a caller that counts what it makes of it).
+    #[inline]
+    pub(crate) fn decide_uncounted<Q>(
+        &self,
+        algorithm: &A,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.table.decide(algorithm, key, now, cost)
     }
 }
 

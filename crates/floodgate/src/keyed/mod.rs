@@ -25,6 +25,8 @@
 //! * [`log`]: the exact sliding log per key ([`KeyedSlidingLog`]): a log is many
 //!   words, so its keys sit in sharded maps under one mutex per shard, with the same
 //!   capacity, reclamation and eviction rules;
+//! * [`hot`]: keyed GCRA whose hot keys (found by sampling, or named) move to
+//!   per-core leases ([`HotKeyLimiter`]), so one key hit by every core scales;
 //! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
 //!   if any denies, none is charged;
 //! * brute-force protection, below.
@@ -171,12 +173,14 @@
 pub mod composite;
 #[cfg(feature = "serde")]
 mod config;
+pub mod hot;
 mod key;
 mod limiter;
 pub mod log;
 pub mod plans;
 mod storage;
 
+pub use hot::{HotKeyError, HotKeyLimiter, HotKeys, HotMetrics, MAX_HOT_KEYS};
 pub use key::{InlineKey, Ipv6Prefix, Lookup, Pair, PrefixTooLong};
 pub use limiter::{
     KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, DEFAULT_CAPACITY, DEFAULT_MEMORY_BUDGET,
