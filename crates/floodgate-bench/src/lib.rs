@@ -12,6 +12,8 @@
 //! read and one uncontended CAS) and the **no-write ceiling** (a clock read and a load
 //! of a shared read-only word).
 //!
+//! The keyed groups visit their keys uniformly or Zipf-distributed ([`keys`]).
+//!
 //! # Examples
 //!
 //! ```
@@ -25,6 +27,7 @@
 //! ```
 
 mod harness;
+pub mod keys;
 pub mod latency;
 pub mod matrix;
 
