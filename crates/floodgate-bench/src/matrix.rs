@@ -64,6 +64,12 @@
 //! reads from its own starting point, so the timed loop reads a table where the
 //! uniform one computes a multiply and a modulo: compare the columns of one group,
 //! not a uniform group's figures with a Zipf group's.
+//!
+//! # Memory
+//!
+//! [`keyed_tables`] lists every keyed contender's table (floodgate on each storage:
+//! heap, inline, fingerprint) for [`crate::memory`], which counts the bytes each holds
+//! per key.
 
 use std::collections::HashMap;
 #[cfg(feature = "compare")]
@@ -78,8 +84,9 @@ use floodgate::reference::{
     TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
 };
 use floodgate::{
-    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, GcraState, Inline, KeyedBuilder,
-    LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell, Storage,
+    Algorithm, AtomicCell, Clock, DefaultClock, Fingerprint, FixedWindow, Gcra, GcraState, Heap,
+    Inline, KeyedBuilder, LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
+    Storage,
 };
 
 use crate::harness::{measure, Budget, Measurement};
@@ -468,6 +475,57 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
         ),
         contenders,
     }
+}
+
+/// A keyed contender's table, for measuring the memory it holds per key.
+#[derive(Clone, Copy)]
+pub struct KeyedTable {
+    /// Its name: the column's id, with the storage for floodgate (`floodgate_inline`).
+    pub id: &'static str,
+    /// Builds it for a setup and inserts the setup's keys (booked ahead: every key
+    /// stays live).
+    pub build: Runner,
+}
+
+/// Every keyed contender's table: floodgate on each storage (heap, inline,
+/// fingerprint; capacity = the key count), then the other columns of the keyed groups.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::matrix::{keyed_tables, Setup};
+/// use floodgate_bench::Budget;
+/// let tables = keyed_tables();
+/// assert_eq!(tables[1].id, "floodgate_inline");
+/// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(5) };
+/// assert_eq!((tables[1].build)(&setup).run(setup.budget).admitted, 5);
+/// ```
+pub fn keyed_tables() -> Vec<KeyedTable> {
+    let mut tables = vec![
+        KeyedTable {
+            id: "floodgate_heap",
+            build: keyed_floodgate::<Heap, true, false>,
+        },
+        KeyedTable {
+            id: "floodgate_inline",
+            build: keyed_floodgate::<Inline, true, false>,
+        },
+        KeyedTable {
+            id: "floodgate_fingerprint",
+            build: keyed_floodgate::<Fingerprint, true, false>,
+        },
+    ];
+    tables.extend(
+        keyed_group::<true, false>()
+            .contenders
+            .into_iter()
+            .filter(|c| c.implementation != Implementation::Floodgate)
+            .map(|c| KeyedTable {
+                id: c.implementation.id(),
+                build: c.run,
+            }),
+    );
+    tables
 }
 
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
@@ -1105,6 +1163,36 @@ mod tests {
         expected.sort_unstable();
         seen.sort_unstable();
         assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn keyed_tables_cover_each_storage_and_every_other_keyed_column() {
+        let ids: Vec<&str> = keyed_tables().iter().map(|t| t.id).collect();
+        let mut expected = vec![
+            "floodgate_heap",
+            "floodgate_inline",
+            "floodgate_fingerprint",
+            "mutex_twin",
+            "textbook",
+        ];
+        if cfg!(feature = "compare") {
+            expected.push("governor");
+        }
+        expected.extend(["dashmap_anchor", "papaya_anchor"]);
+        assert_eq!(ids, expected);
+        for table in keyed_tables() {
+            let setup = Setup {
+                threads: 1,
+                keys: 50,
+                budget: Budget::Ops(10),
+            };
+            assert_eq!(
+                (table.build)(&setup).run(setup.budget).admitted,
+                10,
+                "{}",
+                table.id
+            );
+        }
     }
 
     #[test]
