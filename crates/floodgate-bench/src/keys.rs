@@ -15,7 +15,7 @@
 //! The Zipf sequence is the same for every contender (one seed), so every column of a
 //! group decides on the same keys in the same order.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The Zipf exponent `s` of the skewed keyed groups: rank `k` is visited in
 /// proportion to `1 / k`.
@@ -229,6 +229,31 @@ impl ZipfKeys {
             .map(|_| key_of_rank[(zipf.rank_at(rng.unit()) - 1) as usize])
             .collect();
         ZipfKeys { sequence }
+    }
+
+    /// The sequence of [`ZipfKeys::new`]`(keys, seed)`, drawn once per process and
+    /// shared after: every contender, thread count and repeat of a group prepares its
+    /// runs on the same sequence, and a draw of a million keys takes a noticeable
+    /// fraction of a second (seconds, unoptimised). What was drawn stays (8 MB at most
+    /// per key count).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::keys::{ZipfKeys, ZIPF_SEED};
+    /// let shared = ZipfKeys::shared(1_000, ZIPF_SEED);
+    /// assert_eq!(shared.as_slice(), ZipfKeys::new(1_000, ZIPF_SEED).as_slice());
+    /// assert_eq!(shared.as_slice().as_ptr(), ZipfKeys::shared(1_000, ZIPF_SEED).as_slice().as_ptr());
+    /// ```
+    pub fn shared(keys: u64, seed: u64) -> ZipfKeys {
+        static DRAWN: Mutex<Vec<(u64, u64, ZipfKeys)>> = Mutex::new(Vec::new());
+        let mut drawn = DRAWN.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, sequence)) = drawn.iter().find(|d| (d.0, d.1) == (keys, seed)) {
+            return sequence.clone();
+        }
+        let sequence = ZipfKeys::new(keys, seed);
+        drawn.push((keys, seed, sequence.clone()));
+        sequence
     }
 
     /// The length of the sequence for `keys` keys: twice the key count rounded up to

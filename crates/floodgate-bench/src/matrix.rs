@@ -828,7 +828,7 @@ fn keyed_run(
             keyed_walks(setup, check, move |thread, _| keys_of(thread, keys))
         }
         KeyDistribution::Zipf => {
-            let zipf = ZipfKeys::new(keys, ZIPF_SEED);
+            let zipf = ZipfKeys::shared(keys, ZIPF_SEED);
             keyed_walks(setup, check, move |thread, threads| {
                 zipf.walk(thread, threads)
             })
