@@ -12,6 +12,10 @@
 //! read and one uncontended CAS) and the **no-write ceiling** (a clock read and a load
 //! of a shared read-only word).
 //!
+//! The keyed groups visit their keys uniformly or Zipf-distributed ([`keys`]); the
+//! memory each keyed contender holds per key is counted by [`memory`] (a counting
+//! wrapper around the binary's allocator; `floodgate bench --memory`).
+//!
 //! # Examples
 //!
 //! ```
@@ -25,7 +29,9 @@
 //! ```
 
 mod harness;
+pub mod keys;
 pub mod latency;
 pub mod matrix;
+pub mod memory;
 
 pub use harness::{measure, run_for, run_ops, run_threads, Budget, Measurement, Outcome, BATCH};

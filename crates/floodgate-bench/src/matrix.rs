@@ -52,6 +52,24 @@
 //! second, burst 1000: each key is idle again long before its next visit, so a table
 //! may reclaim it). Keys are inserted before the measured loop, and under a
 //! [`Budget::Time`] a warm-up runs first on the same limiter.
+//!
+//! # Key distributions
+//!
+//! Each key policy comes in two [`KeyDistribution`]s (see [`crate::keys`]):
+//! **uniform** (`gcra-keyed-booked`, `gcra-keyed-idle`: each thread walks its own
+//! scramble of every key) and **Zipf** with s = 1 (`gcra-keyed-booked-zipf`,
+//! `gcra-keyed-idle-zipf`: rank k visited in proportion to 1/k, ranks scattered over
+//! the keys by a fixed permutation, so a few keys are hot and threads meet on them).
+//! The Zipf keys are drawn before any measured run into one sequence that each thread
+//! reads from its own starting point, so the timed loop reads a table where the
+//! uniform one computes a multiply and a modulo: compare the columns of one group,
+//! not a uniform group's figures with a Zipf group's.
+//!
+//! # Memory
+//!
+//! [`keyed_tables`] lists every keyed contender's table (floodgate on each storage:
+//! heap, inline, fingerprint) for [`crate::memory`], which counts the bytes each holds
+//! per key.
 
 use std::collections::HashMap;
 #[cfg(feature = "compare")]
@@ -66,11 +84,13 @@ use floodgate::reference::{
     TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
 };
 use floodgate::{
-    Algorithm, AtomicCell, Clock, DefaultClock, FixedWindow, Gcra, GcraState, KeyedBuilder,
-    LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
+    Algorithm, AtomicCell, Clock, DefaultClock, Fingerprint, FixedWindow, Gcra, GcraState, Heap,
+    Inline, KeyedBuilder, LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
+    Storage,
 };
 
 use crate::harness::{measure, Budget, Measurement};
+use crate::keys::{keys_of, KeyDistribution, ZipfKeys, ZIPF_SEED};
 
 /// Units per second of the hot-key GCRA workload (and of the idle keyed policy).
 pub const LIMIT: u64 = 1_000_000_000;
@@ -306,7 +326,8 @@ impl Contender {
 
 /// One workload: the rows of the table (one per key count × thread count).
 pub struct Group {
-    /// Short name: the algorithm, and for keyed groups the key policy.
+    /// Short name: the algorithm, and for keyed groups the key policy and, when not
+    /// uniform, the key distribution (`gcra-keyed-idle-zipf`).
     pub id: String,
     /// The criterion group it belongs to.
     pub suite: Suite,
@@ -368,9 +389,10 @@ pub fn groups() -> Vec<Group> {
         workload: GcraDenyWorkload::description(),
         contenders: gcra_deny,
     });
-    for policy in [KeyPolicy::BookedAhead, KeyPolicy::IdleBetweenVisits] {
-        matrix.push(keyed_group(policy));
-    }
+    matrix.push(keyed_group::<true, false>());
+    matrix.push(keyed_group::<false, false>());
+    matrix.push(keyed_group::<true, true>());
+    matrix.push(keyed_group::<false, true>());
     matrix.push(Group {
         id: "fixed-window".to_owned(),
         suite: Suite::Algorithms,
@@ -409,60 +431,101 @@ pub fn groups() -> Vec<Group> {
     matrix
 }
 
-fn keyed_group(policy: KeyPolicy) -> Group {
-    let (booked, idle): (Runner, Runner) = (keyed_floodgate::<true>, keyed_floodgate::<false>);
+/// The keyed group of one key policy (`BOOKED`: booked ahead, else idle between
+/// visits) and one key distribution (`ZIPF`: Zipf, else uniform): every keyed
+/// contender.
+fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
+    let (policy, distribution) = (key_policy(BOOKED), key_distribution(ZIPF));
     let c = |implementation, run| Contender {
         implementation,
         run,
     };
-    let pick = |a: Runner, b: Runner| {
-        if policy == KeyPolicy::BookedAhead {
-            a
-        } else {
-            b
-        }
-    };
     #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
     let mut contenders = vec![
-        c(Implementation::Floodgate, pick(booked, idle)),
         c(
-            Implementation::MutexTwin,
-            pick(keyed_twin::<true>, keyed_twin::<false>),
+            Implementation::Floodgate,
+            keyed_floodgate::<Inline, BOOKED, ZIPF>,
         ),
-        c(
-            Implementation::Textbook,
-            pick(keyed_textbook::<true>, keyed_textbook::<false>),
-        ),
+        c(Implementation::MutexTwin, keyed_twin::<BOOKED, ZIPF>),
+        c(Implementation::Textbook, keyed_textbook::<BOOKED, ZIPF>),
     ];
     #[cfg(feature = "compare")]
-    contenders.push(c(
-        Implementation::Governor,
-        pick(keyed_governor::<true>, keyed_governor::<false>),
-    ));
-    contenders.push(c(
-        Implementation::DashmapAnchor,
-        pick(keyed_dashmap::<true>, keyed_dashmap::<false>),
-    ));
-    contenders.push(c(
-        Implementation::PapayaAnchor,
-        pick(keyed_papaya::<true>, keyed_papaya::<false>),
-    ));
+    contenders.push(c(Implementation::Governor, keyed_governor::<BOOKED, ZIPF>));
+    contenders.extend([
+        c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, ZIPF>),
+        c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, ZIPF>),
+    ]);
     let policy_text = match policy {
         KeyPolicy::BookedAhead => "each key 1 per second, burst 10^9: booked ahead, always live",
         KeyPolicy::IdleBetweenVisits => {
             "each key 10^9 per second, burst 1000: idle again between visits"
         }
     };
+    let id = match distribution {
+        KeyDistribution::Uniform => format!("gcra-keyed-{}", policy.id()),
+        KeyDistribution::Zipf => format!("gcra-keyed-{}-{}", policy.id(), distribution.id()),
+    };
     Group {
-        id: format!("gcra-keyed-{}", policy.id()),
+        id,
         suite: Suite::Keyed,
         key_counts: KEY_COUNTS.to_vec(),
         workload: format!(
-            "{policy_text}; keys inserted before the run, each thread walks its own \
-             scrambled sequence; every decision admits"
+            "{policy_text}; keys inserted before the run, {}; every decision admits",
+            distribution.description()
         ),
         contenders,
     }
+}
+
+/// A keyed contender's table, for measuring the memory it holds per key.
+#[derive(Clone, Copy)]
+pub struct KeyedTable {
+    /// Its name: the column's id, with the storage for floodgate (`floodgate_inline`).
+    pub id: &'static str,
+    /// Builds it for a setup and inserts the setup's keys (booked ahead: every key
+    /// stays live).
+    pub build: Runner,
+}
+
+/// Every keyed contender's table: floodgate on each storage (heap, inline,
+/// fingerprint; capacity = the key count), then the other columns of the keyed groups.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::matrix::{keyed_tables, Setup};
+/// use floodgate_bench::Budget;
+/// let tables = keyed_tables();
+/// assert_eq!(tables[1].id, "floodgate_inline");
+/// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(5) };
+/// assert_eq!((tables[1].build)(&setup).run(setup.budget).admitted, 5);
+/// ```
+pub fn keyed_tables() -> Vec<KeyedTable> {
+    let mut tables = vec![
+        KeyedTable {
+            id: "floodgate_heap",
+            build: keyed_floodgate::<Heap, true, false>,
+        },
+        KeyedTable {
+            id: "floodgate_inline",
+            build: keyed_floodgate::<Inline, true, false>,
+        },
+        KeyedTable {
+            id: "floodgate_fingerprint",
+            build: keyed_floodgate::<Fingerprint, true, false>,
+        },
+    ];
+    tables.extend(
+        keyed_group::<true, false>()
+            .contenders
+            .into_iter()
+            .filter(|c| c.implementation != Implementation::Floodgate)
+            .map(|c| KeyedTable {
+                id: c.implementation.id(),
+                build: c.run,
+            }),
+    );
+    tables
 }
 
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
@@ -749,42 +812,41 @@ fn sliding_log_textbook(setup: &Setup) -> Prepared {
     })
 }
 
-/// The key of operation `op` on thread `thread` among `keys` keys: a multiplicative
-/// scramble, each thread on its own sequence.
-///
-/// # Examples
-///
-/// ```
-/// use floodgate_bench::matrix::key_for;
-/// assert!((0..1_000).all(|op| key_for(3, op, 100) < 100));
-/// ```
-pub fn key_for(thread: usize, op: u64, keys: u64) -> u64 {
-    let thread = (thread as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    (op.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread) % keys.max(1)
-}
-
-/// Thread `thread`'s keys, one per call: `key_for(thread, 0, keys)`, … (built in the
-/// harness's untimed per-thread setup).
-fn keys_of(thread: usize, keys: u64) -> impl FnMut() -> u64 {
-    let mut op = 0u64;
-    move || {
-        let key = key_for(thread, op, keys);
-        op = op.wrapping_add(1);
-        key
-    }
-}
-
 /// Runs `check` once on every key (untimed, before any measured run), then prepares
-/// runs of it on each thread's key sequence.
-fn keyed_run(setup: &Setup, check: impl Fn(u64) -> bool + Sync + 'static) -> Prepared {
+/// runs of it on each thread's keys as `distribution` picks them.
+fn keyed_run(
+    setup: &Setup,
+    distribution: KeyDistribution,
+    check: impl Fn(u64) -> bool + Sync + 'static,
+) -> Prepared {
     for key in 0..setup.keys {
         check(key);
     }
     let keys = setup.keys;
+    match distribution {
+        KeyDistribution::Uniform => {
+            keyed_walks(setup, check, move |thread, _| keys_of(thread, keys))
+        }
+        KeyDistribution::Zipf => {
+            let zipf = ZipfKeys::shared(keys, ZIPF_SEED);
+            keyed_walks(setup, check, move |thread, threads| {
+                zipf.walk(thread, threads)
+            })
+        }
+    }
+}
+
+/// Runs of `check` on each thread's keys: `walk(thread, threads)` hands out the
+/// thread's keys, one per call (made in the harness's untimed per-thread setup).
+fn keyed_walks<W: FnMut() -> u64>(
+    setup: &Setup,
+    check: impl Fn(u64) -> bool + Sync + 'static,
+    walk: impl Fn(usize, usize) -> W + Sync + 'static,
+) -> Prepared {
     Prepared::new(setup, move |threads, budget| {
+        let (check, walk) = (&check, &walk);
         measure(threads, budget, |thread| {
-            let mut next_key = keys_of(thread, keys);
-            let check = &check;
+            let mut next_key = walk(thread, threads);
             move || check(next_key())
         })
     })
@@ -798,15 +860,29 @@ fn key_policy(booked: bool) -> KeyPolicy {
     }
 }
 
-/// floodgate's keyed limiter for `u64` keys (inline storage: keys in the slots),
-/// sized as the README tells users to size it: capacity = the number of keys (a
-/// table holds its capacity without reclaiming or evicting any).
-fn keyed_floodgate<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn key_distribution(zipf: bool) -> KeyDistribution {
+    if zipf {
+        KeyDistribution::Zipf
+    } else {
+        KeyDistribution::Uniform
+    }
+}
+
+/// floodgate's keyed limiter for `u64` keys on storage `S` (the matrix's column:
+/// inline, keys in the slots), sized as the README tells users to size it: capacity
+/// = the number of keys (a table holds its capacity without reclaiming or evicting
+/// any).
+fn keyed_floodgate<S, const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared
+where
+    S: Storage<u64, GcraState> + 'static,
+{
     let keyed = KeyedBuilder::new(Gcra::new(key_policy(BOOKED).policy()))
         .capacity(setup.keys.max(1) as usize)
-        .build_inline::<u64>()
+        .build_in::<u64, S>()
         .expect("the benchmark capacity is valid");
-    keyed_run(setup, move |key| keyed.check(&key).is_allowed())
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
+        keyed.check(&key).is_allowed()
+    })
 }
 
 /// One shard of the keyed mutex twin, alone on its cache lines.
@@ -814,7 +890,7 @@ type TwinShard = CachePadded<Mutex<HashMap<u64, GcraState, ahash::RandomState>>>
 
 /// The keyed mutex twin: GCRA's transition over per-key states in [`TWIN_SHARDS`]
 /// ahash maps, one mutex per shard (the shard from the key's high hash bits).
-fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn keyed_twin<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let fresh = AtomicCell::<GcraState>::fresh().load();
     let clock = DefaultClock::new();
@@ -822,7 +898,7 @@ fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Prepared {
         .map(|_| CachePadded::new(Mutex::new(HashMap::default())))
         .collect();
     let hasher = ahash::RandomState::new();
-    keyed_run(setup, move |key| {
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
         let now = clock.now();
         let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
         let mut states = lock(&shards[shard]);
@@ -836,12 +912,12 @@ fn keyed_twin<const BOOKED: bool>(setup: &Setup) -> Prepared {
 }
 
 /// The textbook keyed limiter: one map of `f64` buckets under one mutex.
-fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn keyed_textbook<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
     let policy = key_policy(BOOKED).policy();
     let clock = DefaultClock::new();
     let buckets: Mutex<HashMap<u64, TextbookTokenBucket, ahash::RandomState>> =
         Mutex::new(HashMap::default());
-    keyed_run(setup, move |key| {
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
         let now = clock.now().as_u64();
         lock(&buckets)
             .entry(key)
@@ -859,21 +935,23 @@ fn keyed_textbook<const BOOKED: bool>(setup: &Setup) -> Prepared {
 
 /// governor's keyed limiter on its `DashMap` store, hashed with ahash.
 #[cfg(feature = "compare")]
-fn keyed_governor<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn keyed_governor<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
     let limiter = governor::RateLimiter::dashmap_with_hasher(
         key_policy(BOOKED).quota(),
         ahash::RandomState::new(),
     );
-    keyed_run(setup, move |key| limiter.check_key(&key).is_ok())
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
+        limiter.check_key(&key).is_ok()
+    })
 }
 
 /// GCRA on a `DashMap<u64, AtomicU64>`: a shard read lock, then a CAS on the key's word.
-fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn keyed_dashmap<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
     let map: DashMap<u64, AtomicU64, ahash::RandomState> =
         DashMap::with_hasher(ahash::RandomState::new());
-    keyed_run(setup, move |key| {
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
         let now = clock.now();
         let word = match map.get(&key) {
             Some(word) => word,
@@ -889,14 +967,14 @@ fn keyed_dashmap<const BOOKED: bool>(setup: &Setup) -> Prepared {
 /// GCRA on a `papaya::HashMap<u64, AtomicU64>` sized for the keys: a lock-free
 /// lookup under papaya's guard, then a CAS on the key's word (an insert only for a
 /// new key). Unbounded: nothing ever removes a key.
-fn keyed_papaya<const BOOKED: bool>(setup: &Setup) -> Prepared {
+fn keyed_papaya<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
     let map: papaya::HashMap<u64, AtomicU64, ahash::RandomState> = papaya::HashMap::builder()
         .capacity(setup.keys.max(1) as usize)
         .hasher(ahash::RandomState::new())
         .build();
-    keyed_run(setup, move |key| {
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
         let now = clock.now();
         let map = map.pin();
         let word = match map.get(&key) {
@@ -1031,18 +1109,90 @@ mod tests {
     }
 
     #[test]
-    fn each_thread_walks_its_own_key_sequence() {
-        for thread in [0, 1, 7] {
-            let mut next_key = keys_of(thread, 100_000);
-            for op in 0..100 {
-                assert_eq!(next_key(), key_for(thread, op, 100_000));
-            }
+    fn every_keyed_group_comes_uniform_and_zipf_with_the_same_contenders() {
+        let matrix = groups();
+        let columns = |id: &str| -> Vec<Implementation> {
+            let group = matrix.iter().find(|g| g.id == id).expect(id);
+            assert_eq!(group.suite, Suite::Keyed, "{id}");
+            group.contenders.iter().map(|c| c.implementation).collect()
+        };
+        for policy in ["booked", "idle"] {
+            let uniform = columns(&format!("gcra-keyed-{policy}"));
+            assert_eq!(uniform, columns(&format!("gcra-keyed-{policy}-zipf")));
+            assert!(uniform.contains(&Implementation::PapayaAnchor));
+            assert!(uniform.contains(&Implementation::DashmapAnchor));
+            assert_eq!(
+                uniform.contains(&Implementation::Governor),
+                cfg!(feature = "compare")
+            );
         }
-        assert_ne!(
-            (0..8).map(|op| key_for(0, op, 1_000)).collect::<Vec<_>>(),
-            (0..8).map(|op| key_for(1, op, 1_000)).collect::<Vec<_>>()
+        assert_eq!(matrix.iter().filter(|g| g.suite == Suite::Keyed).count(), 4);
+        let zipf = matrix.iter().find(|g| g.id == "gcra-keyed-idle-zipf");
+        assert!(zipf.is_some_and(|g| g.workload.contains("Zipf")));
+    }
+
+    #[test]
+    fn a_zipf_run_visits_the_keys_of_the_shared_sequence() {
+        // A table that records its keys: the run visits exactly the sequence's keys,
+        // each thread from its own starting point.
+        let visited = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let record = std::sync::Arc::clone(&visited);
+        let setup = Setup {
+            threads: 2,
+            keys: 500,
+            budget: Budget::Ops(100),
+        };
+        let mut prepared = keyed_run(&setup, KeyDistribution::Zipf, move |key| {
+            lock(&record).push(key);
+            true
+        });
+        let inserted: Vec<u64> = std::mem::take(&mut *lock(&visited));
+        assert!(
+            inserted.iter().copied().eq(0..500),
+            "every key inserted first"
         );
-        assert_eq!(key_for(5, 9, 1), 0);
+        assert_eq!(prepared.run(setup.budget).admitted, 200);
+        let keys = ZipfKeys::new(500, ZIPF_SEED);
+        let mut expected: Vec<u64> = (0..2)
+            .flat_map(|thread| {
+                let mut walk = keys.walk(thread, 2);
+                (0..100).map(move |_| walk()).collect::<Vec<_>>()
+            })
+            .collect();
+        let mut seen = lock(&visited).clone();
+        expected.sort_unstable();
+        seen.sort_unstable();
+        assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn keyed_tables_cover_each_storage_and_every_other_keyed_column() {
+        let ids: Vec<&str> = keyed_tables().iter().map(|t| t.id).collect();
+        let mut expected = vec![
+            "floodgate_heap",
+            "floodgate_inline",
+            "floodgate_fingerprint",
+            "mutex_twin",
+            "textbook",
+        ];
+        if cfg!(feature = "compare") {
+            expected.push("governor");
+        }
+        expected.extend(["dashmap_anchor", "papaya_anchor"]);
+        assert_eq!(ids, expected);
+        for table in keyed_tables() {
+            let setup = Setup {
+                threads: 1,
+                keys: 50,
+                budget: Budget::Ops(10),
+            };
+            assert_eq!(
+                (table.build)(&setup).run(setup.budget).admitted,
+                10,
+                "{}",
+                table.id
+            );
+        }
     }
 
     #[test]

@@ -64,12 +64,17 @@ pub(crate) struct BenchArgs {
     /// contender) as an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<std::path::PathBuf>,
-    /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000).
-    /// Each table holds its key count (capacity = keys).
+    /// Print the heap bytes per key of each keyed table (floodgate on each storage,
+    /// the mutex twin, textbook, governor, the dashmap and papaya anchors) holding
+    /// --keys u64 keys (default: 1000000) instead of the throughput table.
+    #[arg(long, conflicts_with_all = ["csv", "plot", "latency", "groups"])]
+    pub(crate) memory: bool,
+    /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
+    /// with --memory, 1000000). Each table holds its key count (capacity = keys).
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
-    /// `gcra-keyed-idle,gcra-keyed-booked`.
+    /// `gcra-keyed-idle,gcra-keyed-idle-zipf`.
     #[arg(long, value_delimiter = ',', value_name = "ID,ID,...")]
     pub(crate) groups: Vec<String>,
 }

@@ -2,7 +2,8 @@
 //!
 //! * `floodgate bench` — multi-thread throughput of floodgate's lock-free limiter
 //!   against its mutex twin, the textbook version and governor, as a table, JSON or
-//!   CSV.
+//!   CSV; `--latency`, per-decision tail latency; `--memory`, the bytes per key of
+//!   each keyed table.
 //! * `floodgate replay` — a deterministic dry run of a policy over a trace or an nginx
 //!   access log, through the library's own engine on virtual time; with
 //!   `--redis URL` (the default `redis` feature), through floodgate-redis's scripts
@@ -27,9 +28,12 @@ use clap::Parser;
 
 /// mimalloc: the allocator production users of a rate limiter tend to run with;
 /// replay allocates one key per new client, and bench threads allocate nothing on
-/// the hot path, so this mostly keeps replay's key table fast.
+/// the hot path, so this mostly keeps replay's key table fast. Wrapped in
+/// floodgate-bench's counter, which `bench --memory` reads (bytes per key of each
+/// keyed table); it adds a thread-local add per allocation and no shared write.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: floodgate_bench::memory::Counting<mimalloc::MiMalloc> =
+    floodgate_bench::memory::Counting::new(mimalloc::MiMalloc);
 
 /// A command that did not succeed: the exit status and what to print on stderr.
 #[derive(Debug)]

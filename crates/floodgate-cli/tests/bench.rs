@@ -273,3 +273,60 @@ fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
         "{table}"
     );
 }
+
+#[test]
+fn memory_reports_bytes_per_key_of_every_keyed_table() {
+    let output = bench(&["--memory", "--keys", "1000,100000", "--json"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("stdout is one JSON document");
+    assert_eq!(report["unit"], "heap bytes per key");
+    let rows = report["rows"].as_array().expect("rows");
+    let mut tables: Vec<&str> = rows.iter().map(|r| r["table"].as_str().unwrap()).collect();
+    tables.dedup();
+    // Every table of the library's list (floodgate on each storage, then the other
+    // keyed columns), in its order.
+    let want: Vec<&str> = floodgate_bench::matrix::keyed_tables()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(
+        &want[..3],
+        [
+            "floodgate_heap",
+            "floodgate_inline",
+            "floodgate_fingerprint"
+        ]
+    );
+    assert_eq!(tables, want);
+    assert_eq!(
+        rows.len(),
+        2 * want.len(),
+        "one row per table and key count"
+    );
+    for row in rows {
+        let keys = row["keys"].as_u64().expect("keys");
+        let per_key = row["bytes_per_key"].as_f64().expect("bytes_per_key");
+        assert!(keys == 1_000 || keys == 100_000, "{row}");
+        let bytes = row["bytes"].as_f64().expect("bytes");
+        assert!((bytes / keys as f64 - per_key).abs() < 1e-9, "{row}");
+        // Mimalloc, counted: a key word and a state word per key at least.
+        assert!(per_key >= 16.0, "{row}");
+        if row["table"] == "floodgate_inline" && keys == 100_000 {
+            assert!(per_key <= 24.0, "{row}");
+        }
+    }
+    let table = String::from_utf8(bench(&["--memory", "--keys", "2000"]).stdout).unwrap();
+    assert!(table.contains("2000 keys"), "{table}");
+    assert!(table.contains("floodgate_fingerprint"), "{table}");
+}
+
+#[test]
+fn memory_takes_neither_csv_nor_groups() {
+    for extra in ["--csv", "--groups=gcra"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args(["bench", "--memory", extra])
+            .output()
+            .expect("the floodgate binary runs");
+        assert_eq!(output.status.code(), Some(2), "{extra}");
+    }
+}

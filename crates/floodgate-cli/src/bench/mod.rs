@@ -11,6 +11,11 @@
 //! Each cell reports the median of its runs and their spread (max ÷ min); a cell whose
 //! runs disagree by more than [`UNSTABLE_SPREAD`] is marked `!` in the table and
 //! `"unstable": true` in JSON: its median is not to be trusted.
+//!
+//! `--memory` measures no time: it builds each keyed table
+//! ([`floodgate_bench::matrix::keyed_tables`]) at the `--keys` key counts and prints
+//! the heap bytes per key the binary's counting allocator saw it keep
+//! ([`floodgate_bench::memory`]).
 
 mod plot;
 
@@ -18,7 +23,8 @@ use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use floodgate_bench::matrix::{groups, Group, Implementation, Setup, Suite};
+use floodgate_bench::matrix::{groups, keyed_tables, Group, Implementation, Setup, Suite};
+use floodgate_bench::memory::{counting, footprint};
 use floodgate_bench::{Budget, Measurement};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -250,14 +256,25 @@ fn run_latency(args: &BenchArgs) -> Result<(), Failure> {
         threads,
         rows,
     };
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
-    let written = if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)
+    print(args.json, &report, write_latency)
+}
+
+/// Standard output, buffered.
+type Stdout = io::BufWriter<io::StdoutLock<'static>>;
+
+/// Writes `report` on standard output: as JSON when `json`, else through `text`.
+fn print<R: Serialize>(
+    json: bool,
+    report: &R,
+    text: impl FnOnce(&mut Stdout, &R) -> io::Result<()>,
+) -> Result<(), Failure> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let written = if json {
+        serde_json::to_writer_pretty(&mut out, report)
             .map_err(io::Error::from)
             .and_then(|()| writeln!(out))
     } else {
-        write_latency(&mut out, &report)
+        text(&mut out, report)
     };
     written.and_then(|()| out.flush()).map_err(Failure::output)
 }
@@ -295,6 +312,96 @@ fn write_latency(out: &mut impl Write, report: &LatencyReport) -> io::Result<()>
             "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
             r.implementation, r.decisions, r.p50, r.p99, r.p999, r.max, mean, max
         )?;
+    }
+    Ok(())
+}
+
+/// `--memory`'s key count without `--keys`.
+const MEMORY_KEYS: u64 = 1_000_000;
+
+#[derive(Serialize)]
+struct MemoryReport {
+    unit: &'static str,
+    rows: Vec<MemoryRow>,
+}
+
+#[derive(Serialize)]
+struct MemoryRow {
+    table: &'static str,
+    keys: u64,
+    bytes: isize,
+    bytes_per_key: f64,
+}
+
+/// `floodgate bench --memory`.
+fn run_memory(args: &BenchArgs) -> Result<(), Failure> {
+    if !counting() {
+        return Err(Failure::runtime(
+            "--memory: this binary's allocator does not count its bytes".to_owned(),
+        ));
+    }
+    let keys: Vec<u64> = if args.keys.is_empty() {
+        vec![MEMORY_KEYS]
+    } else {
+        args.keys.iter().map(|k| k.get()).collect()
+    };
+    let tables = keyed_tables();
+    let progress = progress_bar((tables.len() * keys.len()) as u64);
+    let mut rows = Vec::new();
+    for table in &tables {
+        for &n in &keys {
+            progress.set_message(format!("{}, {n} keys", table.id));
+            let f = footprint(table, n);
+            rows.push(MemoryRow {
+                table: f.id,
+                keys: f.keys,
+                bytes: f.bytes,
+                bytes_per_key: f.bytes_per_key(),
+            });
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    let report = MemoryReport {
+        unit: "heap bytes per key",
+        rows,
+    };
+    print(args.json, &report, |out, report| {
+        write_memory(out, report, &keys)
+    })
+}
+
+/// One line per table, one column per key count.
+fn write_memory(out: &mut impl Write, report: &MemoryReport, keys: &[u64]) -> io::Result<()> {
+    writeln!(out, "floodgate bench --memory: {} (u64 keys)", report.unit)?;
+    writeln!(
+        out,
+        "bytes allocated and not freed while building the table and inserting the keys, \
+         divided by the keys; capacity = keys where a table takes one; payload bytes, the \
+         allocator's own overhead not included"
+    )?;
+    writeln!(out)?;
+    let width = name_width(report.rows.iter().map(|r| r.table), "table");
+    let mut header = format!("{:<width$}", "table");
+    for n in keys {
+        header += &format!(" {:>14}", format!("{n} keys"));
+    }
+    writeln!(out, "{header}")?;
+    let mut tables: Vec<&str> = Vec::new();
+    for row in &report.rows {
+        if !tables.contains(&row.table) {
+            tables.push(row.table);
+        }
+    }
+    for table in tables {
+        let mut line = format!("{table:<width$}");
+        for &n in keys {
+            match report.rows.iter().find(|r| r.table == table && r.keys == n) {
+                Some(r) => line += &format!(" {:>14.1}", r.bytes_per_key),
+                None => line += &format!(" {:>14}", "n/a"),
+            }
+        }
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }
@@ -338,6 +445,9 @@ fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
 pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     if args.latency {
         return run_latency(&args);
+    }
+    if args.memory {
+        return run_memory(&args);
     }
     let total = args.duration.unwrap_or(if args.quick {
         QUICK_TOTAL
@@ -425,18 +535,13 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         plot::draw(path, &title, &series)
             .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;
     }
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
-    let written = if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)
-            .map_err(io::Error::from)
-            .and_then(|()| writeln!(out))
-    } else if args.csv {
-        write_csv(&mut out, &report)
-    } else {
-        write_table(&mut out, &report)
-    };
-    written.and_then(|()| out.flush()).map_err(Failure::output)
+    print(args.json, &report, |out, report| {
+        if args.csv {
+            write_csv(out, report)
+        } else {
+            write_table(out, report)
+        }
+    })
 }
 
 /// The CPU's model name where the OS says it (Linux), else `unknown`.
@@ -522,6 +627,11 @@ fn cell_text(m: &Measured) -> String {
     )
 }
 
+/// The width of a table's first column: its heading or its longest name.
+fn name_width<'a>(names: impl Iterator<Item = &'a str>, heading: &'a str) -> usize {
+    names.chain([heading]).map(str::len).max().unwrap_or(0)
+}
+
 fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
     writeln!(out, "floodgate bench: {}", report.unit)?;
     writeln!(
@@ -552,13 +662,7 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         }
     }
     writeln!(out)?;
-    let name_width = report
-        .rows
-        .iter()
-        .map(|r| r.group.len())
-        .chain(["group".len()])
-        .max()
-        .unwrap_or(0);
+    let name_width = name_width(report.rows.iter().map(|r| r.group.as_str()), "group");
     let columns: Vec<Implementation> = Implementation::ALL
         .into_iter()
         .filter(|&i| report.rows.iter().any(|r| r.get(i).is_some()))
@@ -704,6 +808,36 @@ mod tests {
         let shaky = Measured::from_samples(&[rate(100), rate(110), rate(121)]).unwrap();
         assert!(shaky.unstable);
         assert_eq!(cell_text(&shaky), "110.00/1.21!");
+    }
+
+    #[test]
+    fn the_memory_table_has_a_row_per_table_and_a_column_per_key_count() {
+        let row = |table, keys, bytes: isize| MemoryRow {
+            table,
+            keys,
+            bytes,
+            bytes_per_key: bytes as f64 / keys as f64,
+        };
+        let report = MemoryReport {
+            unit: "heap bytes per key",
+            rows: vec![
+                row("floodgate_inline", 10, 190),
+                row("floodgate_inline", 100, 1_850),
+                row("papaya_anchor", 10, 400),
+            ],
+        };
+        let mut out = Vec::new();
+        write_memory(&mut out, &report, &[10, 100]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(
+            lines,
+            [
+                "table                   10 keys       100 keys",
+                "floodgate_inline           19.0           18.5",
+                "papaya_anchor              40.0            n/a",
+            ]
+        );
     }
 
     #[test]
