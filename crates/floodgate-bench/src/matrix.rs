@@ -38,6 +38,14 @@
 //!   what a decision could cost if it never wrote shared memory — the bound a hot-key
 //!   mode that spends leased units locally is measured against.
 //!
+//! # One key of a keyed limiter
+//!
+//! `gcra-keyed-hot` sends every thread to one key of a keyed limiter: floodgate's
+//! table word (one cache line every admission writes), the per-key hot-key mode
+//! (`HotKeyLimiter`, the key promoted before the run: its word is read, not
+//! written, and units come from per-thread leases), the sharded mutex twin,
+//! governor's keyed store, and the DashMap and papaya anchors.
+//!
 //! # The deny path
 //!
 //! `gcra-deny` (one per hour, burst 1) measures the path where every decision after
@@ -80,13 +88,14 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 use dashmap::DashMap;
+use floodgate::keyed::MAX_HOT_KEYS;
 use floodgate::reference::{
     TextbookFixedWindow, TextbookSlidingLog, TextbookSlidingWindow, TextbookTokenBucket,
 };
 use floodgate::{
     Algorithm, AtomicCell, Clock, DefaultClock, Fingerprint, FixedWindow, Gcra, GcraState, Heap,
-    Inline, KeyedBuilder, LeasedGcra, Policy, RateLimiter, SlidingLog, SlidingWindow, StateCell,
-    Storage,
+    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, Policy, RateLimiter, SlidingLog,
+    SlidingWindow, StateCell, Storage,
 };
 
 use crate::harness::{measure, Budget, Measurement};
@@ -393,6 +402,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(keyed_group::<false, false>());
     matrix.push(keyed_group::<true, true>());
     matrix.push(keyed_group::<false, true>());
+    matrix.push(keyed_hot_group());
     matrix.push(Group {
         id: "fixed-window".to_owned(),
         suite: Suite::Algorithms,
@@ -475,6 +485,61 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
         ),
         contenders,
     }
+}
+
+/// One key of a keyed limiter hit by every thread (the idle policy's rate, 10^9 per
+/// second, burst 1000, so every decision admits): the keyed table's own word against
+/// the per-key hot-key mode (`HotKeyLimiter`, the key promoted before the run) and
+/// the keyed peers.
+fn keyed_hot_group() -> Group {
+    let c = |implementation, run| Contender {
+        implementation,
+        run,
+    };
+    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
+    let mut contenders = vec![
+        c(
+            Implementation::Floodgate,
+            keyed_floodgate::<Inline, false, false>,
+        ),
+        c(Implementation::Leased, keyed_hot),
+        c(Implementation::MutexTwin, keyed_twin::<false, false>),
+    ];
+    #[cfg(feature = "compare")]
+    contenders.push(c(Implementation::Governor, keyed_governor::<false, false>));
+    contenders.extend([
+        c(Implementation::DashmapAnchor, keyed_dashmap::<false, false>),
+        c(Implementation::PapayaAnchor, keyed_papaya::<false, false>),
+    ]);
+    Group {
+        id: "gcra-keyed-hot".to_owned(),
+        suite: Suite::Keyed,
+        key_counts: vec![1],
+        workload: "every thread on one key of a keyed limiter, 10^9 per second, burst 1000; \
+                   leased: HotKeyLimiter with the key promoted (a lease shard per thread)"
+            .to_owned(),
+        contenders,
+    }
+}
+
+/// floodgate's per-key hot-key mode: a `HotKeyLimiter` on inline storage whose
+/// keys are promoted before the run (one lease shard per thread).
+fn keyed_hot(setup: &Setup) -> Prepared {
+    let limiter: HotKeyLimiter<u64, DefaultClock, Inline> = HotKeyLimiter::new_in(
+        gcra_policy(),
+        KeyedBuilder::default().capacity(1_024),
+        HotKeys::default()
+            .manual()
+            .slots(MAX_HOT_KEYS)
+            .lease_shards(setup.threads),
+    )
+    .expect("the benchmark hot-key settings are valid");
+    for key in 0..setup.keys.min(MAX_HOT_KEYS as u64) {
+        assert!(limiter.promote(&key), "a free slot for each benchmark key");
+    }
+    keyed_run(setup, KeyDistribution::Uniform, move |key| {
+        limiter.check(&key).is_allowed()
+    })
 }
 
 /// A keyed contender's table, for measuring the memory it holds per key.
@@ -1126,9 +1191,37 @@ mod tests {
                 cfg!(feature = "compare")
             );
         }
-        assert_eq!(matrix.iter().filter(|g| g.suite == Suite::Keyed).count(), 4);
+        // The four policy × distribution groups and the one-key group.
+        assert_eq!(matrix.iter().filter(|g| g.suite == Suite::Keyed).count(), 5);
         let zipf = matrix.iter().find(|g| g.id == "gcra-keyed-idle-zipf");
         assert!(zipf.is_some_and(|g| g.workload.contains("Zipf")));
+    }
+
+    #[test]
+    fn the_one_key_group_runs_the_hot_key_mode_and_admits_nearly_every_decision() {
+        let matrix = groups();
+        let hot = matrix
+            .iter()
+            .find(|g| g.id == "gcra-keyed-hot")
+            .expect("the one-key group");
+        assert_eq!(hot.key_counts, [1]);
+        let setup = Setup {
+            threads: 2,
+            keys: 1,
+            budget: Budget::Ops(20_000),
+        };
+        for implementation in [Implementation::Floodgate, Implementation::Leased] {
+            let contender = hot
+                .contenders
+                .iter()
+                .find(|c| c.implementation == implementation)
+                .expect("a column");
+            let m = contender.measure(&setup);
+            assert_eq!(m.ops, 40_000, "{implementation:?}");
+            // Most admit; a reading of one core's clock behind another's can meet a
+            // schedule booked past it (a burst of 1000 at 10^9 per second is 1 µs).
+            assert!(m.admitted > m.ops / 2, "{implementation:?}: {m:?}");
+        }
     }
 
     #[test]
