@@ -32,8 +32,9 @@
 //!   checks already on their way; they were counted in the `TAT`, so nothing is
 //!   admitted twice.
 //!
-//! A check that meets a key between two of these steps waits for the step to end
-//! (a few hundred nanoseconds while the promoting thread runs). Entries are found
+//! A check that meets a key between two of these steps waits (spinning, then
+//! yielding) until the thread taking them finishes: a promoting thread descheduled
+//! mid-way holds that key's checks for as long. Entries are found
 //! through an epoch-protected pointer and checked against the word's generation,
 //! so a check never spends another key's units.
 //!
