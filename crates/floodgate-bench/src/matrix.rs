@@ -43,8 +43,8 @@
 //! `gcra-keyed-hot` sends every thread to one key of a keyed limiter: floodgate's
 //! table word (one cache line every admission writes), the per-key hot-key mode
 //! (`HotKeyLimiter`, the key promoted before the run: its word is read, not
-//! written, and units come from per-thread leases), the sharded mutex twin,
-//! governor's keyed store, and the DashMap and papaya anchors.
+//! written, and units come from per-thread leases), the sharded mutex twin, the
+//! textbook version, governor's keyed store, and the DashMap and papaya anchors.
 //!
 //! # The deny path
 //!
@@ -490,7 +490,7 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
 /// One key of a keyed limiter hit by every thread (the idle policy's rate, 10^9 per
 /// second, burst 1000, so every decision admits): the keyed table's own word against
 /// the per-key hot-key mode (`HotKeyLimiter`, the key promoted before the run) and
-/// the keyed peers.
+/// the keyed peers (the textbook version included, as in every keyed group).
 fn keyed_hot_group() -> Group {
     let c = |implementation, run| Contender {
         implementation,
@@ -504,6 +504,7 @@ fn keyed_hot_group() -> Group {
         ),
         c(Implementation::Leased, keyed_hot),
         c(Implementation::MutexTwin, keyed_twin::<false, false>),
+        c(Implementation::Textbook, keyed_textbook::<false, false>),
     ];
     #[cfg(feature = "compare")]
     contenders.push(c(Implementation::Governor, keyed_governor::<false, false>));
