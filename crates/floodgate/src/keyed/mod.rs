@@ -114,9 +114,11 @@
 //! The module's files are its floors, and imports point down: `storage` (the
 //! shard machinery every storage shares, then `heap` and `inline`, the slot arrays),
 //! `key` (lookup forms and inline encodings), `limiter` (the one limiter type,
-//! builder, metrics, errors, written once over the storage's table), then the policy
-//! features built on the limiter's public face: `plans` (and `config`, its TOML
-//! loader, which reaches `plans` and never the reverse) and `composite`.
+//! builder, metrics, errors, written once over the storage's table), `log` (the keyed
+//! sliding log: its own sharded maps, the same capacity and removal rules), then
+//! `policy/`, the features built on the limiter: `plans` (and `config`, its TOML
+//! loader, which reaches `plans` and never the reverse), `composite` and `hot`. Their
+//! public paths stay `keyed::{plans, composite, hot}`.
 //!
 //! # Memory ordering
 //!
@@ -170,15 +172,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod composite;
-#[cfg(feature = "serde")]
-mod config;
-pub mod hot;
 mod key;
 mod limiter;
 pub mod log;
-pub mod plans;
+mod policy;
 mod storage;
+
+pub use policy::{composite, hot, plans};
 
 pub use hot::{HotKeyError, HotKeyLimiter, HotKeys, HotMetrics, MAX_HOT_KEYS};
 pub use key::{InlineKey, Ipv6Prefix, Lookup, Pair, PrefixTooLong};

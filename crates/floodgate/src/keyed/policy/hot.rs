@@ -82,13 +82,13 @@ use core::time::Duration;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use super::key::Lookup;
-use super::limiter::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
-use super::storage::{Heap, Storage};
 use crate::algorithm::{Algorithm, Charged};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
+use crate::keyed::key::Lookup;
+use crate::keyed::limiter::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
+use crate::keyed::storage::{Heap, Storage};
 use crate::lease::{LeaseBuilder, LeaseError, LeasedGcra};
 use crate::policy::Policy;
 use crate::sync::{lock, pin, retire, thread_index, AtomicPtr, AtomicU64, Mutex, Ordering};

@@ -32,7 +32,7 @@
 //! every admission it sees — exact with any clock that is monotone across threads
 //! ([`ManualClock`](crate::ManualClock), [`StdClock`](crate::StdClock)); with the TSC
 //! clock a GCRA refund can err by the cross-core skew (nanoseconds of booking).
-//! Counters ([`KeyedMetrics`](super::KeyedMetrics)) count a refunded admission as
+//! Counters ([`KeyedMetrics`](crate::keyed::KeyedMetrics)) count a refunded admission as
 //! allowed.
 //!
 //! ```
@@ -70,16 +70,16 @@
 use core::borrow::Borrow;
 use core::hash::Hash;
 
-use super::key::Lookup;
-use super::log::KeyedSlidingLog;
 use super::plans::{PlanAlgorithm, PlanId, PlanLimiter};
-use super::storage::{Heap, Storage};
-use super::KeyedLimiter;
 use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::{Clock, Nanos};
 use crate::decision::{Decision, PolicyId};
 use crate::gcra::{Gcra, GcraState};
+use crate::keyed::key::Lookup;
+use crate::keyed::log::KeyedSlidingLog;
+use crate::keyed::storage::{Heap, Storage};
+use crate::keyed::KeyedLimiter;
 use crate::limiter::RateLimiter;
 use crate::receipt::Receipt;
 use crate::shaping::Shaper;

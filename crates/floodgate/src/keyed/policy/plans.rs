@@ -45,14 +45,14 @@ use core::fmt;
 
 use crossbeam_utils::CachePadded;
 
-use super::key::Lookup;
-use super::storage::{Heap, Storage};
-use super::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
 use crate::algorithm::Algorithm;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::fixed_window::FixedWindow;
 use crate::gcra::{Gcra, GcraState};
+use crate::keyed::key::Lookup;
+use crate::keyed::storage::{Heap, Storage};
+use crate::keyed::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
 use crate::live::PolicyCell;
 use crate::policy::{Policy, PolicyError};
 use crate::receipt::Receipt;
