@@ -14,7 +14,9 @@
 //! A hot key's state word in the table is **sealed**: its top bit is set (a real
 //! schedule never sets it before the year 2116) and it names the key's slot and the
 //! promotion's generation. A check reads the key's word as usual; a cold key's check
-//! is the table's exact GCRA and costs nothing more. A sealed word writes nothing
+//! is the table's exact GCRA plus a test of that bit and, with detection on, a
+//! thread-local sample counter: about 1.2× the keyed table's instructions per check
+//! (callgrind, 10 000 inline `u64` keys: 287 against 237). A sealed word writes nothing
 //! (a read of a shared line, not a transfer) and sends the check to the slot's
 //! lease limiter. So the table holds every key, hot or cold, and a hot key's word is
 //! never idle, never reclaimed, and the last choice of an eviction sample.
@@ -155,6 +157,23 @@ impl HotGcra {
         let burst = self.gcra.policy().burst();
         Decision::allow(burst, 0, 1, schedule)
     }
+
+    /// A decision on a sealed word, or a promotion's or demotion's step (kept out of
+    /// line: a cold key's check never comes here).
+    #[cold]
+    #[inline(never)]
+    fn step_or_sealed(&self, state: GcraState) -> (Decision, Option<GcraState>) {
+        let tat = state.tat().as_u64();
+        let sealed = tat & SEALED != 0;
+        match self.mode {
+            Mode::Unseal { word, tat: to } if sealed && word == tat => {
+                (self.step(to), Some(GcraState::from_tat(Nanos::new(to))))
+            }
+            _ if sealed => (self.sealed(tat), None),
+            Mode::Seal(word) => (self.step(tat), Some(GcraState::from_tat(Nanos::new(word)))),
+            Mode::Unseal { .. } | Mode::Decide => (self.step(0), None),
+        }
+    }
 }
 
 /// The sealed word a table decision reports, if it met one.
@@ -168,27 +187,17 @@ impl Algorithm for HotGcra {
 
     #[inline(always)]
     fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
-        let tat = state.tat().as_u64();
-        if tat & SEALED != 0 {
-            return match self.mode {
-                Mode::Unseal { word, tat: to } if word == tat => {
-                    (self.step(to), Some(GcraState::from_tat(Nanos::new(to))))
-                }
-                _ => (self.sealed(tat), None),
-            };
+        if state.tat().as_u64() & SEALED != 0 || !matches!(self.mode, Mode::Decide) {
+            return self.step_or_sealed(state);
         }
-        match self.mode {
-            Mode::Decide => match self.gcra.decide(state, now, cost) {
-                // A schedule that would reach the sealed bit (a clock past 2^62 ns,
-                // the year 2116): never admitted, so no word is ever mistaken for one.
-                (_, Some(next)) if next.tat().as_u64() & SEALED != 0 => {
-                    let burst = self.gcra.policy().burst();
-                    (Decision::never(burst, 0, 1, 0), None)
-                }
-                outcome => outcome,
-            },
-            Mode::Seal(word) => (self.step(tat), Some(GcraState::from_tat(Nanos::new(word)))),
-            Mode::Unseal { .. } => (self.step(0), None),
+        match self.gcra.decide(state, now, cost) {
+            // A schedule that would reach the sealed bit (a clock past 2^62 ns, the
+            // year 2116): never admitted, so no word is ever mistaken for one.
+            (_, Some(next)) if next.tat().as_u64() & SEALED != 0 => {
+                let burst = self.gcra.policy().burst();
+                (Decision::never(burst, 0, 1, 0), None)
+            }
+            outcome => outcome,
         }
     }
 
@@ -629,32 +638,54 @@ where
     /// assert!(limiter.check_n_at(&1, Nanos::from_secs(2), 1).is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline(always)]
     pub fn check_n_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let decision = self
+            .keyed
+            .decide_uncounted(self.keyed.algorithm(), key, now, cost);
+        match sealed_in(&decision) {
+            None => {
+                self.keyed.count(decision.is_allowed());
+                self.sample(key, now);
+                decision
+            }
+            Some(word) => self.check_hot(word, key, now, cost),
+        }
+    }
+
+    /// A check that met the sealed `word`: the slot's lease limiter, or (while a
+    /// promotion or demotion of the key is half-way) a wait and another routing.
+    #[inline(never)]
+    fn check_hot<Q>(&self, mut word: u64, key: &Q, now: Nanos, cost: u32) -> Decision
     where
         Q: Lookup<K> + ?Sized,
     {
         let backoff = Backoff::new();
         loop {
-            let decision = self
-                .keyed
-                .decide_uncounted(self.keyed.algorithm(), key, now, cost);
-            let decision = match sealed_in(&decision) {
-                None => {
-                    self.sample(key, now);
-                    Some(decision)
-                }
-                Some(word) => self.on_entry(word, |entry| {
-                    let decision = entry.leased.check_n_at(now, cost);
-                    // A denial by a central word closed meanwhile (a demotion under
-                    // way) is no answer: route the check again.
-                    (decision.is_allowed() || entry.is_open()).then_some(decision)
-                }),
-            };
-            if let Some(decision) = decision {
+            let hot = self.on_entry(word, |entry| {
+                let decision = entry.leased.check_n_at(now, cost);
+                // A denial by a central word closed meanwhile (a demotion under way)
+                // is no answer: route the check again.
+                (decision.is_allowed() || entry.is_open()).then_some(decision)
+            });
+            if let Some(decision) = hot {
                 self.keyed.count(decision.is_allowed());
                 return decision;
             }
             wait(&backoff);
+            let decision = self
+                .keyed
+                .decide_uncounted(self.keyed.algorithm(), key, now, cost);
+            match sealed_in(&decision) {
+                None => {
+                    self.keyed.count(decision.is_allowed());
+                    return decision;
+                }
+                Some(again) => word = again,
+            }
         }
     }
 
