@@ -446,25 +446,7 @@ pub fn groups() -> Vec<Group> {
 /// contender.
 fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
     let (policy, distribution) = (key_policy(BOOKED), key_distribution(ZIPF));
-    let c = |implementation, run| Contender {
-        implementation,
-        run,
-    };
-    #[cfg_attr(not(feature = "compare"), allow(unused_mut))]
-    let mut contenders = vec![
-        c(
-            Implementation::Floodgate,
-            keyed_floodgate::<Inline, BOOKED, ZIPF>,
-        ),
-        c(Implementation::MutexTwin, keyed_twin::<BOOKED, ZIPF>),
-        c(Implementation::Textbook, keyed_textbook::<BOOKED, ZIPF>),
-    ];
-    #[cfg(feature = "compare")]
-    contenders.push(c(Implementation::Governor, keyed_governor::<BOOKED, ZIPF>));
-    contenders.extend([
-        c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, ZIPF>),
-        c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, ZIPF>),
-    ]);
+    let contenders = keyed_contenders::<BOOKED, ZIPF>();
     let policy_text = match policy {
         KeyPolicy::BookedAhead => "each key 1 per second, burst 10^9: booked ahead, always live",
         KeyPolicy::IdleBetweenVisits => {
@@ -487,11 +469,8 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
     }
 }
 
-/// One key of a keyed limiter hit by every thread (the idle policy's rate, 10^9 per
-/// second, burst 1000, so every decision admits): the keyed table's own word against
-/// the per-key hot-key mode (`HotKeyLimiter`, the key promoted before the run) and
-/// the keyed peers (the textbook version included, as in every keyed group).
-fn keyed_hot_group() -> Group {
+/// Every keyed contender of one key policy and one key distribution, in table order.
+fn keyed_contenders<const BOOKED: bool, const ZIPF: bool>() -> Vec<Contender> {
     let c = |implementation, run| Contender {
         implementation,
         run,
@@ -500,18 +479,35 @@ fn keyed_hot_group() -> Group {
     let mut contenders = vec![
         c(
             Implementation::Floodgate,
-            keyed_floodgate::<Inline, false, false>,
+            keyed_floodgate::<Inline, BOOKED, ZIPF>,
         ),
-        c(Implementation::Leased, keyed_hot),
-        c(Implementation::MutexTwin, keyed_twin::<false, false>),
-        c(Implementation::Textbook, keyed_textbook::<false, false>),
+        c(Implementation::MutexTwin, keyed_twin::<BOOKED, ZIPF>),
+        c(Implementation::Textbook, keyed_textbook::<BOOKED, ZIPF>),
     ];
     #[cfg(feature = "compare")]
-    contenders.push(c(Implementation::Governor, keyed_governor::<false, false>));
+    contenders.push(c(Implementation::Governor, keyed_governor::<BOOKED, ZIPF>));
     contenders.extend([
-        c(Implementation::DashmapAnchor, keyed_dashmap::<false, false>),
-        c(Implementation::PapayaAnchor, keyed_papaya::<false, false>),
+        c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, ZIPF>),
+        c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, ZIPF>),
     ]);
+    contenders
+}
+
+/// One key of a keyed limiter hit by every thread (the idle policy's rate, 10^9 per
+/// second, burst 1000, so every decision admits): the keyed table's own word against
+/// the per-key hot-key mode (`HotKeyLimiter`, the key promoted before the run) and
+/// the keyed peers (the textbook version included, as in every keyed group).
+fn keyed_hot_group() -> Group {
+    // The idle policy's contenders (uniform keys: with one key, every thread's is
+    // key 0), the hot-key mode beside floodgate's table word.
+    let mut contenders = keyed_contenders::<false, false>();
+    contenders.insert(
+        1,
+        Contender {
+            implementation: Implementation::Leased,
+            run: keyed_hot,
+        },
+    );
     Group {
         id: "gcra-keyed-hot".to_owned(),
         suite: Suite::Keyed,

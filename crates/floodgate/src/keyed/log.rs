@@ -259,17 +259,14 @@ where
         let (decision, charge) = match shard.logs.get_mut(key) {
             Some(ring) => ring.charge(bounds, now, cost),
             None => {
-                // A fresh log: insert it only if the request logs anything.
-                let (decision, _) = Ring::default().judge(bounds, now.as_u64(), cost);
-                if decision.is_allowed() && cost > 0 {
+                // A fresh log: kept only if the request logged anything.
+                let mut ring = Ring::default();
+                let (decision, charge) = ring.charge(bounds, now, cost);
+                if charge.is_some() {
                     self.make_room(&mut shard, now.as_u64());
-                    let mut ring = Ring::default();
-                    let charged = ring.charge(bounds, now, cost);
                     shard.logs.insert(key.to_owned(), ring);
-                    charged
-                } else {
-                    (decision, None)
                 }
+                (decision, charge)
             }
         };
         if decision.is_allowed() {
