@@ -132,7 +132,9 @@ pub enum Implementation {
     /// GCRA on a `papaya::HashMap<u64, AtomicU64>` (lock-free reads): the few lines
     /// a careful user writes, the strongest keyed anchor.
     PapayaAnchor,
-    /// A clock read and one uncontended CAS.
+    /// A clock read and one uncontended CAS (in a keyed group: the GCRA step on the
+    /// key's own word in a plain array the key indexes, the floor of any keyed table:
+    /// no lookup, no key stored).
     Floor,
     /// A clock read and a load of one shared read-only word.
     NoWriteCeiling,
@@ -489,6 +491,7 @@ fn keyed_contenders<const BOOKED: bool, const ZIPF: bool>() -> Vec<Contender> {
     contenders.extend([
         c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, ZIPF>),
         c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, ZIPF>),
+        c(Implementation::Floor, keyed_floor::<BOOKED, ZIPF>),
     ]);
     contenders
 }
@@ -1047,6 +1050,26 @@ fn keyed_papaya<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared
     })
 }
 
+/// The floor of a keyed table: the GCRA step on the key's own word in an array the
+/// key indexes (a perfect hash, which no table for unknown keys has): a clock read,
+/// one access at the key's address and one CAS. Each word takes 16 bytes, the
+/// footprint of a 64-bit key beside its state, so that at 10^6 keys the access misses
+/// memory as a table's does; what a table costs beyond this is its lookup.
+fn keyed_floor<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+    /// A state word in a 64-bit key's and its state's 16 bytes.
+    #[repr(align(16))]
+    struct KeyWord(AtomicU64);
+    let gcra = Gcra::new(key_policy(BOOKED).policy());
+    let clock = DefaultClock::new();
+    let words: Vec<KeyWord> = (0..setup.keys.max(1))
+        .map(|_| KeyWord(AtomicU64::new(0)))
+        .collect();
+    keyed_run(setup, key_distribution(ZIPF), move |key| {
+        let now = clock.now();
+        gcra_on_word(&gcra, &words[key as usize].0, now)
+    })
+}
+
 /// The GCRA step on a bare `AtomicU64` holding the TAT: decide, then CAS (retried on
 /// a race), as a hand-rolled keyed limiter does it.
 #[inline(always)]
@@ -1268,7 +1291,7 @@ mod tests {
         if cfg!(feature = "compare") {
             expected.push("governor");
         }
-        expected.extend(["dashmap_anchor", "papaya_anchor"]);
+        expected.extend(["dashmap_anchor", "papaya_anchor", "floor"]);
         assert_eq!(ids, expected);
         for table in keyed_tables() {
             let setup = Setup {

@@ -675,9 +675,9 @@ fn a_capacity_over_the_memory_budget_is_an_error_not_an_allocation() {
     );
     assert_eq!(most.build::<u64>().unwrap_err(), over);
 
-    // Around the default budget (16 bytes a slot, 8 slots for 7 keys): the largest
+    // Around the default budget (16 bytes a slot, 4 slots for 3 keys): the largest
     // capacity that fits and the next one, without building the big one.
-    let fits = DEFAULT_MEMORY_BUDGET / 16 / 8 * 7;
+    let fits = DEFAULT_MEMORY_BUDGET / 16 / 4 * 3;
     assert!(builder().capacity(fits).slot_bytes().unwrap() <= DEFAULT_MEMORY_BUDGET);
     let next = builder().capacity(fits + 1);
     let bytes = next.slot_bytes().unwrap();

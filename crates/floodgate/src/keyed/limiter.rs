@@ -21,15 +21,15 @@ use crate::receipt::{Owner, Receipt};
 use crate::shaping::{Reserve, ShapeError};
 use crate::sync::{thread_index, AtomicU64, Ordering};
 
-/// The key capacity when none is set: 100 000 keys (≈ 3.5 MB for `u64` keys).
+/// The key capacity when none is set: 100 000 keys (≈ 3.8 MB for `u64` keys).
 pub const DEFAULT_CAPACITY: usize = 100_000;
 
 /// The largest key capacity accepted: 2^32 keys (its slot array alone takes
-/// ≈ 78.6 GB, so it also needs a [`memory_budget`](KeyedBuilder::memory_budget)
+/// ≈ 91.6 GB, so it also needs a [`memory_budget`](KeyedBuilder::memory_budget)
 /// that large).
 pub const MAX_CAPACITY: usize = 1 << 32;
 
-/// The slot-array budget when none is set: 4 GiB, enough for ≈ 234 million keys of
+/// The slot-array budget when none is set: 4 GiB, enough for ≈ 200 million keys of
 /// capacity (see [`KeyedBuilder::memory_budget`]).
 pub const DEFAULT_MEMORY_BUDGET: usize = 4 << 30;
 
@@ -431,7 +431,7 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// Both tables allocate their whole slot array at build: 16 bytes per slot, with
     /// `capacity / shards` keys per shard (plus ≈ 4/√share slack when there is more
-    /// than one shard) at a load factor of 7/8 — ≈ 18.3 bytes per key of capacity
+    /// than one shard) at a load factor of 3/4 — ≈ 21.3 bytes per key of capacity
     /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number).
     ///
     /// * [`Inline`] and [`Fingerprint`] storage: the slot array is all its key memory.
@@ -443,12 +443,12 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// ```
     /// use floodgate::{Gcra, KeyedBuilder, KeyedError, Policy};
-    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).capacity(700).shards(1);
-    /// assert_eq!(b.slot_bytes()?, 800 * 16);
-    /// assert!(b.clone().memory_budget(800 * 16).build::<u64>().is_ok());
+    /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).capacity(750).shards(1);
+    /// assert_eq!(b.slot_bytes()?, 1_000 * 16);
+    /// assert!(b.clone().memory_budget(1_000 * 16).build::<u64>().is_ok());
     /// assert_eq!(
     ///     b.memory_budget(1_000).build_inline::<u64>().unwrap_err(),
-    ///     KeyedError::OverMemoryBudget { capacity: 700, slot_bytes: 800 * 16, budget: 1_000 }
+    ///     KeyedError::OverMemoryBudget { capacity: 750, slot_bytes: 1_000 * 16, budget: 1_000 }
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -470,9 +470,9 @@ impl<A, C> KeyedBuilder<A, C> {
     /// ```
     /// use floodgate::{Gcra, KeyedBuilder, Policy, MAX_CAPACITY};
     /// let b = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?));
-    /// // About 78.6 GB for the largest capacity: over the default budget.
+    /// // About 91.6 GB for the largest capacity: over the default budget.
     /// let most = b.capacity(MAX_CAPACITY).shards(1).slot_bytes()?;
-    /// assert_eq!(most, ((1usize << 32) + (1usize << 32).div_ceil(7)) * 16);
+    /// assert_eq!(most, ((1usize << 32) + (1usize << 32).div_ceil(3)) * 16);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn slot_bytes(&self) -> Result<usize, KeyedError> {
@@ -567,10 +567,10 @@ impl<A, C> KeyedBuilder<A, C> {
     ///
     /// ```
     /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
-    ///     .capacity(700)
+    ///     .capacity(750)
     ///     .shards(1)
     ///     .build_inline::<u64>()?;
-    /// assert_eq!(keyed.slot_bytes(), 800 * 16);
+    /// assert_eq!(keyed.slot_bytes(), 1_000 * 16);
     /// assert!(keyed.check(&7).is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -1347,8 +1347,8 @@ where
     ///
     /// ```
     /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
-    ///     .capacity(700).shards(1).build::<u64>()?;
-    /// assert_eq!(keyed.slot_bytes(), 800 * 16);
+    ///     .capacity(750).shards(1).build::<u64>()?;
+    /// assert_eq!(keyed.slot_bytes(), 1_000 * 16);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn slot_bytes(&self) -> usize {

@@ -13,7 +13,7 @@
 //! * [`Inline`] ([`KeyedBuilder::build_inline`]): keys that encode into 64 bits
 //!   ([`InlineKey`]: integers, `[u8; N ≤ 8]`, `Ipv4Addr`, `IpAddr`, [`Ipv6Prefix`])
 //!   sit in the slot next to the state: no heap entry, no epoch and one cache miss
-//!   per lookup, in ≈ 18.5 bytes per key (see "Inline storage" below);
+//!   per lookup, in ≈ 21.6 bytes per key (see "Inline storage" below);
 //! * [`Fingerprint`] (opt-in, [`KeyedBuilder::build_fingerprint`]): any `Hash` key
 //!   as a 64-bit keyed hash in the inline slot, with documented collision odds.
 //!
@@ -44,10 +44,10 @@
 //! * **Exact keys**: slots point to heap entries holding the key itself; two
 //!   different keys never share a state.
 //! * **Bounded memory**: the slot array is sized once from the capacity (load factor
-//!   ≤ 7/8) and never grows; at most [`KeyedLimiter::max_keys`] entries exist (the
+//!   ≤ 3/4) and never grows; at most [`KeyedLimiter::max_keys`] entries exist (the
 //!   capacity plus ≈ 4/√share slack for uneven hashing across shards). Memory is
 //!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
-//!   (for `u64` keys: ≈ 18.5 + 16 bytes of payload per key at full capacity), plus
+//!   (for `u64` keys: ≈ 21.6 + 16 bytes of payload per key at full capacity), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
 //!   that backlog stays small: the 10 M-key flood test peaks at 35.1 bytes per key
 //!   of capacity, all included. A build whose slot array would pass the
@@ -105,9 +105,9 @@
 //! never charge that key (the proof is in the table's source; loom models in
 //! `tests/loom_keyed_compact.rs`). Same sizing, reclamation, eviction, metrics,
 //! receipts and refunds as the heap storage (shared code; a refund's CAS compares the
-//! key half too): 16 bytes × 8/7 load × ≈ 1 % shard slack ≈ 18.5
+//! key half too): 16 bytes × 4/3 load × ≈ 1 % shard slack ≈ 21.6
 //! bytes per key of capacity, all of it allocated at build (the 10 M-key flood test
-//! peaks at 18.9 bytes per key, all included).
+//! peaks at 22.0 bytes per key, all included).
 //!
 //! # Layout
 //!

@@ -6,7 +6,7 @@
 //! A power-of-two number of cache-padded shards; a key's 64-bit `ahash` picks its
 //! shard from the high bits. Each shard is an open-addressing table with linear
 //! probing over a fixed slot array sized once from the shard's share of the capacity
-//! (load factor ≤ 7/8, never resized). A slot is two words: a `tag` (the key's hash
+//! (load factor ≤ 3/4, never resized). A slot is two words: a `tag` (the key's hash
 //! with the low bit set; 0 = empty) and a pointer to a heap [`Entry`] holding the key
 //! and its state word. The state lives in the entry, not the slot, so moving an entry
 //! between slots never changes which word a key's decisions use.
