@@ -7,6 +7,12 @@
 //! GCRA ones of the matrix ([`crate::matrix::gcra_policy`]): floodgate, its leased
 //! hot-key mode, its mutex twin and governor (feature `compare`).
 //!
+//! [`rounds`] measures the whole table several times, rotating the order of the rows
+//! from round to round, and reports each figure as its median and range over the
+//! rounds: on a 2-vCPU virtual machine one run of a row can land the two threads
+//! differently on the host and move its tail several-fold, so a single run per row
+//! (as [`table`] gives) says little about which contender has the shorter tail.
+//!
 //! With floodgate's `cas-stats` feature (this crate's feature of the same name), the
 //! floodgate row also reports CAS retries per decision (mean, max), summed over the
 //! threads.
@@ -173,6 +179,124 @@ pub fn table(threads: usize, decisions_per_thread: u64) -> Vec<Latency> {
         .collect()
 }
 
+/// One row of the latency table over several rounds: the same contender measured once
+/// per round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencySeries {
+    /// Which contender (`None`: the timer-only baseline).
+    pub implementation: Option<Implementation>,
+    /// One measurement per round, in round order.
+    pub rounds: Vec<Latency>,
+}
+
+/// A figure over rounds: the median and the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spread {
+    /// The median round's value (the upper median for an even count).
+    pub median: u64,
+    /// The lowest round's value.
+    pub min: u64,
+    /// The highest round's value.
+    pub max: u64,
+}
+
+impl Spread {
+    /// The median and range of `values` (`None` when there are none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::latency::Spread;
+    /// let s = Spread::of([30, 10, 20]).unwrap();
+    /// assert_eq!((s.median, s.min, s.max), (20, 10, 30));
+    /// assert_eq!(Spread::of([]), None);
+    /// ```
+    pub fn of(values: impl IntoIterator<Item = u64>) -> Option<Spread> {
+        let mut v: Vec<u64> = values.into_iter().collect();
+        v.sort_unstable();
+        Some(Spread {
+            median: *v.get(v.len() / 2)?,
+            min: v[0],
+            max: v[v.len() - 1],
+        })
+    }
+}
+
+impl LatencySeries {
+    /// The row's name.
+    pub fn name(&self) -> &'static str {
+        self.implementation
+            .map_or("timer only", Implementation::heading)
+    }
+
+    /// One figure of every round (e.g. `|l| l.p999`), as median and range.
+    ///
+    /// # Panics
+    ///
+    /// If the series has no round ([`rounds`] always measures at least one).
+    pub fn spread(&self, figure: impl Fn(&Latency) -> u64) -> Spread {
+        Spread::of(self.rounds.iter().map(figure)).expect("a series has at least one round")
+    }
+
+    /// Decisions timed over every round.
+    pub fn decisions(&self) -> u64 {
+        self.rounds.iter().map(|l| l.decisions).sum()
+    }
+
+    /// CAS retries per decision over every round (mean, max), where counted.
+    pub fn cas_retries(&self) -> Option<(f64, u64)> {
+        let counted: Vec<_> = self
+            .rounds
+            .iter()
+            .filter_map(|l| l.cas_retries.map(|c| (c, l.decisions)))
+            .collect();
+        let decisions: u64 = counted.iter().map(|(_, d)| d).sum();
+        (decisions > 0).then(|| {
+            let mean = counted
+                .iter()
+                .map(|((mean, _), d)| mean * *d as f64)
+                .sum::<f64>()
+                / decisions as f64;
+            let max = counted.iter().map(|((_, max), _)| *max).max().unwrap_or(0);
+            (mean, max)
+        })
+    }
+}
+
+/// The table `repeats` times over (at least once): each round measures the timer-only
+/// row and every contender once, starting one row later than the round before, so
+/// that no contender always runs first, last, or after the same neighbour, and a slow
+/// drift of the machine (or the vCPUs landing differently on the host) spreads over
+/// every row. Rows come back in [`table`]'s order, each with its rounds in order.
+///
+/// # Examples
+///
+/// ```
+/// let rows = floodgate_bench::latency::rounds(2, 500, 3);
+/// assert_eq!(rows[0].name(), "timer only");
+/// assert!(rows.iter().all(|r| r.rounds.len() == 3));
+/// let p999 = rows[1].spread(|l| l.p999);
+/// assert!(p999.min <= p999.median && p999.median <= p999.max);
+/// ```
+pub fn rounds(threads: usize, decisions_per_thread: u64, repeats: usize) -> Vec<LatencySeries> {
+    let mut rows: Vec<LatencySeries> = std::iter::once(None)
+        .chain(contenders().into_iter().map(Some))
+        .map(|implementation| LatencySeries {
+            implementation,
+            rounds: Vec::new(),
+        })
+        .collect();
+    let n = rows.len();
+    for round in 0..repeats.max(1) {
+        for offset in 0..n {
+            let row = &mut rows[(round + offset) % n];
+            let measured = measure_latency(row.implementation, threads, decisions_per_thread);
+            row.rounds.push(measured);
+        }
+    }
+    rows
+}
+
 /// CAS loop counts of one thread (all zero without `cas-stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct CasCount {
@@ -228,6 +352,74 @@ mod tests {
                 assert_eq!(row.cas_retries, None, "{row:?}");
             }
         }
+    }
+
+    #[test]
+    fn rounds_measure_every_row_once_a_round_and_rotate_the_order() {
+        let rows = rounds(2, 1_000, 4);
+        let names: Vec<_> = rows.iter().map(LatencySeries::name).collect();
+        let once: Vec<_> = table(2, 10).iter().map(Latency::name).collect();
+        assert_eq!(names, once);
+        for row in &rows {
+            assert_eq!(row.rounds.len(), 4, "{}", row.name());
+            assert!(row
+                .rounds
+                .iter()
+                .all(|l| l.implementation == row.implementation));
+            assert_eq!(row.decisions(), 4 * 2_000);
+            for figure in [|l: &Latency| l.p50, |l: &Latency| l.p999] {
+                let s = row.spread(figure);
+                let mut v: Vec<u64> = row.rounds.iter().map(figure).collect();
+                v.sort_unstable();
+                assert_eq!((s.min, s.median, s.max), (v[0], v[2], v[3]));
+            }
+        }
+    }
+
+    #[test]
+    fn a_spread_is_the_median_and_range_of_its_values() {
+        assert_eq!(
+            Spread::of([7]),
+            Some(Spread {
+                median: 7,
+                min: 7,
+                max: 7
+            })
+        );
+        assert_eq!(
+            Spread::of([5, 1, 9, 3]),
+            Some(Spread {
+                median: 5,
+                min: 1,
+                max: 9
+            })
+        );
+        assert_eq!(Spread::of(Vec::new()), None);
+    }
+
+    #[test]
+    fn cas_retries_over_rounds_weigh_each_round_by_its_decisions() {
+        let round = |decisions, cas_retries| Latency {
+            implementation: Some(Implementation::Floodgate),
+            decisions,
+            p50: 1,
+            p99: 1,
+            p999: 1,
+            max: 1,
+            cas_retries,
+        };
+        let series = LatencySeries {
+            implementation: Some(Implementation::Floodgate),
+            rounds: vec![round(100, Some((0.5, 3))), round(300, Some((0.1, 7)))],
+        };
+        let (mean, max) = series.cas_retries().unwrap();
+        assert!((mean - 0.2).abs() < 1e-12, "{mean}");
+        assert_eq!(max, 7);
+        let uncounted = LatencySeries {
+            implementation: Some(Implementation::Floodgate),
+            rounds: vec![round(100, None)],
+        };
+        assert_eq!(uncounted.cas_retries(), None);
     }
 
     #[cfg(feature = "cas-stats")]

@@ -57,7 +57,8 @@ pub(crate) struct BenchArgs {
     pub(crate) csv: bool,
     /// Print per-decision latency under 2-thread contention on one hot key (p50, p99,
     /// p99.9, max; CAS retries when built with the `cas-stats` feature) instead of the
-    /// throughput table.
+    /// throughput table: --repeats rounds, each row once a round in a rotating order,
+    /// medians and ranges over the rounds.
     #[arg(long, conflicts_with_all = ["csv", "plot"])]
     pub(crate) latency: bool,
     /// Also draw throughput against threads (the hot-key group, one line per

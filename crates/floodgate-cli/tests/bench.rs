@@ -259,6 +259,7 @@ fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
         want.push("governor");
     }
     assert_eq!(names, want);
+    assert_eq!(report["rounds"].as_u64(), Some(3), "the default repeats");
     for row in rows {
         let p = |k: &str| row[k].as_u64().expect(k);
         assert!(p("decisions") > 0, "{row}");
@@ -266,6 +267,27 @@ fn latency_reports_ordered_percentiles_beside_the_timer_only_baseline() {
             p("p50") <= p("p99") && p("p99") <= p("p999") && p("p999") <= p("max"),
             "{row}"
         );
+        for (median, range) in [("p99", "p99_range"), ("p999", "p999_range")] {
+            let r: Vec<u64> = row[range]
+                .as_array()
+                .expect(range)
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert!(r[0] <= p(median) && p(median) <= r[1], "{row}");
+        }
+    }
+    let ratio = &report["floodgate_p999_over_governor"];
+    if cfg!(feature = "compare") {
+        let r: Vec<f64> = ratio
+            .as_array()
+            .expect("a ratio to governor")
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert!(r[1] > 0.0 && r[1] <= r[0] && r[0] <= r[2], "{ratio}");
+    } else {
+        assert!(ratio.is_null(), "{ratio}");
     }
     let table = String::from_utf8(bench(&["--latency", "--quick"]).stdout).unwrap();
     assert!(

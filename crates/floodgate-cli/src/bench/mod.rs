@@ -213,9 +213,17 @@ struct LatencyReport {
     unit: &'static str,
     machine: Machine,
     threads: usize,
+    /// Rounds: each row was measured once per round, the rows' order rotating.
+    rounds: usize,
     rows: Vec<LatencyRow>,
+    /// Per round, floodgate's p99.9 ÷ governor's (median, min, max); absent without
+    /// governor.
+    floodgate_p999_over_governor: Option<[f64; 3]>,
+    /// Per round, the leased mode's p99.9 ÷ governor's.
+    leased_p999_over_governor: Option<[f64; 3]>,
 }
 
+/// A row's figures are the medians over the rounds; `*_range` are [min, max].
 #[derive(Serialize)]
 struct LatencyRow {
     implementation: &'static str,
@@ -224,6 +232,8 @@ struct LatencyRow {
     p99: u64,
     p999: u64,
     max: u64,
+    p99_range: [u64; 2],
+    p999_range: [u64; 2],
     cas_retries_mean: Option<f64>,
     cas_retries_max: Option<u64>,
 }
@@ -236,25 +246,51 @@ fn run_latency(args: &BenchArgs) -> Result<(), Failure> {
     } else {
         LATENCY_DECISIONS
     };
+    let repeats = args.repeats.get().max(MIN_REPEATS);
     let _ = floodgate::Clock::now(&floodgate::DefaultClock::new());
-    let rows: Vec<LatencyRow> = floodgate_bench::latency::table(threads, decisions)
-        .into_iter()
-        .map(|l| LatencyRow {
-            implementation: l.implementation.map_or("timer_only", Implementation::id),
-            decisions: l.decisions,
-            p50: l.p50,
-            p99: l.p99,
-            p999: l.p999,
-            max: l.max,
-            cas_retries_mean: l.cas_retries.map(|c| c.0),
-            cas_retries_max: l.cas_retries.map(|c| c.1),
+    let series = floodgate_bench::latency::rounds(threads, decisions, repeats);
+    let ratio = |contender: Implementation| {
+        let rounds_of = |i| {
+            series
+                .iter()
+                .find(|s| s.implementation == Some(i))
+                .map(|s| &s.rounds)
+        };
+        let (ours, theirs) = (rounds_of(contender)?, rounds_of(Implementation::Governor)?);
+        let mut r: Vec<f64> = ours
+            .iter()
+            .zip(theirs)
+            .map(|(a, b)| a.p999 as f64 / b.p999.max(1) as f64)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        Some([r[r.len() / 2], r[0], r[r.len() - 1]])
+    };
+    let rows: Vec<LatencyRow> = series
+        .iter()
+        .map(|s| {
+            let (p99, p999) = (s.spread(|l| l.p99), s.spread(|l| l.p999));
+            LatencyRow {
+                implementation: s.implementation.map_or("timer_only", Implementation::id),
+                decisions: s.decisions(),
+                p50: s.spread(|l| l.p50).median,
+                p99: p99.median,
+                p999: p999.median,
+                max: s.spread(|l| l.max).median,
+                p99_range: [p99.min, p99.max],
+                p999_range: [p999.min, p999.max],
+                cas_retries_mean: s.cas_retries().map(|c| c.0),
+                cas_retries_max: s.cas_retries().map(|c| c.1),
+            }
         })
         .collect();
     let report = LatencyReport {
         unit: "nanoseconds per decision, timer included",
         machine: machine(),
         threads,
+        rounds: repeats,
         rows,
+        floodgate_p999_over_governor: ratio(Implementation::Floodgate),
+        leased_p999_over_governor: ratio(Implementation::Leased),
     };
     print(args.json, &report, write_latency)
 }
@@ -296,10 +332,16 @@ fn write_latency(out: &mut impl Write, report: &LatencyReport) -> io::Result<()>
         out,
         "each decision timed by two TSC reads; `timer_only` times nothing (the cost of timing)"
     )?;
+    writeln!(
+        out,
+        "{} rounds, every row once a round in a rotating order; figures: median [min-max] \
+         over the rounds",
+        report.rounds
+    )?;
     writeln!(out)?;
     writeln!(
         out,
-        "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
+        "{:<12} {:>10} {:>7} {:>17} {:>17} {:>9} {:>10} {:>9}",
         "", "decisions", "p50", "p99", "p99.9", "max", "CAS mean", "CAS max"
     )?;
     for r in &report.rows {
@@ -307,11 +349,30 @@ fn write_latency(out: &mut impl Write, report: &LatencyReport) -> io::Result<()>
             (Some(mean), Some(max)) => (format!("{mean:.3}"), max.to_string()),
             _ => ("n/a".to_owned(), "n/a".to_owned()),
         };
+        let ranged = |median: u64, [lo, hi]: [u64; 2]| format!("{median} [{lo}-{hi}]");
         writeln!(
             out,
-            "{:<12} {:>10} {:>7} {:>7} {:>7} {:>9} {:>10} {:>9}",
-            r.implementation, r.decisions, r.p50, r.p99, r.p999, r.max, mean, max
+            "{:<12} {:>10} {:>7} {:>17} {:>17} {:>9} {:>10} {:>9}",
+            r.implementation,
+            r.decisions,
+            r.p50,
+            ranged(r.p99, r.p99_range),
+            ranged(r.p999, r.p999_range),
+            r.max,
+            mean,
+            max
         )?;
+    }
+    for (name, ratio) in [
+        ("floodgate", report.floodgate_p999_over_governor),
+        ("leased", report.leased_p999_over_governor),
+    ] {
+        if let Some([median, lo, hi]) = ratio {
+            writeln!(
+                out,
+                "{name} p99.9 / governor p99.9, per round: {median:.2}x [{lo:.2}-{hi:.2}]"
+            )?;
+        }
     }
     Ok(())
 }
