@@ -191,17 +191,18 @@ pub struct LatencySeries {
 
 /// A figure over rounds: the median and the range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Spread {
+pub struct Spread<T = u64> {
     /// The median round's value (the upper median for an even count).
-    pub median: u64,
+    pub median: T,
     /// The lowest round's value.
-    pub min: u64,
+    pub min: T,
     /// The highest round's value.
-    pub max: u64,
+    pub max: T,
 }
 
-impl Spread {
-    /// The median and range of `values` (`None` when there are none).
+impl<T: Copy + PartialOrd> Spread<T> {
+    /// The median and range of `values` (`None` when there are none; values that do
+    /// not compare, such as NaN, sort as equal to anything).
     ///
     /// # Examples
     ///
@@ -209,11 +210,12 @@ impl Spread {
     /// use floodgate_bench::latency::Spread;
     /// let s = Spread::of([30, 10, 20]).unwrap();
     /// assert_eq!((s.median, s.min, s.max), (20, 10, 30));
-    /// assert_eq!(Spread::of([]), None);
+    /// assert_eq!(Spread::of([0.5, 2.0]).map(|s| s.median), Some(2.0));
+    /// assert_eq!(Spread::<u64>::of([]), None);
     /// ```
-    pub fn of(values: impl IntoIterator<Item = u64>) -> Option<Spread> {
-        let mut v: Vec<u64> = values.into_iter().collect();
-        v.sort_unstable();
+    pub fn of(values: impl IntoIterator<Item = T>) -> Option<Spread<T>> {
+        let mut v: Vec<T> = values.into_iter().collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(core::cmp::Ordering::Equal));
         Some(Spread {
             median: *v.get(v.len() / 2)?,
             min: v[0],
@@ -394,7 +396,7 @@ mod tests {
                 max: 9
             })
         );
-        assert_eq!(Spread::of(Vec::new()), None);
+        assert_eq!(Spread::<u64>::of(Vec::new()), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use floodgate_bench::latency::Spread;
 use floodgate_bench::matrix::{groups, keyed_tables, Group, Implementation, Setup, Suite};
 use floodgate_bench::memory::{counting, footprint};
 use floodgate_bench::{Budget, Measurement};
@@ -257,13 +258,12 @@ fn run_latency(args: &BenchArgs) -> Result<(), Failure> {
                 .map(|s| &s.rounds)
         };
         let (ours, theirs) = (rounds_of(contender)?, rounds_of(Implementation::Governor)?);
-        let mut r: Vec<f64> = ours
-            .iter()
-            .zip(theirs)
-            .map(|(a, b)| a.p999 as f64 / b.p999.max(1) as f64)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        Some([r[r.len() / 2], r[0], r[r.len() - 1]])
+        let r = Spread::of(
+            ours.iter()
+                .zip(theirs)
+                .map(|(a, b)| a.p999 as f64 / b.p999.max(1) as f64),
+        )?;
+        Some([r.median, r.min, r.max])
     };
     let rows: Vec<LatencyRow> = series
         .iter()
