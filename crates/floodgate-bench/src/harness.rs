@@ -5,13 +5,18 @@
 //!
 //! * [`run_threads`] — a fixed number of operations per thread (what criterion's
 //!   `iter_custom` asks for);
+//! * [`run_together`] — at most a number of operations per thread, every thread
+//!   stopping when the first has done its share (what criterion's `iter_custom` gets
+//!   from the suites: a contender that serves one thread at a time cannot finish its
+//!   run on one thread alone);
 //! * [`run_for`] — as many operations as fit in a duration (what a command with a time
 //!   budget wants).
 //!
 //! Both know nothing about rate limiting: they run closures. Each thread first builds
 //! its own operation (`make_op(thread_index)`: per-thread setup such as a key sequence
-//! or a counter, excluded from the timing), then all threads wait on one start barrier,
-//! then each runs its operation in a tight loop. The elapsed time is measured by the
+//! or a counter, excluded from the timing), then all threads wait on one start barrier
+//! and spin until every one of them is running, then each runs its operation in a
+//! tight loop. The elapsed time is measured by the
 //! workers themselves, from the earliest start to the latest finish, so thread spawning,
 //! setup and joining are not counted, and the coordinating thread never competes with
 //! the workers for a core while they are timed.
@@ -40,9 +45,12 @@
 
 use std::hint::black_box;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crossbeam_utils::{Backoff, CachePadded};
 
 /// How many operations [`run_for`] runs between two looks at the clock.
 ///
@@ -148,6 +156,29 @@ impl Measurement {
             return Duration::ZERO;
         }
         let nanos = self.elapsed.as_nanos() / u128::from(self.ops);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// How long `ops` operations take at this run's throughput: `elapsed` scaled by
+    /// `ops / self.ops` (exact to the nanosecond, unlike `per_op() * ops`). What
+    /// criterion's `iter_custom` is given when a [`run_together`] stopped short of the
+    /// operations it asked for. An empty run reports its `elapsed` unscaled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::Measurement;
+    /// use std::time::Duration;
+    ///
+    /// let m = Measurement { ops: 3, admitted: 0, elapsed: Duration::from_nanos(40) };
+    /// assert_eq!(m.time_for(6), Duration::from_nanos(80));
+    /// assert_eq!(m.time_for(3), m.elapsed);
+    /// ```
+    pub fn time_for(&self, ops: u64) -> Duration {
+        if self.ops == 0 {
+            return self.elapsed;
+        }
+        let nanos = self.elapsed.as_nanos() * u128::from(ops) / u128::from(self.ops);
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 }
@@ -257,8 +288,13 @@ where
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Budget {
-    /// This many operations on each thread, no warm-up (criterion warms up itself).
+    /// This many operations on each thread, no warm-up ([`run_ops`]: exact counts,
+    /// e.g. for counting instructions per operation).
     Ops(u64),
+    /// At most this many operations on each thread, all stopping when the first thread
+    /// has done its share, no warm-up ([`run_together`]: what criterion's
+    /// `iter_custom` runs, as it warms up itself).
+    UpTo(u64),
     /// First `warm_up` on the same state (untimed, discarded), then `run` measured.
     Time {
         /// Run, untimed, before the measured run: caches, branch predictors, the TSC
@@ -295,6 +331,7 @@ where
 {
     match budget {
         Budget::Ops(ops) => run_ops(threads, ops, make_op),
+        Budget::UpTo(ops) => run_together(threads, ops, make_op),
         Budget::Time { warm_up, run } => {
             if !warm_up.is_zero() {
                 run_for(threads, warm_up, &make_op);
@@ -334,6 +371,55 @@ where
     })
 }
 
+/// Runs at most `ops_per_thread` operations on each of `threads` threads: the first
+/// thread to finish its share stops the others at their next look (every [`BATCH`]
+/// operations), so no part of the timed span has fewer threads working than the rest.
+///
+/// With a fixed count per thread ([`run_ops`]), a contender that serves one thread at
+/// a time (a mutex that the thread holding it keeps re-taking) lets that thread finish
+/// early; the others then run alone, uncontended and faster, and the run reports a
+/// throughput that no moment of contention had. Here [`Measurement::ops`] is what was
+/// done; [`Measurement::time_for`] scales the span to the count that was asked for.
+///
+/// # Panics
+///
+/// If `threads` is zero, or (re-raised here) if `make_op` or an operation panics.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::run_together;
+///
+/// let m = run_together(1, 5_000, |_| || true);
+/// assert_eq!((m.ops, m.admitted), (5_000, 5_000));
+/// let m = run_together(2, 5_000, |_| || true);
+/// assert!(m.ops >= 5_000 && m.ops <= 10_000);
+/// ```
+pub fn run_together<M, Op, R>(threads: usize, ops_per_thread: u64, make_op: M) -> Measurement
+where
+    M: Fn(usize) -> Op + Sync,
+    Op: FnMut() -> R,
+    R: Outcome,
+{
+    let stop = CachePadded::new(AtomicBool::new(false));
+    on_threads(threads, make_op, |op| {
+        let (mut ops, mut admitted) = (0u64, 0u64);
+        while ops < ops_per_thread {
+            let batch = BATCH.min(ops_per_thread - ops);
+            for _ in 0..batch {
+                admitted += u64::from(op().admitted());
+            }
+            ops += batch;
+            // Relaxed: a flag, read once a batch; it orders nothing.
+            if ops < ops_per_thread && stop.load(Ordering::Relaxed) {
+                return (ops, admitted);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        (ops, admitted)
+    })
+}
+
 /// The common core: on each of `threads` scoped threads, `make_op(i)` builds the
 /// thread's operation (untimed); after a barrier every thread runs `drive` over it once,
 /// which returns the number of operations it ran and how many of them admitted.
@@ -345,15 +431,25 @@ where
 {
     assert!(threads > 0, "a run needs at least one thread");
     let barrier = Barrier::new(threads);
+    let running = CachePadded::new(AtomicUsize::new(0));
     let spans: Vec<(Instant, Instant, (u64, u64))> = thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|index| {
-                let (barrier, make_op, drive) = (&barrier, &make_op, &drive);
+                let (barrier, running, make_op, drive) = (&barrier, &running, &make_op, &drive);
                 scope.spawn(move || {
                     // A setup that panics must still reach the barrier, or the other
                     // threads would wait forever; its panic is re-raised right after.
                     let op = panic::catch_unwind(AssertUnwindSafe(|| make_op(index)));
                     barrier.wait();
+                    // The barrier releases its last thread at once and wakes the others
+                    // later (a futex wake each); spinning until all are running keeps
+                    // the first from timing itself alone. Relaxed: a count, nothing
+                    // else is published through it.
+                    running.fetch_add(1, Ordering::Relaxed);
+                    let backoff = Backoff::new();
+                    while running.load(Ordering::Relaxed) < threads {
+                        backoff.snooze();
+                    }
                     let mut op = op.unwrap_or_else(|payload| panic::resume_unwind(payload));
                     let start = Instant::now();
                     let ops = drive(&mut op);
@@ -408,6 +504,54 @@ mod tests {
             let mut built = built.into_inner().unwrap();
             built.sort_unstable();
             assert_eq!(built, (0..threads).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_run_together_stops_every_thread_when_the_first_is_done() {
+        // Thread 1's first operation waits until thread 0 has done its whole share and
+        // the harness has had ample time to raise the stop flag: a fixed count would
+        // then make thread 1 run its share alone. Here it stops at its first look.
+        let share = 20 * BATCH;
+        let counts: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
+        let m = run_together(2, share, |thread| {
+            let counts = &counts;
+            move || {
+                let mine = counts[thread].fetch_add(1, Ordering::Relaxed);
+                if thread == 1 && mine == 0 {
+                    while counts[0].load(Ordering::Relaxed) < share {
+                        thread::yield_now();
+                    }
+                    thread::sleep(Duration::from_millis(50));
+                }
+                true
+            }
+        });
+        let done: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(done[0], share);
+        assert!(done[1] < share && done[1] % BATCH == 0, "{done:?}");
+        assert_eq!((m.ops, m.admitted), (done[0] + done[1], done[0] + done[1]));
+        // And the span scales to the asked-for count at the run's own rate.
+        assert_eq!(m.time_for(m.ops), m.elapsed);
+        assert!(m.time_for(2 * share) > m.elapsed);
+    }
+
+    #[test]
+    fn a_run_together_on_even_threads_does_every_share() {
+        // Nothing waits: a share smaller than a batch is done in one go, and a thread
+        // only stops early at a batch boundary, so each does its share exactly.
+        for threads in [1, 2, 3] {
+            let counts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+            let m = run_together(threads, BATCH - 1, |thread| {
+                let mine = &counts[thread];
+                move || {
+                    mine.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for count in &counts {
+                assert_eq!(count.load(Ordering::Relaxed), BATCH - 1);
+            }
+            assert_eq!(m.ops, threads as u64 * (BATCH - 1));
         }
     }
 

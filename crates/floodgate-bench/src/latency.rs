@@ -54,9 +54,13 @@ impl Latency {
     /// assert_eq!(row.name(), "timer only");
     /// ```
     pub fn name(&self) -> &'static str {
-        self.implementation
-            .map_or("timer only", Implementation::heading)
+        row_name(self.implementation)
     }
+}
+
+/// A latency row's name: the contender's heading, or the timer-only baseline's.
+fn row_name(implementation: Option<Implementation>) -> &'static str {
+    implementation.map_or("timer only", Implementation::heading)
 }
 
 /// The contenders of the latency table, after the timer-only row.
@@ -227,8 +231,7 @@ impl<T: Copy + PartialOrd> Spread<T> {
 impl LatencySeries {
     /// The row's name.
     pub fn name(&self) -> &'static str {
-        self.implementation
-            .map_or("timer only", Implementation::heading)
+        row_name(self.implementation)
     }
 
     /// One figure of every round (e.g. `|l| l.p999`), as median and range.

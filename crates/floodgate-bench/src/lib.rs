@@ -34,4 +34,6 @@ pub mod latency;
 pub mod matrix;
 pub mod memory;
 
-pub use harness::{measure, run_for, run_ops, run_threads, Budget, Measurement, Outcome, BATCH};
+pub use harness::{
+    measure, run_for, run_ops, run_threads, run_together, Budget, Measurement, Outcome, BATCH,
+};
