@@ -3,8 +3,8 @@
 //! The criterion suites (through `iter_custom`) and the `floodgate bench` command drive
 //! concurrent runs with the same functions, so both measure exactly the same thing:
 //!
-//! * [`run_threads`] — a fixed number of operations per thread (what criterion's
-//!   `iter_custom` asks for);
+//! * [`run_threads`] — exactly a fixed number of operations per thread (what a count
+//!   of instructions per operation needs);
 //! * [`run_together`] — at most a number of operations per thread, every thread
 //!   stopping when the first has done its share (what criterion's `iter_custom` gets
 //!   from the suites: a contender that serves one thread at a time cannot finish its
@@ -12,14 +12,14 @@
 //! * [`run_for`] — as many operations as fit in a duration (what a command with a time
 //!   budget wants).
 //!
-//! Both know nothing about rate limiting: they run closures. Each thread first builds
+//! They know nothing about rate limiting: they run closures. Each thread first builds
 //! its own operation (`make_op(thread_index)`: per-thread setup such as a key sequence
 //! or a counter, excluded from the timing), then all threads wait on one start barrier
 //! and spin until every one of them is running, then each runs its operation in a
-//! tight loop. The elapsed time is measured by the
-//! workers themselves, from the earliest start to the latest finish, so thread spawning,
-//! setup and joining are not counted, and the coordinating thread never competes with
-//! the workers for a core while they are timed.
+//! tight loop. The elapsed time is measured by the workers themselves, from the
+//! earliest start to the latest finish, so thread spawning, setup and joining are not
+//! counted, and the coordinating thread never competes with the workers for a core
+//! while they are timed.
 //!
 //! An operation returns `()` or a `bool` (see [`Outcome`]); the `true`s are counted in
 //! [`Measurement::admitted`], so a limiter benchmark can report how many of its
@@ -188,9 +188,9 @@ impl Measurement {
 ///
 /// `make_op(i)` is called once on thread `i` (0-based) before the start barrier; the
 /// closure it returns is then called `ops_per_thread` times on that thread. Setup and
-/// thread start-up are therefore not timed. For criterion's `iter_custom`, divide the
-/// result by `threads` (or declare `Throughput::Elements(threads)`) to report the time
-/// per operation of the whole machine, whose inverse is the total throughput.
+/// thread start-up are therefore not timed. Every thread does its whole count, even
+/// after the others have finished: for throughput under contention, use
+/// [`run_together`].
 ///
 /// # Panics
 ///
@@ -272,9 +272,9 @@ where
     })
 }
 
-/// How much work one measured run does: a fixed number of operations per thread (what
-/// criterion's `iter_custom` asks for) or a time span, after a warm-up (what a command
-/// with a time budget wants).
+/// How much work one measured run does: a number of operations per thread, exact or at
+/// most (what criterion's `iter_custom` asks for), or a time span after a warm-up (what
+/// a command with a time budget wants).
 ///
 /// # Examples
 ///
