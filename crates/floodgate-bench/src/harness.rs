@@ -259,17 +259,31 @@ where
 {
     on_threads(threads, make_op, |op| {
         let start = Instant::now();
-        let (mut ops, mut admitted) = (0u64, 0u64);
-        loop {
-            for _ in 0..BATCH {
-                admitted += u64::from(op().admitted());
-            }
-            ops += BATCH;
-            if start.elapsed() >= duration {
-                return (ops, admitted);
-            }
-        }
+        in_batches(op, u64::MAX, || start.elapsed() >= duration)
     })
+}
+
+/// Runs `op` in batches of [`BATCH`] operations (the last one shorter, `limit` in
+/// all at most), asking `stop` after each whether to end there; returns how many ran
+/// and how many of them admitted.
+#[inline(always)]
+fn in_batches<Op, R>(op: &mut Op, limit: u64, mut stop: impl FnMut() -> bool) -> (u64, u64)
+where
+    Op: FnMut() -> R,
+    R: Outcome,
+{
+    let (mut ops, mut admitted) = (0u64, 0u64);
+    while ops < limit {
+        let batch = BATCH.min(limit - ops);
+        for _ in 0..batch {
+            admitted += u64::from(op().admitted());
+        }
+        ops += batch;
+        if stop() {
+            break;
+        }
+    }
+    (ops, admitted)
 }
 
 /// How much work one measured run does: a number of operations per thread, exact or at
@@ -403,20 +417,12 @@ where
 {
     let stop = CachePadded::new(AtomicBool::new(false));
     on_threads(threads, make_op, |op| {
-        let (mut ops, mut admitted) = (0u64, 0u64);
-        while ops < ops_per_thread {
-            let batch = BATCH.min(ops_per_thread - ops);
-            for _ in 0..batch {
-                admitted += u64::from(op().admitted());
-            }
-            ops += batch;
-            // Relaxed: a flag, read once a batch; it orders nothing.
-            if ops < ops_per_thread && stop.load(Ordering::Relaxed) {
-                return (ops, admitted);
-            }
+        // Relaxed: a flag, read once a batch; it orders nothing.
+        let done = in_batches(op, ops_per_thread, || stop.load(Ordering::Relaxed));
+        if done.0 == ops_per_thread {
+            stop.store(true, Ordering::Relaxed);
         }
-        stop.store(true, Ordering::Relaxed);
-        (ops, admitted)
+        done
     })
 }
 
