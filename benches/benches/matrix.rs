@@ -20,12 +20,15 @@
 //! machine, scaled to the asked-for count at the run's own rate, so criterion's
 //! throughput is total decisions per second with every thread working.
 //!
+//! Multi-thread cells take ten samples of equal length (a tenth of the measurement
+//! time each): the steady state of contention, not its first milliseconds.
+//!
 //! Run: `cargo bench -p floodgate-benches -- --warm-up-time 0.5 --measurement-time 2`
 //! (add a filter such as `contended` to run one group).
 
 use std::hint::black_box;
 
-use criterion::{Criterion, Throughput};
+use criterion::{Criterion, SamplingMode, Throughput};
 use floodgate_bench::matrix::{clock_reads, groups, Group, Setup, Suite};
 use floodgate_bench::Budget;
 
@@ -40,6 +43,15 @@ const THREADS: [usize; 2] = [1, 2];
 fn bench(c: &mut Criterion, name: &str, group: &Group, keys: u64, threads: usize) {
     let mut g = c.benchmark_group(name);
     g.throughput(Throughput::Elements(threads as u64));
+    if threads > 1 {
+        // Ten samples of equal length (a tenth of the measurement time each), not
+        // criterion's linear ramp of a hundred whose first samples last a millisecond
+        // or less: a lock that serves one thread at a time runs faster for the first
+        // tens of milliseconds after the threads start than in the steady state a
+        // proxy sees, and short samples measure that start (BENCHMARKS.md, "criterion
+        // against the CLI").
+        g.sampling_mode(SamplingMode::Flat).sample_size(10);
+    }
     for contender in &group.contenders {
         let id = format!(
             "{}/{keys}/{threads}t/{}",
