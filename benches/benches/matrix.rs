@@ -46,10 +46,10 @@ fn bench(c: &mut Criterion, name: &str, group: &Group, keys: u64, threads: usize
     if threads > 1 {
         // Ten samples of equal length (a tenth of the measurement time each), not
         // criterion's linear ramp of a hundred whose first samples last a millisecond
-        // or less: a lock that serves one thread at a time runs faster for the first
-        // tens of milliseconds after the threads start than in the steady state a
-        // proxy sees, and short samples measure that start (BENCHMARKS.md, "criterion
-        // against the CLI").
+        // or less. The 2-thread mutex twin read faster in ~30 ms samples than in
+        // second-long ones or in `floodgate bench`'s runs: short samples catch the
+        // start of contention, not the steady state a proxy sees (BENCHMARKS.md,
+        // "Criterion's sample length, and the suite's multi-thread cells").
         g.sampling_mode(SamplingMode::Flat).sample_size(10);
     }
     for contender in &group.contenders {
