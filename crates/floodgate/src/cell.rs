@@ -36,7 +36,7 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
             at: now,
             cost,
         });
-        ((decision, charge), next)
+        ((decision, charge), in_registers(next, before))
     })
 }
 
@@ -145,7 +145,8 @@ pub(crate) fn decide_on<A: Algorithm + ?Sized>(
     cost: u32,
 ) -> Decision {
     update_word_ordered(word, Ordering::Release, |current| {
-        algorithm.decide(current, now, cost)
+        let (decision, next) = algorithm.decide(current, now, cost);
+        (decision, in_registers(next, current))
     })
 }
 
@@ -196,6 +197,28 @@ impl<S: bytemuck::Pod> CasWord for Atomic<S> {
     }
 }
 
+/// `next` as a step whose result holds a [`Decision`] hands it to the loop: the same
+/// value, rebuilt from a flag and a state (`current` when there is nothing to write),
+/// so that it is a select rather than a branch.
+///
+/// A step is a closure, simplified on its own before it is inlined into the loop, and
+/// a result that large comes back through memory. An
+/// algorithm leaves its `Option` in one of two shapes — a tag alone (nothing to write)
+/// or a tag and a state — and LLVM sinks the last store of each branch into one store
+/// through a pointer chosen between them; once inlined, that store keeps the result
+/// out of registers. In the direct limiter the tag was then stored and compared in
+/// memory and the new state stored and reloaded just before the CAS, every decision
+/// (BENCHMARKS.md, "The CAS loop's result in registers"). A step calls this on every
+/// path that leaves it, an early return included.
+#[inline(always)]
+pub(crate) fn in_registers<V: Copy>(next: Option<V>, current: V) -> Option<V> {
+    let (write, value) = match next {
+        Some(next) => (true, next),
+        None => (false, current),
+    };
+    write.then_some(value)
+}
+
 /// The crate's only `compare_exchange` loop: applies `step` to the word until the
 /// state it wants written is written, or it wants nothing written.
 ///
@@ -203,7 +226,8 @@ impl<S: bytemuck::Pod> CasWord for Atomic<S> {
 /// nothing to write). A failed CAS hands back the current value, which the next round
 /// reuses instead of reloading, at once: no backoff, so a thread that lost a race is
 /// not starved by the one that won (see the loop for the measured tail). Every caller (decisions, the keyed tables'
-/// retirement, refunds) goes through here.
+/// retirement, refunds) goes through here; a step whose result holds a
+/// [`Decision`] builds its `next` with [`in_registers`].
 #[inline(always)]
 pub(crate) fn update_word<W, R>(word: &W, step: impl FnMut(W::Value) -> (R, Option<W::Value>)) -> R
 where
@@ -582,5 +606,18 @@ where
             now,
         ),
         None => false,
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::in_registers;
+
+    #[test]
+    fn in_registers_hands_back_what_the_step_wants_written() {
+        assert_eq!(in_registers(Some(5u64), 3), Some(5));
+        assert_eq!(in_registers(Some(3u64), 3), Some(3));
+        assert_eq!(in_registers(None, 3u64), None);
+        assert_eq!(in_registers(Some(0u64), u64::MAX), Some(0));
     }
 }

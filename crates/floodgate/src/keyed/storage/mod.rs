@@ -24,7 +24,7 @@ use crossbeam_utils::CachePadded;
 
 use super::key::{InlineKey, Lookup};
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{update_word_from_ordered, CasWord, RefundLedger};
+use crate::cell::{in_registers, update_word_from_ordered, CasWord, RefundLedger};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -820,23 +820,28 @@ where
     // Release: see `RefundLedger` (a refund that sees this state sees the ledger
     // as the charge noted it).
     update_word_from_ordered(word, seen, Ordering::Release, |before| {
-        if is_dead(&before) {
-            return (None, None);
-        }
-        let (decision, next) = algorithm.decide(before, now, cost);
-        match next {
-            Some(next) if is_dead(&next) => (Some((decision.refused(), None)), None),
-            Some(after) => {
-                let charge = Charged {
-                    before,
-                    after,
-                    at: now,
-                    cost,
-                };
-                (Some((decision, Some(charge))), Some(after))
+        // One exit, through `in_registers`: an early return of a bare `None` (the dead
+        // word) kept the result in memory (BENCHMARKS.md, "The CAS loop's result in
+        // registers").
+        let (outcome, next) = if is_dead(&before) {
+            (None, None)
+        } else {
+            let (decision, next) = algorithm.decide(before, now, cost);
+            match next {
+                Some(next) if is_dead(&next) => (Some((decision.refused(), None)), None),
+                Some(after) => {
+                    let charge = Charged {
+                        before,
+                        after,
+                        at: now,
+                        cost,
+                    };
+                    (Some((decision, Some(charge))), Some(after))
+                }
+                None => (Some((decision, None)), None),
             }
-            None => (Some((decision, None)), None),
-        }
+        };
+        (outcome, in_registers(next, before))
     })
 }
 
