@@ -9,7 +9,9 @@
 //! * `keyed` — GCRA over 10^3 and 10^5 keys (inserted before the timed loop), both key
 //!   policies (booked ahead, idle between visits), each with uniform keys
 //!   (`gcra-keyed-booked`, `gcra-keyed-idle`) and Zipf keys, s = 1
-//!   (`gcra-keyed-booked-zipf`, `gcra-keyed-idle-zipf`), one and two threads;
+//!   (`gcra-keyed-booked-zipf`, `gcra-keyed-idle-zipf`), and the idle policy with each
+//!   thread on its own share of the keys (`gcra-keyed-idle-disjoint`), one and two
+//!   threads;
 //! * `algorithms` — the fixed window, the sliding window counter and the sliding log on
 //!   one hot key, one and two threads;
 //! * `clock` — one reading of each clock source.

@@ -1,7 +1,11 @@
-//! The keys a keyed group's threads visit: uniformly, or Zipf-distributed.
+//! The keys a keyed group's threads visit: uniformly, each thread on its own share,
+//! or Zipf-distributed.
 //!
 //! * **Uniform** ([`key_for`]): each thread walks its own multiplicative scramble of
 //!   the key space, computed per decision (a multiply, a xor and a modulo).
+//! * **Disjoint** ([`share_of`]): the same scramble over the thread's own share of the
+//!   keys (thread `t` of `n`: keys `t·k/n .. (t+1)·k/n`), so no two threads ever visit
+//!   one key — issue 10's "2 threads on distinct keys, 500k each".
 //! * **Zipf** ([`ZipfKeys`]): rank `k` of `n` is drawn with probability
 //!   `k^-s / H(n, s)` (here `s` = [`ZIPF_EXPONENT`] = 1: a few hot keys, a long tail,
 //!   the skew of real traffic), by inverse transform on the distribution's table of
@@ -33,11 +37,18 @@ pub enum KeyDistribution {
     /// Zipf with exponent [`ZIPF_EXPONENT`]: rank 1 most often, rank `k` in
     /// proportion to `1 / k` ([`ZipfKeys`]).
     Zipf,
+    /// Every key of a thread's own share equally often; no key shared between
+    /// threads ([`share_of`]).
+    Disjoint,
 }
 
 impl KeyDistribution {
-    /// Both distributions, uniform first.
-    pub const ALL: [KeyDistribution; 2] = [KeyDistribution::Uniform, KeyDistribution::Zipf];
+    /// Every distribution, uniform first; a matrix runner names one by its index here.
+    pub const ALL: [KeyDistribution; 3] = [
+        KeyDistribution::Uniform,
+        KeyDistribution::Zipf,
+        KeyDistribution::Disjoint,
+    ];
 
     /// The name in the table, JSON and benchmark ids.
     ///
@@ -51,6 +62,7 @@ impl KeyDistribution {
         match self {
             KeyDistribution::Uniform => "uniform",
             KeyDistribution::Zipf => "zipf",
+            KeyDistribution::Disjoint => "disjoint",
         }
     }
 
@@ -68,6 +80,10 @@ impl KeyDistribution {
             KeyDistribution::Zipf => {
                 "keys Zipf-distributed (s = 1: rank k visited in proportion to 1/k), each \
                  thread reading its own stretch of one precomputed sequence"
+            }
+            KeyDistribution::Disjoint => {
+                "each thread walks its own scrambled sequence of its own share of the keys \
+                 (no key shared between threads)"
             }
         }
     }
@@ -96,6 +112,40 @@ pub(crate) fn keys_of(thread: usize, keys: u64) -> impl FnMut() -> u64 {
         op = op.wrapping_add(1);
         key
     }
+}
+
+/// Thread `thread` of `threads`' share of `keys` keys, as `(first key, number of
+/// keys)`: `thread·keys/threads .. (thread+1)·keys/threads`, so the shares of all the
+/// threads cover every key once (with fewer keys than threads, some shares are empty).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::keys::share_of;
+/// assert_eq!(share_of(0, 2, 1_000_000), (0, 500_000));
+/// assert_eq!(share_of(1, 2, 1_000_000), (500_000, 500_000));
+/// assert_eq!(share_of(2, 3, 10), (6, 4));
+/// ```
+pub fn share_of(thread: usize, threads: usize, keys: u64) -> (u64, u64) {
+    let threads = threads.max(1) as u128;
+    let thread = (thread as u128).min(threads - 1);
+    let bound = |t: u128| (t * u128::from(keys) / threads) as u64;
+    let (start, end) = (bound(thread), bound(thread + 1));
+    (start, end - start)
+}
+
+/// Thread `thread`'s keys in its own share ([`share_of`]), one per call: the uniform
+/// scramble ([`key_for`]) of the share, offset to its first key. A thread whose share
+/// is empty visits the last key (only with fewer keys than threads).
+pub(crate) fn share_keys_of(thread: usize, threads: usize, keys: u64) -> impl FnMut() -> u64 {
+    let (start, len) = share_of(thread, threads, keys);
+    let start = if len == 0 {
+        keys.saturating_sub(1)
+    } else {
+        start
+    };
+    let mut walk = keys_of(thread, len);
+    move || start + walk()
 }
 
 /// The Zipf distribution over ranks `1..=n`, as its cumulative probabilities: rank `k`
@@ -472,6 +522,40 @@ mod tests {
         let keys: Vec<u64> = (0..65_536).map(|_| next()).collect();
         let max = *counts(&keys, 1_000).iter().max().unwrap();
         assert!(max < 3 * 65_536 / 1_000, "{max}");
+    }
+
+    #[test]
+    fn disjoint_shares_cover_every_key_once_and_no_walk_leaves_its_own() {
+        for (threads, keys) in [(1, 1_000u64), (2, 1_000_000), (3, 1_000), (4, 10), (3, 2)] {
+            let mut covered = 0;
+            for thread in 0..threads {
+                let (start, len) = share_of(thread, threads, keys);
+                assert_eq!(start, covered, "shares are contiguous");
+                covered += len;
+                if len == 0 {
+                    continue;
+                }
+                let mut next = share_keys_of(thread, threads, keys);
+                let visited: Vec<u64> = (0..4 * len.min(10_000)).map(|_| next()).collect();
+                assert!(visited.iter().all(|k| (start..start + len).contains(k)));
+                if len <= 1_000 {
+                    // The scramble is not a permutation of a share whose length is not
+                    // a power of two, but it reaches nearly all of it.
+                    let mut seen = visited.clone();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    assert!(
+                        seen.len() as u64 * 100 >= len * 95,
+                        "{} of {len}",
+                        seen.len()
+                    );
+                }
+            }
+            assert_eq!(covered, keys);
+        }
+        // Fewer keys than threads: an empty share still visits a real key.
+        let mut next = share_keys_of(2, 3, 2);
+        assert!(next() < 2);
     }
 
     #[test]

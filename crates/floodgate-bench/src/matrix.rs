@@ -73,6 +73,10 @@
 //! uniform one computes a multiply and a modulo: compare the columns of one group,
 //! not a uniform group's figures with a Zipf group's.
 //!
+//! The idle policy also comes **disjoint** (`gcra-keyed-idle-disjoint`): each thread
+//! walks the uniform scramble of its own share of the keys, so no two threads visit
+//! one key (issue 10's "2 threads on distinct keys, 500k each" at `--keys 1000000`).
+//!
 //! # Memory
 //!
 //! [`keyed_tables`] lists every keyed contender's table (floodgate on each storage:
@@ -99,7 +103,7 @@ use floodgate::{
 };
 
 use crate::harness::{measure, Budget, Measurement};
-use crate::keys::{keys_of, KeyDistribution, ZipfKeys, ZIPF_SEED};
+use crate::keys::{keys_of, share_keys_of, KeyDistribution, ZipfKeys, ZIPF_SEED};
 
 /// Units per second of the hot-key GCRA workload (and of the idle keyed policy).
 pub const LIMIT: u64 = 1_000_000_000;
@@ -350,6 +354,25 @@ pub struct Group {
     pub contenders: Vec<Contender>,
 }
 
+/// A keyed runner's key distribution, as its index in [`KeyDistribution::ALL`] (a
+/// const parameter: runners are plain function pointers).
+const UNIFORM: usize = 0;
+/// See [`UNIFORM`].
+const ZIPF: usize = 1;
+/// See [`UNIFORM`].
+const DISJOINT: usize = 2;
+const _: () = {
+    assert!(matches!(
+        KeyDistribution::ALL[UNIFORM],
+        KeyDistribution::Uniform
+    ));
+    assert!(matches!(KeyDistribution::ALL[ZIPF], KeyDistribution::Zipf));
+    assert!(matches!(
+        KeyDistribution::ALL[DISJOINT],
+        KeyDistribution::Disjoint
+    ));
+};
+
 /// Key counts of the keyed groups.
 pub const KEY_COUNTS: [u64; 2] = [1_000, 100_000];
 
@@ -400,10 +423,13 @@ pub fn groups() -> Vec<Group> {
         workload: GcraDenyWorkload::description(),
         contenders: gcra_deny,
     });
-    matrix.push(keyed_group::<true, false>());
-    matrix.push(keyed_group::<false, false>());
-    matrix.push(keyed_group::<true, true>());
-    matrix.push(keyed_group::<false, true>());
+    matrix.push(keyed_group::<true, UNIFORM>());
+    matrix.push(keyed_group::<false, UNIFORM>());
+    matrix.push(keyed_group::<true, ZIPF>());
+    matrix.push(keyed_group::<false, ZIPF>());
+    // Issue 10's "2 threads on distinct keys": the idle policy only (the state clients
+    // under their rate leave keys in), to keep the main job's cells few.
+    matrix.push(keyed_group::<false, DISJOINT>());
     matrix.push(keyed_hot_group());
     matrix.push(Group {
         id: "fixed-window".to_owned(),
@@ -444,11 +470,11 @@ pub fn groups() -> Vec<Group> {
 }
 
 /// The keyed group of one key policy (`BOOKED`: booked ahead, else idle between
-/// visits) and one key distribution (`ZIPF`: Zipf, else uniform): every keyed
-/// contender.
-fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
-    let (policy, distribution) = (key_policy(BOOKED), key_distribution(ZIPF));
-    let contenders = keyed_contenders::<BOOKED, ZIPF>();
+/// visits) and one key distribution (`DIST`: [`UNIFORM`], [`ZIPF`] or [`DISJOINT`]):
+/// every keyed contender.
+fn keyed_group<const BOOKED: bool, const DIST: usize>() -> Group {
+    let (policy, distribution) = (key_policy(BOOKED), KeyDistribution::ALL[DIST]);
+    let contenders = keyed_contenders::<BOOKED, DIST>();
     let policy_text = match policy {
         KeyPolicy::BookedAhead => "each key 1 per second, burst 10^9: booked ahead, always live",
         KeyPolicy::IdleBetweenVisits => {
@@ -457,7 +483,9 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
     };
     let id = match distribution {
         KeyDistribution::Uniform => format!("gcra-keyed-{}", policy.id()),
-        KeyDistribution::Zipf => format!("gcra-keyed-{}-{}", policy.id(), distribution.id()),
+        KeyDistribution::Zipf | KeyDistribution::Disjoint => {
+            format!("gcra-keyed-{}-{}", policy.id(), distribution.id())
+        }
     };
     Group {
         id,
@@ -472,7 +500,7 @@ fn keyed_group<const BOOKED: bool, const ZIPF: bool>() -> Group {
 }
 
 /// Every keyed contender of one key policy and one key distribution, in table order.
-fn keyed_contenders<const BOOKED: bool, const ZIPF: bool>() -> Vec<Contender> {
+fn keyed_contenders<const BOOKED: bool, const DIST: usize>() -> Vec<Contender> {
     let c = |implementation, run| Contender {
         implementation,
         run,
@@ -481,17 +509,17 @@ fn keyed_contenders<const BOOKED: bool, const ZIPF: bool>() -> Vec<Contender> {
     let mut contenders = vec![
         c(
             Implementation::Floodgate,
-            keyed_floodgate::<Inline, BOOKED, ZIPF>,
+            keyed_floodgate::<Inline, BOOKED, DIST>,
         ),
-        c(Implementation::MutexTwin, keyed_twin::<BOOKED, ZIPF>),
-        c(Implementation::Textbook, keyed_textbook::<BOOKED, ZIPF>),
+        c(Implementation::MutexTwin, keyed_twin::<BOOKED, DIST>),
+        c(Implementation::Textbook, keyed_textbook::<BOOKED, DIST>),
     ];
     #[cfg(feature = "compare")]
-    contenders.push(c(Implementation::Governor, keyed_governor::<BOOKED, ZIPF>));
+    contenders.push(c(Implementation::Governor, keyed_governor::<BOOKED, DIST>));
     contenders.extend([
-        c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, ZIPF>),
-        c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, ZIPF>),
-        c(Implementation::Floor, keyed_floor::<BOOKED, ZIPF>),
+        c(Implementation::DashmapAnchor, keyed_dashmap::<BOOKED, DIST>),
+        c(Implementation::PapayaAnchor, keyed_papaya::<BOOKED, DIST>),
+        c(Implementation::Floor, keyed_floor::<BOOKED, DIST>),
     ]);
     contenders
 }
@@ -503,7 +531,7 @@ fn keyed_contenders<const BOOKED: bool, const ZIPF: bool>() -> Vec<Contender> {
 fn keyed_hot_group() -> Group {
     // The idle policy's contenders (uniform keys: with one key, every thread's is
     // key 0), the hot-key mode beside floodgate's table word.
-    let mut contenders = keyed_contenders::<false, false>();
+    let mut contenders = keyed_contenders::<false, UNIFORM>();
     contenders.insert(
         1,
         Contender {
@@ -569,19 +597,19 @@ pub fn keyed_tables() -> Vec<KeyedTable> {
     let mut tables = vec![
         KeyedTable {
             id: "floodgate_heap",
-            build: keyed_floodgate::<Heap, true, false>,
+            build: keyed_floodgate::<Heap, true, UNIFORM>,
         },
         KeyedTable {
             id: "floodgate_inline",
-            build: keyed_floodgate::<Inline, true, false>,
+            build: keyed_floodgate::<Inline, true, UNIFORM>,
         },
         KeyedTable {
             id: "floodgate_fingerprint",
-            build: keyed_floodgate::<Fingerprint, true, false>,
+            build: keyed_floodgate::<Fingerprint, true, UNIFORM>,
         },
     ];
     tables.extend(
-        keyed_group::<true, false>()
+        keyed_group::<true, UNIFORM>()
             .contenders
             .into_iter()
             .filter(|c| c.implementation != Implementation::Floodgate)
@@ -898,6 +926,9 @@ fn keyed_run(
                 zipf.walk(thread, threads)
             })
         }
+        KeyDistribution::Disjoint => keyed_walks(setup, check, move |thread, threads| {
+            share_keys_of(thread, threads, keys)
+        }),
     }
 }
 
@@ -925,19 +956,11 @@ fn key_policy(booked: bool) -> KeyPolicy {
     }
 }
 
-fn key_distribution(zipf: bool) -> KeyDistribution {
-    if zipf {
-        KeyDistribution::Zipf
-    } else {
-        KeyDistribution::Uniform
-    }
-}
-
 /// floodgate's keyed limiter for `u64` keys on storage `S` (the matrix's column:
 /// inline, keys in the slots), sized as the README tells users to size it: capacity
 /// = the number of keys (a table holds its capacity without reclaiming or evicting
 /// any).
-fn keyed_floodgate<S, const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared
+fn keyed_floodgate<S, const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared
 where
     S: Storage<u64, GcraState> + 'static,
 {
@@ -945,7 +968,7 @@ where
         .capacity(setup.keys.max(1) as usize)
         .build_in::<u64, S>()
         .expect("the benchmark capacity is valid");
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         keyed.check(&key).is_allowed()
     })
 }
@@ -955,7 +978,7 @@ type TwinShard = CachePadded<Mutex<HashMap<u64, GcraState, ahash::RandomState>>>
 
 /// The keyed mutex twin: GCRA's transition over per-key states in [`TWIN_SHARDS`]
 /// ahash maps, one mutex per shard (the shard from the key's high hash bits).
-fn keyed_twin<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_twin<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let fresh = AtomicCell::<GcraState>::fresh().load();
     let clock = DefaultClock::new();
@@ -963,7 +986,7 @@ fn keyed_twin<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
         .map(|_| CachePadded::new(Mutex::new(HashMap::default())))
         .collect();
     let hasher = ahash::RandomState::new();
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
         let mut states = lock(&shards[shard]);
@@ -977,12 +1000,12 @@ fn keyed_twin<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
 }
 
 /// The textbook keyed limiter: one map of `f64` buckets under one mutex.
-fn keyed_textbook<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_textbook<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let policy = key_policy(BOOKED).policy();
     let clock = DefaultClock::new();
     let buckets: Mutex<HashMap<u64, TextbookTokenBucket, ahash::RandomState>> =
         Mutex::new(HashMap::default());
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now().as_u64();
         lock(&buckets)
             .entry(key)
@@ -1000,23 +1023,23 @@ fn keyed_textbook<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepar
 
 /// governor's keyed limiter on its `DashMap` store, hashed with ahash.
 #[cfg(feature = "compare")]
-fn keyed_governor<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_governor<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let limiter = governor::RateLimiter::dashmap_with_hasher(
         key_policy(BOOKED).quota(),
         ahash::RandomState::new(),
     );
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         limiter.check_key(&key).is_ok()
     })
 }
 
 /// GCRA on a `DashMap<u64, AtomicU64>`: a shard read lock, then a CAS on the key's word.
-fn keyed_dashmap<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_dashmap<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
     let map: DashMap<u64, AtomicU64, ahash::RandomState> =
         DashMap::with_hasher(ahash::RandomState::new());
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         let word = match map.get(&key) {
             Some(word) => word,
@@ -1032,14 +1055,14 @@ fn keyed_dashmap<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepare
 /// GCRA on a `papaya::HashMap<u64, AtomicU64>` sized for the keys: a lock-free
 /// lookup under papaya's guard, then a CAS on the key's word (an insert only for a
 /// new key). Unbounded: nothing ever removes a key.
-fn keyed_papaya<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_papaya<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
     let map: papaya::HashMap<u64, AtomicU64, ahash::RandomState> = papaya::HashMap::builder()
         .capacity(setup.keys.max(1) as usize)
         .hasher(ahash::RandomState::new())
         .build();
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         let map = map.pin();
         let word = match map.get(&key) {
@@ -1055,7 +1078,7 @@ fn keyed_papaya<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared
 /// one access at the key's address and one CAS. Each word takes 16 bytes, the
 /// footprint of a 64-bit key beside its state, so that at 10^6 keys the access misses
 /// memory as a table's does; what a table costs beyond this is its lookup.
-fn keyed_floor<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared {
+fn keyed_floor<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     /// A state word in a 64-bit key's and its state's 16 bytes.
     #[repr(align(16))]
     struct KeyWord(AtomicU64);
@@ -1064,7 +1087,7 @@ fn keyed_floor<const BOOKED: bool, const ZIPF: bool>(setup: &Setup) -> Prepared 
     let words: Vec<KeyWord> = (0..setup.keys.max(1))
         .map(|_| KeyWord(AtomicU64::new(0)))
         .collect();
-    keyed_run(setup, key_distribution(ZIPF), move |key| {
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         gcra_on_word(&gcra, &words[key as usize].0, now)
     })
@@ -1194,7 +1217,7 @@ mod tests {
     }
 
     #[test]
-    fn every_keyed_group_comes_uniform_and_zipf_with_the_same_contenders() {
+    fn every_keyed_group_comes_uniform_zipf_and_disjoint_with_the_same_contenders() {
         let matrix = groups();
         let columns = |id: &str| -> Vec<Implementation> {
             let group = matrix.iter().find(|g| g.id == id).expect(id);
@@ -1211,10 +1234,48 @@ mod tests {
                 cfg!(feature = "compare")
             );
         }
-        // The four policy × distribution groups and the one-key group.
-        assert_eq!(matrix.iter().filter(|g| g.suite == Suite::Keyed).count(), 5);
+        // The idle policy also runs each thread on its own keys.
+        assert_eq!(
+            columns("gcra-keyed-idle"),
+            columns("gcra-keyed-idle-disjoint")
+        );
+        // The four policy × distribution groups, the disjoint one and the one-key group.
+        assert_eq!(matrix.iter().filter(|g| g.suite == Suite::Keyed).count(), 6);
         let zipf = matrix.iter().find(|g| g.id == "gcra-keyed-idle-zipf");
         assert!(zipf.is_some_and(|g| g.workload.contains("Zipf")));
+        let disjoint = matrix.iter().find(|g| g.id == "gcra-keyed-idle-disjoint");
+        assert!(disjoint.is_some_and(|g| g.workload.contains("own share")));
+    }
+
+    #[test]
+    fn a_disjoint_run_keeps_each_thread_on_its_own_share() {
+        // A table that records which thread visited each key: no key is visited by
+        // two threads, and together they visit every key.
+        let visits = std::sync::Arc::new(Mutex::new(HashMap::<u64, std::thread::ThreadId>::new()));
+        let record = std::sync::Arc::clone(&visits);
+        let shared = std::sync::Arc::new(AtomicU64::new(0));
+        let shared_in = std::sync::Arc::clone(&shared);
+        let setup = Setup {
+            threads: 2,
+            keys: 100,
+            budget: Budget::Ops(0),
+        };
+        let mut prepared = keyed_run(&setup, KeyDistribution::Disjoint, move |key| {
+            let me = std::thread::current().id();
+            if *lock(&record).entry(key).or_insert(me) != me {
+                shared_in.fetch_add(1, Ordering::Relaxed);
+            }
+            true
+        });
+        // The untimed insertion ran on this thread: start the record afresh.
+        lock(&visits).clear();
+        assert_eq!(prepared.run(Budget::Ops(1_000)).admitted, 2_000);
+        assert_eq!(
+            shared.load(Ordering::Relaxed),
+            0,
+            "a key visited by both threads"
+        );
+        assert_eq!(lock(&visits).len(), 100, "every key visited");
     }
 
     #[test]
