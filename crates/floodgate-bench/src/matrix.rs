@@ -76,6 +76,7 @@
 //! The idle policy also comes **disjoint** (`gcra-keyed-idle-disjoint`): each thread
 //! walks the uniform scramble of its own share of the keys, so no two threads visit
 //! one key (issue 10's "2 threads on distinct keys, 500k each" at `--keys 1000000`).
+//! `floodgate bench` runs it only when `--groups` names it ([`Group::main_job`]).
 //!
 //! # Memory
 //!
@@ -352,6 +353,10 @@ pub struct Group {
     pub workload: String,
     /// Its contenders, in column order.
     pub contenders: Vec<Contender>,
+    /// Whether `floodgate bench` runs it when `--groups` names no group. A group that
+    /// answers one question (each thread on its own keys) runs only when named, so
+    /// that the main job's cells, which share its fixed measuring time, stay few.
+    pub main_job: bool,
 }
 
 /// A keyed runner's key distribution, as its index in [`KeyDistribution::ALL`] (a
@@ -404,6 +409,7 @@ pub fn groups() -> Vec<Group> {
     let mut matrix = vec![Group {
         id: "gcra".to_owned(),
         suite: Suite::HotKey,
+        main_job: true,
         key_counts: vec![1],
         workload: GcraWorkload::description(),
         contenders: gcra_hot,
@@ -419,6 +425,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(Group {
         id: "gcra-deny".to_owned(),
         suite: Suite::HotKey,
+        main_job: true,
         key_counts: vec![1],
         workload: GcraDenyWorkload::description(),
         contenders: gcra_deny,
@@ -434,6 +441,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(Group {
         id: "fixed-window".to_owned(),
         suite: Suite::Algorithms,
+        main_job: true,
         key_counts: vec![1],
         workload: FixedWindowWorkload::description(),
         contenders: vec![
@@ -445,6 +453,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(Group {
         id: "sliding-window".to_owned(),
         suite: Suite::Algorithms,
+        main_job: true,
         key_counts: vec![1],
         workload: SlidingWindowWorkload::description(),
         contenders: vec![
@@ -456,6 +465,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(Group {
         id: "sliding-log".to_owned(),
         suite: Suite::Algorithms,
+        main_job: true,
         key_counts: vec![1],
         workload: format!(
             "{SLIDING_LIMIT} per second, a ring of {SLIDING_LIMIT} timestamps under a short \
@@ -490,6 +500,7 @@ fn keyed_group<const BOOKED: bool, const DIST: usize>() -> Group {
     Group {
         id,
         suite: Suite::Keyed,
+        main_job: distribution != KeyDistribution::Disjoint,
         key_counts: KEY_COUNTS.to_vec(),
         workload: format!(
             "{policy_text}; keys inserted before the run, {}; every decision admits",
@@ -542,6 +553,7 @@ fn keyed_hot_group() -> Group {
     Group {
         id: "gcra-keyed-hot".to_owned(),
         suite: Suite::Keyed,
+        main_job: true,
         key_counts: vec![1],
         workload: "every thread on one key of a keyed limiter, 10^9 per second, burst 1000; \
                    leased: HotKeyLimiter with the key promoted (a lease shard per thread)"
@@ -1245,6 +1257,15 @@ mod tests {
         assert!(zipf.is_some_and(|g| g.workload.contains("Zipf")));
         let disjoint = matrix.iter().find(|g| g.id == "gcra-keyed-idle-disjoint");
         assert!(disjoint.is_some_and(|g| g.workload.contains("own share")));
+        // It runs when named; every other group is part of the main job.
+        for group in &matrix {
+            assert_eq!(
+                group.main_job,
+                group.id != "gcra-keyed-idle-disjoint",
+                "{}",
+                group.id
+            );
+        }
     }
 
     #[test]

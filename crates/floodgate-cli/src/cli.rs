@@ -75,7 +75,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
-    /// `gcra-keyed-idle,gcra-keyed-idle-zipf`.
+    /// `gcra-keyed-idle,gcra-keyed-idle-zipf`; `gcra-keyed-idle-disjoint` (each thread
+    /// on its own share of the keys) runs only when named.
     #[arg(long, value_delimiter = ',', value_name = "ID,ID,...")]
     pub(crate) groups: Vec<String>,
 }

@@ -129,6 +129,31 @@ fn quick_json_is_a_well_formed_table() {
 }
 
 #[test]
+fn a_group_outside_the_main_job_runs_when_named() {
+    let csv = bench(&[
+        "--groups",
+        "gcra-keyed-idle-disjoint",
+        "--keys",
+        "1000",
+        "--duration",
+        "100ms",
+        "--max-threads",
+        "2",
+        "--csv",
+    ])
+    .stdout;
+    let csv = String::from_utf8(csv).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(!rows.is_empty(), "{csv}");
+    assert!(
+        rows.iter()
+            .all(|r| r.starts_with("gcra-keyed-idle-disjoint,1000,")),
+        "{csv}"
+    );
+    assert!(rows.iter().any(|r| r.contains(",2,floodgate,")), "{csv}");
+}
+
+#[test]
 fn csv_and_table_carry_every_cell() {
     let args = ["--duration", "100ms", "--max-threads", "1"];
     let csv = String::from_utf8(bench(&[&args[..], &["--csv"]].concat()).stdout).unwrap();
@@ -156,6 +181,10 @@ fn csv_and_table_carry_every_cell() {
     assert!(
         csv.contains("\ngcra-keyed-idle,100000,1,mutex_twin,"),
         "{csv}"
+    );
+    assert!(
+        !csv.contains("gcra-keyed-idle-disjoint"),
+        "the disjoint group runs only when named: {csv}"
     );
 
     let table = String::from_utf8(bench(&args).stdout).unwrap();

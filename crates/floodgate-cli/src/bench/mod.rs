@@ -476,8 +476,8 @@ fn machine() -> Machine {
     }
 }
 
-/// The matrix's groups `--groups` names (all by default), the keyed ones at the
-/// `--keys` key counts.
+/// The matrix's groups `--groups` names (by default those of the main job), the
+/// keyed ones at the `--keys` key counts.
 fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
     let mut all = groups();
     if let Some(unknown) = args
@@ -491,7 +491,9 @@ fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
             known.join(", ")
         )));
     }
-    if !args.groups.is_empty() {
+    if args.groups.is_empty() {
+        all.retain(|g| g.main_job);
+    } else {
         all.retain(|g| args.groups.contains(&g.id));
     }
     if !args.keys.is_empty() {
