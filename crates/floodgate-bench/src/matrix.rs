@@ -435,7 +435,7 @@ pub fn groups() -> Vec<Group> {
     matrix.push(keyed_group::<true, ZIPF>());
     matrix.push(keyed_group::<false, ZIPF>());
     // Issue 10's "2 threads on distinct keys": the idle policy only (the state clients
-    // under their rate leave keys in), to keep the main job's cells few.
+    // under their rate leave keys in); `floodgate bench` runs it only when named.
     matrix.push(keyed_group::<false, DISJOINT>());
     matrix.push(keyed_hot_group());
     matrix.push(Group {
