@@ -1,21 +1,30 @@
 //! What one decision's atomics cost on this machine, apart from everything else: the
-//! write each keyed contender makes per decision, timed alone over 16 384 words
-//! visited in a scrambled order (cache-resident, as 10^4 keys are).
+//! write each keyed contender makes per decision, timed alone over words visited in a
+//! scrambled order — 2^14 by default (cache-resident, as 10^4 keys are), or 2^N for a
+//! third argument N (2^20 16-byte words are 16 MiB: a 10^6-key table's footprint).
 //!
 //! ```text
 //! cargo run -p floodgate-benches --profile bench --example atomic_cost -- 50000000 5
+//! cargo run -p floodgate-benches --profile bench --example atomic_cost -- 20000000 5 20
 //! ```
 //!
-//! Arguments: operations per round, rounds. Rows:
+//! Arguments: operations per round, rounds, and optionally log2 of the words per array
+//! (8 to 26). Rows:
 //!
 //! * `load` — one relaxed 64-bit load (the loop and the address, no write);
 //! * `u64 load + CAS` — the keyed floor's write, and governor's per-key state update;
 //! * `u128 load + CAS` — floodgate's inline slot (key and state in one 128-bit word,
 //!   `portable-atomic`: `cmpxchg16b`, dispatched at run time unless the build enables
 //!   the `cmpxchg16b` target feature);
-//! * `lock word RMW ×2 + u64 load + CAS` — the shape of governor's keyed check: the
+//! * `lock word RMW x2 + u64 load + CAS` — the shape of governor's keyed check: the
 //!   DashMap shard's read lock taken and released (one atomic read-modify-write each)
-//!   around the state's CAS.
+//!   around the state's CAS (256 lock words, cache-resident at any size, as a table's
+//!   few shard locks are);
+//! * `u128 load` — the inline slot's read alone (a probe step);
+//! * `u64 load + CAS, 16-byte stride` — the 64-bit write over an array of 16-byte
+//!   pairs: the same footprint as the `u128` array, so that the two differ only in the
+//!   instruction;
+//! * `u128 CAS, no load` — `cmpxchg16b` alone, expecting zero (it always succeeds).
 //!
 //! The rows alternate within each round; the median and range over rounds are printed.
 
@@ -29,13 +38,20 @@ use portable_atomic::AtomicU128;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Words per array: a power of two, cache-resident (256 KiB of 16-byte words).
-const WORDS: usize = 1 << 14;
+/// Words per array unless the third argument says otherwise: 2^14, cache-resident
+/// (256 KiB of 16-byte words).
+const DEFAULT_LOG2_WORDS: u64 = 14;
 
-/// The word operation `i` visits (a multiplicative hash of `i`: a scrambled order).
+/// The lock words of the locked row: as many as before the word count became an
+/// argument (one per 64 of 2^14 words), and cache-resident at any word count, as a
+/// table's few shard locks are.
+const LOCKS: usize = 256;
+
+/// The word operation `i` visits among `2^log2` (a multiplicative hash of `i`: a
+/// scrambled order).
 #[inline(always)]
-fn index(i: u64) -> usize {
-    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize & (WORDS - 1)
+fn index(i: u64, log2: u32) -> usize {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - log2)) as usize
 }
 
 /// A decision's write on `word` (a `u64` or `u128` atomic): load it, then CAS it to
@@ -67,27 +83,48 @@ fn main() -> ExitCode {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let [ops, rounds] = args[..] else {
-        eprintln!("usage: atomic_cost <operations per round> <rounds>");
-        return ExitCode::from(2);
+    let (ops, rounds, log2) = match args[..] {
+        [ops, rounds] => (ops, rounds, DEFAULT_LOG2_WORDS),
+        [ops, rounds, log2] => (ops, rounds, log2),
+        _ => {
+            eprintln!("usage: atomic_cost <operations per round> <rounds> [log2 of the words]");
+            return ExitCode::from(2);
+        }
     };
     if ops == 0 || rounds == 0 {
         eprintln!("every argument must be positive");
         return ExitCode::from(2);
     }
-    let narrow: Vec<AtomicU64> = (0..WORDS).map(|_| AtomicU64::new(0)).collect();
-    let wide: Vec<AtomicU128> = (0..WORDS).map(|_| AtomicU128::new(0)).collect();
-    // One lock word per 64 state words, as a table's shards share theirs.
-    let locks: Vec<AtomicUsize> = (0..WORDS / 64).map(|_| AtomicUsize::new(0)).collect();
+    if !(8..=26).contains(&log2) {
+        eprintln!("log2 of the words must be 8 to 26");
+        return ExitCode::from(2);
+    }
+    let log2 = log2 as u32;
+    let words = 1usize << log2;
+    let narrow: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(0)).collect();
+    let wide: Vec<AtomicU128> = (0..words).map(|_| AtomicU128::new(0)).collect();
+    let pairs: Vec<[AtomicU64; 2]> = (0..words)
+        .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+        .collect();
+    let locks: Vec<AtomicUsize> = (0..LOCKS).map(|_| AtomicUsize::new(0)).collect();
 
     let load = |i: u64| {
-        black_box(narrow[index(i)].load(Ordering::Relaxed));
+        black_box(narrow[index(i, log2)].load(Ordering::Relaxed));
     };
-    let cas64 = |i: u64| bump!(narrow[index(i)]);
-    let cas128 = |i: u64| bump!(wide[index(i)]);
+    let cas64 = |i: u64| bump!(narrow[index(i, log2)]);
+    let cas128 = |i: u64| bump!(wide[index(i, log2)]);
+    let load128 = |i: u64| {
+        black_box(wide[index(i, log2)].load(Ordering::Relaxed));
+    };
+    let cas64_wide_stride = |i: u64| bump!(pairs[index(i, log2)][1]);
+    let cas128_alone = |i: u64| {
+        // Every word stays zero, so this always succeeds and writes.
+        let word = &wide[index(i, log2)];
+        let _ = black_box(word.compare_exchange(0, 0, Ordering::AcqRel, Ordering::Relaxed));
+    };
     let locked = |i: u64| {
-        let slot = index(i);
-        let lock = &locks[slot / 64];
+        let slot = index(i, log2);
+        let lock = &locks[slot % LOCKS];
         black_box(lock.fetch_add(4, Ordering::Acquire));
         bump!(narrow[slot]);
         black_box(lock.fetch_sub(4, Ordering::Release));
@@ -98,6 +135,9 @@ fn main() -> ExitCode {
         "u64 load + CAS",
         "u128 load + CAS",
         "lock word RMW x2 + u64 load + CAS",
+        "u128 load",
+        "u64 load + CAS, 16-byte stride",
+        "u128 CAS, no load",
     ];
     let mut figures: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
@@ -108,7 +148,10 @@ fn main() -> ExitCode {
                 0 => time(ops, load),
                 1 => time(ops, cas64),
                 2 => time(ops, cas128),
-                _ => time(ops, locked),
+                3 => time(ops, locked),
+                4 => time(ops, load128),
+                5 => time(ops, cas64_wide_stride),
+                _ => time(ops, cas128_alone),
             };
             figures[row].push(ns);
         }
