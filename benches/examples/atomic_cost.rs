@@ -24,7 +24,8 @@
 //! * `u64 load + CAS, 16-byte stride` — the 64-bit write over an array of 16-byte
 //!   pairs: the same footprint as the `u128` array, so that the two differ only in the
 //!   instruction;
-//! * `u128 CAS, no load` — `cmpxchg16b` alone, expecting zero (it always succeeds).
+//! * `u128 CAS, no load` — `cmpxchg16b` alone, on words of its own that stay zero
+//!   (it expects zero, so it always succeeds and writes).
 //!
 //! The rows alternate within each round; the median and range over rounds are printed.
 
@@ -103,6 +104,8 @@ fn main() -> ExitCode {
     let words = 1usize << log2;
     let narrow: Vec<AtomicU64> = (0..words).map(|_| AtomicU64::new(0)).collect();
     let wide: Vec<AtomicU128> = (0..words).map(|_| AtomicU128::new(0)).collect();
+    // The CAS-alone row's own words: they stay zero, so its CAS always succeeds.
+    let zeros: Vec<AtomicU128> = (0..words).map(|_| AtomicU128::new(0)).collect();
     let pairs: Vec<[AtomicU64; 2]> = (0..words)
         .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
         .collect();
@@ -118,8 +121,7 @@ fn main() -> ExitCode {
     };
     let cas64_wide_stride = |i: u64| bump!(pairs[index(i, log2)][1]);
     let cas128_alone = |i: u64| {
-        // Every word stays zero, so this always succeeds and writes.
-        let word = &wide[index(i, log2)];
+        let word = &zeros[index(i, log2)];
         let _ = black_box(word.compare_exchange(0, 0, Ordering::AcqRel, Ordering::Relaxed));
     };
     let locked = |i: u64| {
