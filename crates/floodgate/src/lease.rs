@@ -4,10 +4,22 @@
 //! when every core decides on the same key, that word's cache line moves between cores
 //! on every decision and throughput cannot pass one line transfer per decision.
 //! [`LeasedGcra`] keeps the same central GCRA word but lets each shard (by default one
-//! per thread index, see [`LeaseBuilder::shards`]) take a small batch of units from it
-//! with one CAS — a **lease** — and spend them on its own padded word, which no other
-//! shard writes. Unspent units **expire** after a short lifetime; a shard that goes back
-//! to the central word first takes back its own unexpired units, so none is lost.
+//! per core, see [`LeaseBuilder::shards`]) take a small batch of units from it with
+//! one CAS — a **lease** — and spend them on its own padded word. Unspent units
+//! **expire** after a short lifetime; a shard that goes back to the central word first
+//! counts its own unexpired units, so none is lost.
+//!
+//! # Owned shards
+//!
+//! Each shard has one writer: the live thread whose **owner index** is that shard's
+//! number. Indices are small and recycled: no two live threads hold the same one, a
+//! thread's exit frees its index, and the next thread to decide takes the lowest free
+//! one. So a spend is a plain load and store on a word no other thread writes, with
+//! no atomic read-modify-write. A thread whose index is not below the shard count (more
+//! threads deciding at once than shards) owns no shard: it decides on the central word
+//! alone, an exact GCRA decision. Size `shards` to the threads that decide — the
+//! default, one per core, fits a runtime with one worker per core.
+//! [`check_on`](LeasedGcra::check_on) decides on any shard, given `&mut self`.
 //!
 //! # The bound (the one mode exempt from exact admission)
 //!
@@ -19,10 +31,8 @@
 //! admitted in [a, b]  ≤  B + ⌊(b − a) / T⌋  +  units out on lease at a
 //! ```
 //!
-//! and the units out on lease are at most `shards × lease size` while no two threads
-//! share a shard (threads take shards by their thread index; with more threads than
-//! shards, two refills on one shard can merge, and the bound is `threads × lease
-//! size`). A refill admits from the central word whatever it can give (at least the
+//! and the units out on lease are at most `shards × lease size` (a shard has one
+//! writer, and a refill leaves it fewer units than one lease). A refill admits from the central word whatever it can give (at least the
 //! cost, at most the lease size), so a request is denied only when this shard's lease
 //! and the central word together hold fewer units than it costs: it **under-admits**
 //! (against a plain GCRA fed the same admissions) by at most the units stranded in
@@ -53,10 +63,13 @@
 //!
 //! # Memory ordering
 //!
-//! Both words publish nothing but themselves: every access is `Relaxed`, and every
-//! update goes through the crate's one CAS loop (a failed CAS hands back the current
-//! value). Units move central → lease by a CAS on the central word followed by a CAS on
-//! the shard word; between the two they are held by the refilling thread.
+//! Both words publish nothing but themselves: every access is `Relaxed`. The central
+//! word is updated through the crate's one CAS loop (a failed CAS hands back the
+//! current value); a shard word by its one writer's plain store. Units move central →
+//! lease by a CAS on the central word followed by a store to the shard word; between
+//! the two they are held by the refilling thread. When an index passes from an exited
+//! thread to a new one, the registry's mutex orders the old owner's last store before
+//! the new owner's first load.
 //!
 //! # Examples
 //!
@@ -64,7 +77,7 @@
 //! use floodgate::{LeasedGcra, ManualClock, Policy};
 //!
 //! let policy = Policy::per_second(1_000)?.with_burst(100)?;
-//! let leased = LeasedGcra::builder(policy)
+//! let mut leased = LeasedGcra::builder(policy)
 //!     .shards(2)
 //!     .lease_size(10)
 //!     .build_with_clock(ManualClock::new())?;
@@ -85,7 +98,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
-use crate::sync::{thread_index, Atomic, Ordering};
+use crate::sync::{owner_index, Atomic, Ordering};
 use crate::Algorithm;
 
 /// The largest lease: the units field's width.
@@ -247,6 +260,8 @@ pub struct LeaseBuilder {
 
 impl LeaseBuilder {
     /// Shards (rounded up to a power of two): by default the available parallelism.
+    /// A thread owns the shard numbered by its owner index (see the
+    /// [module docs](self)); threads beyond the count decide on the central word.
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
@@ -362,24 +377,28 @@ impl LeasedGcra {
 }
 
 impl<C: Clock> LeasedGcra<C> {
-    /// Decides one unit on the calling thread's shard.
+    /// Decides one unit on the calling thread's shard (see [`check_n`](Self::check_n)).
     #[inline]
     pub fn check(&self) -> Decision {
-        self.check_on(thread_index(), 1)
+        self.check_n(1)
     }
 
-    /// Decides `cost` units on the calling thread's shard.
+    /// Decides `cost` units: on the calling thread's own shard when its owner index
+    /// is below the shard count, else on the central word alone (an exact GCRA
+    /// decision, no lease).
     #[inline]
     pub fn check_n(&self, cost: u32) -> Decision {
-        self.check_on(thread_index(), cost)
+        let (now, nanos) = self.expiry_nanos();
+        self.decide(now, nanos, cost)
     }
 
-    /// Decides `cost` units on shard `shard` (taken modulo the shard count): for
-    /// callers that pin threads to cores and know theirs.
+    /// Decides `cost` units on shard `shard` (taken modulo the shard count), whoever
+    /// owns it: `&mut self` makes the caller the only writer. For simulations and
+    /// tests that replay several shards' traffic on one thread.
     #[inline]
-    pub fn check_on(&self, shard: usize, cost: u32) -> Decision {
+    pub fn check_on(&mut self, shard: usize, cost: u32) -> Decision {
         let (now, nanos) = self.expiry_nanos();
-        self.decide_on(shard, now, nanos, cost)
+        self.decide_owned(&self.shards[shard & self.mask], now, nanos, cost)
     }
 
     /// [`check_n`](LeasedGcra::check_n) with a clock reading the caller has taken
@@ -388,25 +407,24 @@ impl<C: Clock> LeasedGcra<C> {
     #[inline]
     pub(crate) fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
         match &self.expiry {
-            Expiry::Fresh => self.decide_on(thread_index(), Some(now), now.as_u64(), cost),
+            Expiry::Fresh => self.decide(Some(now), now.as_u64(), cost),
             #[cfg(not(loom))]
-            Expiry::Coarse(coarse) => {
-                self.decide_on(thread_index(), Some(now), coarse.nanos(), cost)
-            }
+            Expiry::Coarse(coarse) => self.decide(Some(now), coarse.nanos(), cost),
         }
     }
 
     /// What [`check_n_at`](LeasedGcra::check_n_at) would decide, writing nothing:
-    /// allowed when this thread's shard lease holds `cost` units, or the central word
+    /// allowed when this thread's own shard holds `cost` units, or the central word
     /// holds what it is short of.
     pub(crate) fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
-        let word = &self.shards[thread_index() & self.mask];
         let nanos = match &self.expiry {
             Expiry::Fresh => now.as_u64(),
             #[cfg(not(loom))]
             Expiry::Coarse(coarse) => coarse.nanos(),
         };
-        let own = word.load(Ordering::Relaxed).valid_units(self.tick(nanos));
+        let own = self.shards.get(owner_index()).map_or(0, |word| {
+            word.load(Ordering::Relaxed).valid_units(self.tick(nanos))
+        });
         let burst = self.gcra.policy().burst();
         let central = self.central.load(Ordering::Relaxed);
         let short = cost.saturating_sub(own);
@@ -443,31 +461,62 @@ impl<C: Clock> LeasedGcra<C> {
         self.central.load(Ordering::Relaxed).tat() <= now && self.units_on_lease() == 0
     }
 
+    /// The calling thread's shard if it owns one, else the central word.
     #[inline(always)]
-    fn decide_on(&self, shard: usize, now: Option<Nanos>, nanos: u64, cost: u32) -> Decision {
-        let word = &self.shards[shard & self.mask];
+    fn decide(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> Decision {
+        match self.shards.get(owner_index()) {
+            Some(word) => self.decide_owned(word, now, nanos, cost),
+            None => self.decide_central(now, cost),
+        }
+    }
+
+    /// A decision on `word`, whose only writer is the caller: the thread owning its
+    /// index (see [`owner_index`]), or a caller holding `&mut self`. So a spend is a
+    /// plain load and store, and no other thread's write can fall between them.
+    /// (Other threads only read shard words: `units_on_lease`, `peek_at`.)
+    #[inline(always)]
+    fn decide_owned(
+        &self,
+        word: &Atomic<Lease>,
+        now: Option<Nanos>,
+        nanos: u64,
+        cost: u32,
+    ) -> Decision {
         let tick = self.tick(nanos);
+        let lease = word.load(Ordering::Relaxed);
         if cost > 0 {
-            let spent = update_word(&**word, |lease: Lease| match lease.spend(tick, cost) {
-                Some(next) => (Some(next), Some(next)),
-                None => (None, None),
-            });
-            if let Some(lease) = spent {
-                let left = lease.expires().saturating_sub(tick) << TICK_SHIFT;
+            if let Some(next) = lease.spend(tick, cost) {
+                word.store(next, Ordering::Relaxed);
+                let left = next.expires().saturating_sub(tick) << TICK_SHIFT;
                 return Decision::allow(
                     self.gcra.policy().burst(),
-                    u64::from(lease.units()),
+                    u64::from(next.units()),
                     1,
                     left,
                 );
             }
         }
-        self.refill(word, now, tick, cost)
+        self.refill(word, lease, now, tick, cost)
     }
 
-    /// The central word's peek and a lease refill (the slow path).
+    /// A thread without a shard: the central word decides alone, exactly.
     #[cold]
-    fn refill(&self, word: &Atomic<Lease>, now: Option<Nanos>, tick: u64, cost: u32) -> Decision {
+    fn decide_central(&self, now: Option<Nanos>, cost: u32) -> Decision {
+        let now = now.unwrap_or_else(|| self.clock.now());
+        update_word(&*self.central, |state| self.gcra.decide(state, now, cost))
+    }
+
+    /// The central word's peek and a lease refill of `word` (the slow path; the
+    /// caller is `word`'s only writer and has just read `lease` from it).
+    #[cold]
+    fn refill(
+        &self,
+        word: &Atomic<Lease>,
+        lease: Lease,
+        now: Option<Nanos>,
+        tick: u64,
+        cost: u32,
+    ) -> Decision {
         let now = now.unwrap_or_else(|| self.clock.now());
         let burst = self.gcra.policy().burst();
         if cost == 0 || u64::from(cost) > burst {
@@ -477,11 +526,8 @@ impl<C: Clock> LeasedGcra<C> {
                 (self.gcra.decide(state, now, cost).0, None)
             });
         }
-        // Take back this shard's own unexpired units first: none is stranded here.
-        let own = update_word(word, |lease: Lease| match lease.valid_units(tick) {
-            0 => (0, None),
-            units => (units, Some(Lease::new(0, lease.expires()))),
-        });
+        // This shard's own unexpired units count first: none is stranded here.
+        let own = lease.valid_units(tick);
         let need = cost.saturating_sub(own);
         let want = self.lease_size.max(need);
         let (taken, central) = if need == 0 {
@@ -497,10 +543,8 @@ impl<C: Clock> LeasedGcra<C> {
                 ((take, Some(decision)), next)
             })
         };
-        let expires = tick.saturating_add(self.lifetime_ticks);
         if taken == 0 && need > 0 {
-            // Denied: the units taken back return to the lease, unspent.
-            self.put_back(word, own, expires, tick);
+            // Denied: the lease keeps its units and its expiry.
             let denial =
                 central.unwrap_or_else(|| self.gcra.decide(GcraState::default(), now, cost).0);
             let remaining = denial.remaining().saturating_add(u64::from(own)).min(burst);
@@ -511,8 +555,11 @@ impl<C: Clock> LeasedGcra<C> {
                 None => Decision::never(burst, remaining, 1, denial.reset_after_nanos()),
             };
         }
-        let left = own + taken - cost;
-        self.put_back(word, left, expires, tick);
+        // `left < max(lease size, need)`, so it fits the units field; the cap is a
+        // guard (a unit dropped is under-admission only).
+        let left = (own + taken - cost).min(MAX_LEASE);
+        let expires = tick.saturating_add(self.lifetime_ticks);
+        word.store(Lease::new(left, expires), Ordering::Relaxed);
         let central_remaining = central.map_or(0, |d| d.remaining());
         let reset = central.map_or(self.lifetime_ticks << TICK_SHIFT, |d| d.reset_after_nanos());
         Decision::allow(
@@ -521,22 +568,6 @@ impl<C: Clock> LeasedGcra<C> {
             1,
             reset,
         )
-    }
-
-    /// Adds `units` to the shard's lease (keeping its unexpired units; units past
-    /// [`MAX_LEASE`] are dropped: under-admission only), valid until `expires`.
-    fn put_back(&self, word: &Atomic<Lease>, units: u32, expires: u64, tick: u64) {
-        if units == 0 {
-            return;
-        }
-        update_word(word, |lease: Lease| {
-            let total =
-                (lease.valid_units(tick) as u64 + u64::from(units)).min(u64::from(MAX_LEASE));
-            (
-                (),
-                Some(Lease::new(total as u32, expires.max(lease.expires()))),
-            )
-        });
     }
 
     /// The main clock's reading when the expiry clock is that clock, and the expiry
@@ -658,7 +689,7 @@ mod tests {
     #[test]
     fn a_shard_spends_its_lease_without_the_central_word_then_refills() {
         let clock = ManualClock::new();
-        let l = LeasedGcra::builder(policy(10))
+        let mut l = LeasedGcra::builder(policy(10))
             .shards(2)
             .lease_size(4)
             .build_with_clock(clock.clone())
@@ -693,19 +724,19 @@ mod tests {
     #[test]
     fn unspent_units_expire_after_the_lifetime() {
         let clock = ManualClock::new();
-        let l = LeasedGcra::builder(policy(100))
+        let mut l = LeasedGcra::builder(policy(100))
             .shards(1)
             .lease_size(10)
             .lifetime(Duration::from_millis(1))
             .build_with_clock(clock.clone())
             .unwrap();
-        assert!(l.check().is_allowed());
+        assert!(l.check_on(0, 1).is_allowed());
         assert_eq!(l.units_on_lease(), 9);
         clock.advance(Duration::from_micros(1_100));
         assert_eq!(l.units_on_lease(), 0);
         assert_eq!(l.units_held(), 9);
         // The next decision refills; the expired units are gone.
-        let d = l.check();
+        let d = l.check_on(0, 1);
         assert!(d.is_allowed());
         assert_eq!(l.units_held(), 9);
     }

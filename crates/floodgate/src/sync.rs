@@ -196,7 +196,8 @@ pub(crate) fn unique_id() -> u64 {
     NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
 }
 
-/// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
+/// A small per-thread index (0, 1, 2, … in first-use order, never freed) for striped
+/// counters, where two threads sharing a stripe costs speed only.
 ///
 /// Plain std atomics: the index is an identity, not a synchronisation point. Under
 /// loom it is always 0, so that every model execution touches the same words.
@@ -221,4 +222,157 @@ pub(crate) fn thread_index() -> usize {
         }
         i
     })
+}
+
+/// What [`owner_index`] returns on a thread that has no index (one whose thread-local
+/// storage is being torn down): larger than any shard count, so it owns nothing.
+pub(crate) const NO_OWNER: usize = usize::MAX;
+
+/// The calling thread's **owner index**: no two live threads hold the same one, and
+/// an index freed by a thread's exit goes to the next thread that asks, lowest first,
+/// so the live threads that decide hold the smallest indices (0, 1, 2, …). A
+/// [`LeasedGcra`](crate::LeasedGcra) lets the thread holding index `i` own shard `i`
+/// and write it with plain loads and stores.
+///
+/// Why a recycled index is still owned by one thread at a time: a thread frees its
+/// index in a thread-local destructor, under the registry's mutex, after its last
+/// use of the index (a later call on that thread, from another destructor, finds the
+/// index gone and gets [`NO_OWNER`]); the next thread takes it under the same mutex.
+/// The mutex orders the old owner's last stores before the new owner's first loads.
+///
+/// Indices are taken only by threads that decide on a leased limiter; the striped
+/// counters use [`thread_index`], which never frees one.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn owner_index() -> usize {
+    owners::index()
+}
+
+#[cfg(not(loom))]
+mod owners {
+    use core::cell::Cell;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::sync::Mutex;
+
+    use super::NO_OWNER;
+
+    /// Not asked for yet on this thread.
+    const UNSET: usize = usize::MAX - 1;
+
+    struct Registry {
+        /// The lowest index never handed out.
+        next: usize,
+        /// Indices freed by exited threads.
+        free: BinaryHeap<Reverse<usize>>,
+    }
+
+    static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+        next: 0,
+        free: BinaryHeap::new(),
+    });
+
+    /// Frees the thread's index when its thread-local storage is torn down.
+    struct Release;
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // INDEX has no destructor, so it is still readable here.
+            let index = INDEX.with(|i| i.replace(NO_OWNER));
+            if index < UNSET {
+                super::lock(&REGISTRY).free.push(Reverse(index));
+            }
+        }
+    }
+
+    std::thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(UNSET) };
+        static RELEASE: Release = const { Release };
+    }
+
+    #[inline]
+    pub(super) fn index() -> usize {
+        let index = INDEX.with(Cell::get);
+        if index != UNSET {
+            index
+        } else {
+            take()
+        }
+    }
+
+    #[cold]
+    fn take() -> usize {
+        // Registers the destructor first: a thread whose storage is already being torn
+        // down gets no index (nothing would free it).
+        if RELEASE.try_with(|_| ()).is_err() {
+            INDEX.with(|i| i.set(NO_OWNER));
+            return NO_OWNER;
+        }
+        let index = {
+            let mut registry = super::lock(&REGISTRY);
+            match registry.free.pop() {
+                Some(Reverse(index)) => index,
+                None => {
+                    let index = registry.next;
+                    registry.next += 1;
+                    index
+                }
+            }
+        };
+        INDEX.with(|i| i.set(index));
+        index
+    }
+}
+
+/// Under loom: the model thread's number in its execution (the model's main thread
+/// is 0, spawned threads 1, 2, … in spawn order), distinct for live threads as the
+/// real index is. Model threads never exit while another takes their index, so
+/// recycling is not modelled here; `tests/lease_owners.rs` tries it on real threads.
+#[cfg(loom)]
+pub(crate) fn owner_index() -> usize {
+    let id = format!("{:?}", loom::thread::current().id());
+    id.trim_start_matches("ThreadId(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or(NO_OWNER)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::owner_index;
+    use std::sync::{Arc, Barrier};
+
+    #[test]
+    fn live_threads_hold_distinct_owner_indices() {
+        let barrier = Arc::new(Barrier::new(8));
+        let mut indices: Vec<usize> = (0..8)
+            .map(|_| {
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    let index = owner_index();
+                    barrier.wait(); // all eight alive at once
+                    assert_eq!(owner_index(), index, "an index is kept for life");
+                    index
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        indices.sort_unstable();
+        indices.dedup();
+        assert_eq!(indices.len(), 8);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "500 threads one after another: slow under Miri")]
+    fn an_exited_threads_index_is_taken_again() {
+        // One thread at a time: without recycling the last would hold index ≥ 500.
+        // Other tests running beside this one hold a few indices at most.
+        let last = (0..500)
+            .map(|_| std::thread::spawn(owner_index).join().unwrap())
+            .max()
+            .unwrap();
+        assert!(last < 64, "index {last} after 500 threads that each exited");
+    }
 }
