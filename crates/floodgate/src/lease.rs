@@ -18,7 +18,10 @@
 //! no atomic read-modify-write. A thread whose index is not below the shard count (more
 //! threads deciding at once than shards) owns no shard: it decides on the central word
 //! alone, an exact GCRA decision. Size `shards` to the threads that decide — the
-//! default, one per core, fits a runtime with one worker per core.
+//! default, one per core, fits a runtime with one worker per core. A thread keeps its
+//! index until it exits, so one that decided only once (a start-up check on the main
+//! thread) still holds a shard: count it, or make that check from a thread that
+//! exits.
 //! [`check_on`](LeasedGcra::check_on) decides on any shard, given `&mut self`.
 //!
 //! # The bound (the one mode exempt from exact admission)
