@@ -610,6 +610,25 @@ impl<C: Clock> LeasedGcra<C> {
             .sum()
     }
 
+    /// Whether the calling thread owns one of this limiter's shards (its owner index
+    /// is below the shard count). A thread that does not decides on the central word
+    /// alone: exact, and as fast as a plain limiter, but it does not scale. A server
+    /// can check this on its workers to see that `shards` counts them all.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{LeasedGcra, Policy};
+    ///
+    /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?).shards(64).build()?;
+    /// let owns = std::thread::spawn(move || leased.owns_shard()).join().unwrap();
+    /// assert!(owns, "a short-lived thread among few");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn owns_shard(&self) -> bool {
+        owner_index() < self.shards.len()
+    }
+
     /// The number of shards (a power of two).
     pub fn shard_count(&self) -> usize {
         self.shards.len()
