@@ -35,10 +35,11 @@
 //! ```
 //!
 //! and the units out on lease are at most `shards × lease size` (a shard has one
-//! writer, and a refill leaves it fewer units than one lease). A refill admits from the central word whatever it can give (at least the
-//! cost, at most the lease size), so a request is denied only when this shard's lease
-//! and the central word together hold fewer units than it costs: it **under-admits**
-//! (against a plain GCRA fed the same admissions) by at most the units stranded in
+//! writer, and a refill leaves it fewer units than one lease). A refill admits from
+//! the central word whatever it can give (at least the cost, at most the lease
+//! size), so a request is denied only when this shard's lease and the central word
+//! together hold fewer units than it costs: it **under-admits** (against a plain
+//! GCRA fed the same admissions) by at most the units stranded in
 //! other shards' leases, and a stranded unit stays stranded for at most one lease
 //! lifetime (then it expires; its charge drains from the central word at the rate T,
 //! like any admission's).
@@ -601,8 +602,9 @@ impl<C: Clock> LeasedGcra<C> {
             .sum()
     }
 
-    /// Units held by shard words, expired or not (expired ones are cleared at that
-    /// shard's next refill): the units taken from the central word and not admitted.
+    /// Units held by shard words, expired or not (expired ones are cleared when that
+    /// shard next takes a lease): the units taken from the central word and not
+    /// admitted.
     pub fn units_held(&self) -> u64 {
         self.shards
             .iter()
