@@ -102,7 +102,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
-use crate::sync::{owner_index, Atomic, Ordering};
+use crate::sync::{owner_index, owner_index_if_taken, Atomic, Ordering};
 use crate::Algorithm;
 
 /// The largest lease: the units field's width.
@@ -426,7 +426,8 @@ impl<C: Clock> LeasedGcra<C> {
             #[cfg(not(loom))]
             Expiry::Coarse(coarse) => coarse.nanos(),
         };
-        let own = self.shards.get(owner_index()).map_or(0, |word| {
+        // A peek takes no owner index: a thread that only reads holds no shard.
+        let own = self.shards.get(owner_index_if_taken()).map_or(0, |word| {
             word.load(Ordering::Relaxed).valid_units(self.tick(nanos))
         });
         let burst = self.gcra.policy().burst();
@@ -615,7 +616,8 @@ impl<C: Clock> LeasedGcra<C> {
     /// Whether the calling thread owns one of this limiter's shards (its owner index
     /// is below the shard count). A thread that does not decides on the central word
     /// alone: exact, and as fast as a plain limiter, but it does not scale. A server
-    /// can check this on its workers to see that `shards` counts them all.
+    /// can check this on its workers to see that `shards` counts them all. A thread
+    /// that has no index yet takes one here, as its first decision would.
     ///
     /// # Examples
     ///

@@ -248,6 +248,14 @@ pub(crate) fn owner_index() -> usize {
     owners::index()
 }
 
+/// The calling thread's owner index if it has taken one, else [`NO_OWNER`]: for
+/// reads (a peek), which must not take a shard from the threads that decide.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn owner_index_if_taken() -> usize {
+    owners::taken()
+}
+
 #[cfg(not(loom))]
 mod owners {
     use core::cell::Cell;
@@ -300,6 +308,14 @@ mod owners {
         }
     }
 
+    #[inline]
+    pub(super) fn taken() -> usize {
+        match INDEX.with(Cell::get) {
+            UNSET => NO_OWNER,
+            index => index,
+        }
+    }
+
     #[cold]
     fn take() -> usize {
         // Registers the destructor first: a thread whose storage is already being torn
@@ -324,6 +340,12 @@ mod owners {
     }
 }
 
+/// Under loom: the model thread's index, taken or not (see [`owner_index`]).
+#[cfg(loom)]
+pub(crate) fn owner_index_if_taken() -> usize {
+    owner_index()
+}
+
 /// Under loom: the model thread's number in its execution (the model's main thread
 /// is 0, spawned threads 1, 2, … in spawn order), distinct for live threads as the
 /// real index is. Model threads never exit while another takes their index, so
@@ -339,7 +361,7 @@ pub(crate) fn owner_index() -> usize {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::owner_index;
+    use super::{owner_index, owner_index_if_taken};
     use std::sync::{Arc, Barrier};
 
     #[test]
@@ -362,6 +384,19 @@ mod tests {
         indices.sort_unstable();
         indices.dedup();
         assert_eq!(indices.len(), 8);
+    }
+
+    #[test]
+    fn a_read_takes_no_index() {
+        let (before, after) = std::thread::spawn(|| {
+            let before = owner_index_if_taken();
+            let index = owner_index();
+            (before, (index, owner_index_if_taken()))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(before, super::NO_OWNER);
+        assert_eq!(after.0, after.1);
     }
 
     #[test]
