@@ -27,8 +27,12 @@
 //! # The bound (the one mode exempt from exact admission)
 //!
 //! Every admitted unit was taken from the central word no later than it was admitted,
-//! and the central word is an exact GCRA (capacity B, emission interval T). Hence, over
-//! any interval `[a, b]`:
+//! at a clock reading no later than its admission's: a lease remembers when it was
+//! taken (its expiry less the lifetime), and a decision whose reading is older — a
+//! thread that read the clock, then took over the owner index of a thread that has
+//! leased since — spends nothing from it (to the lease's 65.5 µs tick). The central
+//! word is an exact GCRA (capacity B, emission interval T). Hence, over any interval
+//! `[a, b]` of readings:
 //!
 //! ```text
 //! admitted in [a, b]  ≤  B + ⌊(b − a) / T⌋  +  units out on lease at a
@@ -152,9 +156,24 @@ impl Lease {
         }
     }
 
-    /// Spends `cost` at `tick`, if the lease is valid and holds that much.
-    fn spend(self, tick: u64, cost: u32) -> Option<Lease> {
-        let units = self.valid_units(tick);
+    /// The units a decision at `tick` may spend: those of a lease that has not
+    /// expired and was taken no later than `tick` (it expires `lifetime` ticks after
+    /// it was taken). A reading older than the lease — a thread that read the clock,
+    /// then took over the owner index of a thread that had leased since — spends
+    /// nothing from it: every unit is admitted at a reading no earlier than the one
+    /// it was taken from the central word at (to the tick).
+    const fn spendable_units(self, tick: u64, lifetime: u64) -> u32 {
+        // `expires − tick` in 1..=lifetime, in one comparison (wrapping).
+        if self.expires().wrapping_sub(tick).wrapping_sub(1) < lifetime {
+            self.units()
+        } else {
+            0
+        }
+    }
+
+    /// Spends `cost` at `tick`, if the lease is spendable then and holds that much.
+    fn spend(self, tick: u64, lifetime: u64, cost: u32) -> Option<Lease> {
+        let units = self.spendable_units(tick, lifetime);
         (units >= cost).then(|| Lease::new(units - cost, self.expires()))
     }
 }
@@ -260,9 +279,18 @@ pub struct LeaseBuilder {
     shards: usize,
     lease_size: Option<u32>,
     lifetime: Duration,
+    max_tat: u64,
 }
 
 impl LeaseBuilder {
+    /// The latest schedule the central word may reach: a decision that would take it
+    /// further is refused as "never" (a hot key's word must stay below the sealed
+    /// bit, as a cold key's does).
+    pub(crate) fn max_tat(mut self, max_tat: u64) -> Self {
+        self.max_tat = max_tat;
+        self
+    }
+
     /// Shards (rounded up to a power of two): by default the available parallelism.
     /// A thread owns the shard numbered by its owner index (see the
     /// [module docs](self)); threads beyond the count decide on the central word.
@@ -346,6 +374,7 @@ impl LeaseBuilder {
             mask: shards - 1,
             lease_size: size,
             lifetime_ticks: ticks,
+            max_tat: self.max_tat,
             clock,
             expiry,
             origin: 0,
@@ -363,6 +392,8 @@ pub struct LeasedGcra<C: Clock = DefaultClock> {
     mask: usize,
     lease_size: u32,
     lifetime_ticks: u64,
+    /// The latest TAT the central word may take ([`LeaseBuilder::max_tat`]).
+    max_tat: u64,
     clock: C,
     expiry: Expiry,
     origin: u64,
@@ -376,6 +407,7 @@ impl LeasedGcra {
             shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
             lease_size: None,
             lifetime: Duration::from_millis(1),
+            max_tat: u64::MAX,
         }
     }
 }
@@ -428,12 +460,17 @@ impl<C: Clock> LeasedGcra<C> {
         };
         // A peek takes no owner index: a thread that only reads holds no shard.
         let own = self.shards.get(owner_index_if_taken()).map_or(0, |word| {
-            word.load(Ordering::Relaxed).valid_units(self.tick(nanos))
+            word.load(Ordering::Relaxed)
+                .spendable_units(self.tick(nanos), self.lifetime_ticks)
         });
         let burst = self.gcra.policy().burst();
         let central = self.central.load(Ordering::Relaxed);
+        if cost == 0 || u64::from(cost) > burst {
+            // As a check: the central word's answer alone (see `refill`).
+            return self.decide_capped(central, now, cost).0;
+        }
         let short = cost.saturating_sub(own);
-        let decision = self.gcra.decide(central, now, short).0;
+        let decision = self.decide_capped(central, now, short).0;
         let remaining = decision
             .remaining()
             .saturating_add(u64::from(own))
@@ -490,7 +527,7 @@ impl<C: Clock> LeasedGcra<C> {
         let tick = self.tick(nanos);
         let lease = word.load(Ordering::Relaxed);
         if cost > 0 {
-            if let Some(next) = lease.spend(tick, cost) {
+            if let Some(next) = lease.spend(tick, self.lifetime_ticks, cost) {
                 word.store(next, Ordering::Relaxed);
                 let left = next.expires().saturating_sub(tick) << TICK_SHIFT;
                 return Decision::allow(
@@ -508,7 +545,24 @@ impl<C: Clock> LeasedGcra<C> {
     #[cold]
     fn decide_central(&self, now: Option<Nanos>, cost: u32) -> Decision {
         let now = now.unwrap_or_else(|| self.clock.now());
-        update_word(&*self.central, |state| self.gcra.decide(state, now, cost))
+        update_word(&*self.central, |state| self.decide_capped(state, now, cost))
+    }
+
+    /// GCRA on the central word, refusing as "never" a decision that would take it
+    /// past [`max_tat`](LeaseBuilder::max_tat).
+    #[inline]
+    fn decide_capped(
+        &self,
+        state: GcraState,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Option<GcraState>) {
+        match self.gcra.decide(state, now, cost) {
+            (_, Some(next)) if next.tat().as_u64() > self.max_tat => {
+                (Decision::never(self.gcra.policy().burst(), 0, 1, 0), None)
+            }
+            outcome => outcome,
+        }
     }
 
     /// The central word's peek and a lease refill of `word` (the slow path; the
@@ -528,11 +582,11 @@ impl<C: Clock> LeasedGcra<C> {
             // A report (cost 0) or a cost that never fits: the central word's answer,
             // nothing written.
             return update_word(&*self.central, |state| {
-                (self.gcra.decide(state, now, cost).0, None)
+                (self.decide_capped(state, now, cost).0, None)
             });
         }
         // This shard's own unexpired units count first: none is stranded here.
-        let own = lease.valid_units(tick);
+        let own = lease.spendable_units(tick, self.lifetime_ticks);
         let need = cost.saturating_sub(own);
         let want = self.lease_size.max(need);
         let (taken, central) = if need == 0 {
@@ -541,11 +595,13 @@ impl<C: Clock> LeasedGcra<C> {
             update_word(&*self.central, |state| {
                 let available = self.gcra.decide(state, now, 0).0.remaining();
                 if available < u64::from(need) {
-                    return ((0, Some(self.gcra.decide(state, now, need).0)), None);
+                    return ((0, Some(self.decide_capped(state, now, need).0)), None);
                 }
                 let take = u64::from(want).min(available) as u32;
-                let (decision, next) = self.gcra.decide(state, now, take);
-                ((take, Some(decision)), next)
+                match self.decide_capped(state, now, take) {
+                    (decision, None) => ((0, Some(decision)), None),
+                    (decision, next) => ((take, Some(decision)), next),
+                }
             })
         };
         if taken == 0 && need > 0 {
@@ -679,10 +735,20 @@ mod tests {
         let l = Lease::new(7, 10);
         assert_eq!(l.valid_units(9), 7);
         assert_eq!(l.valid_units(10), 0);
-        assert_eq!(l.spend(9, 7), Some(Lease::new(0, 10)));
-        assert_eq!(l.spend(9, 8), None);
-        assert_eq!(l.spend(10, 1), None);
+        // Lifetime 4: taken at tick 6, spendable at ticks 6..=9.
+        assert_eq!(l.spend(9, 4, 7), Some(Lease::new(0, 10)));
+        assert_eq!(l.spend(9, 4, 8), None);
+        assert_eq!(l.spend(10, 4, 1), None);
+        assert_eq!(l.spend(6, 4, 1), Some(Lease::new(6, 10)));
+        assert_eq!(l.spend(5, 4, 1), None, "a reading older than the lease");
+        assert_eq!(l.spendable_units(5, 4), 0);
+        assert_eq!(
+            l.valid_units(5),
+            7,
+            "not expired: still counted as out on lease"
+        );
         assert_eq!(Lease::default().valid_units(0), 0);
+        assert_eq!(Lease::default().spendable_units(0, 4), 0);
     }
 
     #[test]

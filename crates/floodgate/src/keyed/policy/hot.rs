@@ -300,9 +300,9 @@ impl HotKeys {
         self
     }
 
-    /// Detection: one cold check in `sample_every` (rounded up to a power of two)
-    /// sampled per thread; a key sampled `samples` times from at least `threads`
-    /// threads within `window` turns hot.
+    /// Detection: one cold check in `sample_every` (rounded up to a power of two, at
+    /// most 2^31) sampled per thread; a key sampled `samples` times from at least
+    /// `threads` threads within `window` turns hot.
     pub fn detection(
         mut self,
         sample_every: u32,
@@ -311,7 +311,7 @@ impl HotKeys {
         threads: u32,
     ) -> Self {
         self.detect = Some(Detect {
-            sample_every: sample_every.max(1).next_power_of_two(),
+            sample_every: sample_every.clamp(1, 1 << 31).next_power_of_two(),
             window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             samples: samples.max(1),
             threads: threads.clamp(1, 64),
@@ -326,7 +326,11 @@ impl HotKeys {
     }
 
     fn lease(&self, policy: Policy) -> LeaseBuilder {
-        let mut lease = LeasedGcra::builder(policy).lifetime(self.lifetime);
+        // A hot key's schedule stays below the sealed bit, as a cold key's does
+        // (`HotGcra::decide`): a demotion writes it back into the table.
+        let mut lease = LeasedGcra::builder(policy)
+            .lifetime(self.lifetime)
+            .max_tat(SEALED - 1);
         if let Some(shards) = self.shards {
             lease = lease.shards(shards);
         }
