@@ -185,9 +185,14 @@ impl fmt::Debug for Nanos {
 /// A source of [`Nanos`].
 ///
 /// Implementations must be cheap (this is read once per decision) and should never
-/// go backwards when read from one thread. The engine stays correct if they do (every
-/// transition is monotone in its state), but a backwards step makes decisions stricter
-/// than they need to be.
+/// go backwards. A decision stays exact if they do (every transition is monotone in
+/// its state): a backwards step only makes decisions stricter than they need to be.
+/// A **refund** is exact only when every admission it sees was decided at a reading
+/// no later than the refund's own (it reads the clock after loading the state, which
+/// gives this with any clock that is monotone across threads). A clock that goes back
+/// between an admission and a later refund — or an instant passed to a `*_at` method
+/// ahead of the clock — can let that refund give back schedule the admission had
+/// already passed: at most the refunded charge's own units, once.
 ///
 /// # Examples
 ///

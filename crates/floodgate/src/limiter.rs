@@ -321,7 +321,9 @@ where
     }
 
     /// [`check_n`](RateLimiter::check_n) at an instant the caller read (simulation,
-    /// replay, or a clock read already taken for the request).
+    /// replay, or a clock read already taken for the request). A later refund on this
+    /// limiter is judged at its clock's reading and assumes no admission it sees was
+    /// decided after it (see [`Clock`](crate::Clock)).
     ///
     /// # Examples
     ///

@@ -430,8 +430,9 @@ impl<A, C> KeyedBuilder<A, C> {
     /// # What a capacity costs
     ///
     /// Both tables allocate their whole slot array at build: 16 bytes per slot, with
-    /// `capacity / shards` keys per shard (plus ≈ 4/√share slack when there is more
-    /// than one shard) at a load factor of 3/4 — ≈ 21.3 bytes per key of capacity
+    /// `capacity / shards` keys per shard (plus a slack for uneven hashing when there
+    /// is more than one shard: 2.2 % at 125 000 keys per shard) at a load factor of
+    /// 3/4 — ≈ 21.8 bytes per key of capacity at 10^6 keys over 8 shards
     /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number).
     ///
     /// * [`Inline`] and [`Fingerprint`] storage: the slot array is all its key memory.
@@ -763,7 +764,9 @@ where
         self.check_n_at(key, self.clock.now(), cost)
     }
 
-    /// [`check_n`](KeyedLimiter::check_n) at an instant the caller read.
+    /// [`check_n`](KeyedLimiter::check_n) at an instant the caller read, from this
+    /// limiter's clock: a refund judged at the clock's reading assumes no admission it
+    /// sees was decided later (see [`Clock`](crate::Clock)).
     ///
     /// # Examples
     ///
@@ -1310,8 +1313,9 @@ where
     }
 
     /// The most keys the table can hold: each shard's share of the capacity plus a
-    /// slack for uneven hashing (4·√share + 8 per shard, about 1 % at 125 000 keys
-    /// per shard; none with one shard), so that `capacity` keys fit without evicting.
+    /// slack for uneven hashing (none with one shard; 2.2 % at 125 000 keys per
+    /// shard, 23 % at 1 250), sized so that `capacity` keys overflow no shard except
+    /// with a chance below 2^-40 (Bernstein's bound over every shard at once).
     ///
     /// # Examples
     ///
@@ -1321,7 +1325,7 @@ where
     /// assert_eq!(one.max_keys(), 1_000);
     /// let four = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
     ///     .capacity(1_000).shards(4).build::<u64>()?;
-    /// assert_eq!(four.max_keys(), 4 * (250 + 4 * 15 + 8));
+    /// assert_eq!(four.max_keys(), 4 * (250 + 131)); // a share of 250 and its slack
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn max_keys(&self) -> usize {

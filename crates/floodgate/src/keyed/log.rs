@@ -570,6 +570,21 @@ where
         self.capacity
     }
 
+    /// The most keys the table can hold: each shard's share of the capacity plus the
+    /// slack for uneven hashing, as [`KeyedLimiter::max_keys`](crate::KeyedLimiter::max_keys).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedBuilder, Policy};
+    /// let log = KeyedBuilder::default().capacity(1_000).shards(4).sliding_log::<u64>(Policy::per_second(3)?)?;
+    /// assert_eq!(log.max_keys(), 4 * (250 + 131));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_keys(&self) -> usize {
+        self.share * self.shards.len()
+    }
+
     /// The clock.
     ///
     /// # Examples

@@ -27,6 +27,17 @@
 //! state is packed for its plan's limit and period, so each window plan has a table
 //! of its own, with the builder's capacity.
 //!
+//! **Eviction in a GCRA plan table.** When more keys are live at once than the
+//! capacity, an insert evicts the key of a sample whose loss forgives the fewest
+//! units — ranked under the policy of the key being inserted, because the table
+//! does not store each key's plan. Across plans that can pick the wrong key: a flood
+//! of free keys (one unit each, booked 864 s ahead) ranks an enterprise key that has
+//! used 900 of its 1 000 units (booked 78 s ahead) as the lightest, evicts it, and
+//! its next requests find a fresh burst — 1 900 admitted within its burst window.
+//! Size the capacity for the live keys of every plan (≈ the keys seen within the
+//! slowest plan's `reset_after`) so that nothing is evicted, or keep heavy plans in a
+//! limiter of their own.
+//!
 //! # Changing a quota at runtime
 //!
 //! [`PlanLimiter::set_policy_mut`] changes a plan's policy on every algorithm,

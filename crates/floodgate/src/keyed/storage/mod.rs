@@ -322,23 +322,61 @@ pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> Tabl
 /// 16 × 4/3 ≈ 21.3 bytes per key instead of 18.3.
 pub(crate) const HEADROOM: usize = 3;
 
+/// A table filled with exactly `capacity` keys overflows a shard's share with a
+/// chance below 2^-`OVERFLOW_BITS` (see [`shard_size`]).
+pub(crate) const OVERFLOW_BITS: u32 = 40;
+
 /// Slots per shard and each shard's share of the key capacity, for `capacity` keys
 /// over `shards` shards.
 ///
-/// Keys do not spread evenly: a shard's count is binomial around its share with
-/// σ ≈ √share. Four σ of slack (plus a little) keep a table holding `capacity` keys
-/// from evicting live ones in a crowded shard, for about 4/√share more memory (1 % at
-/// 125 000 keys per shard). Load factor ≤ 3/4 (one slot in [`HEADROOM`] + 1 stays
-/// empty), so always at least one empty slot and probes end.
+/// Keys do not spread evenly: the keys of one shard are binomial around its share.
+/// Each shard holds [`overflow_slack`] keys beyond it, so that `capacity` keys fit
+/// without evicting a live one in a crowded shard, except with a chance below
+/// 2^-[`OVERFLOW_BITS`] per table filled (over every shard at once). Load factor
+/// ≤ 3/4 (one slot in [`HEADROOM`] + 1 stays empty), so always at least one empty
+/// slot and probes end.
 pub(crate) fn shard_size(capacity: usize, shards: usize) -> (usize, usize) {
     debug_assert!(shards.is_power_of_two() && shards <= capacity);
     let share = capacity.div_ceil(shards);
     let per_shard = if shards == 1 {
         share
     } else {
-        share + 4 * isqrt(share) + 8
+        share.saturating_add(overflow_slack(share, shards))
     };
-    (per_shard, per_shard + per_shard.div_ceil(HEADROOM))
+    (
+        per_shard,
+        per_shard.saturating_add(per_shard.div_ceil(HEADROOM)),
+    )
+}
+
+/// The keys a shard holds beyond its `share` when a table has `shards` shards (a
+/// power of two above 1).
+///
+/// The keys landing in one shard, out of `capacity` hashed at random, are a sum of
+/// independent indicators with mean and variance at most μ = `share`. Bernstein's
+/// inequality bounds the chance that they pass μ by `t`:
+///
+/// ```text
+/// P(X ≥ μ + t) ≤ exp(−t² / (2(μ + t/3)))
+/// ```
+///
+/// and the union bound over the shards keeps the chance that any of them does below
+/// 2^-40 when `shards · exp(…) ≤ 2^-40`, that is for
+///
+/// ```text
+/// t = L/3 + √(L²/9 + 2Lμ),   L = ln(shards · 2^40) = (log₂ shards + 40) · ln 2.
+/// ```
+///
+/// About 2.2 % of the share at 125 000 keys per shard (8 shards of 10^6 keys), 23 %
+/// at 1 250, and 1.9× a share of 35 (65 536 shards). Computed in integers: `l` is
+/// 1000·L rounded up, and 3000·t = l + √(l² + 18 000·l·μ).
+pub(crate) fn overflow_slack(share: usize, shards: usize) -> usize {
+    debug_assert!(shards.is_power_of_two() && shards > 1);
+    // ln 2 < 0.694.
+    let l = 694 * (u128::from(shards.trailing_zeros()) + u128::from(OVERFLOW_BITS));
+    let mu = share as u128;
+    let root = isqrt(l * l + 18_000 * l * mu) + 1;
+    usize::try_from((l + root).div_ceil(3000)).unwrap_or(usize::MAX)
 }
 
 /// The shard of `hash`: its high bits (`>> 1 >> (63 − bits)` is 0 for one shard).
@@ -774,7 +812,7 @@ where
 }
 
 /// ⌊√n⌋ by Newton's method (no floating point).
-fn isqrt(n: usize) -> usize {
+fn isqrt(n: u128) -> u128 {
     if n < 2 {
         return n;
     }
@@ -947,9 +985,54 @@ mod tests {
         );
     }
 
+    /// ln P(X ≥ k) for X ~ Binomial(n, p), summed term by term from k (no bound).
+    fn ln_binomial_tail(n: usize, p: f64, k: usize) -> f64 {
+        if k > n {
+            return f64::NEG_INFINITY;
+        }
+        let (n_f, k_f) = (n as f64, k as f64);
+        let ln_choose: f64 = (1..=k).map(|i| ((n - k + i) as f64 / i as f64).ln()).sum();
+        let ln_first = ln_choose + k_f * p.ln() + (n_f - k_f) * (-p).ln_1p();
+        // Terms relative to the first: each is the last × (n − j)/(j + 1) · p/(1 − p).
+        let (mut term, mut sum) = (1.0f64, 1.0f64);
+        for j in k..n {
+            term *= (n - j) as f64 / (j + 1) as f64 * p / (1.0 - p);
+            sum += term;
+            if term < sum * 1e-18 {
+                break;
+            }
+        }
+        ln_first + sum.ln()
+    }
+
+    #[test]
+    fn capacity_keys_overflow_no_shard_but_with_a_chance_below_two_to_the_minus_forty() {
+        // (capacity, shards): default layouts, small shares, and the most shards a
+        // builder takes. The old slack (4·√share + 8) failed the first: 0.37 per fill.
+        for (capacity, shards) in [
+            (65_536 * 35, 65_536),
+            (1_000_000, 8),
+            (10_000, 8),
+            (10_000_000, 256),
+            (64 * 1024, 1024),
+            (1 << 16, 1 << 16),
+            (100, 2),
+        ] {
+            let (per_shard, slots) = shard_size(capacity, shards);
+            assert!(slots > per_shard, "an empty slot always stays");
+            // A shard overflows when more than `per_shard` of the keys land in it.
+            let ln_one = ln_binomial_tail(capacity, 1.0 / shards as f64, per_shard + 1);
+            let ln_any = ln_one + (shards as f64).ln();
+            assert!(
+                ln_any <= -f64::from(OVERFLOW_BITS) * core::f64::consts::LN_2,
+                "{capacity} keys over {shards} shards of {per_shard}: ln P = {ln_any}"
+            );
+        }
+    }
+
     #[test]
     fn isqrt_is_exact() {
-        for n in [0usize, 1, 2, 3, 4, 15, 16, 17, 99, 100, 125_000, usize::MAX] {
+        for n in [0u128, 1, 2, 3, 4, 15, 16, 17, 99, 100, 125_000, u128::MAX] {
             let r = isqrt(n);
             assert!(r.checked_mul(r).is_some_and(|sq| sq <= n));
             assert!((r + 1).checked_mul(r + 1).is_none_or(|sq| sq > n), "{n}");
