@@ -1312,10 +1312,13 @@ where
         self.capacity
     }
 
-    /// The most keys the table can hold: each shard's share of the capacity plus a
-    /// slack for uneven hashing (none with one shard; 2.2 % at 125 000 keys per
-    /// shard, 23 % at 1 250), sized so that `capacity` keys overflow no shard except
-    /// with a chance below 2^-40 (Bernstein's bound over every shard at once).
+    /// The keys the table holds before it evicts: each shard's share of the capacity
+    /// plus a slack for uneven hashing (none with one shard; 2.2 % at 125 000 keys
+    /// per shard, 23 % at 1 250), sized so that `capacity` keys overflow no shard
+    /// except with a chance below 2^-40 (Bernstein's bound over every shard at once).
+    /// An eviction whose sampled victims all change under racing decisions before it
+    /// takes one (4 samples in a row) lets that insert into the slot array's headroom;
+    /// the next insert evicts again.
     ///
     /// # Examples
     ///

@@ -78,7 +78,10 @@
 //!   table, and the table ranks its sample under the policy of the key being
 //!   inserted (it does not know each key's plan): a key of a fast plan, with many
 //!   units in use but a short schedule ahead, can then rank lighter than a slow
-//!   plan's key with one unit in use (see [`plans`]). *Accuracy cost*: an evicted key forgets its state,
+//!   plan's key with one unit in use (see [`plans`]). The victim is taken only if
+//!   it forgives no more than when it was ranked: decisions CAS states without the
+//!   shard lock, and one that charged the victim meanwhile — or a hot-key promotion
+//!   that sealed it — keeps it, and the next slots are sampled. *Accuracy cost*: an evicted key forgets its state,
 //!   so its next request sees a fresh key — up to one extra burst for that key. This
 //!   happens only when more keys are live at once than the capacity; size the capacity
 //!   for your live set (≈ keys seen within the longest `reset_after`).

@@ -1103,6 +1103,23 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::keyed::Inline;
 
+    #[test]
+    fn an_eviction_never_takes_a_word_sealed_after_it_was_ranked() {
+        use crate::keyed::storage::{forgiven, judge, Take};
+        let gcra = Gcra::new(Policy::per_second(1_000).unwrap().with_burst(50).unwrap());
+        let table = HotGcra::new(gcra, Mode::Decide);
+        let now = Nanos::from_secs(10);
+        // Ranked cold, with one unit in use; sealed by a promotion before the take.
+        let cold = gcra.decide(GcraState::default(), now, 1).1.unwrap();
+        let ranked = forgiven(&table, cold, now);
+        let sealed = GcraState::from_tat(Nanos::new(seal_word(3, 9)));
+        let (how, write) = judge(&table, sealed, now, Take::Victim(ranked));
+        assert!(!write, "a sealed word is the heaviest: kept");
+        assert!(how == crate::keyed::storage::Retired::Kept);
+        let (_, write) = judge(&table, cold, now, Take::Victim(ranked));
+        assert!(write, "unchanged since ranked: taken");
+    }
+
     fn limiter(slots: usize) -> HotKeyLimiter<u64, ManualClock, Inline> {
         HotKeyLimiter::new_in(
             Policy::per_second(1_000).unwrap().with_burst(50).unwrap(),

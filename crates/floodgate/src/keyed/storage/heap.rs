@@ -49,7 +49,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
-    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, Take, WriteSide,
     Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
@@ -384,8 +384,9 @@ where
             return answer(decision.refused(), None);
         }
         make_room(self, &mut writer, algorithm, now);
-        // There is always an empty slot: make_room leaves live < capacity < slots
-        // (it evicts whenever a shard is full and holds a key). Bounded all the same.
+        // There is always an empty slot: make_room evicts whenever a shard is at its
+        // share, and takes its victim whatever it became when the insert would leave
+        // fewer than two slots empty. Bounded all the same.
         let mut i = self.home(tag);
         let mut probes = 0;
         while self.slots[i].tag.load(Ordering::Relaxed) != EMPTY {
@@ -513,14 +514,14 @@ where
         self.entry_at(i).map(|e| e.state.load(Ordering::Relaxed))
     }
 
-    /// CAS of the entry's state to the dead word (only if idle when `idle_only`).
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    /// CAS of the entry's state to the dead word (as `take` says: see [`Take`]).
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
     where
         A: Algorithm<State = S> + ?Sized,
     {
         let entry = self.entry_at(i)?;
         Some(update_word(&entry.state, |state| {
-            let (how, write) = judge(algorithm, state, now, idle_only);
+            let (how, write) = judge(algorithm, state, now, take);
             (how, write.then(dead::<S>))
         }))
     }

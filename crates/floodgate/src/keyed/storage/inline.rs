@@ -60,7 +60,7 @@ use crossbeam_utils::CachePadded;
 
 use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
-    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, WriteSide,
+    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, Take, WriteSide,
     Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
@@ -585,14 +585,14 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
         (bits != DEAD).then(|| from_bits(bits))
     }
 
-    /// CAS of the slot's state half to dead (only if idle when `idle_only`).
+    /// CAS of the slot's state half to dead (as `take` says: see [`Take`]).
     ///
     /// A dead slot reads as empty, so a probe for a key further along the cluster
     /// would stop there: the retirement opens the shard's sequence window (odd
     /// version) *before* the CAS, and the window stays open through the unlink that
     /// follows, so a `peek` never trusts such a miss. If the CAS ends up not writing
     /// (a racing charge made the key live), the window is closed again here.
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
     where
         A: Algorithm<State = S> + ?Sized,
     {
@@ -602,7 +602,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
             if bits == DEAD {
                 return ((None, false), None);
             }
-            let (how, write) = judge(algorithm, from_bits(bits), now, idle_only);
+            let (how, write) = judge(algorithm, from_bits(bits), now, take);
             if write && !opened {
                 self.open_window();
                 opened = true;

@@ -207,6 +207,10 @@ const SWEEP_STEP: usize = 4;
 /// How many live keys an eviction compares before evicting the closest to idle.
 const EVICTION_SAMPLE: usize = 8;
 
+/// Samples an eviction tries when racing decisions change its victims (see
+/// [`evict_one`]).
+const EVICTION_ATTEMPTS: usize = 4;
+
 /// The reserved *dead* state: all bits set.
 pub(crate) fn dead<S: bytemuck::Pod>() -> S {
     let mut s: S = bytemuck::Zeroable::zeroed();
@@ -419,7 +423,7 @@ pub(crate) trait Slots {
     /// The state of the key in slot `i`, or `None` when `i` is empty.
     fn state_at(&self, i: usize) -> Option<Self::State>;
     /// Retires the state of the key in slot `i` (see [`judge`]); `None` when empty.
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, idle_only: bool) -> Option<Retired>
+    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
     where
         A: Algorithm<State = Self::State> + ?Sized;
     /// Unlinks the (retired) key in slot `i`.
@@ -429,18 +433,32 @@ pub(crate) trait Slots {
     fn set_state_at(&mut self, i: usize, state: Self::State);
 }
 
+/// Which keys a removal takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Idle keys only: reclamation.
+    Idle,
+    /// An eviction's victim, ranked [`forgiven`] as this: taken if idle, or if its
+    /// state forgives no more now. A decision that made it heavier since it was
+    /// ranked — or a hot-key promotion that sealed it, the heaviest of words — keeps
+    /// it: the shard lock orders removals, not the lock-free CASes on states.
+    Victim((u64, u64)),
+    /// Whatever its state: a user's `remove` or `reset`.
+    Any,
+}
+
 /// Whether to retire `state`: the outcome, and whether to write the dead word.
-pub(crate) fn judge<A>(
-    algorithm: &A,
-    state: A::State,
-    now: Nanos,
-    idle_only: bool,
-) -> (Retired, bool)
+pub(crate) fn judge<A>(algorithm: &A, state: A::State, now: Nanos, take: Take) -> (Retired, bool)
 where
     A: Algorithm + ?Sized,
 {
     let idle = algorithm.is_idle(state, now);
-    if idle_only && !idle {
+    let keep = match take {
+        Take::Idle => !idle,
+        Take::Victim(ranked) => !idle && forgiven(algorithm, state, now) > ranked,
+        Take::Any => false,
+    };
+    if keep {
         return (Retired::Kept, false);
     }
     (if idle { Retired::Idle } else { Retired::Live }, true)
@@ -568,7 +586,7 @@ impl<T: Slots> ShardSet<T> {
 }
 
 /// How a removal went.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Retired {
     /// The key was idle: nothing lost.
     Idle,
@@ -683,7 +701,7 @@ where
     let mut advanced = 0;
     while advanced < steps {
         let i = writer.hand;
-        if take(shard, writer, algorithm, i, now, true) == Some(Retired::Idle) {
+        if take(shard, writer, algorithm, i, now, Take::Idle) == Some(Retired::Idle) {
             // A later key may shift into `i`: look at it next.
             shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -694,7 +712,28 @@ where
 }
 
 /// Removes one key: the first idle one met, else the closest to idle of a sample.
+///
+/// The victim is taken only if it forgives no more than when it was ranked
+/// ([`Take::Victim`]): a decision or a hot-key seal may change it meanwhile, since
+/// they CAS without the shard lock. Then the next slots are sampled, up to
+/// [`EVICTION_ATTEMPTS`] times; past that the insert goes ahead over the share
+/// (into the headroom), and the next insert evicts — unless the shard is one key
+/// short of its last empty slot, where the victim is taken whatever it became.
 fn evict_one<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+where
+    T: Slots,
+    A: Algorithm<State = T::State> + ?Sized,
+{
+    for _ in 0..EVICTION_ATTEMPTS {
+        match evict_sampled(shard, writer, algorithm, now) {
+            Some(Retired::Kept) => continue,
+            _ => return,
+        }
+    }
+}
+
+/// One eviction attempt: `Some(Kept)` when the victim changed after it was ranked.
+fn evict_sampled<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos) -> Option<Retired>
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
@@ -704,11 +743,11 @@ where
     let mut sampled = 0;
     let mut i = writer.hand;
     for _ in 0..shard.len() {
-        if let Some(how) = take(shard, writer, algorithm, i, now, true) {
+        if let Some(how) = take(shard, writer, algorithm, i, now, Take::Idle) {
             if how == Retired::Idle {
                 side.reclaimed.fetch_add(1, Ordering::Relaxed);
                 writer.hand = i;
-                return;
+                return Some(how);
             }
             // Live (or made live by a racing decision): a candidate. The victim is
             // the key whose loss forgives least: the fewest units in use now
@@ -727,40 +766,43 @@ where
         }
         i = next_slot(i, shard.len());
     }
-    let Some((_, victim)) = best else {
-        return;
+    let (loss, victim) = best?;
+    // The last empty slot keeps probes finite: never insert into it.
+    let rule = if writer.live + 2 >= shard.len() {
+        Take::Any
+    } else {
+        Take::Victim(loss)
     };
-    if let Some(how) = take(shard, writer, algorithm, victim, now, false) {
-        if how == Retired::Idle {
-            side.reclaimed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            side.evicted.fetch_add(1, Ordering::Relaxed);
-        }
-        writer.hand = next_slot(i, shard.len());
-    }
+    let how = take(shard, writer, algorithm, victim, now, rule)?;
+    match how {
+        Retired::Idle => side.reclaimed.fetch_add(1, Ordering::Relaxed),
+        Retired::Live => side.evicted.fetch_add(1, Ordering::Relaxed),
+        Retired::Kept => 0,
+    };
+    writer.hand = next_slot(i, shard.len());
+    Some(how)
 }
 
 /// Takes the key in slot `i` out of its shard (under the shard lock `writer`
 /// guards), the one way every removal goes — reclamation, eviction and
-/// [`remove_at`]: retire its state (a CAS to the dead word, only if idle when
-/// `idle_only`), record the removal judged at `now` (the generation moves, so a
-/// refund receipt for a key of this shard gives back nothing; every later decision
-/// in the shard is made at `max(reading, now)`), and unlink it. `None` when `i` is
-/// empty; [`Retired::Kept`] when the key was not idle and only idle keys were
-/// wanted (nothing changed).
+/// [`remove_at`]: retire its state (a CAS to the dead word, if `rule` takes it),
+/// record the removal judged at `now` (the generation moves, so a refund receipt for
+/// a key of this shard gives back nothing; every later decision in the shard is made
+/// at `max(reading, now)`), and unlink it. `None` when `i` is empty;
+/// [`Retired::Kept`] when `rule` kept the key (nothing changed).
 fn take<T, A>(
     shard: &T,
     writer: &mut Writer,
     algorithm: &A,
     i: usize,
     now: Nanos,
-    idle_only: bool,
+    rule: Take,
 ) -> Option<Retired>
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let how = shard.retire_at(algorithm, i, now, idle_only)?;
+    let how = shard.retire_at(algorithm, i, now, rule)?;
     if how != Retired::Kept {
         shard.removals().record(now);
         shard.unlink(writer, i);
@@ -790,7 +832,7 @@ where
     let Some(i) = find(shard) else {
         return false;
     };
-    if take(shard, &mut writer, algorithm, i, now, false).is_none() {
+    if take(shard, &mut writer, algorithm, i, now, Take::Any).is_none() {
         return false;
     }
     shard.write_side().removed.fetch_add(1, Ordering::Relaxed);
@@ -982,6 +1024,32 @@ mod tests {
         remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Fingerprinted>>();
         replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Exact>>();
         replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Fingerprinted>>(
+        );
+    }
+
+    #[test]
+    fn an_eviction_takes_its_victim_only_as_ranked_or_lighter() {
+        let gcra = Gcra::new(Policy::per_second(10).unwrap());
+        let now = Nanos::from_secs(100);
+        let light = gcra.decide(GcraState::default(), now, 1).1.unwrap();
+        let heavy = gcra.decide(light, now, 3).1.unwrap();
+        let ranked = forgiven(&gcra, light, now);
+        assert!(forgiven(&gcra, heavy, now) > ranked);
+        assert_eq!(
+            judge(&gcra, light, now, Take::Victim(ranked)),
+            (Retired::Live, true)
+        );
+        // Charged again after it was ranked: kept (the next sample is tried).
+        assert_eq!(
+            judge(&gcra, heavy, now, Take::Victim(ranked)),
+            (Retired::Kept, false)
+        );
+        assert_eq!(judge(&gcra, heavy, now, Take::Any), (Retired::Live, true));
+        assert_eq!(judge(&gcra, heavy, now, Take::Idle), (Retired::Kept, false));
+        let later = Nanos::from_secs(200);
+        assert_eq!(
+            judge(&gcra, heavy, later, Take::Victim(ranked)),
+            (Retired::Idle, true)
         );
     }
 
