@@ -5,32 +5,17 @@
 //! keyed case runs on every storage (`Heap`, `Inline`, `Fingerprint`).
 #![cfg(not(loom))]
 
+#[macro_use]
+mod common;
+
 use floodgate::keyed::composite::check_all;
 use floodgate::{
-    Algorithm, Clock, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter,
-    ManualClock, Nanos, Policy, RateLimiter, Shaper, SlidingLog, SlidingWindow, Storage,
+    Algorithm, Clock, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Nanos, Policy,
+    RateLimiter, Shaper, SlidingLog, SlidingWindow, Storage,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// Runs `$body` once per storage, with `$s` naming it.
-macro_rules! each_storage {
-    ($s:ident => $body:block) => {{
-        {
-            type $s = Heap;
-            $body
-        }
-        {
-            type $s = Inline;
-            $body
-        }
-        {
-            type $s = Fingerprint;
-            $body
-        }
-    }};
-}
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;

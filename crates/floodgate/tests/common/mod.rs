@@ -1,5 +1,24 @@
-//! Trace generators shared by the property tests.
+//! Trace generators shared by the property tests, and `each_storage!`.
 #![allow(dead_code)]
+
+/// Runs `$body` once per keyed storage, with `$s` naming it (`#[macro_use] mod common;`).
+#[allow(unused_macros)]
+macro_rules! each_storage {
+    ($s:ident => $body:block) => {{
+        {
+            type $s = floodgate::Heap;
+            $body
+        }
+        {
+            type $s = floodgate::Inline;
+            $body
+        }
+        {
+            type $s = floodgate::Fingerprint;
+            $body
+        }
+    }};
+}
 
 use proptest::prelude::*;
 
