@@ -74,7 +74,7 @@
 //!   ([`KeyedMetrics::evicted`]): the fewest units in use now (`limit − remaining`),
 //!   then the least `reset_after` — so a heavy user is never evicted while a
 //!   lighter key is in the sample, whatever the algorithm, as long as the table's
-//!   keys share one policy. GCRA [plans](plans) keep keys of several policies in one
+//!   keys share one policy. GCRA [plans] keep keys of several policies in one
 //!   table, and the table ranks its sample under the policy of the key being
 //!   inserted (it does not know each key's plan): a key of a fast plan, with many
 //!   units in use but a short schedule ahead, can then rank lighter than a slow
