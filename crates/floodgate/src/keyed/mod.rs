@@ -49,7 +49,7 @@
 //!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
 //!   (for `u64` keys: ≈ 21.8 + 16 bytes of payload per key at full capacity), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
-//!   that backlog stays small: the 10 M-key flood test peaks at 35.1 bytes per key
+//!   that backlog stays small: the 10 M-key flood test peaks at 38.6 bytes per key
 //!   of capacity, all included. A build whose slot array would pass the
 //!   [memory budget](KeyedBuilder::memory_budget) (4 GiB by default) is refused with
 //!   [`KeyedError::OverMemoryBudget`] before anything is allocated.
@@ -117,7 +117,7 @@
 //! receipts and refunds as the heap storage (shared code; a refund's CAS compares the
 //! key half too): 16 bytes × 4/3 load × ≈ 2 % shard slack ≈ 21.8
 //! bytes per key of capacity, all of it allocated at build (the 10 M-key flood test
-//! peaks at 22.0 bytes per key, all included).
+//! peaks at 22.2 bytes per key, all included).
 //!
 //! # Layout
 //!
