@@ -483,6 +483,49 @@ fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
     assert_eq!(limiter.metrics().live_keys, 0);
 }
 
+#[test]
+fn a_key_moving_between_gcra_plans_forgives_at_most_one_burst_per_move() {
+    let clock = ManualClock::new();
+    let plans: Plans = [
+        ("small".to_owned(), Policy::per_minute(2).unwrap()),
+        ("large".to_owned(), Policy::per_minute(4).unwrap()),
+    ]
+    .into_iter()
+    .collect();
+    let current = Arc::new(AtomicU32::new(0));
+    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    let limiter: PlanLimiter<u64, _, _> = PlanLimiter::new(
+        &plans,
+        {
+            let current = Arc::clone(&current);
+            move |_: &u64| ids[current.load(Ordering::Relaxed) as usize]
+        },
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    let mut admitted = 0;
+    // At one instant the key moves small → large → small → large.
+    for plan in [0, 1, 0, 1] {
+        current.store(plan, Ordering::Relaxed);
+        while limiter.check(&9).is_allowed() {
+            admitted += 1;
+        }
+    }
+    // small's burst of 2, large's of 4; moving back finds each plan's own schedule.
+    assert_eq!(admitted, 6);
+    assert_eq!(limiter.metrics().live_keys, 2);
+    // Each table ranks and reclaims under its own plan: at 30 s small's schedule
+    // has caught up (2 units at 30 s each), large's (4 at 15 s each) too.
+    clock.advance(Duration::from_secs(30));
+    current.store(0, Ordering::Relaxed);
+    assert_eq!(limiter.peek(&9, 0).remaining(), 1);
+    current.store(1, Ordering::Relaxed);
+    assert_eq!(limiter.peek(&9, 0).remaining(), 2);
+    // `remove` clears the key from every plan's table.
+    assert!(limiter.remove(&9));
+    assert_eq!(limiter.metrics().live_keys, 0);
+}
+
 /// Valid as a policy, but a sliding window counter's two counts of 20 bits leave
 /// its window index too few bits to last a year at 1 ms windows.
 fn too_fine_for_a_sliding_window() -> Policy {

@@ -74,11 +74,8 @@
 //!   ([`KeyedMetrics::evicted`]): the fewest units in use now (`limit − remaining`),
 //!   then the least `reset_after` — so a heavy user is never evicted while a
 //!   lighter key is in the sample, whatever the algorithm, as long as the table's
-//!   keys share one policy. GCRA [plans] keep keys of several policies in one
-//!   table, and the table ranks its sample under the policy of the key being
-//!   inserted (it does not know each key's plan): a key of a fast plan, with many
-//!   units in use but a short schedule ahead, can then rank lighter than a slow
-//!   plan's key with one unit in use (see [`plans`]). The victim is taken only if
+//!   keys share one policy; [plans] give each plan a table of its own for that
+//!   reason (see [`plans`]). The victim is taken only if
 //!   it forgives no more than when it was ranked: decisions CAS states without the
 //!   shard lock, and one that charged the victim meanwhile — or a hot-key promotion
 //!   that sealed it — keeps it, and the next slots are sampled. *Accuracy cost*: an evicted key forgets its state,

@@ -22,21 +22,23 @@
 //!
 //! Plans run GCRA by default ([`PlanLimiter::new`]); [`PlanLimiter::fixed_window`]
 //! and [`PlanLimiter::sliding_window`] count each plan's `limit` per `period`
-//! instead, and [`PlanLimiter::new_in`] picks any [`PlanAlgorithm`] and storage. GCRA
-//! keeps every key in one table (a TAT means the same under every policy); a window
-//! state is packed for its plan's limit and period, so each window plan has a table
-//! of its own, with the builder's capacity.
+//! instead, and [`PlanLimiter::new_in`] picks any [`PlanAlgorithm`] and storage.
+//! Every plan has a table of its own, with the builder's capacity (memory is
+//! bounded by plans × capacity).
 //!
-//! **Eviction in a GCRA plan table.** When more keys are live at once than the
-//! capacity, an insert evicts the key of a sample whose loss forgives the fewest
-//! units — ranked under the policy of the key being inserted, because the table
-//! does not store each key's plan. Across plans that can pick the wrong key: a flood
-//! of free keys (one unit each, booked 864 s ahead) ranks an enterprise key that has
-//! used 900 of its 1 000 units (booked 78 s ahead) as the lightest, evicts it, and
-//! its next requests find a fresh burst — 1 900 admitted within its burst window.
-//! Size the capacity for the live keys of every plan (≈ the keys seen within the
-//! slowest plan's `reset_after`) so that nothing is evicted, or keep heavy plans in a
-//! limiter of their own.
+//! **Why a table per plan, for GCRA too.** When more keys are live at once than a
+//! table's capacity, an insert evicts the key of a sample whose loss forgives the
+//! fewest units, ranked under the table's policy. A table shared by every plan
+//! would rank an enterprise key under a free key's policy: a flood of free keys
+//! (one unit each, booked 864 s ahead) would rank an enterprise key that has used
+//! 900 of its 1 000 units (booked 78 s ahead) as the lightest and evict it, and its
+//! next requests would find a fresh burst. In a plan's own table every key ranks
+//! under its own policy, so a flood of one plan's keys evicts only that plan's
+//! lightest keys and never touches another plan's.
+//!
+//! A key whose plan changes (the resolver, not the client, picks it) starts fresh
+//! in its new plan's table and finds its old state again if it moves back: each
+//! move forgives at most one burst (GCRA) or one window of the new plan.
 //!
 //! # Changing a quota at runtime
 //!
@@ -366,11 +368,11 @@ mod sealed {
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub trait PlanAlgorithm: Algorithm + Sized + sealed::Sealed {
-    /// Whether a key's state means the same under every policy. Then one table
-    /// holds every key whatever its plan, a key that changes plan keeps its state,
-    /// and a plan's policy changes through `&self` ([`PlanLimiter::set_policy`]).
-    /// Otherwise each plan has a table of its own (the state is packed for the
-    /// plan's limit and period).
+    /// Whether a key's state means the same under every policy. Then a plan's
+    /// policy changes through `&self` ([`PlanLimiter::set_policy`]): each decision
+    /// reads its plan's policy, and every key of the plan keeps its state.
+    /// Otherwise the state is packed for the plan's limit and period, and a policy
+    /// change rewrites the plan's table ([`PlanLimiter::set_policy_mut`]).
     const POLICY_FREE_STATE: bool;
 
     /// The algorithm for `policy`.
@@ -410,11 +412,11 @@ impl PlanAlgorithm for SlidingWindow {
 /// A keyed limiter whose policy depends on the key's plan, running GCRA (the
 /// default), a fixed window or a sliding window counter ([`PlanAlgorithm`]).
 ///
-/// GCRA keeps every key in one table: a key whose plan changes keeps its schedule.
-/// The window algorithms keep one table per plan, each with the capacity of the
-/// builder passed in (memory is bounded by plans × capacity); a key whose plan
-/// changes starts fresh in its new plan's table, which forgives at most one window
-/// of the new plan per change (the resolver, not the client, picks the plan).
+/// Each plan has a table of its own, with the capacity of the builder passed in
+/// (memory is bounded by plans × capacity), so eviction ranks every key under its
+/// own plan; a key whose plan changes starts fresh in its new plan's table, which
+/// forgives at most one burst or window of the new plan per change (the resolver,
+/// not the client, picks the plan).
 ///
 /// See the [module docs](self) for an example and runtime changes.
 pub struct PlanLimiter<K, R, C = DefaultClock, S = Heap, A = Gcra>
@@ -422,7 +424,7 @@ where
     A: PlanAlgorithm,
     S: Storage<K, A::State>,
 {
-    /// One table ([`PlanAlgorithm::POLICY_FREE_STATE`]) or one per plan.
+    /// One table per plan, in plan order.
     tables: Box<[KeyedLimiter<K, A, C, S>]>,
     names: Vec<String>,
     cells: Box<[CachePadded<PolicyCell>]>,
@@ -579,23 +581,11 @@ where
             .collect::<Result<Vec<A>, PlansError>>()?;
         // Every table shares one clock, made once.
         let table = table.settle_clock();
-        let tables = if A::POLICY_FREE_STATE {
-            // The table's own algorithm only judges idleness and closeness to idle,
-            // which for a policy-free state depend on the state alone; each decision
-            // runs the key's plan.
-            let first = A::for_policy(plans.policies[default.0 as usize]).map_err(|error| {
-                PlansError::Policy {
-                    plan: plans.names[default.0 as usize].clone(),
-                    error,
-                }
-            })?;
-            vec![table.algorithm(first).build_in::<K, S>()]
-        } else {
-            algorithms
-                .into_iter()
-                .map(|algorithm| table.clone().algorithm(algorithm).build_in::<K, S>())
-                .collect()
-        };
+        // One table per plan: eviction ranks a table's keys under its plan.
+        let tables: Vec<_> = algorithms
+            .into_iter()
+            .map(|algorithm| table.clone().algorithm(algorithm).build_in::<K, S>())
+            .collect();
         Ok(PlanLimiter {
             tables: tables
                 .into_iter()
@@ -613,9 +603,8 @@ where
         })
     }
 
-    /// The table that holds `key` and the algorithm that decides for it: the one
-    /// table with the plan's policy read now, or the plan's own table (whose
-    /// algorithm is its plan's).
+    /// The table that holds `key` (its plan's) and, for a policy-free state, the
+    /// algorithm of the plan's policy read now (otherwise the table's own decides).
     #[inline]
     fn route<Q: ?Sized>(&self, key: &Q) -> (&KeyedLimiter<K, A, C, S>, Option<A>)
     where
@@ -627,13 +616,14 @@ where
         } else {
             self.default
         };
-        if A::POLICY_FREE_STATE {
+        let algorithm = if A::POLICY_FREE_STATE {
             // Every stored policy was accepted by `for_policy` (at construction or
             // by a change), so this is `Some`.
-            (&self.tables[0], A::for_policy(self.cells[plan].load()).ok())
+            A::for_policy(self.cells[plan].load()).ok()
         } else {
-            (&self.tables[plan], None)
-        }
+            None
+        };
+        (&self.tables[plan], algorithm)
     }
 
     /// Decides one unit for `key` under its plan, consuming it if allowed.
@@ -928,6 +918,7 @@ where
             error,
         })?;
         if !A::POLICY_FREE_STATE {
+            // A policy-free state needs no rewrite: each decision reads the cell.
             self.tables[id].set_algorithm(algorithm);
         }
         self.cells[id].store(policy);
@@ -989,8 +980,7 @@ where
             })
     }
 
-    /// The table behind plan `plan` (the one table for GCRA; an unknown id is the
-    /// default plan's).
+    /// The table behind plan `plan` (an unknown id is the default plan's).
     ///
     /// # Examples
     ///
@@ -1007,12 +997,9 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn table(&self, plan: PlanId) -> &KeyedLimiter<K, A, C, S> {
-        let plan = plan.0 as usize;
-        if A::POLICY_FREE_STATE {
-            &self.tables[0]
-        } else {
-            self.tables.get(plan).unwrap_or(&self.tables[self.default])
-        }
+        self.tables
+            .get(plan.0 as usize)
+            .unwrap_or(&self.tables[self.default])
     }
 
     /// The clock every table reads.
@@ -1068,25 +1055,6 @@ where
         let _serial = lock(&self.update);
         self.cells[id].store(policy);
         Ok(())
-    }
-
-    /// The key table underneath (metrics, capacity): GCRA keeps every plan's keys
-    /// in one table.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
-    /// use floodgate::KeyedBuilder;
-    /// let plans = Plans::classic();
-    /// let free = plans.id("free").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
-    /// let _ = limiter.check(&1);
-    /// assert_eq!(limiter.keyed().metrics().live_keys, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn keyed(&self) -> &KeyedLimiter<K, Gcra, C, S> {
-        &self.tables[0]
     }
 }
 
