@@ -441,9 +441,10 @@ fn a_window_plan_whose_period_changes_starts_fresh_and_is_never_stuck() {
     ));
 }
 
-#[test]
-fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
-    let clock = ManualClock::new();
+/// Plans `small` (2 a minute) and `large` (4), and a resolver that answers the
+/// plan index in the switch.
+#[allow(clippy::type_complexity)]
+fn two_plans_and_a_switch() -> (ManualClock, Plans, Arc<AtomicU32>, impl Fn(&u64) -> PlanId) {
     let plans: Plans = [
         ("small".to_owned(), Policy::per_minute(2).unwrap()),
         ("large".to_owned(), Policy::per_minute(4).unwrap()),
@@ -452,23 +453,34 @@ fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
     .collect();
     let current = Arc::new(AtomicU32::new(0));
     let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
-    let limiter = PlanLimiter::sliding_window(
-        &plans,
-        {
-            let current = Arc::clone(&current);
-            move |_: &u64| ids[current.load(Ordering::Relaxed) as usize]
-        },
-        KeyedBuilder::default().clock(clock.clone()),
-    )
-    .unwrap();
+    let switch = Arc::clone(&current);
+    let resolver = move |_: &u64| ids[switch.load(Ordering::Relaxed) as usize];
+    (ManualClock::new(), plans, current, resolver)
+}
+
+/// Moves the key small → large → small → large, checking until denied on each.
+fn admitted_while_moving(current: &AtomicU32, mut check: impl FnMut() -> bool) -> u32 {
     let mut admitted = 0;
-    // Within one minute the key moves small → large → small → large.
     for plan in [0, 1, 0, 1] {
         current.store(plan, Ordering::Relaxed);
-        while limiter.check(&9).is_allowed() {
+        while check() {
             admitted += 1;
         }
     }
+    admitted
+}
+
+#[test]
+fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
+    let (clock, plans, current, resolver) = two_plans_and_a_switch();
+    let limiter = PlanLimiter::sliding_window(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    // Within one minute the key moves small → large → small → large.
+    let admitted = admitted_while_moving(&current, || limiter.check(&9).is_allowed());
     // small: 2, large: 4, then each table still counts its own units: nothing more.
     assert_eq!(admitted, 6);
     // A receipt from one plan's table refunds nothing once the key has moved.
@@ -485,32 +497,15 @@ fn a_key_moving_between_window_plans_forgives_at_most_one_window_per_move() {
 
 #[test]
 fn a_key_moving_between_gcra_plans_forgives_at_most_one_burst_per_move() {
-    let clock = ManualClock::new();
-    let plans: Plans = [
-        ("small".to_owned(), Policy::per_minute(2).unwrap()),
-        ("large".to_owned(), Policy::per_minute(4).unwrap()),
-    ]
-    .into_iter()
-    .collect();
-    let current = Arc::new(AtomicU32::new(0));
-    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    let (clock, plans, current, resolver) = two_plans_and_a_switch();
     let limiter: PlanLimiter<u64, _, _> = PlanLimiter::new(
         &plans,
-        {
-            let current = Arc::clone(&current);
-            move |_: &u64| ids[current.load(Ordering::Relaxed) as usize]
-        },
+        resolver,
         KeyedBuilder::default().clock(clock.clone()),
     )
     .unwrap();
-    let mut admitted = 0;
     // At one instant the key moves small → large → small → large.
-    for plan in [0, 1, 0, 1] {
-        current.store(plan, Ordering::Relaxed);
-        while limiter.check(&9).is_allowed() {
-            admitted += 1;
-        }
-    }
+    let admitted = admitted_while_moving(&current, || limiter.check(&9).is_allowed());
     // small's burst of 2, large's of 4; moving back finds each plan's own schedule.
     assert_eq!(admitted, 6);
     assert_eq!(limiter.metrics().live_keys, 2);
