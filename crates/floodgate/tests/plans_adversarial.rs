@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans};
 use floodgate::{
-    FixedWindow, Gcra, GcraState, KeyedBuilder, ManualClock, Nanos, Policy, SlidingWindow, Storage,
+    FixedWindow, Gcra, GcraState, Heap, KeyedBuilder, ManualClock, Nanos, Policy, SlidingWindow,
+    Storage,
 };
 
 /// `free` 100/day burst 10 (the default), `pro` 10 000/day burst 100, `enterprise`
@@ -26,6 +27,21 @@ fn classic_ids(plans: &Plans) -> (PlanId, PlanId, PlanId) {
         plans.id("pro").unwrap(),
         plans.id("enterprise").unwrap(),
     )
+}
+
+/// A plan limiter built from `table` on a manual clock at 1 000 s, and the clock.
+fn plan_limiter<St, A, R>(
+    plans: &Plans,
+    resolver: R,
+    table: KeyedBuilder<()>,
+) -> (ManualClock, PlanLimiter<u64, R, ManualClock, St, A>)
+where
+    A: PlanAlgorithm,
+    St: Storage<u64, A::State>,
+{
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let limiter = PlanLimiter::new_in(plans, resolver, table.clock(clock.clone())).unwrap();
+    (clock, limiter)
 }
 
 /// Checks `key` one unit at a time until denied (at most `cap` times).
@@ -58,13 +74,11 @@ fn drain(mut check: impl FnMut() -> bool, cap: u64) -> u64 {
 fn a_gcra_plans_table_decides_under_the_plans_current_policy() {
     let plans = Plans::classic();
     let (free, _, _) = classic_ids(&plans);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let mut limiter: PlanLimiter<u64, _, ManualClock> = PlanLimiter::new(
+    let (_, mut limiter) = plan_limiter::<Heap, Gcra, _>(
         &plans,
         move |_: &u64| free,
-        KeyedBuilder::default().capacity(64).clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64),
+    );
     let cut = Policy::per_day(100).unwrap().with_burst(2).unwrap();
     limiter.set_policy("free", cut).unwrap();
     assert_eq!(limiter.policy("free"), Some(cut));
@@ -91,16 +105,11 @@ fn a_gcra_plans_table_decides_under_the_plans_current_policy() {
 fn reclaim_after_a_change<St: Storage<u64, GcraState>>() {
     let plans = Plans::classic();
     let (free, _, _) = classic_ids(&plans);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St> = PlanLimiter::new_in(
+    let (clock, limiter) = plan_limiter::<St, Gcra, _>(
         &plans,
         move |_: &u64| free,
-        KeyedBuilder::default()
-            .capacity(64)
-            .shards(1)
-            .clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64).shards(1),
+    );
     // 1/day, burst 10: each unit books a whole day.
     limiter
         .set_policy("free", Policy::per_day(1).unwrap().with_burst(10).unwrap())
@@ -131,16 +140,11 @@ fn reclaiming_a_gcra_plans_table_after_a_change_keeps_every_busy_key() {
 fn burst_cut_then_flood<St: Storage<u64, GcraState>>() {
     let plans = Plans::classic();
     let (_, _, ent) = classic_ids(&plans);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St> = PlanLimiter::new_in(
+    let (clock, limiter) = plan_limiter::<St, Gcra, _>(
         &plans,
         move |_: &u64| ent,
-        KeyedBuilder::default()
-            .capacity(16)
-            .shards(1)
-            .clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(16).shards(1),
+    );
     assert!(limiter.check_n(&0, 900).is_allowed());
     limiter
         .set_policy(
@@ -186,16 +190,11 @@ where
     let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
     let current = Arc::new(AtomicU32::new(0));
     let switch = Arc::clone(&current);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St, A> = PlanLimiter::new_in(
+    let (_, limiter) = plan_limiter::<St, A, _>(
         &plans,
         move |_: &u64| ids[switch.load(Ordering::Relaxed) as usize],
-        KeyedBuilder::default()
-            .capacity(64)
-            .shards(1)
-            .clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64).shards(1),
+    );
     let to = |plan: u32| current.store(plan, Ordering::Relaxed);
     to(0);
     let (d, first) = limiter.charge(&7, 3);
@@ -261,13 +260,11 @@ where
     .collect();
     let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
     let calls = AtomicU64::new(0);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St, A> = PlanLimiter::new_in(
+    let (_, limiter) = plan_limiter::<St, A, _>(
         &plans,
         move |_: &u64| ids[(calls.fetch_add(1, Ordering::Relaxed) % 2) as usize],
-        KeyedBuilder::default().capacity(64).clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64),
+    );
     let barrier = Barrier::new(2);
     let admitted = AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -314,13 +311,11 @@ fn remove_everywhere<St: Storage<u64, GcraState>>() {
     let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
     let current = Arc::new(AtomicU32::new(0));
     let switch = Arc::clone(&current);
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St> = PlanLimiter::new_in(
+    let (_, limiter) = plan_limiter::<St, Gcra, _>(
         &plans,
         move |_: &u64| ids[switch.load(Ordering::Relaxed) as usize],
-        KeyedBuilder::default().capacity(64).clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64),
+    );
     current.store(0, Ordering::Relaxed);
     assert!(limiter.check_n(&5, 10).is_allowed());
     current.store(2, Ordering::Relaxed);
@@ -393,13 +388,11 @@ fn bogus_ids<St: Storage<u64, GcraState>>() {
     }
     let bogus = bigger.id("y").unwrap();
     assert!(plans.name(bogus).is_none());
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let limiter: PlanLimiter<u64, _, ManualClock, St> = PlanLimiter::new_in(
+    let (_, limiter) = plan_limiter::<St, Gcra, _>(
         &plans,
         move |_: &u64| bogus,
-        KeyedBuilder::default().capacity(64).clock(clock.clone()),
-    )
-    .unwrap();
+        KeyedBuilder::default().capacity(64),
+    );
     assert_eq!(limiter.check(&1).limit(), 100);
     let (d, receipt) = limiter.charge(&1, 50);
     assert!(d.is_allowed());

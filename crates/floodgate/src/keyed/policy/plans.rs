@@ -581,14 +581,11 @@ where
             .collect::<Result<Vec<A>, PlansError>>()?;
         // Every table shares one clock, made once.
         let table = table.settle_clock();
-        // One table per plan: eviction ranks a table's keys under its plan.
-        let tables: Vec<_> = algorithms
-            .into_iter()
-            .map(|algorithm| table.clone().algorithm(algorithm).build_in::<K, S>())
-            .collect();
         Ok(PlanLimiter {
-            tables: tables
+            // One table per plan: eviction ranks a table's keys under its plan.
+            tables: algorithms
                 .into_iter()
+                .map(|algorithm| table.clone().algorithm(algorithm).build_in::<K, S>())
                 .collect::<Result<_, _>>()
                 .map_err(PlansError::Keyed)?,
             names: plans.names.clone(),
