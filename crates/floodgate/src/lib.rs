@@ -131,6 +131,7 @@ const _: () = {
             SlidingWindow,
         >,
     >();
+    assert_send_sync::<keyed::plans::PlanTable<'static, u64, Gcra, DefaultClock, Heap>>();
     assert_send_sync::<RateLimiter<FixedWindow>>();
     assert_send_sync::<RateLimiter<SlidingWindow>>();
     assert_send_sync::<SlidingLog>();

@@ -1,9 +1,8 @@
 //! Attacks (from an adversarial review) on `PlanLimiter`'s table per plan: runtime
 //! policy changes against the tables' construction-time algorithms, receipts across
 //! plan moves, a key flipping plans from two threads, removal and metrics across
-//! tables, per-table memory, and ids outside the plans. The `#[ignore]`d tests fail:
-//! they are the review's open findings (`cargo test --test plans_adversarial --
-//! --ignored` shows them).
+//! tables, memory across the tables, and ids outside the plans. Each test says
+//! whether it held from the start or was an open finding, fixed since.
 #![cfg(not(loom))]
 
 #[macro_use]
@@ -13,10 +12,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans};
+use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
 use floodgate::{
-    FixedWindow, Gcra, GcraState, Heap, KeyedBuilder, ManualClock, Nanos, Policy, SlidingWindow,
-    Storage,
+    FixedWindow, Gcra, GcraState, KeyedBuilder, KeyedError, ManualClock, Nanos, Policy,
+    SlidingWindow, Storage,
 };
 
 /// `free` 100/day burst 10 (the default), `pro` 10 000/day burst 100, `enterprise`
@@ -57,24 +56,18 @@ fn drain(mut check: impl FnMut() -> bool, cap: u64) -> u64 {
 // 1. Runtime GCRA changes against the table's construction-time algorithm.
 // ---------------------------------------------------------------------------------
 
-/// **Open.** `PlanLimiter::table(plan)` hands out the plan's `KeyedLimiter`, whose
-/// every decision method (`check`, `charge`, `peek`, `book_at`, `reserve`,
-/// `wait_key`…) runs the table's own algorithm — the GCRA built from the plan's
-/// policy *at construction*. `set_policy` (and, for GCRA, `set_policy_mut` too:
-/// it skips `set_algorithm` when `POLICY_FREE_STATE`) only stores the per-plan
-/// cell, so the table keeps deciding under the old policy.
-///
-/// Numbers: `free` is cut from burst 10 to burst 2 (`limiter.policy("free")` says
-/// 2, `limiter.check_n(k, 3)` is denied), yet `limiter.table(free).check_n(k, 10)`
-/// admits 10 units at one instant for a fresh key, and
-/// `table(free).algorithm().policy().burst()` still reports 10 — 5× the plan's
-/// burst. The same after `set_policy_mut`.
-#[test]
-#[ignore = "open: table(plan) decides under the construction-time GCRA, not the plan's current policy"]
-fn a_gcra_plans_table_decides_under_the_plans_current_policy() {
+/// Holds (was open). `PlanLimiter::table(plan)` used to hand out the plan's
+/// `KeyedLimiter`, whose decision methods ran the GCRA built from the plan's policy
+/// *at construction*: after `set_policy` (or `set_policy_mut`, which for GCRA
+/// rewrites no table) cut `free` from burst 10 to burst 2, `table(free).check_n(k,
+/// 10)` admitted 10 units at one instant for a fresh key, 5× the plan's burst. The
+/// view it returns now decides nothing and reports the plan's current policy; every
+/// decision (check, peek, charge) goes through the plan limiter, at the new burst,
+/// through `&self` and `&mut self` changes alike, on every storage.
+fn table_after_a_change<St: Storage<u64, GcraState>>() {
     let plans = Plans::classic();
     let (free, _, _) = classic_ids(&plans);
-    let (_, mut limiter) = plan_limiter::<Heap, Gcra, _>(
+    let (_, mut limiter) = plan_limiter::<St, Gcra, _>(
         &plans,
         move |_: &u64| free,
         KeyedBuilder::default().capacity(64),
@@ -82,17 +75,24 @@ fn a_gcra_plans_table_decides_under_the_plans_current_policy() {
     let cut = Policy::per_day(100).unwrap().with_burst(2).unwrap();
     limiter.set_policy("free", cut).unwrap();
     assert_eq!(limiter.policy("free"), Some(cut));
-    assert!(!limiter.check_n(&1, 3).is_allowed());
-    let through_table = limiter.table(free).check_n(&2, 10).is_allowed();
-    let reported = limiter.table(free).algorithm().policy().burst();
-    limiter.set_policy_mut("free", cut).unwrap();
-    let after_mut = limiter.table(free).check_n(&3, 10).is_allowed();
-    assert_eq!(
-        (through_table, reported, after_mut),
-        (false, 2, false),
-        "the plan's table admitted 10 units for a plan of burst 2 \
-         (its algorithm reports burst {reported})"
+    assert_eq!(limiter.table(free).policy(), cut);
+    assert!(!limiter.peek(&1, 3).is_allowed());
+    assert!(!limiter.charge(&1, 3).0.is_allowed());
+    assert_eq!(drain(|| limiter.check(&2).is_allowed(), 10), 2);
+    let cut_again = Policy::per_day(100).unwrap().with_burst(3).unwrap();
+    limiter.set_policy_mut("free", cut_again).unwrap();
+    assert_eq!(limiter.table(free).policy(), cut_again);
+    assert_eq!(drain(|| limiter.check(&3).is_allowed(), 10), 3);
+    let shown = format!("{:?}", limiter.table(free));
+    assert!(
+        shown.contains("burst: 3"),
+        "the view shows the current policy: {shown}"
     );
+}
+
+#[test]
+fn a_gcra_plans_table_decides_under_the_plans_current_policy() {
+    each_storage!(St => { table_after_a_change::<St>(); });
 }
 
 /// Holds. Reclaiming a GCRA plan's table through its construction-time algorithm
@@ -339,32 +339,39 @@ fn remove_clears_a_key_from_every_plans_table() {
     each_storage!(St => { remove_everywhere::<St>(); });
 }
 
-/// **Open (low).** `memory_budget` caps one table's slot array, and a `PlanLimiter`
-/// builds one table per plan from the same builder, so its slot arrays take up to
-/// plans × budget, allocated at build. Numbers: a budget of exactly one table's
-/// slot array (capacity 750, one shard: 16 000 bytes) builds a three-plan limiter
-/// holding 48 000 bytes of slot arrays (3× the budget); a 1 000-plan TOML at the
-/// default capacity (100 000 keys, ≈ 2.2 MB a table) would allocate ≈ 2.2 GB up
-/// front under the 4 GiB "budget".
+/// Holds (was open). `memory_budget` capped one table's slot array, and a
+/// `PlanLimiter` builds one table per plan from the same builder, so its slot
+/// arrays took up to plans × budget, allocated at build: a budget of exactly one
+/// table's slot array (capacity 750, one shard: 16 000 bytes) built a three-plan
+/// limiter holding 48 000 bytes (3× the budget). The budget now bounds the tables
+/// together: that build fails before allocating, naming the 48 000 bytes, and a
+/// budget of three slot arrays builds.
 #[test]
-#[ignore = "open: memory_budget is per plan table; a PlanLimiter allocates plans x budget"]
 fn a_plan_limiters_memory_budget_bounds_all_its_tables() {
     let plans = Plans::classic();
     let (free, pro, ent) = classic_ids(&plans);
     let builder = KeyedBuilder::default().capacity(750).shards(1);
-    let budget = builder.slot_bytes().unwrap();
-    let built: Result<PlanLimiter<u64, _>, _> =
-        PlanLimiter::new(&plans, move |_: &u64| free, builder.memory_budget(budget));
-    if let Ok(limiter) = built {
-        let total: usize = [free, pro, ent]
-            .iter()
-            .map(|&p| limiter.table(p).slot_bytes())
-            .sum();
-        assert!(
-            total <= budget,
-            "slot arrays take {total} bytes under a budget of {budget}"
-        );
-    }
+    let one = builder.slot_bytes().unwrap();
+    let built: Result<PlanLimiter<u64, _>, _> = PlanLimiter::new(
+        &plans,
+        move |_: &u64| free,
+        builder.clone().memory_budget(3 * one - 1),
+    );
+    assert_eq!(
+        built.map(|_| ()).unwrap_err(),
+        PlansError::Keyed(KeyedError::OverMemoryBudget {
+            capacity: 750,
+            slot_bytes: 3 * one,
+            budget: 3 * one - 1,
+        })
+    );
+    let limiter: PlanLimiter<u64, _> =
+        PlanLimiter::new(&plans, move |_: &u64| free, builder.memory_budget(3 * one)).unwrap();
+    let total: usize = [free, pro, ent]
+        .iter()
+        .map(|&p| limiter.table(p).slot_bytes())
+        .sum();
+    assert_eq!(total, 3 * one);
 }
 
 // ---------------------------------------------------------------------------------

@@ -207,7 +207,7 @@ pub enum KeyedError {
     OverMemoryBudget {
         /// The capacity asked for.
         capacity: usize,
-        /// The bytes its slot array would take.
+        /// The bytes its slot arrays would take (a plan limiter's: one per plan).
         slot_bytes: usize,
         /// The budget, in bytes.
         budget: usize,
@@ -440,6 +440,9 @@ impl<A, C> KeyedBuilder<A, C> {
     ///   word, plus allocator overhead), allocated as keys arrive and not counted in the
     ///   budget: at most [`max_keys`](KeyedLimiter::max_keys) of them.
     ///
+    /// A [`PlanLimiter`](crate::keyed::plans::PlanLimiter) builds one table per plan
+    /// from one builder: the budget bounds their slot arrays together.
+    ///
     /// # Examples
     ///
     /// ```
@@ -635,7 +638,14 @@ impl<A, C> KeyedBuilder<A, C> {
     /// The shard count asked for, once capacity, shards and the slot array's size
     /// are known to be valid.
     fn validate(&self) -> Result<usize, KeyedError> {
-        let slot_bytes = self.slot_bytes()?;
+        self.fits_budget(1)?;
+        self.validate_shape()
+    }
+
+    /// Whether `tables` slot arrays of this shape fit the memory budget together
+    /// (a plan limiter builds one table per plan from one builder).
+    pub(crate) fn fits_budget(&self, tables: usize) -> Result<(), KeyedError> {
+        let slot_bytes = self.slot_bytes()?.saturating_mul(tables);
         if slot_bytes > self.memory_budget {
             return Err(KeyedError::OverMemoryBudget {
                 capacity: self.capacity,
@@ -643,7 +653,7 @@ impl<A, C> KeyedBuilder<A, C> {
                 budget: self.memory_budget,
             });
         }
-        self.validate_shape()
+        Ok(())
     }
 
     /// The shard count asked for, once capacity and shards are known to be valid.

@@ -579,6 +579,10 @@ where
                 })
             })
             .collect::<Result<Vec<A>, PlansError>>()?;
+        // The budget bounds every table together: one slot array per plan.
+        table
+            .fits_budget(algorithms.len())
+            .map_err(PlansError::Keyed)?;
         // Every table shares one clock, made once.
         let table = table.settle_clock();
         Ok(PlanLimiter {
@@ -607,12 +611,7 @@ where
     where
         R: Fn(&Q) -> PlanId,
     {
-        let plan = (self.resolver)(key).0 as usize;
-        let plan = if plan < self.cells.len() {
-            plan
-        } else {
-            self.default
-        };
+        let plan = self.index((self.resolver)(key));
         let algorithm = if A::POLICY_FREE_STATE {
             // Every stored policy was accepted by `for_policy` (at construction or
             // by a change), so this is `Some`.
@@ -977,7 +976,12 @@ where
             })
     }
 
-    /// The table behind plan `plan` (an unknown id is the default plan's).
+    /// A read-only view of the table behind plan `plan` (an unknown id is the
+    /// default plan's): its counters, size and the plan's current policy.
+    ///
+    /// The view decides nothing: every decision goes through the plan limiter,
+    /// which reads the plan's policy at that moment, so a view can never judge a
+    /// key under a policy the plan no longer has.
     ///
     /// # Examples
     ///
@@ -991,12 +995,26 @@ where
     /// assert_eq!(limiter.table(pro).metrics().live_keys, 1);
     /// assert_eq!(limiter.table(plans.id("free").unwrap()).metrics().live_keys, 0);
     /// assert_eq!(limiter.table(pro).capacity(), 500);
+    /// assert_eq!(limiter.table(pro).policy().limit(), 10_000);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn table(&self, plan: PlanId) -> &KeyedLimiter<K, A, C, S> {
-        self.tables
-            .get(plan.0 as usize)
-            .unwrap_or(&self.tables[self.default])
+    pub fn table(&self, plan: PlanId) -> PlanTable<'_, K, A, C, S> {
+        let index = self.index(plan);
+        PlanTable {
+            table: &self.tables[index],
+            cell: &self.cells[index],
+        }
+    }
+
+    /// The index of `plan`'s table: an id outside the plans is the default's.
+    #[inline]
+    fn index(&self, plan: PlanId) -> usize {
+        let plan = plan.0 as usize;
+        if plan < self.cells.len() {
+            plan
+        } else {
+            self.default
+        }
     }
 
     /// The clock every table reads.
@@ -1055,16 +1073,91 @@ where
     }
 }
 
-impl<K, R, C, S, A> fmt::Debug for PlanLimiter<K, R, C, S, A>
+/// One plan's table, seen through its [`PlanLimiter`] ([`PlanLimiter::table`]):
+/// counters, size and the plan's current policy, but no decisions (those read the
+/// plan's policy at the moment they run, which only the plan limiter does).
+pub struct PlanTable<'a, K, A, C, S>
 where
-    C: fmt::Debug,
-    A: PlanAlgorithm + fmt::Debug,
-    S: Storage<K, A::State> + Default + fmt::Debug,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    table: &'a KeyedLimiter<K, A, C, S>,
+    cell: &'a PolicyCell,
+}
+
+impl<K, A, C, S> PlanTable<'_, K, A, C, S>
+where
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    /// The plan's policy now (after any [`PlanLimiter::set_policy`]).
+    pub fn policy(&self) -> Policy {
+        self.cell.load()
+    }
+
+    /// This table's counters ([`KeyedLimiter::metrics`]).
+    pub fn metrics(&self) -> KeyedMetrics {
+        self.table.metrics()
+    }
+
+    /// The most keys this table holds without reclaiming ([`KeyedLimiter::capacity`]).
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// The most keys this table can hold at once ([`KeyedLimiter::max_keys`]).
+    pub fn max_keys(&self) -> usize {
+        self.table.max_keys()
+    }
+
+    /// This table's shard count ([`KeyedLimiter::shards`]).
+    pub fn shards(&self) -> usize {
+        self.table.shards()
+    }
+
+    /// The bytes of this table's slot array ([`KeyedLimiter::slot_bytes`]).
+    pub fn slot_bytes(&self) -> usize {
+        self.table.slot_bytes()
+    }
+
+    /// Drops this table's keys that are idle now and returns how many
+    /// ([`KeyedLimiter::reclaim_idle`]). Idle is judged without the policy for GCRA
+    /// (a schedule that has caught up) and under the plan's current window for the
+    /// windows ([`PlanLimiter::set_policy_mut`] rewrites the table).
+    pub fn reclaim_idle(&self) -> usize {
+        self.table.reclaim_idle()
+    }
+}
+
+impl<K, A, C, S> fmt::Debug for PlanTable<'_, K, A, C, S>
+where
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The plan's policy now, not the table's construction-time algorithm.
+        f.debug_struct("PlanTable")
+            .field("policy", &self.policy())
+            .field("capacity", &self.capacity())
+            .field("metrics", &self.metrics())
+            .finish()
+    }
+}
+
+impl<K, R, C, S, A> fmt::Debug for PlanLimiter<K, R, C, S, A>
+where
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tables: Vec<_> = (0..self.tables.len())
+            .map(|i| (&self.names[i], self.table(PlanId(i as u32))))
+            .collect();
         f.debug_struct("PlanLimiter")
-            .field("plans", &self.names)
-            .field("tables", &self.tables)
+            .field("tables", &tables)
             .finish_non_exhaustive()
     }
 }
