@@ -7,11 +7,14 @@
 //! queue of free requests is served before them; within a tier, first come first
 //! served.
 //!
-//! Each tier has a bound on how many of its requests may wait. A request that finds
-//! its tier's queue full **sheds** a waiting request of a lower tier — the lowest tier
-//! first, and in it the newest (so the survivors keep their FIFO order) — which is
-//! answered 429 at once; when no lower tier has a waiter, the arriving request itself
-//! is refused (429). So under overload the lower plans are shed first.
+//! Each tier has a number of places (its bound), and at most the sum of the bounds
+//! wait in all. A request that finds its tier's places taken, or every place taken,
+//! **sheds** a waiting request of a lower tier — the lowest tier first, and in it the
+//! newest (so the survivors keep their FIFO order) — which is answered 429 at once,
+//! and takes its place; when no lower tier has a waiter to shed, the arriving request
+//! itself is refused (429). So under overload the lower plans are shed first, a tier
+//! holds at most its own places and those of the tiers below it, and no request waits
+//! behind more than the sum of the bounds.
 //!
 //! A request cancelled while it waits leaves its queue (and gives back the slot it
 //! was about to take, [`Shaper::cancel`]).
@@ -91,8 +94,10 @@ impl<C, S, E: fmt::Debug> fmt::Debug for PriorityRule<C, S, E> {
 
 /// The queues and who holds the one outstanding reservation.
 struct Tiers {
-    /// How many requests of each tier may wait.
+    /// Each tier's places.
     bounds: Box<[usize]>,
+    /// The sum of the bounds: how many may wait in all.
+    places: usize,
     queues: Mutex<Queues>,
     /// Woken whenever a queue changes in a way a waiter must see.
     changed: Notify,
@@ -118,9 +123,19 @@ impl Queues {
         self.waiting.iter().rev().find_map(|q| q.front().copied())
     }
 
-    /// How many wait in tiers `tier` and above (ahead of or level with a newcomer).
-    fn ahead_of(&self, tier: usize) -> usize {
-        self.waiting[tier..].iter().map(VecDeque::len).sum()
+    /// How many wait in all.
+    fn len(&self) -> usize {
+        self.waiting.iter().map(VecDeque::len).sum()
+    }
+
+    /// How many wait in tiers `tier` and above (ahead of or level with a newcomer)
+    /// without a slot yet: the holder's slot is already booked on the shaper.
+    fn unbooked_ahead_of(&self, tier: usize) -> usize {
+        let ahead = &self.waiting[tier..];
+        let booked = self
+            .holder
+            .is_some_and(|h| ahead.iter().any(|q| q.contains(&h)));
+        ahead.iter().map(VecDeque::len).sum::<usize>() - usize::from(booked)
     }
 
     fn remove(&mut self, id: u64) -> bool {
@@ -149,8 +164,9 @@ where
     E: KeyExtractor<Key = usize>,
 {
     /// A rule named `name` queueing requests (cost 1) on `shaper`, with one queue per
-    /// tier: `bounds[i]` requests of tier `i` may wait (tier 0 is the lowest, shed
-    /// first). `classify` gives each request its tier.
+    /// tier: tier `i` has `bounds[i]` places, a higher tier may take a lower one's by
+    /// shedding its waiter, and at most the sum of the bounds wait in all (tier 0 is
+    /// the lowest, shed first). `classify` gives each request its tier.
     ///
     /// # Errors
     ///
@@ -189,6 +205,7 @@ where
             shaper,
             tiers: Arc::new(Tiers {
                 bounds: bounds.into(),
+                places: bounds.iter().fold(0, |sum, &b| sum.saturating_add(b)),
                 queues: Mutex::new(Queues {
                     waiting: bounds.iter().map(|_| VecDeque::new()).collect(),
                     shed: Vec::new(),
@@ -217,16 +234,25 @@ where
             .collect()
     }
 
-    /// A refusal as a [`Decision`]: nothing remains; retry after the slots of the
-    /// `ahead` requests that go first (at least one interval).
+    /// A refusal as a [`Decision`]: nothing remains; with nothing else arriving, the
+    /// `ahead` waiters without a slot yet take theirs after the shaper's booked `TAT`
+    /// (the holder's slot included), and this request fits when a plain GCRA check
+    /// after all of them would: retry after `TAT + (ahead + 1)·n·T − τ − now`, and
+    /// the bucket is empty again at `TAT + ahead·n·T`.
     fn refusal(&self, ahead: usize, never: bool) -> Decision {
         let policy: Policy = self.shaper.policy();
-        let interval = policy.interval_nanos().saturating_mul(u64::from(self.cost));
-        let wait = Duration::from_nanos(
-            interval.saturating_mul(u64::try_from(ahead).unwrap_or(u64::MAX).saturating_add(1)),
-        );
-        let retry = (!never).then_some(wait);
-        Decision::new(false, policy.burst(), 0, wait, retry)
+        let now = self.shaper.clock().now().as_u64();
+        let tat = self.shaper.state().tat().as_u64().max(now);
+        let slot = policy.interval_nanos().saturating_mul(u64::from(self.cost));
+        let ahead = u64::try_from(ahead).unwrap_or(u64::MAX);
+        let booked = tat.saturating_add(slot.saturating_mul(ahead));
+        let tolerance = policy.burst().saturating_mul(policy.interval_nanos());
+        let wait = booked
+            .saturating_add(slot)
+            .saturating_sub(now.saturating_add(tolerance));
+        let reset = Duration::from_nanos(booked - now);
+        let retry = (!never).then_some(Duration::from_nanos(wait));
+        Decision::new(false, policy.burst(), 0, reset, retry)
     }
 
     /// Waits in `tier`'s queue for a slot: the admission and whether it waited in a
@@ -249,9 +275,9 @@ where
                     Err(_) => return Err(self.refusal(0, true)),
                 }
             }
-            if q.waiting[tier].len() >= tiers.bounds[tier] {
+            if q.waiting[tier].len() >= tiers.bounds[tier] || q.len() >= tiers.places {
                 // Full: shed the newest waiter of the lowest tier below this one (never
-                // the one already sleeping on its reservation).
+                // the one already sleeping on its reservation) and take its place.
                 let holder = q.holder;
                 let victim = (0..tier).find_map(|t| {
                     let back = q.waiting[t].back().copied();
@@ -264,7 +290,7 @@ where
                         q.shed.push(v);
                         tiers.changed.notify_waiters();
                     }
-                    None => return Err(self.refusal(q.ahead_of(tier), false)),
+                    None => return Err(self.refusal(q.unbooked_ahead_of(tier), false)),
                 }
             }
             let id = q.next_id;
@@ -283,7 +309,7 @@ where
                 if let Some(at) = q.shed.iter().position(|&s| s == id) {
                     q.shed.swap_remove(at);
                     guard.id = None;
-                    return Err(self.refusal(q.ahead_of(tier), false));
+                    return Err(self.refusal(q.unbooked_ahead_of(tier), false));
                 }
                 if q.holder.is_none() && q.head() == Some(id) {
                     match self.shaper.reserve(self.cost, NO_DELAY_BOUND) {

@@ -202,3 +202,56 @@ async fn no_tier_is_tier_zero_and_no_bounds_is_an_error() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn shedding_never_grows_the_queues_past_their_bounds() -> TestResult {
+    let start = Instant::now();
+    // Three places in all: two free, one pro.
+    let layer = layer(start, &[2, 1])?;
+    let svc = layer.layer(Hello);
+    let mut tasks = vec![
+        arrive(&svc, start, 0).await, // at once
+        arrive(&svc, start, 0).await, // holds 100 ms
+        arrive(&svc, start, 0).await, // the second free place
+    ];
+    // Pro and free requests in turn: each pro one that finds its place taken sheds a
+    // free waiter, and a free one takes the place that shedding seemed to free.
+    for _ in 0..10 {
+        tasks.push(arrive(&svc, start, 1).await);
+        tasks.push(arrive(&svc, start, 0).await);
+    }
+    let mut admitted = Vec::new();
+    for t in tasks {
+        let (status, at) = t.await?;
+        if status == 200 {
+            admitted.push(at);
+        }
+    }
+    // At most three wait at once besides the one served at 0: the last slot is
+    // at 300 ms, and no request waits longer.
+    assert!(admitted.len() <= 4, "{admitted:?}");
+    assert!(admitted.iter().all(|at| *at <= ms(300)), "{admitted:?}");
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_behind_a_lower_tier_holder_is_not_told_to_retry_early() -> TestResult {
+    let start = Instant::now();
+    // One place per tier, slots 1 s apart, so Retry-After shows whole slots.
+    let policy = Policy::per_second(1)?.with_burst(1)?;
+    let shaper = Shaper::with_clock(policy, TokioClock { start });
+    let layer = RateLimitLayer::builder()
+        .priority(PriorityRule::new("smooth", shaper, &[1, 1], from_fn(tier))?)
+        .build()?;
+    let mut svc = layer.layer(Hello);
+    let _a = arrive(&svc, start, 0).await; // at once; the next slot is at 1 s
+    let _b = arrive(&svc, start, 0).await; // free, holds the slot at 1 s
+    let _p = arrive(&svc, start, 1).await; // pro, takes the slot at 2 s
+    let req = Request::builder().header("x-tier", "1").body(())?;
+    let resp = svc.call(req).await?;
+    assert_eq!(resp.status(), 429);
+    // b's slot (1 s) and p's (2 s) go first: with nothing else, this request fits
+    // at 3 s, not at 2 s.
+    assert_eq!(resp.headers()["retry-after"], "3");
+    Ok(())
+}
