@@ -484,7 +484,9 @@ struct Shared {
 ///   [`check_all`](floodgate::keyed::composite::check_all) does, with the same
 ///   consistency under concurrency: a racing request may see a charge while it is
 ///   held (a phantom denial), never the reverse — no request is admitted beyond any
-///   single limit.
+///   single limit. A request whose response future is dropped before it reaches the
+///   inner service (the client went away while it waited for a queue's slot or a
+///   remote limiter) is given back the same way.
 /// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
 ///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
 ///   the rule most likely to deny (per client) before the shared ones (global), so a
@@ -828,18 +830,10 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
         reply: None,
     };
     let hasher = shared.headers.partition_key.as_ref();
-    // The receipts of the in-process rules that admitted (and so charged) this request.
-    let mut held: Vec<(usize, Receipt)> = Vec::new();
-    // All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere,
-    // and the headers show each refunded rule as it then is.
-    let give_back = |held: Vec<(usize, Receipt)>, shown: &mut [Shown]| {
-        for (j, receipt) in held {
-            if let Some(after) = shared.rules[j].rule.refund(parts, receipt) {
-                for s in shown.iter_mut().filter(|s| s.rule == j) {
-                    s.decision = after;
-                }
-            }
-        }
+    let mut held = Held {
+        shared,
+        parts,
+        receipts: Vec::new(),
     };
     for (i, entry) in shared.rules.iter().enumerate() {
         let started = entry.rule.start(parts, hasher);
@@ -851,7 +845,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     status: StatusCode::BAD_REQUEST,
                     text,
                 });
-                give_back(core::mem::take(&mut held), &mut v.shown);
+                held.give_back(&mut v.shown);
                 return v;
             }
         }
@@ -876,7 +870,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                             status: StatusCode::SERVICE_UNAVAILABLE,
                             text,
                         });
-                        give_back(core::mem::take(&mut held), &mut v.shown);
+                        held.give_back(&mut v.shown);
                         return v;
                     }
                 }
@@ -893,13 +887,13 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 entry.counters.bump(Count::Queued);
             }
             if let Some(receipt) = receipt.filter(Receipt::is_charged) {
-                held.push((i, receipt));
+                held.receipts.push((i, receipt));
             }
         } else {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
-                    give_back(core::mem::take(&mut held), &mut v.shown);
+                    held.give_back(&mut v.shown);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
@@ -942,7 +936,45 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             v.shown.push(shown);
         }
     }
+    held.keep();
     v
+}
+
+/// The receipts of the in-process rules that admitted (and so charged) a request.
+///
+/// All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere,
+/// and neither is one whose future is dropped before the inner service is called
+/// (the client went away, or a timeout fired, while it waited for a queue's slot or
+/// a remote limiter): the charges are given back unless [kept](Held::keep).
+struct Held<'a> {
+    shared: &'a Shared,
+    parts: &'a Parts,
+    receipts: Vec<(usize, Receipt)>,
+}
+
+impl Held<'_> {
+    /// Gives every charge back; `shown` then holds each refunded rule as it is after
+    /// its refund.
+    fn give_back(&mut self, shown: &mut [Shown]) {
+        for (j, receipt) in self.receipts.drain(..) {
+            if let Some(after) = self.shared.rules[j].rule.refund(self.parts, receipt) {
+                for s in shown.iter_mut().filter(|s| s.rule == j) {
+                    s.decision = after;
+                }
+            }
+        }
+    }
+
+    /// The request goes on to the inner service: every charge stays taken.
+    fn keep(mut self) {
+        self.receipts.clear();
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.give_back(&mut []);
+    }
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

@@ -75,6 +75,21 @@ where
     Ok(done)
 }
 
+/// Sends one request, served at once, then a second whose slot is at 100 ms and
+/// gives it up at 10 ms (the client went away), never served.
+async fn serve_one_abandon_one<S, B>(svc: &mut S, request: impl Fn() -> Request<()>) -> TestResult
+where
+    S: Service<Request<()>, Response = Response<B>>,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
+    assert_eq!(svc.call(request()).await?.status(), 200);
+    let waiting = svc.call(request());
+    assert!(tokio::time::timeout(Duration::from_millis(10), waiting)
+        .await
+        .is_err());
+    Ok(())
+}
+
 fn shaper(start: Instant) -> Result<Arc<Shaper<TokioClock>>, floodgate::PolicyError> {
     // 10 per second, one at a time: slots 100 ms apart.
     let policy = Policy::per_second(10)?.with_burst(1)?;
@@ -123,12 +138,7 @@ async fn a_cancelled_wait_gives_its_slot_back() -> TestResult {
         )?)
         .build()?;
     let mut svc = layer.layer(Hello);
-    assert_eq!(svc.call(Request::new(())).await?.status(), 200);
-    // The second request's slot is at 100 ms; it is given up at 10 ms.
-    let waiting = svc.call(Request::new(()));
-    assert!(tokio::time::timeout(Duration::from_millis(10), waiting)
-        .await
-        .is_err());
+    serve_one_abandon_one(&mut svc, || Request::new(())).await?;
     // Its units came back: the next slot is at 100 ms again (90 ms from now), not 200.
     let next = shaper.reserve(1, Duration::from_secs(1))?;
     assert_eq!(next.delay(), Duration::from_millis(90));
@@ -222,17 +232,41 @@ async fn a_cancelled_per_key_wait_gives_its_slot_back() -> TestResult {
         )?)
         .build()?;
     let mut svc = layer.layer(Hello);
-    assert_eq!(svc.call(with_key("a")).await?.status(), 200);
-    // The second request's slot is at 100 ms; it is given up at 10 ms.
-    let waiting = svc.call(with_key("a"));
-    assert!(tokio::time::timeout(Duration::from_millis(10), waiting)
-        .await
-        .is_err());
+    serve_one_abandon_one(&mut svc, || with_key("a")).await?;
     // Its units came back: the next slot is at 100 ms again (90 ms from now).
     let (_, delay, _) = limiter.reserve("a", 1, Duration::from_secs(1))?;
     assert_eq!(delay, Duration::from_millis(90));
     // A request without a key is a 400, and reserves nothing.
     let resp = svc.call(Request::new(())).await?;
     assert_eq!(resp.status(), 400);
+    Ok(())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_gives_back_the_earlier_rules_charges_too() -> TestResult {
+    let start = Instant::now();
+    // Two requests a minute in all, then the queue.
+    let global = Arc::new(floodgate::RateLimiter::gcra_with_clock(
+        Policy::per_minute(2)?,
+        floodgate::ManualClock::new(),
+    ));
+    let layer = RateLimitLayer::builder()
+        .rule(floodgate_http::Rule::shared(
+            "global",
+            Arc::clone(&global),
+            floodgate_http::Global,
+        )?)
+        .queue(QueueRule::shared(
+            "smooth",
+            shaper(start)?,
+            Duration::from_secs(1),
+        )?)
+        .build()?;
+    let mut svc = layer.layer(Hello);
+    // The second request passes "global" before it waits for its slot.
+    serve_one_abandon_one(&mut svc, || Request::new(())).await?;
+    // A request never served is charged nowhere: "global" still has one unit.
+    assert_eq!(global.peek(0).remaining(), 1);
+    assert_eq!(svc.call(Request::new(())).await?.status(), 200);
     Ok(())
 }
