@@ -443,11 +443,15 @@ pub const DEFAULT_MAX_FORWARDED_LEN: usize = 4096;
 ///   trusted proxy is the client; a trusted one is skipped while fewer than `hops`
 ///   entries have been read; the `hops`-th entry is the client whatever it is. A
 ///   shorter chain ends at its leftmost entry. Entries further left are never read
-///   (nor parsed): a spoofed leftmost value is never used.
+///   (nor parsed, nor split): a spoofed leftmost value is never used, and nothing a
+///   client sends there (bytes that are not visible ASCII, an open quote, padding)
+///   can turn the key into an error, which would move the client into a fallback
+///   bucket ([`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)).
 ///
-/// A trusted peer that sends no header, a header that is not visible ASCII, an entry
-/// that is not an address (RFC 7239 `unknown` and obfuscated nodes included) or a
-/// header longer than the bound ([`DEFAULT_MAX_FORWARDED_LEN`]) is a [`KeyError`].
+/// A trusted peer that sends no header, an entry read that is not visible ASCII or
+/// not an address (RFC 7239 `unknown` and obfuscated nodes included), or one that
+/// lies further from the header's right end than the bound
+/// ([`DEFAULT_MAX_FORWARDED_LEN`] bytes, the lines together) is a [`KeyError`].
 /// Several header lines count as one list, in order. Entries may carry a port
 /// (`192.0.2.1:80`, `[2001:db8::1]:80`).
 ///
@@ -509,7 +513,8 @@ impl ForwardedIp {
         ForwardedIp { grouping, ..self }
     }
 
-    /// Rejects headers longer than `max_len` bytes in all.
+    /// Reads at most the header's last `max_len` bytes (its lines together): an entry
+    /// needed beyond them is a [`KeyError::Oversized`].
     pub fn max_len(self, max_len: usize) -> ForwardedIp {
         ForwardedIp { max_len, ..self }
     }
@@ -536,33 +541,33 @@ impl ForwardedIp {
             return Ok(peer);
         }
         let (name, label) = self.header_name();
-        let mut total = 0usize;
-        let mut lines = Vec::new();
-        for value in headers.get_all(&name) {
-            total = total.saturating_add(value.len());
-            if total > self.max_len {
-                return Err(KeyError::Oversized {
-                    what: label.into(),
-                    len: headers
-                        .get_all(&name)
-                        .iter()
-                        .fold(0usize, |n, v| n.saturating_add(v.len())),
-                    max: self.max_len,
-                });
-            }
-            let text = value
-                .to_str()
-                .map_err(|_| KeyError::malformed(label, "not visible ASCII"))?;
-            lines.push(text);
-        }
+        let lines: Vec<&[u8]> = headers
+            .get_all(&name)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
         if lines.is_empty() {
             return Err(KeyError::missing(format!("{label} from a trusted proxy")));
         }
+        // Quoted strings are RFC 7239's; an X-Forwarded-For entry is a bare address.
+        let quoted = self.header == ForwardingHeader::Forwarded;
         let mut client = None;
         let mut read = 0usize;
+        // Bytes looked at so far, from the right end of the last line.
+        let mut scanned = 0usize;
         for line in lines.iter().rev() {
-            for element in split_list(line).rev() {
-                let element = element.trim_matches([' ', '\t']);
+            for element in rsplit_list(line, quoted) {
+                scanned = scanned.saturating_add(element.len() + 1);
+                if scanned > self.max_len.saturating_add(1) {
+                    return Err(KeyError::Oversized {
+                        what: label.into(),
+                        len: lines.iter().fold(0usize, |n, l| n.saturating_add(l.len())),
+                        max: self.max_len,
+                    });
+                }
+                let element = visible_ascii(element)
+                    .ok_or_else(|| KeyError::malformed(label, "not visible ASCII"))?
+                    .trim_matches([' ', '\t']);
                 if element.is_empty() {
                     continue;
                 }
@@ -595,9 +600,47 @@ impl KeyExtractor for ForwardedIp {
     }
 }
 
-/// Splits a header list on commas outside double quotes (RFC 9110 §5.6.1).
-fn split_list(line: &str) -> impl DoubleEndedIterator<Item = &str> {
-    split_outside_quotes(line, b',')
+/// A header's bytes as text when they are visible ASCII (or tabs), as
+/// [`HeaderValue::to_str`](http::HeaderValue::to_str) accepts them.
+fn visible_ascii(bytes: &[u8]) -> Option<&str> {
+    if bytes
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        core::str::from_utf8(bytes).ok()
+    } else {
+        None
+    }
+}
+
+/// The elements of a header list, from the **right**: cut on commas, outside double
+/// quotes when `quoted` (RFC 9110 §5.6.1; a quote after an odd run of backslashes is
+/// escaped). Scanned lazily right to left, so what lies left of the elements taken
+/// (what a client sent before the proxies appended theirs) is never looked at, and
+/// an open quote or a stray byte there cannot change how they are cut.
+fn rsplit_list(line: &[u8], quoted: bool) -> impl Iterator<Item = &[u8]> {
+    let mut end = Some(line.len());
+    core::iter::from_fn(move || {
+        let stop = end?;
+        let mut in_quotes = false;
+        for i in (0..stop).rev() {
+            match line[i] {
+                b'"' if quoted => {
+                    let backslashes = line[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                    if backslashes % 2 == 0 {
+                        in_quotes = !in_quotes;
+                    }
+                }
+                b',' if !in_quotes => {
+                    end = Some(i);
+                    return Some(&line[i + 1..stop]);
+                }
+                _ => {}
+            }
+        }
+        end = None;
+        Some(&line[..stop])
+    })
 }
 
 fn split_outside_quotes(s: &str, sep: u8) -> impl DoubleEndedIterator<Item = &str> {
@@ -1025,7 +1068,8 @@ mod tests {
             err.to_string(),
             "malformed client key: X-Forwarded-For: not visible ASCII"
         );
-        let long = "1.1.1.1,".repeat(600);
+        // The entry read lies beyond the last 4096 bytes.
+        let long = "1".repeat(4800);
         let h = headers("x-forwarded-for", &[long.as_bytes()]);
         let err = one.client_ip(ip("10.0.0.1"), &h).unwrap_err();
         assert_eq!(
@@ -1036,10 +1080,58 @@ mod tests {
                 max: 4096
             }
         );
+        // So does a chain of trusted proxies read that far.
+        let chain = "10.0.0.5,".repeat(600);
+        let h = headers("x-forwarded-for", &[chain.as_bytes()]);
+        let all = ForwardedIp::x_forwarded_for(trusted(), usize::MAX);
+        assert!(matches!(
+            all.client_ip(ip("10.0.0.1"), &h),
+            Err(KeyError::Oversized { len: 5400, .. })
+        ));
         let h = headers("x-forwarded-for", &[b" , "]);
         assert!(matches!(
             one.client_ip(ip("10.0.0.1"), &h),
             Err(KeyError::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn what_a_client_sends_left_of_the_entries_read_is_never_looked_at() {
+        // The trusted proxy appends the peer it saw to what the client sent: bytes
+        // that are not visible ASCII, an open quote, or padding past the bound, all
+        // on the client's side of the list, never make the key an error (which
+        // would move the client into a fallback bucket).
+        let padding = format!("{}, 203.0.113.5", "1.1.1.1, ".repeat(600));
+        let xff = ForwardedIp::x_forwarded_for(trusted(), 1);
+        let fwd = ForwardedIp::forwarded(trusted(), 1);
+        for (extractor, name, sent) in [
+            (&xff, "x-forwarded-for", &b"\xff\xfe, 203.0.113.5"[..]),
+            (&xff, "x-forwarded-for", b"6.6.6.6, \", 203.0.113.5"),
+            (&xff, "x-forwarded-for", padding.as_bytes()),
+            (&fwd, "forwarded", b"for=\"\xff, for=203.0.113.5"),
+            (&fwd, "forwarded", b"for=\"[2001:db8::1, for=203.0.113.5"),
+            (&fwd, "forwarded", br#"for="a\", for=203.0.113.5"#),
+        ] {
+            let h = headers(name, &[sent]);
+            assert_eq!(
+                extractor.client_ip(ip("10.0.0.1"), &h),
+                Ok(ip("203.0.113.5")),
+                "{}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+        let h = headers("x-forwarded-for", &[b"\xff\xfe", b"203.0.113.5"]);
+        assert_eq!(xff.client_ip(ip("10.0.0.1"), &h), Ok(ip("203.0.113.5")));
+        let one = fwd;
+        // A quoted comma still does not split an element read from the right.
+        let h = headers("forwarded", &[br#"for=203.0.113.5;x="a,\"b""#]);
+        assert_eq!(one.client_ip(ip("10.0.0.1"), &h), Ok(ip("203.0.113.5")));
+        // The entry read itself must be visible ASCII.
+        let h = headers("x-forwarded-for", &[b"203.0.113.5, 10.0.0.\xff"]);
+        let five = ForwardedIp::x_forwarded_for(trusted(), 5);
+        assert!(matches!(
+            five.client_ip(ip("10.0.0.1"), &h),
+            Err(KeyError::Malformed { .. })
         ));
     }
 
