@@ -331,11 +331,14 @@ where
             };
             if let Some(r) = reserved {
                 let delay = r.delay();
-                let decision = r.decision();
                 guard.reservation = Some(r);
                 tokio::time::sleep(delay).await;
                 // The slot has come: keep it, leave the queue, let the next one reserve.
                 guard.reservation = None;
+                // The reservation's own decision counts what fits within its delay
+                // bound (a year: always the whole burst); the headers show the
+                // shaper as it is now that this request has taken its slot.
+                let decision = self.shaper.peek_at(self.shaper.clock().now(), 0);
                 return Ok((decision, true));
             }
             changed.await;

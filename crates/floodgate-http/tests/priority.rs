@@ -255,3 +255,20 @@ async fn a_refusal_behind_a_lower_tier_holder_is_not_told_to_retry_early() -> Te
     assert_eq!(resp.headers()["retry-after"], "3");
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_admission_reports_what_remains_at_its_slot() -> TestResult {
+    let start = Instant::now();
+    let layer = layer(start, &[4])?;
+    let mut svc = layer.layer(Hello);
+    let first = svc.call(Request::builder().header("x-tier", "0").body(())?);
+    assert_eq!(first.await?.headers()["ratelimit"], r#""smooth";r=0;t=1"#);
+    // The second waits for its slot at 100 ms; when it goes, the bucket (burst 1)
+    // is empty again: nothing remains, as for the first.
+    let second = svc.call(Request::builder().header("x-tier", "0").body(())?);
+    let resp = second.await?;
+    assert_eq!(start.elapsed(), ms(100));
+    assert_eq!(resp.headers()["ratelimit"], r#""smooth";r=0;t=1"#);
+    assert_eq!(resp.headers()["x-ratelimit-remaining"], "0");
+    Ok(())
+}
