@@ -279,7 +279,7 @@ pub fn window_secs(policy: &Policy) -> u64 {
 
 /// A duration as a window in whole seconds: rounded up, at least 1.
 pub(crate) fn duration_window_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     secs.clamp(1, MAX_SF_INTEGER)
 }
 
@@ -907,5 +907,15 @@ mod tests {
         assert_eq!(duration_window_secs(Duration::from_millis(1)), 1);
         assert_eq!(duration_window_secs(Duration::from_millis(60_001)), 61);
         assert_eq!(duration_window_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn the_longest_duration_is_a_clamped_window() {
+        // `as_secs()` is u64::MAX and a fraction remains: rounding up must not wrap.
+        assert_eq!(duration_window_secs(Duration::MAX), MAX_SF_INTEGER);
+        assert_eq!(
+            duration_window_secs(Duration::new(u64::MAX, 1)),
+            MAX_SF_INTEGER
+        );
     }
 }
