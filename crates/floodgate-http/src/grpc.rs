@@ -8,7 +8,7 @@
 //!
 //! | the layer's answer | `grpc-status` | retry hints |
 //! |---|---|---|
-//! | denied (429) | `8` `RESOURCE_EXHAUSTED` | `grpc-retry-pushback-ms` = the delay in ms (rounded up); a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
+//! | denied (429) | `8` `RESOURCE_EXHAUSTED` | `grpc-retry-pushback-ms` = the delay in ms (rounded up, at least 1); a `google.rpc.RetryInfo` in `grpc-status-details-bin` |
 //! | can never fit | `8` `RESOURCE_EXHAUSTED` | `grpc-retry-pushback-ms: -1` ("do not retry", gRPC's retry design A6); no `RetryInfo` |
 //! | no usable key (400) | `3` `INVALID_ARGUMENT` | none |
 //! | limiter failed (503) | `14` `UNAVAILABLE` | none |
@@ -54,7 +54,9 @@ fn pushback_ms(delay: Duration) -> u64 {
 pub(crate) fn respond<B>(denial: Option<&Decision>, reply: Reply) -> Response<RateLimitBody<B>> {
     let message = reply.text.trim_end();
     let (status, pushback) = match (denial, reply.status) {
-        (Some(d), _) => match d.retry_after() {
+        // At least 1 ms: a denied call is never told to retry at once (as HTTP's
+        // Retry-After is never 0).
+        (Some(d), _) => match d.retry_after().map(|w| w.max(Duration::from_millis(1))) {
             Some(delay) => (
                 tonic::Status::with_error_details(
                     Code::ResourceExhausted,
@@ -130,6 +132,21 @@ mod tests {
         assert_eq!(h["grpc-message"], "never");
         assert_eq!(h["grpc-retry-pushback-ms"], "-1");
         assert!(h.get("grpc-status-details-bin").is_none());
+    }
+
+    #[test]
+    fn a_denial_never_says_retry_at_once() {
+        // A backend may answer a denial with no wait left; HTTP says Retry-After: 1.
+        let d = Decision::new(false, 5, 0, Duration::ZERO, Some(Duration::ZERO));
+        let reply = Reply {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            text: "denied\n".into(),
+        };
+        let resp = respond::<()>(Some(&d), reply);
+        assert_eq!(resp.headers()["grpc-retry-pushback-ms"], "1");
+        let status = tonic::Status::from_header_map(resp.headers()).expect("a status");
+        let info = status.get_details_retry_info().expect("RetryInfo");
+        assert_eq!(info.retry_delay, Some(Duration::from_millis(1)));
     }
 
     #[test]

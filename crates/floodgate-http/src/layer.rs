@@ -513,7 +513,7 @@ struct Shared {
 /// * to a gRPC request (`content-type: application/grpc*`, feature `grpc`), each of
 ///   these answers is instead a trailers-only gRPC status (HTTP 200): a denial or a
 ///   never-fits request is `RESOURCE_EXHAUSTED` (8) with `grpc-retry-pushback-ms` (the
-///   delay in milliseconds rounded up, `-1` for never) and, for a denial, a
+///   delay in milliseconds rounded up, at least 1; `-1` for never) and, for a denial, a
 ///   `google.rpc.RetryInfo` in `grpc-status-details-bin`; a missing key is
 ///   `INVALID_ARGUMENT` (3), a failed limiter `UNAVAILABLE` (14).
 ///
