@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use floodgate::{
-    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, Policy, RateLimiter, Receipt, StateCell,
+    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Policy,
+    RateLimiter, Receipt, StateCell, Storage,
 };
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -65,8 +66,9 @@ pub enum OnLimiterError {
 /// [`RateLimitLayer`], "How rules combine"); after the refund its headers show the
 /// limiter as it then is ([`peek`](Charge::peek)).
 ///
-/// Implemented for the in-process limiters: [`KeyedLimiter`] (per key) and
-/// [`RateLimiter`] (one limit for every key). A refund gives back only what the
+/// Implemented for the in-process limiters: [`KeyedLimiter`] (per key, on every
+/// storage), [`KeyedSlidingLog`] (the exact log per key) and [`RateLimiter`] (one
+/// limit for every key). A refund gives back only what the
 /// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`). A
 /// remote backend without refunds is used with [`Rule::remote`].
 ///
@@ -109,24 +111,40 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
     }
 }
 
-impl<K, Q, A, C> Charge<Q> for KeyedLimiter<K, A, C>
+/// The body of a keyed limiter's [`Charge`]: its own methods of the same names.
+macro_rules! charge_per_key {
+    ($limiter:ident) => {
+        fn charge(&self, key: &Q, cost: u32) -> (Decision, Receipt) {
+            $limiter::charge(self, key, cost)
+        }
+
+        fn refund(&self, key: &Q, receipt: Receipt) -> bool {
+            $limiter::refund(self, key, receipt)
+        }
+
+        fn peek(&self, key: &Q, cost: u32) -> Decision {
+            $limiter::peek(self, key, cost)
+        }
+    };
+}
+
+impl<K, Q, A, C, S> Charge<Q> for KeyedLimiter<K, A, C, S>
 where
-    K: core::hash::Hash + Eq + Send + Sync + 'static + core::borrow::Borrow<Q>,
-    Q: core::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    Q: Lookup<K> + ?Sized,
     A: Algorithm,
     C: Clock,
+    S: Storage<K, A::State>,
 {
-    fn charge(&self, key: &Q, cost: u32) -> (Decision, Receipt) {
-        KeyedLimiter::charge(self, key, cost)
-    }
+    charge_per_key!(KeyedLimiter);
+}
 
-    fn refund(&self, key: &Q, receipt: Receipt) -> bool {
-        KeyedLimiter::refund(self, key, receipt)
-    }
-
-    fn peek(&self, key: &Q, cost: u32) -> Decision {
-        KeyedLimiter::peek(self, key, cost)
-    }
+impl<K, Q, C> Charge<Q> for KeyedSlidingLog<K, C>
+where
+    K: core::hash::Hash + Eq + Clone + core::borrow::Borrow<Q>,
+    Q: core::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    C: Clock,
+{
+    charge_per_key!(KeyedSlidingLog);
 }
 
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).

@@ -13,7 +13,7 @@ use axum::Router;
 
 use floodgate::{AsyncLimit, Decision, KeyedBuilder, KeyedLimiter, ManualClock, Policy};
 use floodgate_http::{
-    ForwardedIp, Global, HeaderKey, OnMissingKey, PeerAddr, RateLimitLayer, Rule, Strategy,
+    ForwardedIp, Global, HeaderKey, OnMissingKey, PeerAddr, PeerIp, RateLimitLayer, Rule, Strategy,
     TrustedProxies,
 };
 use http::{HeaderMap, HeaderValue, Request};
@@ -34,6 +34,17 @@ fn counting_app() -> (Router, Arc<AtomicU64>) {
         }),
     );
     (app, served)
+}
+
+/// One limit for every request: `n` a minute on `clock`.
+fn per_minute(
+    n: u64,
+    clock: &ManualClock,
+) -> Result<floodgate::RateLimiter<floodgate::Gcra, ManualClock>, floodgate::PolicyError> {
+    Ok(floodgate::RateLimiter::gcra_with_clock(
+        Policy::per_minute(n)?,
+        clock.clone(),
+    ))
 }
 
 fn keyed_ip(
@@ -151,11 +162,7 @@ async fn extreme_decisions_render_as_valid_fields() -> TestResult {
 async fn the_layer_replaces_the_upstream_fields_of_its_names_only() -> TestResult {
     let clock = ManualClock::new();
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "global",
-            floodgate::RateLimiter::gcra_with_clock(Policy::per_minute(5)?, clock),
-            Global,
-        )?)
+        .rule(Rule::new("global", per_minute(5, &clock)?, Global)?)
         .build()?;
     // An upstream with rate-limit fields of its own, two RateLimit lines among them.
     let upstream = Router::new().route(
@@ -185,20 +192,14 @@ async fn the_layer_replaces_the_upstream_fields_of_its_names_only() -> TestResul
 #[tokio::test]
 async fn shadow_and_soft_rules_never_block_even_a_request_that_never_fits() -> TestResult {
     let clock = ManualClock::new();
-    let one = || {
-        floodgate::RateLimiter::gcra_with_clock(
-            Policy::per_minute(1).expect("policy"),
-            clock.clone(),
-        )
-    };
     let layer = RateLimitLayer::builder()
         .rule(
-            Rule::new("trial", one(), Global)?
+            Rule::new("trial", per_minute(1, &clock)?, Global)?
                 .cost(2)
                 .strategy(Strategy::Shadow),
         )
         .rule(
-            Rule::new("cap", one(), Global)?
+            Rule::new("cap", per_minute(1, &clock)?, Global)?
                 .cost(u32::MAX)
                 .strategy(Strategy::Soft),
         )
@@ -281,4 +282,47 @@ fn concurrent_requests_never_pass_any_limit() -> TestResult {
         assert!(per_key.peek(format!("k{t}").as_str(), 0).remaining() <= 20 - n);
     }
     Ok(())
+}
+
+/// Sends three requests from one client through `first` (10 a minute per client)
+/// and then a global rule of 1 a minute: the two refused ones must be charged nowhere.
+async fn the_first_rule_gets_back_what_a_later_denial_refused<L>(
+    first: Arc<L>,
+    clock: ManualClock,
+) -> TestResult
+where
+    L: floodgate_http::Charge<IpAddr> + AsyncLimit<IpAddr> + 'static,
+{
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("per-ip", Arc::clone(&first), PeerIp::new())?)
+        .rule(Rule::new("global", per_minute(1, &clock)?, Global)?)
+        .build()?;
+    let (app, _) = counting_app();
+    let mut svc = layer.layer(app);
+    for status in [200, 429, 429] {
+        let req = from_peer("192.0.2.1", "accept", b"*/*")?;
+        assert_eq!(svc.call(req).await?.status(), status);
+    }
+    // One unit taken, not three.
+    let ip: IpAddr = "192.0.2.1".parse()?;
+    assert_eq!(first.peek(&ip, 0).remaining(), 9);
+    Ok(())
+}
+
+#[tokio::test]
+async fn inline_tables_and_sliding_logs_are_in_process_rules_too() -> TestResult {
+    // Inline slots (the storage for IP keys) and the exact log per key both charge
+    // with receipts, so a later rule's denial gives their charge back.
+    let clock = ManualClock::new();
+    let policy = Policy::per_minute(10)?;
+    let inline = KeyedBuilder::new(floodgate::Gcra::new(policy))
+        .capacity(64)
+        .clock(clock.clone())
+        .build_inline::<IpAddr>()?;
+    the_first_rule_gets_back_what_a_later_denial_refused(Arc::new(inline), clock.clone()).await?;
+    let log = KeyedBuilder::default()
+        .capacity(64)
+        .clock(clock.clone())
+        .sliding_log::<IpAddr>(policy)?;
+    the_first_rule_gets_back_what_a_later_denial_refused(Arc::new(log), clock.clone()).await
 }
