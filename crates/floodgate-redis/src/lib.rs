@@ -376,12 +376,13 @@ impl RedisLimiterBuilder {
     /// admits it, and then charges all of them (all or nothing, in one script run).
     ///
     /// With more than one limit, the limits of key `k` are stored under
-    /// `prefix{k}:0`, `prefix{k}:1`, …: the hash tag `{k}` puts them in one Redis
-    /// Cluster slot, so the one script may touch them all. The decision reported is
-    /// the tightest one: when admitted, the limit with the fewest units remaining; when
-    /// denied, the denying limit with the longest wait ("never" above all). That wait
-    /// is exact: without traffic a limit that admits now keeps admitting, and each
-    /// denying limit admits from its own `retry_after` on.
+    /// `prefix{k}:0`, `prefix{k}:1`, … ([`RedisLimiter::redis_keys`]): the hash tag
+    /// `{k}` puts them in one Redis Cluster slot, so the one script may touch them
+    /// all. The decision reported is the tightest one: when admitted, the limit with
+    /// the fewest units remaining; when denied, the denying limit with the longest
+    /// wait ("never" above all). That wait is exact: without traffic a limit that
+    /// admits now keeps admitting, and each denying limit admits from its own
+    /// `retry_after` on.
     ///
     /// # Examples
     ///
@@ -599,7 +600,9 @@ impl<C: Connection> RedisLimiter<C> {
 
     /// The Redis keys that `key`'s limits are stored under: `prefix + key` for one
     /// limit; `prefix{key}:i` for limit `i` of several (see
-    /// [`RedisLimiterBuilder::and`]).
+    /// [`RedisLimiterBuilder::and`]), with a `\` before a key that is empty or
+    /// starts with `}` or `\` (`prefix{\}:i` for `""`), so that the hash tag is
+    /// never empty.
     ///
     /// # Examples
     ///
@@ -616,12 +619,23 @@ impl<C: Connection> RedisLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
-        match self.limits.len() {
-            1 => vec![format!("{}{}", self.prefix, key)],
-            n => (0..n)
-                .map(|i| format!("{}{{{}}}:{}", self.prefix, key, i))
-                .collect(),
+        let n = self.limits.len();
+        if n == 1 {
+            return vec![format!("{}{}", self.prefix, key)];
         }
+        // Cluster hashes the text between the first `{` and the next `}`, but an
+        // empty tag (`{}`) hashes the whole key: a key that is empty or starts with
+        // `}` is stored after a `\` (and so is one that starts with `\`, so no two
+        // keys meet), which keeps the tag non-empty.
+        let key = key.to_string();
+        let escape = if key.is_empty() || key.starts_with(['}', '\\']) {
+            "\\"
+        } else {
+            ""
+        };
+        (0..n)
+            .map(|i| format!("{}{{{escape}{key}}}:{i}", self.prefix))
+            .collect()
     }
 
     /// Decides `cost` units for `key` (rendered with `Display` after the prefix) and

@@ -424,3 +424,52 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
         "the first key kept its state"
     );
 }
+
+/// A multi-limit call touches one slot whatever the key: Redis Cluster hashes the
+/// text between the first `{` and the next `}`, and an empty tag (`{}`: the key is
+/// empty or starts with `}`) hashes the whole key instead, which would spread one
+/// call's keys over several slots (`CROSSSLOT`). Distinct keys stay distinct.
+#[test]
+fn every_key_of_a_multi_limit_call_shares_one_slot() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let minute = Duration::from_secs(60);
+    let builder = RedisLimiter::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
+        .and(
+            Algorithm::FixedWindow,
+            Policy::new(2, minute).expect("policy"),
+        )
+        .and(
+            Algorithm::SlidingLog,
+            Policy::new(5, minute).expect("policy"),
+        )
+        .prefix("tags:");
+    let limiter = build(&rt, &cluster, builder);
+    let keys = [
+        "", "}", "}x", "}:0", "\\", "\\}x", "\\\\", "{", "{}", "a}b", "x{y}z", " ",
+    ];
+    let mut stored = std::collections::BTreeSet::new();
+    for key in keys {
+        let redis_keys = limiter.redis_keys(key);
+        let slots: Vec<i64> = redis_keys
+            .iter()
+            .map(|k| cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", k]))
+            .collect();
+        assert!(
+            slots.iter().all(|&s| s == slots[0]),
+            "key {key:?}: {redis_keys:?} span the slots {slots:?}"
+        );
+        for k in &redis_keys {
+            assert!(stored.insert(k.clone()), "{k} stores two keys' limits");
+        }
+        let d = rt
+            .block_on(limiter.check_n(key, 1))
+            .unwrap_or_else(|e| panic!("key {key:?}: {e}"));
+        assert!(
+            matches!(d, floodgate_redis::Verdict::Decided(d) if d.is_allowed() && d.remaining() == 1),
+            "key {key:?}: {d:?}"
+        );
+    }
+}
