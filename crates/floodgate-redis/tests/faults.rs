@@ -1,7 +1,7 @@
 //! Faults: a killed server, a restart on the same port, a flushed script cache, a
-//! blocked server, and keys holding what the scripts did not write. No call panics,
-//! each returns within generous bounds of its 50 ms timeout, and the limiter recovers
-//! by itself.
+//! blocked server, a server busy with another script, and keys holding what the
+//! scripts did not write. No call panics, each returns within generous bounds of its
+//! 50 ms timeout, and the limiter recovers by itself.
 
 mod common;
 
@@ -163,14 +163,7 @@ fn a_blocked_server_times_out_promptly() {
     until_decided(&rt, &open, Duration::from_secs(5));
 
     // DEBUG SLEEP 0.3 from a raw connection: the server blocks for 300 ms.
-    let url = server.url();
-    let addr = url
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
-    let mut raw = TcpStream::connect(&addr).unwrap();
-    raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.3\r\n")
-        .unwrap();
+    let mut raw = send_raw(&server, &["DEBUG", "SLEEP", "0.3"]);
     // Give the server time to start sleeping; 200 ms of the sleep remain for two
     // calls of 50 ms.
     std::thread::sleep(Duration::from_millis(100));
@@ -235,4 +228,57 @@ fn keys_holding_other_data_are_typed_errors_not_panics() {
             }
         }
     }
+}
+
+/// A server busy running another client's slow script answers `BUSY` until that
+/// script ends: the same call succeeds later, so the error is retryable.
+#[test]
+fn a_server_busy_with_a_slow_script_is_a_retryable_error() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let slow = Duration::from_secs(5);
+    let l = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy(),
+        OnFailure::Error,
+        slow,
+    );
+    until_decided(&rt, &l, slow);
+    // Others get BUSY once a script has run 10 ms; this one runs until killed.
+    let _: () = server.cmd(&["CONFIG", "SET", "busy-reply-threshold", "10"]);
+    let mut spin = send_raw(&server, &["EVAL", "while 1 do end", "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+
+    let e = rt.block_on(l.check_n("k", 1)).unwrap_err();
+    assert!(e.to_string().contains("BUSY"), "{e}");
+    assert!(e.is_retryable(), "{e}");
+
+    // SCRIPT KILL on a raw connection (a client's PING would be BUSY too).
+    let mut ok = [0_u8; 5];
+    send_raw(&server, &["SCRIPT", "KILL"])
+        .read_exact(&mut ok)
+        .unwrap();
+    assert_eq!(&ok, b"+OK\r\n");
+    let mut killed = [0_u8; 1];
+    spin.read_exact(&mut killed).unwrap();
+    assert_eq!(&killed, b"-", "the slow script ends in an error");
+    until_decided(&rt, &l, slow);
+}
+
+/// Sends `args` as one command on a new raw connection, for commands that block the
+/// server or must pass while it is blocked; the reply is left to read.
+fn send_raw(server: &RedisServer, args: &[&str]) -> TcpStream {
+    let addr = server.url();
+    let addr = addr.trim_start_matches("redis://").trim_end_matches('/');
+    let mut command = format!("*{}\r\n", args.len());
+    for a in args {
+        command.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(command.as_bytes()).unwrap();
+    raw
 }
