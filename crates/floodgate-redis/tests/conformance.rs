@@ -5,13 +5,14 @@
 
 mod common;
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{limiter, runtime, whole_micros, Model, RedisServer};
 use floodgate::reference::ExactGcra;
 use floodgate::{Decision, Policy};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, MAX_NOW_MICROS, MAX_SPAN_MICROS};
 use proptest::prelude::*;
 
 /// 2026-11-30 in microseconds since the epoch, plus an odd offset so windows do
@@ -28,8 +29,8 @@ struct Op {
 
 static KEYS: AtomicU64 = AtomicU64::new(0);
 
-/// Replays `ops` from `origin` µs through Redis and the model; the first difference
-/// fails the case.
+/// Replays `ops` through Redis and the model, the clock kept within `times` (µs);
+/// the first difference fails the case.
 #[allow(clippy::too_many_arguments)]
 fn conform(
     rt: &tokio::runtime::Runtime,
@@ -38,14 +39,15 @@ fn conform(
     limit: u64,
     period_us: u64,
     burst: u64,
-    origin: u64,
+    times: RangeInclusive<u64>,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let key = format!("conform:{}", KEYS.fetch_add(1, Ordering::Relaxed));
     let mut model = Model::new(algorithm, limit, period_us * 1_000, burst);
-    let mut now = origin + 3 * period_us;
+    let (origin, latest) = times.into_inner();
+    let mut now = origin.saturating_add(3 * period_us).min(latest);
     for (i, op) in ops.iter().enumerate() {
-        now = now.saturating_add_signed(op.step).max(origin);
+        now = now.saturating_add_signed(op.step).clamp(origin, latest);
         let got = rt.block_on(async {
             if op.peek {
                 redis.peek_n_at_micros(&key, op.cost, now).await
@@ -117,7 +119,7 @@ fn run(algorithm: Algorithm) {
             .map_err(|e| TestCaseError::reject(e.to_string()))?;
         let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, Duration::from_secs(5));
         for origin in [0, TODAY_MICROS] {
-            conform(&rt, &redis, algorithm, limit, period, burst, origin, &ops)?;
+            conform(&rt, &redis, algorithm, limit, period, burst, origin..=u64::MAX, &ops)?;
         }
     });
 }
@@ -140,6 +142,69 @@ fn sliding_window_matches_the_exact_model() {
 #[test]
 fn sliding_log_matches_the_exact_model() {
     run(Algorithm::SlidingLog);
+}
+
+/// The largest policies the limiter accepts, at the latest times it decides at:
+/// every sum and product a script computes sits at the top of a double's exact
+/// range (`now + B·T` and `(L + 1)·P` up to 2^53, `now` up to 2^52), costs reach
+/// `u32::MAX`, and the decisions still equal the exact models' (u128 nanoseconds).
+#[test]
+fn the_edges_of_the_exact_range_match_the_exact_model() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // (algorithm, limit, period µs, burst, clock steps' scale µs, largest cost)
+    let edges = [
+        // T = 2^20 µs, B·T = 2^51 µs.
+        (
+            Algorithm::Gcra,
+            1,
+            1 << 20,
+            1 << 31,
+            MAX_SPAN_MICROS,
+            u32::MAX,
+        ),
+        // 2·P = 2^51 µs; counts beyond u32.
+        (
+            Algorithm::FixedWindow,
+            1 << 33,
+            1 << 50,
+            1,
+            1 << 50,
+            u32::MAX,
+        ),
+        // (L + 1)·P = 2^53 µs.
+        (
+            Algorithm::SlidingWindow,
+            (1 << 31) - 1,
+            1 << 22,
+            1,
+            1 << 22,
+            u32::MAX,
+        ),
+        // 2·P = 2^51 µs (the model keeps one entry per unit: a small limit).
+        (Algorithm::SlidingLog, 8, 1 << 50, 1, 1 << 50, 9),
+    ];
+    let times = MAX_NOW_MICROS - MAX_SPAN_MICROS..=MAX_NOW_MICROS;
+    let config = config();
+    for (algorithm, limit, period, burst, scale, max_cost) in edges {
+        let policy = Policy::new(limit, Duration::from_micros(period))
+            .and_then(|p| p.with_burst(burst.max(limit)))
+            .unwrap();
+        let redis = limiter(
+            &rt,
+            &server,
+            algorithm,
+            policy,
+            OnFailure::Error,
+            Duration::from_secs(5),
+        );
+        let burst = policy.burst();
+        proptest!(config.clone(), |(ops in ops(scale, max_cost))| {
+            conform(&rt, &redis, algorithm, limit, period, burst, times.clone(), &ops)?;
+        });
+    }
 }
 
 /// A GCRA interval that is not whole microseconds is rounded up: the script serves
