@@ -103,9 +103,9 @@
 //! With [`RedisLimiterBuilder::deny_cache`], a key that Redis denied is denied again
 //! in process, without a round trip, until its `retry_after` has passed
 //! ([`Verdict::Cached`]): a client hammering past its limit costs Redis one call per
-//! wait, not one per request. Only costs at least as large as the denied one are
-//! answered (a smaller one may fit); "never" is not cached; the cache holds a bounded
-//! number of keys.
+//! wait, not one per request. Only the cost that was denied is answered (a smaller
+//! one may fit, and a larger one waits longer than the cached wait); "never" is not
+//! cached; the cache holds a bounded number of keys.
 //!
 //! ## Replay
 //!
@@ -362,11 +362,13 @@ impl RedisLimiterBuilder {
 
     /// Keeps up to `keys` recent denials in process (default 0: off). A key that
     /// Redis denied cost `n` with `retry_after` `r` is then denied locally
-    /// ([`Verdict::Cached`]), without a round trip, for any cost of at least `n` until
-    /// `r` has passed on the local clock since the request was sent. Denials only get
-    /// stronger while other callers add traffic, so the cached answer is Redis's own
-    /// as long as nobody resets the key behind the limiter's back. "Never" is not
-    /// cached, and neither is anything once `keys` live denials are held.
+    /// ([`Verdict::Cached`]), without a round trip, for the same cost `n` until `r`
+    /// has passed on the local clock since the request was sent; other costs go to
+    /// Redis (a smaller one may fit, a larger one waits longer than `r`). Denials only
+    /// get stronger while other callers add traffic, so the cached denial and its
+    /// wait are Redis's own (its `remaining` the one Redis reported) as long as nobody
+    /// resets the key behind the limiter's back. "Never" is not cached, and neither
+    /// is anything once `keys` live denials are held.
     pub fn deny_cache(mut self, keys: usize) -> Self {
         self.deny_cache = keys;
         self
@@ -463,7 +465,7 @@ impl RedisLimiterBuilder {
             prefix: self.prefix,
             timeout: self.timeout,
             on_failure: self.on_failure,
-            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache, capacity)),
+            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
         })
     }
 }
