@@ -85,10 +85,12 @@
 //! fail open (admit), fail closed (deny), or return the [`RedisLimitError`]. A
 //! fallback answer is a [`Verdict::Fallback`], never mistaken for Redis's. **A call
 //! that timed out may still have charged**: Redis may have run the script and only the
-//! reply was late. The connection ([`connect`]) is a multiplexed
-//! [`ConnectionManager`] that reconnects by itself, so the limiter recovers without
-//! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
-//! a restart the client loads the script again and retries (`NOSCRIPT`).
+//! reply was late; but no call is charged twice: a request is sent again only when
+//! Redis refused it without running it. The connection ([`connect`]) is a
+//! multiplexed [`ConnectionManager`] that reconnects by itself, so the limiter
+//! recovers without help when Redis comes back. Scripts run with `EVALSHA`; after a
+//! `SCRIPT FLUSH` or a restart the client loads the script again and retries
+//! (`NOSCRIPT`).
 //!
 //! ## Redis Cluster
 //!
@@ -281,13 +283,16 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
 }
 
 /// A connection to a Redis Cluster through any of its nodes (`seeds`), tuned like
-/// [`connect`]: a connection attempt gives up after 1 s, and a failed request is
-/// retried up to 3 times, 10 to 100 ms apart.
+/// [`connect`]: a connection attempt gives up after 1 s.
 ///
 /// The connection learns the cluster's slot map and sends each script run to the
-/// node that owns its key's slot. It follows `MOVED` (refreshing the map) and `ASK`
-/// redirections, so a limiter keeps deciding while slots migrate, and loads a script
-/// on every primary when one answers `NOSCRIPT`.
+/// node that owns its key's slot. It re-sends no request by itself: one whose
+/// connection broke may have run, and a second run would charge the call twice.
+/// The limiter sends a script run again only when Redis refused it unrun: it
+/// follows `MOVED` (the connection refreshes its map) and `ASK` (`ASKING` on the
+/// importing node), so it keeps deciding while slots migrate; it waits out
+/// `TRYAGAIN` and `CLUSTERDOWN`; and it loads the script on every primary when one
+/// answers `NOSCRIPT`.
 ///
 /// # Errors
 ///
@@ -311,9 +316,9 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
 pub async fn connect_cluster(seeds: &[&str]) -> redis::RedisResult<ClusterConnection> {
     ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(Duration::from_secs(1))
-        .retries(3)
-        .min_retry_wait(10)
-        .max_retry_wait(100)
+        // The client would re-send a request whose connection broke, which Redis may
+        // have run: the limiter re-sends only what Redis refused unrun.
+        .retries(0)
         .build()?
         .get_async_connection()
         .await
@@ -751,22 +756,22 @@ impl<C: Connection> RedisLimiter<C> {
         write: bool,
         now_micros: Option<u64>,
     ) -> Result<Decision, RedisLimitError> {
-        let mut invocation = script.prepare_invoke();
-        invocation.key(keys);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(keys.len()).arg(keys);
         if let Some(now) = now_micros {
             if now > MAX_NOW_MICROS {
                 return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
             }
-            invocation.arg(now);
+            evalsha.arg(now);
         }
-        invocation.arg(cost).arg(u8::from(write));
+        evalsha.arg(cost).arg(u8::from(write));
         match self.limits.as_slice() {
             [one] => {
-                invocation.arg(one.params[0]).arg(one.params[1]);
+                evalsha.arg(one.params[0]).arg(one.params[1]);
             }
             several => {
                 for l in several {
-                    invocation
+                    evalsha
                         .arg(script::code(l.algorithm))
                         .arg(l.params[0])
                         .arg(l.params[1]);
@@ -774,15 +779,15 @@ impl<C: Connection> RedisLimiter<C> {
             }
         }
         let mut conn = self.conn.clone();
-        let reply: redis::Value =
-            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-                Ok(reply) => reply?,
-                Err(_) => {
-                    return Err(RedisLimitError::Timeout {
-                        after: self.timeout,
-                    })
-                }
-            };
+        let sent = script::send(&mut conn, script, &evalsha);
+        let reply: redis::Value = match tokio::time::timeout(self.timeout, sent).await {
+            Ok(reply) => reply?,
+            Err(_) => {
+                return Err(RedisLimitError::Timeout {
+                    after: self.timeout,
+                })
+            }
+        };
         match self.limits.len() {
             1 => script::decision(&reply),
             n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {

@@ -24,11 +24,18 @@ pub const ALGORITHMS: [Algorithm; 4] = [
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Options beyond the defaults.
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// A fresh server, or `None` (after a loud message) where none can run.
     pub fn start() -> Option<RedisServer> {
+        RedisServer::start_with(|_| Vec::new())
+    }
+
+    /// As [`RedisServer::start`], with more options for the port it gets.
+    pub fn start_with(extra: impl Fn(u16) -> Vec<String>) -> Option<RedisServer> {
         if !tools_on_path(&["redis-server"]) {
             return None;
         }
@@ -36,12 +43,20 @@ impl RedisServer {
         // try a few.
         for _ in 0..5 {
             let port = free_port();
-            let mut server = RedisServer { port, child: None };
+            let mut server = RedisServer {
+                port,
+                child: None,
+                extra: extra(port),
+            };
             if server.spawn() {
                 return Some(server);
             }
         }
         panic!("redis-server did not start on a free loopback port");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     fn spawn(&mut self) -> bool {
@@ -51,6 +66,7 @@ impl RedisServer {
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--enable-debug-command", "local"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
