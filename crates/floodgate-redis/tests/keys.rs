@@ -1,5 +1,6 @@
-//! What the production scripts (server `TIME`) leave in Redis: idle keys expire, and
-//! a peek, a cost of 0, a cost above the capacity and a denial write nothing.
+//! What the production scripts (server `TIME`) leave in Redis: idle keys expire, no
+//! key before its state is fresh again, and a peek, a cost of 0, a cost above the
+//! capacity and a denial write nothing.
 
 mod common;
 
@@ -164,5 +165,35 @@ fn several_limits_share_a_hash_tag_and_charge_all_or_nothing() {
     assert_eq!(server.cmd::<i64>(&["DBSIZE"]), 2);
     for key in ["test:{u}:0", "test:{u}:1"] {
         assert!(server.cmd::<i64>(&["PTTL", key]) > 0, "{key} has a TTL");
+    }
+}
+
+/// A key lives as long as its state matters, and not much longer: its TTL is the
+/// decision's `reset_after` (until the state is fresh again: GCRA's TAT, the end of
+/// the fixed window, of the sliding window after the one counted in, the newest
+/// log entry's exit) rounded up to a millisecond. An earlier expiry would hand out
+/// a fresh limit early.
+#[test]
+fn every_key_lives_exactly_as_long_as_its_state_matters() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let policy = Policy::per_hour(3).unwrap();
+    for algorithm in ALGORITHMS {
+        let l = slow(&rt, &server, algorithm, policy);
+        for cost in [1, 2] {
+            let d = decided(rt.block_on(l.check_n("ttl", cost)));
+            assert!(d.is_allowed(), "{algorithm:?}");
+            let ttl: u128 = server.cmd::<u64>(&["PTTL", "test:ttl"]).into();
+            let reset = d.reset_after().as_micros();
+            // Up to a millisecond above (rounding), and below only by the time the
+            // PTTL comes after the decision (generous on a loaded machine).
+            assert!(
+                ttl * 1_000 <= reset + 1_000 && ttl * 1_000 + 1_000_000 >= reset,
+                "{algorithm:?} cost {cost}: PTTL {ttl} ms, reset_after {reset} µs"
+            );
+        }
+        let _: () = server.cmd(&["DEL", "test:ttl"]);
     }
 }
