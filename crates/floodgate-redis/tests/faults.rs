@@ -7,9 +7,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{limiter, runtime, RedisServer, ALGORITHMS};
+use common::{build, flood, limiter, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
@@ -281,4 +283,76 @@ fn send_raw(server: &RedisServer, args: &[&str]) -> TcpStream {
     let mut raw = TcpStream::connect(addr).unwrap();
     raw.write_all(command.as_bytes()).unwrap();
     raw
+}
+
+/// `SCRIPT FLUSH` over and over while 32 tasks hammer one key: every `NOSCRIPT` is
+/// reloaded and run once — the burst is admitted exactly, never once more. (A call
+/// whose every reload was flushed again fails `NOSCRIPT`, uncharged.)
+#[test]
+fn script_flushes_under_load_neither_fail_nor_double_charge() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let burst = 50;
+    let daily = Policy::per_day(1)
+        .and_then(|p| p.with_burst(burst))
+        .unwrap();
+    let slow = Duration::from_secs(10);
+    let l = limiter(&rt, &server, Algorithm::Gcra, daily, OnFailure::Error, slow);
+    until_decided(&rt, &l, slow);
+    let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+    let flushing = Arc::new(AtomicBool::new(true));
+    let flusher = {
+        let (flushing, mut conn) = (Arc::clone(&flushing), server.connection().unwrap());
+        std::thread::spawn(move || {
+            let mut flushes = 0_u32;
+            while flushing.load(Ordering::SeqCst) {
+                redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+                flushes += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            flushes
+        })
+    };
+    let no_script = |e: &RedisLimitError| matches!(e, RedisLimitError::Redis(e) if e.kind() == redis::ErrorKind::NoScriptError);
+    let admitted = flood(&rt, vec![l], "flushed", (32, 20), |_, _| 1, no_script);
+    flushing.store(false, Ordering::SeqCst);
+    assert!(flusher.join().unwrap() > 0);
+    let errors: String = server.cmd(&["INFO", "errorstats"]);
+    assert!(
+        errors.contains("errorstat_NOSCRIPT:count="),
+        "no call met a flushed cache: {errors}"
+    );
+    assert_eq!(admitted, burst, "640 calls, a burst of {burst}");
+}
+
+/// A multi-limit call whose second key holds what the scripts did not write fails
+/// before charging any: the first key stays as it was.
+#[test]
+fn a_malformed_key_of_several_charges_none() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let builder = RedisLimiter::builder(Algorithm::Gcra, policy())
+        .and(Algorithm::FixedWindow, policy())
+        .and(Algorithm::SlidingLog, policy())
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error);
+    let l = build(&rt, &server, builder);
+    for (bad, value) in [(1, "12:x"), (2, "not a sorted set"), (1, "9:9:9")] {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let keys = l.redis_keys("u");
+        let _: () = server.cmd(&["SET", &keys[bad], value]);
+        match rt.block_on(l.check_n("u", 1)) {
+            Err(RedisLimitError::Redis(e)) => assert!(!e.to_string().is_empty()),
+            other => panic!("key {bad} = {value:?}: a Redis error expected, got {other:?}"),
+        }
+        assert_eq!(
+            server.cmd::<i64>(&["DBSIZE"]),
+            1,
+            "key {bad} = {value:?}: another key was charged"
+        );
+    }
 }

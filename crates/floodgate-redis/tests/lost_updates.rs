@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{limiter, runtime, RedisServer};
+use common::{build, flood, limiter, runtime, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder, Verdict};
 
 /// GCRA, one unit a day after a burst of `burst`: nothing refills during the test.
 fn daily(burst: u64) -> Policy {
@@ -26,36 +26,16 @@ fn concurrent_tasks_on_one_key_admit_exactly_the_burst() {
     };
     let rt = runtime();
     const BURST: u64 = 100;
-    let limiter = Arc::new(limiter(
+    let slow = Duration::from_secs(10);
+    let limiter = limiter(
         &rt,
         &server,
         Algorithm::Gcra,
         daily(BURST),
         OnFailure::Error,
-        Duration::from_secs(10),
-    ));
-    let admitted: u64 = rt.block_on(async {
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let limiter = Arc::clone(&limiter);
-                tokio::spawn(async move {
-                    let mut admitted = 0;
-                    for _ in 0..5 {
-                        match limiter.check_n("hammer", 1).await {
-                            Ok(Verdict::Decided(d)) => admitted += u64::from(d.is_allowed()),
-                            other => panic!("no decision: {other:?}"),
-                        }
-                    }
-                    admitted
-                })
-            })
-            .collect();
-        let mut total = 0;
-        for t in tasks {
-            total += t.await.unwrap();
-        }
-        total
-    });
+        slow,
+    );
+    let admitted = flood(&rt, vec![limiter], "hammer", (64, 5), |_, _| 1, |_| false);
     assert_eq!(
         admitted, BURST,
         "320 calls on one key admit exactly the burst"
@@ -215,35 +195,9 @@ fn long_windows(limit: u64) -> Policy {
     Policy::new(limit, Duration::from_micros(1 << 47)).unwrap()
 }
 
-/// Hammers `key` on each of `limiters` (one connection each) with 16 tasks per
-/// limiter, every task 6 calls of cost 1 or 2; returns the units admitted.
-fn flood(rt: &tokio::runtime::Runtime, limiters: Vec<RedisLimiter>, key: &'static str) -> u64 {
-    rt.block_on(async {
-        let mut tasks = Vec::new();
-        for limiter in limiters.into_iter().map(Arc::new) {
-            for task in 0..16_u32 {
-                let limiter = Arc::clone(&limiter);
-                tasks.push(tokio::spawn(async move {
-                    let mut admitted = 0;
-                    for call in 0..6 {
-                        let cost = 1 + (task + call) % 2;
-                        match limiter.check_n(key, cost).await {
-                            Ok(Verdict::Decided(d)) => {
-                                admitted += u64::from(cost) * u64::from(d.is_allowed());
-                            }
-                            other => panic!("no decision: {other:?}"),
-                        }
-                    }
-                    admitted
-                }));
-            }
-        }
-        let mut total = 0;
-        for t in tasks {
-            total += t.await.unwrap();
-        }
-        total
-    })
+/// Costs 1 and 2 in turn.
+fn one_or_two(task: u32, call: u32) -> u32 {
+    1 + (task + call) % 2
 }
 
 /// Every algorithm, 4 connections × 16 tasks on one key with costs 1 and 2: the
@@ -267,7 +221,14 @@ fn every_algorithm_admits_exactly_its_limit_under_concurrent_connections() {
                 limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow)
             })
             .collect();
-        let admitted = flood(&rt, limiters, "every-algorithm");
+        let admitted = flood(
+            &rt,
+            limiters,
+            "every-algorithm",
+            (16, 6),
+            one_or_two,
+            |_| false,
+        );
         // Odd limit, costs 1 and 2: the last unit is taken by a cost-1 call.
         assert_eq!(admitted, LIMIT, "{algorithm:?}");
         let _: () = server.cmd(&["FLUSHALL"]);
@@ -288,16 +249,13 @@ fn several_limits_charge_all_or_nothing_under_concurrent_connections() {
         (Algorithm::FixedWindow, long_windows(25)),
         (Algorithm::SlidingLog, long_windows(30)),
     ];
-    let connect = |builder: floodgate_redis::RedisLimiterBuilder| {
-        let conn = rt
-            .block_on(floodgate_redis::connect(&server.url()))
-            .unwrap();
-        builder
-            .prefix("test:")
-            .timeout(Duration::from_secs(10))
-            .on_failure(OnFailure::Error)
-            .build(conn)
-            .unwrap()
+    let slow = Duration::from_secs(10);
+    let connect = |builder: RedisLimiterBuilder| {
+        build(
+            &rt,
+            &server,
+            builder.timeout(slow).on_failure(OnFailure::Error),
+        )
     };
     let limiters = (0..4)
         .map(|_| {
@@ -305,7 +263,7 @@ fn several_limits_charge_all_or_nothing_under_concurrent_connections() {
             connect(RedisLimiter::builder(a0, p0).and(a1, p1).and(a2, p2))
         })
         .collect();
-    let admitted = flood(&rt, limiters, "all");
+    let admitted = flood(&rt, limiters, "all", (16, 6), one_or_two, |_| false);
     assert_eq!(admitted, 25, "the fixed window's 25 units");
     // Each limit alone, through a one-limit limiter on its stored key.
     for (i, (algorithm, policy)) in limits.into_iter().enumerate() {
