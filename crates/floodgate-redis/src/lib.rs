@@ -340,6 +340,12 @@ impl RedisLimiterBuilder {
     /// Every key is `prefix + key` (default `"floodgate:"`). It must not contain `{`,
     /// reserved for Redis Cluster hash tags.
     ///
+    /// Limiters that share a prefix share state wherever their keys render alike —
+    /// also across shapes: a one-limit limiter's key `{k}:0` is limit 0 of a
+    /// multi-limit limiter's key `k`. Give each limiter with other policies or other
+    /// key sources a prefix of its own, so that no caller-chosen key reaches another
+    /// limiter's state.
+    ///
     /// # Examples
     ///
     /// ```

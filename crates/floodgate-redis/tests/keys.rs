@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{limiter, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
 fn decided(v: Result<Verdict, floodgate_redis::RedisLimitError>) -> floodgate::Decision {
     match v {
@@ -195,5 +195,57 @@ fn every_key_lives_exactly_as_long_as_its_state_matters() {
             );
         }
         let _: () = server.cmd(&["DEL", "test:ttl"]);
+    }
+}
+
+/// Keys are data, never code or protocol: spaces, CR LF, NUL, braces, quotes, Lua
+/// syntax, non-ASCII and a megabyte-long key are each stored under exactly
+/// `prefix + key` and decide alone — also when the script's error names a
+/// malformed key (CR LF in an error reply would split it).
+#[test]
+fn keys_with_any_characters_are_stored_as_given() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let l = slow(&rt, &server, Algorithm::Gcra, Policy::per_hour(3).unwrap());
+    let long = "k".repeat(1 << 20);
+    let keys = [
+        "a b",
+        "line\r\n+OK\r\n",
+        "nul\0byte",
+        "{tag}",
+        "'; return {1,2,3,4,5} --",
+        "]]..redis.call('FLUSHALL')..[[",
+        "ключ🔑",
+        long.as_str(),
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        let d = decided(rt.block_on(l.check_n(*key, 1)));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "key {i}");
+        let mut conn = server.connection().unwrap();
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(format!("test:{key}"))
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(exists, 1, "key {i}");
+        assert_eq!(server.cmd::<usize>(&["DBSIZE"]), i + 1, "key {i}");
+    }
+    // A malformed state under a key with CR LF: one error, and the connection
+    // still answers the next call rightly.
+    let evil = "evil\r\n:1\r\n";
+    let mut conn = server.connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("test:{evil}"))
+        .arg("not a number")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..3 {
+        match rt.block_on(l.check_n(evil, 1)) {
+            Err(RedisLimitError::Redis(e)) => assert!(e.to_string().contains("malformed")),
+            other => panic!("an error expected, got {other:?}"),
+        }
+        let d = decided(rt.block_on(l.peek_n("a b", 1)));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 1), "{d:?}");
     }
 }
