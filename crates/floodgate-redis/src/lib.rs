@@ -165,6 +165,12 @@ pub enum Algorithm {
     /// Sliding window counter: the weighted two-window estimate.
     SlidingWindow,
     /// Sliding log: exact, a sorted set with one member per admitted instant.
+    ///
+    /// Each decision reads every live member, so its work on the server grows with
+    /// the window's traffic, up to `limit` members (each admitted microsecond is
+    /// one): about 1 µs per member, during which the server serves no one else
+    /// (95 ms per decision at 10^5 members, measured on a 2-core VM). Keep its limit
+    /// small, or use a window counter.
     SlidingLog,
 }
 
@@ -379,7 +385,8 @@ impl RedisLimiterBuilder {
     /// get stronger while other callers add traffic, so the cached denial and its
     /// wait are Redis's own (its `remaining` the one Redis reported) as long as nobody
     /// resets the key behind the limiter's back. "Never" is not cached, and neither
-    /// is anything once `keys` live denials are held.
+    /// is anything once `keys` live denials are held. The bound counts keys, each
+    /// held with its name: where callers choose keys, bound their length too.
     pub fn deny_cache(mut self, keys: usize) -> Self {
         self.deny_cache = keys;
         self
