@@ -12,7 +12,9 @@ use std::time::Duration;
 use common::{limiter, runtime, whole_micros, Model, RedisServer};
 use floodgate::reference::ExactGcra;
 use floodgate::{Decision, Policy};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, MAX_NOW_MICROS, MAX_SPAN_MICROS};
+use floodgate_redis::{
+    Algorithm, OnFailure, RedisLimitError, RedisLimiter, MAX_NOW_MICROS, MAX_SPAN_MICROS,
+};
 use proptest::prelude::*;
 
 /// 2026-11-30 in microseconds since the epoch, plus an odd offset so windows do
@@ -147,7 +149,8 @@ fn sliding_log_matches_the_exact_model() {
 /// The largest policies the limiter accepts, at the latest times it decides at:
 /// every sum and product a script computes sits at the top of a double's exact
 /// range (`now + B·T` and `(L + 1)·P` up to 2^53, `now` up to 2^52), costs reach
-/// `u32::MAX`, and the decisions still equal the exact models' (u128 nanoseconds).
+/// `u32::MAX`, and the decisions still equal the exact models' (u128 nanoseconds);
+/// a later time is refused.
 #[test]
 fn the_edges_of_the_exact_range_match_the_exact_model() {
     let Some(server) = RedisServer::start() else {
@@ -204,6 +207,15 @@ fn the_edges_of_the_exact_range_match_the_exact_model() {
         proptest!(config.clone(), |(ops in ops(scale, max_cost))| {
             conform(&rt, &redis, algorithm, limit, period, burst, times.clone(), &ops)?;
         });
+        // One microsecond later is refused, and writes nothing.
+        for late in [MAX_NOW_MICROS + 1, u64::MAX] {
+            let refused = rt.block_on(redis.check_n_at_micros("late", 1, late));
+            assert!(
+                matches!(refused, Err(RedisLimitError::TimeOutOfRange { now_micros }) if now_micros == late),
+                "{algorithm:?} at {late}: {refused:?}"
+            );
+        }
+        assert_eq!(server.cmd::<i64>(&["EXISTS", "test:late"]), 0);
     }
 }
 
