@@ -53,6 +53,10 @@
 //!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
+//! * **A policy change** on the same keys (a redeploy) is the in-process one: GCRA
+//!   keeps its TAT and applies the new interval from now on, the log keeps its
+//!   instants, and a window state records its period, so windows of another
+//!   period start fresh.
 //!
 //! ## Exact arithmetic: microseconds
 //!

@@ -219,6 +219,38 @@ fn the_edges_of_the_exact_range_match_the_exact_model() {
     }
 }
 
+/// A window limiter whose period changes (a redeploy on the same prefix) starts its
+/// windows fresh, as the in-process one does: the old state's window index counts
+/// windows of the old period, and read as one of the new period it would name a
+/// window thousands of years ahead — counted in, written back with a TTL as long,
+/// and denying the key for good once full. GCRA and the log keep absolute times and
+/// carry on.
+#[test]
+fn a_window_whose_period_changes_starts_fresh() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let slow = Duration::from_secs(5);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let key = format!("period:{algorithm:?}");
+        let mut now = TODAY_MICROS;
+        for period_us in [1_000_000, 60_000_000, 1_000_000, 7_000_000] {
+            let policy = Policy::new(3, Duration::from_micros(period_us)).unwrap();
+            let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow);
+            let mut model = Model::new(algorithm, 3, period_us * 1_000, 3);
+            for cost in [2, 1, 1] {
+                let got = rt
+                    .block_on(redis.check_n_at_micros(&key, cost, now))
+                    .unwrap();
+                let want = whole_micros(model.decide(now * 1_000, cost, false));
+                assert_eq!(got, want, "{algorithm:?}, period {period_us} µs, at {now}");
+                now += 1_000;
+            }
+        }
+    }
+}
+
 /// A GCRA interval that is not whole microseconds is rounded up: the script serves
 /// the model of the rounded rate, never a faster one.
 #[test]
