@@ -170,11 +170,11 @@ pub enum Algorithm {
     SlidingWindow,
     /// Sliding log: exact, a sorted set with one member per admitted instant.
     ///
-    /// Each decision reads every live member, so its work on the server grows with
-    /// the window's traffic, up to `limit` members (each admitted microsecond is
-    /// one): about 1 µs per member, during which the server serves no one else
-    /// (95 ms per decision at 10^5 members, measured on a 2-core VM). Keep its limit
-    /// small, or use a window counter.
+    /// Memory grows with the window's traffic, up to `limit` members (each admitted
+    /// microsecond is one), but a decision reads only a few of them: each member
+    /// carries the running total of units, so the window's count is two reads and
+    /// a denial's wait a binary search, O(log² n) for n members (all n only when
+    /// the totals are counted again, past 2^52 units).
     SlidingLog,
 }
 

@@ -251,6 +251,67 @@ fn a_window_whose_period_changes_starts_fresh() {
     }
 }
 
+/// The sliding log's members carry running totals of units; past 2^52 the log
+/// counts from its oldest live member again and decides on exactly.
+#[test]
+fn a_sliding_log_past_2_pow_52_units_counts_on_exactly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let (limit, period_us) = (10, 1_000_000);
+    let policy = Policy::new(limit, Duration::from_micros(period_us)).unwrap();
+    let slow = Duration::from_secs(5);
+    let redis = limiter(
+        &rt,
+        &server,
+        Algorithm::SlidingLog,
+        policy,
+        OnFailure::Error,
+        slow,
+    );
+    let mut model = Model::new(Algorithm::SlidingLog, limit, period_us * 1_000, limit);
+    // A log that has admitted 2^52 - 1 units: 3 at t, then 1 at t + 1 µs.
+    let t = TODAY_MICROS;
+    let top = (1_u64 << 52) - 1;
+    for (at, units, total) in [(t, 3, top - 1), (t + 1, 1, top)] {
+        let member = format!("{at}:{units}:{total}");
+        let _: i64 = server.cmd(&["ZADD", "test:big", &at.to_string(), &member]);
+        assert!(model.decide(at * 1_000, units, false).is_allowed());
+    }
+    let newest_total = || {
+        let newest: Vec<String> = server.cmd(&["ZRANGE", "test:big", "-1", "-1"]);
+        newest[0]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let ops = [
+        (10, 2),
+        (0, 5),
+        (1, 1),
+        (5, 3),
+        (999_990, 4),
+        (2, 7),
+        (1_000_000, 6),
+    ];
+    let mut now = t + 1;
+    for (i, (step, cost)) in ops.into_iter().enumerate() {
+        now += step;
+        let got = rt
+            .block_on(redis.check_n_at_micros("big", cost, now))
+            .unwrap();
+        let want = whole_micros(model.decide(now * 1_000, cost, false));
+        assert_eq!(got, want, "op {i} at {now}");
+        assert!(
+            newest_total() < 100,
+            "op {i}: the totals were not counted again"
+        );
+    }
+}
+
 /// A GCRA interval that is not whole microseconds is rounded up: the script serves
 /// the model of the rounded rate, never a faster one.
 #[test]
