@@ -53,10 +53,11 @@
 //!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
-//! * **A policy change** on the same keys (a redeploy) is the in-process one: GCRA
-//!   keeps its TAT and applies the new interval from now on, the log keeps its
-//!   instants, and a window state records its period, so windows of another
-//!   period start fresh.
+//! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
+//!   applies the new interval from now on, as in process; a window state records
+//!   its period, so windows of another period start fresh, as in process; the log
+//!   judges its instants by the new period, as long as its key lives (the old
+//!   period's TTL, until the next admission sets the new one's).
 //!
 //! ## Exact arithmetic: microseconds
 //!
