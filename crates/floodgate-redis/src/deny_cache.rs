@@ -1,6 +1,7 @@
 //! The local denial cache: a key that Redis denied cost `n` until `T` is denied
-//! locally, for any cost of at least `n`, until `T` by the local clock — no round
-//! trip.
+//! locally, for the same cost `n`, until `T` by the local clock — no round trip.
+//! A smaller cost may fit, and a larger one waits longer than `T`, which only Redis
+//! can tell: both go to Redis.
 //!
 //! Sound because a denial can only get stronger without this process seeing it:
 //! other callers add traffic, and nothing in the API gives units back. The wait is
@@ -19,7 +20,7 @@ use floodgate::Decision;
 struct Entry {
     /// Denied until then (local clock).
     until: Instant,
-    /// For costs of at least this.
+    /// For this cost.
     cost: u32,
     /// The request was sent then.
     sent: Instant,
@@ -35,17 +36,13 @@ struct Map {
 
 pub(crate) struct DenyCache {
     capacity: usize,
-    /// The smallest capacity of the limiter's limits: a larger cost is "never",
-    /// which Redis reports without any wait to cache.
-    max_cost: u64,
     map: Mutex<Map>,
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize, max_cost: u64) -> DenyCache {
+    pub(crate) fn new(capacity: usize) -> DenyCache {
         DenyCache {
             capacity,
-            max_cost,
             map: Mutex::new(Map {
                 entries: HashMap::new(),
                 earliest: None,
@@ -66,7 +63,7 @@ impl DenyCache {
             map.entries.remove(key);
             return None;
         }
-        if cost < entry.cost || u64::from(cost) > self.max_cost {
+        if cost != entry.cost {
             return None;
         }
         let d = entry.decision;
@@ -94,12 +91,8 @@ impl DenyCache {
             return;
         }
         let mut map = self.lock();
-        if let Some(old) = map.entries.get(key) {
-            // Keep the entry that covers more costs while it lasts.
-            if old.until > now && old.cost < cost {
-                return;
-            }
-        } else if map.entries.len() >= self.capacity {
+        // The latest denial of a key replaces its entry: the cost now asked for.
+        if !map.entries.contains_key(key) && map.entries.len() >= self.capacity {
             if map.earliest.is_some_and(|e| e <= now) {
                 map.entries.retain(|_, e| e.until > now);
                 map.earliest = map.entries.values().map(|e| e.until).min();
@@ -140,28 +133,27 @@ mod tests {
     }
 
     #[test]
-    fn a_denial_answers_larger_costs_until_it_ends() {
-        let cache = DenyCache::new(4, 5);
+    fn a_denial_answers_its_own_cost_until_it_ends() {
+        let cache = DenyCache::new(4);
         let t0 = Instant::now();
         cache.record("k", 3, t0, denied(Some(60_000)));
         assert_eq!(cache.lookup("k", 2, t0), None, "a smaller cost may fit");
+        assert_eq!(cache.lookup("k", 4, t0), None, "a larger cost waits longer");
         let d = cache.lookup("k", 3, t0 + Duration::from_secs(1)).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(59)));
         assert_eq!(d.reset_after(), Duration::from_secs(9));
-        assert!(cache.lookup("k", 5, t0).is_some());
-        assert_eq!(
-            cache.lookup("k", 6, t0),
-            None,
-            "above the capacity: never, not cached"
-        );
-        assert_eq!(cache.lookup("k", 4, t0 + Duration::from_secs(60)), None);
+        // A later denial of another cost replaces the entry.
+        cache.record("k", 2, t0, denied(Some(30_000)));
+        assert_eq!(cache.lookup("k", 3, t0), None);
+        assert!(cache.lookup("k", 2, t0).is_some());
+        assert_eq!(cache.lookup("k", 2, t0 + Duration::from_secs(30)), None);
         assert_eq!(cache.len(), 0, "an expired entry is dropped when found");
     }
 
     #[test]
     fn never_allowed_and_zero_costs_are_not_cached() {
-        let cache = DenyCache::new(4, 5);
+        let cache = DenyCache::new(4);
         let t0 = Instant::now();
         cache.record("never", 9, t0, denied(None));
         cache.record("zero", 0, t0, denied(Some(60_000)));
@@ -176,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_map_stays_within_its_capacity() {
-        let cache = DenyCache::new(2, 5);
+        let cache = DenyCache::new(2);
         let t0 = Instant::now();
         for key in ["a", "b", "c"] {
             cache.record(key, 1, t0, denied(Some(60_000)));

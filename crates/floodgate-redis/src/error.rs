@@ -104,8 +104,10 @@ pub enum RedisLimitError {
 }
 
 impl RedisLimitError {
-    /// Whether the same call may succeed later (a timeout or a connection problem),
-    /// as opposed to one that will fail again (a malformed state or reply).
+    /// Whether the same call may succeed later (a timeout, a connection problem, or
+    /// a server that is busy: loading, `BUSY` with another script, a cluster
+    /// reconfiguring), as opposed to one that will fail again (a malformed state or
+    /// reply).
     ///
     /// # Examples
     ///
@@ -124,6 +126,10 @@ impl RedisLimitError {
                     || e.is_connection_refusal()
                     || e.is_timeout()
                     || e.is_unrecoverable_error()
+                    // The server will serve again: it is loading its data, its
+                    // cluster is reconfiguring, or another client's script runs.
+                    || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
+                    || e.code() == Some("BUSY")
             }
             RedisLimitError::MalformedReply { .. } | RedisLimitError::TimeOutOfRange { .. } => {
                 false

@@ -53,6 +53,11 @@
 //!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
+//! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
+//!   applies the new interval from now on, as in process; a window state records
+//!   its period, so windows of another period start fresh, as in process; the log
+//!   judges its instants by the new period, as long as its key lives (the old
+//!   period's TTL, until the next admission sets the new one's).
 //!
 //! ## Exact arithmetic: microseconds
 //!
@@ -85,10 +90,12 @@
 //! fail open (admit), fail closed (deny), or return the [`RedisLimitError`]. A
 //! fallback answer is a [`Verdict::Fallback`], never mistaken for Redis's. **A call
 //! that timed out may still have charged**: Redis may have run the script and only the
-//! reply was late. The connection ([`connect`]) is a multiplexed
-//! [`ConnectionManager`] that reconnects by itself, so the limiter recovers without
-//! help when Redis comes back. Scripts run with `EVALSHA`; after a `SCRIPT FLUSH` or
-//! a restart the client loads the script again and retries (`NOSCRIPT`).
+//! reply was late; but no call is charged twice: a request is sent again only when
+//! Redis refused it without running it. The connection ([`connect`]) is a
+//! multiplexed [`ConnectionManager`] that reconnects by itself, so the limiter
+//! recovers without help when Redis comes back. Scripts run with `EVALSHA`; after a
+//! `SCRIPT FLUSH` or a restart the client loads the script again and retries
+//! (`NOSCRIPT`).
 //!
 //! ## Redis Cluster
 //!
@@ -103,9 +110,9 @@
 //! With [`RedisLimiterBuilder::deny_cache`], a key that Redis denied is denied again
 //! in process, without a round trip, until its `retry_after` has passed
 //! ([`Verdict::Cached`]): a client hammering past its limit costs Redis one call per
-//! wait, not one per request. Only costs at least as large as the denied one are
-//! answered (a smaller one may fit); "never" is not cached; the cache holds a bounded
-//! number of keys.
+//! wait, not one per request. Only the cost that was denied is answered (a smaller
+//! one may fit, and a larger one waits longer than the cached wait); "never" is not
+//! cached; the cache holds a bounded number of keys.
 //!
 //! ## Replay
 //!
@@ -163,6 +170,12 @@ pub enum Algorithm {
     /// Sliding window counter: the weighted two-window estimate.
     SlidingWindow,
     /// Sliding log: exact, a sorted set with one member per admitted instant.
+    ///
+    /// Memory grows with the window's traffic, up to `limit` members (each admitted
+    /// microsecond is one), but a decision reads only a few of them: each member
+    /// carries the running total of units, so the window's count is two reads and
+    /// a denial's wait a binary search, O(log² n) for n members (all n only when
+    /// the totals are counted again, past 2^52 units).
     SlidingLog,
 }
 
@@ -281,13 +294,16 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
 }
 
 /// A connection to a Redis Cluster through any of its nodes (`seeds`), tuned like
-/// [`connect`]: a connection attempt gives up after 1 s, and a failed request is
-/// retried up to 3 times, 10 to 100 ms apart.
+/// [`connect`]: a connection attempt gives up after 1 s.
 ///
 /// The connection learns the cluster's slot map and sends each script run to the
-/// node that owns its key's slot. It follows `MOVED` (refreshing the map) and `ASK`
-/// redirections, so a limiter keeps deciding while slots migrate, and loads a script
-/// on every primary when one answers `NOSCRIPT`.
+/// node that owns its key's slot. It re-sends no request by itself: one whose
+/// connection broke may have run, and a second run would charge the call twice.
+/// The limiter sends a script run again only when Redis refused it unrun: it
+/// follows `MOVED` (the connection refreshes its map) and `ASK` (`ASKING` on the
+/// importing node), so it keeps deciding while slots migrate; it waits out
+/// `TRYAGAIN` and `CLUSTERDOWN`; and it loads the script on every primary when one
+/// answers `NOSCRIPT`.
 ///
 /// # Errors
 ///
@@ -311,9 +327,9 @@ pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
 pub async fn connect_cluster(seeds: &[&str]) -> redis::RedisResult<ClusterConnection> {
     ClusterClientBuilder::new(seeds.to_vec())
         .connection_timeout(Duration::from_secs(1))
-        .retries(3)
-        .min_retry_wait(10)
-        .max_retry_wait(100)
+        // The client would re-send a request whose connection broke, which Redis may
+        // have run: the limiter re-sends only what Redis refused unrun.
+        .retries(0)
         .build()?
         .get_async_connection()
         .await
@@ -334,6 +350,12 @@ pub struct RedisLimiterBuilder {
 impl RedisLimiterBuilder {
     /// Every key is `prefix + key` (default `"floodgate:"`). It must not contain `{`,
     /// reserved for Redis Cluster hash tags.
+    ///
+    /// Limiters that share a prefix share state wherever their keys render alike —
+    /// also across shapes: a one-limit limiter's key `{k}:0` is limit 0 of a
+    /// multi-limit limiter's key `k`. Give each limiter with other policies or other
+    /// key sources a prefix of its own, so that no caller-chosen key reaches another
+    /// limiter's state.
     ///
     /// # Examples
     ///
@@ -362,11 +384,14 @@ impl RedisLimiterBuilder {
 
     /// Keeps up to `keys` recent denials in process (default 0: off). A key that
     /// Redis denied cost `n` with `retry_after` `r` is then denied locally
-    /// ([`Verdict::Cached`]), without a round trip, for any cost of at least `n` until
-    /// `r` has passed on the local clock since the request was sent. Denials only get
-    /// stronger while other callers add traffic, so the cached answer is Redis's own
-    /// as long as nobody resets the key behind the limiter's back. "Never" is not
-    /// cached, and neither is anything once `keys` live denials are held.
+    /// ([`Verdict::Cached`]), without a round trip, for the same cost `n` until `r`
+    /// has passed on the local clock since the request was sent; other costs go to
+    /// Redis (a smaller one may fit, a larger one waits longer than `r`). Denials only
+    /// get stronger while other callers add traffic, so the cached denial and its
+    /// wait are Redis's own (its `remaining` the one Redis reported) as long as nobody
+    /// resets the key behind the limiter's back. "Never" is not cached, and neither
+    /// is anything once `keys` live denials are held. The bound counts keys, each
+    /// held with its name: where callers choose keys, bound their length too.
     pub fn deny_cache(mut self, keys: usize) -> Self {
         self.deny_cache = keys;
         self
@@ -376,12 +401,13 @@ impl RedisLimiterBuilder {
     /// admits it, and then charges all of them (all or nothing, in one script run).
     ///
     /// With more than one limit, the limits of key `k` are stored under
-    /// `prefix{k}:0`, `prefix{k}:1`, …: the hash tag `{k}` puts them in one Redis
-    /// Cluster slot, so the one script may touch them all. The decision reported is
-    /// the tightest one: when admitted, the limit with the fewest units remaining; when
-    /// denied, the denying limit with the longest wait ("never" above all). That wait
-    /// is exact: without traffic a limit that admits now keeps admitting, and each
-    /// denying limit admits from its own `retry_after` on.
+    /// `prefix{k}:0`, `prefix{k}:1`, … ([`RedisLimiter::redis_keys`]): the hash tag
+    /// `{k}` puts them in one Redis Cluster slot, so the one script may touch them
+    /// all. The decision reported is the tightest one: when admitted, the limit with
+    /// the fewest units remaining; when denied, the denying limit with the longest
+    /// wait ("never" above all). That wait is exact: without traffic a limit that
+    /// admits now keeps admitting, and each denying limit admits from its own
+    /// `retry_after` on.
     ///
     /// # Examples
     ///
@@ -462,7 +488,7 @@ impl RedisLimiterBuilder {
             prefix: self.prefix,
             timeout: self.timeout,
             on_failure: self.on_failure,
-            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache, capacity)),
+            deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
         })
     }
 }
@@ -599,7 +625,9 @@ impl<C: Connection> RedisLimiter<C> {
 
     /// The Redis keys that `key`'s limits are stored under: `prefix + key` for one
     /// limit; `prefix{key}:i` for limit `i` of several (see
-    /// [`RedisLimiterBuilder::and`]).
+    /// [`RedisLimiterBuilder::and`]), with a `\` before a key that is empty or
+    /// starts with `}` or `\` (`prefix{\}:i` for `""`), so that the hash tag is
+    /// never empty.
     ///
     /// # Examples
     ///
@@ -616,12 +644,23 @@ impl<C: Connection> RedisLimiter<C> {
     /// # Ok(()) }
     /// ```
     pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
-        match self.limits.len() {
-            1 => vec![format!("{}{}", self.prefix, key)],
-            n => (0..n)
-                .map(|i| format!("{}{{{}}}:{}", self.prefix, key, i))
-                .collect(),
+        let n = self.limits.len();
+        if n == 1 {
+            return vec![format!("{}{}", self.prefix, key)];
         }
+        // Cluster hashes the text between the first `{` and the next `}`, but an
+        // empty tag (`{}`) hashes the whole key: a key that is empty or starts with
+        // `}` is stored after a `\` (and so is one that starts with `\`, so no two
+        // keys meet), which keeps the tag non-empty.
+        let key = key.to_string();
+        let escape = if key.is_empty() || key.starts_with(['}', '\\']) {
+            "\\"
+        } else {
+            ""
+        };
+        (0..n)
+            .map(|i| format!("{}{{{escape}{key}}}:{i}", self.prefix))
+            .collect()
     }
 
     /// Decides `cost` units for `key` (rendered with `Display` after the prefix) and
@@ -735,22 +774,22 @@ impl<C: Connection> RedisLimiter<C> {
         write: bool,
         now_micros: Option<u64>,
     ) -> Result<Decision, RedisLimitError> {
-        let mut invocation = script.prepare_invoke();
-        invocation.key(keys);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(keys.len()).arg(keys);
         if let Some(now) = now_micros {
             if now > MAX_NOW_MICROS {
                 return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
             }
-            invocation.arg(now);
+            evalsha.arg(now);
         }
-        invocation.arg(cost).arg(u8::from(write));
+        evalsha.arg(cost).arg(u8::from(write));
         match self.limits.as_slice() {
             [one] => {
-                invocation.arg(one.params[0]).arg(one.params[1]);
+                evalsha.arg(one.params[0]).arg(one.params[1]);
             }
             several => {
                 for l in several {
-                    invocation
+                    evalsha
                         .arg(script::code(l.algorithm))
                         .arg(l.params[0])
                         .arg(l.params[1]);
@@ -758,15 +797,15 @@ impl<C: Connection> RedisLimiter<C> {
             }
         }
         let mut conn = self.conn.clone();
-        let reply: redis::Value =
-            match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
-                Ok(reply) => reply?,
-                Err(_) => {
-                    return Err(RedisLimitError::Timeout {
-                        after: self.timeout,
-                    })
-                }
-            };
+        let sent = script::send(&mut conn, script, &evalsha);
+        let reply: redis::Value = match tokio::time::timeout(self.timeout, sent).await {
+            Ok(reply) => reply?,
+            Err(_) => {
+                return Err(RedisLimitError::Timeout {
+                    after: self.timeout,
+                })
+            }
+        };
         match self.limits.len() {
             1 => script::decision(&reply),
             n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {

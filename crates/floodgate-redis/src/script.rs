@@ -11,10 +11,14 @@
 //!   TTL (the replayed clock is not the server's, so a TTL would expire keys at the
 //!   wrong moment).
 
+use core::any::Any;
 use core::time::Duration;
 
 use floodgate::Decision;
-use redis::{Script, Value};
+use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Cmd, ErrorKind, RedisResult, Script, Value};
 
 use crate::error::RedisLimitError;
 use crate::Algorithm;
@@ -122,6 +126,86 @@ pub(crate) fn server_time(shape: Shape) -> Script {
 /// The replay script: the same transitions, time from the caller.
 pub(crate) fn given_time(shape: Shape) -> Script {
     Script::new(&source(GIVEN_TIME, shape))
+}
+
+/// The most times one script run is sent: the first, then once per refusal.
+const SENDS: usize = 5;
+
+/// The wait before sending again to a Cluster slot that is not ready.
+const NOT_READY_WAIT: Duration = Duration::from_millis(10);
+
+/// Sends `evalsha` (a script's `EVALSHA` with its keys and arguments) until Redis
+/// runs it or fails it.
+///
+/// Only a request that Redis refused **without running it** is sent again: for a
+/// script it lacks (`NOSCRIPT`: the script is loaded — on every primary of a
+/// Cluster — and run), a Cluster slot that moved (`MOVED`: the connection refreshes
+/// its slot map first), a slot in mid-migration (`ASK`: sent to the importing node
+/// after `ASKING`, in one pipeline) or one not ready (`TRYAGAIN`, `CLUSTERDOWN`),
+/// and a request never sent (no connection to the slot's node). Nothing else is: a
+/// request whose connection broke may have run, and a second run would charge the
+/// call again.
+pub(crate) async fn send<C>(conn: &mut C, script: &Script, evalsha: &Cmd) -> RedisResult<Value>
+where
+    C: ConnectionLike + Send + 'static,
+{
+    let mut ask: Option<String> = None;
+    let mut sent = 0;
+    loop {
+        sent += 1;
+        let reply = match &ask {
+            None => evalsha.query_async(conn).await,
+            Some(node) => asking(conn, node, evalsha).await,
+        };
+        let error = match reply {
+            Ok(value) => return Ok(value),
+            Err(error) if sent >= SENDS => return Err(error),
+            Err(error) => error,
+        };
+        match error.kind() {
+            ErrorKind::NoScriptError => {
+                script.load_async(conn).await?;
+            }
+            ErrorKind::Moved => ask = None,
+            ErrorKind::Ask => match error.redirect_node() {
+                Some((node, _slot)) => ask = Some(node.to_owned()),
+                None => return Err(error),
+            },
+            ErrorKind::TryAgain | ErrorKind::ClusterDown | ErrorKind::ClusterConnectionNotFound => {
+                ask = None;
+                tokio::time::sleep(NOT_READY_WAIT).await;
+            }
+            _ => return Err(error),
+        }
+    }
+}
+
+/// `ASKING` and `evalsha` in one pipeline to the Cluster node `node` (`host:port`),
+/// which is importing the slot.
+async fn asking<C: 'static>(conn: &mut C, node: &str, evalsha: &Cmd) -> RedisResult<Value> {
+    let refused = |detail: String| {
+        redis::RedisError::from((ErrorKind::ClientError, "cannot follow ASK", detail))
+    };
+    let Some(cluster) = (conn as &mut dyn Any).downcast_mut::<ClusterConnection>() else {
+        return Err(refused("not a Redis Cluster connection".to_owned()));
+    };
+    let Some((host, port)) = node
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host, port.parse().ok()?)))
+    else {
+        return Err(refused(format!("no port in {node:?}")));
+    };
+    let route = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(evalsha.clone());
+    let mut replies = cluster.route_pipeline(&pipe, 1, 1, route).await?;
+    match replies.pop() {
+        Some(reply) => reply.extract_error(),
+        None => Err(refused(format!("no reply from {node}"))),
+    }
 }
 
 /// A multi-limit script's reply: one decision per limit, in order.

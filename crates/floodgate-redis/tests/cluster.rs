@@ -1,11 +1,12 @@
 //! The limiter on a Redis Cluster: three primaries on loopback, started by the test
 //! (`redis-server --cluster-enabled yes` × 3, `redis-cli --cluster create`) and
 //! stopped on drop. Single-key calls go to the node owning the key's slot and decide
-//! exactly; multi-limit calls run on hash-tagged keys in one slot; a slot moved to
-//! another node (`MOVED`) keeps its state and its decisions; a node that lost the
-//! scripts (`NOSCRIPT`) gets them again.
+//! exactly; multi-limit calls run on hash-tagged keys in one slot, whatever the key;
+//! a slot moved to another node (`MOVED`) or in mid-migration (`ASK`) keeps its
+//! state and its decisions; a node that lost the scripts (`NOSCRIPT`) gets them
+//! again.
 //!
-//! One cluster serves every check (a cluster takes a few seconds to form).
+//! Each test starts a cluster of its own (a cluster takes a few seconds to form).
 
 mod common;
 
@@ -189,6 +190,23 @@ impl Cluster {
         panic!("no node owns slot {slot}:\n{map}");
     }
 
+    /// Starts moving `slot` from node `from` to node `to` (IMPORTING / MIGRATING) and
+    /// moves its keys (MIGRATE); the slot stays in mid-migration: the old owner
+    /// answers `ASK` for the keys it no longer has. Returns the keys moved.
+    fn migrate_keys(&self, slot: i64, from: usize, to: usize) -> Vec<String> {
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let (src_id, dst_id) = (src.id(), dst.id());
+        let slot = slot.to_string();
+        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+        let in_slot: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]);
+        let port = dst.port.to_string();
+        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        migrate.extend(in_slot.iter().map(String::as_str));
+        let _: String = src.cmd(&migrate);
+        in_slot
+    }
+
     /// One key per node, of the form `format(i)`: `{node index: key}`.
     fn key_per_node(&self, redis_key: impl Fn(&str) -> String) -> BTreeMap<usize, String> {
         let mut keys = BTreeMap::new();
@@ -352,16 +370,9 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
     let (before, after) = TRACE.split_at(5);
     replay_matches(&rt, &limiter, &mut model, key, TODAY_MICROS, before);
     let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
-    let (src_id, dst_id) = (src.id(), dst.id());
-    let slot_s = slot.to_string();
-    let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
-    let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
-    let in_slot: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "1000"]);
+    let in_slot = cluster.migrate_keys(slot, from, to);
     assert!(in_slot.contains(&stored), "{stored} not in slot {slot}");
-    let port = dst.port.to_string();
-    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-    migrate.extend(in_slot.iter().map(String::as_str));
-    let _: String = src.cmd(&migrate);
+    let (slot_s, dst_id) = (slot.to_string(), dst.id());
     for node in [dst, src].into_iter().chain(&cluster.nodes) {
         let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
     }
@@ -423,4 +434,93 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
         (true, 1),
         "the first key kept its state"
     );
+}
+
+/// A multi-limit call touches one slot whatever the key: Redis Cluster hashes the
+/// text between the first `{` and the next `}`, and an empty tag (`{}`: the key is
+/// empty or starts with `}`) hashes the whole key instead, which would spread one
+/// call's keys over several slots (`CROSSSLOT`). Distinct keys stay distinct.
+#[test]
+fn every_key_of_a_multi_limit_call_shares_one_slot() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let minute = Duration::from_secs(60);
+    let builder = RedisLimiter::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
+        .and(
+            Algorithm::FixedWindow,
+            Policy::new(2, minute).expect("policy"),
+        )
+        .and(
+            Algorithm::SlidingLog,
+            Policy::new(5, minute).expect("policy"),
+        )
+        .prefix("tags:");
+    let limiter = build(&rt, &cluster, builder);
+    let keys = [
+        "", "}", "}x", "}:0", "\\", "\\}x", "\\\\", "{", "{}", "a}b", "x{y}z", " ",
+    ];
+    let mut stored = std::collections::BTreeSet::new();
+    for key in keys {
+        let redis_keys = limiter.redis_keys(key);
+        let slots: Vec<i64> = redis_keys
+            .iter()
+            .map(|k| cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", k]))
+            .collect();
+        assert!(
+            slots.iter().all(|&s| s == slots[0]),
+            "key {key:?}: {redis_keys:?} span the slots {slots:?}"
+        );
+        for k in &redis_keys {
+            assert!(stored.insert(k.clone()), "{k} stores two keys' limits");
+        }
+        let d = rt
+            .block_on(limiter.check_n(key, 1))
+            .unwrap_or_else(|e| panic!("key {key:?}: {e}"));
+        assert!(
+            matches!(d, floodgate_redis::Verdict::Decided(d) if d.is_allowed() && d.remaining() == 1),
+            "key {key:?}: {d:?}"
+        );
+    }
+}
+
+/// A slot in mid-migration: its keys already moved, the old owner answers `ASK`,
+/// and the limiter decides on the new owner (`ASKING`) with the state that moved —
+/// a single key, and a multi-limit call's hash-tagged keys (two equal windows:
+/// one model stands for both).
+#[test]
+fn a_slot_in_mid_migration_is_followed_with_asking() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let (limit, period_us) = (4, 1_000_000);
+    let policy = Policy::new(limit, Duration::from_micros(period_us)).expect("policy");
+    let algorithm = Algorithm::FixedWindow;
+    let single = RedisLimiter::builder(algorithm, policy).prefix("ask:");
+    let multi = single.clone().and(algorithm, policy).prefix("ask-multi:");
+    let (before, after) = TRACE.split_at(5);
+    for builder in [single, multi] {
+        let limiter = build(&rt, &cluster, builder);
+        let key = "k-ask";
+        let stored = limiter.redis_keys(key);
+        let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &stored[0]]);
+        let from = cluster.slot_owner(slot);
+        let to = (from + 1) % cluster.nodes.len();
+        let mut model = Model::new(algorithm, limit, period_us * 1_000, limit);
+        replay_matches(&rt, &limiter, &mut model, key, TODAY_MICROS, before);
+        let moved = cluster.migrate_keys(slot, from, to);
+        for k in &stored {
+            assert!(moved.contains(k), "{k} not moved");
+            let ask = cluster.nodes[from].query::<i64>(&["EXISTS", k]);
+            assert!(
+                ask.as_ref()
+                    .is_err_and(|e| e.kind() == redis::ErrorKind::Ask),
+                "the old owner does not redirect {k}: {ask:?}"
+            );
+        }
+        let start = TODAY_MICROS + before.iter().map(|op| op.0).sum::<u64>();
+        replay_matches(&rt, &limiter, &mut model, key, start, after);
+    }
 }

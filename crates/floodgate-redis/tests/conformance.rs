@@ -5,13 +5,16 @@
 
 mod common;
 
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{limiter, runtime, whole_micros, Model, RedisServer};
 use floodgate::reference::ExactGcra;
 use floodgate::{Decision, Policy};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use floodgate_redis::{
+    Algorithm, OnFailure, RedisLimitError, RedisLimiter, MAX_NOW_MICROS, MAX_SPAN_MICROS,
+};
 use proptest::prelude::*;
 
 /// 2026-11-30 in microseconds since the epoch, plus an odd offset so windows do
@@ -28,8 +31,8 @@ struct Op {
 
 static KEYS: AtomicU64 = AtomicU64::new(0);
 
-/// Replays `ops` from `origin` µs through Redis and the model; the first difference
-/// fails the case.
+/// Replays `ops` through Redis and the model, the clock kept within `times` (µs);
+/// the first difference fails the case.
 #[allow(clippy::too_many_arguments)]
 fn conform(
     rt: &tokio::runtime::Runtime,
@@ -38,14 +41,15 @@ fn conform(
     limit: u64,
     period_us: u64,
     burst: u64,
-    origin: u64,
+    times: RangeInclusive<u64>,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let key = format!("conform:{}", KEYS.fetch_add(1, Ordering::Relaxed));
     let mut model = Model::new(algorithm, limit, period_us * 1_000, burst);
-    let mut now = origin + 3 * period_us;
+    let (origin, latest) = times.into_inner();
+    let mut now = origin.saturating_add(3 * period_us).min(latest);
     for (i, op) in ops.iter().enumerate() {
-        now = now.saturating_add_signed(op.step).max(origin);
+        now = now.saturating_add_signed(op.step).clamp(origin, latest);
         let got = rt.block_on(async {
             if op.peek {
                 redis.peek_n_at_micros(&key, op.cost, now).await
@@ -117,7 +121,7 @@ fn run(algorithm: Algorithm) {
             .map_err(|e| TestCaseError::reject(e.to_string()))?;
         let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, Duration::from_secs(5));
         for origin in [0, TODAY_MICROS] {
-            conform(&rt, &redis, algorithm, limit, period, burst, origin, &ops)?;
+            conform(&rt, &redis, algorithm, limit, period, burst, origin..=u64::MAX, &ops)?;
         }
     });
 }
@@ -140,6 +144,172 @@ fn sliding_window_matches_the_exact_model() {
 #[test]
 fn sliding_log_matches_the_exact_model() {
     run(Algorithm::SlidingLog);
+}
+
+/// The largest policies the limiter accepts, at the latest times it decides at:
+/// every sum and product a script computes sits at the top of a double's exact
+/// range (`now + B·T` and `(L + 1)·P` up to 2^53, `now` up to 2^52), costs reach
+/// `u32::MAX`, and the decisions still equal the exact models' (u128 nanoseconds);
+/// a later time is refused.
+#[test]
+fn the_edges_of_the_exact_range_match_the_exact_model() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // (algorithm, limit, period µs, burst, clock steps' scale µs, largest cost)
+    let edges = [
+        // T = 2^20 µs, B·T = 2^51 µs.
+        (
+            Algorithm::Gcra,
+            1,
+            1 << 20,
+            1 << 31,
+            MAX_SPAN_MICROS,
+            u32::MAX,
+        ),
+        // 2·P = 2^51 µs; counts beyond u32.
+        (
+            Algorithm::FixedWindow,
+            1 << 33,
+            1 << 50,
+            1,
+            1 << 50,
+            u32::MAX,
+        ),
+        // (L + 1)·P = 2^53 µs.
+        (
+            Algorithm::SlidingWindow,
+            (1 << 31) - 1,
+            1 << 22,
+            1,
+            1 << 22,
+            u32::MAX,
+        ),
+        // 2·P = 2^51 µs (the model keeps one entry per unit: a small limit).
+        (Algorithm::SlidingLog, 8, 1 << 50, 1, 1 << 50, 9),
+    ];
+    let times = MAX_NOW_MICROS - MAX_SPAN_MICROS..=MAX_NOW_MICROS;
+    let config = config();
+    for (algorithm, limit, period, burst, scale, max_cost) in edges {
+        let policy = Policy::new(limit, Duration::from_micros(period))
+            .and_then(|p| p.with_burst(burst.max(limit)))
+            .unwrap();
+        let redis = limiter(
+            &rt,
+            &server,
+            algorithm,
+            policy,
+            OnFailure::Error,
+            Duration::from_secs(5),
+        );
+        let burst = policy.burst();
+        proptest!(config.clone(), |(ops in ops(scale, max_cost))| {
+            conform(&rt, &redis, algorithm, limit, period, burst, times.clone(), &ops)?;
+        });
+        // One microsecond later is refused, and writes nothing.
+        for late in [MAX_NOW_MICROS + 1, u64::MAX] {
+            let refused = rt.block_on(redis.check_n_at_micros("late", 1, late));
+            assert!(
+                matches!(refused, Err(RedisLimitError::TimeOutOfRange { now_micros }) if now_micros == late),
+                "{algorithm:?} at {late}: {refused:?}"
+            );
+        }
+        assert_eq!(server.cmd::<i64>(&["EXISTS", "test:late"]), 0);
+    }
+}
+
+/// A window limiter whose period changes (a redeploy on the same prefix) starts its
+/// windows fresh, as the in-process one does: the old state's window index counts
+/// windows of the old period, and read as one of the new period it would name a
+/// window thousands of years ahead — counted in, written back with a TTL as long,
+/// and denying the key for good once full. GCRA and the log keep absolute times and
+/// carry on.
+#[test]
+fn a_window_whose_period_changes_starts_fresh() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let slow = Duration::from_secs(5);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let key = format!("period:{algorithm:?}");
+        let mut now = TODAY_MICROS;
+        for period_us in [1_000_000, 60_000_000, 1_000_000, 7_000_000] {
+            let policy = Policy::new(3, Duration::from_micros(period_us)).unwrap();
+            let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow);
+            let mut model = Model::new(algorithm, 3, period_us * 1_000, 3);
+            for cost in [2, 1, 1] {
+                let got = rt
+                    .block_on(redis.check_n_at_micros(&key, cost, now))
+                    .unwrap();
+                let want = whole_micros(model.decide(now * 1_000, cost, false));
+                assert_eq!(got, want, "{algorithm:?}, period {period_us} µs, at {now}");
+                now += 1_000;
+            }
+        }
+    }
+}
+
+/// The sliding log's members carry running totals of units; past 2^52 the log
+/// counts from its oldest live member again and decides on exactly.
+#[test]
+fn a_sliding_log_past_2_pow_52_units_counts_on_exactly() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let (limit, period_us) = (10, 1_000_000);
+    let policy = Policy::new(limit, Duration::from_micros(period_us)).unwrap();
+    let slow = Duration::from_secs(5);
+    let redis = limiter(
+        &rt,
+        &server,
+        Algorithm::SlidingLog,
+        policy,
+        OnFailure::Error,
+        slow,
+    );
+    let mut model = Model::new(Algorithm::SlidingLog, limit, period_us * 1_000, limit);
+    // A log that has admitted 2^52 - 1 units: 3 at t, then 1 at t + 1 µs.
+    let t = TODAY_MICROS;
+    let top = (1_u64 << 52) - 1;
+    for (at, units, total) in [(t, 3, top - 1), (t + 1, 1, top)] {
+        let member = format!("{at}:{units}:{total}");
+        let _: i64 = server.cmd(&["ZADD", "test:big", &at.to_string(), &member]);
+        assert!(model.decide(at * 1_000, units, false).is_allowed());
+    }
+    let newest_total = || {
+        let newest: Vec<String> = server.cmd(&["ZRANGE", "test:big", "-1", "-1"]);
+        newest[0]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let ops = [
+        (10, 2),
+        (0, 5),
+        (1, 1),
+        (5, 3),
+        (999_990, 4),
+        (2, 7),
+        (1_000_000, 6),
+    ];
+    let mut now = t + 1;
+    for (i, (step, cost)) in ops.into_iter().enumerate() {
+        now += step;
+        let got = rt
+            .block_on(redis.check_n_at_micros("big", cost, now))
+            .unwrap();
+        let want = whole_micros(model.decide(now * 1_000, cost, false));
+        assert_eq!(got, want, "op {i} at {now}");
+        assert!(
+            newest_total() < 100,
+            "op {i}: the totals were not counted again"
+        );
+    }
 }
 
 /// A GCRA interval that is not whole microseconds is rounded up: the script serves

@@ -1,6 +1,6 @@
 //! The local denial cache: a denied key is answered without a round trip until its
-//! wait ends — even with Redis gone — while "never", smaller costs and cost 0 still
-//! go to Redis.
+//! wait ends — even with Redis gone — while "never", other costs and cost 0 still go
+//! to Redis.
 
 mod common;
 
@@ -46,22 +46,20 @@ fn a_denial_is_answered_locally_until_its_wait_ends() {
     assert!(matches!(denied, Verdict::Decided(d) if !d.is_allowed()));
     assert_eq!(l.cached_denials(), 1);
 
-    // Redis is gone; costs of at least 2 are still denied, from the cache.
+    // Redis is gone; cost 2 is still denied, from the cache.
     server.kill();
-    for cost in [2, 3] {
-        match rt.block_on(l.check_n("k", cost)) {
-            Ok(Verdict::Cached(d)) => {
-                assert!(!d.is_allowed());
-                let retry = d.retry_after().unwrap();
-                assert!(retry <= denied.decision().retry_after().unwrap());
-                assert!(retry > Duration::from_secs(3_000), "{retry:?}");
-            }
-            other => panic!("cost {cost}: a cached denial expected, got {other:?}"),
+    match rt.block_on(l.check_n("k", 2)) {
+        Ok(Verdict::Cached(d)) => {
+            assert!(!d.is_allowed());
+            let retry = d.retry_after().unwrap();
+            assert!(retry <= denied.decision().retry_after().unwrap());
+            assert!(retry > Duration::from_secs(3_000), "{retry:?}");
         }
+        other => panic!("a cached denial expected, got {other:?}"),
     }
     assert!(rt.block_on(l.peek_n("k", 2)).unwrap().is_cached());
-    // A smaller cost, cost 0 and "never" need Redis: errors now.
-    for cost in [1, 0, 4] {
+    // A smaller cost, a larger one, cost 0 and "never" need Redis: errors now.
+    for cost in [1, 3, 0, 4] {
         assert!(rt.block_on(l.check_n("k", cost)).is_err(), "cost {cost}");
     }
 }
@@ -126,4 +124,45 @@ fn the_cache_holds_at_most_its_capacity() {
     // The uncached keys still get Redis's (identical) denial.
     let d = rt.block_on(l.check_n("d", 1)).unwrap();
     assert!(matches!(d, Verdict::Decided(d) if !d.is_allowed()));
+}
+
+/// A cached denial never reports a wait that Redis would not: after a denial of
+/// cost 1, costs 2 and 3 wait two and three intervals at Redis, not the one
+/// interval of the cost-1 denial — whoever answers, the wait is Redis's own, aged
+/// by at most the moments between the two calls.
+#[test]
+fn a_cached_denial_reports_the_wait_redis_would_for_its_cost() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // A burst of 3, one more an hour.
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(3)).unwrap();
+    let cached = cached_limiter(&rt, &server, policy, 16);
+    let uncached = cached_limiter(&rt, &server, policy, 0);
+    assert!(rt
+        .block_on(cached.check_n("k", 3))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    let denied = rt.block_on(cached.check_n("k", 1)).unwrap();
+    assert!(matches!(denied, Verdict::Decided(d) if !d.is_allowed()));
+    for cost in [1, 2, 3, 1] {
+        let redis = match rt.block_on(uncached.peek_n("k", cost)).unwrap() {
+            Verdict::Decided(d) => d.retry_after().unwrap(),
+            other => panic!("cost {cost}: {other:?}"),
+        };
+        let answer = rt.block_on(cached.check_n("k", cost)).unwrap();
+        let d = answer.decision();
+        assert!(!d.is_allowed(), "cost {cost}: {answer:?}");
+        let retry = d.retry_after().unwrap();
+        assert!(
+            retry <= redis,
+            "cost {cost}: {retry:?} beyond Redis's {redis:?}"
+        );
+        assert!(
+            retry + Duration::from_secs(1) >= redis,
+            "cost {cost}: {answer:?} waits {retry:?}, Redis {redis:?}"
+        );
+    }
 }

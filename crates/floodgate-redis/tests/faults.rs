@@ -1,15 +1,17 @@
 //! Faults: a killed server, a restart on the same port, a flushed script cache, a
-//! blocked server, and keys holding what the scripts did not write. No call panics,
-//! each returns within generous bounds of its 50 ms timeout, and the limiter recovers
-//! by itself.
+//! blocked server, a server busy with another script, and keys holding what the
+//! scripts did not write. No call panics, each returns within generous bounds of its
+//! 50 ms timeout, and the limiter recovers by itself.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{limiter, runtime, RedisServer, ALGORITHMS};
+use common::{build, flood, limiter, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
@@ -163,14 +165,7 @@ fn a_blocked_server_times_out_promptly() {
     until_decided(&rt, &open, Duration::from_secs(5));
 
     // DEBUG SLEEP 0.3 from a raw connection: the server blocks for 300 ms.
-    let url = server.url();
-    let addr = url
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
-    let mut raw = TcpStream::connect(&addr).unwrap();
-    raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.3\r\n")
-        .unwrap();
+    let mut raw = send_raw(&server, &["DEBUG", "SLEEP", "0.3"]);
     // Give the server time to start sleeping; 200 ms of the sleep remain for two
     // calls of 50 ms.
     std::thread::sleep(Duration::from_millis(100));
@@ -234,5 +229,130 @@ fn keys_holding_other_data_are_typed_errors_not_panics() {
                 other => panic!("{algorithm:?} on {key}: a Redis error expected, got {other:?}"),
             }
         }
+    }
+}
+
+/// A server busy running another client's slow script answers `BUSY` until that
+/// script ends: the same call succeeds later, so the error is retryable.
+#[test]
+fn a_server_busy_with_a_slow_script_is_a_retryable_error() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let slow = Duration::from_secs(5);
+    let l = limiter(
+        &rt,
+        &server,
+        Algorithm::Gcra,
+        policy(),
+        OnFailure::Error,
+        slow,
+    );
+    until_decided(&rt, &l, slow);
+    // Others get BUSY once a script has run 10 ms; this one runs until killed.
+    let _: () = server.cmd(&["CONFIG", "SET", "busy-reply-threshold", "10"]);
+    let mut spin = send_raw(&server, &["EVAL", "while 1 do end", "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+
+    let e = rt.block_on(l.check_n("k", 1)).unwrap_err();
+    assert!(e.to_string().contains("BUSY"), "{e}");
+    assert!(e.is_retryable(), "{e}");
+
+    // SCRIPT KILL on a raw connection (a client's PING would be BUSY too).
+    let mut ok = [0_u8; 5];
+    send_raw(&server, &["SCRIPT", "KILL"])
+        .read_exact(&mut ok)
+        .unwrap();
+    assert_eq!(&ok, b"+OK\r\n");
+    let mut killed = [0_u8; 1];
+    spin.read_exact(&mut killed).unwrap();
+    assert_eq!(&killed, b"-", "the slow script ends in an error");
+    until_decided(&rt, &l, slow);
+}
+
+/// Sends `args` as one command on a new raw connection, for commands that block the
+/// server or must pass while it is blocked; the reply is left to read.
+fn send_raw(server: &RedisServer, args: &[&str]) -> TcpStream {
+    let addr = server.url();
+    let addr = addr.trim_start_matches("redis://").trim_end_matches('/');
+    let mut command = format!("*{}\r\n", args.len());
+    for a in args {
+        command.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(command.as_bytes()).unwrap();
+    raw
+}
+
+/// `SCRIPT FLUSH` over and over while 32 tasks hammer one key: every `NOSCRIPT` is
+/// reloaded and run once — the burst is admitted exactly, never once more. (A call
+/// whose every reload was flushed again fails `NOSCRIPT`, uncharged.)
+#[test]
+fn script_flushes_under_load_neither_fail_nor_double_charge() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let burst = 50;
+    let daily = Policy::per_day(1)
+        .and_then(|p| p.with_burst(burst))
+        .unwrap();
+    let slow = Duration::from_secs(10);
+    let l = limiter(&rt, &server, Algorithm::Gcra, daily, OnFailure::Error, slow);
+    until_decided(&rt, &l, slow);
+    let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+    let flushing = Arc::new(AtomicBool::new(true));
+    let flusher = {
+        let (flushing, mut conn) = (Arc::clone(&flushing), server.connection().unwrap());
+        std::thread::spawn(move || {
+            let mut flushes = 0_u32;
+            while flushing.load(Ordering::SeqCst) {
+                redis::cmd("SCRIPT").arg("FLUSH").exec(&mut conn).unwrap();
+                flushes += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            flushes
+        })
+    };
+    let no_script = |e: &RedisLimitError| matches!(e, RedisLimitError::Redis(e) if e.kind() == redis::ErrorKind::NoScriptError);
+    let admitted = flood(&rt, vec![l], "flushed", (32, 20), |_, _| 1, no_script);
+    flushing.store(false, Ordering::SeqCst);
+    assert!(flusher.join().unwrap() > 0);
+    let errors: String = server.cmd(&["INFO", "errorstats"]);
+    assert!(
+        errors.contains("errorstat_NOSCRIPT:count="),
+        "no call met a flushed cache: {errors}"
+    );
+    assert_eq!(admitted, burst, "640 calls, a burst of {burst}");
+}
+
+/// A multi-limit call whose second key holds what the scripts did not write fails
+/// before charging any: the first key stays as it was.
+#[test]
+fn a_malformed_key_of_several_charges_none() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let builder = RedisLimiter::builder(Algorithm::Gcra, policy())
+        .and(Algorithm::FixedWindow, policy())
+        .and(Algorithm::SlidingLog, policy())
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error);
+    let l = build(&rt, &server, builder);
+    for (bad, value) in [(1, "12:x"), (2, "not a sorted set"), (1, "9:9")] {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let keys = l.redis_keys("u");
+        let _: () = server.cmd(&["SET", &keys[bad], value]);
+        match rt.block_on(l.check_n("u", 1)) {
+            Err(RedisLimitError::Redis(e)) => assert!(!e.to_string().is_empty()),
+            other => panic!("key {bad} = {value:?}: a Redis error expected, got {other:?}"),
+        }
+        assert_eq!(
+            server.cmd::<i64>(&["DBSIZE"]),
+            1,
+            "key {bad} = {value:?}: another key was charged"
+        );
     }
 }

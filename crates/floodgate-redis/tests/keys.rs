@@ -1,5 +1,6 @@
-//! What the production scripts (server `TIME`) leave in Redis: idle keys expire, and
-//! a peek, a cost of 0, a cost above the capacity and a denial write nothing.
+//! What the production scripts (server `TIME`) leave in Redis: idle keys expire, no
+//! key before its state is fresh again, and a peek, a cost of 0, a cost above the
+//! capacity and a denial write nothing.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{limiter, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
 fn decided(v: Result<Verdict, floodgate_redis::RedisLimitError>) -> floodgate::Decision {
     match v {
@@ -164,5 +165,87 @@ fn several_limits_share_a_hash_tag_and_charge_all_or_nothing() {
     assert_eq!(server.cmd::<i64>(&["DBSIZE"]), 2);
     for key in ["test:{u}:0", "test:{u}:1"] {
         assert!(server.cmd::<i64>(&["PTTL", key]) > 0, "{key} has a TTL");
+    }
+}
+
+/// A key lives as long as its state matters, and not much longer: its TTL is the
+/// decision's `reset_after` (until the state is fresh again: GCRA's TAT, the end of
+/// the fixed window, of the sliding window after the one counted in, the newest
+/// log entry's exit) rounded up to a millisecond. An earlier expiry would hand out
+/// a fresh limit early.
+#[test]
+fn every_key_lives_exactly_as_long_as_its_state_matters() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let policy = Policy::per_hour(3).unwrap();
+    for algorithm in ALGORITHMS {
+        let l = slow(&rt, &server, algorithm, policy);
+        for cost in [1, 2] {
+            let d = decided(rt.block_on(l.check_n("ttl", cost)));
+            assert!(d.is_allowed(), "{algorithm:?}");
+            let ttl: u128 = server.cmd::<u64>(&["PTTL", "test:ttl"]).into();
+            let reset = d.reset_after().as_micros();
+            // Up to a millisecond above (rounding), and below only by the time the
+            // PTTL comes after the decision (generous on a loaded machine).
+            assert!(
+                ttl * 1_000 <= reset + 1_000 && ttl * 1_000 + 1_000_000 >= reset,
+                "{algorithm:?} cost {cost}: PTTL {ttl} ms, reset_after {reset} µs"
+            );
+        }
+        let _: () = server.cmd(&["DEL", "test:ttl"]);
+    }
+}
+
+/// Keys are data, never code or protocol: spaces, CR LF, NUL, braces, quotes, Lua
+/// syntax, non-ASCII and a megabyte-long key are each stored under exactly
+/// `prefix + key` and decide alone — also when the script's error names a
+/// malformed key (CR LF in an error reply would split it).
+#[test]
+fn keys_with_any_characters_are_stored_as_given() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let l = slow(&rt, &server, Algorithm::Gcra, Policy::per_hour(3).unwrap());
+    let long = "k".repeat(1 << 20);
+    let keys = [
+        "a b",
+        "line\r\n+OK\r\n",
+        "nul\0byte",
+        "{tag}",
+        "'; return {1,2,3,4,5} --",
+        "]]..redis.call('FLUSHALL')..[[",
+        "ключ🔑",
+        long.as_str(),
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        let d = decided(rt.block_on(l.check_n(*key, 1)));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "key {i}");
+        let mut conn = server.connection().unwrap();
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(format!("test:{key}"))
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(exists, 1, "key {i}");
+        assert_eq!(server.cmd::<usize>(&["DBSIZE"]), i + 1, "key {i}");
+    }
+    // A malformed state under a key with CR LF: one error, and the connection
+    // still answers the next call rightly.
+    let evil = "evil\r\n:1\r\n";
+    let mut conn = server.connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("test:{evil}"))
+        .arg("not a number")
+        .query(&mut conn)
+        .unwrap();
+    for _ in 0..3 {
+        match rt.block_on(l.check_n(evil, 1)) {
+            Err(RedisLimitError::Redis(e)) => assert!(e.to_string().contains("malformed")),
+            other => panic!("an error expected, got {other:?}"),
+        }
+        let d = decided(rt.block_on(l.peek_n("a b", 1)));
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 1), "{d:?}");
     }
 }

@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{limiter, runtime, RedisServer};
+use common::{build, flood, limiter, runtime, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, Verdict};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder, Verdict};
 
 /// GCRA, one unit a day after a burst of `burst`: nothing refills during the test.
 fn daily(burst: u64) -> Policy {
@@ -26,36 +26,16 @@ fn concurrent_tasks_on_one_key_admit_exactly_the_burst() {
     };
     let rt = runtime();
     const BURST: u64 = 100;
-    let limiter = Arc::new(limiter(
+    let slow = Duration::from_secs(10);
+    let limiter = limiter(
         &rt,
         &server,
         Algorithm::Gcra,
         daily(BURST),
         OnFailure::Error,
-        Duration::from_secs(10),
-    ));
-    let admitted: u64 = rt.block_on(async {
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let limiter = Arc::clone(&limiter);
-                tokio::spawn(async move {
-                    let mut admitted = 0;
-                    for _ in 0..5 {
-                        match limiter.check_n("hammer", 1).await {
-                            Ok(Verdict::Decided(d)) => admitted += u64::from(d.is_allowed()),
-                            other => panic!("no decision: {other:?}"),
-                        }
-                    }
-                    admitted
-                })
-            })
-            .collect();
-        let mut total = 0;
-        for t in tasks {
-            total += t.await.unwrap();
-        }
-        total
-    });
+        slow,
+    );
+    let admitted = flood(&rt, vec![limiter], "hammer", (64, 5), |_, _| 1, |_| false);
     assert_eq!(
         admitted, BURST,
         "320 calls on one key admit exactly the burst"
@@ -207,4 +187,95 @@ fn get_then_set_over_admits_when_both_read_before_either_writes() {
         .filter(|v| !v.is_fallback() && v.decision().is_allowed())
         .count();
     assert_eq!(admitted, 1);
+}
+
+/// Windows of 2^47 µs (about 4.5 years): no window edge passes during the test, so
+/// nothing refills and the admitted count is exact.
+fn long_windows(limit: u64) -> Policy {
+    Policy::new(limit, Duration::from_micros(1 << 47)).unwrap()
+}
+
+/// Costs 1 and 2 in turn.
+fn one_or_two(task: u32, call: u32) -> u32 {
+    1 + (task + call) % 2
+}
+
+/// Every algorithm, 4 connections × 16 tasks on one key with costs 1 and 2: the
+/// units admitted are exactly the limit (each call's units fit or are refused
+/// whole, and the flood asks for far more), never one more.
+#[test]
+fn every_algorithm_admits_exactly_its_limit_under_concurrent_connections() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 41;
+    for algorithm in common::ALGORITHMS {
+        let policy = match algorithm {
+            Algorithm::Gcra => daily(LIMIT),
+            _ => long_windows(LIMIT),
+        };
+        let limiters = (0..4)
+            .map(|_| {
+                let slow = Duration::from_secs(10);
+                limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow)
+            })
+            .collect();
+        let admitted = flood(
+            &rt,
+            limiters,
+            "every-algorithm",
+            (16, 6),
+            one_or_two,
+            |_| false,
+        );
+        // Odd limit, costs 1 and 2: the last unit is taken by a cost-1 call.
+        assert_eq!(admitted, LIMIT, "{algorithm:?}");
+        let _: () = server.cmd(&["FLUSHALL"]);
+    }
+}
+
+/// Three limits on one key under the same flood: a call is charged on all of them
+/// or on none, so each limit has spent exactly the units admitted — the tightest
+/// limit's 25 (odd, taken whole by a cost-1 call) — and the others keep the rest.
+#[test]
+fn several_limits_charge_all_or_nothing_under_concurrent_connections() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limits = [
+        (Algorithm::Gcra, daily(50)),
+        (Algorithm::FixedWindow, long_windows(25)),
+        (Algorithm::SlidingLog, long_windows(30)),
+    ];
+    let slow = Duration::from_secs(10);
+    let connect = |builder: RedisLimiterBuilder| {
+        build(
+            &rt,
+            &server,
+            builder.timeout(slow).on_failure(OnFailure::Error),
+        )
+    };
+    let limiters = (0..4)
+        .map(|_| {
+            let [(a0, p0), (a1, p1), (a2, p2)] = limits;
+            connect(RedisLimiter::builder(a0, p0).and(a1, p1).and(a2, p2))
+        })
+        .collect();
+    let admitted = flood(&rt, limiters, "all", (16, 6), one_or_two, |_| false);
+    assert_eq!(admitted, 25, "the fixed window's 25 units");
+    // Each limit alone, through a one-limit limiter on its stored key.
+    for (i, (algorithm, policy)) in limits.into_iter().enumerate() {
+        let alone = connect(RedisLimiter::builder(algorithm, policy));
+        let d = match rt.block_on(alone.peek_n(&format!("{{all}}:{i}"), 0)) {
+            Ok(Verdict::Decided(d)) => d,
+            other => panic!("no decision: {other:?}"),
+        };
+        assert_eq!(
+            d.limit() - d.remaining(),
+            admitted,
+            "{algorithm:?} spent other units than were admitted"
+        );
+    }
 }

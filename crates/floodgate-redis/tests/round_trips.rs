@@ -4,7 +4,8 @@
 //! failed `EVALSHA` (`NOSCRIPT`) and one `SCRIPT LOAD` — and no `EVAL`. Commandstats
 //! also counts the commands a script calls inside (`TIME`, `GET`, `SET`, …), so
 //! `MONITOR` (through `redis-cli`), which tells a script's commands (`[0 lua]`) from a
-//! client's, shows that the limiter's connection sent nothing but those.
+//! client's, shows that the limiter's connection sent nothing but those — and that a
+//! sliding-log decision reads a few members of the log, not the whole window.
 
 mod common;
 
@@ -81,23 +82,46 @@ impl Monitor {
     /// The commands sent by clients (not by scripts) since the last call, by client
     /// address, in order, up to the sentinel (which is left out).
     fn client_commands(&mut self, server: &RedisServer) -> BTreeMap<String, Vec<String>> {
-        let _: String = server.cmd(&["ECHO", SENTINEL]);
         let mut by_client: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (client, command) in self.commands(server) {
+            if client != "lua" {
+                let name = command.into_iter().next().unwrap_or_default();
+                by_client
+                    .entry(client)
+                    .or_default()
+                    .push(name.to_lowercase());
+            }
+        }
+        by_client
+    }
+
+    /// The commands that scripts ran since the last call, each with its arguments.
+    fn script_commands(&mut self, server: &RedisServer) -> Vec<Vec<String>> {
+        let commands = self.commands(server).into_iter();
+        commands
+            .filter(|(client, _)| client == "lua")
+            .map(|(_, command)| command)
+            .collect()
+    }
+
+    /// Every command since the last call, with who sent it (a client address or
+    /// `lua`), up to the sentinel (which is left out).
+    fn commands(&mut self, server: &RedisServer) -> Vec<(String, Vec<String>)> {
+        let _: String = server.cmd(&["ECHO", SENTINEL]);
+        let mut commands = Vec::new();
         for line in &mut self.lines {
             let line = line.expect("UTF-8");
             if line.contains(SENTINEL) {
-                return by_client;
+                return commands;
             }
-            // `<time> [<db> <client address | lua>] "<command>" "<arg>" …`
+            // `<time> [<db> <client address | lua>] "<command>" "<arg>" …` (the
+            // test's arguments hold no quotes)
             let Some((source, rest)) = line.split_once("] \"") else {
                 continue;
             };
             let client = source.rsplit(' ').next().unwrap_or_default().to_owned();
-            if client == "lua" {
-                continue;
-            }
-            let command = rest.split('"').next().unwrap_or_default().to_lowercase();
-            by_client.entry(client).or_default().push(command);
+            let words = rest.split('"').step_by(2).map(str::to_owned).collect();
+            commands.push((client, words));
         }
         panic!("redis-cli monitor ended before the sentinel");
     }
@@ -203,5 +227,67 @@ fn each_decision_is_one_evalsha_and_nothing_else() {
         assert_eq!(script_commands(&command_stats(&server)), then);
         let sent = vec!["evalsha"; N as usize];
         assert_eq!(limiter_commands(monitor.client_commands(&server)), sent);
+    }
+}
+
+/// A sliding-log decision reads a few members of the log, never the whole window:
+/// with 2 000 live members, every range a script reads names at most one member
+/// (a rank, or a score range with `LIMIT 0 1`), and there are O(log n) of them.
+/// (Reading the whole window blocked the server for every client in proportion to
+/// its traffic: 95 ms per decision at 10^5 members.)
+#[test]
+fn a_sliding_log_decision_reads_a_few_members_not_the_window() {
+    if !tools_on_path(&["redis-cli"]) {
+        return;
+    }
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limit = 2_000;
+    let policy = Policy::new(limit, Duration::from_secs(3_600)).expect("policy");
+    let limiter = rt.block_on(async {
+        let conn = floodgate_redis::connect(&server.url())
+            .await
+            .expect("connect");
+        RedisLimiter::builder(Algorithm::SlidingLog, policy)
+            .prefix("trips:")
+            .timeout(Duration::from_secs(5))
+            .on_failure(OnFailure::Error)
+            .build(conn)
+            .expect("valid limiter")
+    });
+    rt.block_on(async {
+        for _ in 0..limit {
+            let d = limiter.check_n("log", 1).await.expect("decided").decision();
+            assert!(d.is_allowed());
+        }
+    });
+    assert_eq!(
+        server.cmd::<u64>(&["ZCARD", "trips:log"]),
+        limit,
+        "one member a call"
+    );
+    let mut monitor = Monitor::start(&server);
+    monitor.client_commands(&server);
+    for cost in [1, 0, 3_000] {
+        let verdict = rt.block_on(limiter.check_n("log", cost)).expect("decided");
+        let reads: Vec<Vec<String>> = monitor
+            .script_commands(&server)
+            .into_iter()
+            .filter(|c| c[0].to_lowercase().starts_with("zrange"))
+            .collect();
+        assert!(
+            !reads.is_empty() && reads.len() <= 16,
+            "cost {cost}: {reads:?}"
+        );
+        for read in &reads {
+            let one_rank = read[0].eq_ignore_ascii_case("zrange") && read[2] == read[3];
+            let limited = read.windows(3).any(|w| w[0] == "LIMIT" && w[2] == "1");
+            assert!(
+                one_rank || limited,
+                "cost {cost} ({verdict:?}) read {read:?}"
+            );
+        }
     }
 }

@@ -1,15 +1,16 @@
 -- Fixed window. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:count", window = floor(now / P).
+-- State: "window:count:P", window = floor(now / P).
 local function fixed_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local count = 0
   local stored = redis.call('GET', key)
   if stored then
-    local sw, sc = string.match(stored, '^(%d+):(%d+)$')
-    sw, sc = tonumber(sw), tonumber(sc)
-    if not sw or not sc then return malformed(key, 'not window:count') end
-    -- A window state never goes back to an older window.
-    if sw >= w then
+    local sw, sc, sp = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
+    if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
+    -- A window state never goes back to an older window; one of another period
+    -- counts other windows, and the windows start fresh.
+    if sp == p and sw >= w then
       w = sw
       count = sc
     end
@@ -22,7 +23,7 @@ local function fixed_window(key, n, write, p, l)
     return reply(true, l, l - count, reset, 0)
   end
   if count + n <= l then
-    if write then set_state(key, fmt(w) .. ':' .. fmt(count + n), reset) end
+    if write then set_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p), reset) end
     return reply(true, l, l - count - n, reset, 0)
   end
   return reply(false, l, l - count, reset, reset)

@@ -1,18 +1,21 @@
 -- Sliding window counter. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:prev:cur" (prev = the count of window - 1).
+-- State: "window:prev:cur:P" (prev = the count of window - 1).
 local function sliding_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local prev, cur = 0, 0
   local stored = redis.call('GET', key)
   if stored then
-    local sw, sp, sc = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    sw, sp, sc = tonumber(sw), tonumber(sp), tonumber(sc)
-    if not sw or not sp or not sc then return malformed(key, 'not window:prev:cur') end
-    if sw >= w then
-      -- Never back to an older window: an earlier reading is judged at the start
-      -- of the stored one.
+    local sw, sp, sc, speriod = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)$')
+    sw, sp, sc, speriod = tonumber(sw), tonumber(sp), tonumber(sc), tonumber(speriod)
+    if not sw or not sp or not sc or not speriod then
+      return malformed(key, 'not window:prev:cur:period')
+    end
+    -- Never back to an older window: an earlier reading is judged at the start of
+    -- the stored one. Windows of another period count other windows: they start
+    -- fresh.
+    if speriod == p and sw >= w then
       w, prev, cur = sw, sp, sc
-    elseif sw == w - 1 then
+    elseif speriod == p and sw == w - 1 then
       prev = sc
     end
   end
@@ -34,7 +37,10 @@ local function sliding_window(key, n, write, p, l)
     return reply(true, l, l - estimate, reset(cur), 0)
   end
   if estimate + n <= l then
-    if write then set_state(key, fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n), reset(cur + n)) end
+    if write then
+      local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p)
+      set_state(key, state, reset(cur + n))
+    end
     return reply(true, l, l - estimate - n, reset(cur + n), 0)
   end
   -- The least x in [from, P) with weight * (P - x) < (room + 1) * P, or nil.

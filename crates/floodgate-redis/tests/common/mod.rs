@@ -8,11 +8,14 @@
 use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
 use floodgate::{Decision, Policy};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use floodgate_redis::{
+    Algorithm, OnFailure, RedisLimitError, RedisLimiter, RedisLimiterBuilder, Verdict,
+};
 
 pub const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::Gcra,
@@ -24,11 +27,18 @@ pub const ALGORITHMS: [Algorithm; 4] = [
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Options beyond the defaults.
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// A fresh server, or `None` (after a loud message) where none can run.
     pub fn start() -> Option<RedisServer> {
+        RedisServer::start_with(|_| Vec::new())
+    }
+
+    /// As [`RedisServer::start`], with more options for the port it gets.
+    pub fn start_with(extra: impl Fn(u16) -> Vec<String>) -> Option<RedisServer> {
         if !tools_on_path(&["redis-server"]) {
             return None;
         }
@@ -36,12 +46,20 @@ impl RedisServer {
         // try a few.
         for _ in 0..5 {
             let port = free_port();
-            let mut server = RedisServer { port, child: None };
+            let mut server = RedisServer {
+                port,
+                child: None,
+                extra: extra(port),
+            };
             if server.spawn() {
                 return Some(server);
             }
         }
         panic!("redis-server did not start on a free loopback port");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     fn spawn(&mut self) -> bool {
@@ -51,6 +69,7 @@ impl RedisServer {
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--enable-debug-command", "local"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -183,15 +202,62 @@ pub fn limiter(
     on_failure: OnFailure,
     timeout: Duration,
 ) -> RedisLimiter {
+    let builder = RedisLimiter::builder(algorithm, policy)
+        .on_failure(on_failure)
+        .timeout(timeout);
+    build(rt, server, builder)
+}
+
+/// `builder` on a connection of its own to `server`, keys prefixed `test:`.
+pub fn build(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    builder: RedisLimiterBuilder,
+) -> RedisLimiter {
     let url = server.url();
     rt.block_on(async move {
         let conn = floodgate_redis::connect(&url).await.expect("connect");
-        RedisLimiter::builder(algorithm, policy)
-            .prefix("test:")
-            .on_failure(on_failure)
-            .timeout(timeout)
-            .build(conn)
-            .expect("valid limiter")
+        builder.prefix("test:").build(conn).expect("valid limiter")
+    })
+}
+
+/// `tasks` tasks on each of `limiters`, each checking `key` `calls` times at the
+/// cost `cost(task, call)`; returns the units admitted. A call that Redis did not
+/// decide fails the test unless `uncharged` says it failed without charging.
+pub fn flood(
+    rt: &tokio::runtime::Runtime,
+    limiters: Vec<RedisLimiter>,
+    key: &'static str,
+    (tasks, calls): (u32, u32),
+    cost: fn(u32, u32) -> u32,
+    uncharged: fn(&RedisLimitError) -> bool,
+) -> u64 {
+    rt.block_on(async {
+        let mut running = Vec::new();
+        for limiter in limiters.into_iter().map(Arc::new) {
+            for task in 0..tasks {
+                let limiter = Arc::clone(&limiter);
+                running.push(tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for call in 0..calls {
+                        let cost = cost(task, call);
+                        match limiter.check_n(key, cost).await {
+                            Ok(Verdict::Decided(d)) => {
+                                admitted += u64::from(cost) * u64::from(d.is_allowed());
+                            }
+                            Err(e) if uncharged(&e) => {}
+                            other => panic!("no decision: {other:?}"),
+                        }
+                    }
+                    admitted
+                }));
+            }
+        }
+        let mut total = 0;
+        for t in running {
+            total += t.await.expect("a flooding task");
+        }
+        total
     })
 }
 
