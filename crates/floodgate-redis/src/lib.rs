@@ -351,11 +351,12 @@ impl RedisLimiterBuilder {
     /// Every key is `prefix + key` (default `"floodgate:"`). It must not contain `{`,
     /// reserved for Redis Cluster hash tags.
     ///
-    /// Limiters that share a prefix share state wherever their keys render alike —
-    /// also across shapes: a one-limit limiter's key `{k}:0` is limit 0 of a
-    /// multi-limit limiter's key `k`. Give each limiter with other policies or other
-    /// key sources a prefix of its own, so that no caller-chosen key reaches another
-    /// limiter's state.
+    /// Limiters that share a prefix share state wherever their keys render alike.
+    /// Across shapes they never do: a one-limit key that starts with `{` is stored
+    /// after a `\`, so no key of a one-limit limiter (`{k}:0`, say) names a limit of a
+    /// multi-limit limiter's key. Between limiters of one shape a caller-chosen key
+    /// reaches the other's state when both see it: give each limiter with other
+    /// policies or other key sources a prefix of its own.
     ///
     /// # Examples
     ///
@@ -624,10 +625,11 @@ impl<C: Connection> RedisLimiter<C> {
     }
 
     /// The Redis keys that `key`'s limits are stored under: `prefix + key` for one
-    /// limit; `prefix{key}:i` for limit `i` of several (see
-    /// [`RedisLimiterBuilder::and`]), with a `\` before a key that is empty or
-    /// starts with `}` or `\` (`prefix{\}:i` for `""`), so that the hash tag is
-    /// never empty.
+    /// limit, with a `\` before a key that starts with `{` or `\` (so that no
+    /// one-limit key is ever a multi-limit key); `prefix{key}:i` for limit `i` of
+    /// several (see [`RedisLimiterBuilder::and`]), with a `\` before a key that is
+    /// empty or starts with `}` or `\` (`prefix{\}:i` for `""`), so that the hash tag
+    /// is never empty.
     ///
     /// # Examples
     ///
@@ -645,14 +647,23 @@ impl<C: Connection> RedisLimiter<C> {
     /// ```
     pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
         let n = self.limits.len();
+        let key = key.to_string();
         if n == 1 {
-            return vec![format!("{}{}", self.prefix, key)];
+            // A one-limit key never renders as `prefix{...`, the shape of every
+            // multi-limit key: one that starts with `{` is stored after a `\` (and so
+            // is one that starts with `\`, so no two keys meet). So no caller-chosen
+            // key reaches a multi-limit limiter's state under the same prefix.
+            let escape = if key.starts_with(['{', '\\']) {
+                "\\"
+            } else {
+                ""
+            };
+            return vec![format!("{}{escape}{key}", self.prefix)];
         }
         // Cluster hashes the text between the first `{` and the next `}`, but an
         // empty tag (`{}`) hashes the whole key: a key that is empty or starts with
         // `}` is stored after a `\` (and so is one that starts with `\`, so no two
         // keys meet), which keeps the tag non-empty.
-        let key = key.to_string();
         let escape = if key.is_empty() || key.starts_with(['}', '\\']) {
             "\\"
         } else {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{limiter, runtime, RedisServer, ALGORITHMS};
+use common::{build, limiter, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
@@ -223,11 +223,12 @@ fn keys_with_any_characters_are_stored_as_given() {
     for (i, key) in keys.iter().enumerate() {
         let d = decided(rt.block_on(l.check_n(*key, 1)));
         assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "key {i}");
+        // As given, but for a `\` before a leading `{` (see the next test).
+        let stored = l.redis_keys(*key).remove(0);
+        let escape = if key.starts_with('{') { "\\" } else { "" };
+        assert_eq!(stored, format!("test:{escape}{key}"), "key {i}");
         let mut conn = server.connection().unwrap();
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(format!("test:{key}"))
-            .query(&mut conn)
-            .unwrap();
+        let exists: i64 = redis::cmd("EXISTS").arg(stored).query(&mut conn).unwrap();
         assert_eq!(exists, 1, "key {i}");
         assert_eq!(server.cmd::<usize>(&["DBSIZE"]), i + 1, "key {i}");
     }
@@ -248,4 +249,35 @@ fn keys_with_any_characters_are_stored_as_given() {
         let d = decided(rt.block_on(l.peek_n("a b", 1)));
         assert_eq!((d.is_allowed(), d.remaining()), (true, 1), "{d:?}");
     }
+}
+
+/// A caller-chosen key of a one-limit limiter (a login name, say) shaped like a
+/// multi-limit limiter's Redis key under the same prefix (`{victim}:0`) charges its
+/// own state, never the victim's limit.
+#[test]
+fn a_one_limit_key_never_reaches_a_multi_limit_limiters_state() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let hourly = Policy::per_hour(3).unwrap();
+    let multi = build(
+        &rt,
+        &server,
+        RedisLimiter::builder(Algorithm::Gcra, hourly)
+            .and(Algorithm::Gcra, Policy::per_day(100).unwrap())
+            .on_failure(OnFailure::Error),
+    );
+    let single = slow(&rt, &server, Algorithm::Gcra, hourly);
+    for forged in ["{victim}:0", "\\{victim}:0"] {
+        for _ in 0..3 {
+            assert!(decided(rt.block_on(single.check_n(forged, 1))).is_allowed());
+        }
+        assert!(!decided(rt.block_on(single.check_n(forged, 1))).is_allowed());
+    }
+    let d = decided(rt.block_on(multi.check_n("victim", 1)));
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{d:?}");
+    // The escape keeps one-limit keys apart from each other too.
+    assert_ne!(single.redis_keys("{a"), single.redis_keys("\\{a"));
+    assert_eq!(single.redis_keys("a{b}"), ["test:a{b}"]);
 }

@@ -265,10 +265,16 @@ fn several_limits_charge_all_or_nothing_under_concurrent_connections() {
         .collect();
     let admitted = flood(&rt, limiters, "all", (16, 6), one_or_two, |_| false);
     assert_eq!(admitted, 25, "the fixed window's 25 units");
-    // Each limit alone, through a one-limit limiter on its stored key.
+    // Each limit alone, through a one-limit limiter on its stored state (moved to a
+    // one-limit key: no one-limit key names a multi-limit limiter's state).
     for (i, (algorithm, policy)) in limits.into_iter().enumerate() {
+        let _: () = server.cmd(&[
+            "RENAME",
+            &format!("test:{{all}}:{i}"),
+            &format!("test:alone{i}"),
+        ]);
         let alone = connect(RedisLimiter::builder(algorithm, policy));
-        let d = match rt.block_on(alone.peek_n(&format!("{{all}}:{i}"), 0)) {
+        let d = match rt.block_on(alone.peek_n(&format!("alone{i}"), 0)) {
             Ok(Verdict::Decided(d)) => d,
             other => panic!("no decision: {other:?}"),
         };
