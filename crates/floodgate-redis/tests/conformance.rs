@@ -66,18 +66,28 @@ fn conform(
 
 fn ops(period_us: u64, max_cost: u32) -> impl Strategy<Value = Vec<Op>> {
     let p = period_us as i64;
-    let op = (
-        prop_oneof![
-            4 => 0..=p / 2,
-            2 => 0..=2 * p,
-            1 => -p..0,
-            1 => Just(0),
-        ],
-        0..=max_cost,
-        prop::bool::weighted(0.2),
-    )
-        .prop_map(|(step, cost, peek)| Op { step, cost, peek });
-    prop::collection::vec(op, 1..40)
+    let steps = prop_oneof![
+        4 => 0..=p / 2,
+        2 => 0..=2 * p,
+        1 => -p..0,
+        1 => Just(0),
+    ];
+    stepping(steps, max_cost, 1..40)
+}
+
+/// `len` operations moving the clock by `steps`, of costs up to `max_cost`, one in
+/// five a peek.
+fn stepping(
+    steps: impl Strategy<Value = i64>,
+    max_cost: u32,
+    len: std::ops::Range<usize>,
+) -> impl Strategy<Value = Vec<Op>> {
+    let op = (steps, 0..=max_cost, prop::bool::weighted(0.2)).prop_map(|(step, cost, peek)| Op {
+        step,
+        cost,
+        peek,
+    });
+    prop::collection::vec(op, len)
 }
 
 /// (limit, period µs, burst, ops): periods are whole microseconds; for GCRA the
@@ -144,6 +154,34 @@ fn sliding_window_matches_the_exact_model() {
 #[test]
 fn sliding_log_matches_the_exact_model() {
     run(Algorithm::SlidingLog);
+}
+
+/// A long log: limits up to 64 and clock steps of about one unit's share of the
+/// period, so the window holds dozens of members (the members' running totals
+/// span many of them) and a denial's binary search runs over many ranks; among the
+/// steps, requests at the same microsecond and earlier readings.
+#[test]
+fn a_long_sliding_log_matches_the_exact_model() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let case = (8..=64_u64, 100..=5_000_u64).prop_flat_map(|(limit, period)| {
+        let share = (period / limit) as i64;
+        let steps = prop_oneof![
+            6 => 0..=2 * share,
+            2 => Just(0),
+            1 => -4 * share..0,
+            1 => 0..=period as i64,
+        ];
+        (Just(limit), Just(period), stepping(steps, 4, 40..160))
+    });
+    proptest!(config(), |((limit, period, ops) in case)| {
+        let policy = Policy::new(limit, Duration::from_micros(period)).unwrap();
+        let algorithm = Algorithm::SlidingLog;
+        let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, Duration::from_secs(5));
+        conform(&rt, &redis, algorithm, limit, period, limit, TODAY_MICROS..=u64::MAX, &ops)?;
+    });
 }
 
 /// The largest policies the limiter accepts, at the latest times it decides at:
@@ -258,36 +296,7 @@ fn a_sliding_log_past_2_pow_52_units_counts_on_exactly() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let rt = runtime();
-    let (limit, period_us) = (10, 1_000_000);
-    let policy = Policy::new(limit, Duration::from_micros(period_us)).unwrap();
-    let slow = Duration::from_secs(5);
-    let redis = limiter(
-        &rt,
-        &server,
-        Algorithm::SlidingLog,
-        policy,
-        OnFailure::Error,
-        slow,
-    );
-    let mut model = Model::new(Algorithm::SlidingLog, limit, period_us * 1_000, limit);
-    // A log that has admitted 2^52 - 1 units: 3 at t, then 1 at t + 1 µs.
-    let t = TODAY_MICROS;
-    let top = (1_u64 << 52) - 1;
-    for (at, units, total) in [(t, 3, top - 1), (t + 1, 1, top)] {
-        let member = format!("{at}:{units}:{total}");
-        let _: i64 = server.cmd(&["ZADD", "test:big", &at.to_string(), &member]);
-        assert!(model.decide(at * 1_000, units, false).is_allowed());
-    }
-    let newest_total = || {
-        let newest: Vec<String> = server.cmd(&["ZRANGE", "test:big", "-1", "-1"]);
-        newest[0]
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .parse::<u64>()
-            .unwrap()
-    };
+    // A log that has admitted 2^52 units: 3 at t, then 1 at t + 1 µs.
     let ops = [
         (10, 2),
         (0, 5),
@@ -297,19 +306,74 @@ fn a_sliding_log_past_2_pow_52_units_counts_on_exactly() {
         (2, 7),
         (1_000_000, 6),
     ];
-    let mut now = t + 1;
-    for (i, (step, cost)) in ops.into_iter().enumerate() {
+    past_2_pow_52(&server, "big", &[(0, 3), (1, 1)], &ops);
+    // 8 of 10 units live at t, t + 1 and t + 2 µs: a denial's binary search over
+    // totals near 2^52, then the recount on an admission at the newest member's own
+    // microsecond (merged into it), a denial and a peek after it, and the window
+    // sliding past the counted-again members.
+    let ops = [
+        (0, 3),
+        (0, 2),
+        (0, 1),
+        (0, 0),
+        (999_998, 2),
+        (0, 2),
+        (1, 2),
+        (1, 4),
+        (999_999, 10),
+    ];
+    past_2_pow_52(&server, "big-merged", &[(0, 3), (1, 1), (2, 4)], &ops);
+}
+
+/// Writes a log of `key` (members: µs after today, units) whose newest total is
+/// 2^52 (any admission passes it), tells the model the same, then replays `ops` (µs after the newest
+/// member, cost) through a log of 10 a second: the model's decisions, and after the
+/// first admission totals counted again from the live members.
+fn past_2_pow_52(server: &RedisServer, key: &str, members: &[(u64, u32)], ops: &[(u64, u32)]) {
+    let rt = runtime();
+    let (limit, period_us) = (10, 1_000_000);
+    let policy = Policy::new(limit, Duration::from_micros(period_us)).unwrap();
+    let slow = Duration::from_secs(5);
+    let algorithm = Algorithm::SlidingLog;
+    let redis = limiter(&rt, server, algorithm, policy, OnFailure::Error, slow);
+    let mut model = Model::new(algorithm, limit, period_us * 1_000, limit);
+    let t = TODAY_MICROS;
+    let stored = format!("test:{key}");
+    let mut total = (1_u64 << 52) - members.iter().map(|&(_, u)| u64::from(u)).sum::<u64>();
+    for &(offset, units) in members {
+        total += u64::from(units);
+        let at = t + offset;
+        let member = format!("{at}:{units}:{total}");
+        let _: i64 = server.cmd(&["ZADD", &stored, &at.to_string(), &member]);
+        assert!(model.decide(at * 1_000, units, false).is_allowed());
+    }
+    let newest_total = || {
+        let newest: Vec<String> = server.cmd(&["ZRANGE", &stored, "-1", "-1"]);
+        newest[0]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let mut now = t + members.last().map_or(0, |&(offset, _)| offset);
+    let mut admitted = false;
+    for (i, &(step, cost)) in ops.iter().enumerate() {
         now += step;
         let got = rt
-            .block_on(redis.check_n_at_micros("big", cost, now))
+            .block_on(redis.check_n_at_micros(key, cost, now))
             .unwrap();
         let want = whole_micros(model.decide(now * 1_000, cost, false));
-        assert_eq!(got, want, "op {i} at {now}");
-        assert!(
-            newest_total() < 100,
-            "op {i}: the totals were not counted again"
-        );
+        assert_eq!(got, want, "{key}: op {i} at {now}");
+        admitted |= cost > 0 && got.is_allowed();
+        if admitted {
+            assert!(
+                newest_total() < 100,
+                "{key}: op {i}: the totals were not counted again"
+            );
+        }
     }
+    assert!(admitted, "{key}: nothing was admitted");
 }
 
 /// A GCRA interval that is not whole microseconds is rounded up: the script serves

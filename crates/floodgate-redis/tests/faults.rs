@@ -356,3 +356,60 @@ fn a_malformed_key_of_several_charges_none() {
         );
     }
 }
+
+/// A multi-limit call whose sliding log would count its totals again (past 2^52)
+/// reads the whole log in its dry run, before anything is written: a denial by
+/// another limit leaves the log as it was, and a malformed member deep inside the
+/// log fails the call before any key is charged.
+#[test]
+fn a_log_counted_again_in_a_dry_run_writes_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let day_us: u64 = 86_400_000_000;
+    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_second(10).unwrap())
+        .and(Algorithm::FixedWindow, Policy::per_day(1).unwrap())
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error);
+    let l = build(&rt, &server, builder);
+    let keys = l.redis_keys("u");
+    // 5 units live at t, t + 1 and t + 2 µs; the newest total is 2^52, so the next
+    // admission counts the totals again.
+    let t: u64 = 1_796_083_200_000_000;
+    let top = 1_u64 << 52;
+    let log = |middle: &str| -> Vec<String> {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let members = [
+            (t, format!("{t}:3:{}", top - 2)),
+            (t + 1, middle.to_owned()),
+            (t + 2, format!("{}:1:{top}", t + 2)),
+        ];
+        for (at, member) in members {
+            let _: i64 = server.cmd(&["ZADD", &keys[0], &at.to_string(), &member]);
+        }
+        server.cmd(&["ZRANGE", &keys[0], "0", "-1", "WITHSCORES"])
+    };
+    let now = t + 3;
+
+    // The day's one unit is spent: denied, and neither key changes.
+    let written = log(&format!("{}:1:{}", t + 1, top - 1));
+    let full = format!("{}:1:{day_us}", now / day_us);
+    let _: () = server.cmd(&["SET", &keys[1], &full]);
+    let d = rt.block_on(l.check_n_at_micros("u", 1, now)).unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    let after: Vec<String> = server.cmd(&["ZRANGE", &keys[0], "0", "-1", "WITHSCORES"]);
+    assert_eq!(after, written, "a denied call rewrote the log");
+    assert_eq!(server.cmd::<String>(&["GET", &keys[1]]), full);
+
+    // A malformed member among the live ones: met by the dry run's recount, so the
+    // call fails with the fixed window uncharged and the log as it was.
+    let written = log("not-a-member");
+    match rt.block_on(l.check_n_at_micros("u", 1, now)) {
+        Err(RedisLimitError::Redis(e)) => assert!(e.to_string().contains("malformed"), "{e}"),
+        other => panic!("a malformed log must fail the call: {other:?}"),
+    }
+    let after: Vec<String> = server.cmd(&["ZRANGE", &keys[0], "0", "-1", "WITHSCORES"]);
+    assert_eq!(after, written, "a failed call rewrote the log");
+    assert_eq!(server.cmd::<i64>(&["EXISTS", &keys[1]]), 0, "charged");
+}
