@@ -272,3 +272,71 @@ async fn a_queued_admission_reports_what_remains_at_its_slot() -> TestResult {
     assert_eq!(resp.headers()["x-ratelimit-remaining"], "0");
     Ok(())
 }
+
+/// Random arrivals in three tiers, some cancelled while they wait, on the paused
+/// clock (a fixed xorshift per seed): after each arrival no more than the sum of the
+/// bounds wait, and tier `i` at most the places of tiers `0..=i`; admissions keep
+/// the shaper's spacing (100 ms at burst 1, whoever was shed or cancelled); a 429
+/// comes at an arrival's instant (refused at once, or shed by the newcomer); and
+/// every request ends.
+#[tokio::test(start_paused = true)]
+async fn random_arrivals_and_cancellations_keep_every_bound() -> TestResult {
+    let bounds = [3, 2, 1];
+    let places: usize = bounds.iter().sum();
+    for seed in 1..=24_u64 {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let start = Instant::now();
+        let layer = layer(start, &bounds)?;
+        let svc = layer.layer(Hello);
+        let mut running: Vec<(usize, Option<Duration>, JoinHandle<Outcome>)> = Vec::new();
+        let mut arrivals = Vec::new();
+        for _ in 0..60 {
+            tokio::time::sleep(ms(next(80))).await;
+            let now = start.elapsed();
+            for (_, cancel_at, task) in &mut running {
+                if cancel_at.is_some_and(|at| at <= now) {
+                    task.abort();
+                    *cancel_at = None;
+                }
+            }
+            let tier = usize::try_from(next(3))?;
+            let cancel_at = (next(4) == 0).then(|| now + ms(next(400)));
+            arrivals.push(now);
+            running.push((tier, cancel_at, arrive(&svc, start, tier).await));
+            let mut waiting = [0; 3];
+            for (tier, _, task) in &running {
+                if !task.is_finished() {
+                    waiting[*tier] += 1;
+                }
+            }
+            assert!(
+                waiting.iter().sum::<usize>() <= places,
+                "seed {seed}: {waiting:?}"
+            );
+            for tier in 0..bounds.len() {
+                let room: usize = bounds[..=tier].iter().sum();
+                assert!(waiting[tier] <= room, "seed {seed}: {waiting:?}");
+            }
+        }
+        let mut admitted = Vec::new();
+        for (_, _, task) in running {
+            match task.await {
+                Ok((200, at)) => admitted.push(at),
+                Ok((429, at)) => assert!(arrivals.contains(&at), "seed {seed}: 429 at {at:?}"),
+                Ok(other) => panic!("seed {seed}: {other:?}"),
+                Err(e) => assert!(e.is_cancelled(), "seed {seed}: {e}"),
+            }
+        }
+        admitted.sort();
+        for pair in admitted.windows(2) {
+            assert!(pair[1] - pair[0] >= ms(100), "seed {seed}: {admitted:?}");
+        }
+    }
+    Ok(())
+}
