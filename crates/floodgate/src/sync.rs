@@ -196,8 +196,10 @@ pub(crate) fn unique_id() -> u64 {
     NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed)
 }
 
-/// A small per-thread index (0, 1, 2, … in first-use order, never freed) for striped
-/// counters, where two threads sharing a stripe costs speed only.
+/// A small per-thread index (0, 1, 2, … in first-use order, never freed): the hot-key
+/// detector's thread bit, where two threads sharing one costs detection accuracy
+/// only. (The keyed decision counters use [`owner_index`], which live threads never
+/// share.)
 ///
 /// Plain std atomics: the index is an identity, not a synchronisation point. Under
 /// loom it is always 0, so that every model execution touches the same words.
@@ -206,7 +208,7 @@ pub(crate) fn thread_index() -> usize {
     0
 }
 
-/// A small per-thread index (0, 1, 2, … in first-use order) for striped counters.
+/// A small per-thread index (0, 1, 2, … in first-use order) for the hot-key detector.
 #[cfg(not(loom))]
 pub(crate) fn thread_index() -> usize {
     static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
@@ -240,8 +242,8 @@ pub(crate) const NO_OWNER: usize = usize::MAX;
 /// index gone and gets [`NO_OWNER`]); the next thread takes it under the same mutex.
 /// The mutex orders the old owner's last stores before the new owner's first loads.
 ///
-/// Indices are taken only by threads that decide on a leased limiter; the striped
-/// counters use [`thread_index`], which never frees one.
+/// Indices are taken by threads that decide on a leased limiter or a keyed one (whose
+/// decision counters it stripes).
 #[cfg(not(loom))]
 #[inline]
 pub(crate) fn owner_index() -> usize {

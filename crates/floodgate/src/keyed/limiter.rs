@@ -19,7 +19,7 @@ use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
 use crate::shaping::{Reserve, ShapeError};
-use crate::sync::{thread_index, AtomicU64, Ordering};
+use crate::sync::{owner_index, AtomicU64, Ordering};
 
 /// The key capacity when none is set: 100 000 keys (≈ 3.8 MB for `u64` keys).
 pub const DEFAULT_CAPACITY: usize = 100_000;
@@ -87,44 +87,68 @@ struct Stripe {
     denied: AtomicU64,
 }
 
-/// Decision counters striped by thread (see [`KeyedMetrics`]).
-pub(crate) struct Stripes(Box<[CachePadded<Stripe>]>);
+/// Decision counters striped by thread (see [`KeyedMetrics`]): stripe `i` belongs
+/// to the live thread holding owner index `i` ([`owner_index`]: no two live threads
+/// hold one, and an exited thread's index goes to the next thread under a mutex that
+/// orders the old owner's last store before the new owner's first load), which
+/// writes it with a plain load and store; a thread whose index is past the stripes
+/// (or that has none, in its thread-local teardown) counts in `shared` with an
+/// atomic add. So no increment is ever lost.
+pub(crate) struct Stripes {
+    owned: Box<[CachePadded<Stripe>]>,
+    shared: CachePadded<Stripe>,
+}
+
+impl Stripe {
+    fn new() -> Self {
+        Stripe {
+            allowed: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
+        }
+    }
+
+    #[inline(always)]
+    fn counter(&self, allowed: bool) -> &AtomicU64 {
+        if allowed {
+            &self.allowed
+        } else {
+            &self.denied
+        }
+    }
+}
 
 impl Stripes {
     /// 2 × `shards` stripes, rounded up to a power of two.
     fn new(shards: usize) -> Self {
-        Stripes(
-            (0..(2 * shards).next_power_of_two())
-                .map(|_| {
-                    CachePadded::new(Stripe {
-                        allowed: AtomicU64::new(0),
-                        denied: AtomicU64::new(0),
-                    })
-                })
+        Stripes {
+            owned: (0..(2 * shards).next_power_of_two())
+                .map(|_| CachePadded::new(Stripe::new()))
                 .collect(),
-        )
+            shared: CachePadded::new(Stripe::new()),
+        }
     }
 
     #[inline(always)]
     fn count(&self, allowed: bool) {
-        let stripe = &self.0[thread_index() & (self.0.len() - 1)];
-        let counter = if allowed {
-            &stripe.allowed
-        } else {
-            &stripe.denied
-        };
-        // A load and a store, not an RMW: the stripe belongs to this thread (see
-        // `KeyedMetrics` for what happens when threads outnumber stripes).
-        counter.store(
-            counter.load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
+        match self.owned.get(owner_index()) {
+            Some(stripe) => {
+                // A load and a store, not an RMW: only this thread writes the stripe.
+                let counter = stripe.counter(allowed);
+                counter.store(
+                    counter.load(Ordering::Relaxed).wrapping_add(1),
+                    Ordering::Relaxed,
+                );
+            }
+            None => {
+                self.shared.counter(allowed).fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The metrics: these decision counts and the table's key counts.
     fn metrics(&self, counts: TableCounts) -> KeyedMetrics {
         let mut m = KeyedMetrics::default();
-        for stripe in self.0.iter() {
+        for stripe in self.owned.iter().chain([&self.shared]) {
             // Relaxed: statistics.
             m.allowed += stripe.allowed.load(Ordering::Relaxed);
             m.denied += stripe.denied.load(Ordering::Relaxed);
@@ -139,12 +163,12 @@ impl Stripes {
 
 /// A snapshot of a [`KeyedLimiter`]'s counters.
 ///
-/// `allowed` and `denied` are kept per thread stripe (a thread writes only its own
-/// cache line, with a plain load + store rather than an atomic read-modify-write) and
-/// summed when read. They are exact while no more threads use the limiter than it
-/// has stripes (2 × the shard count); beyond that two threads may share a stripe and
-/// an increment can occasionally be lost. The key counts are exact (written by the
-/// write path under its shard lock).
+/// `allowed` and `denied` are kept per thread stripe and summed when read, and they
+/// are exact: every decision is counted once. Each of the first 2 × the shard count
+/// live threads that decide writes only its own cache line, with a plain load +
+/// store rather than an atomic read-modify-write; threads beyond them share one
+/// more stripe and add to it atomically. The key counts are exact too (written by
+/// the write path under its shard lock).
 ///
 /// # Examples
 ///
