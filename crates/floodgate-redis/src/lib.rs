@@ -648,27 +648,21 @@ impl<C: Connection> RedisLimiter<C> {
     pub fn redis_keys(&self, key: &(impl Display + ?Sized)) -> Vec<String> {
         let n = self.limits.len();
         let key = key.to_string();
+        // A `\` before the key where its first characters would collide: a one-limit
+        // key that starts with `{` would have the shape of a multi-limit key
+        // (`prefix{...`), so a caller-chosen key could reach another limiter's state;
+        // a multi-limit key that is empty or starts with `}` would leave the hash tag
+        // empty, and Cluster then hashes the whole key. A key that starts with `\`
+        // takes one too, so that no two keys meet.
+        let escaped = if n == 1 {
+            key.starts_with(['{', '\\'])
+        } else {
+            key.is_empty() || key.starts_with(['}', '\\'])
+        };
+        let escape = if escaped { "\\" } else { "" };
         if n == 1 {
-            // A one-limit key never renders as `prefix{...`, the shape of every
-            // multi-limit key: one that starts with `{` is stored after a `\` (and so
-            // is one that starts with `\`, so no two keys meet). So no caller-chosen
-            // key reaches a multi-limit limiter's state under the same prefix.
-            let escape = if key.starts_with(['{', '\\']) {
-                "\\"
-            } else {
-                ""
-            };
             return vec![format!("{}{escape}{key}", self.prefix)];
         }
-        // Cluster hashes the text between the first `{` and the next `}`, but an
-        // empty tag (`{}`) hashes the whole key: a key that is empty or starts with
-        // `}` is stored after a `\` (and so is one that starts with `\`, so no two
-        // keys meet), which keeps the tag non-empty.
-        let escape = if key.is_empty() || key.starts_with(['}', '\\']) {
-            "\\"
-        } else {
-            ""
-        };
         (0..n)
             .map(|i| format!("{}{{{escape}{key}}}:{i}", self.prefix))
             .collect()
