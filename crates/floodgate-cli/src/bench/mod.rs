@@ -34,9 +34,10 @@ use crate::cli::BenchArgs;
 use crate::Failure;
 
 /// The default total measuring time (warm-ups and key insertion come on top): about
-/// 120 ms per run over the main job's 252 cells × 3 repeats, long enough that three
-/// consecutive runs agree within 10 % on every cell not marked `!` (BENCHMARKS.md,
-/// "How long the main job measures"); at 30 s (40 ms runs) 10 cells moved more.
+/// 120 ms per run over the main job's 252 cells × 3 repeats. Longer runs move less
+/// between invocations than 40 ms ones (BENCHMARKS.md, "How long the main job
+/// measures"), but on a 2-vCPU VM three consecutive invocations still move some cells
+/// not marked `!` by more than 10 % (BENCHMARKS.md, "The main job at 90 s").
 const DEFAULT_TOTAL: Duration = Duration::from_secs(90);
 /// `--quick`'s total.
 const QUICK_TOTAL: Duration = Duration::from_secs(10);
