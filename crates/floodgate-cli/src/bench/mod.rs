@@ -713,7 +713,9 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         out,
         "each cell: median/spread of {} run{} of {:.0} ms (after {:.0} ms warm-up); spread = \
          fastest run / slowest run; ! = spread above {:.1}: runs disagree, do not trust the \
-         median; total {:.1} s",
+         median; total {:.1} s\n\
+         compare columns of one row: an unmarked row can still move by 10 % or more between \
+         invocations on a shared or virtual machine (BENCHMARKS.md, \"The main job at 90 s\")",
         report.repeats,
         if report.repeats == 1 { "" } else { "s" },
         report.run_ms,
