@@ -225,7 +225,11 @@ impl SlidingWindow {
             elapsed: e,
             lag: 0,
         };
-        if self.shape.layout.counters(p) == 0 {
+        // Only the fresh state is window-less: empty counters in a stored window (a
+        // refund emptied `cur` with `prev` at 0) still hold that window, so a reading
+        // behind it is judged there and the state never goes back to an older window,
+        // whose predecessor's count this state no longer knows.
+        if p == 0 {
             return fresh;
         }
         let (prev, cur) = (
