@@ -256,7 +256,7 @@ impl WindowLayout {
     }
 
     /// The counters without the window.
-    #[inline(always)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn counters(&self, packed: u64) -> u64 {
         packed & !(self.window_mask << self.window_shift)
     }

@@ -3,7 +3,6 @@
 #![cfg(not(loom))]
 
 use floodgate::{ManualClock, Nanos, Policy, RateLimiter, SlidingWindow};
-use std::time::Duration;
 
 const S: u64 = 1_000_000_000;
 
