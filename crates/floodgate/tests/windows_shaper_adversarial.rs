@@ -103,3 +103,202 @@ fn a_fixed_window_refund_at_a_wrapped_index_keeps_its_window() {
     );
     assert!(limiter.peek_at(Nanos::new(4 * p + 7), 0).remaining() < p);
 }
+
+/// Replays grants (instant, cost) in time order on a fresh GCRA of `policy`: every one
+/// must be admitted. This is the bound every set of live (not given back) grants of a
+/// shaper or a GCRA limiter must meet, whatever was reserved, cancelled or refunded.
+fn conforms(policy: Policy, grants: &[(Nanos, u32)]) -> Result<(), String> {
+    let mut sorted = grants.to_vec();
+    sorted.sort();
+    let fresh = RateLimiter::gcra_with_clock(policy, ManualClock::new());
+    for &(at, cost) in &sorted {
+        if !fresh.check_n_at(at, cost).is_allowed() {
+            return Err(format!("{cost} at {at:?} passes the limit: {sorted:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Three waiters book slots 0, 1 s and 2 s on a burst of 1 at 1 per second; the middle
+/// one's wait is dropped (its booking refunded). A fourth waiter must not be handed
+/// the third's slot.
+#[test]
+fn a_dropped_booking_never_hands_out_a_later_bookings_slot() {
+    let policy = Policy::per_second(1).unwrap().with_burst(1).unwrap();
+    let limiter = RateLimiter::gcra_with_clock(policy, ManualClock::new());
+    let t0 = Nanos::ZERO;
+    let book = || {
+        let (d, delay, receipt) = limiter.book_at(t0, 1).unwrap();
+        assert!(d.is_allowed());
+        (t0.saturating_add(delay), receipt)
+    };
+    let (x, _x) = book();
+    let (y, y_receipt) = book();
+    let (z, _z) = book();
+    assert_eq!((x, y, z), (t0, Nanos::from_secs(1), Nanos::from_secs(2)));
+    let _ = limiter.refund(y_receipt);
+    let (w, _w) = book();
+    conforms(policy, &[(x, 1), (z, 1), (w, 1)]).unwrap();
+}
+
+mod schedules {
+    //! Random reservations, bookings and charges on one shaper, some of them
+    //! cancelled or refunded, on a clock that only moves forward: the instants at
+    //! which the live ones proceed always conform to the shaper's GCRA.
+    use super::conforms;
+    use floodgate::{Clock, ManualClock, Nanos, Policy, Receipt, Reservation, Shaper};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    const T: u64 = 1_000;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Advance(u64),
+        Reserve {
+            cost: u32,
+            max_delay: u64,
+        },
+        Book(u32),
+        Charge(u32),
+        /// Cancel or refund a live grant (index modulo their number).
+        GiveBack(usize),
+    }
+
+    fn op(burst: u32) -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0..3 * T).prop_map(Op::Advance),
+            3 => (1..=burst, 0..6 * T).prop_map(|(cost, max_delay)| Op::Reserve { cost, max_delay }),
+            3 => (1..=burst).prop_map(Op::Book),
+            2 => (1..=burst).prop_map(Op::Charge),
+            3 => any::<usize>().prop_map(Op::GiveBack),
+        ]
+    }
+
+    /// Reservations and cancellations only (the `x/time/rate` rule).
+    fn reservation(burst: u32) -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0..3 * T).prop_map(Op::Advance),
+            4 => (1..=burst, 0..6 * T).prop_map(|(cost, max_delay)| Op::Reserve { cost, max_delay }),
+            3 => any::<usize>().prop_map(Op::GiveBack),
+        ]
+    }
+
+    enum Held {
+        Reserved(Reservation),
+        Receipt(Receipt),
+    }
+
+    fn run(burst: u32, ops: &[Op]) -> Result<(), String> {
+        let policy = Policy::new(1, Duration::from_nanos(T))
+            .unwrap()
+            .with_burst(u64::from(burst))
+            .unwrap();
+        let clock = ManualClock::new();
+        let shaper = Shaper::with_clock(policy, clock.clone());
+        // (proceeds at, cost, what gives it back)
+        let mut live: Vec<(Nanos, u32, Held)> = Vec::new();
+        for op in ops {
+            let now = clock.now();
+            match *op {
+                Op::Advance(d) => {
+                    clock.advance(Duration::from_nanos(d));
+                }
+                Op::Reserve { cost, max_delay } => {
+                    if let Ok(r) = shaper.reserve_at(now, cost, Duration::from_nanos(max_delay)) {
+                        live.push((r.ready_at(), cost, Held::Reserved(r)));
+                    }
+                }
+                Op::Book(cost) => {
+                    let (d, delay, receipt) = shaper.book_at(now, cost);
+                    if d.is_allowed() {
+                        live.push((now.saturating_add(delay), cost, Held::Receipt(receipt)));
+                    }
+                }
+                Op::Charge(cost) => {
+                    let (d, receipt) = shaper.charge_at(now, cost);
+                    if d.is_allowed() {
+                        live.push((now, cost, Held::Receipt(receipt)));
+                    }
+                }
+                Op::GiveBack(pick) => {
+                    if !live.is_empty() {
+                        let (_, _, held) = live.remove(pick % live.len());
+                        match held {
+                            Held::Reserved(r) => {
+                                let _ = shaper.cancel_at(now, r);
+                            }
+                            Held::Receipt(r) => {
+                                let _ = shaper.refund(r);
+                            }
+                        }
+                    }
+                }
+            }
+            let grants: Vec<(Nanos, u32)> = live.iter().map(|&(at, c, _)| (at, c)).collect();
+            conforms(policy, &grants)?;
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn live_grants_conform_whatever_is_given_back(
+            burst in 1u32..4,
+            ops in proptest::collection::vec(op(3), 1..30),
+        ) {
+            let ops: Vec<Op> = ops.into_iter().map(|o| match o {
+                Op::Reserve { cost, max_delay } => Op::Reserve { cost: cost.min(burst), max_delay },
+                Op::Book(c) => Op::Book(c.min(burst)),
+                Op::Charge(c) => Op::Charge(c.min(burst)),
+                o => o,
+            }).collect();
+            if let Err(e) = run(burst, &ops) {
+                prop_assert!(false, "{}", e);
+            }
+        }
+
+        #[test]
+        fn live_reservations_conform_whatever_is_cancelled(
+            burst in 1u32..4,
+            ops in proptest::collection::vec(reservation(3), 1..30),
+        ) {
+            let ops: Vec<Op> = ops.into_iter().map(|o| match o {
+                Op::Reserve { cost, max_delay } => Op::Reserve { cost: cost.min(burst), max_delay },
+                o => o,
+            }).collect();
+            if let Err(e) = run(burst, &ops) {
+                prop_assert!(false, "{}", e);
+            }
+        }
+    }
+}
+
+/// The keyed reservations behind the HTTP layer's per-key queue: the middle of three
+/// queued requests goes away (its receipt refunded); a fourth must not be handed the
+/// third's slot.
+#[test]
+fn a_refunded_keyed_reservation_never_hands_out_a_later_ones_slot() {
+    let policy = Policy::per_second(4).unwrap().with_burst(1).unwrap();
+    let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(policy))
+        .clock(ManualClock::new())
+        .build::<String>()
+        .unwrap();
+    let max = Duration::from_secs(1);
+    let mut slots = Vec::new();
+    let mut receipts = Vec::new();
+    for _ in 0..3 {
+        let (_, delay, receipt) = keyed.reserve("alice", 1, max).unwrap();
+        slots.push(Nanos::ZERO.saturating_add(delay));
+        receipts.push(receipt);
+    }
+    let middle = receipts.remove(1);
+    slots.remove(1);
+    let _ = keyed.refund("alice", middle);
+    let (_, delay, _fourth) = keyed.reserve("alice", 1, max).unwrap();
+    slots.push(Nanos::ZERO.saturating_add(delay));
+    let grants: Vec<(Nanos, u32)> = slots.iter().map(|&s| (s, 1)).collect();
+    conforms(policy, &grants).unwrap();
+}
