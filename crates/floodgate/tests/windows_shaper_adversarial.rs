@@ -302,3 +302,84 @@ fn a_refunded_keyed_reservation_never_hands_out_a_later_ones_slot() {
     let grants: Vec<(Nanos, u32)> = slots.iter().map(|&s| (s, 1)).collect();
     conforms(policy, &grants).unwrap();
 }
+
+/// Extreme inputs never panic (debug builds check overflow): `Duration::MAX` delays,
+/// `u32::MAX` costs, readings at both ends of `u64`, the widest policies; a cost above
+/// the burst is "never", and what is refused consumes nothing.
+#[test]
+fn extreme_inputs_never_panic_on_the_shaper_and_the_windows() {
+    use floodgate::{Algorithm, Jitter, ShapeError, Shaper};
+    let span = floodgate::MAX_SPAN_NANOS;
+    let policies = [
+        Policy::new(1, Duration::from_nanos(1)).unwrap(),
+        Policy::new(1, Duration::from_nanos(span)).unwrap(),
+        Policy::new(span, Duration::from_nanos(span)).unwrap(),
+        Policy::per_second(3).unwrap().with_burst(2).unwrap(),
+    ];
+    let times = [
+        0,
+        1,
+        span,
+        u64::MAX / 2,
+        u64::MAX - span,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    let delays = [Duration::ZERO, Duration::from_nanos(1), Duration::MAX];
+    for policy in policies {
+        let shaper = Shaper::with_clock(policy, ManualClock::new());
+        let burst = u32::try_from(policy.burst()).unwrap_or(u32::MAX);
+        for &t in &times {
+            let now = Nanos::new(t);
+            for &max_delay in &delays {
+                for cost in [0, 1, burst, u32::MAX] {
+                    match shaper.reserve_at(now, cost, max_delay) {
+                        Ok(r) => {
+                            assert!(r.ready_at() >= now);
+                            let _ = r.delay();
+                            let _ = shaper.cancel_at(now, r);
+                        }
+                        Err(ShapeError::Never { .. }) => {}
+                        Err(ShapeError::TooLong { retry_after }) => assert!(!retry_after.is_zero()),
+                        Err(e) => panic!("{e}"),
+                    }
+                    if u64::from(cost) > policy.burst() {
+                        assert!(matches!(
+                            shaper.reserve_at(now, cost, Duration::MAX),
+                            Err(ShapeError::Never { .. })
+                        ));
+                    }
+                    let (_, delay, receipt) = shaper.book_at(now, cost);
+                    let _ = now.saturating_add(delay);
+                    let _ = shaper.refund(receipt);
+                    let (_, receipt) = shaper.charge_at(now, cost);
+                    let _ = shaper.refund(receipt);
+                }
+            }
+        }
+        if let Ok(fw) = FixedWindow::new(policy) {
+            let limiter = RateLimiter::with_clock(fw, ManualClock::new());
+            for &t in times.iter().chain(times.iter().rev()) {
+                for cost in [0, 1, u32::MAX] {
+                    let (_, receipt) = limiter.charge_at(Nanos::new(t), cost);
+                    let _ = limiter.peek_at(Nanos::new(t), cost);
+                    let _ = limiter.refund(receipt);
+                    let _ = fw.is_idle(limiter.state(), Nanos::new(t));
+                }
+            }
+        }
+        if let Ok(sw) = SlidingWindow::new(policy) {
+            let limiter = RateLimiter::with_clock(sw, ManualClock::new());
+            for &t in times.iter().chain(times.iter().rev()) {
+                for cost in [0, 1, u32::MAX] {
+                    let (_, receipt) = limiter.charge_at(Nanos::new(t), cost);
+                    let _ = limiter.peek_at(Nanos::new(t), cost);
+                    let _ = limiter.refund(receipt);
+                }
+            }
+        }
+    }
+    let jitter = Jitter::up_to(Duration::MAX);
+    assert_eq!(jitter.add_to(Duration::MAX, u64::MAX), Duration::MAX);
+    assert!(jitter.add_to(Duration::from_secs(1), 0) >= Duration::from_secs(1));
+}
