@@ -24,7 +24,10 @@
 //! when `now` reads earlier), keeping that window. If the state holds an older window,
 //! the charge no longer counts at all and nothing is given back (`None`); nor when
 //! the count or `n` is 0. So `check(n)` then `refund(n)` at one instant leaves a state
-//! that decides like the one before.
+//! that decides like the one before. One exception keeps a unit: where giving all back
+//! would leave the all-zero word (the fresh, window-less state) at an index that has
+//! wrapped to 0, one unit stays, so that a reading behind the window cannot move the
+//! state back to an older window.
 //!
 //! # Packing
 //!
@@ -273,17 +276,24 @@ impl Algorithm for FixedWindow {
         state: FixedWindowState,
         charge: &Charged<FixedWindowState>,
         _shift: u64,
-        _now: Nanos,
+        now: Nanos,
     ) -> Option<(FixedWindowState, u64)> {
         let window = self.window_of(state);
         if window != self.window_of(charge.after) {
             return None;
         }
-        let back = u64::from(charge.cost).min(self.count_of(state));
+        let count = self.count_of(state);
+        let mut back = u64::from(charge.cost).min(count);
+        // Never the all-zero (fresh) word at a wrapped index: it would lose the window.
+        back = back.saturating_sub(self.shape.kept_by_refund(
+            self.shape.layout.pack(window, count - back),
+            charge.at.as_u64(),
+            now.as_u64(),
+        ));
         // The count only shrinks: the state stays ≤ count_max and in its window.
         // A count moves nobody's booking: nothing for the refund ledger.
         (back > 0).then(|| {
-            let packed = self.shape.layout.pack(window, self.count_of(state) - back);
+            let packed = self.shape.layout.pack(window, count - back);
             (FixedWindowState { packed }, 0)
         })
     }

@@ -275,10 +275,12 @@ impl Algorithm for Gcra {
     /// already have been claimed by an admission that, without this charge, would
     /// have found the schedule idle and started from its own reading; the part at or
     /// after `now` is still this charge's own. So the refund moves the TAT back by
-    /// `(TAT₁ − shift) − max(max(TAT₀, a) − shift, now)` when that is positive: at
-    /// most `n·T`, exactly `n·T` when it follows the charge before the clock catches
-    /// up and no other refund came between, nothing once the clock has passed the
-    /// booking. Every admission the refund sees must have been decided at a reading
+    /// `(TAT₁ − shift) − max(max(TAT₀, a) − shift, now)` when that is positive, less
+    /// the schedule booked after the charge whose slots may still be ahead of `now`
+    /// (those slots are handed out and stay spent, as in `x/time/rate`): at most
+    /// `n·T`, exactly `n·T` when it follows the charge before the clock catches up, no
+    /// other refund came between and nothing booked since waits for a later slot,
+    /// nothing once the clock has passed the booking. Every admission the refund sees must have been decided at a reading
     /// ≤ `now` (the cells read the clock after loading the state, which gives this
     /// with any clock that is monotone across threads).
     ///
@@ -331,7 +333,17 @@ impl Algorithm for Gcra {
             .as_u64()
             .saturating_sub(shift);
         let end = charge.after.tat.as_u64().saturating_sub(shift);
-        let back = end.saturating_sub(start.max(now.as_u64()));
+        let own = end.saturating_sub(start.max(now.as_u64()));
+        // Units booked after this charge may hold slots still ahead of `now` (a
+        // waiter's booking, a reservation): those slots are handed out and do not move,
+        // so moving the TAT down under them would hand the same instants out again.
+        // As in `x/time/rate`, they stay spent: the refund gives back only what exceeds
+        // them. A later unit whose schedule ends at `e` (moved down by at most `shift`)
+        // has its slot at or before `e + shift − τ`; it has provably come when that is
+        // at or before `now`, and then it may move like any admission already made.
+        let passed = now.as_u64().saturating_add(self.tau).saturating_sub(shift);
+        let ahead = state.tat.as_u64().saturating_sub(end.max(passed));
+        let back = own.saturating_sub(ahead);
         (back > 0).then(|| {
             let tat = Nanos::new(state.tat.as_u64().saturating_sub(back));
             (GcraState { tat }, back)

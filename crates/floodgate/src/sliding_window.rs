@@ -55,7 +55,9 @@
 //! moved on, the charge is part of `prev` and weighs only `⌊prev·(P − e)/P⌋`, fading;
 //! a refund then gives nothing back (`None`), as it does when `cur` or `n` is 0. So
 //! `check(n)` then `refund(n)` at one instant leaves a state that decides like the one
-//! before.
+//! before. One exception keeps a unit: where giving all back would leave the all-zero
+//! word (the fresh, window-less state) at an index that has wrapped to 0, one unit
+//! stays, so that a reading behind the window cannot move the state back.
 
 use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Nanos;
@@ -225,7 +227,11 @@ impl SlidingWindow {
             elapsed: e,
             lag: 0,
         };
-        if self.shape.layout.counters(p) == 0 {
+        // Only the fresh state is window-less: empty counters in a stored window (a
+        // refund emptied `cur` with `prev` at 0) still hold that window, so a reading
+        // behind it is judged there and the state never goes back to an older window,
+        // whose predecessor's count this state no longer knows.
+        if p == 0 {
             return fresh;
         }
         let (prev, cur) = (
@@ -409,13 +415,19 @@ impl Algorithm for SlidingWindow {
         state: SlidingWindowState,
         charge: &Charged<SlidingWindowState>,
         _shift: u64,
-        _now: Nanos,
+        now: Nanos,
     ) -> Option<(SlidingWindowState, u64)> {
         let (window, prev, cur) = self.fields(state);
         if window != self.fields(charge.after).0 {
             return None;
         }
-        let back = u64::from(charge.cost).min(cur);
+        let mut back = u64::from(charge.cost).min(cur);
+        // Never the all-zero (fresh) word at a wrapped index: it would lose the window.
+        back = back.saturating_sub(self.shape.kept_by_refund(
+            self.shape.layout.pack2(window, prev, cur - back),
+            charge.at.as_u64(),
+            now.as_u64(),
+        ));
         // Only cur shrinks, in the window it counts in: every field stays ≤ count_max.
         // A count moves nobody's booking: nothing for the refund ledger.
         (back > 0).then(|| {

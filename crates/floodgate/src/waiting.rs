@@ -8,7 +8,8 @@
 //!   however far ahead ([`Limit::book_at`]), then the waiter sleeps until it. Slots
 //!   are handed out first come, first served; a booking is never re-checked. If an
 //!   async wait is dropped before its slot, its units are given back (the booking's
-//!   receipt is refunded: the part of it the clock has not reached).
+//!   receipt is refunded: the part of it the clock has not reached, less what later
+//!   bookings still wait on — their slots are handed out and stay spent).
 //! * **Windows and the sliding log** cannot book ahead: the waiter checks, sleeps
 //!   until the denial's `retry_after`, and checks again. Nothing is held while it
 //!   sleeps, so a waiter can lose the freed capacity to another request and sleep

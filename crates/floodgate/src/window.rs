@@ -174,6 +174,24 @@ impl WindowShape {
     }
 }
 
+impl WindowShape {
+    /// The units a refund of `back` leaves in place when giving all of them back would
+    /// leave `packed_after_all` (the state with all `back` units given back): 1 when
+    /// that is the all-zero word and the window index has wrapped (the full index of
+    /// `max(at, now)` is `2^k` or more), else 0. The all-zero word is the fresh,
+    /// window-less state: a reading behind the stored window would be judged in its
+    /// own, older window, whose predecessor's count the state no longer knows, and the
+    /// state would move back. Keeping one unit keeps the window (stricter by that
+    /// unit). An index of 0 that has not wrapped is window 0 itself, with no reading
+    /// behind it: there everything comes back.
+    #[inline]
+    pub(crate) fn kept_by_refund(&self, packed_after_all: u64, at: u64, now: u64) -> u64 {
+        u64::from(
+            packed_after_all == 0 && self.reciprocal.div(at.max(now)) > self.layout.window_mask,
+        )
+    }
+}
+
 /// The bit layout of a window state: a `k`-bit window index and `counters` counters
 /// of `count_bits` bits each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -256,7 +274,7 @@ impl WindowLayout {
     }
 
     /// The counters without the window.
-    #[inline(always)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn counters(&self, packed: u64) -> u64 {
         packed & !(self.window_mask << self.window_shift)
     }
