@@ -377,3 +377,140 @@ fn a_raised_burst_never_frees_a_waiters_slot() {
     let next = t0.saturating_add(delay);
     conforms(policy(1, 1_000, 4), &[(waiter, 3), (next, 2)]).unwrap();
 }
+
+/// Two cancellations in a row (`Shaper::cancel`, the `x/time/rate` rule). Burst 3 at
+/// 1 per µs: 3 units now, then reservations A (3 units, slot 3 µs), B (3, slot 6 µs)
+/// and C (1, slot 7 µs). Cancelling B keeps 1 of its units spent (C was reserved
+/// after it) and gives 2 back; cancelling A then counts the units reserved after it
+/// from the TAT as it is now — 2, B's spent unit and C — and gives 1 back. But B's
+/// cancellation had already moved those 2 units down the schedule without moving C's
+/// slot: the schedule now ends 3 µs before C's real one, and a new reservation of 3 is
+/// handed C's slot, 4 units at 7 µs under a burst of 3. Found by the existing
+/// proptest `live_reservations_conform_whatever_is_cancelled` on a new seed (not
+/// fab9fcc's rule: no GCRA refund is involved).
+#[test]
+#[ignore = "defect in CancelRule (shaping.rs): it ignores how far earlier cancellations moved the later reservations; a sound fix (cancel through GCRA's refund rule with a ledger note on reservations) is not small"]
+fn two_cancellations_never_hand_out_a_later_reservations_slot() {
+    let policy = policy(1, 1_000, 3);
+    let shaper = Shaper::with_clock(policy, ManualClock::new());
+    let t0 = Nanos::ZERO;
+    let max = Duration::from_micros(10);
+    let (d, _now) = shaper.charge_at(t0, 3);
+    assert!(d.is_allowed());
+    let a = shaper.reserve_at(t0, 3, max).unwrap();
+    let b = shaper.reserve_at(t0, 3, max).unwrap();
+    let c = shaper.reserve_at(t0, 1, max).unwrap();
+    assert_eq!(
+        (a.ready_at(), b.ready_at(), c.ready_at()),
+        (Nanos::new(3_000), Nanos::new(6_000), Nanos::new(7_000))
+    );
+    assert_eq!(shaper.cancel_at(t0, b), 2);
+    let _ = shaper.cancel_at(t0, a);
+    let next = shaper.reserve_at(t0, 3, max).unwrap();
+    conforms(policy, &[(t0, 3), (c.ready_at(), 1), (next.ready_at(), 3)]).unwrap();
+}
+
+/// The login pattern (charge, refund on success) and a composite's rollback give back
+/// the whole charge when nothing booked since waits for a slot, even when other
+/// requests (some with earlier readings, as other threads') were admitted between the
+/// charge and the refund: afterwards the limiter is exactly as the others alone left
+/// it. On every GCRA front end.
+#[test]
+fn a_refund_past_immediate_admissions_gives_back_the_whole_charge() {
+    let s = 1_000_000_000u64;
+    let policy = policy(1, s, 5);
+    let t = Nanos::new(10 * s);
+    let earlier = Nanos::new(10 * s - s / 3);
+    // (front end name, remaining after the refund, remaining with the others alone)
+    let mut seen = Vec::new();
+    {
+        let limiter = RateLimiter::gcra_with_clock(policy, ManualClock::new());
+        limiter.clock().set(t);
+        let twin = RateLimiter::gcra_with_clock(policy, ManualClock::new());
+        assert!(twin.check_n_at(earlier, 1).is_allowed());
+        assert!(twin.check_n_at(t, 2).is_allowed());
+        let (d, receipt) = limiter.charge_at(t, 2);
+        assert!(d.is_allowed());
+        assert!(limiter.check_n_at(earlier, 1).is_allowed());
+        assert!(limiter.check_n_at(t, 2).is_allowed());
+        assert!(limiter.refund(receipt));
+        seen.push((
+            "gcra",
+            limiter.peek_at(t, 0).remaining(),
+            twin.peek_at(t, 0).remaining(),
+        ));
+    }
+    {
+        let clock = ManualClock::new();
+        clock.set(t);
+        let shaper = Shaper::with_clock(policy, clock);
+        let (d, receipt) = shaper.charge_at(t, 2);
+        assert!(d.is_allowed());
+        assert!(shaper.charge_at(earlier, 1).0.is_allowed());
+        assert!(shaper.charge_at(t, 2).0.is_allowed());
+        assert!(shaper.refund(receipt));
+        seen.push(("shaper", shaper.peek_at(t, 0).remaining(), 2));
+    }
+    fn keyed<St: Storage<u64, floodgate::GcraState>>(
+        policy: Policy,
+        t: Nanos,
+        earlier: Nanos,
+    ) -> u64 {
+        let clock = ManualClock::new();
+        clock.set(t);
+        let keyed = KeyedBuilder::new(Gcra::new(policy))
+            .clock(clock)
+            .build_in::<u64, St>()
+            .unwrap();
+        let (d, receipt) = keyed.charge_at(&1, t, 2);
+        assert!(d.is_allowed());
+        assert!(keyed.check_n_at(&1, earlier, 1).is_allowed());
+        assert!(keyed.check_n_at(&1, t, 2).is_allowed());
+        assert!(keyed.refund(&1, receipt));
+        keyed.peek_at(&1, t, 0).remaining()
+    }
+    seen.push(("heap", keyed::<Heap>(policy, t, earlier), 2));
+    seen.push(("inline", keyed::<Inline>(policy, t, earlier), 2));
+    seen.push(("fingerprint", keyed::<Fingerprint>(policy, t, earlier), 2));
+    for (name, after, alone) in seen {
+        assert_eq!(after, alone, "{name}: the refund kept part of its charge");
+    }
+
+    // The composite: a global limit admits, a per-user one denies; the global charge
+    // is rolled back whole.
+    let clock = ManualClock::new();
+    clock.set(t);
+    let global = RateLimiter::gcra_with_clock(policy, clock.clone());
+    let user = RateLimiter::gcra_with_clock(self::policy(1, s, 1), clock);
+    assert!(global.check_n_at(earlier, 2).is_allowed());
+    assert!(user.check_n_at(t, 1).is_allowed());
+    let before = global.peek_at(t, 0).remaining();
+    assert!(!floodgate::check_all(&[&global, &user], 1).is_allowed());
+    assert_eq!(global.peek_at(t, 0).remaining(), before);
+}
+
+/// Concurrent rollbacks on a busy limit (what `check_all` does under a flood a
+/// per-user limit denies): X, C and D are charged in turn, X is refunded (so C's
+/// booking moves down by up to T: `shift = T`), another request F is admitted at
+/// once, then C is refunded. No booking waits — every unit was admitted at once —
+/// yet since fab9fcc C gets nothing back: F's schedule, within `shift` of
+/// `now + τ`, may be a waiter's for all the rule can tell. Before fab9fcc the whole
+/// unit came back. Never more permissive (no over-admission), but a busy global
+/// limit keeps a unit of every such rollback until the clock catches up.
+#[test]
+#[ignore = "conservative loss, documented (\"exactly n·T when ... no other refund came between\"); telling waiters from immediate admissions needs the cell to know the furthest slot booked, a wider change"]
+fn a_rollback_after_another_rollback_gives_back_its_charge() {
+    let s = 1_000_000_000u64;
+    let clock = ManualClock::new();
+    let t = Nanos::new(10 * s);
+    clock.set(t);
+    let global = RateLimiter::gcra_with_clock(policy(1, s, 3), clock);
+    let (_, x) = global.charge_at(t, 1);
+    let (_, c) = global.charge_at(t, 1);
+    let (d, _kept) = global.charge_at(t, 1);
+    assert!(d.is_allowed());
+    assert!(global.refund(x));
+    assert!(global.check_n_at(t, 1).is_allowed());
+    assert!(global.refund(c), "the rollback gave nothing back");
+    assert_eq!(global.peek_at(t, 0).remaining(), 1);
+}
