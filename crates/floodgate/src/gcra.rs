@@ -326,6 +326,25 @@ impl Algorithm for Gcra {
         shift: u64,
         now: Nanos,
     ) -> Option<(GcraState, u64)> {
+        self.refund_judged(state, charge, shift, now, self.tau)
+    }
+}
+
+impl Gcra {
+    /// [`Algorithm::refund`], judging whether a unit booked after the charge has come
+    /// with the tolerance `booked_tau` instead of `τ`: it must be at most the `τ` of
+    /// every policy a booking on this state may have been made under (a later
+    /// booking's slot is its schedule's end less the `τ` it was booked with, so a
+    /// larger `τ` would see a waiting booking as come). [`LiveGcra`](crate::LiveGcra)
+    /// passes the smallest `τ` it has ever had.
+    pub(crate) fn refund_judged(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+        now: Nanos,
+        booked_tau: u64,
+    ) -> Option<(GcraState, u64)> {
         let start = charge
             .before
             .tat
@@ -341,7 +360,10 @@ impl Algorithm for Gcra {
         // them. A later unit whose schedule ends at `e` (moved down by at most `shift`)
         // has its slot at or before `e + shift − τ`; it has provably come when that is
         // at or before `now`, and then it may move like any admission already made.
-        let passed = now.as_u64().saturating_add(self.tau).saturating_sub(shift);
+        let passed = now
+            .as_u64()
+            .saturating_add(booked_tau)
+            .saturating_sub(shift);
         let ahead = state.tat.as_u64().saturating_sub(end.max(passed));
         let back = own.saturating_sub(ahead);
         (back > 0).then(|| {

@@ -88,7 +88,10 @@ impl PolicyCell {
 /// rate and tolerance `τ = B·T` apply from the next decision, so the time a key has
 /// used counts in units of the new interval, and a key booked further ahead than the
 /// new `τ` waits until its schedule drains to it. Refund receipts stay valid across a
-/// change (GCRA's refund gives back a span of the schedule, whatever the rate).
+/// change (GCRA's refund gives back a span of the schedule, whatever the rate). A
+/// refund judges whether the bookings made since its charge have come with the
+/// smallest `τ` this has ever had (their slots were set with the `τ` of their
+/// time): after a raise, a refund beside a full schedule may give back less.
 ///
 /// A decision costs four more loads (one cache line, read-only between changes)
 /// than with a plain [`Gcra`].
@@ -124,6 +127,12 @@ impl PolicyCell {
 /// ```
 pub struct LiveGcra {
     cell: CachePadded<PolicyCell>,
+    /// The smallest `τ = B·T` of every policy this has ever had, in ns: a refund
+    /// judges with it whether a booking made since its charge has come (a booking's
+    /// slot is its schedule's end less the `τ` it was booked under; judged with a
+    /// larger `τ` after a raise, a waiter would look come and its slot be handed out
+    /// again). Written under `update`, before the policy it covers is published.
+    booked_tau: AtomicU64,
     /// Serialises [`set_policy`](LiveGcra::set_policy) calls (never a decision).
     update: Mutex<()>,
 }
@@ -133,6 +142,7 @@ impl LiveGcra {
     pub fn new(policy: Policy) -> LiveGcra {
         LiveGcra {
             cell: CachePadded::new(PolicyCell::new(policy)),
+            booked_tau: AtomicU64::new(Gcra::new(policy).tolerance_nanos()),
             update: Mutex::new(()),
         }
     }
@@ -169,6 +179,12 @@ impl LiveGcra {
     /// ```
     pub fn set_policy(&self, policy: Policy) {
         let _serialised = lock(&self.update);
+        // Before the policy is published (its Release store): a refund that sees a
+        // booking made under it reads the state with Acquire after that booking's
+        // Release CAS, and so sees this floor.
+        let tau = Gcra::new(policy).tolerance_nanos();
+        let floor = self.booked_tau.load(Ordering::Relaxed);
+        self.booked_tau.store(floor.min(tau), Ordering::Relaxed);
         self.cell.store(policy);
     }
 
@@ -206,7 +222,11 @@ impl Algorithm for LiveGcra {
         shift: u64,
         now: Nanos,
     ) -> Option<(GcraState, u64)> {
-        self.gcra().refund(state, charge, shift, now)
+        // Relaxed: see `booked_tau`.
+        let booked_tau = self.booked_tau.load(Ordering::Relaxed);
+        let gcra = self.gcra();
+        let booked_tau = booked_tau.min(gcra.tolerance_nanos());
+        gcra.refund_judged(state, charge, shift, now, booked_tau)
     }
 
     fn book(
