@@ -684,12 +684,15 @@ pub struct ExactSlot {
     pub tat: u128,
     /// Units reserved.
     pub units: u64,
+    /// The schedule every cancellation had given back when this was reserved.
+    pub noted: u128,
 }
 
 /// Reservations on GCRA straight from their definition, in `u128`: the slot of `n`
 /// units is the instant `tat + n·T − B·T` at which a plain GCRA check of them would
-/// first succeed; a refund gives back the units nobody reserved after them
-/// (`x/time/rate`'s rule).
+/// first succeed; a refund gives back the units nobody may have reserved after them
+/// (`x/time/rate`'s rule, counting as "after" all the schedule that cancellations
+/// since the reservation may have moved it by).
 ///
 /// # Examples
 ///
@@ -706,6 +709,8 @@ pub struct ExactShaper {
     t: u128,
     b: u128,
     tat: Option<u128>,
+    /// Schedule given back by every cancellation so far.
+    given_back: u128,
 }
 
 impl ExactShaper {
@@ -720,6 +725,7 @@ impl ExactShaper {
             t: u128::from(period_nanos.div_ceil(limit)),
             b: u128::from(burst),
             tat: None,
+            given_back: 0,
         })
     }
 
@@ -742,6 +748,7 @@ impl ExactShaper {
                 ready_at: now as u64,
                 tat,
                 units: 0,
+                noted: self.given_back,
             });
         }
         let new_tat = tat + n * self.t;
@@ -760,6 +767,7 @@ impl ExactShaper {
             ready_at: slot as u64,
             tat: new_tat,
             units: n as u64,
+            noted: self.given_back,
         })
     }
 
@@ -769,14 +777,14 @@ impl ExactShaper {
             return 0;
         }
         let current = self.tat.unwrap_or(0);
-        let later = if current > slot.tat {
-            (current - slot.tat) / self.t
-        } else {
-            0
-        };
+        // Cancellations since this reservation may have moved it down by up to what
+        // they gave back: everything above its lowest possible end may be later units.
+        let lowest_end = slot.tat.saturating_sub(self.given_back - slot.noted);
+        let later = current.saturating_sub(lowest_end).div_ceil(self.t);
         let back = u128::from(slot.units).saturating_sub(later);
         if back > 0 {
             self.tat = Some(current.saturating_sub(back * self.t));
+            self.given_back += back * self.t;
         }
         back as u64
     }

@@ -120,6 +120,9 @@ pub struct Reservation {
     shaper: u64,
     /// The shaper's cell generation at the reservation: a reset invalidates it.
     generation: u64,
+    /// The shaper's refund ledger as the reservation noted it: how far later
+    /// cancellations and refunds have moved its booking since is the difference.
+    noted: u64,
     made_at: Nanos,
     ready_at: Nanos,
     /// `TAT` right after this reservation.
@@ -295,7 +298,7 @@ impl Algorithm for CancelRule {
         &self,
         state: GcraState,
         _charge: &Charged<GcraState>,
-        _shift: u64,
+        shift: u64,
         now: Nanos,
     ) -> Option<(GcraState, u64)> {
         if now.as_u64() > self.ready_at {
@@ -303,7 +306,12 @@ impl Algorithm for CancelRule {
         }
         let current = state.tat().as_u64();
         // Units reserved after this one: their slots are handed out, they stay spent.
-        let later = current.saturating_sub(self.tat) / self.interval.max(1);
+        // Cancellations and refunds since this reservation (`shift` of schedule) may
+        // have moved its booking down, and the later ones with it, without moving
+        // their slots: its booking now ends at or after `tat − shift`, so at most
+        // `current − (tat − shift)` of schedule, rounded up to whole units, is theirs.
+        let ours = self.tat.saturating_sub(shift);
+        let later = current.saturating_sub(ours).div_ceil(self.interval.max(1));
         let back = self.units.saturating_sub(later);
         if back == 0 {
             return None;
@@ -424,12 +432,13 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     ) -> Result<Reservation, ShapeError> {
         let reserve = Reserve::new(self.gcra, max_delay);
         let generation = self.cell.generation();
-        let decision = self.cell.apply(&reserve, now, cost);
+        let (decision, charged) = self.cell.charge(&reserve, now, cost);
         let delay = reserve.outcome(&decision, cost)?;
         let booked = decision.reset_after_nanos();
         Ok(Reservation {
             shaper: self.id,
             generation,
+            noted: charged.map_or(0, |(_, noted)| noted),
             made_at: now,
             ready_at: Nanos::new(now.as_u64().saturating_add(delay)),
             tat: Nanos::new(now.as_u64().saturating_add(booked)),
@@ -440,6 +449,12 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
 
     /// Gives back the units of `reservation` that nobody reserved after it, unless its
     /// slot has passed. Returns the units given back.
+    ///
+    /// Units reserved after it keep their slots, so they stay spent. When other
+    /// cancellations or refunds came since this reservation, it cannot tell whether
+    /// they moved it down (they did if they were for units before it): it then counts
+    /// as reserved after it every unit that may be, and may give back less than an
+    /// exact count would. It never gives back a slot a later reservation still holds.
     ///
     /// A reservation another shaper granted (another [`Shaper`] or [`LockedShaper`],
     /// or one since dropped, even if this shaper now sits at its address) is not
@@ -500,10 +515,13 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             at: reservation.made_at,
             cost: reservation.cost,
         };
-        if !self
-            .cell
-            .refund(&rule, &charge, 0, reservation.generation, || now)
-        {
+        if !self.cell.refund(
+            &rule,
+            &charge,
+            reservation.noted,
+            reservation.generation,
+            || now,
+        ) {
             return 0;
         }
         // given_back ≤ cost ≤ u32::MAX
@@ -876,12 +894,17 @@ mod tests {
         let one = s.reserve(1, max).unwrap(); // TAT 6T
         assert_eq!(one.delay(), Duration::from_millis(300));
         assert_eq!(s.cancel(one), 1); // the latest: all back, TAT 5T
-                                      // TAT 5T is below `two`'s own 6T: nothing after it is booked, both come back.
-        assert_eq!(s.cancel(two), 2); // TAT 3T: `first` and 2 units of `three`
-                                      // The first slot was at the start: 1 ns later it has passed, no refund.
+
+        // Two cancellations (2T of schedule) came after `two`: `three`'s moved it down
+        // by T, `one`'s did not, and nothing tells which. So `two` may end anywhere in
+        // 4T..=6T and up to 1T of the schedule above 4T may be a later reservation's:
+        // one unit stays spent (a conservative loss), one comes back.
+        assert_eq!(s.cancel(two), 1); // TAT 4T
+
+        // The first slot was at the start: 1 ns later it has passed, no refund.
         s.clock().advance(Duration::from_nanos(1));
         assert_eq!(s.cancel(first), 0);
-        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 300 * MS));
+        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 400 * MS));
     }
 
     /// A reservation from another shaper (a bigger one, one with the same policy, one

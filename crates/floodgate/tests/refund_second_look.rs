@@ -389,7 +389,6 @@ fn a_raised_burst_never_frees_a_waiters_slot() {
 /// proptest `live_reservations_conform_whatever_is_cancelled` on a new seed (not
 /// fab9fcc's rule: no GCRA refund is involved).
 #[test]
-#[ignore = "defect in CancelRule (shaping.rs): it ignores how far earlier cancellations moved the later reservations; a sound fix (cancel through GCRA's refund rule with a ledger note on reservations) is not small"]
 fn two_cancellations_never_hand_out_a_later_reservations_slot() {
     let policy = policy(1, 1_000, 3);
     let shaper = Shaper::with_clock(policy, ManualClock::new());
