@@ -326,7 +326,7 @@ impl Algorithm for Gcra {
         shift: u64,
         now: Nanos,
     ) -> Option<(GcraState, u64)> {
-        self.refund_judged(state, charge, shift, now, self.tau)
+        self.refund_judged(state, charge, shift, now, self.tau, false)
     }
 }
 
@@ -337,6 +337,13 @@ impl Gcra {
     /// booking's slot is its schedule's end less the `τ` it was booked with, so a
     /// larger `τ` would see a waiting booking as come). [`LiveGcra`](crate::LiveGcra)
     /// passes the smallest `τ` it has ever had.
+    ///
+    /// `tau_may_rise`: the policy may get a larger `τ` after this refund (a
+    /// [`LiveGcra`](crate::LiveGcra)). A booking still waiting keeps its slot while
+    /// the next ones are placed `τ` before the schedule's end, so after a raise they
+    /// land earlier against it by the raise; no part of the schedule below a waiting
+    /// booking can then be given back safely, and the refund gives back nothing while
+    /// one waits.
     pub(crate) fn refund_judged(
         &self,
         state: GcraState,
@@ -344,6 +351,7 @@ impl Gcra {
         shift: u64,
         now: Nanos,
         booked_tau: u64,
+        tau_may_rise: bool,
     ) -> Option<(GcraState, u64)> {
         let start = charge
             .before
@@ -365,6 +373,9 @@ impl Gcra {
             .saturating_add(booked_tau)
             .saturating_sub(shift);
         let ahead = state.tat.as_u64().saturating_sub(end.max(passed));
+        if tau_may_rise && ahead > 0 {
+            return None;
+        }
         let back = own.saturating_sub(ahead);
         (back > 0).then(|| {
             let tat = Nanos::new(state.tat.as_u64().saturating_sub(back));

@@ -91,7 +91,8 @@ impl PolicyCell {
 /// change (GCRA's refund gives back a span of the schedule, whatever the rate). A
 /// refund judges whether the bookings made since its charge have come with the
 /// smallest `τ` this has ever had (their slots were set with the `τ` of their
-/// time): after a raise, a refund beside a full schedule may give back less.
+/// time), and while one of them still waits it gives back nothing: a later raise
+/// would place the next bookings earlier against the waiting one's slot.
 ///
 /// A decision costs four more loads (one cache line, read-only between changes)
 /// than with a plain [`Gcra`].
@@ -226,7 +227,7 @@ impl Algorithm for LiveGcra {
         let booked_tau = self.booked_tau.load(Ordering::Relaxed);
         let gcra = self.gcra();
         let booked_tau = booked_tau.min(gcra.tolerance_nanos());
-        gcra.refund_judged(state, charge, shift, now, booked_tau)
+        gcra.refund_judged(state, charge, shift, now, booked_tau, true)
     }
 
     fn book(
