@@ -12,25 +12,14 @@
 //!   when nothing booked since waits for a later slot.
 #![cfg(not(loom))]
 
+mod common;
+use common::conforms;
+
 use floodgate::{
     Clock, Fingerprint, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter, LiveGcra, ManualClock,
     Nanos, Policy, RateLimiter, Receipt, Reservation, Shaper, Storage,
 };
 use std::time::Duration;
-
-/// Replays grants (instant, cost) in time order on a fresh GCRA of `policy`: every one
-/// must be admitted.
-fn conforms(policy: Policy, grants: &[(Nanos, u32)]) -> Result<(), String> {
-    let mut sorted = grants.to_vec();
-    sorted.sort();
-    let fresh = RateLimiter::gcra_with_clock(policy, ManualClock::new());
-    for &(at, cost) in &sorted {
-        if !fresh.check_n_at(at, cost).is_allowed() {
-            return Err(format!("{cost} at {at:?} passes the limit: {sorted:?}"));
-        }
-    }
-    Ok(())
-}
 
 /// What gives a grant back.
 enum Handle {

@@ -2,6 +2,9 @@
 //! waits: each test is an attack; those that failed before a fix name it.
 #![cfg(not(loom))]
 
+mod common;
+use common::conforms;
+
 use floodgate::{FixedWindow, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow};
 use std::time::Duration;
 
@@ -102,21 +105,6 @@ fn a_fixed_window_refund_at_a_wrapped_index_keeps_its_window() {
         "the state moved back to an older window"
     );
     assert!(limiter.peek_at(Nanos::new(4 * p + 7), 0).remaining() < p);
-}
-
-/// Replays grants (instant, cost) in time order on a fresh GCRA of `policy`: every one
-/// must be admitted. This is the bound every set of live (not given back) grants of a
-/// shaper or a GCRA limiter must meet, whatever was reserved, cancelled or refunded.
-fn conforms(policy: Policy, grants: &[(Nanos, u32)]) -> Result<(), String> {
-    let mut sorted = grants.to_vec();
-    sorted.sort();
-    let fresh = RateLimiter::gcra_with_clock(policy, ManualClock::new());
-    for &(at, cost) in &sorted {
-        if !fresh.check_n_at(at, cost).is_allowed() {
-            return Err(format!("{cost} at {at:?} passes the limit: {sorted:?}"));
-        }
-    }
-    Ok(())
 }
 
 /// Three waiters book slots 0, 1 s and 2 s on a burst of 1 at 1 per second; the middle

@@ -22,6 +22,24 @@ macro_rules! each_storage {
 
 use proptest::prelude::*;
 
+/// Replays grants (instant, cost) in time order on a fresh GCRA of `policy`: every one
+/// must be admitted. This is the bound every set of live (not given back) grants of a
+/// shaper or a GCRA limiter must meet, whatever was reserved, cancelled or refunded.
+pub fn conforms(
+    policy: floodgate::Policy,
+    grants: &[(floodgate::Nanos, u32)],
+) -> Result<(), String> {
+    let mut sorted = grants.to_vec();
+    sorted.sort();
+    let fresh = floodgate::RateLimiter::gcra_with_clock(policy, floodgate::ManualClock::new());
+    for &(at, cost) in &sorted {
+        if !fresh.check_n_at(at, cost).is_allowed() {
+            return Err(format!("{cost} at {at:?} passes the limit: {sorted:?}"));
+        }
+    }
+    Ok(())
+}
+
 /// One step of a trace: move the clock by `step` ns (negative: an earlier reading),
 /// then check (or peek) `cost` units.
 #[derive(Clone, Debug)]
