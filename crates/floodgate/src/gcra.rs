@@ -280,9 +280,10 @@ impl Algorithm for Gcra {
     /// (those slots are handed out and stay spent, as in `x/time/rate`): at most
     /// `n·T`, exactly `n·T` when it follows the charge before the clock catches up, no
     /// other refund came between and nothing booked since waits for a later slot,
-    /// nothing once the clock has passed the booking. Every admission the refund sees must have been decided at a reading
-    /// ≤ `now` (the cells read the clock after loading the state, which gives this
-    /// with any clock that is monotone across threads).
+    /// nothing once the clock has passed the booking. Every admission the refund sees
+    /// must have been decided at a reading ≤ `now` (the cells read the clock after
+    /// loading the state, which gives this with any clock that is monotone across
+    /// threads).
     ///
     /// # Examples
     ///

@@ -172,9 +172,7 @@ impl WindowShape {
             policy,
         })
     }
-}
 
-impl WindowShape {
     /// The units a refund of `back` leaves in place when giving all of them back would
     /// leave `packed_after_all` (the state with all `back` units given back): 1 when
     /// that is the all-zero word and the window index has wrapped (the full index of
