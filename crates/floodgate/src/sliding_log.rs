@@ -13,9 +13,12 @@
 //! reset_after = until the newest unit leaves (0 if none counts)
 //! ```
 //!
-//! Cost 0 is always allowed and writes nothing. A reading earlier than the newest
-//! logged unit (another core's clock) is judged at that unit's instant, and a unit
-//! admitted then is logged there, so the log stays sorted and never moves back.
+//! Cost 0 is always allowed and writes nothing. A reading earlier than the latest
+//! instant a unit was logged at (another thread's reading, or another core's clock)
+//! is judged at that instant, and a unit admitted then is logged there, so the log
+//! stays sorted and never moves back — not even when a refund gives back the newest
+//! units: their admission dropped the units that had expired at their instant, which
+//! a reading behind it would still count.
 //!
 //! # Memory
 //!
@@ -110,13 +113,19 @@ impl Bounds {
 pub(crate) struct Ring {
     entries: VecDeque<Entry>,
     units: u64,
+    /// The latest instant a unit was ever logged at. A reading is judged no earlier:
+    /// once a refund has removed the newest entry, the entries that entry's admission
+    /// dropped (expired at its instant, not at earlier ones) would otherwise go
+    /// uncounted for a reading behind it.
+    logged: u64,
 }
 
 impl Ring {
-    /// The instant a reading `now` is judged at: never before the newest entry.
+    /// The instant a reading `now` is judged at: never before the latest instant a
+    /// unit was logged at (the newest entry's, or a later one a refund removed).
     #[inline]
     fn judged_at(&self, now: u64) -> u64 {
-        self.entries.back().map_or(now, |e| e.at.max(now))
+        self.logged.max(now)
     }
 
     /// `(units still counting at t, index of the oldest entry still counting)`.
@@ -154,6 +163,7 @@ impl Ring {
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.units = 0;
+        self.logged = 0;
     }
 
     /// The decision, and the instant to log the units at if admitted.
@@ -219,6 +229,7 @@ impl Ring {
             self.entries.pop_front();
         }
         self.units += n;
+        self.logged = at;
         match self.entries.back_mut() {
             Some(newest) if newest.at == at => newest.units += n,
             _ => self.entries.push_back(Entry { at, units: n }),
