@@ -36,8 +36,9 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// About 10 seconds of measuring in all instead of about 90 (a quick look: its
-    /// 20 ms runs move more between invocations).
+    /// A 10-second measuring budget instead of 90 (a quick look: its 20 ms runs move
+    /// more between invocations). No run is shorter than 20 ms, so a large matrix
+    /// takes longer: the main job about 25 s on 2 cores, warm-ups included.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
@@ -62,8 +63,9 @@ pub(crate) struct BenchArgs {
     /// medians and ranges over the rounds.
     #[arg(long, conflicts_with_all = ["csv", "plot"])]
     pub(crate) latency: bool,
-    /// Also draw throughput against threads (the hot-key group, one line per
-    /// contender) as an SVG file.
+    /// Also draw throughput against threads (the first group measured at its first
+    /// key count: by default the hot-key group, `gcra`; one line per contender) as an
+    /// SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<std::path::PathBuf>,
     /// Print the heap bytes per key of each keyed table (floodgate on each storage,
@@ -72,7 +74,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, conflicts_with_all = ["csv", "plot", "latency", "groups"])]
     pub(crate) memory: bool,
     /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
-    /// with --memory, 1000000). Each table holds its key count (capacity = keys).
+    /// with --memory, 1000000). Each table holds its key count (capacity = keys); a
+    /// count over the keyed table's default memory budget is refused. The one-key
+    /// group, `gcra-keyed-hot`, stays at one key.
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
