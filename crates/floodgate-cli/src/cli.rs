@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use floodgate::parse_duration;
 
+use crate::bench::MAX_REPEATS;
+
 /// floodgate: lock-free rate limiting — benchmarks and policy replay.
 #[derive(Debug, Parser)]
 #[command(
@@ -44,8 +46,10 @@ pub(crate) struct BenchArgs {
     /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
-    /// Runs of each cell (at least 3); the table shows their median and spread.
-    #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N")]
+    /// Runs of each cell (at least 3, at most 1000); the table shows their median
+    /// and spread.
+    #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N",
+          value_parser = parse_repeats)]
     pub(crate) repeats: NonZeroUsize,
     /// Measure no thread count above this (the default goes one power of two past
     /// the available parallelism).
@@ -122,6 +126,17 @@ pub(crate) struct ReplayArgs {
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,
+}
+
+/// `--repeats`: 1 to [`MAX_REPEATS`] (fewer than [`MIN_REPEATS`] run as many).
+///
+/// [`MIN_REPEATS`]: crate::bench::MIN_REPEATS
+fn parse_repeats(text: &str) -> Result<NonZeroUsize, String> {
+    let repeats: NonZeroUsize = text.parse().map_err(|e| format!("{e}"))?;
+    if repeats.get() > MAX_REPEATS {
+        return Err(format!("at most {MAX_REPEATS}"));
+    }
+    Ok(repeats)
 }
 
 /// Every algorithm name `replay` accepts (and later `bench` may filter on).

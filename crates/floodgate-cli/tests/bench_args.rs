@@ -142,3 +142,33 @@ fn an_unwritable_plot_path_is_an_error_naming_it() {
     );
     assert!(output.stdout.is_empty());
 }
+
+#[test]
+fn repeats_past_the_most_a_run_honours_are_refused() {
+    // The throughput table ran at most 1000 repeats whatever was asked (and reported
+    // 1000); --latency ran every round asked for, a run without end for a large count.
+    for args in [
+        &[
+            "bench",
+            "--repeats",
+            "1001",
+            "--groups",
+            "gcra",
+            "--max-threads",
+            "1",
+        ][..],
+        &[
+            "bench",
+            "--latency",
+            "--quick",
+            "--repeats",
+            "18446744073709551615",
+        ][..],
+    ] {
+        let output = floodgate(args);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+        assert!(message.contains("--repeats"), "{args:?}: {message}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}

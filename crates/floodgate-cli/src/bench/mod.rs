@@ -47,6 +47,8 @@ const QUICK_TOTAL: Duration = Duration::from_secs(10);
 const MIN_RUN: Duration = Duration::from_millis(20);
 /// Each cell runs at least this often, so its spread means something.
 pub(crate) const MIN_REPEATS: usize = 3;
+/// The most `--repeats` accepts (a larger count is refused, not cut down).
+pub(crate) const MAX_REPEATS: usize = 1_000;
 /// Runs of a cell whose max ÷ min exceeds this are marked unstable.
 pub(crate) const UNSTABLE_SPREAD: f64 = 1.2;
 
@@ -83,7 +85,7 @@ impl Plan {
 /// [`MIN_RUN`] (the total grows instead).
 pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
     let cells = cells.max(1) as u32;
-    let repeats = repeats.clamp(1, 1_000);
+    let repeats = repeats.clamp(1, MAX_REPEATS);
     Plan {
         repeats,
         run_time: (total / (cells * repeats as u32)).max(MIN_RUN),
