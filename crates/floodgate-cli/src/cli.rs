@@ -65,7 +65,7 @@ pub(crate) struct BenchArgs {
     /// p99.9, max; CAS retries when built with the `cas-stats` feature) instead of the
     /// throughput table: --repeats rounds, each row once a round in a rotating order,
     /// medians and ranges over the rounds.
-    #[arg(long, conflicts_with_all = ["csv", "plot"])]
+    #[arg(long, conflicts_with_all = ["csv", "plot", "groups", "keys", "duration"])]
     pub(crate) latency: bool,
     /// Also draw throughput against threads (the first group measured at its first
     /// key count: by default the hot-key group, `gcra`; one line per contender) as an
@@ -75,7 +75,9 @@ pub(crate) struct BenchArgs {
     /// Print the heap bytes per key of each keyed table (floodgate on each storage,
     /// the mutex twin, textbook, governor, the dashmap and papaya anchors) holding
     /// --keys u64 keys (default: 1000000) instead of the throughput table.
-    #[arg(long, conflicts_with_all = ["csv", "plot", "latency", "groups"])]
+    #[arg(long, conflicts_with_all = [
+        "csv", "plot", "latency", "groups", "duration", "quick", "repeats", "max_threads",
+    ])]
     pub(crate) memory: bool,
     /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
     /// with --memory, 1000000). Each table holds its key count (capacity = keys); a

@@ -172,3 +172,33 @@ fn repeats_past_the_most_a_run_honours_are_refused() {
         assert!(output.stdout.is_empty(), "{args:?}");
     }
 }
+
+#[test]
+fn flags_a_mode_does_not_read_are_refused_not_ignored() {
+    // --latency times one hot key (no groups, no key counts, no time budget);
+    // --memory times nothing. A flag they would drop is an error instead.
+    for args in [
+        &[
+            "bench",
+            "--latency",
+            "--quick",
+            "--groups",
+            "gcra-keyed-idle",
+        ][..],
+        &["bench", "--latency", "--quick", "--keys", "1000"][..],
+        &["bench", "--latency", "--quick", "--duration", "1s"][..],
+        &["bench", "--memory", "--keys", "1000", "--duration", "1s"][..],
+        &["bench", "--memory", "--keys", "1000", "--max-threads", "1"][..],
+        &["bench", "--memory", "--keys", "1000", "--repeats", "5"][..],
+        &["bench", "--memory", "--keys", "1000", "--quick"][..],
+    ] {
+        let output = floodgate(args);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+        assert!(
+            message.contains("cannot be used with"),
+            "{args:?}: {message}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}
