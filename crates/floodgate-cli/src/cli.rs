@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use floodgate::parse_duration;
 
+use crate::bench::MAX_REPEATS;
+
 /// floodgate: lock-free rate limiting — benchmarks and policy replay.
 #[derive(Debug, Parser)]
 #[command(
@@ -36,15 +38,18 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
-    /// About 10 seconds of measuring in all instead of about 90 (a quick look: its
-    /// 20 ms runs move more between invocations).
+    /// A 10-second measuring budget instead of 90 (a quick look: its 20 ms runs move
+    /// more between invocations). No run is shorter than 20 ms, so a large matrix
+    /// takes longer: the main job about 25 s on 2 cores, warm-ups included.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
-    /// Runs of each cell (at least 3); the table shows their median and spread.
-    #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N")]
+    /// Runs of each cell (at least 3, at most 1000); the table shows their median
+    /// and spread.
+    #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N",
+          value_parser = parse_repeats)]
     pub(crate) repeats: NonZeroUsize,
     /// Measure no thread count above this (the default goes one power of two past
     /// the available parallelism).
@@ -60,19 +65,24 @@ pub(crate) struct BenchArgs {
     /// p99.9, max; CAS retries when built with the `cas-stats` feature) instead of the
     /// throughput table: --repeats rounds, each row once a round in a rotating order,
     /// medians and ranges over the rounds.
-    #[arg(long, conflicts_with_all = ["csv", "plot"])]
+    #[arg(long, conflicts_with_all = ["csv", "plot", "groups", "keys", "duration"])]
     pub(crate) latency: bool,
-    /// Also draw throughput against threads (the hot-key group, one line per
-    /// contender) as an SVG file.
+    /// Also draw throughput against threads (the first group measured at its first
+    /// key count: by default the hot-key group, `gcra`; one line per contender) as an
+    /// SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<std::path::PathBuf>,
     /// Print the heap bytes per key of each keyed table (floodgate on each storage,
     /// the mutex twin, textbook, governor, the dashmap and papaya anchors) holding
     /// --keys u64 keys (default: 1000000) instead of the throughput table.
-    #[arg(long, conflicts_with_all = ["csv", "plot", "latency", "groups"])]
+    #[arg(long, conflicts_with_all = [
+        "csv", "plot", "latency", "groups", "duration", "quick", "repeats", "max_threads",
+    ])]
     pub(crate) memory: bool,
     /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
-    /// with --memory, 1000000). Each table holds its key count (capacity = keys).
+    /// with --memory, 1000000). Each table holds its key count (capacity = keys); a
+    /// count over the keyed table's default memory budget is refused. The one-key
+    /// group, `gcra-keyed-hot`, stays at one key.
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
@@ -118,6 +128,17 @@ pub(crate) struct ReplayArgs {
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,
+}
+
+/// `--repeats`: 1 to [`MAX_REPEATS`] (fewer than [`MIN_REPEATS`] run as many).
+///
+/// [`MIN_REPEATS`]: crate::bench::MIN_REPEATS
+fn parse_repeats(text: &str) -> Result<NonZeroUsize, String> {
+    let repeats: NonZeroUsize = text.parse().map_err(|e| format!("{e}"))?;
+    if repeats.get() > MAX_REPEATS {
+        return Err(format!("at most {MAX_REPEATS}"));
+    }
+    Ok(repeats)
 }
 
 /// Every algorithm name `replay` accepts (and later `bench` may filter on).

@@ -21,8 +21,10 @@ mod plot;
 
 use std::collections::BTreeMap;
 use std::io::{self, IsTerminal, Write};
+use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
+use floodgate::{KeyedBuilder, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY};
 use floodgate_bench::latency::Spread;
 use floodgate_bench::matrix::{groups, keyed_tables, Group, Implementation, Setup, Suite};
 use floodgate_bench::memory::{counting, footprint};
@@ -45,6 +47,8 @@ const QUICK_TOTAL: Duration = Duration::from_secs(10);
 const MIN_RUN: Duration = Duration::from_millis(20);
 /// Each cell runs at least this often, so its spread means something.
 pub(crate) const MIN_REPEATS: usize = 3;
+/// The most `--repeats` accepts (a larger count is refused, not cut down).
+pub(crate) const MAX_REPEATS: usize = 1_000;
 /// Runs of a cell whose max ÷ min exceeds this are marked unstable.
 pub(crate) const UNSTABLE_SPREAD: f64 = 1.2;
 
@@ -81,7 +85,7 @@ impl Plan {
 /// [`MIN_RUN`] (the total grows instead).
 pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
     let cells = cells.max(1) as u32;
-    let repeats = repeats.clamp(1, 1_000);
+    let repeats = repeats.clamp(1, MAX_REPEATS);
     Plan {
         repeats,
         run_time: (total / (cells * repeats as u32)).max(MIN_RUN),
@@ -405,6 +409,7 @@ fn run_memory(args: &BenchArgs) -> Result<(), Failure> {
             "--memory: this binary's allocator does not count its bytes".to_owned(),
         ));
     }
+    check_key_counts(&args.keys)?;
     let keys: Vec<u64> = if args.keys.is_empty() {
         vec![MEMORY_KEYS]
     } else {
@@ -480,8 +485,32 @@ fn machine() -> Machine {
     }
 }
 
+/// Refuses a `--keys` count that floodgate's keyed table, built as the matrix builds
+/// it (capacity = keys, the library's default shards and memory budget), cannot
+/// hold, before any table is built: the matrix's builders treat their capacity as
+/// valid.
+fn check_key_counts(keys: &[NonZeroU64]) -> Result<(), Failure> {
+    for &count in keys {
+        let refused = |reason: String| Failure::usage(format!("--keys {count}: {reason}"));
+        let capacity = usize::try_from(count.get())
+            .map_err(|_| refused(format!("more than {MAX_CAPACITY} keys")))?;
+        let slot_bytes = KeyedBuilder::default()
+            .capacity(capacity)
+            .slot_bytes()
+            .map_err(|e| refused(e.to_string()))?;
+        if slot_bytes > DEFAULT_MEMORY_BUDGET {
+            return Err(refused(format!(
+                "a keyed table of {count} keys needs {slot_bytes} bytes of slots, over the \
+                 default memory budget of {DEFAULT_MEMORY_BUDGET} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The matrix's groups `--groups` names (by default those of the main job), the
-/// keyed ones at the `--keys` key counts.
+/// keyed ones at the `--keys` key counts, except the one-key group (`[1]`: every
+/// thread on one key), which stays at one key.
 fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
     let mut all = groups();
     if let Some(unknown) = args
@@ -501,7 +530,9 @@ fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
         all.retain(|g| args.groups.contains(&g.id));
     }
     if !args.keys.is_empty() {
-        for group in all.iter_mut().filter(|g| g.suite == Suite::Keyed) {
+        check_key_counts(&args.keys)?;
+        let sized_by_keys = |g: &Group| g.suite == Suite::Keyed && g.key_counts != [1];
+        for group in all.iter_mut().filter(|g| sized_by_keys(g)) {
             group.key_counts = args.keys.iter().map(|k| k.get()).collect();
         }
     }
@@ -524,6 +555,11 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     let available = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = thread_counts(available, args.max_threads.map(|n| n.get()));
     let groups = chosen_groups(&args)?;
+    if let Some(path) = &args.plot {
+        // Fail before measuring, not after: create the file the plot will replace.
+        std::fs::File::create(path)
+            .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;
+    }
     let mut cells: Vec<Cell> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
         for &keys in &group.key_counts {
@@ -584,7 +620,11 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         rows: rows(&groups, &threads, &cells),
     };
     if let Some(path) = &args.plot {
-        let series = plot::series(report.rows.iter().filter(|r| r.group == groups[0].id).map(
+        // The first group chosen (by default the hot key, `gcra`), at its first key
+        // count: one point per thread count for each contender.
+        let (drawn, keys) = (&groups[0], groups[0].key_counts[0]);
+        let rows = report.rows.iter();
+        let series = plot::series(rows.filter(|r| r.group == drawn.id && r.keys == keys).map(
             |row| {
                 (
                     row.threads,
@@ -596,8 +636,11 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
             },
         ));
         let title = format!(
-            "{} on one hot key, {} ({} cores): million decisions/s",
-            groups[0].id, report.machine.cpu, available
+            "{}, {keys} key{}, {} ({} cores): million decisions/s",
+            drawn.id,
+            if keys == 1 { "" } else { "s" },
+            report.machine.cpu,
+            available
         );
         plot::draw(path, &title, &series)
             .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;

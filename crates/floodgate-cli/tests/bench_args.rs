@@ -1,0 +1,204 @@
+//! `floodgate bench` given arguments it cannot honour: a clear message and a non-zero
+//! exit, never a panic; and arguments that must not change what a group measures.
+//! Each run is cut to a fraction of a second (one group, one thread, `--duration 1ms`
+//! and the 20 ms floor per run); nothing here asserts a speed.
+
+use std::process::{Command, Output};
+
+fn floodgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(args)
+        .output()
+        .expect("the floodgate binary runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn key_counts_no_keyed_table_can_hold_are_refused_not_a_panic() {
+    // 10^11 keys: over the keyed table's default memory budget; u64::MAX: over its
+    // largest capacity. Both with --memory and for a timed keyed group.
+    for keys in ["100000000000", "18446744073709551615"] {
+        for args in [
+            &["bench", "--memory", "--keys", keys][..],
+            &[
+                "bench",
+                "--groups",
+                "gcra-keyed-idle",
+                "--keys",
+                keys,
+                "--max-threads",
+                "1",
+                "--duration",
+                "1ms",
+            ][..],
+        ] {
+            let output = floodgate(args);
+            let message = stderr(&output);
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+            assert!(!message.contains("panicked"), "{args:?}: {message}");
+            assert!(
+                message.starts_with(&format!("floodgate: --keys {keys}: ")),
+                "{args:?}: {message}"
+            );
+            assert!(output.stdout.is_empty(), "{args:?}");
+        }
+    }
+}
+
+#[test]
+fn keys_leave_the_one_key_group_at_one_key() {
+    // `gcra-keyed-hot` sends every thread to one key; --keys sizes the other keyed
+    // groups and must not turn it into a many-key run (whose hot-key table, sized for
+    // its one key, would churn).
+    let output = floodgate(&[
+        "bench",
+        "--groups",
+        "gcra-keyed-hot,gcra-keyed-idle",
+        "--keys",
+        "5000",
+        "--max-threads",
+        "1",
+        "--duration",
+        "1ms",
+        "--csv",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let csv = String::from_utf8(output.stdout).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with("gcra-keyed-hot,1,1,leased,")),
+        "{csv}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with("gcra-keyed-idle,5000,1,")),
+        "{csv}"
+    );
+    for row in &rows {
+        let mut fields = row.split(',');
+        let (group, keys) = (fields.next().unwrap(), fields.next().unwrap());
+        match group {
+            "gcra-keyed-hot" => assert_eq!(keys, "1", "{row}"),
+            "gcra-keyed-idle" => assert_eq!(keys, "5000", "{row}"),
+            other => panic!("unexpected group {other}: {row}"),
+        }
+    }
+}
+
+#[test]
+fn the_plot_names_the_group_and_key_count_it_draws() {
+    // Without `gcra`, the plot draws the first group chosen, at its first key count:
+    // its title must say which, not "on one hot key".
+    let dir = std::env::temp_dir().join(format!("floodgate-plot-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keyed.svg");
+    let output = floodgate(&[
+        "bench",
+        "--groups",
+        "gcra-keyed-idle",
+        "--keys",
+        "1000,2000",
+        "--max-threads",
+        "1",
+        "--duration",
+        "1ms",
+        "--csv",
+        "--plot",
+        path.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(&path);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let svg = svg.expect("the plot was written");
+    assert!(svg.contains("gcra-keyed-idle, 1000 keys"), "{svg}");
+    assert!(!svg.contains("hot key"), "{svg}");
+}
+
+#[test]
+fn an_unwritable_plot_path_is_an_error_naming_it() {
+    let path = std::env::temp_dir()
+        .join(format!("floodgate-no-such-dir-{}", std::process::id()))
+        .join("x.svg");
+    let output = floodgate(&[
+        "bench",
+        "--groups",
+        "gcra",
+        "--max-threads",
+        "1",
+        "--duration",
+        "1ms",
+        "--plot",
+        path.to_str().unwrap(),
+    ]);
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(
+        message.starts_with(&format!("floodgate: --plot {}: ", path.display())),
+        "{message}"
+    );
+    assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn repeats_past_the_most_a_run_honours_are_refused() {
+    // The throughput table ran at most 1000 repeats whatever was asked (and reported
+    // 1000); --latency ran every round asked for, a run without end for a large count.
+    for args in [
+        &[
+            "bench",
+            "--repeats",
+            "1001",
+            "--groups",
+            "gcra",
+            "--max-threads",
+            "1",
+        ][..],
+        &[
+            "bench",
+            "--latency",
+            "--quick",
+            "--repeats",
+            "18446744073709551615",
+        ][..],
+    ] {
+        let output = floodgate(args);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+        assert!(message.contains("--repeats"), "{args:?}: {message}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn flags_a_mode_does_not_read_are_refused_not_ignored() {
+    // --latency times one hot key (no groups, no key counts, no time budget);
+    // --memory times nothing. A flag they would drop is an error instead.
+    for args in [
+        &[
+            "bench",
+            "--latency",
+            "--quick",
+            "--groups",
+            "gcra-keyed-idle",
+        ][..],
+        &["bench", "--latency", "--quick", "--keys", "1000"][..],
+        &["bench", "--latency", "--quick", "--duration", "1s"][..],
+        &["bench", "--memory", "--keys", "1000", "--duration", "1s"][..],
+        &["bench", "--memory", "--keys", "1000", "--max-threads", "1"][..],
+        &["bench", "--memory", "--keys", "1000", "--repeats", "5"][..],
+        &["bench", "--memory", "--keys", "1000", "--quick"][..],
+    ] {
+        let output = floodgate(args);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+        assert!(
+            message.contains("cannot be used with"),
+            "{args:?}: {message}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+}
