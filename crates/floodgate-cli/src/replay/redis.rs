@@ -58,7 +58,13 @@ impl RedisEngine {
             .map_err(|e| Failure::runtime(format!("starting the async runtime: {e}")))?;
         let conn = runtime
             .block_on(floodgate_redis::connect(url))
-            .map_err(|e| Failure::runtime(format!("cannot connect to Redis at {url}: {e}")))?;
+            .map_err(|e| {
+                if e.kind() == redis::ErrorKind::InvalidClientConfig {
+                    Failure::usage(format!("--redis: {url:?} is not a Redis URL: {e}"))
+                } else {
+                    Failure::runtime(format!("cannot connect to Redis at {url}: {e}"))
+                }
+            })?;
         let limiter = builder
             .build(conn)
             .map_err(|e| Failure::usage(format!("--redis: {e}")))?;
