@@ -308,46 +308,21 @@ fn each_run_takes_a_fresh_prefix_unless_one_is_given() {
 
 #[test]
 fn a_url_that_does_not_parse_is_a_usage_error_and_no_server_a_runtime_one() {
-    for url in ["not a url", "http://127.0.0.1:6379/", "redis://"] {
-        let out = replay(
-            &[
-                "--algorithm",
-                "gcra",
-                "--limit",
-                "5",
-                "--per",
-                "1s",
-                "--redis",
-                url,
-            ],
-            "0 a 1\n",
-        );
-        assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out.stderr));
-        assert!(
-            text(&out.stderr).contains("--redis"),
-            "{url}: {}",
-            text(&out.stderr)
-        );
+    let through = |url: &str| {
+        let policy = "--algorithm gcra --limit 5 --per 1s --redis";
+        let mut args: Vec<&str> = policy.split(' ').collect();
+        args.push(url);
+        let out = replay(&args, "0 a 1\n");
         assert!(out.stdout.is_empty(), "{url}: nothing decided");
+        (out.status.code(), text(&out.stderr))
+    };
+    for url in ["not a url", "http://127.0.0.1:6379/", "redis://"] {
+        let (status, stderr) = through(url);
+        assert_eq!(status, Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("--redis"), "{url}: {stderr}");
     }
     // Port 1 on loopback: nothing listens there (a refused connection, at once).
-    let out = replay(
-        &[
-            "--algorithm",
-            "gcra",
-            "--limit",
-            "5",
-            "--per",
-            "1s",
-            "--redis",
-            "redis://127.0.0.1:1/",
-        ],
-        "0 a 1\n",
-    );
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("cannot connect"),
-        "{}",
-        text(&out.stderr)
-    );
+    let (status, stderr) = through("redis://127.0.0.1:1/");
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
 }
