@@ -144,6 +144,33 @@ fn an_unwritable_plot_path_is_an_error_naming_it() {
 }
 
 #[test]
+fn an_interrupted_run_neither_truncates_an_earlier_plot_nor_leaves_an_empty_one() {
+    let dir = std::env::temp_dir().join(format!("floodgate-plot-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let earlier = dir.join("earlier.svg");
+    std::fs::write(&earlier, "<svg>an earlier plot</svg>").unwrap();
+    let fresh = dir.join("fresh.svg");
+    for path in [&earlier, &fresh] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args(["bench", "--groups", "gcra", "--duration", "60s", "--plot"])
+            .arg(path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the floodgate binary starts");
+        // The path is checked before the first run; a minute of runs is still ahead.
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        child.kill().expect("the run is still going");
+        child.wait().unwrap();
+    }
+    let kept = std::fs::read_to_string(&earlier);
+    let left = fresh.exists();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(kept.unwrap(), "<svg>an earlier plot</svg>");
+    assert!(!left, "an interrupted run left an empty plot file");
+}
+
+#[test]
 fn repeats_past_the_most_a_run_honours_are_refused() {
     // The throughput table ran at most 1000 repeats whatever was asked (and reported
     // 1000); --latency ran every round asked for, a run without end for a large count.

@@ -556,9 +556,18 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     let threads = thread_counts(available, args.max_threads.map(|n| n.get()));
     let groups = chosen_groups(&args)?;
     if let Some(path) = &args.plot {
-        // Fail before measuring, not after: create the file the plot will replace.
-        std::fs::File::create(path)
+        // Fail before measuring, not after: open the file for writing now, without
+        // truncating one that exists (an interrupted run keeps the earlier plot) and
+        // removing one this check created (an interrupted run leaves no empty file).
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
             .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
     }
     let mut cells: Vec<Cell> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
