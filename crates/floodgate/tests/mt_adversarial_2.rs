@@ -587,3 +587,241 @@ mod async_waits {
         conforms(p(), &done).unwrap();
     }
 }
+
+mod keyed_windows {
+    //! One heavy key of a keyed window table (fixed window, sliding counter, keyed
+    //! sliding log), charged at stale readings and refunded by three threads, while
+    //! the ticker floods its shard with unique keys of cost 1: the table reclaims the
+    //! idle ones and, where the flood outgrows the capacity, evicts live ones. The
+    //! heavy key charges 2 or 3 units, so it uses more than any flood key whenever it
+    //! uses anything, and eviction (the key whose loss forgives least) never takes it:
+    //! its admissions must stay within its limit exactly.
+    //!
+    //! A keyed decision at `reading` is judged somewhere in `[reading, latest]`
+    //! (`latest`: the clock once it returned), so each check counts only the units it
+    //! can place for certain, which never makes a bound fail that holds.
+    use super::{race, stall, Rng, T, WORKERS};
+    use floodgate::keyed::composite::Limit;
+    use floodgate::{
+        Clock, FixedWindow, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock, Policy, Receipt,
+        SlidingWindow, Storage,
+    };
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    const L: u64 = 7;
+    const P: u64 = 4 * T;
+    const OPS: usize = 2_000;
+
+    /// An admission still held: `(reading, latest, cost)`.
+    type Held = (u64, u64, u64);
+
+    /// Workers charge the heavy key (2 or 3 units) at stale readings and refund
+    /// some charges; `flood` runs on the ticker after each clock move. Returns the
+    /// admissions not given back.
+    fn heavy_race<H: Limit + Sync>(
+        heavy: &H,
+        clock: &ManualClock,
+        flood: impl Fn(&mut Rng) + Sync,
+    ) -> Vec<Held> {
+        race(clock, T / 4, WORKERS, flood, |i| {
+            let mut rng = Rng::new(0x4EA + i as u64);
+            let mut held: Vec<(Held, Receipt)> = Vec::new();
+            let mut kept = Vec::new();
+            for _ in 0..OPS {
+                let reading = clock.now();
+                stall(&mut rng);
+                let cost = 2 + rng.below(2) as u32;
+                let (d, receipt) = heavy.charge_at(reading, cost);
+                if d.is_allowed() {
+                    let latest = clock.now().as_u64();
+                    held.push(((reading.as_u64(), latest, u64::from(cost)), receipt));
+                }
+                if !held.is_empty() && rng.below(4) == 0 {
+                    let pick = rng.below(held.len() as u64) as usize;
+                    let (h, receipt) = held.swap_remove(pick);
+                    if !heavy.refund(receipt) {
+                        kept.push(h);
+                    }
+                }
+            }
+            kept.extend(held.into_iter().map(|(h, _)| h));
+            kept
+        })
+        .concat()
+    }
+
+    /// Unique flood keys, `per_tick` a clock move, each checked once (cost 1).
+    fn flooder<'a>(
+        check: impl Fn(u64) + Sync + 'a,
+        per_tick: u64,
+    ) -> impl Fn(&mut Rng) + Sync + 'a {
+        let next = AtomicU64::new(1_000);
+        move |_| {
+            for _ in 0..per_tick {
+                check(next.fetch_add(1, Ordering::Relaxed));
+            }
+        }
+    }
+
+    /// Fixed windows: the units certainly judged in window `w` (reading and latest
+    /// both in it) number at most `L`.
+    fn fixed_windows_hold(held: &[Held]) -> Result<(), String> {
+        let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+        for &(r, l, c) in held {
+            if r / P == l / P {
+                *per_window.entry(r / P).or_default() += c;
+            }
+        }
+        match per_window.iter().find(|&(_, &units)| units > L) {
+            Some((w, units)) => Err(format!("window {w} holds {units} > {L}")),
+            None => Ok(()),
+        }
+    }
+
+    /// The sliding counter: for each window `w`, the last admission in it was judged
+    /// at an elapsed `e` no later than the largest `latest` elapsed of those certainly
+    /// in `w`, and saw `⌊prev·(P − e)/P⌋ + cur ≤ L` with `prev` and `cur` at least
+    /// what the certain admissions of `w − 1` and `w` hold.
+    fn sliding_windows_hold(held: &[Held]) -> Result<(), String> {
+        use std::collections::BTreeMap;
+        let mut units = BTreeMap::<u64, u64>::new();
+        let mut last = BTreeMap::<u64, u64>::new();
+        for &(r, l, c) in held {
+            if r / P == l / P {
+                let w = r / P;
+                *units.entry(w).or_default() += c;
+                let e = last.entry(w).or_default();
+                *e = (*e).max(l - w * P);
+            }
+        }
+        for (&w, &e) in &last {
+            let prev = w
+                .checked_sub(1)
+                .and_then(|p| units.get(&p))
+                .copied()
+                .unwrap_or(0);
+            let cur = units[&w];
+            let weighted = (u128::from(prev) * u128::from(P - e) / u128::from(P)) as u64;
+            if weighted + cur > L {
+                return Err(format!("window {w}: prev {prev} at {e} ns in, cur {cur}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The log: units certainly logged within some span `[x, x + P)` (reading ≥ x,
+    /// latest < x + P) number at most `L`.
+    fn log_spans_hold(held: &[Held]) -> Result<(), String> {
+        let mut by_reading = held.to_vec();
+        by_reading.sort_unstable();
+        for (i, &(x, _, _)) in by_reading.iter().enumerate() {
+            let units: u64 = by_reading[i..]
+                .iter()
+                .take_while(|&&(r, _, _)| r < x + P)
+                .filter(|&&(_, l, _)| l < x + P)
+                .map(|&(_, _, c)| c)
+                .sum();
+            if units > L {
+                return Err(format!("{units} units within [{x}, {x} + P)"));
+            }
+        }
+        Ok(())
+    }
+
+    fn policy() -> Policy {
+        Policy::new(L, Duration::from_nanos(P)).unwrap()
+    }
+
+    /// Runs the heavy key against a flood on a table of `capacity` keys in one shard.
+    fn window_case<A, S>(algorithm: A, capacity: usize, per_tick: u64) -> (Vec<Held>, KeyedMetrics)
+    where
+        A: floodgate::Algorithm + Sync,
+        S: Storage<u64, A::State>,
+    {
+        let clock = ManualClock::new();
+        let table: KeyedLimiter<u64, A, ManualClock, S> =
+            crate::common::keyed_on(algorithm, &clock, capacity, 1);
+        let held = heavy_race(
+            &table.limit(&7u64),
+            &clock,
+            flooder(
+                |k| {
+                    let _ = table.check(&k);
+                },
+                per_tick,
+            ),
+        );
+        (held, table.metrics())
+    }
+
+    #[test]
+    fn a_heavy_fixed_window_key_holds_its_limit_through_floods_and_evictions() {
+        fn case<S: Storage<u64, floodgate::FixedWindowState>>() {
+            // 32 keys against ~4 live flood keys a clock move: evictions.
+            let fw = FixedWindow::new(policy()).unwrap();
+            let (held, m) = window_case::<_, S>(fw, 32, 4);
+            assert!(m.evicted > 0 && m.reclaimed > 0, "{m:?}");
+            fixed_windows_hold(&held).unwrap();
+            // A table large enough for the flood: reclamation alone.
+            let (held, m) = window_case::<_, S>(fw, 256, 2);
+            assert!(m.reclaimed > 0 && m.evicted == 0, "{m:?}");
+            fixed_windows_hold(&held).unwrap();
+        }
+        on_every_storage!(case);
+    }
+
+    /// The sliding counter's heavy key can weigh 1 (its previous window's units,
+    /// late in the next), as light as a flood key: there eviction may take it by the
+    /// rule, so this case floods within the capacity and checks reclamation alone.
+    #[test]
+    fn a_heavy_sliding_window_key_holds_its_estimate_through_floods_and_reclamation() {
+        fn case<S: Storage<u64, floodgate::SlidingWindowState>>() {
+            let sw = SlidingWindow::new(policy()).unwrap();
+            let (held, m) = window_case::<_, S>(sw, 256, 2);
+            assert!(m.reclaimed > 0 && m.evicted == 0, "{m:?}");
+            sliding_windows_hold(&held).unwrap();
+        }
+        on_every_storage!(case);
+    }
+
+    #[test]
+    fn a_heavy_keyed_log_key_holds_its_limit_through_floods_and_evictions() {
+        for (capacity, per_tick, evicts) in [(32, 4, true), (256, 2, false)] {
+            let clock = ManualClock::new();
+            let log = KeyedBuilder::default()
+                .clock(clock.clone())
+                .capacity(capacity)
+                .shards(1)
+                .sliding_log::<u64>(policy())
+                .unwrap();
+            let held = heavy_race(
+                &log.limit(&7u64),
+                &clock,
+                flooder(
+                    |k| {
+                        let _ = log.check(&k);
+                    },
+                    per_tick,
+                ),
+            );
+            let m = log.metrics();
+            assert!(m.reclaimed > 0 && (m.evicted > 0 || !evicts), "{m:?}");
+            log_spans_hold(&held).unwrap();
+        }
+    }
+
+    /// The checks above can fail: a heavy key whose units are counted twice (as a
+    /// lost state would let it admit) breaks each of them.
+    #[test]
+    fn the_window_checks_catch_an_overfilled_window() {
+        let twice = |h: &[Held]| [h, h].concat();
+        let full: Vec<Held> = vec![(0, 1, 3), (2, 3, 2), (T, T, 2)];
+        assert!(fixed_windows_hold(&full).is_ok());
+        assert!(fixed_windows_hold(&twice(&full)).is_err());
+        assert!(sliding_windows_hold(&full).is_ok());
+        assert!(sliding_windows_hold(&twice(&full)).is_err());
+        assert!(log_spans_hold(&full).is_ok());
+        assert!(log_spans_hold(&twice(&full)).is_err());
+    }
+}
