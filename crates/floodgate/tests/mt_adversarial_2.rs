@@ -825,3 +825,204 @@ mod keyed_windows {
         assert!(log_spans_hold(&twice(&full)).is_err());
     }
 }
+
+mod extremes {
+    //! Extreme inputs on every public constructor and decision method: a clear error
+    //! or a correct decision, never a panic (overflow checks are on in test builds)
+    //! and never more admitted at one instant than the capacity.
+    use floodgate::keyed::composite::Limit;
+    use floodgate::{
+        Clock, Decision, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, LiveGcra, ManualClock,
+        Nanos, Policy, RateLimiter, ShapeError, Shaper, SlidingLog, SlidingWindow, MAX_SPAN_NANOS,
+    };
+    use std::time::Duration;
+
+    const LIMITS: [u64; 6] = [0, 1, 2, u32::MAX as u64, 1 << 40, u64::MAX];
+    const PERIODS: [Duration; 5] = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_nanos(MAX_SPAN_NANOS),
+        Duration::from_nanos(MAX_SPAN_NANOS + 1),
+        Duration::MAX,
+    ];
+    const COSTS: [u32; 4] = [0, 1, 2, u32::MAX];
+    const READINGS: [u64; 7] = [
+        0,
+        1,
+        1 << 62,
+        (1 << 62) + 1,
+        u64::MAX / 2,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+
+    /// Every policy the constructors accept from the extreme numbers (the rest must
+    /// be errors, checked on the way).
+    fn policies() -> Vec<Policy> {
+        let mut out = Vec::new();
+        for limit in LIMITS {
+            for period in PERIODS {
+                let Ok(p) = Policy::new(limit, period) else {
+                    continue;
+                };
+                // An accepted policy keeps L·T and B·T within the span.
+                assert!(u128::from(p.limit()) * u128::from(p.interval_nanos()) <= 1 << 62);
+                out.push(p);
+                for burst in LIMITS {
+                    if let Ok(b) = p.with_burst(burst) {
+                        assert!(u128::from(b.burst()) * u128::from(b.interval_nanos()) <= 1 << 62);
+                        out.push(b);
+                    }
+                }
+            }
+        }
+        for limit in LIMITS {
+            for p in [
+                Policy::per_second(limit),
+                Policy::per_minute(limit),
+                Policy::per_hour(limit),
+                Policy::per_day(limit),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                out.push(p);
+            }
+        }
+        assert!(Policy::new(0, Duration::from_secs(1)).is_err());
+        assert!(Policy::new(1, Duration::ZERO).is_err());
+        assert!(Policy::new(1, Duration::MAX).is_err());
+        out
+    }
+
+    /// Each decision is sane: a cost above `capacity` is "never"; an admission
+    /// leaves `remaining` within the limit.
+    fn sane(d: Decision, cost: u32, capacity: u64) {
+        assert!(d.remaining() <= d.limit(), "{d:?}");
+        if u64::from(cost) > capacity {
+            assert!(
+                !d.is_allowed() && d.retry_after().is_none(),
+                "{cost}: {d:?}"
+            );
+        }
+        if !d.is_allowed() {
+            if let Some(r) = d.retry_after() {
+                assert!(!r.is_zero(), "a denial that says retry at once: {d:?}");
+            }
+        }
+    }
+
+    /// From fresh at each reading: checks, peeks, charges and refunds of every cost
+    /// never panic, and the units admitted at that one instant never pass `capacity`
+    /// (cost-1 checks are tried up to one past a small capacity).
+    fn sweep<L: Limit>(make: impl Fn() -> L, capacity: u64) {
+        for t in READINGS {
+            let limit = make();
+            let now = Nanos::new(t);
+            let mut admitted = 0u64;
+            for cost in COSTS {
+                let peeked = limit.peek_at(now, cost);
+                sane(peeked, cost, capacity);
+                let (d, receipt) = limit.charge_at(now, cost);
+                sane(d, cost, capacity);
+                if d.is_allowed() {
+                    admitted += u64::from(cost);
+                    if cost == 2 && limit.refund(receipt) {
+                        admitted -= 2;
+                    }
+                }
+                if let Some((d, _, receipt)) = limit.book_at(now, cost) {
+                    sane(d, cost, capacity);
+                    let _ = limit.refund(receipt);
+                }
+            }
+            for _ in 0..capacity.min(4) + 1 {
+                if limit.check_n_at(now, 1).is_allowed() {
+                    admitted += 1;
+                }
+            }
+            assert!(admitted <= capacity, "{admitted} at {t} ns past {capacity}");
+        }
+    }
+
+    #[test]
+    fn extreme_policies_and_readings_never_panic_or_over_admit() {
+        let policies = policies();
+        assert!(policies.len() > 20);
+        for p in policies {
+            let clock = ManualClock::new;
+            sweep(|| RateLimiter::gcra_with_clock(p, clock()), p.burst());
+            sweep(
+                || RateLimiter::locked_with_clock(Gcra::new(p), clock()),
+                p.burst(),
+            );
+            sweep(
+                || RateLimiter::with_clock(LiveGcra::new(p), clock()),
+                p.burst(),
+            );
+            sweep(|| Shaper::with_clock(p, clock()), p.burst());
+            sweep(|| Shaper::locked_with_clock(p, clock()), p.burst());
+            if let Ok(fw) = FixedWindow::new(p) {
+                sweep(|| RateLimiter::with_clock(fw, clock()), p.limit());
+            }
+            if let Ok(sw) = SlidingWindow::new(p) {
+                sweep(|| RateLimiter::with_clock(sw, clock()), p.limit());
+            }
+            sweep(|| SlidingLog::with_clock(p, clock()), p.limit());
+            let keyed: KeyedLimiter<u64, Gcra, ManualClock> = KeyedBuilder::new(Gcra::new(p))
+                .capacity(4)
+                .clock(clock())
+                .build()
+                .unwrap();
+            sweep(|| keyed.limit(&1), p.burst());
+            // A log sized for a huge limit is refused up front, with what it needs.
+            match KeyedBuilder::default()
+                .capacity(4)
+                .clock(clock())
+                .sliding_log::<u64>(p)
+            {
+                Ok(log) => sweep(|| log.limit(&1), p.limit()),
+                Err(e) => assert!(
+                    matches!(e, floodgate::KeyedError::OverMemoryBudget { .. }),
+                    "{e}"
+                ),
+            }
+            // Reservations: any delay, any cost, any reading.
+            let shaper = Shaper::with_clock(p, clock());
+            for t in READINGS {
+                for max in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+                    for cost in COSTS {
+                        match shaper.reserve_at(Nanos::new(t), cost, max) {
+                            Ok(r) => {
+                                assert!(r.delay() <= max && u64::from(cost) <= p.burst());
+                                let _ = shaper.cancel(r);
+                            }
+                            Err(ShapeError::Never { .. }) => {}
+                            Err(ShapeError::TooLong { retry_after }) => {
+                                assert!(!retry_after.is_zero())
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The clock at its ends: moving a manual clock by `Duration::MAX` or setting it
+    /// to the end of `u64` saturates, and limiters on it still decide.
+    #[test]
+    fn a_clock_at_the_end_of_time_saturates() {
+        let clock = ManualClock::new();
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now(), Nanos::new(u64::MAX));
+        clock.advance(Duration::from_nanos(1));
+        assert_eq!(clock.now(), Nanos::new(u64::MAX));
+        let p = Policy::per_second(3).unwrap();
+        let limiter = RateLimiter::gcra_with_clock(p, clock.clone());
+        // The TAT would pass the end of time: "never", not a wrap.
+        let d = limiter.check();
+        assert!(!d.is_allowed() && d.retry_after().is_none(), "{d:?}");
+        assert_eq!(Nanos::from_duration(Duration::MAX), Nanos::new(u64::MAX));
+    }
+}
