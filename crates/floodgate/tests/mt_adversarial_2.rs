@@ -322,7 +322,6 @@ mod async_waits {
         Clock, Decision, Gcra, Jitter, KeyedLimiter, ManualClock, Nanos, Policy, RateLimiter,
         Receipt, Shaper, Storage, Wait,
     };
-    use std::cell::Cell;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -395,13 +394,13 @@ mod async_waits {
         })
     }
 
-    const TASKS: usize = 600;
     const WAVES: usize = 60;
     const WAVE: usize = 8;
 
-    /// `TASKS` waits on `limit` (costs 1..=`max_cost`), a third of them aborted at a
-    /// random moment; sleeps follow the manual clock (yielding until it passes the
-    /// slot). Returns the bookings still held: `(slot, cost)`.
+    /// `WAVES` waves of `WAVE` waits on `limit` (costs 1..=`max_cost`); once a wave
+    /// has booked, some of its waits (mostly the latest) are aborted wherever they
+    /// are. Sleeps follow the manual clock (yielding until it passes the slot).
+    /// Returns the bookings still held: `(slot, cost)`.
     fn waits_with_aborts<L>(
         limit: &'static L,
         clock: &ManualClock,
@@ -518,14 +517,17 @@ mod async_waits {
         on_every_storage!(case);
     }
 
+    #[cfg(feature = "tokio")]
     tokio::task_local! {
         /// The shaper clock's last reading in this task.
-        static READ: Cell<Option<Nanos>>;
+        static READ: std::cell::Cell<Option<Nanos>>;
     }
 
     /// A manual clock whose readings the current task can see.
+    #[cfg(feature = "tokio")]
     struct Recording(ManualClock);
 
+    #[cfg(feature = "tokio")]
     impl Clock for Recording {
         fn now(&self) -> Nanos {
             let now = self.0.now();
@@ -537,6 +539,7 @@ mod async_waits {
     /// `Shaper::until_ready` (Tokio's own timer, a bounded delay) with tasks aborted
     /// on a multi-threaded runtime: every completed wait waited at most `max_delay`,
     /// and the completed waits' slots (the shaper's reading plus the wait) conform.
+    #[cfg(feature = "tokio")]
     #[test]
     fn shaper_until_ready_dropped_concurrently_stays_bounded_and_conforms() {
         let clock = ManualClock::new();
@@ -545,16 +548,20 @@ mod async_waits {
         let tick = ticker(clock.clone(), T / 4, stop.clone());
         let max_delay = Duration::from_nanos(4 * T);
         let rt = runtime();
+        const TASKS: usize = 600;
         let (done, refused, aborted) = rt.block_on(async {
             let mut rng = Rng::new(0x5E);
             let mut handles = Vec::new();
             for _ in 0..TASKS {
                 let cost = 1 + rng.below(3) as u32;
-                handles.push(tokio::spawn(READ.scope(Cell::new(None), async move {
-                    let out = shaper.until_ready(cost, max_delay).await;
-                    let read = READ.with(|r| r.get()).expect("the shaper read its clock");
-                    (out, read, cost)
-                })));
+                handles.push(tokio::spawn(READ.scope(
+                    std::cell::Cell::new(None),
+                    async move {
+                        let out = shaper.until_ready(cost, max_delay).await;
+                        let read = READ.with(|r| r.get()).expect("the shaper read its clock");
+                        (out, read, cost)
+                    },
+                )));
                 if rng.below(3) == 0 {
                     // Mostly among the latest waits, whose cancellations give back.
                     let among = if rng.below(2) == 0 { 3 } else { 30 };
