@@ -478,10 +478,20 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self, reservation: Reservation) -> u32 {
-        self.cancel_at(self.clock.now(), reservation)
+        // The clock is read after the state is loaded, as for a refund: every
+        // reservation the cancellation sees was made at a reading no later than its
+        // own, so a slot that has passed for any of them has passed for it.
+        self.cancel_with(reservation, || self.clock.now())
     }
 
     /// [`cancel`](Shaper::cancel) at an instant the caller read.
+    ///
+    /// As with [`reserve_at`](Shaper::reserve_at), the caller keeps its instants in
+    /// order: a cancellation at an instant earlier than a reservation the shaper has
+    /// already made (another thread's, at a later reading) may find a slot not yet
+    /// passed that has passed for that reservation, and give back units it relies on.
+    /// [`cancel`](Shaper::cancel) reads the shaper's clock after loading the state,
+    /// which rules this out.
     ///
     /// # Examples
     ///
@@ -499,6 +509,11 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel_at(&self, now: Nanos, reservation: Reservation) -> u32 {
+        self.cancel_with(reservation, || now)
+    }
+
+    /// A cancellation judged at `now()`, read after each load of the state.
+    fn cancel_with(&self, reservation: Reservation, now: impl FnMut() -> Nanos) -> u32 {
         if reservation.shaper != self.id {
             return 0;
         }
@@ -520,7 +535,7 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             &charge,
             reservation.noted,
             reservation.generation,
-            || now,
+            now,
         ) {
             return 0;
         }
