@@ -18,9 +18,10 @@
 
 #[macro_use]
 mod common;
+mod race;
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -30,87 +31,9 @@ use floodgate::{
     Clock, Decision, FixedWindow, Gcra, KeyedBuilder, KeyedLimiter, LiveGcra, ManualClock, Nanos,
     Policy, RateLimiter, Receipt, Shaper, SlidingLog, SlidingWindow, Storage,
 };
-
-/// xorshift64*: each thread its own stream.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// The gap between a thread's clock reading and its decision: a few spins, and now
-/// and then a yield (on two cores, another thread then runs a whole decision or the
-/// ticker moves the clock in between).
-fn stall(rng: &mut Rng) {
-    for _ in 0..rng.below(48) {
-        std::hint::spin_loop();
-    }
-    if rng.below(6) == 0 {
-        std::thread::yield_now();
-    }
-}
-
-/// Runs `workers` threads of `work(thread index)` while a ticker moves `clock` by
-/// 1..=`step` ns at a time and runs `side` after each move; returns what the workers
-/// return, in thread order.
-fn race<T: Send>(
-    clock: &ManualClock,
-    step: u64,
-    workers: usize,
-    side: impl Fn(&mut Rng) + Sync,
-    work: impl Fn(usize) -> T + Sync,
-) -> Vec<T> {
-    let running = AtomicUsize::new(workers);
-    std::thread::scope(|s| {
-        let ticker = s.spawn(|| {
-            let mut rng = Rng::new(0xC10C);
-            let mut ticks = 0;
-            while running.load(Ordering::Acquire) > 0 {
-                // A bounded run of virtual time (the window checks size their
-                // counters by it): then the clock stands and the workers finish.
-                if ticks < MAX_TICKS {
-                    clock.advance(Duration::from_nanos(1 + rng.below(step)));
-                    ticks += 1;
-                }
-                side(&mut rng);
-                stall(&mut rng);
-            }
-        });
-        let handles: Vec<_> = (0..workers)
-            .map(|i| {
-                let (work, running) = (&work, &running);
-                s.spawn(move || {
-                    let out = work(i);
-                    running.fetch_sub(1, Ordering::Release);
-                    out
-                })
-            })
-            .collect();
-        let out = handles
-            .into_iter()
-            .map(|h| h.join().expect("a worker never panics"))
-            .collect();
-        ticker.join().expect("the ticker never panics");
-        out
-    })
-}
+use race::{policy, race, stall, Rng, MAX_TICKS};
 
 const WORKERS: usize = 3;
-/// Clock moves per run: at most `MAX_TICKS · step` ns of virtual time.
-const MAX_TICKS: u64 = 20_000;
 const OPS: usize = 3_000;
 
 /// Every worker charges at a stale reading, keeps some receipts and refunds some of
@@ -205,12 +128,6 @@ fn within_gcra_bound(p: Policy, held: &[(Nanos, Nanos, u32)], spans: u64) -> Res
     Ok(())
 }
 
-fn policy(limit: u64, period: Duration, burst: u64) -> Policy {
-    Policy::new(limit, period)
-        .and_then(|p| p.with_burst(burst))
-        .expect("a valid policy")
-}
-
 const T: u64 = 1_000_000; // 1 ms
 
 /// GCRA on the atomic cell and on the mutex twin, a token bucket whose rate does not
@@ -277,8 +194,12 @@ fn a_keyed_hot_key_conforms_through_floods_removals_and_reclamation() {
         let table: KeyedLimiter<u64, Gcra, ManualClock, S> =
             common::keyed_on(Gcra::new(p), &clock, 128, 1);
         let next_key = AtomicU64::new(1_000);
+        let calls = AtomicU64::new(0);
         let side = |rng: &mut Rng| {
-            for _ in 0..2 {
+            // The flood runs while the clock moves (the ticker's first `MAX_TICKS`
+            // calls): once it stands, new keys would stay booked and fill the table.
+            let flooding = calls.fetch_add(1, Ordering::Relaxed) < MAX_TICKS;
+            for _ in 0..2 * usize::from(flooding) {
                 let k = next_key.fetch_add(1, Ordering::Relaxed);
                 let _ = table.check(&k);
             }

@@ -16,100 +16,17 @@
 
 #[macro_use]
 mod common;
+mod race;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::conforms;
-use floodgate::{
-    Clock, GcraState, ManualClock, Nanos, Policy, Receipt, Reservation, Shaper, StateCell,
-};
+use floodgate::{Clock, GcraState, ManualClock, Nanos, Receipt, Reservation, Shaper, StateCell};
+use race::{policy, race, stall, Rng};
 
-/// xorshift64*: each thread its own stream.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// The gap between a thread's clock reading and its decision: a few spins, and now
-/// and then a yield.
-fn stall(rng: &mut Rng) {
-    for _ in 0..rng.below(48) {
-        std::hint::spin_loop();
-    }
-    if rng.below(6) == 0 {
-        std::thread::yield_now();
-    }
-}
-
-/// Clock moves per run: at most `MAX_TICKS · step` ns of virtual time.
-const MAX_TICKS: u64 = 20_000;
 const WORKERS: usize = 3;
 const OPS: usize = 3_000;
 const T: u64 = 1_000_000; // 1 ms
-
-/// Runs `workers` threads of `work(thread index)` while a ticker moves `clock` by
-/// 1..=`step` ns at a time (at most `MAX_TICKS` times) and runs `side` after each
-/// move; returns what the workers return, in thread order.
-fn race<T: Send>(
-    clock: &ManualClock,
-    step: u64,
-    workers: usize,
-    side: impl Fn(&mut Rng) + Sync,
-    work: impl Fn(usize) -> T + Sync,
-) -> Vec<T> {
-    let running = AtomicUsize::new(workers);
-    std::thread::scope(|s| {
-        let ticker = s.spawn(|| {
-            let mut rng = Rng::new(0xC10C);
-            let mut ticks = 0;
-            while running.load(Ordering::Acquire) > 0 {
-                if ticks < MAX_TICKS {
-                    clock.advance(Duration::from_nanos(1 + rng.below(step)));
-                    ticks += 1;
-                }
-                side(&mut rng);
-                stall(&mut rng);
-            }
-        });
-        let handles: Vec<_> = (0..workers)
-            .map(|i| {
-                let (work, running) = (&work, &running);
-                s.spawn(move || {
-                    let out = work(i);
-                    running.fetch_sub(1, Ordering::Release);
-                    out
-                })
-            })
-            .collect();
-        let out = handles
-            .into_iter()
-            .map(|h| h.join().expect("a worker never panics"))
-            .collect();
-        ticker.join().expect("the ticker never panics");
-        out
-    })
-}
-
-fn policy(limit: u64, period: Duration, burst: u64) -> Policy {
-    Policy::new(limit, period)
-        .and_then(|p| p.with_burst(burst))
-        .expect("a valid policy")
-}
 
 /// What a shaper worker holds: a reservation (cancelled) or a receipt (refunded).
 enum Held {
@@ -664,7 +581,13 @@ mod keyed_windows {
         per_tick: u64,
     ) -> impl Fn(&mut Rng) + Sync + 'a {
         let next = AtomicU64::new(1_000);
+        let calls = AtomicU64::new(0);
         move |_| {
+            // The flood runs while the clock moves (the ticker's first `MAX_TICKS`
+            // calls): once it stands, new keys would stay live and fill the table.
+            if calls.fetch_add(1, Ordering::Relaxed) >= crate::race::MAX_TICKS {
+                return;
+            }
             for _ in 0..per_tick {
                 check(next.fetch_add(1, Ordering::Relaxed));
             }
