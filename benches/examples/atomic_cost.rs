@@ -34,6 +34,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use floodgate_bench::median_and_range;
 use portable_atomic::AtomicU128;
 
 #[global_allocator]
@@ -158,14 +159,8 @@ fn main() -> ExitCode {
             figures[row].push(ns);
         }
     }
-    for (name, mut ns) in names.iter().zip(figures) {
-        ns.sort_by(f64::total_cmp);
-        println!(
-            "{name:<36} {:6.1} ns [{:.1}-{:.1}]",
-            ns[ns.len() / 2],
-            ns[0],
-            ns[ns.len() - 1]
-        );
+    for (name, ns) in names.iter().zip(figures) {
+        println!("{name:<36} {} ns", median_and_range(ns));
     }
     ExitCode::SUCCESS
 }

@@ -485,6 +485,24 @@ where
     }
 }
 
+/// Repeated figures as `median [min–max]`: the median (the upper one of an even
+/// count) and the range, for the examples that print rounds of one measurement.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::median_and_range;
+/// assert_eq!(median_and_range(vec![3.0, 1.0, 2.0]), "2.0 [1.0–3.0]");
+/// assert_eq!(median_and_range(vec![]), "—");
+/// ```
+pub fn median_and_range(mut runs: Vec<f64>) -> String {
+    runs.sort_by(f64::total_cmp);
+    match (runs.first(), runs.get(runs.len() / 2), runs.last()) {
+        (Some(min), Some(median), Some(max)) => format!("{median:.1} [{min:.1}–{max:.1}]"),
+        _ => "—".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

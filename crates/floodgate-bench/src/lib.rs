@@ -35,5 +35,6 @@ pub mod matrix;
 pub mod memory;
 
 pub use harness::{
-    measure, run_for, run_ops, run_threads, run_together, Budget, Measurement, Outcome, BATCH,
+    measure, median_and_range, run_for, run_ops, run_threads, run_together, Budget, Measurement,
+    Outcome, BATCH,
 };
