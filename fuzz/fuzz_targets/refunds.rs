@@ -1,0 +1,904 @@
+//! "No sequence of charges and refunds admits beyond any single limit", single-threaded
+//! with arbitrary interleavings: charges at stale readings (a thread that read the
+//! clock, stalled, then decided), bookings and reservations, refunds and cancellations
+//! of any earlier receipt (and of another limit's or key's, which must give back
+//! nothing), clock moves, and for the keyed table removals and reclamation.
+//!
+//! One input drives one system: GCRA on the atomic cell and on the mutex twin,
+//! `LiveGcra` with its burst flipped at runtime, a token bucket, the fixed window and
+//! the sliding window counter (both cells), the sliding log, the shaper (both cells),
+//! a `KeyedLimiter` of four keys in one shard (`Heap`, `Inline`, `Fingerprint`), or a
+//! `check_all` composite of two limits that are also charged and refunded directly.
+//!
+//! The clock is one `ManualClock` that only moves forward; a stale reading is the
+//! clock minus an arbitrary lag, and every refund reads the limiter's clock (the
+//! current reading), as the refund premise asks. After every admission the bound of
+//! its algorithm is asserted over the admissions still held (not given back by a
+//! refund or cancellation that reported success — dropping a partially refunded charge
+//! only loosens the check):
+//!
+//! * GCRA and everything built on it: the held admissions, replayed at their readings
+//!   (a booking or reservation: at its slot; keyed: at `max(reading, the shard's last
+//!   removal instant)`) on a fresh GCRA of the policy, all conform;
+//! * the fixed window: no window holds more than `L` units;
+//! * the sliding window counter: the admission's estimate over the held units,
+//!   `⌊prev·(P − e)/P⌋ + cur`, is at most `L`;
+//! * the sliding log: no span of `P` holds more than `L` units.
+//!
+//! The instant a window or log admission counts at is read from its decision
+//! (`reset_after`), checked against where the contract says it must be (never behind
+//! the latest admission's window or logged instant).
+#![no_main]
+
+use arbitrary::Arbitrary;
+use floodgate::keyed::composite::{check_all, Limit};
+use floodgate::{
+    Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline, KeyedBuilder,
+    KeyedLimiter, LiveGcra, ManualClock, Nanos, Policy, RateLimiter, Receipt, Reservation, Shaper,
+    SlidingLog, SlidingWindow, Storage,
+};
+use libfuzzer_sys::fuzz_target;
+use std::cell::RefCell;
+use std::time::Duration;
+
+/// At most this many operations per input (the checks are quadratic in the worst case).
+const MAX_OPS: usize = 256;
+/// Keys of the keyed system (all in one shard, below its capacity: none is evicted).
+const KEYS: u8 = 4;
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    /// Charge `cost` on `target` at a reading `stale` ns behind the clock.
+    Charge {
+        target: u8,
+        cost: u8,
+        stale: u16,
+    },
+    /// Book `cost` at the earliest slot (GCRA front ends; others: a charge).
+    Book {
+        target: u8,
+        cost: u8,
+        stale: u16,
+    },
+    /// Reserve within `max_delay` ns (the shaper; others: a booking).
+    Reserve {
+        target: u8,
+        cost: u8,
+        stale: u16,
+        max_delay: u16,
+    },
+    /// Refund (or cancel) an outstanding receipt, at the clock's reading.
+    Refund {
+        pick: u8,
+    },
+    /// Refund an outstanding receipt on another limit or key: nothing comes back.
+    Misdirect {
+        pick: u8,
+    },
+    Advance(u16),
+    /// Keyed: remove a key (forgives it, voids the shard's receipts).
+    Remove {
+        key: u8,
+    },
+    /// Keyed: reclaim idle keys (loses nothing).
+    Reclaim,
+    /// `LiveGcra`: switch between the two bursts.
+    Flip,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    system: u8,
+    limit: u8,
+    period: u16,
+    burst: u8,
+    /// `LiveGcra`'s other burst; the composite's second limit.
+    other: u8,
+    /// The composite's kinds of limit.
+    pair: u8,
+    start: u32,
+    ops: Vec<Op>,
+}
+
+/// The bound an algorithm is held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Gcra,
+    Fixed,
+    Sliding,
+    Log,
+}
+
+/// An admission still held: where it counts and how much.
+#[derive(Clone, Copy, Debug)]
+struct Grant {
+    id: u64,
+    /// GCRA: the instant it was judged at (a booking: its slot); fixed window and
+    /// sliding counter: its window's index; sliding log: the instant it is logged at.
+    at: u64,
+    cost: u64,
+}
+
+/// One limit's held admissions and the bound they must meet.
+struct Oracle {
+    kind: Kind,
+    /// GCRA: the policy the held admissions must conform to (the most generous one a
+    /// `LiveGcra` has had).
+    policy: Policy,
+    limit: u64,
+    period: u64,
+    /// Windows: the latest window any admission counted in; the log: the latest
+    /// instant any admission was logged at (refunded or not: states never go back).
+    latest: Option<u64>,
+    held: Vec<Grant>,
+    next: u64,
+}
+
+impl Oracle {
+    fn new(kind: Kind, policy: Policy) -> Oracle {
+        Oracle {
+            kind,
+            policy,
+            limit: policy.limit(),
+            period: policy.period_nanos(),
+            latest: None,
+            held: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// Records an admission of `cost` judged at `judged` (a booking: ready at `slot`)
+    /// with decision `d`, asserts the bound, and returns the grant's id (`None` when
+    /// it took nothing).
+    fn admit(&mut self, judged: u64, slot: Option<u64>, d: &Decision, cost: u32) -> Option<u64> {
+        if !d.is_allowed() || cost == 0 {
+            return None;
+        }
+        let p = self.period;
+        let end = judged + d.reset_after_nanos();
+        let (at, elapsed, want) = match self.kind {
+            Kind::Gcra => (slot.unwrap_or(judged), 0, None),
+            Kind::Fixed => {
+                // The window ending at `end`; a reading behind the state's window counts
+                // in the state's.
+                let w = (end - 1) / p;
+                (w, 0, Some((judged / p).max(self.latest.unwrap_or(0))))
+            }
+            Kind::Sliding => {
+                // After an admission `cur > 0`: reset_after runs to the end of window w + 1.
+                let w = (end / p).saturating_sub(2);
+                let e = if judged / p == w { judged - w * p } else { 0 };
+                (w, e, Some((judged / p).max(self.latest.unwrap_or(0))))
+            }
+            Kind::Log => {
+                let t = end.saturating_sub(p);
+                (t, 0, Some(judged.max(self.latest.unwrap_or(0))))
+            }
+        };
+        let id = self.next;
+        self.next += 1;
+        self.held.push(Grant {
+            id,
+            at,
+            cost: u64::from(cost),
+        });
+        self.check(at, elapsed);
+        if let Some(want) = want {
+            assert_eq!(
+                at, want,
+                "{:?}: admission judged at {judged} counted at {at}, not {want}: {d:?}",
+                self.kind
+            );
+            self.latest = Some(want);
+        }
+        Some(id)
+    }
+
+    /// The bound over the held admissions, after an admission that counts at `at`.
+    fn check(&self, at: u64, elapsed: u64) {
+        let (l, p) = (self.limit, self.period);
+        match self.kind {
+            Kind::Gcra => {
+                let mut grants: Vec<(u64, u64)> =
+                    self.held.iter().map(|g| (g.at, g.cost)).collect();
+                grants.sort_unstable();
+                let fresh = RateLimiter::gcra_with_clock(self.policy, ManualClock::new());
+                for &(t, cost) in &grants {
+                    assert!(
+                        fresh.check_n_at(Nanos::new(t), cost as u32).is_allowed(),
+                        "{cost} at {t} ns passes {:?}: held {grants:?}",
+                        self.policy
+                    );
+                }
+            }
+            Kind::Fixed => {
+                let units: u64 = self.in_window(at);
+                assert!(
+                    units <= l,
+                    "window {at} holds {units} > {l}: {:?}",
+                    self.held
+                );
+            }
+            Kind::Sliding => {
+                let prev = at.checked_sub(1).map_or(0, |w| self.in_window(w));
+                let cur = self.in_window(at);
+                let weighted = (u128::from(prev) * u128::from(p - elapsed) / u128::from(p)) as u64;
+                assert!(
+                    weighted + cur <= l,
+                    "window {at} at {elapsed} ns in: prev {prev}, cur {cur} > {l}: {:?}",
+                    self.held
+                );
+            }
+            Kind::Log => {
+                let mut units: Vec<(u64, u64)> = self.held.iter().map(|g| (g.at, g.cost)).collect();
+                units.sort_unstable();
+                let (mut from, mut sum) = (0, 0);
+                for (i, &(t, cost)) in units.iter().enumerate() {
+                    sum += cost;
+                    while t - units[from].0 >= p {
+                        sum -= units[from].1;
+                        from += 1;
+                    }
+                    if units.get(i + 1).is_some_and(|&(next, _)| next == t) {
+                        continue;
+                    }
+                    assert!(
+                        sum <= l,
+                        "{sum} units within P = {p} ns before {t} ns: {units:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn in_window(&self, w: u64) -> u64 {
+        self.held.iter().filter(|g| g.at == w).map(|g| g.cost).sum()
+    }
+
+    /// Drops grant `id` (its refund succeeded); whether it was held.
+    fn release(&mut self, id: u64) -> bool {
+        let before = self.held.len();
+        self.held.retain(|g| g.id != id);
+        self.held.len() < before
+    }
+}
+
+/// What gives a grant back.
+enum Token {
+    Receipt(Receipt),
+    Reservation(Reservation),
+}
+
+/// An outstanding receipt: which limit (or key) issued it, the grant it holds, and
+/// the keyed removal count when it was taken.
+struct Handle {
+    unit: usize,
+    grant: Option<u64>,
+    removals: u64,
+    token: Token,
+}
+
+fuzz_target!(|input: Input| {
+    let limit = u64::from(input.limit % 8) + 1;
+    let period = u64::from(input.period) + 1;
+    let burst = u64::from(input.burst % 8) + 1;
+    let Ok(policy) =
+        Policy::new(limit, Duration::from_nanos(period)).and_then(|p| p.with_burst(burst))
+    else {
+        return;
+    };
+    let other = u64::from(input.other % 8) + 1;
+    let clock = ManualClock::starting_at(Nanos::new(u64::from(input.start)));
+    let ops = &input.ops[..input.ops.len().min(MAX_OPS)];
+    match input.system % 15 {
+        0 => direct(
+            &RateLimiter::gcra_with_clock(policy, clock.clone()),
+            Kind::Gcra,
+            policy,
+            &clock,
+            ops,
+        ),
+        1 => direct(
+            &RateLimiter::locked_with_clock(Gcra::new(policy), clock.clone()),
+            Kind::Gcra,
+            policy,
+            &clock,
+            ops,
+        ),
+        2 => live(policy, other, &clock, ops),
+        3 => {
+            // `limit` tokens every `period`, `burst` held: T rounded up.
+            let Ok(bucket) = Gcra::token_bucket(burst, limit, Duration::from_nanos(period)) else {
+                return;
+            };
+            let limiter = RateLimiter::with_clock(bucket, clock.clone());
+            direct(&limiter, Kind::Gcra, bucket.policy(), &clock, ops);
+        }
+        4 | 5 => {
+            let Ok(w) = FixedWindow::new(policy) else {
+                return;
+            };
+            if input.system % 15 == 4 {
+                direct(
+                    &RateLimiter::with_clock(w, clock.clone()),
+                    Kind::Fixed,
+                    policy,
+                    &clock,
+                    ops,
+                );
+            } else {
+                direct(
+                    &RateLimiter::locked_with_clock(w, clock.clone()),
+                    Kind::Fixed,
+                    policy,
+                    &clock,
+                    ops,
+                );
+            }
+        }
+        6 | 7 => {
+            let Ok(w) = SlidingWindow::new(policy) else {
+                return;
+            };
+            if input.system % 15 == 6 {
+                direct(
+                    &RateLimiter::with_clock(w, clock.clone()),
+                    Kind::Sliding,
+                    policy,
+                    &clock,
+                    ops,
+                );
+            } else {
+                direct(
+                    &RateLimiter::locked_with_clock(w, clock.clone()),
+                    Kind::Sliding,
+                    policy,
+                    &clock,
+                    ops,
+                );
+            }
+        }
+        8 => direct(
+            &SlidingLog::with_clock(policy, clock.clone()),
+            Kind::Log,
+            policy,
+            &clock,
+            ops,
+        ),
+        9 => shaper(
+            &Shaper::with_clock(policy, clock.clone()),
+            policy,
+            &clock,
+            ops,
+        ),
+        10 => shaper(
+            &Shaper::locked_with_clock(policy, clock.clone()),
+            policy,
+            &clock,
+            ops,
+        ),
+        11 => keyed::<Heap>(policy, &clock, ops),
+        12 => keyed::<Inline>(policy, &clock, ops),
+        13 => keyed::<Fingerprint>(policy, &clock, ops),
+        _ => {
+            let Ok(second) = Policy::new(other, Duration::from_nanos(period)) else {
+                return;
+            };
+            composite(policy, second, input.pair, &clock, ops);
+        }
+    }
+});
+
+/// The reading a decision is made at: `stale` ns behind the clock.
+fn reading(clock: &ManualClock, stale: u16) -> Nanos {
+    Nanos::new(clock.now().as_u64().saturating_sub(u64::from(stale)))
+}
+
+/// A cost: 0 to `L + 1`, and now and then `u32::MAX` (never fits).
+fn cost_of(cost: u8, limit: u64) -> u32 {
+    if cost == u8::MAX {
+        u32::MAX
+    } else {
+        (u64::from(cost) % (limit + 2)) as u32
+    }
+}
+
+/// Charges (or books) on `limit` at `at`, records the admission in `oracle`, and
+/// returns the handle of its receipt.
+fn charge(
+    limit: &dyn Limit,
+    oracle: &mut Oracle,
+    unit: usize,
+    at: Nanos,
+    judged: Nanos,
+    cost: u32,
+    book: bool,
+) -> Handle {
+    let booked = if book { limit.book_at(at, cost) } else { None };
+    let (grant, token) = match booked {
+        Some((d, delay, receipt)) => {
+            // The delay runs from the reading the booking was made at.
+            let slot = at.saturating_add(delay).as_u64();
+            (oracle.admit(judged.as_u64(), Some(slot), &d, cost), receipt)
+        }
+        None => {
+            let (d, receipt) = limit.charge_at(at, cost);
+            (oracle.admit(judged.as_u64(), None, &d, cost), receipt)
+        }
+    };
+    Handle {
+        unit,
+        grant,
+        removals: 0,
+        token: Token::Receipt(token),
+    }
+}
+
+/// Settles a refund (or cancellation) of `handle` on its own limit that reported
+/// `back`: a grant given back is no longer held; what took nothing gives nothing back.
+fn settle(oracle: &mut Oracle, grant: Option<u64>, back: bool) {
+    match grant {
+        Some(id) if back => {
+            assert!(
+                oracle.release(id),
+                "a refund gave back a grant no longer held"
+            );
+        }
+        None => assert!(
+            !back,
+            "a refund of a charge that took nothing gave something back"
+        ),
+        Some(_) => {}
+    }
+}
+
+/// One direct limiter: charges, bookings, refunds, misdirected refunds (to a fresh
+/// limiter of the same kind: nothing comes back) and clock moves.
+fn direct<L: Limit>(limit: &L, kind: Kind, policy: Policy, clock: &ManualClock, ops: &[Op]) {
+    let mut oracle = Oracle::new(kind, policy);
+    let mut receipts: Vec<Handle> = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Charge { cost, stale, .. }
+            | Op::Book { cost, stale, .. }
+            | Op::Reserve { cost, stale, .. } => {
+                let at = reading(clock, stale);
+                let book = !matches!(op, Op::Charge { .. });
+                let cost = cost_of(cost, oracle.limit.max(policy.burst()));
+                receipts.push(charge(limit, &mut oracle, 0, at, at, cost, book));
+            }
+            Op::Refund { pick } | Op::Misdirect { pick } => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                let Token::Receipt(receipt) = h.token else {
+                    unreachable!("direct limits issue receipts only")
+                };
+                if matches!(op, Op::Refund { .. }) {
+                    let back = limit.refund(receipt);
+                    settle(&mut oracle, h.grant, back);
+                } else {
+                    let stranger = RateLimiter::gcra_with_clock(policy, clock.clone());
+                    assert!(
+                        !stranger.refund(receipt),
+                        "another limiter's receipt gave something back"
+                    );
+                }
+            }
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(u64::from(d)));
+            }
+            Op::Remove { .. } | Op::Reclaim | Op::Flip => {}
+        }
+    }
+}
+
+/// `LiveGcra` whose burst flips between `policy`'s and `other`: the held admissions
+/// conform to the larger burst (the same `T`, the largest `τ`).
+fn live(policy: Policy, other: u64, clock: &ManualClock, ops: &[Op]) {
+    let Ok(alt) = policy.with_burst(other) else {
+        return;
+    };
+    let generous = if alt.burst() > policy.burst() {
+        alt
+    } else {
+        policy
+    };
+    let limiter = RateLimiter::with_clock(LiveGcra::new(policy), clock.clone());
+    let mut oracle = Oracle::new(Kind::Gcra, generous);
+    let mut receipts: Vec<Handle> = Vec::new();
+    let mut flipped = false;
+    for op in ops {
+        match *op {
+            Op::Flip => {
+                flipped = !flipped;
+                limiter
+                    .algorithm()
+                    .set_policy(if flipped { alt } else { policy });
+            }
+            Op::Charge { cost, stale, .. }
+            | Op::Book { cost, stale, .. }
+            | Op::Reserve { cost, stale, .. } => {
+                let at = reading(clock, stale);
+                let book = !matches!(op, Op::Charge { .. });
+                let cost = cost_of(cost, generous.burst());
+                receipts.push(charge(&limiter, &mut oracle, 0, at, at, cost, book));
+            }
+            Op::Refund { pick } | Op::Misdirect { pick } => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                let Token::Receipt(receipt) = h.token else {
+                    unreachable!()
+                };
+                let back = limiter.refund(receipt);
+                settle(&mut oracle, h.grant, back);
+            }
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(u64::from(d)));
+            }
+            Op::Remove { .. } | Op::Reclaim => {}
+        }
+    }
+}
+
+/// The shaper: immediate charges, bookings (held at their slot, refunded by GCRA's
+/// rule) and reservations within a `max_delay` (held at their slot, cancelled by
+/// `cancel`, which gives back a count of units: any is taken as the whole grant).
+fn shaper<S: floodgate::StateCell<GcraState>>(
+    shaper: &Shaper<ManualClock, S>,
+    policy: Policy,
+    clock: &ManualClock,
+    ops: &[Op],
+) {
+    let mut oracle = Oracle::new(Kind::Gcra, policy);
+    let mut receipts: Vec<Handle> = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Charge { cost, stale, .. } | Op::Book { cost, stale, .. } => {
+                let at = reading(clock, stale);
+                let book = matches!(op, Op::Book { .. });
+                let cost = cost_of(cost, policy.burst());
+                receipts.push(charge(shaper, &mut oracle, 0, at, at, cost, book));
+            }
+            Op::Reserve {
+                cost,
+                stale,
+                max_delay,
+                ..
+            } => {
+                let at = reading(clock, stale);
+                let cost = cost_of(cost, policy.burst());
+                let max_delay = Duration::from_nanos(u64::from(max_delay));
+                if let Ok(r) = shaper.reserve_at(at, cost, max_delay) {
+                    assert!(r.ready_at() >= at && r.ready_at() <= at.saturating_add(max_delay));
+                    let grant = oracle.admit(
+                        at.as_u64(),
+                        Some(r.ready_at().as_u64()),
+                        &r.decision(),
+                        cost,
+                    );
+                    receipts.push(Handle {
+                        unit: 0,
+                        grant,
+                        removals: 0,
+                        token: Token::Reservation(r),
+                    });
+                }
+            }
+            Op::Refund { pick } | Op::Misdirect { pick } => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                match h.token {
+                    Token::Receipt(receipt) => {
+                        let back = shaper.refund(receipt);
+                        settle(&mut oracle, h.grant, back);
+                    }
+                    Token::Reservation(r) => {
+                        let cost = r.cost();
+                        let units = if matches!(op, Op::Misdirect { .. }) {
+                            let stranger = Shaper::with_clock(policy, clock.clone());
+                            assert_eq!(
+                                stranger.cancel(r),
+                                0,
+                                "another shaper's reservation gave units back"
+                            );
+                            continue;
+                        } else {
+                            shaper.cancel(r)
+                        };
+                        assert!(units <= cost, "a cancellation gave back {units} of {cost}");
+                        settle(&mut oracle, h.grant, units > 0);
+                    }
+                }
+            }
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(u64::from(d)));
+            }
+            Op::Remove { .. } | Op::Reclaim | Op::Flip => {}
+        }
+    }
+}
+
+/// A keyed GCRA table of `KEYS` keys in one shard on storage `S`. Each key is held to
+/// the policy since its last removal; decisions are judged at `max(reading, R)`, R the
+/// shard's latest removal instant (reclamation loses nothing: a reclaimed key's held
+/// admissions stay in its bound). Every receipt taken before a removal in the shard
+/// gives back nothing; a receipt refunded on another key gives back nothing.
+fn keyed<S: Storage<u8, GcraState>>(policy: Policy, clock: &ManualClock, ops: &[Op]) {
+    let Ok(table) = KeyedBuilder::new(Gcra::new(policy))
+        .capacity(usize::from(KEYS))
+        .shards(1)
+        .clock(clock.clone())
+        .build_in::<u8, S>()
+    else {
+        return;
+    };
+    let table: KeyedLimiter<u8, Gcra, ManualClock, S> = table;
+    let mut oracles: Vec<Oracle> = (0..KEYS).map(|_| Oracle::new(Kind::Gcra, policy)).collect();
+    let mut receipts: Vec<Handle> = Vec::new();
+    // The shard's latest removal instant and removal count, as the table reports them.
+    let mut removed_at = Nanos::ZERO;
+    let mut removals = 0u64;
+    let count = |m: floodgate::KeyedMetrics| m.reclaimed + m.evicted + m.removed;
+    for op in ops {
+        let before = table.metrics();
+        let now = clock.now();
+        let mut judged = now.max(removed_at);
+        match *op {
+            Op::Charge {
+                target,
+                cost,
+                stale,
+            }
+            | Op::Book {
+                target,
+                cost,
+                stale,
+            }
+            | Op::Reserve {
+                target,
+                cost,
+                stale,
+                ..
+            } => {
+                let key = target % KEYS;
+                let at = reading(clock, stale);
+                judged = at.max(removed_at);
+                let book = !matches!(op, Op::Charge { .. });
+                let cost = cost_of(cost, policy.burst());
+                let limit = table.limit(&key);
+                let mut h = charge(
+                    &limit,
+                    &mut oracles[usize::from(key)],
+                    usize::from(key),
+                    at,
+                    judged,
+                    cost,
+                    book,
+                );
+                h.removals = removals;
+                receipts.push(h);
+            }
+            Op::Refund { pick } | Op::Misdirect { pick } => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                let Token::Receipt(receipt) = h.token else {
+                    unreachable!()
+                };
+                let key = h.unit as u8;
+                if matches!(op, Op::Misdirect { .. }) {
+                    let wrong = (key + 1) % KEYS;
+                    assert!(
+                        !table.refund(&wrong, receipt),
+                        "key {key}'s receipt gave back on key {wrong}"
+                    );
+                    continue;
+                }
+                let back = table.refund(&key, receipt);
+                if h.removals < removals {
+                    assert!(
+                        !back,
+                        "a receipt taken before a removal in the shard gave something back"
+                    );
+                }
+                settle(&mut oracles[usize::from(key)], h.grant, back);
+            }
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(u64::from(d)));
+            }
+            Op::Remove { key } => {
+                let key = key % KEYS;
+                if table.remove(&key) {
+                    // Forgiven: the key starts fresh at the removal instant.
+                    oracles[usize::from(key)].held.clear();
+                }
+            }
+            Op::Reclaim => {
+                let _ = table.reclaim_idle();
+            }
+            Op::Flip => {}
+        }
+        let after = table.metrics();
+        assert_eq!(
+            after.evicted, 0,
+            "no key is evicted below capacity: {after:?}"
+        );
+        if count(after) > count(before) {
+            removed_at = removed_at.max(judged);
+            removals += 1;
+        }
+    }
+}
+
+/// A [`Limit`] deciding at a stale reading inside a composite, logging what it was
+/// asked to do so the oracle can follow the composite's charges and rollbacks.
+struct Stale<'a> {
+    inner: &'a dyn Limit,
+    reading: Nanos,
+    events: RefCell<Vec<Event>>,
+}
+
+enum Event {
+    Charged(Decision, u32),
+    Refunded(bool),
+}
+
+impl Limit for Stale<'_> {
+    fn now(&self) -> Nanos {
+        self.reading
+    }
+
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let (d, receipt) = self.inner.charge_at(now, cost);
+        self.events.borrow_mut().push(Event::Charged(d, cost));
+        (d, receipt)
+    }
+
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.inner.peek_at(now, cost)
+    }
+
+    fn refund(&self, receipt: Receipt) -> bool {
+        let back = self.inner.refund(receipt);
+        self.events.borrow_mut().push(Event::Refunded(back));
+        back
+    }
+}
+
+/// A window or log limiter (or GCRA) of `kind` for `policy` on `clock`.
+fn build(kind: Kind, policy: Policy, clock: &ManualClock) -> Option<Box<dyn Limit>> {
+    Some(match kind {
+        Kind::Gcra => Box::new(RateLimiter::gcra_with_clock(policy, clock.clone())),
+        Kind::Fixed => Box::new(RateLimiter::with_clock(
+            FixedWindow::new(policy).ok()?,
+            clock.clone(),
+        )),
+        Kind::Sliding => Box::new(RateLimiter::with_clock(
+            SlidingWindow::new(policy).ok()?,
+            clock.clone(),
+        )),
+        Kind::Log => Box::new(SlidingLog::with_clock(policy, clock.clone())),
+    })
+}
+
+/// `check_all` over two limits (kinds from `pair`, in either order), each also charged
+/// and refunded directly: the composite's rollbacks, at stale readings, interleave with
+/// direct refunds; neither limit's held admissions pass its bound.
+fn composite(first: Policy, second: Policy, pair: u8, clock: &ManualClock, ops: &[Op]) {
+    const KINDS: [Kind; 4] = [Kind::Gcra, Kind::Fixed, Kind::Sliding, Kind::Log];
+    let kinds = [
+        KINDS[usize::from(pair % 4)],
+        KINDS[usize::from(pair / 4 % 4)],
+    ];
+    let (Some(a), Some(b)) = (
+        build(kinds[0], first, clock),
+        build(kinds[1], second, clock),
+    ) else {
+        return;
+    };
+    let limits: [&dyn Limit; 2] = [a.as_ref(), b.as_ref()];
+    let mut oracles = [Oracle::new(kinds[0], first), Oracle::new(kinds[1], second)];
+    let mut receipts: Vec<Handle> = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Charge {
+                target,
+                cost,
+                stale,
+            }
+            | Op::Book {
+                target,
+                cost,
+                stale,
+            }
+            | Op::Reserve {
+                target,
+                cost,
+                stale,
+                ..
+            } => {
+                let at = reading(clock, stale);
+                let cost = cost_of(cost, first.burst().max(second.burst()));
+                let book = !matches!(op, Op::Charge { .. });
+                match target % 4 {
+                    unit @ (0 | 1) => {
+                        let unit = usize::from(unit);
+                        receipts.push(charge(
+                            limits[unit],
+                            &mut oracles[unit],
+                            unit,
+                            at,
+                            at,
+                            cost,
+                            book,
+                        ));
+                    }
+                    order => {
+                        let stale = limits.map(|inner| Stale {
+                            inner,
+                            reading: at,
+                            events: RefCell::new(Vec::new()),
+                        });
+                        let d = if order == 2 {
+                            check_all(&[&stale[0], &stale[1]], cost)
+                        } else {
+                            check_all(&[&stale[1], &stale[0]], cost)
+                        };
+                        for (unit, s) in stale.into_iter().enumerate() {
+                            let events = s.events.into_inner();
+                            let mut held = None;
+                            for e in &events {
+                                match *e {
+                                    Event::Charged(ref d, cost) => {
+                                        held = oracles[unit].admit(at.as_u64(), None, d, cost);
+                                    }
+                                    Event::Refunded(back) => {
+                                        settle(&mut oracles[unit], held.take(), back);
+                                    }
+                                }
+                            }
+                            if d.is_allowed() {
+                                assert!(
+                                    matches!(events[..], [Event::Charged(ref c, _)] if c.is_allowed()),
+                                    "the composite admitted, limit {unit} ({:?}) was not charged once",
+                                    kinds[unit]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            Op::Refund { pick } | Op::Misdirect { pick } => {
+                if receipts.is_empty() {
+                    continue;
+                }
+                let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                let Token::Receipt(receipt) = h.token else {
+                    unreachable!()
+                };
+                if matches!(op, Op::Misdirect { .. }) {
+                    let other = 1 - h.unit;
+                    assert!(
+                        !limits[other].refund(receipt),
+                        "limit {}'s receipt gave back on limit {other}",
+                        h.unit
+                    );
+                    continue;
+                }
+                let back = limits[h.unit].refund(receipt);
+                settle(&mut oracles[h.unit], h.grant, back);
+            }
+            Op::Advance(d) => {
+                clock.advance(Duration::from_nanos(u64::from(d)));
+            }
+            Op::Remove { .. } | Op::Reclaim | Op::Flip => {}
+        }
+    }
+}
