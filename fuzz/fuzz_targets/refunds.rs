@@ -33,9 +33,9 @@
 use arbitrary::Arbitrary;
 use floodgate::keyed::composite::{check_all, Limit};
 use floodgate::{
-    Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline, KeyedBuilder,
-    KeyedLimiter, LiveGcra, ManualClock, Nanos, Policy, RateLimiter, Receipt, Reservation, Shaper,
-    SlidingLog, SlidingWindow, Storage,
+    Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
+    KeyedBuilder, KeyedLimiter, LiveGcra, LockedCell, ManualClock, Nanos, Policy, RateLimiter,
+    Receipt, Reservation, Shaper, SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
@@ -315,42 +315,15 @@ fuzz_target!(|input: Input| {
             direct(&limiter, Kind::Gcra, bucket.policy(), &clock, ops);
         }
         4 | 5 => {
-            let Ok(w) = FixedWindow::new(policy) else {
-                return;
-            };
-            if input.system % 15 == 4 {
-                direct(
-                    &RateLimiter::with_clock(w, clock.clone()),
-                    Kind::Fixed,
-                    policy,
-                    &clock,
-                    ops,
-                );
-            } else {
-                direct(
-                    &RateLimiter::locked_with_clock(w, clock.clone()),
-                    Kind::Fixed,
-                    policy,
-                    &clock,
-                    ops,
-                );
+            if let Ok(w) = FixedWindow::new(policy) {
+                on_cell(w, input.system % 15 == 5, Kind::Fixed, policy, &clock, ops);
             }
         }
         6 | 7 => {
-            let Ok(w) = SlidingWindow::new(policy) else {
-                return;
-            };
-            if input.system % 15 == 6 {
-                direct(
-                    &RateLimiter::with_clock(w, clock.clone()),
-                    Kind::Sliding,
-                    policy,
-                    &clock,
-                    ops,
-                );
-            } else {
-                direct(
-                    &RateLimiter::locked_with_clock(w, clock.clone()),
+            if let Ok(w) = SlidingWindow::new(policy) {
+                on_cell(
+                    w,
+                    input.system % 15 == 7,
                     Kind::Sliding,
                     policy,
                     &clock,
@@ -454,6 +427,38 @@ fn settle(oracle: &mut Oracle, grant: Option<u64>, back: bool) {
 
 /// One direct limiter: charges, bookings, refunds, misdirected refunds (to a fresh
 /// limiter of the same kind: nothing comes back) and clock moves.
+/// `algorithm` on the lock-free cell, or on its mutex twin if `locked`.
+fn on_cell<A>(
+    algorithm: A,
+    locked: bool,
+    kind: Kind,
+    policy: Policy,
+    clock: &ManualClock,
+    ops: &[Op],
+) where
+    A: Algorithm,
+    RateLimiter<A, ManualClock>: Limit,
+    RateLimiter<A, ManualClock, LockedCell<A::State>>: Limit,
+{
+    if locked {
+        direct(
+            &RateLimiter::locked_with_clock(algorithm, clock.clone()),
+            kind,
+            policy,
+            clock,
+            ops,
+        );
+    } else {
+        direct(
+            &RateLimiter::with_clock(algorithm, clock.clone()),
+            kind,
+            policy,
+            clock,
+            ops,
+        );
+    }
+}
+
 fn direct<L: Limit>(limit: &L, kind: Kind, policy: Policy, clock: &ManualClock, ops: &[Op]) {
     let mut oracle = Oracle::new(kind, policy);
     let mut receipts: Vec<Handle> = Vec::new();
