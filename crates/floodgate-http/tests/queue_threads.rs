@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use floodgate::{Clock, DefaultClock, Gcra, KeyedBuilder, Nanos, Policy, Shaper};
 use floodgate_http::{
-    from_fn, HeaderKey, KeyError, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer,
+    from_fn, HeaderKey, KeyError, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, Rule,
 };
 use http::request::Parts;
 use http::{Request, Response};
@@ -438,6 +438,62 @@ async fn a_simultaneous_crowd_gets_at_most_the_places_queued() -> TestResult {
             "{served} served, {refused} refused (places 5, {extra} slots passed while sending)"
         );
         assert!(served >= 6, "the places were used: {served} served");
+        Ok(())
+    })
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn an_earlier_rules_refunds_for_clients_leaving_the_queue_never_pass_its_policy() -> TestResult
+{
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let clock = DefaultClock::new();
+        // Each key: 100 per second (T = 10 ms), burst 3, charged before the queue; the
+        // charge is given back when the request is refused by the queue or leaves it.
+        let per_key = Policy::per_second(100)?.with_burst(3)?;
+        let keyed = KeyedBuilder::new(Gcra::new(per_key))
+            .clock(clock)
+            .build::<String>()?;
+        // Then one queue for all: 400 per second, burst 1, at most 15 ms of waiting.
+        let shaper = Shaper::with_clock(Policy::per_second(400)?.with_burst(1)?, clock);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("per-key", keyed, HeaderKey::new("x-api-key")?)?)
+            .queue(QueueRule::new("smooth", shaper, Duration::from_millis(15))?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let keys = ["alice", "bob", "carol"];
+        let start = clock.now().as_u64();
+        let out = storm(
+            svc,
+            clock,
+            600,
+            Duration::from_micros(500),
+            Duration::from_millis(12),
+            13,
+            |i| vec![("x-api-key", keys[i % 3].to_owned())],
+        )
+        .await?;
+        assert!(
+            !out.iter().any(|o| matches!(o, Outcome::Other(_))),
+            "{out:?}"
+        );
+        assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
+        let seen = seen.lock().unwrap().clone();
+        let mut by_key: HashMap<&str, Vec<u64>> = HashMap::new();
+        for s in &seen {
+            by_key.entry(&s.key).or_default().push(s.at);
+        }
+        for key in keys {
+            let times = by_key.entry(key).or_default();
+            assert!(times.len() > 10, "{key} was served ({})", times.len());
+            assert_within_gcra(times, start, per_key.burst(), per_key.interval_nanos(), key);
+        }
+        let mut all: Vec<u64> = seen.iter().map(|s| s.at).collect();
+        assert_within_gcra(&mut all, start, 1, 2_500_000, "the queue");
         Ok(())
     })
     .await?
