@@ -1,0 +1,500 @@
+//! The queue strategy and the priority tiers under real concurrency: a multi-threaded
+//! runtime, many requests at once on one key and on several, some dropped (the client
+//! went away) while they wait. The shapers run on the production clock
+//! ([`DefaultClock`]) and the inner service reads the same clock when it is called,
+//! so each check below is sound whatever the scheduling delays: a request reaches the
+//! inner service at or after its slot, so the requests seen there by instant `t`
+//! number at most what the policy admits from the first arrival to `t`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use floodgate::{Clock, DefaultClock, Gcra, KeyedBuilder, Nanos, Policy, Shaper};
+use floodgate_http::{
+    from_fn, HeaderKey, KeyError, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, Rule,
+};
+use http::request::Parts;
+use http::{Request, Response};
+use tower::{Layer, Service};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// When the client sent the request, on the shapers' clock.
+#[derive(Clone, Copy)]
+struct Arrival(Nanos);
+
+/// One request that reached the inner service: its key, when, and how long it had
+/// waited since it was sent.
+#[derive(Clone, Debug)]
+struct Seen {
+    key: String,
+    at: u64,
+    waited: u64,
+}
+
+/// Records every call the moment it is made (before any response future exists), so
+/// a request dropped after it was admitted is counted too.
+#[derive(Clone)]
+struct Recorder {
+    clock: DefaultClock,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Service<Request<()>> for Recorder {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<()>) -> Self::Future {
+        let at = self.clock.now().as_u64();
+        let sent = req
+            .extensions()
+            .get::<Arrival>()
+            .map_or(at, |a| a.0.as_u64());
+        let key = req
+            .headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        self.seen.lock().unwrap().push(Seen {
+            key,
+            at,
+            waited: at.saturating_sub(sent),
+        });
+        ready(Ok(Response::new("ok".to_owned())))
+    }
+}
+
+/// What became of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Served,
+    /// 429 with a `Retry-After`.
+    Refused,
+    /// The client went away first.
+    Dropped,
+    /// Anything else (a bug).
+    Other(u16),
+}
+
+/// A small deterministic generator (no dev-dependency for randomness).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+}
+
+/// Sends `n` requests, four every `4·gap`, each with headers from `headers(i)`; a third
+/// of them give up after a random 0–`drop_max`. Returns each request's outcome.
+async fn storm<S>(
+    svc: S,
+    clock: DefaultClock,
+    n: usize,
+    gap: Duration,
+    drop_max: Duration,
+    seed: u64,
+    headers: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Result<Vec<Outcome>, Box<dyn std::error::Error + Send + Sync>>
+where
+    S: Service<Request<()>, Response = Response<floodgate_http::RateLimitBody<String>>>
+        + Clone
+        + Send
+        + 'static,
+    S::Error: std::fmt::Debug + Send,
+    S::Future: Send + 'static,
+{
+    let mut rng = Lcg(seed);
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut b = Request::builder();
+        for (name, value) in headers(i) {
+            b = b.header(name, value);
+        }
+        let mut req = b.body(())?;
+        req.extensions_mut().insert(Arrival(clock.now()));
+        let call = svc.clone().call(req);
+        let give_up = (rng.next() % 3 == 0)
+            .then(|| Duration::from_micros(rng.next() % (drop_max.as_micros() as u64 + 1)));
+        tasks.push(tokio::spawn(async move {
+            let resp = match give_up {
+                Some(after) => match tokio::time::timeout(after, call).await {
+                    Ok(r) => r,
+                    Err(_) => return Outcome::Dropped,
+                },
+                None => call.await,
+            };
+            let resp = resp.expect("the layer's service is infallible here");
+            match resp.status().as_u16() {
+                200 => Outcome::Served,
+                429 if resp.headers().contains_key("retry-after") => Outcome::Refused,
+                other => Outcome::Other(other),
+            }
+        }));
+        if !gap.is_zero() && i % 4 == 3 {
+            tokio::time::sleep(gap * 4).await;
+        }
+    }
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await?);
+    }
+    Ok(out)
+}
+
+/// Property (1) for one schedule: by each instant a request reached the inner service,
+/// at most `B + (instant − start)/T` had (GCRA from a full bucket at `start`).
+fn assert_within_gcra(times: &mut [u64], start: u64, burst: u64, interval: u64, what: &str) {
+    times.sort_unstable();
+    for (j, &t) in times.iter().enumerate() {
+        let admits = burst + t.saturating_sub(start) / interval;
+        assert!(
+            (j as u64) < admits,
+            "{what}: {} requests reached the service by {} µs after the start; the policy admits {admits}",
+            j + 1,
+            t.saturating_sub(start) / 1_000
+        );
+    }
+}
+
+/// Generous room for the scheduler (2 cores, 3 workers) and Tokio's 1 ms timer: the
+/// wait caps below are the bound plus this.
+const SLACK: Duration = Duration::from_millis(150);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn keyed_queues_never_pass_a_keys_policy_with_clients_leaving_mid_queue() -> TestResult {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        // Each key: 200 per second (T = 5 ms), burst 2, a request waits at most 40 ms.
+        let policy = Policy::per_second(200)?.with_burst(2)?;
+        let limiter = Arc::new(
+            KeyedBuilder::new(Gcra::new(policy))
+                .clock(DefaultClock::new())
+                .build::<String>()?,
+        );
+        let clock = *limiter.clock();
+        let max_delay = Duration::from_millis(40);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .queue_per_key(KeyedQueueRule::shared(
+                "per-key",
+                HeaderKey::new("x-api-key")?,
+                Arc::clone(&limiter),
+                max_delay,
+            )?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let keys = ["alice", "bob", "carol"];
+        let start = clock.now().as_u64();
+        // 3 keys × 200 requests over ~300 ms: each key sends about 2.2× its rate, so
+        // every key's queue stays full and the bound below is tight.
+        let out = storm(
+            svc,
+            clock,
+            600,
+            Duration::from_micros(500),
+            Duration::from_millis(30),
+            7,
+            |i| vec![("x-api-key", keys[i % 3].to_owned())],
+        )
+        .await?;
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            !out.iter().any(|o| matches!(o, Outcome::Other(_))),
+            "every answer is a 200 or a 429 with Retry-After: {out:?}"
+        );
+        let served = out.iter().filter(|o| **o == Outcome::Served).count();
+        assert!(seen.len() >= served, "every 200 went through the service");
+        assert!(out.contains(&Outcome::Refused), "the queues filled up");
+        assert!(out.contains(&Outcome::Dropped), "some clients left");
+        let interval = policy.interval_nanos();
+        let mut by_key: HashMap<&str, Vec<u64>> = HashMap::new();
+        for s in &seen {
+            by_key.entry(&s.key).or_default().push(s.at);
+            assert!(
+                Duration::from_nanos(s.waited) <= max_delay + SLACK,
+                "{} waited {:?} (max_delay {max_delay:?})",
+                s.key,
+                Duration::from_nanos(s.waited)
+            );
+        }
+        for key in keys {
+            let times = by_key.entry(key).or_default();
+            assert!(times.len() > 10, "{key} was served ({})", times.len());
+            assert_within_gcra(times, start, policy.burst(), interval, key);
+        }
+        Ok(())
+    })
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn one_queue_never_passes_its_policy_with_clients_leaving_mid_queue() -> TestResult {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        // 250 per second (T = 4 ms), burst 1, a request waits at most 30 ms.
+        let policy = Policy::per_second(250)?.with_burst(1)?;
+        let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
+        let clock = *shaper.clock();
+        let max_delay = Duration::from_millis(30);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .queue(QueueRule::shared("smooth", Arc::clone(&shaper), max_delay)?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let start = clock.now().as_u64();
+        let out = storm(
+            svc,
+            clock,
+            400,
+            Duration::from_micros(500),
+            Duration::from_millis(25),
+            11,
+            |i| vec![("x-api-key", format!("k{}", i % 5))],
+        )
+        .await?;
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            !out.iter().any(|o| matches!(o, Outcome::Other(_))),
+            "{out:?}"
+        );
+        assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
+        for s in &seen {
+            assert!(
+                Duration::from_nanos(s.waited) <= max_delay + SLACK,
+                "waited {:?}",
+                Duration::from_nanos(s.waited)
+            );
+        }
+        let mut times: Vec<u64> = seen.iter().map(|s| s.at).collect();
+        assert!(times.len() > 20);
+        assert_within_gcra(
+            &mut times,
+            start,
+            policy.burst(),
+            policy.interval_nanos(),
+            "global",
+        );
+        Ok(())
+    })
+    .await?
+}
+
+/// The tier from `x-tier` (0 = free, 1 = pro).
+fn tier(parts: &Parts) -> Result<usize, KeyError> {
+    parts
+        .headers
+        .get("x-tier")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::missing("x-tier"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> TestResult {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        // 250 per second (T = 4 ms), burst 1; free may queue 3 deep, pro 2.
+        let policy = Policy::per_second(250)?.with_burst(1)?;
+        let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
+        let clock = *shaper.clock();
+        let bounds = [3, 2];
+        let places: u64 = 5;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .priority(PriorityRule::shared(
+                "smooth",
+                Arc::clone(&shaper),
+                &bounds,
+                from_fn(tier),
+            )?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let start = clock.now().as_u64();
+        let mut rng = Lcg(3);
+        let tiers: Vec<usize> = (0..400).map(|_| (rng.next() % 2) as usize).collect();
+        let out = storm(
+            svc.clone(),
+            clock,
+            400,
+            Duration::from_micros(400),
+            Duration::from_millis(20),
+            5,
+            |i| {
+                vec![
+                    ("x-tier", tiers[i].to_string()),
+                    ("x-api-key", format!("t{}", tiers[i])),
+                ]
+            },
+        )
+        .await?;
+        assert!(
+            !out.iter().any(|o| matches!(o, Outcome::Other(_))),
+            "{out:?}"
+        );
+        assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
+        let seen_now = seen.lock().unwrap().clone();
+        let interval = policy.interval_nanos();
+        let mut times: Vec<u64> = seen_now.iter().map(|s| s.at).collect();
+        assert!(times.len() > 20);
+        assert_within_gcra(&mut times, start, policy.burst(), interval, "shaper");
+        // A pro request has at most the sum of the bounds ahead of it when it joins
+        // (the holder included) and nobody jumps it: it waits at most places + 1 slots.
+        let cap = Duration::from_nanos((places + 1) * interval) + SLACK;
+        for s in seen_now.iter().filter(|s| s.key == "t1") {
+            let waited = Duration::from_nanos(s.waited);
+            assert!(
+                waited <= cap,
+                "a pro request waited {waited:?} (cap {cap:?})"
+            );
+        }
+        // Nothing was left behind in the queues (a ghost head or holder would block
+        // everyone, a leaked place would refuse): once the storm is over, one request
+        // after another of each plan goes through.
+        for i in 0..6 {
+            let req = Request::builder()
+                .header("x-tier", (i % 2).to_string())
+                .body(())?;
+            let mut svc = svc.clone();
+            let resp = svc.call(req).await.expect("infallible");
+            assert_eq!(resp.status(), 200, "request {i} after the storm");
+        }
+        Ok(())
+    })
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_simultaneous_crowd_gets_at_most_the_places_queued() -> TestResult {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        // 10 per second (T = 100 ms), burst 1; free may queue 2 deep, pro 3.
+        let policy = Policy::per_second(10)?.with_burst(1)?;
+        let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
+        let clock = *shaper.clock();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .priority(PriorityRule::shared(
+                "smooth",
+                Arc::clone(&shaper),
+                &[2, 3],
+                from_fn(tier),
+            )?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let start = clock.now();
+        // 40 at once, alternating plans; nobody leaves.
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let mut req = Request::builder()
+                .header("x-tier", (i % 2).to_string())
+                .body(())?;
+            req.extensions_mut().insert(Arrival(clock.now()));
+            let call = svc.clone().call(req);
+            tasks.push(tokio::spawn(call));
+        }
+        let sent_by = clock.now();
+        let mut served = 0u64;
+        let mut refused = 0;
+        for t in tasks {
+            let resp = t.await?.expect("infallible");
+            match resp.status().as_u16() {
+                200 => served += 1,
+                429 => {
+                    assert!(resp.headers().contains_key("retry-after"));
+                    refused += 1;
+                }
+                other => panic!("status {other}"),
+            }
+        }
+        // One goes at once, at most 5 wait; slots that pass while the crowd is still
+        // arriving may let a few more in (none at all unless the spawning took 100 ms).
+        let interval = policy.interval_nanos();
+        let extra = sent_by.as_u64().saturating_sub(start.as_u64()) / interval + 1;
+        assert!(
+            served <= 1 + 5 + extra,
+            "{served} served, {refused} refused (places 5, {extra} slots passed while sending)"
+        );
+        assert!(served >= 6, "the places were used: {served} served");
+        Ok(())
+    })
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn an_earlier_rules_refunds_for_clients_leaving_the_queue_never_pass_its_policy() -> TestResult
+{
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let clock = DefaultClock::new();
+        // Each key: 100 per second (T = 10 ms), burst 3, charged before the queue; the
+        // charge is given back when the request is refused by the queue or leaves it.
+        let per_key = Policy::per_second(100)?.with_burst(3)?;
+        let keyed = KeyedBuilder::new(Gcra::new(per_key))
+            .clock(clock)
+            .build::<String>()?;
+        // Then one queue for all: 400 per second, burst 1, at most 15 ms of waiting.
+        let shaper = Shaper::with_clock(Policy::per_second(400)?.with_burst(1)?, clock);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("per-key", keyed, HeaderKey::new("x-api-key")?)?)
+            .queue(QueueRule::new("smooth", shaper, Duration::from_millis(15))?)
+            .build()?;
+        let svc = layer.layer(Recorder {
+            clock,
+            seen: Arc::clone(&seen),
+        });
+        let keys = ["alice", "bob", "carol"];
+        let start = clock.now().as_u64();
+        let out = storm(
+            svc,
+            clock,
+            600,
+            Duration::from_micros(500),
+            Duration::from_millis(12),
+            13,
+            |i| vec![("x-api-key", keys[i % 3].to_owned())],
+        )
+        .await?;
+        assert!(
+            !out.iter().any(|o| matches!(o, Outcome::Other(_))),
+            "{out:?}"
+        );
+        assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
+        let seen = seen.lock().unwrap().clone();
+        let mut by_key: HashMap<&str, Vec<u64>> = HashMap::new();
+        for s in &seen {
+            by_key.entry(&s.key).or_default().push(s.at);
+        }
+        for key in keys {
+            let times = by_key.entry(key).or_default();
+            assert!(times.len() > 10, "{key} was served ({})", times.len());
+            assert_within_gcra(times, start, per_key.burst(), per_key.interval_nanos(), key);
+        }
+        let mut all: Vec<u64> = seen.iter().map(|s| s.at).collect();
+        assert_within_gcra(&mut all, start, 1, 2_500_000, "the queue");
+        Ok(())
+    })
+    .await?
+}
