@@ -31,9 +31,10 @@
 //! **Oracles.** Every decision of a tracked key equals its model's at `max(reading,
 //! R)`, and a peek equals the check that follows it, for every key. An admission's
 //! receipt says it was judged at that instant. After every operation every tracked key
-//! is compared through `peek(0)` now and at its class's R: equal, except keys a live
-//! eviction in that very operation dropped (in the inserting key's shard), which must
-//! read as fresh. `reclaim_idle` removes no more keys than may be idle. Refunds: a
+//! is compared through peeks of 0 units (what is left) and 1 unit (where an admission
+//! would count) now and at its class's R: equal, except keys a live eviction in that
+//! very operation dropped (in the inserting key's shard), which must read as fresh.
+//! `reclaim_idle` removes no more keys than may be idle. Refunds: a
 //! receipt taken before a known removal in its shard gives back nothing; on the windows
 //! and the log a refund equals the model's; on GCRA (whose refund ledger is per shard,
 //! not per key) it never leaves the table more permissive than the model, and a key
@@ -812,11 +813,11 @@ struct Sweep<'a, M> {
 }
 
 impl<M: Model> Sweep<'_, M> {
-    /// Compares every tracked key through `peek(0)` now and at the earliest instant a
-    /// later decision on it can be judged at (its class's R: a key evicted live may
-    /// read as idle now and still differ for a later reading earlier than now). Only
-    /// `evicted` live evictions by an insert in class `insert` may explain a difference,
-    /// and the evicted key then reads as fresh.
+    /// Compares every tracked key through peeks of 0 and 1 unit, now and at the
+    /// earliest instant a later decision on it can be judged at (its class's R: a key
+    /// evicted live may read as idle now and still differ for a later reading earlier
+    /// than now). Only `evicted` live evictions by an insert in class `insert` may
+    /// explain a difference, and the evicted key then reads as fresh.
     fn compare<T: Table>(
         &mut self,
         table: &T,
@@ -829,26 +830,25 @@ impl<M: Model> Sweep<'_, M> {
             if self.untracked.contains(&key) {
                 continue;
             }
-            let instants = [self.now, self.classes.floor(key)];
-            let differs = instants
-                .iter()
-                .any(|&t| table.peek(key, t, 0) != m.peek(t, 0));
-            if !differs {
+            // Costs 0 (what is left) and 1 (where an admission would count).
+            let probes = [self.now, self.classes.floor(key)]
+                .into_iter()
+                .flat_map(|t| [(t, 0), (t, 1)]);
+            let Some((t, cost, got, want)) = probes
+                .clone()
+                .map(|(t, cost)| (t, cost, table.peek(key, t, cost), m.peek(t, cost)))
+                .find(|(.., g, w)| g != w)
+            else {
                 continue;
-            }
-            let (t, got, want) = instants
-                .iter()
-                .map(|&t| (t, table.peek(key, t, 0), m.peek(t, 0)))
-                .find(|(_, g, w)| g != w)
-                .expect("a difference");
+            };
             assert!(
                 evicted > 0 && insert == Some(self.classes.of[&key]),
-                "key {key} at {t:?}: table {got:?} vs model {want:?}"
+                "key {key} at {t:?}, cost {cost}: table {got:?} vs model {want:?}"
             );
-            for t in instants {
+            for (t, cost) in probes {
                 assert_eq!(
-                    table.peek(key, t, 0),
-                    fresh().peek(t, 0),
+                    table.peek(key, t, cost),
+                    fresh().peek(t, cost),
                     "key {key} was not dropped cleanly"
                 );
             }
