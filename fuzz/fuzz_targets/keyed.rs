@@ -59,15 +59,15 @@ use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-/// At most this many operations per input (the bound checks grow with them).
-const MAX_OPS: usize = 512;
+/// At most this many operations per input, floods expanded (each compares every key).
+const MAX_OPS: usize = 1024;
 /// Window readings stay within this span of the start: half a year, where an idle
 /// key's window index cannot wrap (see VERIFICATION.md).
 const WINDOW_SPAN: u64 = 182 * 86_400 * 1_000_000_000;
 /// The clock starts no earlier (the probe runs at instants 1 to 256 ns).
 const EARLIEST_START: u64 = 1 << 30;
 
-#[derive(Arbitrary, Debug)]
+#[derive(Arbitrary, Clone, Copy, Debug)]
 enum Op {
     Check {
         key: u8,
@@ -103,6 +103,40 @@ enum Op {
     Remove {
         key: u8,
     },
+    /// Checks of `count` (at most 64) keys from `from` on, each read `back` units
+    /// earlier than the clock: a burst of inserts, enough to fill the shards of a
+    /// multi-shard table (each holds its share plus a headroom of 20-odd keys).
+    Flood {
+        from: u8,
+        count: u8,
+        cost: u8,
+        back: u16,
+    },
+}
+
+/// The operations, each flood expanded into its checks.
+fn expand(ops: &[Op]) -> Vec<Op> {
+    let mut out = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Flood {
+                from,
+                count,
+                cost,
+                back,
+            } => out.extend((0..count % 65).map(|i| Op::CheckEarlier {
+                key: from.wrapping_add(i),
+                cost,
+                back,
+            })),
+            op => out.push(op),
+        }
+        if out.len() >= MAX_OPS {
+            out.truncate(MAX_OPS);
+            break;
+        }
+    }
+    out
 }
 
 #[derive(Arbitrary, Debug)]
@@ -284,7 +318,8 @@ struct Setup<'a> {
     unit: u64,
     shards: usize,
     capacity: usize,
-    ops: &'a [Op],
+    /// The operations, floods expanded (at most `MAX_OPS`).
+    ops: Vec<Op>,
 }
 
 fuzz_target!(|input: Input| {
@@ -301,7 +336,7 @@ fuzz_target!(|input: Input| {
         unit,
         shards: 1 << (input.shards % 4),
         capacity: usize::from(input.capacity).max(1),
-        ops: &input.ops[..input.ops.len().min(MAX_OPS)],
+        ops: expand(&input.ops),
     };
     match input.algorithm % 4 {
         0 => on_storage(Gcra::new(policy), &setup),
@@ -400,6 +435,8 @@ fn start_of(input: &Input, wrap: Option<u128>, period: u64) -> u64 {
 /// what is known of its latest removal.
 struct Classes {
     of: BTreeMap<u8, usize>,
+    /// The keys of each class.
+    members: Vec<Vec<u8>>,
     /// The latest removal instant known (a lower bound of the shard's R).
     known: Vec<Nanos>,
     /// An upper bound of the shard's R (above `known` after a `reclaim_idle` that
@@ -454,8 +491,13 @@ impl Classes {
             known.len()
         );
         let n = known.len();
+        let mut members = vec![Vec::new(); n];
+        for (&key, &class) in &of {
+            members[class].push(key);
+        }
         Classes {
             of,
+            members,
             most: known.clone(),
             known,
             removals: vec![0; n],
@@ -546,12 +588,14 @@ fn run<T: Table, M: Model>(
     let mut oracles: BTreeMap<u8, Oracle> = BTreeMap::new();
     let mut receipts: Vec<Held> = Vec::new();
     let unit = setup.unit;
-    for op in setup.ops {
+    for op in &setup.ops {
         let before = table.metrics();
         let now = clock.now();
         // The key whose insert may have removed keys, and the instant it was judged at.
         let mut insert: Option<(u8, Nanos)> = None;
         let mut charged = false;
+        // The keys whose state or judgment the operation may have changed.
+        let mut scope = Scope::Nothing;
         match *op {
             Op::Check { key, cost }
             | Op::CheckEarlier { key, cost, .. }
@@ -619,6 +663,7 @@ fn run<T: Table, M: Model>(
                     charged = true;
                 }
                 insert = Some((key, judged));
+                scope = Scope::Key(key);
             }
             Op::Peek { key, cost } => {
                 let cost = u32::from(cost);
@@ -637,6 +682,7 @@ fn run<T: Table, M: Model>(
                     continue;
                 }
                 let held = receipts.remove(usize::from(pick) % receipts.len());
+                scope = Scope::Key(held.key);
                 refund(
                     table,
                     held,
@@ -657,6 +703,7 @@ fn run<T: Table, M: Model>(
                 clock.set(Nanos::new(next.min(end.max(now.as_u64()))));
             }
             Op::ReclaimIdle => {
+                scope = Scope::All;
                 let n = table.reclaim_idle();
                 assert_eq!(
                     table.metrics().reclaimed - before.reclaimed,
@@ -686,7 +733,9 @@ fn run<T: Table, M: Model>(
                     }
                 }
             }
+            Op::Flood { .. } => unreachable!("floods are expanded"),
             Op::Remove { key } => {
+                scope = Scope::Class(classes.of[&key]);
                 if table.remove(key) {
                     classes.removed(classes.of[&key], now);
                     models.remove(&key);
@@ -705,6 +754,7 @@ fn run<T: Table, M: Model>(
             Some((key, judged)) => {
                 if after.reclaimed + evicted > before.reclaimed {
                     classes.removed(classes.of[&key], judged);
+                    scope = Scope::Class(classes.of[&key]);
                 }
                 if charged {
                     // Its class's counts after this operation's own removals, which a
@@ -727,9 +777,30 @@ fn run<T: Table, M: Model>(
             untracked: &untracked,
             oracles: &mut oracles,
             now: clock.now(),
+            scope,
         };
         sweep.compare(table, class_of_insert, evicted, &fresh);
     }
+    let mut sweep = Sweep {
+        classes: &classes,
+        models: &mut models,
+        untracked: &untracked,
+        oracles: &mut oracles,
+        now: clock.now(),
+        scope: Scope::All,
+    };
+    sweep.compare(table, None, 0, &fresh);
+}
+
+/// Which keys the comparison after an operation looks at: those whose state or
+/// judgment it may have changed.
+#[derive(Clone, Copy, Debug)]
+enum Scope {
+    Nothing,
+    Key(u8),
+    /// The keys of a class (shard) that removed a key.
+    Class(usize),
+    All,
 }
 
 /// What a refund is settled against.
@@ -810,6 +881,7 @@ struct Sweep<'a, M> {
     untracked: &'a HashSet<u8>,
     oracles: &'a mut BTreeMap<u8, Oracle>,
     now: Nanos,
+    scope: Scope,
 }
 
 impl<M: Model> Sweep<'_, M> {
@@ -826,7 +898,16 @@ impl<M: Model> Sweep<'_, M> {
         fresh: &impl Fn() -> M,
     ) {
         let mut dropped = Vec::new();
-        for (&key, m) in self.models.iter() {
+        let keys: &[u8] = match self.scope {
+            Scope::Nothing => &[],
+            Scope::Key(ref k) => core::slice::from_ref(k),
+            Scope::Class(c) => &self.classes.members[c],
+            Scope::All => &self.classes.members.concat(),
+        };
+        for &key in keys {
+            let Some(m) = self.models.get(&key) else {
+                continue;
+            };
             if self.untracked.contains(&key) {
                 continue;
             }
