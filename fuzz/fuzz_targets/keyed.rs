@@ -778,6 +778,8 @@ fn run<T: Table, M: Model>(
             oracles: &mut oracles,
             now: clock.now(),
             scope,
+            // An eviction sampled every live key of its shard (8 at most).
+            sampled_all: insert.filter(|_| before.live_keys <= EVICTION_SAMPLE),
         };
         sweep.compare(table, class_of_insert, evicted, &fresh);
     }
@@ -788,9 +790,13 @@ fn run<T: Table, M: Model>(
         oracles: &mut oracles,
         now: clock.now(),
         scope: Scope::All,
+        sampled_all: None,
     };
     sweep.compare(table, None, 0, &fresh);
 }
+
+/// Keys an eviction compares (`EVICTION_SAMPLE` in the keyed tables).
+const EVICTION_SAMPLE: u64 = 8;
 
 /// Which keys the comparison after an operation looks at: those whose state or
 /// judgment it may have changed.
@@ -882,9 +888,39 @@ struct Sweep<'a, M> {
     oracles: &'a mut BTreeMap<u8, Oracle>,
     now: Nanos,
     scope: Scope,
+    /// The key inserted and the instant it was judged at, if its eviction (if any)
+    /// sampled every live key of its shard.
+    sampled_all: Option<(u8, Nanos)>,
 }
 
 impl<M: Model> Sweep<'_, M> {
+    /// Asserts that `victim`, evicted by the insert of `inserted` judged at `judged`
+    /// whose sample held every live key of the shard, was the one whose loss forgives
+    /// least: no other live key of its class holds fewer units (unknown where an
+    /// untracked key is in the class).
+    fn ranked(&self, victim: u8, inserted: u8, judged: Nanos, fresh: &impl Fn() -> M) {
+        let class = self.classes.of[&victim];
+        let members = &self.classes.members[class];
+        if members.iter().any(|k| self.untracked.contains(k)) {
+            return;
+        }
+        let idle = fresh().peek(judged, 0);
+        let units = |d: Decision| d.limit() - d.remaining();
+        let lost = units(self.models[&victim].peek(judged, 0));
+        for (&key, m) in members
+            .iter()
+            .filter(|&&k| k != inserted)
+            .filter_map(|k| self.models.get(k).map(|m| (k, m)))
+        {
+            let d = m.peek(judged, 0);
+            assert!(
+                d == idle || lost <= units(d),
+                "evicted key {victim} held {lost} units, key {key} only {}: {d:?}",
+                units(d)
+            );
+        }
+    }
+
     /// Compares every tracked key through peeks of 0 and 1 unit, now and at the
     /// earliest instant a later decision on it can be judged at (its class's R: a key
     /// evicted live may read as idle now and still differ for a later reading earlier
@@ -932,6 +968,9 @@ impl<M: Model> Sweep<'_, M> {
                     fresh().peek(t, cost),
                     "key {key} was not dropped cleanly"
                 );
+            }
+            if let Some((inserted, judged)) = self.sampled_all {
+                self.ranked(key, inserted, judged, fresh);
             }
             evicted -= 1;
             dropped.push(key);
