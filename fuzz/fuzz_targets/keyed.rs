@@ -51,9 +51,9 @@ mod bounds;
 use arbitrary::Arbitrary;
 use bounds::{Kind, Oracle};
 use floodgate::{
-    Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
-    KeyedBuilder, KeyedLimiter, KeyedMetrics, KeyedSlidingLog, ManualClock, Nanos, Policy,
-    RateLimiter, Receipt, SlidingLog, SlidingWindow, Storage,
+    Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
+    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, ManualClock, Nanos, Policy, RateLimiter, Receipt,
+    SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -162,9 +162,9 @@ struct Input {
 /// What the run needs of an algorithm besides [`Algorithm`].
 trait Alg: Algorithm + Copy + Send + Sync + 'static {
     const KIND: Kind;
-    /// Whether `state` is the keyed table's reserved dead word (a transition to it is
-    /// refused there: stricter than the model).
-    fn dead(_state: Self::State) -> bool {
+    /// Whether the admission `admitted`, judged at `at`, stores the keyed table's
+    /// reserved dead word (the table refuses it: stricter than the model).
+    fn into_dead(_at: Nanos, _admitted: &Decision) -> bool {
         false
     }
     /// `2^k · P`: how long its window index takes to wrap, if it has one.
@@ -175,8 +175,10 @@ trait Alg: Algorithm + Copy + Send + Sync + 'static {
 
 impl Alg for Gcra {
     const KIND: Kind = Kind::Gcra;
-    fn dead(state: GcraState) -> bool {
-        state.tat() == Nanos::MAX
+    /// A TAT of `u64::MAX`: `reset_after` runs to it.
+    fn into_dead(at: Nanos, admitted: &Decision) -> bool {
+        admitted.is_allowed()
+            && at.as_u64().checked_add(admitted.reset_after_nanos()) == Some(u64::MAX)
     }
 }
 
@@ -270,8 +272,9 @@ trait Model {
     fn peek(&self, at: Nanos, cost: u32) -> Decision;
     /// A refund judged at the model clock's reading.
     fn refund(&self, receipt: Receipt) -> bool;
-    /// Whether its state is the keyed table's dead word.
-    fn dead(&self) -> bool;
+    /// Whether `got` is the keyed table's refusal of `want`, judged at `at`, because
+    /// admitting it would store the table's dead word (allowed: stricter).
+    fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool;
 }
 
 impl<A: Alg> Model for RateLimiter<A, ManualClock> {
@@ -287,8 +290,8 @@ impl<A: Alg> Model for RateLimiter<A, ManualClock> {
     fn refund(&self, receipt: Receipt) -> bool {
         RateLimiter::refund(self, receipt)
     }
-    fn dead(&self) -> bool {
-        A::dead(self.state())
+    fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool {
+        A::into_dead(at, want) && refusal(got, want)
     }
 }
 
@@ -305,9 +308,17 @@ impl Model for SlidingLog<ManualClock> {
     fn refund(&self, receipt: Receipt) -> bool {
         SlidingLog::refund(self, receipt)
     }
-    fn dead(&self) -> bool {
+    fn dead_refusal(&self, _: Nanos, _: &Decision, _: &Decision) -> bool {
         false
     }
+}
+
+/// Whether `got` is `want` turned into a denial that never succeeds.
+fn refusal(got: &Decision, want: &Decision) -> bool {
+    !got.is_allowed()
+        && got.retry_after().is_none()
+        && (got.limit(), got.remaining(), got.reset_after())
+            == (want.limit(), want.remaining(), want.reset_after())
 }
 
 /// The run's shape, from the input.
@@ -634,16 +645,14 @@ fn run<T: Table, M: Model>(
                     peeked, got,
                     "key {key}: peek then check, cost {cost} read at {reading:?}"
                 );
-                if !untracked.contains(&key) {
-                    if want.is_allowed() && !got.is_allowed() && model.dead() {
-                        // The table refuses a transition to its dead word: stricter.
-                        untracked.insert(key);
-                    } else {
-                        assert_eq!(
-                            got, want,
-                            "key {key}: cost {cost} read at {reading:?}, judged at {judged:?}"
-                        );
-                    }
+                if !untracked.contains(&key) && got != want {
+                    assert!(
+                        model.dead_refusal(judged, &got, &want),
+                        "key {key}: cost {cost} read at {reading:?}, judged at {judged:?}: \
+                         table {got:?} vs model {want:?}"
+                    );
+                    // The model stored what the table refused.
+                    untracked.insert(key);
                 }
                 let grant = oracles
                     .entry(key)
@@ -670,11 +679,17 @@ fn run<T: Table, M: Model>(
                 let reading = classes.reading(key, now);
                 let judged = classes.judged(key, reading);
                 let got = table.peek(key, reading, cost);
-                let want = models
-                    .get(&key)
-                    .map_or_else(|| fresh().peek(judged, cost), |m| m.peek(judged, cost));
-                if !untracked.contains(&key) {
-                    assert_eq!(got, want, "peek {key} cost {cost} at {reading:?}");
+                let model = models.get(&key);
+                let want =
+                    model.map_or_else(|| fresh().peek(judged, cost), |m| m.peek(judged, cost));
+                if !untracked.contains(&key) && got != want {
+                    assert!(
+                        model.map_or_else(
+                            || fresh().dead_refusal(judged, &got, &want),
+                            |m| m.dead_refusal(judged, &got, &want)
+                        ),
+                        "peek {key} cost {cost} at {reading:?}: table {got:?} vs model {want:?}"
+                    );
                 }
             }
             Op::Refund { pick } => {
@@ -954,7 +969,7 @@ impl<M: Model> Sweep<'_, M> {
             let Some((t, cost, got, want)) = probes
                 .clone()
                 .map(|(t, cost)| (t, cost, table.peek(key, t, cost), m.peek(t, cost)))
-                .find(|(.., g, w)| g != w)
+                .find(|&(t, _, g, w)| g != w && !m.dead_refusal(t, &g, &w))
             else {
                 continue;
             };
@@ -962,11 +977,12 @@ impl<M: Model> Sweep<'_, M> {
                 evicted > 0 && insert == Some(self.classes.of[&key]),
                 "key {key} at {t:?}, cost {cost}: table {got:?} vs model {want:?}"
             );
+            let new = fresh();
             for (t, cost) in probes {
-                assert_eq!(
-                    table.peek(key, t, cost),
-                    fresh().peek(t, cost),
-                    "key {key} was not dropped cleanly"
+                let (got, want) = (table.peek(key, t, cost), new.peek(t, cost));
+                assert!(
+                    got == want || new.dead_refusal(t, &got, &want),
+                    "key {key} was not dropped cleanly: {got:?} vs fresh {want:?}"
                 );
             }
             if let Some((inserted, judged)) = self.sampled_all {
