@@ -50,6 +50,7 @@ mod bounds;
 
 use arbitrary::Arbitrary;
 use bounds::{Kind, Oracle};
+use floodgate::keyed::composite::Limit;
 use floodgate::{
     Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
     KeyedLimiter, KeyedMetrics, KeyedSlidingLog, ManualClock, Nanos, Policy, RateLimiter, Receipt,
@@ -211,103 +212,63 @@ trait Table {
     fn max_keys(&self) -> usize;
 }
 
+/// The `Table` methods both tables have under the same names (their own, inherent
+/// methods, which a path through `Self` finds before the trait's).
+macro_rules! table_methods {
+    () => {
+        fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+            Self::check_n_at(self, &key, at, cost)
+        }
+        fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt) {
+            Self::charge_at(self, &key, at, cost)
+        }
+        fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+            Self::peek_at(self, &key, at, cost)
+        }
+        fn refund(&self, key: u8, receipt: Receipt) -> bool {
+            Self::refund(self, &key, receipt)
+        }
+        fn remove(&self, key: u8) -> bool {
+            Self::remove(self, &key)
+        }
+        fn metrics(&self) -> KeyedMetrics {
+            Self::metrics(self)
+        }
+        fn max_keys(&self) -> usize {
+            Self::max_keys(self)
+        }
+    };
+}
+
 impl<A: Algorithm, S: Storage<u8, A::State>> Table for KeyedLimiter<u8, A, ManualClock, S> {
-    fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision {
-        self.check_n_at(&key, at, cost)
-    }
-    fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt) {
-        self.charge_at(&key, at, cost)
-    }
-    fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision {
-        self.peek_at(&key, at, cost)
-    }
-    fn refund(&self, key: u8, receipt: Receipt) -> bool {
-        KeyedLimiter::refund(self, &key, receipt)
-    }
-    fn remove(&self, key: u8) -> bool {
-        KeyedLimiter::remove(self, &key)
-    }
+    table_methods!();
     fn reclaim_idle(&self) -> usize {
-        KeyedLimiter::reclaim_idle(self)
-    }
-    fn metrics(&self) -> KeyedMetrics {
-        KeyedLimiter::metrics(self)
-    }
-    fn max_keys(&self) -> usize {
-        KeyedLimiter::max_keys(self)
+        Self::reclaim_idle(self)
     }
 }
 
 impl Table for KeyedSlidingLog<u8, ManualClock> {
-    fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision {
-        self.check_n_at(&key, at, cost)
-    }
-    fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt) {
-        self.charge_at(&key, at, cost)
-    }
-    fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision {
-        self.peek_at(&key, at, cost)
-    }
-    fn refund(&self, key: u8, receipt: Receipt) -> bool {
-        KeyedSlidingLog::refund(self, &key, receipt)
-    }
-    fn remove(&self, key: u8) -> bool {
-        KeyedSlidingLog::remove(self, &key)
-    }
+    table_methods!();
     fn reclaim_idle(&self) -> usize {
         0
     }
-    fn metrics(&self) -> KeyedMetrics {
-        KeyedSlidingLog::metrics(self)
-    }
-    fn max_keys(&self) -> usize {
-        KeyedSlidingLog::max_keys(self)
-    }
 }
 
-/// One key's un-keyed twin: a `RateLimiter` or a `SlidingLog`.
-trait Model {
-    fn check(&self, at: Nanos, cost: u32) -> Decision;
-    fn charge(&self, at: Nanos, cost: u32) -> (Decision, Receipt);
-    fn peek(&self, at: Nanos, cost: u32) -> Decision;
-    /// A refund judged at the model clock's reading.
-    fn refund(&self, receipt: Receipt) -> bool;
+/// One key's un-keyed twin, a `RateLimiter` or a `SlidingLog`, decided through
+/// [`Limit`] (a refund reads the model clock).
+trait Model: Limit {
     /// Whether `got` is the keyed table's refusal of `want`, judged at `at`, because
     /// admitting it would store the table's dead word (allowed: stricter).
     fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool;
 }
 
 impl<A: Alg> Model for RateLimiter<A, ManualClock> {
-    fn check(&self, at: Nanos, cost: u32) -> Decision {
-        self.check_n_at(at, cost)
-    }
-    fn charge(&self, at: Nanos, cost: u32) -> (Decision, Receipt) {
-        self.charge_at(at, cost)
-    }
-    fn peek(&self, at: Nanos, cost: u32) -> Decision {
-        self.peek_at(at, cost)
-    }
-    fn refund(&self, receipt: Receipt) -> bool {
-        RateLimiter::refund(self, receipt)
-    }
     fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool {
         A::into_dead(at, want) && refusal(got, want)
     }
 }
 
 impl Model for SlidingLog<ManualClock> {
-    fn check(&self, at: Nanos, cost: u32) -> Decision {
-        self.check_n_at(at, cost)
-    }
-    fn charge(&self, at: Nanos, cost: u32) -> (Decision, Receipt) {
-        self.charge_at(at, cost)
-    }
-    fn peek(&self, at: Nanos, cost: u32) -> Decision {
-        self.peek_at(at, cost)
-    }
-    fn refund(&self, receipt: Receipt) -> bool {
-        SlidingLog::refund(self, receipt)
-    }
     fn dead_refusal(&self, _: Nanos, _: &Decision, _: &Decision) -> bool {
         false
     }
@@ -599,7 +560,7 @@ fn run<T: Table, M: Model>(
     let mut oracles: BTreeMap<u8, Oracle> = BTreeMap::new();
     let mut receipts: Vec<Held> = Vec::new();
     let unit = setup.unit;
-    for op in &setup.ops {
+    for (i, op) in setup.ops.iter().enumerate() {
         let before = table.metrics();
         let now = clock.now();
         // The key whose insert may have removed keys, and the instant it was judged at.
@@ -625,7 +586,7 @@ fn run<T: Table, M: Model>(
                 let charging = matches!(op, Op::Charge { .. } | Op::ChargeEarlier { .. });
                 let (got, want, receipts_of) = if charging {
                     let (got, receipt) = table.charge(key, reading, cost);
-                    let (want, theirs) = model.charge(judged, cost);
+                    let (want, theirs) = model.charge_at(judged, cost);
                     if got.is_allowed() && cost > 0 {
                         assert_eq!(
                             receipt.charged_at(),
@@ -637,7 +598,7 @@ fn run<T: Table, M: Model>(
                 } else {
                     (
                         table.check(key, reading, cost),
-                        model.check(judged, cost),
+                        model.check_n_at(judged, cost),
                         None,
                     )
                 };
@@ -680,8 +641,10 @@ fn run<T: Table, M: Model>(
                 let judged = classes.judged(key, reading);
                 let got = table.peek(key, reading, cost);
                 let model = models.get(&key);
-                let want =
-                    model.map_or_else(|| fresh().peek(judged, cost), |m| m.peek(judged, cost));
+                let want = model.map_or_else(
+                    || fresh().peek_at(judged, cost),
+                    |m| m.peek_at(judged, cost),
+                );
                 if !untracked.contains(&key) && got != want {
                     assert!(
                         model.map_or_else(
@@ -692,10 +655,7 @@ fn run<T: Table, M: Model>(
                     );
                 }
             }
-            Op::Refund { pick } => {
-                if receipts.is_empty() {
-                    continue;
-                }
+            Op::Refund { pick } if !receipts.is_empty() => {
                 let held = receipts.remove(usize::from(pick) % receipts.len());
                 scope = Scope::Key(held.key);
                 refund(
@@ -713,6 +673,7 @@ fn run<T: Table, M: Model>(
                     },
                 );
             }
+            Op::Refund { .. } => {}
             Op::Advance(units) => {
                 let next = now.as_u64().saturating_add(u64::from(units) * unit);
                 clock.set(Nanos::new(next.min(end.max(now.as_u64()))));
@@ -727,10 +688,10 @@ fn run<T: Table, M: Model>(
                 );
                 // Which classes hold a key that may be idle now (the table's keys are
                 // among the models').
-                let idle = fresh().peek(now, 0);
+                let idle = fresh().peek_at(now, 0);
                 let candidates: Vec<u8> = models
                     .iter()
-                    .filter(|(k, m)| untracked.contains(k) || m.peek(now, 0) == idle)
+                    .filter(|(k, m)| untracked.contains(k) || m.peek_at(now, 0) == idle)
                     .map(|(&k, _)| k)
                     .collect();
                 assert!(
@@ -786,6 +747,10 @@ fn run<T: Table, M: Model>(
                 }
             }
         }
+        if i + 1 == setup.ops.len() {
+            // Every key, once at the end.
+            scope = Scope::All;
+        }
         let mut sweep = Sweep {
             classes: &classes,
             models: &mut models,
@@ -798,23 +763,13 @@ fn run<T: Table, M: Model>(
         };
         sweep.compare(table, class_of_insert, evicted, &fresh);
     }
-    let mut sweep = Sweep {
-        classes: &classes,
-        models: &mut models,
-        untracked: &untracked,
-        oracles: &mut oracles,
-        now: clock.now(),
-        scope: Scope::All,
-        sampled_all: None,
-    };
-    sweep.compare(table, None, 0, &fresh);
 }
 
 /// Keys an eviction compares (`EVICTION_SAMPLE` in the keyed tables).
 const EVICTION_SAMPLE: u64 = 8;
 
 /// Which keys the comparison after an operation looks at: those whose state or
-/// judgment it may have changed.
+/// judgment it may have changed (after the last operation, every key).
 #[derive(Clone, Copy, Debug)]
 enum Scope {
     Nothing,
@@ -878,14 +833,14 @@ fn refund<T: Table, M: Model>(table: &T, held: Held, r: &mut Refunding<M>) {
     // GCRA's refund ledger is per shard: never more permissive than the model's.
     let at = r.now;
     for cost in 0..=u32::try_from(r.burst + 1).unwrap_or(u32::MAX) {
-        let (t, w) = (table.peek(key, at, cost), m.peek(at, cost));
+        let (t, w) = (table.peek(key, at, cost), m.peek_at(at, cost));
         assert!(
             !t.is_allowed() || w.is_allowed(),
             "refund {key}: table {t:?} vs model {w:?}"
         );
     }
     // What is left, read without taking anything.
-    let (t, w) = (table.peek(key, at, 0), m.peek(at, 0));
+    let (t, w) = (table.peek(key, at, 0), m.peek_at(at, 0));
     assert!(
         t.remaining() <= w.remaining(),
         "refund {key}: table {t:?} vs model {w:?}"
@@ -919,15 +874,15 @@ impl<M: Model> Sweep<'_, M> {
         if members.iter().any(|k| self.untracked.contains(k)) {
             return;
         }
-        let idle = fresh().peek(judged, 0);
+        let idle = fresh().peek_at(judged, 0);
         let units = |d: Decision| d.limit() - d.remaining();
-        let lost = units(self.models[&victim].peek(judged, 0));
+        let lost = units(self.models[&victim].peek_at(judged, 0));
         for (&key, m) in members
             .iter()
             .filter(|&&k| k != inserted)
             .filter_map(|k| self.models.get(k).map(|m| (k, m)))
         {
-            let d = m.peek(judged, 0);
+            let d = m.peek_at(judged, 0);
             assert!(
                 d == idle || lost <= units(d),
                 "evicted key {victim} held {lost} units, key {key} only {}: {d:?}",
@@ -968,7 +923,7 @@ impl<M: Model> Sweep<'_, M> {
                 .flat_map(|t| [(t, 0), (t, 1)]);
             let Some((t, cost, got, want)) = probes
                 .clone()
-                .map(|(t, cost)| (t, cost, table.peek(key, t, cost), m.peek(t, cost)))
+                .map(|(t, cost)| (t, cost, table.peek(key, t, cost), m.peek_at(t, cost)))
                 .find(|&(t, _, g, w)| g != w && !m.dead_refusal(t, &g, &w))
             else {
                 continue;
@@ -979,7 +934,7 @@ impl<M: Model> Sweep<'_, M> {
             );
             let new = fresh();
             for (t, cost) in probes {
-                let (got, want) = (table.peek(key, t, cost), new.peek(t, cost));
+                let (got, want) = (table.peek(key, t, cost), new.peek_at(t, cost));
                 assert!(
                     got == want || new.dead_refusal(t, &got, &want),
                     "key {key} was not dropped cleanly: {got:?} vs fresh {want:?}"
