@@ -1,0 +1,795 @@
+//! Per-key plans (`PlanLimiter`) against one un-keyed model limiter per (plan, key),
+//! and against the per-move bound of the plans docs, under adversarial traffic.
+//!
+//! An input builds 2–4 plans with arbitrary small policies (limit and burst 1–16, a
+//! period of 1 ms to 2 s), picks the algorithm (GCRA — `new_in`, which
+//! `PlanLimiter::new` is for `Heap` —, the fixed window or the sliding window counter)
+//! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan and a capacity
+//! of 1–4 keys per table in one shard (six keys: inserts evict and reclaim). The
+//! resolver reads each key's plan from an `Arc<[AtomicU8]>` that the input rewrites
+//! mid-run (a move); one value stands for an id outside the plans, which resolves to
+//! the default plan. Operations: checks and charges (also at readings up to 255 ms
+//! earlier than the clock, through `check`, `check_n` and `check_n_at`), peeks, a peek
+//! then a check at the same reading, refunds of any earlier receipt (also on the wrong
+//! key), `remove` and `reset`, `set_policy` through `&self` (GCRA) and
+//! `set_policy_mut` (every algorithm; also on an unknown name), moves, clock moves and
+//! each table's `reclaim_idle`.
+//!
+//! # The exact model
+//!
+//! Each (plan, key) has a `RateLimiter` of the plan's algorithm on a manual clock,
+//! which lives on while the key is in another plan (a key moving back finds its old
+//! state) and starts fresh when the key is removed. Policy changes reach it the way
+//! the plan's table takes them: the windows through `RateLimiter::set_algorithm`
+//! (`Algorithm::carry_over` at `max(now, R)`, which voids receipts as the table's
+//! `set_algorithm` does); GCRA through a GCRA whose policy is swapped through `&self`
+//! (`SwitchGcra` below: the state is kept, which is GCRA's `carry_over`, and receipts
+//! stay valid, as in the plan's table, which builds its `Gcra` from the plan's cell on
+//! every call). `LiveGcra` is not the model: its refund judges with the smallest `τ`
+//! it ever had and gives nothing back while a later booking waits, stricter than the
+//! `Gcra` refund a plan's table runs (a plan limiter books nothing).
+//!
+//! Every decision is compared with the model's at `max(reading, R)`, R the latest
+//! instant the plan's table removed a key at; `peek` must equal the next check at the
+//! same reading. After every operation each (plan, key) is compared through `peek(0)`
+//! (the key routed to that plan for the peek): equal, except pairs that a live eviction
+//! in that very operation dropped, which must read as fresh (their model restarts).
+//!
+//! Refunds: the table's and the model's are made from their own receipts; a receipt
+//! refunded after its key moved to another plan, on another key, or for a charge that
+//! took nothing gives back nothing. The table's refund must never leave the pair more
+//! permissive than the model after its own. When the two differ (the table's ledger
+//! is per shard, and any removal in the shard voids its receipts) the pair leaves the
+//! exact comparison; it rejoins, with a fresh model, once it reads as fresh after a
+//! removal in its table (an eviction or reclamation: nothing more can be lost).
+//!
+//! # The bound (on the table, not on the model)
+//!
+//! The plans docs: "each move forgives at most one burst (GCRA) or one window of the
+//! new plan". Each (plan, key) has a *life*, started only by its first admission in
+//! that plan's table or after the pair was dropped — `remove`/`reset`, an eviction
+//! (the pair read as fresh after a removal in its table), or, for the windows, a
+//! policy change of the plan (`carry_over` starts a window of another period fresh,
+//! and clamps a count to the new limit's packing: a cut then a raise within one window
+//! forgives the units clamped away, as documented) — never by a move. Within a life,
+//! over the admissions still held (a refund that reports success drops its whole
+//! charge, which only loosens the check: a refund gives back at most its own charge):
+//!
+//! * GCRA: `Σ cost·T ≤ t + τ − t₀` at every admission, `T` the plan's interval when
+//!   each was admitted, `t` and `τ` the latest admission's judged instant and
+//!   tolerance, `t₀` the life's first admission (the TAT starts at `t₀`, grows by
+//!   `cost·T` per admission and never passes `t + τ`);
+//! * the fixed window: no window holds more than `L` units;
+//! * the sliding window counter: `⌊prev·(P − e)/P⌋ + cur ≤ L` after each admission.
+//!
+//! So over a run a key admits at most one burst (or window) of each plan per life,
+//! plus what the rate allows: a move back into a plan where the key already lives
+//! forgives nothing. Overflow checks stay on in the fuzz profile: no input may panic.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
+use floodgate::{
+    Algorithm, Charged, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
+    KeyedBuilder, KeyedMetrics, ManualClock, Nanos, Policy, RateLimiter, Receipt, SlidingWindow,
+    Storage,
+};
+use libfuzzer_sys::fuzz_target;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Keys `0..KEYS`; tables hold 1–4 of them.
+const KEYS: u8 = 6;
+/// At most this many operations per input.
+const MAX_OPS: usize = 160;
+/// The largest limit and burst a plan gets.
+const MAX_UNITS: u64 = 16;
+
+/// A plan's policy: limit and burst `1..=16`, period `1..=2000` ms.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Spec {
+    limit: u8,
+    period_ms: u16,
+    burst: u8,
+}
+
+impl Spec {
+    fn policy(self) -> Option<Policy> {
+        let period = Duration::from_millis(u64::from(self.period_ms % 2_000) + 1);
+        Policy::new(u64::from(self.limit) % MAX_UNITS + 1, period)
+            .and_then(|p| p.with_burst(u64::from(self.burst) % MAX_UNITS + 1))
+            .ok()
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    /// A check at a reading `back_ms` before the clock (0: `check`/`check_n`).
+    Check {
+        key: u8,
+        cost: u8,
+        back_ms: u8,
+    },
+    Peek {
+        key: u8,
+        cost: u8,
+    },
+    /// A peek and then a check at the same reading: equal decisions.
+    PeekThenCheck {
+        key: u8,
+        cost: u8,
+        back_ms: u8,
+    },
+    Charge {
+        key: u8,
+        cost: u8,
+        back_ms: u8,
+    },
+    /// Refund an outstanding receipt (on the next key if `wrong`).
+    Refund {
+        pick: u8,
+        wrong: bool,
+    },
+    Remove {
+        key: u8,
+        reset: bool,
+    },
+    /// A policy change of plan `plan` (one past the last: an unknown name), through
+    /// `&self` if `shared` and the plans run GCRA.
+    SetPolicy {
+        plan: u8,
+        spec: Spec,
+        shared: bool,
+    },
+    /// Moves `key` to plan `plan` (one past the last: an id outside the plans).
+    Route {
+        key: u8,
+        plan: u8,
+    },
+    Advance {
+        ms: u16,
+    },
+    Reclaim {
+        plan: u8,
+    },
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    algorithm: u8,
+    storage: u8,
+    plans: [Spec; 4],
+    /// 2–4 plans.
+    count: u8,
+    default: u8,
+    capacity: u8,
+    routes: [u8; KEYS as usize],
+    ops: Vec<Op>,
+}
+
+/// GCRA whose policy is swapped through `&self`: the un-keyed twin of a GCRA plan,
+/// whose table builds its `Gcra` from the plan's policy cell on every call. The state
+/// is kept across a swap (GCRA's `carry_over`) and receipts stay valid.
+struct SwitchGcra(Mutex<Policy>);
+
+impl SwitchGcra {
+    fn gcra(&self) -> Gcra {
+        Gcra::new(*self.0.lock().expect("never poisoned"))
+    }
+}
+
+impl Algorithm for SwitchGcra {
+    type State = GcraState;
+
+    fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
+        self.gcra().decide(state, now, cost)
+    }
+
+    fn is_idle(&self, state: GcraState, now: Nanos) -> bool {
+        self.gcra().is_idle(state, now)
+    }
+
+    fn refund(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+        now: Nanos,
+    ) -> Option<(GcraState, u64)> {
+        self.gcra().refund(state, charge, shift, now)
+    }
+}
+
+/// The bound an algorithm's admissions are held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Gcra,
+    Fixed,
+    Sliding,
+}
+
+/// What the target needs of an algorithm: its plans' algorithm, the model's, and how
+/// a policy change reaches each.
+trait Flavor {
+    type A: PlanAlgorithm;
+    type M: Algorithm<State = <Self::A as Algorithm>::State>;
+    const KIND: Kind;
+
+    /// The model algorithm for a policy the plans' algorithm accepted.
+    fn model(policy: Policy) -> Self::M;
+
+    /// Applies a policy change to a model, as the plan's table takes it.
+    fn change(model: &mut RateLimiter<Self::M, ManualClock>, policy: Policy);
+
+    /// `set_policy` through `&self` where the algorithm has it (GCRA), else `None`.
+    fn set_shared<R, S>(
+        limiter: &PlanLimiter<u8, R, ManualClock, S, Self::A>,
+        name: &str,
+        policy: Policy,
+    ) -> Option<Result<(), PlansError>>
+    where
+        S: Storage<u8, <Self::A as Algorithm>::State>;
+}
+
+struct OnGcra;
+
+impl Flavor for OnGcra {
+    type A = Gcra;
+    type M = SwitchGcra;
+    const KIND: Kind = Kind::Gcra;
+
+    fn model(policy: Policy) -> SwitchGcra {
+        SwitchGcra(Mutex::new(policy))
+    }
+
+    fn change(model: &mut RateLimiter<SwitchGcra, ManualClock>, policy: Policy) {
+        *model.algorithm().0.lock().expect("never poisoned") = policy;
+    }
+
+    fn set_shared<R, S>(
+        limiter: &PlanLimiter<u8, R, ManualClock, S, Gcra>,
+        name: &str,
+        policy: Policy,
+    ) -> Option<Result<(), PlansError>>
+    where
+        S: Storage<u8, GcraState>,
+    {
+        Some(limiter.set_policy(name, policy))
+    }
+}
+
+/// A window algorithm's bound.
+trait Window: PlanAlgorithm {
+    const KIND: Kind;
+}
+
+impl Window for FixedWindow {
+    const KIND: Kind = Kind::Fixed;
+}
+
+impl Window for SlidingWindow {
+    const KIND: Kind = Kind::Sliding;
+}
+
+/// A window algorithm: the model is the algorithm itself, changed by `set_algorithm`.
+struct OnWindow<W>(std::marker::PhantomData<W>);
+
+impl<W: Window> Flavor for OnWindow<W> {
+    type A = W;
+    type M = W;
+    const KIND: Kind = W::KIND;
+
+    fn model(policy: Policy) -> W {
+        W::for_policy(policy).expect("the plans accepted this policy")
+    }
+
+    fn change(model: &mut RateLimiter<W, ManualClock>, policy: Policy) {
+        model.set_algorithm(Self::model(policy));
+    }
+
+    fn set_shared<R, S>(
+        _: &PlanLimiter<u8, R, ManualClock, S, W>,
+        _: &str,
+        _: Policy,
+    ) -> Option<Result<(), PlansError>>
+    where
+        S: Storage<u8, W::State>,
+    {
+        None
+    }
+}
+
+fuzz_target!(|input: Input| {
+    match (input.algorithm % 3, input.storage % 3) {
+        (0, 0) => run::<OnGcra, Heap>(&input),
+        (0, 1) => run::<OnGcra, Inline>(&input),
+        (0, _) => run::<OnGcra, Fingerprint>(&input),
+        (1, 0) => run::<OnWindow<FixedWindow>, Heap>(&input),
+        (1, 1) => run::<OnWindow<FixedWindow>, Inline>(&input),
+        (1, _) => run::<OnWindow<FixedWindow>, Fingerprint>(&input),
+        (_, 0) => run::<OnWindow<SlidingWindow>, Heap>(&input),
+        (_, 1) => run::<OnWindow<SlidingWindow>, Inline>(&input),
+        _ => run::<OnWindow<SlidingWindow>, Fingerprint>(&input),
+    }
+});
+
+/// A cost: 0 to `MAX_UNITS + 1`, and `u32::MAX` (never fits) for 255.
+fn cost_of(cost: u8) -> u32 {
+    if cost == u8::MAX {
+        u32::MAX
+    } else {
+        u32::from(cost) % (MAX_UNITS as u32 + 2)
+    }
+}
+
+/// The reading `back_ms` before `now`.
+fn reading(now: Nanos, back_ms: u8) -> Nanos {
+    Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
+}
+
+/// An admission still held in a life.
+struct Grant {
+    id: u64,
+    /// GCRA: the judged instant; the windows: the window it counts in.
+    at: u64,
+    cost: u64,
+    /// GCRA: `cost·T` in ns.
+    weight: u128,
+}
+
+/// A (plan, key)'s admissions since its life started (see the module docs).
+#[derive(Default)]
+struct Life {
+    /// GCRA: the judged instant of the life's first admission.
+    start: Option<u64>,
+    held: Vec<Grant>,
+}
+
+impl Life {
+    /// Records admission `id` of `cost` judged at `t` under `policy`, decided `d`,
+    /// and asserts the bound; returns the grant's id if it took anything.
+    fn admit(
+        &mut self,
+        kind: Kind,
+        policy: Policy,
+        t: u64,
+        d: &Decision,
+        cost: u32,
+        id: u64,
+    ) -> Option<u64> {
+        if !d.is_allowed() || cost == 0 {
+            return None;
+        }
+        let p = policy.period_nanos();
+        let start = *self.start.get_or_insert(t);
+        let end = t + d.reset_after_nanos();
+        let (at, weight) = match kind {
+            Kind::Gcra => (t, u128::from(cost) * u128::from(policy.interval_nanos())),
+            Kind::Fixed => (end.saturating_sub(1) / p, 0),
+            // After an admission `cur > 0`: reset_after runs to the end of window w + 1.
+            Kind::Sliding => ((end / p).saturating_sub(2), 0),
+        };
+        self.held.push(Grant {
+            id,
+            at,
+            cost: u64::from(cost),
+            weight,
+        });
+        let limit = policy.limit();
+        match kind {
+            Kind::Gcra => {
+                let used: u128 = self.held.iter().map(|g| g.weight).sum();
+                let tau = i128::from(policy.burst()) * i128::from(policy.interval_nanos());
+                let room = i128::from(t) + tau - i128::from(start);
+                assert!(
+                    i128::try_from(used).is_ok_and(|used| used <= room),
+                    "GCRA life: {used} ns of schedule held > t {t} + τ {tau} − t₀ {start} under {policy:?}"
+                );
+            }
+            Kind::Fixed => {
+                let units = self.in_window(at);
+                assert!(units <= limit, "window {at} holds {units} > {limit}");
+            }
+            Kind::Sliding => {
+                let e = if t / p == at { t - at * p } else { 0 };
+                let prev = at.checked_sub(1).map_or(0, |w| self.in_window(w));
+                let cur = self.in_window(at);
+                let weighted = (u128::from(prev) * u128::from(p - e) / u128::from(p)) as u64;
+                assert!(
+                    weighted + cur <= limit,
+                    "window {at} at {e} ns in: prev {prev}, cur {cur} > {limit}"
+                );
+            }
+        }
+        Some(id)
+    }
+
+    fn in_window(&self, w: u64) -> u64 {
+        self.held.iter().filter(|g| g.at == w).map(|g| g.cost).sum()
+    }
+
+    /// Drops grant `id` (its refund succeeded); whether it was held.
+    fn release(&mut self, id: u64) -> bool {
+        let before = self.held.len();
+        self.held.retain(|g| g.id != id);
+        self.held.len() < before
+    }
+}
+
+/// One (plan, key): its model, whether it is compared exactly, and its life.
+struct Pair<M: Algorithm> {
+    model: RateLimiter<M, ManualClock>,
+    tracked: bool,
+    life: Life,
+}
+
+/// An outstanding receipt: the plan and key it was charged on, the table's and the
+/// model's receipts, and the grant it holds in the pair's life.
+struct Held {
+    plan: usize,
+    key: u8,
+    table: Receipt,
+    model: Option<Receipt>,
+    grant: Option<u64>,
+}
+
+fn removals(m: KeyedMetrics) -> u64 {
+    m.reclaimed + m.evicted + m.removed
+}
+
+fn run<F, S>(input: &Input)
+where
+    F: Flavor,
+    S: Storage<u8, <F::A as Algorithm>::State>,
+{
+    let n = usize::from(input.count % 3) + 2;
+    let Some(mut policies) = input.plans[..n]
+        .iter()
+        .map(|s| s.policy())
+        .collect::<Option<Vec<Policy>>>()
+    else {
+        return;
+    };
+    let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+    let mut plans = Plans::new();
+    for (name, &policy) in names.iter().zip(&policies) {
+        plans.insert(name, policy);
+    }
+    let default = usize::from(input.default) % n;
+    plans
+        .set_default(&names[default])
+        .expect("one of the plans");
+    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    // An id outside the plans (the fifth of a larger table): the default plan's.
+    let mut bigger = Plans::new();
+    for i in 0..5 {
+        bigger.insert(&format!("x{i}"), policies[0]);
+    }
+    let mut route_ids = ids.clone();
+    route_ids.push(bigger.id("x4").expect("five plans"));
+    let routes: Arc<[AtomicU8]> = input
+        .routes
+        .iter()
+        .map(|&r| AtomicU8::new(r % (n as u8 + 1)))
+        .collect();
+    let resolver = {
+        let (routes, route_ids) = (Arc::clone(&routes), route_ids.clone());
+        move |key: &u8| route_ids[usize::from(routes[usize::from(*key)].load(Ordering::Relaxed))]
+    };
+    let plan_of = |key: u8| match usize::from(routes[usize::from(key)].load(Ordering::Relaxed)) {
+        v if v == n => default,
+        v => v,
+    };
+    let clock = ManualClock::starting_at(Nanos::from_secs(100));
+    let builder = KeyedBuilder::default()
+        .capacity(usize::from(input.capacity % 4) + 1)
+        .shards(1)
+        .clock(clock.clone());
+    let mut limiter: PlanLimiter<u8, _, ManualClock, S, F::A> =
+        match PlanLimiter::new_in(&plans, resolver, builder) {
+            Ok(limiter) => limiter,
+            Err(PlansError::Policy { .. }) => {
+                assert!(
+                    policies.iter().any(|&p| F::A::for_policy(p).is_err()),
+                    "a plan the algorithm runs was refused"
+                );
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+
+    // The models' clock: set to the instant the table judges a refund or change at.
+    let model_clock = ManualClock::new();
+    let fresh = |policy: Policy| RateLimiter::with_clock(F::model(policy), model_clock.clone());
+    let new_pair = |policy: Policy| Pair {
+        model: fresh(policy),
+        tracked: true,
+        life: Life::default(),
+    };
+    let mut pairs: Vec<Vec<Pair<F::M>>> = policies
+        .iter()
+        .map(|&p| (0..KEYS).map(|_| new_pair(p)).collect())
+        .collect();
+    let mut receipts: Vec<Held> = Vec::new();
+    // Each table's latest removal instant.
+    let mut removed_at = vec![Nanos::ZERO; n];
+    let mut next_id = 0u64;
+
+    for op in &input.ops[..input.ops.len().min(MAX_OPS)] {
+        let before: Vec<KeyedMetrics> = ids.iter().map(|&id| limiter.table(id).metrics()).collect();
+        let now = clock.now();
+        // The instant each table judges this operation at (before any removal in it).
+        let mut judged: Vec<Nanos> = removed_at.iter().map(|&r| now.max(r)).collect();
+        match *op {
+            Op::Check { key, cost, back_ms }
+            | Op::PeekThenCheck { key, cost, back_ms }
+            | Op::Charge { key, cost, back_ms } => {
+                let (k, c) = (key % KEYS, cost_of(cost));
+                let p = plan_of(k);
+                let r = reading(now, back_ms);
+                let t = r.max(removed_at[p]);
+                judged[p] = t;
+                let pair = &mut pairs[p][usize::from(k)];
+                let (got, want, receipts_of) = match *op {
+                    Op::Charge { .. } => {
+                        let (got, receipt) = if back_ms == 0 {
+                            limiter.charge(&k, c)
+                        } else {
+                            limiter.charge_at(&k, r, c)
+                        };
+                        let (want, theirs) = pair.model.charge_at(t, c);
+                        (got, want, Some((receipt, theirs)))
+                    }
+                    Op::PeekThenCheck { .. } => {
+                        let peeked = limiter.peek_at(&k, r, c);
+                        let got = limiter.check_n_at(&k, r, c);
+                        assert_eq!(peeked, got, "peek then check {k} cost {c} at {r:?}");
+                        (got, pair.model.check_n_at(t, c), None)
+                    }
+                    _ => {
+                        let got = match (back_ms, c) {
+                            (0, 1) => limiter.check(&k),
+                            (0, _) => limiter.check_n(&k, c),
+                            _ => limiter.check_n_at(&k, r, c),
+                        };
+                        (got, pair.model.check_n_at(t, c), None)
+                    }
+                };
+                if pair.tracked {
+                    assert_eq!(
+                        got, want,
+                        "{op:?} on plan {p} read at {r:?}, judged at {t:?}"
+                    );
+                }
+                let grant = pair
+                    .life
+                    .admit(F::KIND, policies[p], t.as_u64(), &got, c, next_id);
+                next_id += 1;
+                if let Some((table, theirs)) = receipts_of {
+                    receipts.push(Held {
+                        plan: p,
+                        key: k,
+                        table,
+                        model: Some(theirs),
+                        grant,
+                    });
+                }
+            }
+            Op::Peek { key, cost } => {
+                let (k, c) = (key % KEYS, cost_of(cost));
+                let p = plan_of(k);
+                let pair = &pairs[p][usize::from(k)];
+                let got = limiter.peek(&k, c);
+                if pair.tracked {
+                    let want = pair.model.peek_at(judged[p], c);
+                    assert_eq!(got, want, "peek {k} cost {c} on plan {p} at {now:?}");
+                }
+            }
+            Op::Refund { pick, wrong } => {
+                if !receipts.is_empty() {
+                    let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                    let on = if wrong { (h.key + 1) % KEYS } else { h.key };
+                    let p = plan_of(on);
+                    let t = judged[p];
+                    model_clock.set(t);
+                    let back = limiter.refund(&on, h.table);
+                    match h.grant {
+                        Some(grant) if !wrong && p == h.plan => {
+                            let pair = &mut pairs[p][usize::from(on)];
+                            if back {
+                                assert!(
+                                    pair.life.release(grant),
+                                    "a refund gave back a charge its pair no longer holds"
+                                );
+                            }
+                            let model_back = h.model.is_some_and(|r| pair.model.refund(r));
+                            if pair.tracked {
+                                refund_never_looser(&limiter, pair, on, t);
+                                if back != model_back
+                                    || limiter.peek_at(&on, t, 0) != pair.model.peek_at(t, 0)
+                                {
+                                    pair.tracked = false;
+                                }
+                            }
+                        }
+                        _ => assert!(
+                            !back,
+                            "a receipt gave back on key {on} (plan {p}) for {} (plan {}), grant {:?}",
+                            h.key, h.plan, h.grant
+                        ),
+                    }
+                }
+            }
+            Op::Remove { key, reset } => {
+                let k = key % KEYS;
+                let live = (0..n).any(|p| {
+                    let pair = &pairs[p][usize::from(k)];
+                    pair.tracked
+                        && pair.model.peek_at(judged[p], 0)
+                            != fresh(policies[p]).peek_at(judged[p], 0)
+                });
+                let removed = if reset {
+                    limiter.reset(&k)
+                } else {
+                    limiter.remove(&k)
+                };
+                assert!(removed || !live, "key {k} had state and no entry to remove");
+                for p in 0..n {
+                    drop_pair(&mut pairs[p][usize::from(k)], &mut receipts, p, k, || {
+                        fresh(policies[p])
+                    });
+                }
+            }
+            Op::SetPolicy { plan, spec, shared } => {
+                if let Some(policy) = spec.policy() {
+                    let idx = usize::from(plan) % (n + 1);
+                    let name = names.get(idx).map_or("nobody", String::as_str);
+                    let result = match shared.then(|| F::set_shared(&limiter, name, policy)) {
+                        Some(Some(result)) => result,
+                        _ => limiter.set_policy_mut(name, policy),
+                    };
+                    if idx == n {
+                        assert!(
+                            matches!(result, Err(PlansError::UnknownPlan { .. })),
+                            "{result:?}"
+                        );
+                    } else {
+                        let accepted = F::A::for_policy(policy).is_ok();
+                        assert_eq!(result.is_ok(), accepted, "{result:?} for {policy:?}");
+                        if accepted {
+                            policies[idx] = policy;
+                            model_clock.set(judged[idx]);
+                            for pair in &mut pairs[idx] {
+                                F::change(&mut pair.model, policy);
+                                if F::KIND != Kind::Gcra {
+                                    // A window change may forgive (see the module docs).
+                                    pair.life = Life::default();
+                                }
+                            }
+                        }
+                        assert_eq!(limiter.policy(name), Some(policies[idx]));
+                        assert_eq!(limiter.table(ids[idx]).policy(), policies[idx]);
+                    }
+                }
+            }
+            Op::Route { key, plan } => {
+                routes[usize::from(key % KEYS)].store(plan % (n as u8 + 1), Ordering::Relaxed);
+            }
+            Op::Advance { ms } => {
+                clock.advance(Duration::from_millis(u64::from(ms % 5_000)));
+            }
+            Op::Reclaim { plan } => {
+                let id = route_ids[usize::from(plan) % (n + 1)];
+                let _ = limiter.table(id).reclaim_idle();
+            }
+        }
+
+        // Every pair, routed to its plan for the peeks.
+        let mut total = KeyedMetrics::default();
+        for p in 0..n {
+            let table = limiter.table(ids[p]);
+            let m = table.metrics();
+            assert!(m.live_keys as usize <= table.max_keys(), "plan {p}: {m:?}");
+            total.allowed += m.allowed;
+            total.denied += m.denied;
+            total.live_keys += m.live_keys;
+            total.reclaimed += m.reclaimed;
+            total.evicted += m.evicted;
+            total.removed += m.removed;
+            if removals(m) > removals(before[p]) {
+                removed_at[p] = removed_at[p].max(judged[p]);
+            }
+            let mut evicted_now = m.evicted - before[p].evicted;
+            let r = removed_at[p];
+            let at = clock.now().max(r);
+            let blank = fresh(policies[p]);
+            for k in 0..KEYS {
+                let route = routes[usize::from(k)].swap(p as u8, Ordering::Relaxed);
+                let pair = &mut pairs[p][usize::from(k)];
+                let reads_fresh = [at, r]
+                    .into_iter()
+                    .all(|t| limiter.peek_at(&k, t, 0) == blank.peek_at(t, 0));
+                let dropped = if pair.tracked {
+                    // Compared now and at the earliest instant a later operation can be
+                    // judged at: a pair evicted here may read as idle now only.
+                    let differs = [at, r]
+                        .into_iter()
+                        .find(|&t| limiter.peek_at(&k, t, 0) != pair.model.peek_at(t, 0));
+                    if let Some(t) = differs {
+                        assert!(
+                            reads_fresh,
+                            "plan {p} key {k} was not dropped cleanly: table {:?} vs model {:?} at {t:?}",
+                            limiter.peek_at(&k, t, 0),
+                            pair.model.peek_at(t, 0)
+                        );
+                        // Only a live eviction in this operation may explain it.
+                        assert!(evicted_now > 0, "plan {p} key {k} lost its state");
+                        evicted_now -= 1;
+                    }
+                    differs.is_some()
+                } else {
+                    // Fresh at both instants: nothing more can be lost, compare again.
+                    reads_fresh
+                };
+                if dropped {
+                    drop_pair(pair, &mut receipts, p, k, || fresh(policies[p]));
+                }
+                routes[usize::from(k)].store(route, Ordering::Relaxed);
+            }
+        }
+        assert_eq!(limiter.metrics(), total);
+    }
+}
+
+/// After a refund: the table's pair is never more permissive than its model after
+/// the model's own refund, for any cost, and has no more left.
+fn refund_never_looser<R, S, A, M>(
+    limiter: &PlanLimiter<u8, R, ManualClock, S, A>,
+    pair: &Pair<M>,
+    key: u8,
+    at: Nanos,
+) where
+    R: Fn(&u8) -> PlanId,
+    A: PlanAlgorithm,
+    S: Storage<u8, A::State>,
+    M: Algorithm,
+{
+    for cost in 0..=MAX_UNITS as u32 + 1 {
+        let (t, w) = (
+            limiter.peek_at(&key, at, cost),
+            pair.model.peek_at(at, cost),
+        );
+        assert!(
+            !t.is_allowed() || w.is_allowed(),
+            "refund {key}: table {t:?} vs model {w:?}"
+        );
+    }
+    let (t, w) = (limiter.peek_at(&key, at, 0), pair.model.peek_at(at, 0));
+    assert!(
+        t.remaining() <= w.remaining(),
+        "refund {key}: table {t:?} vs model {w:?}"
+    );
+}
+
+/// Starts pair (`plan`, `key`) over: a fresh model, compared exactly, a new life; its
+/// outstanding model receipts are void (the table's are, by the removal).
+fn drop_pair<M: Algorithm>(
+    pair: &mut Pair<M>,
+    receipts: &mut [Held],
+    plan: usize,
+    key: u8,
+    fresh: impl FnOnce() -> RateLimiter<M, ManualClock>,
+) {
+    *pair = Pair {
+        model: fresh(),
+        tracked: true,
+        life: Life::default(),
+    };
+    for h in receipts
+        .iter_mut()
+        .filter(|h| h.plan == plan && h.key == key)
+    {
+        h.model = None;
+    }
+}
