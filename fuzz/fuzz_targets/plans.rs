@@ -67,7 +67,7 @@
 //! forgives nothing. Overflow checks stay on in the fuzz profile: no input may panic.
 #![no_main]
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
 use floodgate::{
     Algorithm, Charged, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
@@ -79,51 +79,51 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Keys `0..KEYS`; tables hold 1–4 of them.
+/// Keys `0..KEYS`; each table holds 1–6 of them.
 const KEYS: u8 = 6;
 /// At most this many operations per input.
 const MAX_OPS: usize = 160;
 /// The largest limit and burst a plan gets.
 const MAX_UNITS: u64 = 16;
 
-/// A plan's policy: limit and burst `1..=16`, period `1..=2000` ms.
+/// A plan's policy in two bytes: limit and burst `1..=16` (a nibble each), a period
+/// of `1..=2033` ms (small ones likelier).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 struct Spec {
-    limit: u8,
-    period_ms: u16,
-    burst: u8,
+    units: u8,
+    period: u8,
 }
 
 impl Spec {
     fn policy(self) -> Option<Policy> {
-        let period = Duration::from_millis(u64::from(self.period_ms % 2_000) + 1);
-        Policy::new(u64::from(self.limit) % MAX_UNITS + 1, period)
-            .and_then(|p| p.with_burst(u64::from(self.burst) % MAX_UNITS + 1))
+        let ms = u64::from(self.period) * u64::from(self.period) / 32 + 1;
+        Policy::new(u64::from(self.units & 15) + 1, Duration::from_millis(ms))
+            .and_then(|p| p.with_burst(u64::from(self.units >> 4) + 1))
             .ok()
     }
 }
 
-#[derive(Arbitrary, Debug)]
+#[derive(Debug)]
 enum Op {
     /// A check at a reading `back_ms` before the clock (0: `check`/`check_n`).
     Check {
         key: u8,
-        cost: u8,
+        cost: u32,
         back_ms: u8,
     },
     Peek {
         key: u8,
-        cost: u8,
+        cost: u32,
     },
     /// A peek and then a check at the same reading: equal decisions.
     PeekThenCheck {
         key: u8,
-        cost: u8,
+        cost: u32,
         back_ms: u8,
     },
     Charge {
         key: u8,
-        cost: u8,
+        cost: u32,
         back_ms: u8,
     },
     /// Refund an outstanding receipt (on the next key if `wrong`).
@@ -136,10 +136,11 @@ enum Op {
         reset: bool,
     },
     /// A policy change of plan `plan` (one past the last: an unknown name), through
-    /// `&self` if `shared` and the plans run GCRA.
+    /// `&self` if `shared` and the plans run GCRA; `period` `None` keeps the plan's.
     SetPolicy {
         plan: u8,
-        spec: Spec,
+        units: u8,
+        period: Option<u8>,
         shared: bool,
     },
     /// Moves `key` to plan `plan` (one past the last: an id outside the plans).
@@ -147,14 +148,59 @@ enum Op {
         key: u8,
         plan: u8,
     },
-    Advance {
-        ms: u16,
-    },
+    Advance(Duration),
     Reclaim {
         plan: u8,
     },
 }
 
+impl Op {
+    /// Three bytes: the low nibble of the first picks the operation (checks, charges,
+    /// refunds, moves and clock moves weigh more), its high nibble a plan or a key
+    /// (8 and above: the previous operation's key, so that runs on one key are likely).
+    fn decode([code, a, b]: [u8; 3], last: &mut u8) -> Op {
+        let plan = code >> 4;
+        let key = if plan >= 8 { *last } else { plan % KEYS };
+        *last = key;
+        // Mostly one unit; 255 never fits.
+        let cost = match a {
+            0..=127 => 1,
+            255 => u32::MAX,
+            x => u32::from(x) % (MAX_UNITS as u32 + 2),
+        };
+        // Half the readings are the clock's, the others up to 254 ms behind it.
+        let back_ms = b.saturating_sub(127).saturating_mul(2);
+        match code & 15 {
+            0..=2 => Op::Check { key, cost, back_ms },
+            3 | 4 => Op::Charge { key, cost, back_ms },
+            5 => Op::Peek { key, cost },
+            6 => Op::PeekThenCheck { key, cost, back_ms },
+            7 | 8 => Op::Refund {
+                pick: a,
+                wrong: b % 8 == 7,
+            },
+            9 => Op::Remove {
+                key,
+                reset: a % 2 == 1,
+            },
+            10 => Op::SetPolicy {
+                plan,
+                units: a,
+                period: (b >= 128).then_some(b),
+                shared: b % 2 == 1,
+            },
+            11 | 12 => Op::Route { key, plan: a },
+            13 | 14 => Op::Advance(if b >= 240 {
+                Duration::from_millis(u64::from(a) * 100)
+            } else {
+                Duration::from_micros(u64::from(a) * 100 * (u64::from(b % 16) + 1))
+            }),
+            _ => Op::Reclaim { plan },
+        }
+    }
+}
+
+/// The input's first bytes; the rest are operations, three bytes each.
 #[derive(Arbitrary, Debug)]
 struct Input {
     algorithm: u8,
@@ -165,7 +211,6 @@ struct Input {
     default: u8,
     capacity: u8,
     routes: [u8; KEYS as usize],
-    ops: Vec<Op>,
 }
 
 /// GCRA whose policy is swapped through `&self`: the un-keyed twin of a GCRA plan,
@@ -300,28 +345,24 @@ impl<W: Window> Flavor for OnWindow<W> {
     }
 }
 
-fuzz_target!(|input: Input| {
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let Ok(input) = Input::arbitrary(&mut u) else {
+        return;
+    };
+    let ops = u.take_rest();
     match (input.algorithm % 3, input.storage % 3) {
-        (0, 0) => run::<OnGcra, Heap>(&input),
-        (0, 1) => run::<OnGcra, Inline>(&input),
-        (0, _) => run::<OnGcra, Fingerprint>(&input),
-        (1, 0) => run::<OnWindow<FixedWindow>, Heap>(&input),
-        (1, 1) => run::<OnWindow<FixedWindow>, Inline>(&input),
-        (1, _) => run::<OnWindow<FixedWindow>, Fingerprint>(&input),
-        (_, 0) => run::<OnWindow<SlidingWindow>, Heap>(&input),
-        (_, 1) => run::<OnWindow<SlidingWindow>, Inline>(&input),
-        _ => run::<OnWindow<SlidingWindow>, Fingerprint>(&input),
+        (0, 0) => run::<OnGcra, Heap>(&input, ops),
+        (0, 1) => run::<OnGcra, Inline>(&input, ops),
+        (0, _) => run::<OnGcra, Fingerprint>(&input, ops),
+        (1, 0) => run::<OnWindow<FixedWindow>, Heap>(&input, ops),
+        (1, 1) => run::<OnWindow<FixedWindow>, Inline>(&input, ops),
+        (1, _) => run::<OnWindow<FixedWindow>, Fingerprint>(&input, ops),
+        (_, 0) => run::<OnWindow<SlidingWindow>, Heap>(&input, ops),
+        (_, 1) => run::<OnWindow<SlidingWindow>, Inline>(&input, ops),
+        _ => run::<OnWindow<SlidingWindow>, Fingerprint>(&input, ops),
     }
 });
-
-/// A cost: 0 to `MAX_UNITS + 1`, and `u32::MAX` (never fits) for 255.
-fn cost_of(cost: u8) -> u32 {
-    if cost == u8::MAX {
-        u32::MAX
-    } else {
-        u32::from(cost) % (MAX_UNITS as u32 + 2)
-    }
-}
 
 /// The reading `back_ms` before `now`.
 fn reading(now: Nanos, back_ms: u8) -> Nanos {
@@ -438,7 +479,7 @@ fn removals(m: KeyedMetrics) -> u64 {
     m.reclaimed + m.evicted + m.removed
 }
 
-fn run<F, S>(input: &Input)
+fn run<F, S>(input: &Input, ops: &[u8])
 where
     F: Flavor,
     S: Storage<u8, <F::A as Algorithm>::State>,
@@ -483,7 +524,7 @@ where
     };
     let clock = ManualClock::starting_at(Nanos::from_secs(100));
     let builder = KeyedBuilder::default()
-        .capacity(usize::from(input.capacity % 4) + 1)
+        .capacity(usize::from(input.capacity) % usize::from(KEYS) + 1)
         .shards(1)
         .clock(clock.clone());
     let mut limiter: PlanLimiter<u8, _, ManualClock, S, F::A> =
@@ -516,22 +557,29 @@ where
     let mut removed_at = vec![Nanos::ZERO; n];
     let mut next_id = 0u64;
 
-    for op in &input.ops[..input.ops.len().min(MAX_OPS)] {
+    let mut last = 0;
+    let ops = ops
+        .chunks_exact(3)
+        .take(MAX_OPS)
+        .map(|c| Op::decode([c[0], c[1], c[2]], &mut last));
+    for op in ops {
         let before: Vec<KeyedMetrics> = ids.iter().map(|&id| limiter.table(id).metrics()).collect();
         let now = clock.now();
         // The instant each table judges this operation at (before any removal in it).
         let mut judged: Vec<Nanos> = removed_at.iter().map(|&r| now.max(r)).collect();
-        match *op {
+        // The tables this operation may have changed beyond their counters.
+        let mut touched = vec![false; n];
+        match op {
             Op::Check { key, cost, back_ms }
             | Op::PeekThenCheck { key, cost, back_ms }
             | Op::Charge { key, cost, back_ms } => {
-                let (k, c) = (key % KEYS, cost_of(cost));
+                let (k, c) = (key, cost);
                 let p = plan_of(k);
                 let r = reading(now, back_ms);
                 let t = r.max(removed_at[p]);
                 judged[p] = t;
                 let pair = &mut pairs[p][usize::from(k)];
-                let (got, want, receipts_of) = match *op {
+                let (got, want, receipts_of) = match op {
                     Op::Charge { .. } => {
                         let (got, receipt) = if back_ms == 0 {
                             limiter.charge(&k, c)
@@ -577,7 +625,7 @@ where
                 }
             }
             Op::Peek { key, cost } => {
-                let (k, c) = (key % KEYS, cost_of(cost));
+                let (k, c) = (key, cost);
                 let p = plan_of(k);
                 let pair = &pairs[p][usize::from(k)];
                 let got = limiter.peek(&k, c);
@@ -592,6 +640,7 @@ where
                     let on = if wrong { (h.key + 1) % KEYS } else { h.key };
                     let p = plan_of(on);
                     let t = judged[p];
+                    touched[p] = true;
                     model_clock.set(t);
                     let back = limiter.refund(&on, h.table);
                     match h.grant {
@@ -622,7 +671,7 @@ where
                 }
             }
             Op::Remove { key, reset } => {
-                let k = key % KEYS;
+                let k = key;
                 let live = (0..n).any(|p| {
                     let pair = &pairs[p][usize::from(k)];
                     pair.tracked
@@ -635,15 +684,33 @@ where
                     limiter.remove(&k)
                 };
                 assert!(removed || !live, "key {k} had state and no entry to remove");
+                touched.fill(true);
                 for p in 0..n {
                     drop_pair(&mut pairs[p][usize::from(k)], &mut receipts, p, k, || {
                         fresh(policies[p])
                     });
                 }
             }
-            Op::SetPolicy { plan, spec, shared } => {
-                if let Some(policy) = spec.policy() {
-                    let idx = usize::from(plan) % (n + 1);
+            Op::SetPolicy {
+                plan,
+                units,
+                period,
+                shared,
+            } => {
+                let idx = usize::from(plan) % (n + 1);
+                // The plan's period unless the operation names one.
+                let ms = policies[idx.min(n - 1)].period_nanos().div_ceil(1_000_000);
+                let spec = Spec {
+                    units,
+                    period: period.unwrap_or(0),
+                };
+                let policy = match period {
+                    Some(_) => spec.policy(),
+                    None => Policy::new(u64::from(units & 15) + 1, Duration::from_millis(ms))
+                        .and_then(|p| p.with_burst(u64::from(units >> 4) + 1))
+                        .ok(),
+                };
+                if let Some(policy) = policy {
                     let name = names.get(idx).map_or("nobody", String::as_str);
                     let result = match shared.then(|| F::set_shared(&limiter, name, policy)) {
                         Some(Some(result)) => result,
@@ -658,6 +725,7 @@ where
                         let accepted = F::A::for_policy(policy).is_ok();
                         assert_eq!(result.is_ok(), accepted, "{result:?} for {policy:?}");
                         if accepted {
+                            touched[idx] = true;
                             policies[idx] = policy;
                             model_clock.set(judged[idx]);
                             for pair in &mut pairs[idx] {
@@ -674,10 +742,10 @@ where
                 }
             }
             Op::Route { key, plan } => {
-                routes[usize::from(key % KEYS)].store(plan % (n as u8 + 1), Ordering::Relaxed);
+                routes[usize::from(key)].store(plan % (n as u8 + 1), Ordering::Relaxed);
             }
-            Op::Advance { ms } => {
-                clock.advance(Duration::from_millis(u64::from(ms % 5_000)));
+            Op::Advance(by) => {
+                clock.advance(by);
             }
             Op::Reclaim { plan } => {
                 let id = route_ids[usize::from(plan) % (n + 1)];
@@ -685,7 +753,9 @@ where
             }
         }
 
-        // Every pair, routed to its plan for the peeks.
+        // Every pair of every table this operation changed, routed to its plan for
+        // the peeks (a table it left alone holds what it held, and is compared again
+        // once an operation reaches it).
         let mut total = KeyedMetrics::default();
         for p in 0..n {
             let table = limiter.table(ids[p]);
@@ -700,6 +770,9 @@ where
             if removals(m) > removals(before[p]) {
                 removed_at[p] = removed_at[p].max(judged[p]);
             }
+            if !touched[p] && m == before[p] {
+                continue;
+            }
             let mut evicted_now = m.evicted - before[p].evicted;
             let r = removed_at[p];
             let at = clock.now().max(r);
@@ -707,18 +780,21 @@ where
             for k in 0..KEYS {
                 let route = routes[usize::from(k)].swap(p as u8, Ordering::Relaxed);
                 let pair = &mut pairs[p][usize::from(k)];
-                let reads_fresh = [at, r]
-                    .into_iter()
-                    .all(|t| limiter.peek_at(&k, t, 0) == blank.peek_at(t, 0));
+                // Now, and at the earliest instant a later operation can be judged at
+                // (a pair evicted here may read as idle now only).
+                let instants: &[Nanos] = if r < at { &[at, r] } else { &[at] };
+                let reads_fresh = || {
+                    instants
+                        .iter()
+                        .all(|&t| limiter.peek_at(&k, t, 0) == blank.peek_at(t, 0))
+                };
                 let dropped = if pair.tracked {
-                    // Compared now and at the earliest instant a later operation can be
-                    // judged at: a pair evicted here may read as idle now only.
-                    let differs = [at, r]
-                        .into_iter()
-                        .find(|&t| limiter.peek_at(&k, t, 0) != pair.model.peek_at(t, 0));
-                    if let Some(t) = differs {
+                    let differs = instants
+                        .iter()
+                        .find(|&&t| limiter.peek_at(&k, t, 0) != pair.model.peek_at(t, 0));
+                    if let Some(&t) = differs {
                         assert!(
-                            reads_fresh,
+                            reads_fresh(),
                             "plan {p} key {k} was not dropped cleanly: table {:?} vs model {:?} at {t:?}",
                             limiter.peek_at(&k, t, 0),
                             pair.model.peek_at(t, 0)
@@ -730,7 +806,7 @@ where
                     differs.is_some()
                 } else {
                     // Fresh at both instants: nothing more can be lost, compare again.
-                    reads_fresh
+                    reads_fresh()
                 };
                 if dropped {
                     drop_pair(pair, &mut receipts, p, k, || fresh(policies[p]));
