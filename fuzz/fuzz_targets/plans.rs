@@ -5,15 +5,16 @@
 //! period of 1 ms to 2 s), picks the algorithm (GCRA — `new_in`, which
 //! `PlanLimiter::new` is for `Heap` —, the fixed window or the sliding window counter)
 //! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan and a capacity
-//! of 1–4 keys per table in one shard (six keys: inserts evict and reclaim). The
+//! of 1–6 keys per table in one shard (six keys: inserts evict and reclaim). The
 //! resolver reads each key's plan from an `Arc<[AtomicU8]>` that the input rewrites
 //! mid-run (a move); one value stands for an id outside the plans, which resolves to
-//! the default plan. Operations: checks and charges (also at readings up to 255 ms
-//! earlier than the clock, through `check`, `check_n` and `check_n_at`), peeks, a peek
-//! then a check at the same reading, refunds of any earlier receipt (also on the wrong
-//! key), `remove` and `reset`, `set_policy` through `&self` (GCRA) and
-//! `set_policy_mut` (every algorithm; also on an unknown name), moves, clock moves and
-//! each table's `reclaim_idle`.
+//! the default plan. Operations (three bytes each, after the header; see
+//! `Op::decode`): checks and charges (also at readings up to 254 ms earlier than the
+//! clock, through `check`, `check_n` and `check_n_at`), peeks, a peek then a check at
+//! the same reading, refunds of any earlier receipt (also on the wrong key), `remove`
+//! and `reset`, `set_policy` through `&self` (GCRA) and `set_policy_mut` (every
+//! algorithm; the plan's period or another; also on an unknown name), moves, clock
+//! moves and each table's `reclaim_idle`.
 //!
 //! # The exact model
 //!
@@ -31,27 +32,32 @@
 //!
 //! Every decision is compared with the model's at `max(reading, R)`, R the latest
 //! instant the plan's table removed a key at; `peek` must equal the next check at the
-//! same reading. After every operation each (plan, key) is compared through `peek(0)`
-//! (the key routed to that plan for the peek): equal, except pairs that a live eviction
-//! in that very operation dropped, which must read as fresh (their model restarts).
+//! same reading; no decision leaves more than its limit. After every operation each
+//! (plan, key) of every table the operation changed is compared through `peek(0)` at
+//! the clock and at R (the key routed to that plan for the peek): equal, except pairs
+//! that a live eviction in that very operation dropped, which must read as fresh
+//! (their model restarts).
 //!
 //! Refunds: the table's and the model's are made from their own receipts; a receipt
 //! refunded after its key moved to another plan, on another key, or for a charge that
 //! took nothing gives back nothing. The table's refund must never leave the pair more
 //! permissive than the model after its own. When the two differ (the table's ledger
 //! is per shard, and any removal in the shard voids its receipts) the pair leaves the
-//! exact comparison; it rejoins, with a fresh model, once it reads as fresh after a
-//! removal in its table (an eviction or reclamation: nothing more can be lost).
+//! exact comparison (the bound below still holds it); it rejoins, with a fresh model,
+//! once it reads as fresh at the clock and at R (nothing more can be lost: every later
+//! decision is judged at R or after).
 //!
 //! # The bound (on the table, not on the model)
 //!
 //! The plans docs: "each move forgives at most one burst (GCRA) or one window of the
 //! new plan". Each (plan, key) has a *life*, started only by its first admission in
 //! that plan's table or after the pair was dropped — `remove`/`reset`, an eviction
-//! (the pair read as fresh after a removal in its table), or, for the windows, a
+//! (the pair read as fresh where its model did not), a pair out of the exact comparison
+//! reading as fresh, or, for the windows, a
 //! policy change of the plan (`carry_over` starts a window of another period fresh,
-//! and clamps a count to the new limit's packing: a cut then a raise within one window
-//! forgives the units clamped away, as documented) — never by a move. Within a life,
+//! and clamps a count to the new limit's packing, so a cut then a raise within one
+//! window forgives the units clamped away: 10 + 8 in a window of 10 after 10 → 2 →
+//! 10) — never by a move. Within a life,
 //! over the admissions still held (a refund that reports success drops its whole
 //! charge, which only loosens the check: a refund gives back at most its own charge):
 //!
@@ -610,6 +616,8 @@ where
                         "{op:?} on plan {p} read at {r:?}, judged at {t:?}"
                     );
                 }
+                // What is left never passes the plan's limit (GCRA: its burst).
+                assert!(got.remaining() <= got.limit(), "{op:?}: {got:?}");
                 let grant = pair
                     .life
                     .admit(F::KIND, policies[p], t.as_u64(), &got, c, next_id);
