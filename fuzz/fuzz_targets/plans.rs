@@ -85,6 +85,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "shared/held.rs"]
+mod held;
+use held::Grant;
+
 /// Keys `0..KEYS`; each table holds 1–6 of them.
 const KEYS: u8 = 6;
 /// At most this many operations per input.
@@ -280,7 +284,11 @@ trait Flavor {
         policy: Policy,
     ) -> Option<Result<(), PlansError>>
     where
-        S: Storage<u8, <Self::A as Algorithm>::State>;
+        S: Storage<u8, <Self::A as Algorithm>::State>,
+    {
+        let _ = (limiter, name, policy);
+        None
+    }
 }
 
 struct OnGcra;
@@ -338,17 +346,6 @@ impl<W: Window> Flavor for OnWindow<W> {
     fn change(model: &mut RateLimiter<W, ManualClock>, policy: Policy) {
         model.set_algorithm(Self::model(policy));
     }
-
-    fn set_shared<R, S>(
-        _: &PlanLimiter<u8, R, ManualClock, S, W>,
-        _: &str,
-        _: Policy,
-    ) -> Option<Result<(), PlansError>>
-    where
-        S: Storage<u8, W::State>,
-    {
-        None
-    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -375,17 +372,9 @@ fn reading(now: Nanos, back_ms: u8) -> Nanos {
     Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
 }
 
-/// An admission still held in a life.
-struct Grant {
-    id: u64,
-    /// GCRA: the judged instant; the windows: the window it counts in.
-    at: u64,
-    cost: u64,
-    /// GCRA: `cost·T` in ns.
-    weight: u128,
-}
-
-/// A (plan, key)'s admissions since its life started (see the module docs).
+/// A (plan, key)'s admissions since its life started (see the module docs), held in
+/// units at their window's index (windows) or in ns of schedule, `cost·T`, at the
+/// instant they were judged at (GCRA).
 #[derive(Default)]
 struct Life {
     /// GCRA: the judged instant of the life's first admission.
@@ -408,26 +397,18 @@ impl Life {
         if !d.is_allowed() || cost == 0 {
             return None;
         }
-        let p = policy.period_nanos();
+        let (p, limit) = (policy.period_nanos(), policy.limit());
         let start = *self.start.get_or_insert(t);
-        let end = t + d.reset_after_nanos();
-        let (at, weight) = match kind {
-            Kind::Gcra => (t, u128::from(cost) * u128::from(policy.interval_nanos())),
-            Kind::Fixed => (end.saturating_sub(1) / p, 0),
-            // After an admission `cur > 0`: reset_after runs to the end of window w + 1.
-            Kind::Sliding => ((end / p).saturating_sub(2), 0),
-        };
-        self.held.push(Grant {
-            id,
-            at,
-            cost: u64::from(cost),
-            weight,
-        });
-        let limit = policy.limit();
         match kind {
             Kind::Gcra => {
-                let used: u128 = self.held.iter().map(|g| g.weight).sum();
-                let tau = i128::from(policy.burst()) * i128::from(policy.interval_nanos());
+                let interval = policy.interval_nanos();
+                self.held.push(Grant {
+                    id,
+                    at: t,
+                    cost: u64::from(cost) * interval,
+                });
+                let used: u128 = self.held.iter().map(|g| u128::from(g.cost)).sum();
+                let tau = i128::from(policy.burst()) * i128::from(interval);
                 let room = i128::from(t) + tau - i128::from(start);
                 assert!(
                     i128::try_from(used).is_ok_and(|used| used <= room),
@@ -435,32 +416,25 @@ impl Life {
                 );
             }
             Kind::Fixed => {
-                let units = self.in_window(at);
-                assert!(units <= limit, "window {at} holds {units} > {limit}");
+                let at = held::fixed_window_of(t, d, p);
+                self.push(id, at, cost);
+                held::assert_fixed(&self.held, at, limit);
             }
             Kind::Sliding => {
-                let e = if t / p == at { t - at * p } else { 0 };
-                let prev = at.checked_sub(1).map_or(0, |w| self.in_window(w));
-                let cur = self.in_window(at);
-                let weighted = (u128::from(prev) * u128::from(p - e) / u128::from(p)) as u64;
-                assert!(
-                    weighted + cur <= limit,
-                    "window {at} at {e} ns in: prev {prev}, cur {cur} > {limit}"
-                );
+                let (at, e) = held::sliding_window_of(t, d, p);
+                self.push(id, at, cost);
+                held::assert_sliding(&self.held, at, e, p, limit);
             }
         }
         Some(id)
     }
 
-    fn in_window(&self, w: u64) -> u64 {
-        self.held.iter().filter(|g| g.at == w).map(|g| g.cost).sum()
-    }
-
-    /// Drops grant `id` (its refund succeeded); whether it was held.
-    fn release(&mut self, id: u64) -> bool {
-        let before = self.held.len();
-        self.held.retain(|g| g.id != id);
-        self.held.len() < before
+    fn push(&mut self, id: u64, at: u64, cost: u32) {
+        self.held.push(Grant {
+            id,
+            at,
+            cost: u64::from(cost),
+        });
     }
 }
 
@@ -656,7 +630,7 @@ where
                             let pair = &mut pairs[p][usize::from(on)];
                             if back {
                                 assert!(
-                                    pair.life.release(grant),
+                                    held::release(&mut pair.life.held, grant),
                                     "a refund gave back a charge its pair no longer holds"
                                 );
                             }

@@ -41,6 +41,10 @@ use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
 use std::time::Duration;
 
+#[path = "shared/held.rs"]
+mod held;
+use held::Grant;
+
 /// At most this many operations per input (the checks are quadratic in the worst case).
 const MAX_OPS: usize = 256;
 /// Keys of the keyed system (all in one shard, below its capacity: none is evicted).
@@ -109,16 +113,6 @@ enum Kind {
     Log,
 }
 
-/// An admission still held: where it counts and how much.
-#[derive(Clone, Copy, Debug)]
-struct Grant {
-    id: u64,
-    /// GCRA: the instant it was judged at (a booking: its slot); fixed window and
-    /// sliding counter: its window's index; sliding log: the instant it is logged at.
-    at: u64,
-    cost: u64,
-}
-
 /// One limit's held admissions and the bound they must meet.
 struct Oracle {
     kind: Kind,
@@ -130,6 +124,9 @@ struct Oracle {
     /// Windows: the latest window any admission counted in; the log: the latest
     /// instant any admission was logged at (refunded or not: states never go back).
     latest: Option<u64>,
+    /// The admissions held, in units, at: GCRA, the instant each was judged at (a
+    /// booking: its slot); fixed window and sliding counter, its window's index;
+    /// sliding log, the instant it is logged at.
     held: Vec<Grant>,
     next: u64,
 }
@@ -159,15 +156,11 @@ impl Oracle {
         let (at, elapsed, want) = match self.kind {
             Kind::Gcra => (slot.unwrap_or(judged), 0, None),
             Kind::Fixed => {
-                // The window ending at `end`; a reading behind the state's window counts
-                // in the state's.
-                let w = (end - 1) / p;
+                let w = held::fixed_window_of(judged, d, p);
                 (w, 0, Some((judged / p).max(self.latest.unwrap_or(0))))
             }
             Kind::Sliding => {
-                // After an admission `cur > 0`: reset_after runs to the end of window w + 1.
-                let w = (end / p).saturating_sub(2);
-                let e = if judged / p == w { judged - w * p } else { 0 };
+                let (w, e) = held::sliding_window_of(judged, d, p);
                 (w, e, Some((judged / p).max(self.latest.unwrap_or(0))))
             }
             Kind::Log => {
@@ -211,24 +204,8 @@ impl Oracle {
                     );
                 }
             }
-            Kind::Fixed => {
-                let units: u64 = self.in_window(at);
-                assert!(
-                    units <= l,
-                    "window {at} holds {units} > {l}: {:?}",
-                    self.held
-                );
-            }
-            Kind::Sliding => {
-                let prev = at.checked_sub(1).map_or(0, |w| self.in_window(w));
-                let cur = self.in_window(at);
-                let weighted = (u128::from(prev) * u128::from(p - elapsed) / u128::from(p)) as u64;
-                assert!(
-                    weighted + cur <= l,
-                    "window {at} at {elapsed} ns in: prev {prev}, cur {cur} > {l}: {:?}",
-                    self.held
-                );
-            }
+            Kind::Fixed => held::assert_fixed(&self.held, at, l),
+            Kind::Sliding => held::assert_sliding(&self.held, at, elapsed, p, l),
             Kind::Log => {
                 let mut units: Vec<(u64, u64)> = self.held.iter().map(|g| (g.at, g.cost)).collect();
                 units.sort_unstable();
@@ -251,15 +228,9 @@ impl Oracle {
         }
     }
 
-    fn in_window(&self, w: u64) -> u64 {
-        self.held.iter().filter(|g| g.at == w).map(|g| g.cost).sum()
-    }
-
     /// Drops grant `id` (its refund succeeded); whether it was held.
     fn release(&mut self, id: u64) -> bool {
-        let before = self.held.len();
-        self.held.retain(|g| g.id != id);
-        self.held.len() < before
+        held::release(&mut self.held, id)
     }
 }
 
