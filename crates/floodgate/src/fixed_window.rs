@@ -247,7 +247,12 @@ impl Algorithm for FixedWindow {
 
     #[inline]
     fn is_idle(&self, state: FixedWindowState, now: Nanos) -> bool {
-        self.view(state, now.as_u64()).1 == 0
+        // An empty count in a stored window ahead of `now`'s (a refund emptied it) is
+        // not fresh: a reading behind it counts there, and a table that forgot it would
+        // count that reading afresh in its own, older window, beyond what that window
+        // already holds. Idle only where `now` counts in its own window.
+        let (window, count, _) = self.view(state, now.as_u64());
+        count == 0 && window == self.shape.reciprocal.split(now.as_u64()).0
     }
 
     /// Gives back `min(cost, count)` units while the state still holds the window the

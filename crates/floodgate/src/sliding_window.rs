@@ -386,7 +386,11 @@ impl Algorithm for SlidingWindow {
     #[inline]
     fn is_idle(&self, state: SlidingWindowState, now: Nanos) -> bool {
         let v = self.view(state, now.as_u64());
-        v.prev == 0 && v.cur == 0
+        // Empty counters in a stored window ahead of `now`'s (a refund emptied `cur`)
+        // are not fresh: a reading behind them is judged there (`lag > 0`), and a table
+        // that forgot them would judge it in its own, older window, where the window
+        // before still weighs.
+        v.prev == 0 && v.cur == 0 && v.lag == 0
     }
 
     /// Gives back `min(cost, cur)` units from `cur` while the state still holds the
