@@ -33,8 +33,9 @@
 //! Every decision is compared with the model's at `max(reading, R)`, R the latest
 //! instant the plan's table removed a key at; `peek` must equal the next check at the
 //! same reading; no decision leaves more than its limit. After every operation each
-//! (plan, key) of every table the operation changed is compared through `peek(0)` at
-//! the clock and at R (the key routed to that plan for the peek): equal, except pairs
+//! (plan, key) of every table the operation changed is compared through `peek` of 0
+//! and of 1 unit (an admission's `reset_after` tells where it would count) at the
+//! clock and at R (the key routed to that plan for the peek): equal, except pairs
 //! that a live eviction in that very operation dropped, which must read as fresh
 //! (their model restarts).
 //!
@@ -638,7 +639,7 @@ where
                             if pair.tracked {
                                 refund_never_looser(&limiter, pair, on, t);
                                 if back != model_back
-                                    || limiter.peek_at(&on, t, 0) != pair.model.peek_at(t, 0)
+                                    || probe(|c| limiter.peek_at(&on, t, c)) != probe(|c| pair.model.peek_at(t, c))
                                 {
                                     pair.tracked = false;
                                 }
@@ -657,8 +658,8 @@ where
                 let live = (0..n).any(|p| {
                     let pair = &pairs[p][usize::from(k)];
                     pair.tracked
-                        && pair.model.peek_at(judged[p], 0)
-                            != fresh(policies[p]).peek_at(judged[p], 0)
+                        && probe(|c| pair.model.peek_at(judged[p], c))
+                            != probe(|c| fresh(policies[p]).peek_at(judged[p], c))
                 });
                 let removed = if reset {
                     limiter.reset(&k)
@@ -766,20 +767,20 @@ where
                 // (a pair evicted here may read as idle now only).
                 let instants: &[Nanos] = if r < at { &[at, r] } else { &[at] };
                 let reads_fresh = || {
-                    instants
-                        .iter()
-                        .all(|&t| limiter.peek_at(&k, t, 0) == blank.peek_at(t, 0))
+                    instants.iter().all(|&t| {
+                        probe(|c| limiter.peek_at(&k, t, c)) == probe(|c| blank.peek_at(t, c))
+                    })
                 };
                 let dropped = if pair.tracked {
-                    let differs = instants
-                        .iter()
-                        .find(|&&t| limiter.peek_at(&k, t, 0) != pair.model.peek_at(t, 0));
+                    let differs = instants.iter().find(|&&t| {
+                        probe(|c| limiter.peek_at(&k, t, c)) != probe(|c| pair.model.peek_at(t, c))
+                    });
                     if let Some(&t) = differs {
                         assert!(
                             reads_fresh(),
                             "plan {p} key {k} was not dropped cleanly: table {:?} vs model {:?} at {t:?}",
-                            limiter.peek_at(&k, t, 0),
-                            pair.model.peek_at(t, 0)
+                            probe(|c| limiter.peek_at(&k, t, c)),
+                            probe(|c| pair.model.peek_at(t, c))
                         );
                         // Only a live eviction in this operation may explain it.
                         assert!(evicted_now > 0, "plan {p} key {k} lost its state");
@@ -798,6 +799,13 @@ where
         }
         assert_eq!(limiter.metrics(), total);
     }
+}
+
+/// What a pair shows at an instant: its decisions for 0 and 1 unit (a peek of 0 alone
+/// does not tell a sliding counter's emptied window ahead of the instant from a fresh
+/// state; an admission's `reset_after` does).
+fn probe(peek: impl Fn(u32) -> Decision) -> [Decision; 2] {
+    [peek(0), peek(1)]
 }
 
 /// After a refund: the table's pair is never more permissive than its model after
