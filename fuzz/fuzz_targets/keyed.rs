@@ -1,41 +1,85 @@
-//! The keyed table against an unbounded `HashMap` of un-keyed limiters — the oracle of
-//! "never admit beyond a limit": arbitrary checks (also at readings earlier than the
-//! clock, across reclamations), peeks, charges and refunds, clock moves and explicit
-//! reclamation over a small-capacity, one-shard `KeyedLimiter` (so inserts, automatic
-//! reclamation and eviction all happen) on the storage an input byte picks: `Heap`,
-//! `Inline` (slot reuse and backward-shift moves under churn) or `Fingerprint`.
+//! The keyed tables against an unbounded map of un-keyed limiters — the oracle of
+//! "never admit beyond a limit": arbitrary checks and charges (also at readings
+//! earlier than the clock, across removals), peeks, refunds, removals, clock moves and
+//! explicit reclamation over a small-capacity table, so that inserts, automatic
+//! reclamation and eviction all happen. Input bytes pick:
 //!
-//! Every decision is compared with the map's at `max(reading, R)`, R being the latest
-//! instant the table removed a key at (the table judges every decision there). After
-//! every operation each known key is compared through `peek(0)` — equal, except keys
-//! that a live eviction in that very operation dropped, which must read as fresh.
-//! Refunds: the table's and the model's are made from their own receipts; the table's
-//! must never leave it more permissive than the model's. When the two differ (the
-//! table's refund is more conservative: its ledger is per shard, and any removal in the
-//! shard voids a receipt) the key leaves the comparison.
+//! * the algorithm: GCRA, the fixed window or the sliding window counter on a
+//!   `KeyedLimiter`, or the `KeyedSlidingLog`; its twin, one `RateLimiter` (or
+//!   `SlidingLog`) per key, is the model;
+//! * the storage of a `KeyedLimiter`: `Heap`, `Inline` or `Fingerprint`;
+//! * 1, 2, 4 or 8 shards;
+//! * the time unit (ns, µs or ms) of the period, the clock moves and the stale
+//!   readings, and where the clock starts: 100 s on, near the top of `u64`, a few
+//!   periods before a window index wraps (modulo `2^k`), or anywhere. Window readings
+//!   stay within half a year of the start, where an idle key never sees its index wrap.
+//!
+//! **Shards.** Every decision of a shard is judged at `max(reading, R)`, R the latest
+//! instant that shard removed a key at. Which shard a key is in is not public, so the
+//! target learns it through the public API before the run: at instant `i` it charges
+//! the `i`-th key at reading 0, which the table judges at its shard's R — the instant
+//! the previous key of that shard was probed at, or 0 — and then removes it (R of that
+//! shard becomes `i`). The probe asserts that this yields at most as many classes as
+//! shards and that each judged instant is its class's latest removal. Then the model
+//! keeps R per class: a removal made by an insert is in the inserting key's shard at
+//! the instant the insert was judged at; `remove(key)` in the key's shard at the
+//! clock's reading; `reclaim_idle` in the shards of the keys that may be idle — where
+//! more than one class may have removed, R is known only to lie between its last
+//! known value and the clock, and later readings of those classes are raised to the
+//! clock's reading of then (where every possible R gives the same judgment).
+//!
+//! **Oracles.** Every decision of a tracked key equals its model's at `max(reading,
+//! R)`, and a peek equals the check that follows it, for every key. An admission's
+//! receipt says it was judged at that instant. After every operation every tracked key
+//! is compared through peeks of 0 units (what is left) and 1 unit (where an admission
+//! would count) now and at its class's R: equal, except keys a live eviction in that
+//! very operation dropped (in the inserting key's shard), which must read as fresh.
+//! `reclaim_idle` removes no more keys than may be idle. Refunds: a
+//! receipt taken before a known removal in its shard gives back nothing; on the windows
+//! and the log a refund equals the model's; on GCRA (whose refund ledger is per shard,
+//! not per key) it never leaves the table more permissive than the model, and a key
+//! whose refund differs leaves the comparison. The admissions each key still holds
+//! (since its last removal) meet their algorithm's bound whatever the model says
+//! (`common/bounds.rs`): GCRA's conform replayed at their judged instants, no fixed
+//! window holds more than `L`, the sliding counter's estimate stays within `L`, no
+//! span of `P` of the log holds more than `L`. Live keys never exceed `max_keys`.
 #![no_main]
 
+#[path = "common/bounds.rs"]
+mod bounds;
+
 use arbitrary::Arbitrary;
+use bounds::{Kind, Oracle};
+use floodgate::keyed::composite::Limit;
 use floodgate::{
-    Clock, Decision, Fingerprint, Gcra, GcraState, Heap, Inline, KeyedBuilder, ManualClock, Nanos,
-    Policy, RateLimiter, Receipt, Storage,
+    Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
+    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, ManualClock, Nanos, Policy, RateLimiter, Receipt,
+    SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-#[derive(Arbitrary, Debug)]
+/// At most this many operations per input, floods expanded (each compares every key).
+const MAX_OPS: usize = 1024;
+/// Window readings stay within this span of the start: half a year, where an idle
+/// key's window index cannot wrap (see VERIFICATION.md).
+const WINDOW_SPAN: u64 = 182 * 86_400 * 1_000_000_000;
+/// The clock starts no earlier (the probe runs at instants 1 to 256 ns).
+const EARLIEST_START: u64 = 1 << 30;
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
 enum Op {
     Check {
         key: u8,
         cost: u8,
     },
-    /// A check at a reading `back_ms` earlier than the clock (a preempted thread, an
-    /// early TSC, `check_n_at` with an older time).
+    /// A check at a reading `back` units earlier than the clock (a preempted thread,
+    /// an early TSC, `check_n_at` with an older time).
     CheckEarlier {
         key: u8,
         cost: u8,
-        back_ms: u16,
+        back: u16,
     },
     Peek {
         key: u8,
@@ -45,221 +89,878 @@ enum Op {
         key: u8,
         cost: u8,
     },
-    /// A charge at a reading `back_ms` earlier than the clock.
+    /// A charge at a reading `back` units earlier than the clock.
     ChargeEarlier {
         key: u8,
         cost: u8,
-        back_ms: u16,
+        back: u16,
     },
     Refund {
         pick: u8,
     },
+    /// Moves the clock by this many units.
     Advance(u32),
     ReclaimIdle,
+    Remove {
+        key: u8,
+    },
+    /// Checks of `count` (at most 64) keys from `from` on, each read `back` units
+    /// earlier than the clock: a burst of inserts, enough to fill the shards of a
+    /// multi-shard table (each holds its share plus a headroom of 20-odd keys).
+    Flood {
+        from: u8,
+        count: u8,
+        cost: u8,
+        back: u16,
+    },
+}
+
+/// The operations, each flood expanded into its checks.
+fn expand(ops: &[Op]) -> Vec<Op> {
+    let mut out = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Flood {
+                from,
+                count,
+                cost,
+                back,
+            } => out.extend((0..count % 65).map(|i| Op::CheckEarlier {
+                key: from.wrapping_add(i),
+                cost,
+                back,
+            })),
+            op => out.push(op),
+        }
+        if out.len() >= MAX_OPS {
+            out.truncate(MAX_OPS);
+            break;
+        }
+    }
+    out
 }
 
 #[derive(Arbitrary, Debug)]
 struct Input {
-    /// Which storage: heap, inline or fingerprint (mod 3).
+    /// Heap, inline or fingerprint (mod 3).
     storage: u8,
     limit: u8,
-    period_ms: u16,
+    period: u16,
     burst: u8,
     capacity: u8,
+    /// GCRA, fixed window, sliding window counter or sliding log (mod 4).
+    algorithm: u8,
+    /// 1, 2, 4 or 8 shards (mod 4, as the power of two).
+    shards: u8,
+    /// The time unit: ns, µs or ms (mod 3).
+    unit: u8,
+    /// Where the clock starts (mod 4; see `start_of`).
+    start: u8,
+    offset: u64,
     ops: Vec<Op>,
 }
 
-type Model = RateLimiter<Gcra, ManualClock>;
+/// What the run needs of an algorithm besides [`Algorithm`].
+trait Alg: Algorithm + Copy + Send + Sync + 'static {
+    const KIND: Kind;
+    /// Whether the admission `admitted`, judged at `at`, stores the keyed table's
+    /// reserved dead word (the table refuses it: stricter than the model).
+    fn into_dead(_at: Nanos, _admitted: &Decision) -> bool {
+        false
+    }
+    /// `2^k · P`: how long its window index takes to wrap, if it has one.
+    fn wrap_span(&self) -> Option<u128> {
+        None
+    }
+}
+
+impl Alg for Gcra {
+    const KIND: Kind = Kind::Gcra;
+    /// A TAT of `u64::MAX`: `reset_after` runs to it.
+    fn into_dead(at: Nanos, admitted: &Decision) -> bool {
+        admitted.is_allowed()
+            && at.as_u64().checked_add(admitted.reset_after_nanos()) == Some(u64::MAX)
+    }
+}
+
+impl Alg for FixedWindow {
+    const KIND: Kind = Kind::Fixed;
+    fn wrap_span(&self) -> Option<u128> {
+        let bits = 64 - self.count_bits();
+        Some(u128::from(self.policy().period_nanos()) << bits)
+    }
+}
+
+impl Alg for SlidingWindow {
+    const KIND: Kind = Kind::Sliding;
+    fn wrap_span(&self) -> Option<u128> {
+        let bits = 64 - 2 * self.count_bits();
+        Some(u128::from(self.policy().period_nanos()) << bits)
+    }
+}
+
+/// A keyed table of `u8` keys: a `KeyedLimiter` or the `KeyedSlidingLog`.
+trait Table {
+    fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision;
+    fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt);
+    fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision;
+    fn refund(&self, key: u8, receipt: Receipt) -> bool;
+    fn remove(&self, key: u8) -> bool;
+    /// Reclaims every idle key now (the log has no such call: 0).
+    fn reclaim_idle(&self) -> usize;
+    fn metrics(&self) -> KeyedMetrics;
+    fn max_keys(&self) -> usize;
+}
+
+/// The `Table` methods both tables have under the same names (their own, inherent
+/// methods, which a path through `Self` finds before the trait's).
+macro_rules! table_methods {
+    () => {
+        fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+            Self::check_n_at(self, &key, at, cost)
+        }
+        fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt) {
+            Self::charge_at(self, &key, at, cost)
+        }
+        fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+            Self::peek_at(self, &key, at, cost)
+        }
+        fn refund(&self, key: u8, receipt: Receipt) -> bool {
+            Self::refund(self, &key, receipt)
+        }
+        fn remove(&self, key: u8) -> bool {
+            Self::remove(self, &key)
+        }
+        fn metrics(&self) -> KeyedMetrics {
+            Self::metrics(self)
+        }
+        fn max_keys(&self) -> usize {
+            Self::max_keys(self)
+        }
+    };
+}
+
+impl<A: Algorithm, S: Storage<u8, A::State>> Table for KeyedLimiter<u8, A, ManualClock, S> {
+    table_methods!();
+    fn reclaim_idle(&self) -> usize {
+        Self::reclaim_idle(self)
+    }
+}
+
+impl Table for KeyedSlidingLog<u8, ManualClock> {
+    table_methods!();
+    fn reclaim_idle(&self) -> usize {
+        0
+    }
+}
+
+/// One key's un-keyed twin, a `RateLimiter` or a `SlidingLog`, decided through
+/// [`Limit`] (a refund reads the model clock).
+trait Model: Limit {
+    /// Whether `got` is the keyed table's refusal of `want`, judged at `at`, because
+    /// admitting it would store the table's dead word (allowed: stricter).
+    fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool;
+}
+
+impl<A: Alg> Model for RateLimiter<A, ManualClock> {
+    fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool {
+        A::into_dead(at, want) && refusal(got, want)
+    }
+}
+
+impl Model for SlidingLog<ManualClock> {
+    fn dead_refusal(&self, _: Nanos, _: &Decision, _: &Decision) -> bool {
+        false
+    }
+}
+
+/// Whether `got` is `want` turned into a denial that never succeeds.
+fn refusal(got: &Decision, want: &Decision) -> bool {
+    !got.is_allowed()
+        && got.retry_after().is_none()
+        && (got.limit(), got.remaining(), got.reset_after())
+            == (want.limit(), want.remaining(), want.reset_after())
+}
+
+/// The run's shape, from the input.
+struct Setup<'a> {
+    input: &'a Input,
+    policy: Policy,
+    /// Nanoseconds per time unit.
+    unit: u64,
+    shards: usize,
+    capacity: usize,
+    /// The operations, floods expanded (at most `MAX_OPS`).
+    ops: Vec<Op>,
+}
 
 fuzz_target!(|input: Input| {
-    match input.storage % 3 {
-        0 => run::<Heap>(&input),
-        1 => run::<Inline>(&input),
-        _ => run::<Fingerprint>(&input),
+    let unit = [1, 1_000, 1_000_000][usize::from(input.unit % 3)];
+    let period = Duration::from_nanos(u64::from(input.period) * unit);
+    let Ok(policy) = Policy::new(u64::from(input.limit), period)
+        .and_then(|p| p.with_burst(u64::from(input.burst)))
+    else {
+        return;
+    };
+    let setup = Setup {
+        input: &input,
+        policy,
+        unit,
+        shards: 1 << (input.shards % 4),
+        capacity: usize::from(input.capacity).max(1),
+        ops: expand(&input.ops),
+    };
+    match input.algorithm % 4 {
+        0 => on_storage(Gcra::new(policy), &setup),
+        1 => {
+            if let Ok(window) = FixedWindow::new(policy) {
+                on_storage(window, &setup);
+            }
+        }
+        2 => {
+            if let Ok(window) = SlidingWindow::new(policy) {
+                on_storage(window, &setup);
+            }
+        }
+        _ => {
+            let clock = ManualClock::new();
+            let Ok(table) = KeyedBuilder::default()
+                .capacity(setup.capacity)
+                .shards(setup.shards)
+                .clock(clock.clone())
+                .sliding_log::<u8>(policy)
+            else {
+                return;
+            };
+            // The builder's rounding: a power of two, at most one shard per key.
+            let shards = setup.shards.min(1 << setup.capacity.ilog2());
+            let start = start_of(setup.input, None, policy.period_nanos());
+            run(&table, &clock, shards, Kind::Log, start, &setup, |clock| {
+                SlidingLog::with_clock(policy, clock.clone())
+            });
+        }
     }
 });
 
-fn run<S: Storage<u8, GcraState>>(input: &Input) {
-    let Ok(policy) = Policy::new(
-        u64::from(input.limit),
-        Duration::from_millis(u64::from(input.period_ms)),
-    )
-    .and_then(|p| p.with_burst(u64::from(input.burst))) else {
-        return;
-    };
-    let clock = ManualClock::starting_at(Nanos::from_secs(100));
-    let Ok(keyed) = KeyedBuilder::new(Gcra::new(policy))
-        .capacity(usize::from(input.capacity).max(1))
-        .shards(1)
+fn on_storage<A: Alg>(algorithm: A, setup: &Setup)
+where
+    Heap: Storage<u8, A::State>,
+    Inline: Storage<u8, A::State>,
+    Fingerprint: Storage<u8, A::State>,
+{
+    match setup.input.storage % 3 {
+        0 => keyed::<A, Heap>(algorithm, setup),
+        1 => keyed::<A, Inline>(algorithm, setup),
+        _ => keyed::<A, Fingerprint>(algorithm, setup),
+    }
+}
+
+fn keyed<A: Alg, S: Storage<u8, A::State>>(algorithm: A, setup: &Setup) {
+    let clock = ManualClock::new();
+    let Ok(table) = KeyedBuilder::new(algorithm)
+        .capacity(setup.capacity)
+        .shards(setup.shards)
         .clock(clock.clone())
         .build_in::<u8, S>()
     else {
         return;
     };
-    // The model's clock: set to the instant the table judges each operation at.
+    let table: KeyedLimiter<u8, A, ManualClock, S> = table;
+    let start = start_of(
+        setup.input,
+        algorithm.wrap_span(),
+        setup.policy.period_nanos(),
+    );
+    run(
+        &table,
+        &clock,
+        table.shards(),
+        A::KIND,
+        start,
+        setup,
+        |clock| RateLimiter::with_clock(algorithm, clock.clone()),
+    );
+}
+
+/// Where the clock starts: 100 s on (mode 0), near the top of `u64` (1), a few periods
+/// before a window index wraps to 0 (2; GCRA and the log: near 2^63), anywhere (3).
+fn start_of(input: &Input, wrap: Option<u128>, period: u64) -> u64 {
+    let offset = input.offset;
+    let start = match input.start % 4 {
+        0 => 100_000_000_000 + offset % (1 << 40),
+        1 => u64::MAX - offset % (1 << 40),
+        2 => match wrap.and_then(|span| u64::try_from(span).ok()) {
+            Some(span) => {
+                // The start of window 2^k·m, less up to 8 periods.
+                let m = 1 + (offset >> 8) % (u64::MAX / span);
+                let back = (offset % 256).saturating_mul(period) / 32;
+                m * span - back.min(span - 1)
+            }
+            None => (1 << 63) - offset % (1 << 40),
+        },
+        _ => offset,
+    };
+    start.max(EARLIEST_START)
+}
+
+/// The keys' shards as the target knows them: a class per shard met, and per class
+/// what is known of its latest removal.
+struct Classes {
+    of: BTreeMap<u8, usize>,
+    /// The keys of each class.
+    members: Vec<Vec<u8>>,
+    /// The latest removal instant known (a lower bound of the shard's R).
+    known: Vec<Nanos>,
+    /// An upper bound of the shard's R (above `known` after a `reclaim_idle` that
+    /// more than one class may have removed in).
+    most: Vec<Nanos>,
+    /// Removals known to have happened in the class (a receipt taken before one
+    /// refunds nothing).
+    removals: Vec<u64>,
+    /// Removals that may have happened in the class.
+    maybe: Vec<u64>,
+}
+
+impl Classes {
+    /// Learns the shard classes of `keys` through the public API (see the module docs),
+    /// with the clock at the probe's instants `1..=keys.len()` ns.
+    fn probe<T: Table>(table: &T, clock: &ManualClock, keys: &BTreeSet<u8>, shards: usize) -> Self {
+        let mut of = BTreeMap::new();
+        let mut order = Vec::new();
+        let mut known: Vec<Nanos> = Vec::new();
+        for (i, &key) in keys.iter().enumerate() {
+            let at = Nanos::new(i as u64 + 1);
+            clock.set(at);
+            let (d, receipt) = table.charge(key, Nanos::ZERO, 1);
+            assert!(
+                d.is_allowed(),
+                "probe: fresh key {key} refused a unit: {d:?}"
+            );
+            let judged = receipt.charged_at().expect("an admitted unit is charged");
+            assert!(table.remove(key), "probe: key {key} is not in its table");
+            let class = match judged.as_u64() {
+                0 => {
+                    known.push(Nanos::ZERO);
+                    known.len() - 1
+                }
+                j => {
+                    let previous = order[usize::try_from(j - 1).expect("an index")];
+                    let class = of[&previous];
+                    assert_eq!(
+                        known[class], judged,
+                        "probe: key {key} judged at {judged:?}, not its shard's latest removal"
+                    );
+                    class
+                }
+            };
+            known[class] = at;
+            of.insert(key, class);
+            order.push(key);
+        }
+        assert!(
+            known.len() <= shards,
+            "probe: {} classes of keys over {shards} shards",
+            known.len()
+        );
+        let n = known.len();
+        let mut members = vec![Vec::new(); n];
+        for (&key, &class) in &of {
+            members[class].push(key);
+        }
+        Classes {
+            of,
+            members,
+            most: known.clone(),
+            known,
+            removals: vec![0; n],
+            maybe: vec![0; n],
+        }
+    }
+
+    /// The reading to decide `key` at instead of `reading`: raised to the clock's
+    /// reading of the last unsure reclamation while its class's R is unknown.
+    fn reading(&self, key: u8, reading: Nanos) -> Nanos {
+        let c = self.of[&key];
+        if self.known[c] < self.most[c] {
+            reading.max(self.most[c])
+        } else {
+            reading
+        }
+    }
+
+    /// The instant the table judges `reading` (from [`Classes::reading`]) at.
+    fn judged(&self, key: u8, reading: Nanos) -> Nanos {
+        reading.max(self.known[self.of[&key]])
+    }
+
+    /// The earliest instant a later decision on `key` can be judged at.
+    fn floor(&self, key: u8) -> Nanos {
+        self.most[self.of[&key]]
+    }
+
+    /// A removal known to be in `class`, judged at `at`.
+    fn removed(&mut self, class: usize, at: Nanos) {
+        self.known[class] = self.known[class].max(at);
+        self.most[class] = self.most[class].max(at);
+        self.removals[class] += 1;
+    }
+
+    /// A removal that may be in `class`, judged at `at`.
+    fn maybe_removed(&mut self, class: usize, at: Nanos) {
+        self.most[class] = self.most[class].max(at);
+        self.maybe[class] += 1;
+    }
+}
+
+/// An outstanding receipt: the table's, the model's (`None`: void), the grant it
+/// holds, and its class's removal counts when it was taken.
+struct Held {
+    key: u8,
+    table: Receipt,
+    model: Option<Receipt>,
+    grant: Option<u64>,
+    removals: u64,
+    maybe: u64,
+}
+
+fn run<T: Table, M: Model>(
+    table: &T,
+    clock: &ManualClock,
+    shards: usize,
+    kind: Kind,
+    start: u64,
+    setup: &Setup,
+    twin: impl Fn(&ManualClock) -> M,
+) {
+    let keys: BTreeSet<u8> = setup
+        .ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::Check { key, .. }
+            | Op::CheckEarlier { key, .. }
+            | Op::Peek { key, .. }
+            | Op::Charge { key, .. }
+            | Op::ChargeEarlier { key, .. }
+            | Op::Remove { key } => Some(key),
+            _ => None,
+        })
+        .collect();
+    let mut classes = Classes::probe(table, clock, &keys, shards);
+    clock.set(Nanos::new(start));
+    // Window readings stay within half a year of the start.
+    let end = match kind {
+        Kind::Fixed | Kind::Sliding => start.saturating_add(WINDOW_SPAN),
+        Kind::Gcra | Kind::Log => u64::MAX,
+    };
+    // The models' clock: set to the instant the table judges a refund at.
     let model_clock = ManualClock::new();
-    let fresh = || RateLimiter::gcra_with_clock(policy, model_clock.clone());
-    let mut model: HashMap<u8, Model> = HashMap::new();
+    let fresh = || twin(&model_clock);
+    let mut models: BTreeMap<u8, M> = BTreeMap::new();
     let mut untracked: HashSet<u8> = HashSet::new();
-    // Outstanding receipts: (key, the table's, the model's).
-    let mut receipts: Vec<(u8, Receipt, Option<Receipt>)> = Vec::new();
-    let mut removed_at = Nanos::ZERO;
-    let removals = |m: floodgate::KeyedMetrics| m.reclaimed + m.evicted;
-    for op in &input.ops {
-        let before = keyed.metrics();
+    let mut oracles: BTreeMap<u8, Oracle> = BTreeMap::new();
+    let mut receipts: Vec<Held> = Vec::new();
+    let unit = setup.unit;
+    for (i, op) in setup.ops.iter().enumerate() {
+        let before = table.metrics();
         let now = clock.now();
-        // The reading this operation's table call judges at, before any removal it makes.
-        let mut judged = now.max(removed_at);
+        // The key whose insert may have removed keys, and the instant it was judged at.
+        let mut insert: Option<(u8, Nanos)> = None;
+        let mut charged = false;
+        // The keys whose state or judgment the operation may have changed.
+        let mut scope = Scope::Nothing;
         match *op {
             Op::Check { key, cost }
-            | Op::CheckEarlier {
-                key,
-                cost,
-                back_ms: _,
-            } => {
-                let reading = match *op {
-                    Op::CheckEarlier { back_ms, .. } => {
-                        Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
-                    }
-                    _ => now,
+            | Op::CheckEarlier { key, cost, .. }
+            | Op::Charge { key, cost }
+            | Op::ChargeEarlier { key, cost, .. } => {
+                let back = match *op {
+                    Op::CheckEarlier { back, .. } | Op::ChargeEarlier { back, .. } => back,
+                    _ => 0,
                 };
-                judged = reading.max(removed_at);
-                let got = keyed.check_n_at(&key, reading, u32::from(cost));
-                let want = model
-                    .entry(key)
-                    .or_insert_with(fresh)
-                    .check_n_at(judged, u32::from(cost));
-                if !untracked.contains(&key) {
-                    assert_eq!(got, want, "check {key} cost {cost} read at {reading:?}");
+                let cost = u32::from(cost);
+                let stale = Nanos::new(now.as_u64().saturating_sub(u64::from(back) * unit));
+                let reading = classes.reading(key, stale);
+                let judged = classes.judged(key, reading);
+                let peeked = table.peek(key, reading, cost);
+                let model = models.entry(key).or_insert_with(fresh);
+                let charging = matches!(op, Op::Charge { .. } | Op::ChargeEarlier { .. });
+                let (got, want, receipts_of) = if charging {
+                    let (got, receipt) = table.charge(key, reading, cost);
+                    let (want, theirs) = model.charge_at(judged, cost);
+                    if got.is_allowed() && cost > 0 {
+                        assert_eq!(
+                            receipt.charged_at(),
+                            Some(judged),
+                            "key {key}: charge read at {reading:?} judged elsewhere"
+                        );
+                    }
+                    (got, want, Some((receipt, theirs)))
+                } else {
+                    (
+                        table.check(key, reading, cost),
+                        model.check_n_at(judged, cost),
+                        None,
+                    )
+                };
+                assert_eq!(
+                    peeked, got,
+                    "key {key}: peek then check, cost {cost} read at {reading:?}"
+                );
+                if !untracked.contains(&key) && got != want {
+                    assert!(
+                        model.dead_refusal(judged, &got, &want),
+                        "key {key}: cost {cost} read at {reading:?}, judged at {judged:?}: \
+                         table {got:?} vs model {want:?}"
+                    );
+                    // The model stored what the table refused.
+                    untracked.insert(key);
                 }
+                let grant = oracles
+                    .entry(key)
+                    .or_insert_with(|| Oracle::new(kind, setup.policy))
+                    .admit(judged.as_u64(), None, &got, cost);
+                if let Some((table, model)) = receipts_of {
+                    // Its class's counts are noted after this operation's own removals,
+                    // which come before the charge.
+                    receipts.push(Held {
+                        key,
+                        table,
+                        model: Some(model),
+                        grant,
+                        removals: 0,
+                        maybe: 0,
+                    });
+                    charged = true;
+                }
+                insert = Some((key, judged));
+                scope = Scope::Key(key);
             }
             Op::Peek { key, cost } => {
-                let got = keyed.peek_at(&key, now, u32::from(cost));
-                let want = model.get(&key).map_or_else(
-                    || fresh().peek_at(judged, u32::from(cost)),
-                    |m| m.peek_at(judged, u32::from(cost)),
+                let cost = u32::from(cost);
+                let reading = classes.reading(key, now);
+                let judged = classes.judged(key, reading);
+                let got = table.peek(key, reading, cost);
+                let model = models.get(&key);
+                let want = model.map_or_else(
+                    || fresh().peek_at(judged, cost),
+                    |m| m.peek_at(judged, cost),
                 );
-                if !untracked.contains(&key) {
-                    assert_eq!(got, want, "peek {key} cost {cost} at {now:?}");
+                if !untracked.contains(&key) && got != want {
+                    assert!(
+                        model.map_or_else(
+                            || fresh().dead_refusal(judged, &got, &want),
+                            |m| m.dead_refusal(judged, &got, &want)
+                        ),
+                        "peek {key} cost {cost} at {reading:?}: table {got:?} vs model {want:?}"
+                    );
                 }
             }
-            Op::Charge { key, cost }
-            | Op::ChargeEarlier {
-                key,
-                cost,
-                back_ms: _,
-            } => {
-                let reading = match *op {
-                    Op::ChargeEarlier { back_ms, .. } => {
-                        Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
-                    }
-                    _ => now,
-                };
-                judged = reading.max(removed_at);
-                let (got, receipt) = keyed.charge_at(&key, reading, u32::from(cost));
-                let (want, theirs) = model
-                    .entry(key)
-                    .or_insert_with(fresh)
-                    .charge_at(judged, u32::from(cost));
-                if !untracked.contains(&key) {
-                    assert_eq!(got, want, "charge {key} cost {cost} read at {reading:?}");
-                }
-                receipts.push((key, receipt, Some(theirs)));
+            Op::Refund { pick } if !receipts.is_empty() => {
+                let held = receipts.remove(usize::from(pick) % receipts.len());
+                scope = Scope::Key(held.key);
+                refund(
+                    table,
+                    held,
+                    &mut Refunding {
+                        classes: &classes,
+                        models: &models,
+                        untracked: &mut untracked,
+                        oracles: &mut oracles,
+                        model_clock: &model_clock,
+                        now,
+                        kind,
+                        burst: setup.policy.burst(),
+                    },
+                );
             }
-            Op::Refund { pick } => {
-                if !receipts.is_empty() {
-                    let (key, receipt, theirs) =
-                        receipts.remove(usize::from(pick) % receipts.len());
-                    model_clock.set(judged);
-                    let back = keyed.refund(&key, receipt);
-                    let model_back = match (model.get(&key), theirs) {
-                        (Some(m), Some(theirs)) => m.refund(theirs),
-                        _ => false,
-                    };
-                    if !untracked.contains(&key) {
-                        if let Some(m) = model.get(&key) {
-                            // Never more permissive than the model after its own refund.
-                            let at = clock.now().max(removed_at);
-                            for cost in 0..=u32::from(input.burst) + 1 {
-                                let (t, w) = (keyed.peek_at(&key, at, cost), m.peek_at(at, cost));
-                                assert!(
-                                    !t.is_allowed() || w.is_allowed(),
-                                    "refund {key}: table {t:?} vs model {w:?}"
-                                );
-                            }
-                            // What is left, read without taking anything (a denial's and
-                            // an admission's `remaining` count before and after the cost).
-                            let (t, w) = (keyed.peek_at(&key, at, 0), m.peek_at(at, 0));
-                            assert!(
-                                t.remaining() <= w.remaining(),
-                                "refund {key}: table {t:?} vs model {w:?}"
-                            );
-                            if back != model_back || keyed.peek_at(&key, at, 0) != m.peek_at(at, 0)
-                            {
-                                untracked.insert(key);
-                            }
+            Op::Refund { .. } => {}
+            Op::Advance(units) => {
+                let next = now.as_u64().saturating_add(u64::from(units) * unit);
+                clock.set(Nanos::new(next.min(end.max(now.as_u64()))));
+            }
+            Op::ReclaimIdle => {
+                scope = Scope::All;
+                let n = table.reclaim_idle();
+                assert_eq!(
+                    table.metrics().reclaimed - before.reclaimed,
+                    n as u64,
+                    "reclaim_idle's count"
+                );
+                // Which classes hold a key that may be idle now (the table's keys are
+                // among the models').
+                let idle = fresh().peek_at(now, 0);
+                let candidates: Vec<u8> = models
+                    .iter()
+                    .filter(|(k, m)| untracked.contains(k) || m.peek_at(now, 0) == idle)
+                    .map(|(&k, _)| k)
+                    .collect();
+                assert!(
+                    n <= candidates.len(),
+                    "reclaim_idle took {n} keys, only {candidates:?} may be idle"
+                );
+                if n > 0 {
+                    let hit: BTreeSet<usize> = candidates.iter().map(|k| classes.of[k]).collect();
+                    if hit.len() == 1 {
+                        classes.removed(*hit.first().expect("one class"), now);
+                    } else {
+                        for &c in &hit {
+                            classes.maybe_removed(c, now);
                         }
                     }
                 }
             }
-            Op::Advance(ms) => {
-                clock.advance(Duration::from_millis(u64::from(ms)));
-            }
-            Op::ReclaimIdle => {
-                let _ = keyed.reclaim_idle();
+            Op::Flood { .. } => unreachable!("floods are expanded"),
+            Op::Remove { key } => {
+                scope = Scope::Class(classes.of[&key]);
+                if table.remove(key) {
+                    classes.removed(classes.of[&key], now);
+                    models.remove(&key);
+                    untracked.remove(&key);
+                    if let Some(o) = oracles.get_mut(&key) {
+                        o.forget();
+                    }
+                }
             }
         }
-        let metrics = keyed.metrics();
+        let after = table.metrics();
+        assert!(after.live_keys as usize <= table.max_keys(), "{after:?}");
+        let evicted = after.evicted - before.evicted;
+        let class_of_insert = insert.map(|(key, _)| classes.of[&key]);
+        match insert {
+            Some((key, judged)) => {
+                if after.reclaimed + evicted > before.reclaimed {
+                    classes.removed(classes.of[&key], judged);
+                    scope = Scope::Class(classes.of[&key]);
+                }
+                if charged {
+                    // Its class's counts after this operation's own removals, which a
+                    // charge's receipt outlives.
+                    let held = receipts.last_mut().expect("just pushed");
+                    let c = classes.of[&key];
+                    (held.removals, held.maybe) = (classes.removals[c], classes.maybe[c]);
+                }
+            }
+            None => {
+                assert_eq!(evicted, 0, "an eviction without an insert: {op:?}");
+                if !matches!(op, Op::ReclaimIdle) {
+                    assert_eq!(after.reclaimed, before.reclaimed, "a reclamation in {op:?}");
+                }
+            }
+        }
+        if i + 1 == setup.ops.len() {
+            // Every key, once at the end.
+            scope = Scope::All;
+        }
+        let mut sweep = Sweep {
+            classes: &classes,
+            models: &mut models,
+            untracked: &untracked,
+            oracles: &mut oracles,
+            now: clock.now(),
+            scope,
+            // An eviction sampled every live key of its shard (8 at most).
+            sampled_all: insert.filter(|_| before.live_keys <= EVICTION_SAMPLE),
+        };
+        sweep.compare(table, class_of_insert, evicted, &fresh);
+    }
+}
+
+/// Keys an eviction compares (`EVICTION_SAMPLE` in the keyed tables).
+const EVICTION_SAMPLE: u64 = 8;
+
+/// Which keys the comparison after an operation looks at: those whose state or
+/// judgment it may have changed (after the last operation, every key).
+#[derive(Clone, Copy, Debug)]
+enum Scope {
+    Nothing,
+    Key(u8),
+    /// The keys of a class (shard) that removed a key.
+    Class(usize),
+    All,
+}
+
+/// What a refund is settled against.
+struct Refunding<'a, M> {
+    classes: &'a Classes,
+    models: &'a BTreeMap<u8, M>,
+    untracked: &'a mut HashSet<u8>,
+    oracles: &'a mut BTreeMap<u8, Oracle>,
+    model_clock: &'a ManualClock,
+    now: Nanos,
+    kind: Kind,
+    burst: u64,
+}
+
+/// Refunds `held` on the table and the model (both judged at the clock's reading) and
+/// compares them.
+fn refund<T: Table, M: Model>(table: &T, held: Held, r: &mut Refunding<M>) {
+    let key = held.key;
+    let c = r.classes.of[&key];
+    // A known removal in the key's shard since the charge voids its receipt; a
+    // possible one may have.
+    let voided = held.removals != r.classes.removals[c];
+    let unsure = held.maybe != r.classes.maybe[c];
+    r.model_clock.set(r.now);
+    let back = table.refund(key, held.table);
+    assert!(
+        !(voided && back),
+        "key {key}: a receipt taken before a removal in its shard gave back"
+    );
+    let model = r.models.get(&key);
+    let model_back = match (model, held.model) {
+        // Where the table may have voided it, the model follows the table.
+        (Some(m), Some(theirs)) if !voided && (back || !unsure) => m.refund(theirs),
+        _ => false,
+    };
+    if let Some(oracle) = r.oracles.get_mut(&key) {
+        match held.grant {
+            Some(id) if back => assert!(
+                oracle.release(id),
+                "key {key}: a refund of a grant not held"
+            ),
+            None => assert!(!back, "key {key}: a refund of nothing gave back"),
+            Some(_) => {}
+        }
+    }
+    let Some(m) = model.filter(|_| !r.untracked.contains(&key)) else {
+        return;
+    };
+    if r.kind != Kind::Gcra {
+        // The windows and the log refund exactly as their twins.
+        assert_eq!(back, model_back, "key {key}: refund");
+        return;
+    }
+    // GCRA's refund ledger is per shard: never more permissive than the model's.
+    let at = r.now;
+    for cost in 0..=u32::try_from(r.burst + 1).unwrap_or(u32::MAX) {
+        let (t, w) = (table.peek(key, at, cost), m.peek_at(at, cost));
         assert!(
-            metrics.live_keys as usize <= keyed.max_keys(),
-            "{metrics:?}"
+            !t.is_allowed() || w.is_allowed(),
+            "refund {key}: table {t:?} vs model {w:?}"
         );
-        if removals(metrics) > removals(before) {
-            removed_at = removed_at.max(judged);
+    }
+    // What is left, read without taking anything.
+    let (t, w) = (table.peek(key, at, 0), m.peek_at(at, 0));
+    assert!(
+        t.remaining() <= w.remaining(),
+        "refund {key}: table {t:?} vs model {w:?}"
+    );
+    if back != model_back || t != w {
+        r.untracked.insert(key);
+    }
+}
+
+/// The comparison of every tracked key after an operation.
+struct Sweep<'a, M> {
+    classes: &'a Classes,
+    models: &'a mut BTreeMap<u8, M>,
+    untracked: &'a HashSet<u8>,
+    oracles: &'a mut BTreeMap<u8, Oracle>,
+    now: Nanos,
+    scope: Scope,
+    /// The key inserted and the instant it was judged at, if its eviction (if any)
+    /// sampled every live key of its shard.
+    sampled_all: Option<(u8, Nanos)>,
+}
+
+impl<M: Model> Sweep<'_, M> {
+    /// Asserts that `victim`, evicted by the insert of `inserted` judged at `judged`
+    /// whose sample held every live key of the shard, was the one whose loss forgives
+    /// least: no other live key of its class holds fewer units (unknown where an
+    /// untracked key is in the class).
+    fn ranked(&self, victim: u8, inserted: u8, judged: Nanos, fresh: &impl Fn() -> M) {
+        let class = self.classes.of[&victim];
+        let members = &self.classes.members[class];
+        if members.iter().any(|k| self.untracked.contains(k)) {
+            return;
         }
-        let mut evicted_now = metrics.evicted - before.evicted;
-        let at = clock.now().max(removed_at);
-        let mut forget = Vec::new();
-        for (&key, m) in &model {
-            if untracked.contains(&key) {
+        let idle = fresh().peek_at(judged, 0);
+        let units = |d: Decision| d.limit() - d.remaining();
+        let lost = units(self.models[&victim].peek_at(judged, 0));
+        for (&key, m) in members
+            .iter()
+            .filter(|&&k| k != inserted)
+            .filter_map(|k| self.models.get(k).map(|m| (k, m)))
+        {
+            let d = m.peek_at(judged, 0);
+            assert!(
+                d == idle || lost <= units(d),
+                "evicted key {victim} held {lost} units, key {key} only {}: {d:?}",
+                units(d)
+            );
+        }
+    }
+
+    /// Compares every tracked key through peeks of 0 and 1 unit, now and at the
+    /// earliest instant a later decision on it can be judged at (its class's R: a key
+    /// evicted live may read as idle now and still differ for a later reading earlier
+    /// than now). Only `evicted` live evictions by an insert in class `insert` may
+    /// explain a difference, and the evicted key then reads as fresh.
+    fn compare<T: Table>(
+        &mut self,
+        table: &T,
+        insert: Option<usize>,
+        mut evicted: u64,
+        fresh: &impl Fn() -> M,
+    ) {
+        let mut dropped = Vec::new();
+        let keys: &[u8] = match self.scope {
+            Scope::Nothing => &[],
+            Scope::Key(ref k) => core::slice::from_ref(k),
+            Scope::Class(c) => &self.classes.members[c],
+            Scope::All => &self.classes.members.concat(),
+        };
+        for &key in keys {
+            let Some(m) = self.models.get(&key) else {
+                continue;
+            };
+            if self.untracked.contains(&key) {
                 continue;
             }
-            // Compared now and at the earliest instant a later operation can be judged
-            // at (the latest removal): a live key evicted in this operation may read as
-            // idle now and still differ for a later reading earlier than now.
-            let (got, want) = [at, removed_at]
+            // Costs 0 (what is left) and 1 (where an admission would count).
+            let probes = [self.now, self.classes.floor(key)]
                 .into_iter()
-                .map(|t| (keyed.peek_at(&key, t, 0), m.peek_at(t, 0), t))
-                .find(|(g, w, _)| g != w)
-                .map_or_else(
-                    || (keyed.peek_at(&key, at, 0), m.peek_at(at, 0)),
-                    |(g, w, t)| {
-                        assert_eq!(
-                            g,
-                            fresh().peek_at(t, 0),
-                            "key {key} was not dropped cleanly"
-                        );
-                        (g, w)
-                    },
-                );
-            let got: Decision = got;
-            if got != want {
-                // Only a live eviction in this operation may explain a difference,
-                // and the evicted key must then read as fresh.
+                .flat_map(|t| [(t, 0), (t, 1)]);
+            let Some((t, cost, got, want)) = probes
+                .clone()
+                .map(|(t, cost)| (t, cost, table.peek(key, t, cost), m.peek_at(t, cost)))
+                .find(|&(t, _, g, w)| g != w && !m.dead_refusal(t, &g, &w))
+            else {
+                continue;
+            };
+            assert!(
+                evicted > 0 && insert == Some(self.classes.of[&key]),
+                "key {key} at {t:?}, cost {cost}: table {got:?} vs model {want:?}"
+            );
+            let new = fresh();
+            for (t, cost) in probes {
+                let (got, want) = (table.peek(key, t, cost), new.peek_at(t, cost));
                 assert!(
-                    evicted_now > 0,
-                    "key {key}: table {got:?} vs model {want:?}"
+                    got == want || new.dead_refusal(t, &got, &want),
+                    "key {key} was not dropped cleanly: {got:?} vs fresh {want:?}"
                 );
-                evicted_now -= 1;
-                forget.push(key);
+            }
+            if let Some((inserted, judged)) = self.sampled_all {
+                self.ranked(key, inserted, judged, fresh);
+            }
+            evicted -= 1;
+            dropped.push(key);
+        }
+        for key in dropped {
+            // Its receipts are void: the eviction is a known removal in its class.
+            self.models.remove(&key);
+            if let Some(o) = self.oracles.get_mut(&key) {
+                o.forget();
             }
         }
-        for key in forget {
-            model.remove(&key);
-            // The evicted key's outstanding receipts refund nothing in the table now;
-            // the model's are void too.
-            for r in receipts.iter_mut().filter(|r| r.0 == key) {
-                r.2 = None;
+        if evicted > 0 {
+            // An eviction no tracked key shows: any untracked key of the class may be
+            // the one, and then its admissions no longer count and its window is lost.
+            for (key, o) in self.oracles.iter_mut() {
+                if self.untracked.contains(key) && insert == Some(self.classes.of[key]) {
+                    o.forget();
+                    o.contract = false;
+                }
             }
         }
     }

@@ -67,7 +67,10 @@
 //!   tolerance, `t₀` the life's first admission (the TAT starts at `t₀`, grows by
 //!   `cost·T` per admission and never passes `t + τ`);
 //! * the fixed window: no window holds more than `L` units;
-//! * the sliding window counter: `⌊prev·(P − e)/P⌋ + cur ≤ L` after each admission.
+//! * the sliding window counter: `⌊prev·(P − e)/P⌋ + cur ≤ L` after each admission;
+//! * both windows: an admission counts in its judged instant's window or, behind the
+//!   state's, in the state's — never behind the latest (`common/bounds.rs`, shared with
+//!   `refunds` and `keyed`).
 //!
 //! So over a run a key admits at most one burst (or window) of each plan per life,
 //! plus what the rate allows: a move back into a plan where the key already lives
@@ -86,9 +89,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-#[path = "shared/held.rs"]
-mod held;
-use held::Grant;
+#[path = "common/bounds.rs"]
+mod bounds;
+use bounds::{Grant, Kind, Oracle};
 
 /// Keys `0..KEYS`; each table holds 1–6 of them.
 const KEYS: u8 = 6;
@@ -257,14 +260,6 @@ impl Algorithm for SwitchGcra {
     }
 }
 
-/// The bound an algorithm's admissions are held to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Gcra,
-    Fixed,
-    Sliding,
-}
-
 /// What the target needs of an algorithm: its plans' algorithm, the model's, and how
 /// a policy change reaches each.
 trait Flavor {
@@ -373,69 +368,74 @@ fn reading(now: Nanos, back_ms: u8) -> Nanos {
     Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
 }
 
-/// A (plan, key)'s admissions since its life started (see the module docs), held in
-/// units at their window's index (windows) or in ns of schedule, `cost·T`, at the
-/// instant they were judged at (GCRA).
-#[derive(Default)]
-struct Life {
-    /// GCRA: the judged instant of the life's first admission.
-    start: Option<u64>,
-    held: Vec<Grant>,
+/// A (plan, key)'s admissions since its life started (see the module docs).
+enum Life {
+    /// GCRA: the judged instant of the life's first admission, the admissions held,
+    /// in ns of schedule (`cost·T`) at the instant each was judged at, and the next
+    /// grant's id.
+    Gcra {
+        start: Option<u64>,
+        held: Vec<Grant>,
+        next: u64,
+    },
+    /// The windows: the admissions held, at their window, and their bound (with where
+    /// each must count: never behind the latest).
+    Window(Oracle),
 }
 
 impl Life {
+    /// A life under `policy` (a window's ends with the policy).
+    fn new(kind: Kind, policy: Policy) -> Life {
+        match kind {
+            Kind::Gcra => Life::Gcra {
+                start: None,
+                held: Vec::new(),
+                next: 0,
+            },
+            _ => Life::Window(Oracle::new(kind, policy)),
+        }
+    }
+
     /// Records admission `id` of `cost` judged at `t` under `policy`, decided `d`,
     /// and asserts the bound; returns the grant's id if it took anything.
-    fn admit(
-        &mut self,
-        kind: Kind,
-        policy: Policy,
-        t: u64,
-        d: &Decision,
-        cost: u32,
-        id: u64,
-    ) -> Option<u64> {
-        if !d.is_allowed() || cost == 0 {
-            return None;
-        }
-        let (p, limit) = (policy.period_nanos(), policy.limit());
-        let start = *self.start.get_or_insert(t);
-        match kind {
-            Kind::Gcra => {
+    fn admit(&mut self, policy: Policy, t: u64, d: &Decision, cost: u32) -> Option<u64> {
+        match self {
+            Life::Window(oracle) => oracle.admit(t, None, d, cost),
+            Life::Gcra { start, held, next } => {
+                if !d.is_allowed() || cost == 0 {
+                    return None;
+                }
+                let start = *start.get_or_insert(t);
                 let interval = policy.interval_nanos();
-                self.held.push(Grant {
+                let id = *next;
+                *next += 1;
+                held.push(Grant {
                     id,
                     at: t,
                     cost: u64::from(cost) * interval,
                 });
-                let used: u128 = self.held.iter().map(|g| u128::from(g.cost)).sum();
+                let used: u128 = held.iter().map(|g| u128::from(g.cost)).sum();
                 let tau = i128::from(policy.burst()) * i128::from(interval);
                 let room = i128::from(t) + tau - i128::from(start);
                 assert!(
                     i128::try_from(used).is_ok_and(|used| used <= room),
                     "GCRA life: {used} ns of schedule held > t {t} + τ {tau} − t₀ {start} under {policy:?}"
                 );
-            }
-            Kind::Fixed => {
-                let at = held::fixed_window_of(t, d, p);
-                self.push(id, at, cost);
-                held::assert_fixed(&self.held, at, limit);
-            }
-            Kind::Sliding => {
-                let (at, e) = held::sliding_window_of(t, d, p);
-                self.push(id, at, cost);
-                held::assert_sliding(&self.held, at, e, p, limit);
+                Some(id)
             }
         }
-        Some(id)
     }
 
-    fn push(&mut self, id: u64, at: u64, cost: u32) {
-        self.held.push(Grant {
-            id,
-            at,
-            cost: u64::from(cost),
-        });
+    /// Drops grant `id` (its refund succeeded); whether it was held.
+    fn release(&mut self, id: u64) -> bool {
+        match self {
+            Life::Window(oracle) => oracle.release(id),
+            Life::Gcra { held, .. } => {
+                let before = held.len();
+                held.retain(|g| g.id != id);
+                held.len() < before
+            }
+        }
     }
 }
 
@@ -527,7 +527,7 @@ where
     let new_pair = |policy: Policy| Pair {
         model: fresh(policy),
         tracked: true,
-        life: Life::default(),
+        life: Life::new(F::KIND, policy),
     };
     let mut pairs: Vec<Vec<Pair<F::M>>> = policies
         .iter()
@@ -536,7 +536,6 @@ where
     let mut receipts: Vec<Held> = Vec::new();
     // Each table's latest removal instant.
     let mut removed_at = vec![Nanos::ZERO; n];
-    let mut next_id = 0u64;
 
     let mut last = 0;
     let ops = ops
@@ -593,10 +592,7 @@ where
                 }
                 // What is left never passes the plan's limit (GCRA: its burst).
                 assert!(got.remaining() <= got.limit(), "{op:?}: {got:?}");
-                let grant = pair
-                    .life
-                    .admit(F::KIND, policies[p], t.as_u64(), &got, c, next_id);
-                next_id += 1;
+                let grant = pair.life.admit(policies[p], t.as_u64(), &got, c);
                 if let Some((table, theirs)) = receipts_of {
                     receipts.push(Held {
                         plan: p,
@@ -631,7 +627,7 @@ where
                             let pair = &mut pairs[p][usize::from(on)];
                             if back {
                                 assert!(
-                                    held::release(&mut pair.life.held, grant),
+                                    pair.life.release(grant),
                                     "a refund gave back a charge its pair no longer holds"
                                 );
                             }
@@ -669,9 +665,13 @@ where
                 assert!(removed || !live, "key {k} had state and no entry to remove");
                 touched.fill(true);
                 for p in 0..n {
-                    drop_pair(&mut pairs[p][usize::from(k)], &mut receipts, p, k, || {
-                        fresh(policies[p])
-                    });
+                    drop_pair(
+                        &mut pairs[p][usize::from(k)],
+                        &mut receipts,
+                        p,
+                        k,
+                        new_pair(policies[p]),
+                    );
                 }
             }
             Op::SetPolicy {
@@ -715,7 +715,7 @@ where
                                 F::change(&mut pair.model, policy);
                                 if F::KIND != Kind::Gcra {
                                     // A window change may forgive (see the module docs).
-                                    pair.life = Life::default();
+                                    pair.life = Life::new(F::KIND, policy);
                                 }
                             }
                         }
@@ -792,7 +792,7 @@ where
                     reads_fresh()
                 };
                 if dropped {
-                    drop_pair(pair, &mut receipts, p, k, || fresh(policies[p]));
+                    drop_pair(pair, &mut receipts, p, k, new_pair(policies[p]));
                 }
                 routes[usize::from(k)].store(route, Ordering::Relaxed);
             }
@@ -838,20 +838,17 @@ fn refund_never_looser<R, S, A, M>(
     );
 }
 
-/// Starts pair (`plan`, `key`) over: a fresh model, compared exactly, a new life; its
-/// outstanding model receipts are void (the table's are, by the removal).
+/// Starts pair (`plan`, `key`) over as `fresh` (a fresh model, compared exactly, a
+/// new life); its outstanding model receipts are void (the table's are, by the
+/// removal).
 fn drop_pair<M: Algorithm>(
     pair: &mut Pair<M>,
     receipts: &mut [Held],
     plan: usize,
     key: u8,
-    fresh: impl FnOnce() -> RateLimiter<M, ManualClock>,
+    fresh: Pair<M>,
 ) {
-    *pair = Pair {
-        model: fresh(),
-        tracked: true,
-        life: Life::default(),
-    };
+    *pair = fresh;
     for h in receipts
         .iter_mut()
         .filter(|h| h.plan == plan && h.key == key)

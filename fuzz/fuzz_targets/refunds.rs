@@ -38,12 +38,12 @@ use floodgate::{
     Receipt, Reservation, Shaper, SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
+
+#[path = "common/bounds.rs"]
+mod bounds;
+use bounds::{Kind, Oracle};
 use std::cell::RefCell;
 use std::time::Duration;
-
-#[path = "shared/held.rs"]
-mod held;
-use held::Grant;
 
 /// At most this many operations per input (the checks are quadratic in the worst case).
 const MAX_OPS: usize = 256;
@@ -102,136 +102,6 @@ struct Input {
     pair: u8,
     start: u32,
     ops: Vec<Op>,
-}
-
-/// The bound an algorithm is held to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Gcra,
-    Fixed,
-    Sliding,
-    Log,
-}
-
-/// One limit's held admissions and the bound they must meet.
-struct Oracle {
-    kind: Kind,
-    /// GCRA: the policy the held admissions must conform to (the most generous one a
-    /// `LiveGcra` has had).
-    policy: Policy,
-    limit: u64,
-    period: u64,
-    /// Windows: the latest window any admission counted in; the log: the latest
-    /// instant any admission was logged at (refunded or not: states never go back).
-    latest: Option<u64>,
-    /// The admissions held, in units, at: GCRA, the instant each was judged at (a
-    /// booking: its slot); fixed window and sliding counter, its window's index;
-    /// sliding log, the instant it is logged at.
-    held: Vec<Grant>,
-    next: u64,
-}
-
-impl Oracle {
-    fn new(kind: Kind, policy: Policy) -> Oracle {
-        Oracle {
-            kind,
-            policy,
-            limit: policy.limit(),
-            period: policy.period_nanos(),
-            latest: None,
-            held: Vec::new(),
-            next: 0,
-        }
-    }
-
-    /// Records an admission of `cost` judged at `judged` (a booking: ready at `slot`)
-    /// with decision `d`, asserts the bound, and returns the grant's id (`None` when
-    /// it took nothing).
-    fn admit(&mut self, judged: u64, slot: Option<u64>, d: &Decision, cost: u32) -> Option<u64> {
-        if !d.is_allowed() || cost == 0 {
-            return None;
-        }
-        let p = self.period;
-        let end = judged + d.reset_after_nanos();
-        let (at, elapsed, want) = match self.kind {
-            Kind::Gcra => (slot.unwrap_or(judged), 0, None),
-            Kind::Fixed => {
-                let w = held::fixed_window_of(judged, d, p);
-                (w, 0, Some((judged / p).max(self.latest.unwrap_or(0))))
-            }
-            Kind::Sliding => {
-                let (w, e) = held::sliding_window_of(judged, d, p);
-                (w, e, Some((judged / p).max(self.latest.unwrap_or(0))))
-            }
-            Kind::Log => {
-                let t = end.saturating_sub(p);
-                (t, 0, Some(judged.max(self.latest.unwrap_or(0))))
-            }
-        };
-        let id = self.next;
-        self.next += 1;
-        self.held.push(Grant {
-            id,
-            at,
-            cost: u64::from(cost),
-        });
-        self.check(at, elapsed);
-        if let Some(want) = want {
-            assert_eq!(
-                at, want,
-                "{:?}: admission judged at {judged} counted at {at}, not {want}: {d:?}",
-                self.kind
-            );
-            self.latest = Some(want);
-        }
-        Some(id)
-    }
-
-    /// The bound over the held admissions, after an admission that counts at `at`.
-    fn check(&self, at: u64, elapsed: u64) {
-        let (l, p) = (self.limit, self.period);
-        match self.kind {
-            Kind::Gcra => {
-                let mut grants: Vec<(u64, u64)> =
-                    self.held.iter().map(|g| (g.at, g.cost)).collect();
-                grants.sort_unstable();
-                let fresh = RateLimiter::gcra_with_clock(self.policy, ManualClock::new());
-                for &(t, cost) in &grants {
-                    assert!(
-                        fresh.check_n_at(Nanos::new(t), cost as u32).is_allowed(),
-                        "{cost} at {t} ns passes {:?}: held {grants:?}",
-                        self.policy
-                    );
-                }
-            }
-            Kind::Fixed => held::assert_fixed(&self.held, at, l),
-            Kind::Sliding => held::assert_sliding(&self.held, at, elapsed, p, l),
-            Kind::Log => {
-                let mut units: Vec<(u64, u64)> = self.held.iter().map(|g| (g.at, g.cost)).collect();
-                units.sort_unstable();
-                let (mut from, mut sum) = (0, 0);
-                for (i, &(t, cost)) in units.iter().enumerate() {
-                    sum += cost;
-                    while t - units[from].0 >= p {
-                        sum -= units[from].1;
-                        from += 1;
-                    }
-                    if units.get(i + 1).is_some_and(|&(next, _)| next == t) {
-                        continue;
-                    }
-                    assert!(
-                        sum <= l,
-                        "{sum} units within P = {p} ns before {t} ns: {units:?}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// Drops grant `id` (its refund succeeded); whether it was held.
-    fn release(&mut self, id: u64) -> bool {
-        held::release(&mut self.held, id)
-    }
 }
 
 /// What gives a grant back.

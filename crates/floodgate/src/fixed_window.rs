@@ -245,14 +245,16 @@ impl Algorithm for FixedWindow {
         (decision, next)
     }
 
+    /// An empty count is idle only in `now`'s own window (or an older one): a state
+    /// a refund emptied in a window *after* `now`'s still holds that window, where a
+    /// later reading behind it is counted (forgetting it would count that reading in
+    /// its own, older window, whose count the state no longer knows: the keyed
+    /// tables reclaim at an insert's reading, which may be behind a key's window).
     #[inline]
     fn is_idle(&self, state: FixedWindowState, now: Nanos) -> bool {
-        // An empty count in a stored window ahead of `now`'s (a refund emptied it) is
-        // not fresh: a reading behind it counts there, and a table that forgot it would
-        // count that reading afresh in its own, older window, beyond what that window
-        // already holds. Idle only where `now` counts in its own window.
-        let (window, count, _) = self.view(state, now.as_u64());
-        count == 0 && window == self.shape.reciprocal.split(now.as_u64()).0
+        let now = now.as_u64();
+        let (window, count, _) = self.view(state, now);
+        count == 0 && window == self.shape.reciprocal.div(now)
     }
 
     /// Gives back `min(cost, count)` units while the state still holds the window the

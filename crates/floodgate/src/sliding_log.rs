@@ -150,8 +150,13 @@ impl Ring {
     }
 
     /// Whether no logged unit counts at `now`, so that dropping the log loses nothing.
+    /// Not while the latest instant logged at is after `now` (a refund removed its
+    /// entry): a reading behind it is judged there, and a fresh log would judge it at
+    /// its own instant, missing the units dropped at the later one that still count
+    /// there (the keyed log reclaims at an insert's reading, which may be behind a
+    /// key's latest instant).
     pub(crate) fn is_idle(&self, bounds: Bounds, now: u64) -> bool {
-        self.live_units(bounds, now) == 0
+        self.logged <= now && self.live_units(bounds, now) == 0
     }
 
     /// Entries held now.

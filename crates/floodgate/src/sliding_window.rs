@@ -383,13 +383,14 @@ impl Algorithm for SlidingWindow {
         }
     }
 
+    /// Empty counters are idle only when judged at `now` itself: a state whose window
+    /// is after `now`'s (a refund emptied it) judges a reading behind it at the start of
+    /// that window (`lag > 0`), so forgetting it would move such a reading back to
+    /// its own, older window (the keyed tables reclaim at an insert's reading, which
+    /// may be behind a key's window).
     #[inline]
     fn is_idle(&self, state: SlidingWindowState, now: Nanos) -> bool {
         let v = self.view(state, now.as_u64());
-        // Empty counters in a stored window ahead of `now`'s (a refund emptied `cur`)
-        // are not fresh: a reading behind them is judged there (`lag > 0`), and a table
-        // that forgot them would judge it in its own, older window, where the window
-        // before still weighs.
         v.prev == 0 && v.cur == 0 && v.lag == 0
     }
 

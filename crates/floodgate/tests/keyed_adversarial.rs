@@ -150,6 +150,23 @@ impl Clock for Rewindable {
     }
 }
 
+/// GCRA 1/s with burst `b` on a one-shard table over `clock`.
+fn one_key_table<C: Clock, St>(b: u32, clock: C) -> KeyedLimiter<u64, Gcra, C, St>
+where
+    St: Storage<u64, floodgate::GcraState>,
+{
+    let policy = Policy::per_second(1)
+        .unwrap()
+        .with_burst(u64::from(b))
+        .unwrap();
+    KeyedBuilder::new(Gcra::new(policy))
+        .capacity(64)
+        .shards(1)
+        .clock(clock)
+        .build_in()
+        .unwrap()
+}
+
 /// GCRA 1/s with burst `b`. A charge at 10 s; an admission at `later` (a later
 /// reading); then the refund of the first charge judged at 10 s; then more checks at
 /// `later`. Returns how many were admitted at `later` and whether the refund gave
@@ -159,17 +176,7 @@ where
     St: Storage<u64, floodgate::GcraState>,
 {
     let clock = Rewindable::default();
-    let keyed: KeyedLimiter<u64, Gcra, Rewindable, St> = KeyedBuilder::new(Gcra::new(
-        Policy::per_second(1)
-            .unwrap()
-            .with_burst(u64::from(b))
-            .unwrap(),
-    ))
-    .capacity(64)
-    .shards(1)
-    .clock(clock.clone())
-    .build_in()
-    .unwrap();
+    let keyed = one_key_table::<_, St>(b, clock.clone());
     clock.set(10 * S);
     let (a, receipt) = keyed.charge(&7, 1);
     assert!(a.is_allowed());
@@ -191,17 +198,7 @@ where
     St: Storage<u64, floodgate::GcraState>,
 {
     let clock = ManualClock::starting_at(Nanos::from_secs(10));
-    let keyed: KeyedLimiter<u64, Gcra, ManualClock, St> = KeyedBuilder::new(Gcra::new(
-        Policy::per_second(1)
-            .unwrap()
-            .with_burst(u64::from(b))
-            .unwrap(),
-    ))
-    .capacity(64)
-    .shards(1)
-    .clock(clock.clone())
-    .build_in()
-    .unwrap();
+    let keyed = one_key_table::<_, St>(b, clock);
     let (a, receipt) = keyed.charge(&7, 1); // at 10 s
     assert!(a.is_allowed());
     let later = Nanos::new(later);
