@@ -70,7 +70,8 @@
 //! * the sliding window counter: `⌊prev·(P − e)/P⌋ + cur ≤ L` after each admission;
 //! * both windows: an admission counts in its judged instant's window or, behind the
 //!   state's, in the state's — never behind the latest (`common/bounds.rs`, shared with
-//!   `refunds` and `keyed`).
+//!   `refunds` and `keyed`); not checked in a life a policy change started (the count
+//!   carried over keeps a window that life never saw).
 //!
 //! So over a run a key admits at most one burst (or window) of each plan per life,
 //! plus what the rate allows: a move back into a plan where the key already lives
@@ -715,7 +716,12 @@ where
                                 F::change(&mut pair.model, policy);
                                 if F::KIND != Kind::Gcra {
                                     // A window change may forgive (see the module docs).
-                                    pair.life = Life::new(F::KIND, policy);
+                                    let mut oracle = Oracle::new(F::KIND, policy);
+                                    // A count carried over keeps its window, which
+                                    // the new life never saw: where an admission
+                                    // counts is no longer checked in it.
+                                    oracle.contract = false;
+                                    pair.life = Life::Window(oracle);
                                 }
                             }
                         }
