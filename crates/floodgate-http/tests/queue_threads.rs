@@ -44,6 +44,20 @@ struct Recorder {
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
+impl Recorder {
+    fn new(clock: DefaultClock) -> Recorder {
+        Recorder {
+            clock,
+            seen: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Every call recorded so far.
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
 impl Service<Request<()>> for Recorder {
     type Response = Response<String>;
     type Error = Infallible;
@@ -187,7 +201,7 @@ async fn keyed_queues_never_pass_a_keys_policy_with_clients_leaving_mid_queue() 
         );
         let clock = *limiter.clock();
         let max_delay = Duration::from_millis(40);
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .queue_per_key(KeyedQueueRule::shared(
                 "per-key",
@@ -196,10 +210,7 @@ async fn keyed_queues_never_pass_a_keys_policy_with_clients_leaving_mid_queue() 
                 max_delay,
             )?)
             .build()?;
-        let svc = layer.layer(Recorder {
-            clock,
-            seen: Arc::clone(&seen),
-        });
+        let svc = layer.layer(recorder.clone());
         let keys = ["alice", "bob", "carol"];
         let start = clock.now().as_u64();
         // 3 keys × 200 requests over ~300 ms: each key sends about 2.2× its rate, so
@@ -214,7 +225,7 @@ async fn keyed_queues_never_pass_a_keys_policy_with_clients_leaving_mid_queue() 
             |i| vec![("x-api-key", keys[i % 3].to_owned())],
         )
         .await?;
-        let seen = seen.lock().unwrap().clone();
+        let seen = recorder.seen();
         assert!(
             !out.iter().any(|o| matches!(o, Outcome::Other(_))),
             "every answer is a 200 or a 429 with Retry-After: {out:?}"
@@ -252,14 +263,11 @@ async fn one_queue_never_passes_its_policy_with_clients_leaving_mid_queue() -> T
         let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
         let clock = *shaper.clock();
         let max_delay = Duration::from_millis(30);
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .queue(QueueRule::shared("smooth", Arc::clone(&shaper), max_delay)?)
             .build()?;
-        let svc = layer.layer(Recorder {
-            clock,
-            seen: Arc::clone(&seen),
-        });
+        let svc = layer.layer(recorder.clone());
         let start = clock.now().as_u64();
         let out = storm(
             svc,
@@ -271,7 +279,7 @@ async fn one_queue_never_passes_its_policy_with_clients_leaving_mid_queue() -> T
             |i| vec![("x-api-key", format!("k{}", i % 5))],
         )
         .await?;
-        let seen = seen.lock().unwrap().clone();
+        let seen = recorder.seen();
         assert!(
             !out.iter().any(|o| matches!(o, Outcome::Other(_))),
             "{out:?}"
@@ -317,7 +325,7 @@ async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> T
         let clock = *shaper.clock();
         let bounds = [3, 2];
         let places: u64 = 5;
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .priority(PriorityRule::shared(
                 "smooth",
@@ -326,10 +334,7 @@ async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> T
                 from_fn(tier),
             )?)
             .build()?;
-        let svc = layer.layer(Recorder {
-            clock,
-            seen: Arc::clone(&seen),
-        });
+        let svc = layer.layer(recorder.clone());
         let start = clock.now().as_u64();
         let mut rng = Lcg(3);
         let tiers: Vec<usize> = (0..400).map(|_| (rng.next() % 2) as usize).collect();
@@ -353,7 +358,7 @@ async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> T
             "{out:?}"
         );
         assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
-        let seen_now = seen.lock().unwrap().clone();
+        let seen_now = recorder.seen();
         let interval = policy.interval_nanos();
         let mut times: Vec<u64> = seen_now.iter().map(|s| s.at).collect();
         assert!(times.len() > 20);
@@ -391,7 +396,7 @@ async fn a_simultaneous_crowd_gets_at_most_the_places_queued() -> TestResult {
         let policy = Policy::per_second(10)?.with_burst(1)?;
         let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
         let clock = *shaper.clock();
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .priority(PriorityRule::shared(
                 "smooth",
@@ -400,10 +405,7 @@ async fn a_simultaneous_crowd_gets_at_most_the_places_queued() -> TestResult {
                 from_fn(tier),
             )?)
             .build()?;
-        let svc = layer.layer(Recorder {
-            clock,
-            seen: Arc::clone(&seen),
-        });
+        let svc = layer.layer(recorder.clone());
         let start = clock.now();
         // 40 at once, alternating plans; nobody leaves.
         let mut tasks = Vec::new();
@@ -456,15 +458,12 @@ async fn an_earlier_rules_refunds_for_clients_leaving_the_queue_never_pass_its_p
             .build::<String>()?;
         // Then one queue for all: 400 per second, burst 1, at most 15 ms of waiting.
         let shaper = Shaper::with_clock(Policy::per_second(400)?.with_burst(1)?, clock);
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .rule(Rule::new("per-key", keyed, HeaderKey::new("x-api-key")?)?)
             .queue(QueueRule::new("smooth", shaper, Duration::from_millis(15))?)
             .build()?;
-        let svc = layer.layer(Recorder {
-            clock,
-            seen: Arc::clone(&seen),
-        });
+        let svc = layer.layer(recorder.clone());
         let keys = ["alice", "bob", "carol"];
         let start = clock.now().as_u64();
         let out = storm(
@@ -482,7 +481,7 @@ async fn an_earlier_rules_refunds_for_clients_leaving_the_queue_never_pass_its_p
             "{out:?}"
         );
         assert!(out.contains(&Outcome::Refused) && out.contains(&Outcome::Dropped));
-        let seen = seen.lock().unwrap().clone();
+        let seen = recorder.seen();
         let mut by_key: HashMap<&str, Vec<u64>> = HashMap::new();
         for s in &seen {
             by_key.entry(&s.key).or_default().push(s.at);
