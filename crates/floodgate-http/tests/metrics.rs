@@ -1,33 +1,14 @@
 //! The per-rule counters through the `metrics` facade (feature `metrics`), read back
 //! with `metrics-util`'s debugging recorder.
 
-use std::convert::Infallible;
-use std::future::{ready, Ready};
-use std::task::{Context, Poll};
-
 use floodgate::{ManualClock, Policy, RateLimiter};
 use floodgate_http::{Global, RateLimitLayer, Rule, Strategy, METRIC_NAMES};
-use http::{Request, Response};
+use http::Request;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use tower::{Layer, Service};
-
-#[derive(Clone)]
-struct Hello;
-
-impl Service<Request<()>> for Hello {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new("ok".to_owned())))
-    }
-}
+mod common;
+use common::Hello;
 
 fn one_per_minute() -> RateLimiter<floodgate::Gcra, ManualClock> {
     RateLimiter::gcra_with_clock(Policy::per_minute(1).expect("policy"), ManualClock::new())

@@ -1,50 +1,18 @@
 //! Priority queueing (feature `queue`): one queue per tier on Tokio's paused clock,
 //! which also drives the shaper, so every slot time is exact and no test sleeps.
 
-use std::convert::Infallible;
-use std::future::{ready, Ready};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use floodgate::{Clock, Nanos, Policy, Shaper};
+use floodgate::{Policy, Shaper};
 use floodgate_http::{from_fn, KeyError, PriorityRule, RateLimitLayer, RateLimitService};
 use http::request::Parts;
-use http::{Request, Response};
+use http::Request;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, Service};
-
-/// Tokio's clock as the shaper's clock.
-#[derive(Clone, Copy)]
-struct TokioClock {
-    start: Instant,
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> Nanos {
-        Nanos::new(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-}
-
-#[derive(Clone)]
-struct Hello;
-
-impl Service<Request<()>> for Hello {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::{Hello, TestResult, TokioClock};
 
 /// The tier from `x-tier` (0 = free, 1 = pro).
 fn tier(parts: &Parts) -> Result<usize, KeyError> {

@@ -1,48 +1,16 @@
 //! Queueing (feature `queue`): requests wait for their slot on Tokio's paused clock,
 //! which also drives the shaper, so every wait is exact and no test sleeps for real.
 
-use std::convert::Infallible;
-use std::future::{ready, Ready};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use floodgate::{Clock, Nanos, Policy, Shaper};
+use floodgate::{Policy, Shaper};
 use floodgate_http::{HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer};
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
-
-/// Tokio's clock as the shaper's clock.
-#[derive(Clone, Copy)]
-struct TokioClock {
-    start: Instant,
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> Nanos {
-        Nanos::new(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-}
-
-#[derive(Clone)]
-struct Hello;
-
-impl Service<Request<()>> for Hello {
-    type Response = Response<String>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<String>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new("ok".to_owned())))
-    }
-}
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+mod common;
+use common::{Hello, TestResult, TokioClock};
 
 /// Sends every request at once (each on its own task) and returns, in order, each
 /// response's status, when it came (since `start`) and its `Retry-After`.
