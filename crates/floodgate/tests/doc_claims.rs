@@ -1,0 +1,408 @@
+//! The docs' guarantees about a [`Decision`], each attacked directly on every limiter
+//! (direct, keyed, the log, the shaper as a limit, composites).
+//!
+//! The property tests elsewhere hold each engine to an exact model; a model written
+//! from the same formulas can share a slip with the code. These tests check what the
+//! docs promise a *caller* — the numbers mean what they say — without any model:
+//!
+//! * `Decision` (decision.rs): `remaining` is the whole units that could still be
+//!   admitted now, in `[0, limit]`; `limit` is GCRA's burst or the window's `L`;
+//!   `retry_after` is zero when allowed, `None` exactly when the cost exceeds the
+//!   capacity, and otherwise "the earliest wait after which the same request would
+//!   be admitted if nothing else happened"; `reset_after` is "until the limiter is
+//!   back to its fresh state with no more traffic", and `reset_after_secs` is "never
+//!   0 while anything is counted".
+//! * `check_n` (limiter.rs, sliding_log.rs): cost 0 "is always allowed and writes
+//!   nothing"; `peek` is "exactly what `check_n` would return now".
+//! * `SlidingLog` (sliding_log.rs, "Memory"): "after every admission the ring holds
+//!   at most the `L` units still counting — at most `L` entries".
+//! * `check_all` (composite.rs): a denial charges nothing and is "the most
+//!   restrictive decision: a denial with the longest `retry_after` ("never" longest
+//!   of all)"; if all admit, "the admission with the least `remaining`".
+//! * `Shaper` (shaping.rs): a reservation's decision "`remaining` counts the units
+//!   that could still be reserved within the same `max_delay`"; `ShapeError::TooLong`
+//!   "the same reservation fits after `retry_after` if nothing else is reserved".
+//! * `Wait` (waiting.rs): a cost that can never fit "returns `WaitError::Never` at
+//!   once" ("nothing slept"), on every limiter.
+//!
+//! Every test runs on a `ManualClock` (or readings passed in): no sleeps, no timing.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use floodgate::{
+    check_all, Decision, FixedWindow, Gcra, Jitter, KeyedBuilder, Limit, ManualClock, Nanos,
+    Policy, RateLimiter, ShapeError, Shaper, SlidingLog, SlidingWindow, Wait, WaitError,
+};
+use proptest::prelude::*;
+
+/// Every claim about one decision `d`, returned by a charge of `cost` at reading `t`
+/// on `limit`, whose capacity (burst or `L`) is `cap`. Peeks only: nothing written.
+fn decision_keeps_its_promises(
+    limit: &dyn Limit,
+    t: u64,
+    cost: u32,
+    cap: u64,
+    d: Decision,
+) -> Result<(), TestCaseError> {
+    let at = |ns: u64| Nanos::new(ns);
+    let ctx = || format!("cost {cost} at {t}: {d:?}");
+    // `limit`: the capacity.
+    prop_assert_eq!(d.limit(), cap, "limit: {}", ctx());
+    // `remaining` in [0, limit].
+    prop_assert!(d.remaining() <= cap, "remaining over the limit: {}", ctx());
+    // Zero when allowed.
+    if d.is_allowed() {
+        prop_assert_eq!(d.retry_after(), Some(Duration::ZERO), "{}", ctx());
+        prop_assert!(u64::from(cost) <= cap, "admitted over the capacity: {}", ctx());
+    }
+    // `None` ("never") exactly when the cost exceeds the capacity.
+    if u64::from(cost) > cap {
+        prop_assert!(!d.is_allowed(), "{}", ctx());
+        prop_assert_eq!(d.retry_after(), None, "{}", ctx());
+        prop_assert_eq!(d.retry_after_secs(), None, "{}", ctx());
+    } else {
+        prop_assert!(d.retry_after().is_some(), "never for a cost that fits: {}", ctx());
+    }
+    // `remaining`: whole units that could still be admitted now — `remaining` fit,
+    // one more does not.
+    let rem = u32::try_from(d.remaining()).expect("small limits");
+    let fits = limit.peek_at(at(t), rem);
+    prop_assert!(fits.is_allowed(), "remaining {} does not fit: {} / {:?}", rem, ctx(), fits);
+    let over = limit.peek_at(at(t), rem + 1);
+    prop_assert!(!over.is_allowed(), "remaining + 1 fits too: {} / {:?}", ctx(), over);
+    // `retry_after`: the earliest wait after which the same request is admitted.
+    if let (false, Some(wait)) = (d.is_allowed(), d.retry_after_nanos()) {
+        prop_assert!(wait > 0, "a denial that says retry now: {}", ctx());
+        prop_assert!(d.retry_after_secs().is_some_and(|s| s >= 1), "{}", ctx());
+        let then = limit.peek_at(at(t + wait), cost);
+        prop_assert!(then.is_allowed(), "still denied at retry_after: {} / {:?}", ctx(), then);
+        let early = limit.peek_at(at(t + wait - 1), cost);
+        prop_assert!(!early.is_allowed(), "admitted 1 ns before retry_after: {} / {:?}", ctx(), early);
+    }
+    // `reset_after`: back to the fresh state with no more traffic; never 0 while
+    // anything is counted.
+    let fresh = limit.peek_at(at(t + d.reset_after_nanos()), 0);
+    prop_assert_eq!(fresh.remaining(), cap, "not fresh at reset_after: {} / {:?}", ctx(), fresh);
+    if d.remaining() < cap {
+        prop_assert!(d.reset_after_secs() >= 1, "reset 0 while counted: {}", ctx());
+    }
+    Ok(())
+}
+
+/// One step of a trace: how the reading moves, then a charge of `cost`.
+#[derive(Clone, Debug)]
+struct Step {
+    /// Forward by this many per-mille of the period (up to two periods)…
+    forward: u64,
+    /// …or, when set, back by this many per-mille of half a period (an earlier
+    /// reading: another thread's, another core's clock).
+    back: Option<u64>,
+    cost: u32,
+}
+
+fn steps(max_cost: u32) -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (
+            prop_oneof![4 => Just(0u64), 6 => 0u64..2_000],
+            prop::option::weighted(0.15, 0u64..1_000),
+            0..=max_cost,
+        )
+            .prop_map(|(forward, back, cost)| Step {
+                forward,
+                back,
+                cost,
+            }),
+        1..40,
+    )
+}
+
+/// Periods: a short one (the window tables' small rows), a prime, a long one.
+fn period() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(60_000u64), Just(1_000_003u64), Just(1_000_000_000u64)]
+}
+
+/// Runs `trace` on `limit`, checking every decision and the claims around it.
+fn run_trace(limit: &dyn Limit, cap: u64, p: u64, trace: &[Step]) -> Result<(), TestCaseError> {
+    let mut t = 4 * p;
+    for step in trace {
+        t += step.forward * p / 1_000;
+        if let Some(back) = step.back {
+            t -= back * (p / 2) / 1_000;
+        }
+        let before = (
+            limit.peek_at(Nanos::new(t), 0),
+            limit.peek_at(Nanos::new(t), 1),
+        );
+        let peeked = limit.peek_at(Nanos::new(t), step.cost);
+        let d = limit.check_n_at(Nanos::new(t), step.cost);
+        // `peek` is exactly what the check returns.
+        prop_assert_eq!(peeked, d, "peek vs check, cost {} at {}", step.cost, t);
+        // Cost 0 is always allowed and writes nothing.
+        if step.cost == 0 {
+            prop_assert!(d.is_allowed(), "cost 0 denied at {}: {:?}", t, d);
+        }
+        if step.cost == 0 || !d.is_allowed() {
+            let after = (
+                limit.peek_at(Nanos::new(t), 0),
+                limit.peek_at(Nanos::new(t), 1),
+            );
+            prop_assert_eq!(before, after, "a cost-0 check or a denial wrote, at {}", t);
+        }
+        decision_keeps_its_promises(limit, t, step.cost, cap, d)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// GCRA (lock-free and the mutex twin), a token bucket, and the shaper as a limit
+    /// (a plain GCRA check): the decision's numbers mean what the docs say.
+    #[test]
+    fn gcra_decisions_keep_their_promises(
+        limit in 1u64..6, burst in 1u64..7, p in period(), trace in steps(8),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap().with_burst(burst).unwrap();
+        let clock = ManualClock::new();
+        let atomic = RateLimiter::gcra_with_clock(policy, clock.clone());
+        run_trace(&atomic, burst, p, &trace)?;
+        let twin = RateLimiter::locked_with_clock(Gcra::new(policy), clock.clone());
+        run_trace(&twin, burst, p, &trace)?;
+        let shaper = Shaper::with_clock(policy, clock.clone());
+        run_trace(&shaper, burst, p, &trace)?;
+        let bucket = Gcra::token_bucket(burst, limit, Duration::from_nanos(p)).unwrap();
+        run_trace(&RateLimiter::with_clock(bucket, clock), burst, p, &trace)?;
+    }
+
+    /// The fixed window, the sliding window counter and the sliding log.
+    #[test]
+    fn window_and_log_decisions_keep_their_promises(
+        limit in 1u64..6, p in period(), trace in steps(7),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let clock = ManualClock::new();
+        let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+        run_trace(&fixed, limit, p, &trace)?;
+        let sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+        run_trace(&sliding, limit, p, &trace)?;
+        let log = SlidingLog::with_clock(policy, clock);
+        run_trace(&log, limit, p, &trace)?;
+    }
+
+    /// The same on keyed limiters (inline table, heap table, the keyed log), one key
+    /// each and a table far from full (no removal moves the judged instant).
+    #[test]
+    fn keyed_decisions_keep_their_promises(
+        limit in 1u64..6, burst in 1u64..7, p in period(), trace in steps(8),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let gcra = policy.with_burst(burst).unwrap();
+        let clock = ManualClock::new();
+        let key = 7u64;
+        let inline = KeyedBuilder::new(Gcra::new(gcra)).clock(clock.clone()).capacity(64).shards(1)
+            .build_inline::<u64>().unwrap();
+        run_trace(&inline.limit(&key), burst, p, &trace)?;
+        let heap = KeyedBuilder::new(SlidingWindow::new(policy).unwrap()).clock(clock.clone())
+            .capacity(64).shards(1).build::<u64>().unwrap();
+        run_trace(&heap.limit(&key), limit, p, &trace)?;
+        let fixed = KeyedBuilder::new(FixedWindow::new(policy).unwrap()).clock(clock.clone())
+            .capacity(64).shards(1).build_fingerprint::<u64>().unwrap();
+        run_trace(&fixed.limit(&key), limit, p, &trace)?;
+        let log = KeyedBuilder::default().clock(clock).capacity(64).shards(1)
+            .sliding_log::<u64>(policy).unwrap();
+        run_trace(&log.limit(&key), limit, p, &trace)?;
+    }
+
+    /// sliding_log.rs, "Memory": after every admission the ring holds at most `L`
+    /// entries, whatever the traffic (earlier readings and refunds included).
+    #[test]
+    fn the_log_holds_at_most_l_entries_after_every_admission(
+        limit in 1u64..8, p in period(), trace in steps(3), refund_every in 2usize..5,
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let log = SlidingLog::with_clock(policy, ManualClock::new());
+        let mut t = 4 * p;
+        for (i, step) in trace.iter().enumerate() {
+            t += step.forward * p / 1_000;
+            if let Some(back) = step.back {
+                t -= back * (p / 2) / 1_000;
+            }
+            let (d, receipt) = log.charge_at(Nanos::new(t), step.cost);
+            if i % refund_every == 0 {
+                let _ = log.refund(receipt);
+            }
+            if d.is_allowed() {
+                prop_assert!(log.entries() as u64 <= limit, "{} entries for L = {}", log.entries(), limit);
+            }
+        }
+    }
+
+    /// composite.rs: a denial charges nothing and is the denial with the longest
+    /// `retry_after` ("never" longest); an admission is the one with the least
+    /// `remaining`; and the composite's numbers keep the `Decision` promises over
+    /// all its limits together.
+    #[test]
+    fn check_all_returns_the_most_restrictive_decision(
+        limit in 1u64..5, burst in 1u64..6, p in period(), trace in steps(6),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let clock = ManualClock::new();
+        let gcra = RateLimiter::gcra_with_clock(policy.with_burst(burst).unwrap(), clock.clone());
+        let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+        let sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+        let log = SlidingLog::with_clock(policy, clock.clone());
+        let limits: [&dyn Limit; 4] = [&gcra, &fixed, &sliding, &log];
+        let mut t = 4 * p;
+        for step in &trace {
+            t += step.forward * p / 1_000; // one clock, forward only (the refund premise)
+            clock.set(Nanos::new(t));
+            let now = Nanos::new(t);
+            let peeks: Vec<Decision> = limits.iter().map(|l| l.peek_at(now, step.cost)).collect();
+            let before: Vec<(Decision, Decision)> =
+                limits.iter().map(|l| (l.peek_at(now, 0), l.peek_at(now, 1))).collect();
+            let d = check_all(&limits, step.cost);
+            prop_assert_eq!(d.is_allowed(), peeks.iter().all(Decision::is_allowed), "{:?}", peeks);
+            if d.is_allowed() {
+                let least = limits.iter().map(|l| l.peek_at(now, 0).remaining()).min();
+                prop_assert_eq!(Some(d.remaining()), least);
+            } else {
+                // Nothing charged.
+                let after: Vec<(Decision, Decision)> =
+                    limits.iter().map(|l| (l.peek_at(now, 0), l.peek_at(now, 1))).collect();
+                prop_assert_eq!(&before, &after, "a denied composite kept a charge at {}", t);
+                let longest = peeks
+                    .iter()
+                    .filter(|d| !d.is_allowed())
+                    .map(|d| d.retry_after_nanos().unwrap_or(u64::MAX))
+                    .max();
+                prop_assert_eq!(Some(d.retry_after_nanos().unwrap_or(u64::MAX)), longest);
+                // The earliest wait after which the same request passes every limit.
+                if let Some(wait) = d.retry_after_nanos() {
+                    let at = |ns| Nanos::new(ns);
+                    prop_assert!(limits.iter().all(|l| l.peek_at(at(t + wait), step.cost).is_allowed()),
+                        "a limit still denies at the composite's retry_after {}", wait);
+                    prop_assert!(limits.iter().any(|l| !l.peek_at(at(t + wait - 1), step.cost).is_allowed()),
+                        "every limit admits 1 ns before the composite's retry_after {}", wait);
+                }
+            }
+        }
+    }
+
+    /// shaping.rs: a reservation's `remaining` counts the units that could still be
+    /// reserved within the same `max_delay`; `TooLong`'s `retry_after` is when the
+    /// same reservation fits if nothing else is reserved (and not 1 ns earlier).
+    #[test]
+    fn shaper_reservations_mean_what_they_say(
+        limit in 1u64..5, burst in 1u64..5, p in period(), delay_slots in 0u64..4,
+        trace in steps(4), probe_extra in 0u32..2,
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap().with_burst(burst).unwrap();
+        let max_delay = Duration::from_nanos(delay_slots * policy.interval_nanos());
+        // Replays the trace on a fresh shaper: (the shaper, the clock, the last result).
+        let replay = || {
+            let clock = ManualClock::new();
+            let shaper = Shaper::with_clock(policy, clock.clone());
+            let mut t = 4 * p;
+            let mut last = None;
+            for step in &trace {
+                t += step.forward * p / 1_000;
+                clock.set(Nanos::new(t));
+                last = Some(shaper.reserve(step.cost.max(1), max_delay));
+            }
+            (shaper, clock, last)
+        };
+        let (shaper, clock, last) = replay();
+        match last {
+            Some(Ok(r)) => {
+                let rem = u32::try_from(r.decision().remaining()).unwrap();
+                // `rem + probe_extra` units: rem must fit, rem + 1 must not.
+                let probe = rem + probe_extra;
+                let fits = if probe == 0 { true } else { shaper.reserve(probe, max_delay).is_ok() };
+                prop_assert_eq!(fits, probe_extra == 0, "remaining {} of {:?}", rem, r);
+            }
+            Some(Err(ShapeError::TooLong { retry_after })) => {
+                let cost = trace.last().unwrap().cost.max(1);
+                let wait = u64::try_from(retry_after.as_nanos()).unwrap();
+                prop_assert!(wait > 0);
+                clock.advance(retry_after);
+                prop_assert!(shaper.reserve(cost, max_delay).is_ok(), "not at retry_after {:?}", retry_after);
+                let (shaper, clock, _) = replay();
+                clock.advance(retry_after - Duration::from_nanos(1));
+                prop_assert!(shaper.reserve(cost, max_delay).is_err(), "1 ns before retry_after {:?}", retry_after);
+            }
+            Some(Err(ShapeError::Never { .. })) => {
+                prop_assert!(u64::from(trace.last().unwrap().cost) > burst);
+            }
+            Some(Err(other)) => prop_assert!(false, "unexpected {:?}", other),
+            None => {}
+        }
+    }
+}
+
+/// waiting.rs: "A cost that can never fit (above the capacity) returns
+/// `WaitError::Never` at once" — on every limiter, blocking and async, and without a
+/// single sleep.
+#[test]
+fn a_wait_that_can_never_fit_fails_at_once_without_sleeping() {
+    let policy = Policy::per_second(3).unwrap();
+    let clock = ManualClock::new();
+    let gcra = RateLimiter::gcra_with_clock(policy, clock.clone());
+    let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+    let sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+    let log = SlidingLog::with_clock(policy, clock.clone());
+    let shaper = Shaper::with_clock(policy, clock.clone());
+    let keyed = KeyedBuilder::new(Gcra::new(policy))
+        .clock(clock.clone())
+        .capacity(8)
+        .build::<u64>()
+        .unwrap();
+    let keyed_window = KeyedBuilder::new(FixedWindow::new(policy).unwrap())
+        .clock(clock.clone())
+        .capacity(8)
+        .build_inline::<u64>()
+        .unwrap();
+    let keyed_log = KeyedBuilder::default()
+        .clock(clock.clone())
+        .capacity(8)
+        .sliding_log::<u64>(policy)
+        .unwrap();
+    let k = 1u64;
+    let limits: [&(dyn Limit + Sync); 8] = [
+        &gcra,
+        &fixed,
+        &sliding,
+        &log,
+        &shaper,
+        &keyed.limit(&k),
+        &keyed_window.limit(&k),
+        &keyed_log.limit(&k),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    for (i, limit) in limits.iter().enumerate() {
+        // Fill it first: a full limiter must not make the waiter sleep either.
+        let _ = limit.check_n(3);
+        let slept = AtomicU32::new(0);
+        let r = limit.wait_with(4, Jitter::NONE, |_| {
+            slept.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(r, Err(WaitError::Never { cost: 4 }), "limit {i}");
+        assert_eq!(slept.load(Ordering::Relaxed), 0, "limit {i} slept before saying never");
+        let r = rt.block_on(limit.until_ready_with(4, Jitter::NONE, |d: Duration| {
+            slept.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(d)
+        }));
+        assert_eq!(r, Err(WaitError::Never { cost: 4 }), "limit {i} (async)");
+        assert_eq!(slept.load(Ordering::Relaxed), 0, "limit {i} slept before saying never (async)");
+        // Nothing was charged by the attempts.
+        assert_eq!(limit.peek(0).remaining(), 0, "limit {i}");
+    }
+    assert_eq!(
+        keyed.wait_key_with(&2, 4, Jitter::NONE, |_| panic!("slept")),
+        Err(WaitError::Never { cost: 4 })
+    );
+}
