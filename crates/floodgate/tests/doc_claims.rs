@@ -54,7 +54,11 @@ fn decision_keeps_its_promises(
     // Zero when allowed.
     if d.is_allowed() {
         prop_assert_eq!(d.retry_after(), Some(Duration::ZERO), "{}", ctx());
-        prop_assert!(u64::from(cost) <= cap, "admitted over the capacity: {}", ctx());
+        prop_assert!(
+            u64::from(cost) <= cap,
+            "admitted over the capacity: {}",
+            ctx()
+        );
     }
     // `None` ("never") exactly when the cost exceeds the capacity.
     if u64::from(cost) > cap {
@@ -62,30 +66,65 @@ fn decision_keeps_its_promises(
         prop_assert_eq!(d.retry_after(), None, "{}", ctx());
         prop_assert_eq!(d.retry_after_secs(), None, "{}", ctx());
     } else {
-        prop_assert!(d.retry_after().is_some(), "never for a cost that fits: {}", ctx());
+        prop_assert!(
+            d.retry_after().is_some(),
+            "never for a cost that fits: {}",
+            ctx()
+        );
     }
     // `remaining`: whole units that could still be admitted now — `remaining` fit,
     // one more does not.
     let rem = u32::try_from(d.remaining()).expect("small limits");
     let fits = limit.peek_at(at(t), rem);
-    prop_assert!(fits.is_allowed(), "remaining {} does not fit: {} / {:?}", rem, ctx(), fits);
+    prop_assert!(
+        fits.is_allowed(),
+        "remaining {} does not fit: {} / {:?}",
+        rem,
+        ctx(),
+        fits
+    );
     let over = limit.peek_at(at(t), rem + 1);
-    prop_assert!(!over.is_allowed(), "remaining + 1 fits too: {} / {:?}", ctx(), over);
+    prop_assert!(
+        !over.is_allowed(),
+        "remaining + 1 fits too: {} / {:?}",
+        ctx(),
+        over
+    );
     // `retry_after`: the earliest wait after which the same request is admitted.
     if let (false, Some(wait)) = (d.is_allowed(), d.retry_after_nanos()) {
         prop_assert!(wait > 0, "a denial that says retry now: {}", ctx());
         prop_assert!(d.retry_after_secs().is_some_and(|s| s >= 1), "{}", ctx());
         let then = limit.peek_at(at(t + wait), cost);
-        prop_assert!(then.is_allowed(), "still denied at retry_after: {} / {:?}", ctx(), then);
+        prop_assert!(
+            then.is_allowed(),
+            "still denied at retry_after: {} / {:?}",
+            ctx(),
+            then
+        );
         let early = limit.peek_at(at(t + wait - 1), cost);
-        prop_assert!(!early.is_allowed(), "admitted 1 ns before retry_after: {} / {:?}", ctx(), early);
+        prop_assert!(
+            !early.is_allowed(),
+            "admitted 1 ns before retry_after: {} / {:?}",
+            ctx(),
+            early
+        );
     }
     // `reset_after`: back to the fresh state with no more traffic; never 0 while
     // anything is counted.
     let fresh = limit.peek_at(at(t + d.reset_after_nanos()), 0);
-    prop_assert_eq!(fresh.remaining(), cap, "not fresh at reset_after: {} / {:?}", ctx(), fresh);
+    prop_assert_eq!(
+        fresh.remaining(),
+        cap,
+        "not fresh at reset_after: {} / {:?}",
+        ctx(),
+        fresh
+    );
     if d.remaining() < cap {
-        prop_assert!(d.reset_after_secs() >= 1, "reset 0 while counted: {}", ctx());
+        prop_assert!(
+            d.reset_after_secs() >= 1,
+            "reset 0 while counted: {}",
+            ctx()
+        );
     }
     Ok(())
 }
@@ -391,13 +430,21 @@ fn a_wait_that_can_never_fit_fails_at_once_without_sleeping() {
             slept.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(r, Err(WaitError::Never { cost: 4 }), "limit {i}");
-        assert_eq!(slept.load(Ordering::Relaxed), 0, "limit {i} slept before saying never");
+        assert_eq!(
+            slept.load(Ordering::Relaxed),
+            0,
+            "limit {i} slept before saying never"
+        );
         let r = rt.block_on(limit.until_ready_with(4, Jitter::NONE, |d: Duration| {
             slept.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(d)
         }));
         assert_eq!(r, Err(WaitError::Never { cost: 4 }), "limit {i} (async)");
-        assert_eq!(slept.load(Ordering::Relaxed), 0, "limit {i} slept before saying never (async)");
+        assert_eq!(
+            slept.load(Ordering::Relaxed),
+            0,
+            "limit {i} slept before saying never (async)"
+        );
         // Nothing was charged by the attempts.
         assert_eq!(limit.peek(0).remaining(), 0, "limit {i}");
     }
