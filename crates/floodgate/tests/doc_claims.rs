@@ -453,3 +453,288 @@ fn a_wait_that_can_never_fit_fails_at_once_without_sleeping() {
         Err(WaitError::Never { cost: 4 })
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// `set_algorithm` / `SlidingLog::set_policy` change a limit at runtime ("keeping
+    /// state as `carry_over` says"): the decisions after the change keep every
+    /// `Decision` promise under the new policy — also where the carried state holds
+    /// more than the new limit (a GCRA schedule past the new burst, a window count
+    /// or a log over the new `L`).
+    #[test]
+    fn decisions_after_a_policy_change_keep_their_promises(
+        limit in 1u64..7, burst in 1u64..8, p in period(),
+        limit2 in 1u64..7, burst2 in 1u64..8, same_period in any::<bool>(),
+        first in steps(8), second in steps(8),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let p2 = if same_period { p } else { p * 2 };
+        let policy2 = Policy::new(limit2, Duration::from_nanos(p2)).unwrap();
+        let clock = ManualClock::new();
+        // `run_trace` starts at 4·P: the second half starts later than the first ends.
+        let later = |trace: &[Step]| -> Vec<Step> {
+            let mut v = vec![Step { forward: 400_000, back: None, cost: 0 }];
+            v.extend_from_slice(trace);
+            v
+        };
+        let mut gcra = RateLimiter::gcra_with_clock(policy.with_burst(burst).unwrap(), clock.clone());
+        run_trace(&gcra, burst, p, &first)?;
+        gcra.set_policy(policy2.with_burst(burst2).unwrap());
+        run_trace(&gcra, burst2, p2, &later(&second))?;
+        let mut fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+        run_trace(&fixed, limit, p, &first)?;
+        fixed.set_algorithm(FixedWindow::new(policy2).unwrap());
+        run_trace(&fixed, limit2, p2, &later(&second))?;
+        let mut sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+        run_trace(&sliding, limit, p, &first)?;
+        sliding.set_algorithm(SlidingWindow::new(policy2).unwrap());
+        run_trace(&sliding, limit2, p2, &later(&second))?;
+        let log = SlidingLog::with_clock(policy, clock);
+        run_trace(&log, limit, p, &first)?;
+        log.set_policy(policy2);
+        run_trace(&log, limit2, p2, &later(&second))?;
+    }
+}
+
+/// waiting.rs, `Wait`: "Each method returns the total time it slept (zero when
+/// admitted at once)" — jitter included, for a booking (GCRA) and for check-and-sleep
+/// (windows, the log).
+#[test]
+fn a_wait_returns_the_total_time_it_slept() {
+    let policy = Policy::per_second(2).unwrap().with_burst(1).unwrap();
+    let clock = ManualClock::new();
+    let gcra = RateLimiter::gcra_with_clock(policy, clock.clone());
+    let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+    let sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+    let log = SlidingLog::with_clock(policy, clock.clone());
+    let limits: [&dyn Limit; 4] = [&gcra, &fixed, &sliding, &log];
+    for (i, limit) in limits.iter().enumerate() {
+        for jitter in [Jitter::NONE, Jitter::up_to(Duration::from_millis(7))] {
+            for round in 0..5 {
+                let mut total = Duration::ZERO;
+                let r = limit.wait_with(1, jitter, |d| {
+                    total += d;
+                    clock.advance(d);
+                });
+                assert_eq!(r, Ok(total), "limit {i}, round {round}, {jitter:?}");
+            }
+        }
+    }
+    // Admitted at once: zero.
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(
+        gcra.wait_with(1, Jitter::NONE, |_| panic!("slept")),
+        Ok(Duration::ZERO)
+    );
+}
+
+/// keyed/mod.rs: "A denied or cost-0 request for an unknown key stores nothing, so it
+/// inserts nothing"; `peek` "writes nothing and inserts no key" — every storage and
+/// the keyed log.
+#[test]
+fn requests_that_take_nothing_insert_no_key() {
+    let policy = Policy::per_second(3).unwrap();
+    let clock = ManualClock::new();
+    let heap = KeyedBuilder::new(Gcra::new(policy))
+        .clock(clock.clone())
+        .capacity(16)
+        .build::<u64>()
+        .unwrap();
+    let inline = KeyedBuilder::new(FixedWindow::new(policy).unwrap())
+        .clock(clock.clone())
+        .capacity(16)
+        .build_inline::<u64>()
+        .unwrap();
+    let fingerprint = KeyedBuilder::new(SlidingWindow::new(policy).unwrap())
+        .clock(clock.clone())
+        .capacity(16)
+        .build_fingerprint::<u64>()
+        .unwrap();
+    let log = KeyedBuilder::default()
+        .clock(clock.clone())
+        .capacity(16)
+        .sliding_log::<u64>(policy)
+        .unwrap();
+    for k in 0..10u64 {
+        assert!(heap.peek(&k, 1).is_allowed());
+        assert!(heap.check_n(&k, 0).is_allowed());
+        assert!(!heap.check_n(&k, 4).is_allowed());
+        assert!(!heap.charge(&k, 4).1.is_charged());
+        assert!(inline.peek(&k, 1).is_allowed());
+        assert!(inline.check_n(&k, 0).is_allowed());
+        assert!(!inline.check_n(&k, 4).is_allowed());
+        assert!(fingerprint.peek(&k, 1).is_allowed());
+        assert!(fingerprint.check_n(&k, 0).is_allowed());
+        assert!(!fingerprint.check_n(&k, 4).is_allowed());
+        assert!(log.peek(&k, 1).is_allowed());
+        assert!(log.check_n(&k, 0).is_allowed());
+        assert!(!log.check_n(&k, 4).is_allowed());
+    }
+    assert_eq!(heap.metrics().live_keys, 0);
+    assert_eq!(inline.metrics().live_keys, 0);
+    assert_eq!(fingerprint.metrics().live_keys, 0);
+    assert_eq!(log.metrics().live_keys, 0);
+    assert_eq!(log.entries(), 0);
+}
+
+/// The numbers the keyed docs print: bytes per key, the shards' slack for uneven
+/// hashing, the defaults and the largest capacity, and the shard count's rounding.
+#[test]
+fn the_keyed_tables_numbers_are_the_documented_ones() {
+    let b = || KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap()));
+    // keyed/limiter.rs `memory_budget`: "≈ 21.8 bytes per key of capacity at 10^6
+    // keys over 8 shards"; keyed/mod.rs: the same for inline storage.
+    let bytes = b().capacity(1_000_000).shards(8).slot_bytes().unwrap();
+    assert!(
+        (21_750_000..21_850_000).contains(&bytes),
+        "{bytes} bytes for 10^6 keys"
+    );
+    // `max_keys`: "none with one shard; 2.2 % at 125 000 keys per shard, 23 % at 1 250".
+    let slack = |capacity: usize, shards: usize| {
+        let l = b()
+            .capacity(capacity)
+            .shards(shards)
+            .build_inline::<u64>()
+            .unwrap();
+        assert_eq!(l.shards(), shards);
+        l.max_keys() as f64 / capacity as f64 - 1.0
+    };
+    assert_eq!(slack(100_000, 1), 0.0);
+    let s = slack(1_000_000, 8);
+    assert!(
+        (0.0215..0.0225).contains(&s),
+        "slack {s} at 125 000 keys per shard"
+    );
+    let s = slack(10_000, 8);
+    assert!(
+        (0.225..0.235).contains(&s),
+        "slack {s} at 1 250 keys per shard"
+    );
+    // "sized so that `capacity` keys overflow no shard except with a chance below
+    // 2^-40 (Bernstein's bound over every shard at once)": the slack is at least the
+    // t that solves shards · exp(−t² / (2(μ + t/3))) = 2^-40, computed here in f64.
+    for shards in [2usize, 4, 8, 64, 1024] {
+        for share in [35usize, 100, 1_250, 12_500, 125_000] {
+            let capacity = share * shards;
+            let l = b()
+                .capacity(capacity)
+                .shards(shards)
+                .build_inline::<u64>()
+                .unwrap();
+            let per_shard = (l.max_keys() / shards) as f64 - share as f64;
+            let ln = (shards as f64).ln() + 40.0 * 2f64.ln();
+            let mu = share as f64;
+            let t = ln / 3.0 + (ln * ln / 9.0 + 2.0 * ln * mu).sqrt();
+            let bound = shards as f64 * (-t * t / (2.0 * (mu + t / 3.0))).exp();
+            assert!(bound <= 2f64.powi(-40) * 1.000_001);
+            assert!(
+                per_shard >= t && per_shard <= t * 1.01 + 2.0,
+                "{shards} shards of {share}: slack {per_shard}, Bernstein needs {t}"
+            );
+        }
+    }
+    // `DEFAULT_CAPACITY`: 100 000 keys, "≈ 3.8 MB for u64 keys" (slots plus one
+    // 16-byte entry per key); `DEFAULT_MEMORY_BUDGET`: 4 GiB, "enough for ≈ 200
+    // million keys of capacity" (on up to 16 shards).
+    assert_eq!(floodgate::DEFAULT_CAPACITY, 100_000);
+    let d = KeyedBuilder::new(Gcra::new(Policy::per_second(1).unwrap()))
+        .build::<u64>()
+        .unwrap();
+    let mb = (d.slot_bytes() + 16 * d.capacity()) as f64 / 1e6;
+    assert!((3.7..3.95).contains(&mb), "{mb} MB by default");
+    assert_eq!(floodgate::DEFAULT_MEMORY_BUDGET, 4 << 30);
+    for shards in [1, 8, 16] {
+        let need = b()
+            .capacity(200_000_000)
+            .shards(shards)
+            .slot_bytes()
+            .unwrap();
+        assert!(
+            need <= 4 << 30,
+            "{need} bytes for 2·10^8 keys on {shards} shards"
+        );
+    }
+    // `MAX_CAPACITY`: 2^32 keys, "its slot array alone takes ≈ 91.6 GB".
+    assert_eq!(floodgate::MAX_CAPACITY, 1 << 32);
+    let most = b().capacity(1 << 32).shards(1).slot_bytes().unwrap() as f64 / 1e9;
+    assert!((91.5..91.7).contains(&most), "{most} GB");
+    // Shards: "rounded up to a power of two and down to at most one per key of
+    // capacity (default: 4 × available_parallelism(), at most one per 64 keys)".
+    let shards = |capacity: usize, asked: Option<usize>| {
+        let builder = b().capacity(capacity);
+        let builder = match asked {
+            Some(n) => builder.shards(n),
+            None => builder,
+        };
+        builder.build_inline::<u64>().unwrap().shards()
+    };
+    assert_eq!(shards(100, Some(3)), 4);
+    assert_eq!(shards(5, Some(64)), 4);
+    assert_eq!(shards(1, Some(64)), 1);
+    assert_eq!(shards(1_000, Some(1_000)), 512);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let default = (4 * cores).next_power_of_two();
+    assert_eq!(shards(1 << 20, None), default.min(1 << 14));
+    assert_eq!(shards(128, None), 2);
+    assert_eq!(shards(127, None), 1);
+    // "Bytes of one slot, in every storage": the builder's figure is every table's.
+    let want = b().capacity(3_000).shards(4).slot_bytes().unwrap();
+    assert_eq!(
+        b().capacity(3_000)
+            .shards(4)
+            .build::<u64>()
+            .unwrap()
+            .slot_bytes(),
+        want
+    );
+    assert_eq!(
+        b().capacity(3_000)
+            .shards(4)
+            .build_inline::<u64>()
+            .unwrap()
+            .slot_bytes(),
+        want
+    );
+    let fp = b()
+        .capacity(3_000)
+        .shards(4)
+        .build_fingerprint::<String>()
+        .unwrap();
+    assert_eq!(fp.slot_bytes(), want);
+}
+
+/// clock.rs: `DefaultClock` is "quanta's TSC, anchored once to the Unix epoch" and
+/// `StdClock` is "anchored to the Unix epoch when created", so a per-minute fixed
+/// window "starts on the minute" (fixed_window.rs). Checked against `SystemTime` with
+/// a second of slack either way (an anchor off by any real amount — a boot-time
+/// origin, a wrong unit — is off by far more).
+#[test]
+fn the_default_clocks_read_unix_time() {
+    use floodgate::{Clock, DefaultClock, StdClock};
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let second = 1_000_000_000;
+    let tsc = DefaultClock::new();
+    let std_clock = StdClock::new();
+    for clock in [&tsc as &dyn Clock, &std_clock] {
+        let before = unix();
+        let now = clock.now().as_u64();
+        let after = unix();
+        assert!(
+            before - second <= now && now <= after + second,
+            "{now} not within a second of [{before}, {after}]"
+        );
+    }
+    // A per-minute window on the default clock ends on the minute.
+    let minute = RateLimiter::fixed_window(Policy::per_minute(10).unwrap()).unwrap();
+    let before = unix();
+    let d = minute.check();
+    let end = before + d.reset_after_nanos();
+    let off = (end % (60 * second)).min(60 * second - end % (60 * second));
+    assert!(off <= second, "the window ends {off} ns off the minute");
+}
