@@ -738,3 +738,69 @@ fn the_default_clocks_read_unix_time() {
     let off = (end % (60 * second)).min(60 * second - end % (60 * second));
     assert!(off <= second, "the window ends {off} ns off the minute");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// keyed/mod.rs: after a removal in the shard at instant `R`, "every decision in
+    /// the shard is made at `max(reading, R)`", "answered exactly as an unbounded map
+    /// of un-keyed limiters would answer at that instant". So a decision read before
+    /// `R` keeps every `Decision` promise counted from `R` (not from its reading: the
+    /// clock has passed `R` already; keyed/mod.rs says so since this test). Every
+    /// storage and the keyed log, one shard; the removals are of another key, at a
+    /// clock set ahead of the readings.
+    #[test]
+    fn keyed_decisions_read_before_a_removal_keep_their_promises(
+        limit in 1u64..6, burst in 1u64..7, p in period(), trace in steps(8),
+        removals in prop::collection::vec(prop::option::weighted(0.3, 1u64..1_000), 40),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
+        let gcra = policy.with_burst(burst).unwrap();
+        let clock = ManualClock::new();
+        let inline = KeyedBuilder::new(Gcra::new(gcra)).clock(clock.clone()).capacity(64).shards(1)
+            .build_inline::<u64>().unwrap();
+        let heap = KeyedBuilder::new(SlidingWindow::new(policy).unwrap()).clock(clock.clone())
+            .capacity(64).shards(1).build::<u64>().unwrap();
+        let fixed = KeyedBuilder::new(FixedWindow::new(policy).unwrap()).clock(clock.clone())
+            .capacity(64).shards(1).build_fingerprint::<u64>().unwrap();
+        let log = KeyedBuilder::default().clock(clock.clone()).capacity(64).shards(1)
+            .sliding_log::<u64>(policy).unwrap();
+        let (key, other) = (7u64, 99u64);
+        let mut t = 4 * p;
+        let mut removed_at = 0u64;
+        for (step, removal) in trace.iter().zip(&removals) {
+            t += step.forward * p / 1_000;
+            if let Some(back) = step.back {
+                t -= back * (p / 2) / 1_000;
+            }
+            if let Some(ahead) = removal {
+                // A removal at R = t + ahead·P/1000, in the key's shard.
+                let r = t + ahead * p / 1_000;
+                if floodgate::Clock::now(&clock).as_u64() < r {
+                    clock.set(Nanos::new(r));
+                }
+                let _ = inline.check(&other);
+                let _ = inline.remove(&other);
+                let _ = heap.check(&other);
+                let _ = heap.remove(&other);
+                let _ = fixed.check(&other);
+                let _ = fixed.remove(&other);
+                let _ = log.check(&other);
+                let _ = log.remove(&other);
+                removed_at = removed_at.max(floodgate::Clock::now(&clock).as_u64());
+            }
+            let judged = t.max(removed_at);
+            for (limit, cap) in [
+                (&inline.limit(&key) as &dyn Limit, burst),
+                (&heap.limit(&key), limit),
+                (&fixed.limit(&key), limit),
+                (&log.limit(&key), limit),
+            ] {
+                let peeked = limit.peek_at(Nanos::new(t), step.cost);
+                let d = limit.check_n_at(Nanos::new(t), step.cost);
+                prop_assert_eq!(peeked, d);
+                decision_keeps_its_promises(limit, judged, step.cost, cap, d)?;
+            }
+        }
+    }
+}

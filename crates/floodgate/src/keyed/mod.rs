@@ -67,7 +67,10 @@
 //!   preempted between its clock read and its check, a core whose TSC reads early,
 //!   `check_n_at` with an older time) is answered exactly as an unbounded map of
 //!   un-keyed limiters would answer at that instant, never from a fresh state at an
-//!   earlier one. A denied or cost-0
+//!   earlier one; its `reset_after` and `retry_after` count from that instant too
+//!   (the clock has passed it), not from the earlier reading — unlike an un-keyed
+//!   limiter's reading behind its own state, whose waits count from the reading.
+//!   A denied or cost-0
 //!   request for an unknown key stores nothing, so it inserts nothing.
 //! * **Eviction when full**: if the shard is full of live keys, the one whose loss
 //!   forgives least of a sample of 8 is evicted and counted
