@@ -804,3 +804,202 @@ proptest! {
         }
     }
 }
+
+/// lib.rs / README: "No input panics: policies are validated once, and the
+/// arithmetic after that is bounded or saturating." Every public operation of every
+/// limiter at the edges of its inputs — readings at 0 and the top of `u64` (in both
+/// orders), costs up to `u32::MAX`, delays up to `Duration::MAX`, the largest and
+/// smallest policies — and each decision still keeps its basic promises (the limit,
+/// `remaining ≤ limit`, "never" exactly for a cost over the capacity, never looser at
+/// the end of time). Meant for a debug build (overflow checks on):
+/// `cargo test -p floodgate --test doc_claims no_input_panics`.
+#[test]
+fn no_input_panics_at_the_edges() {
+    let max_span = floodgate::MAX_SPAN_NANOS;
+    let policies = [
+        Policy::new(1, Duration::from_nanos(1)).unwrap(),
+        Policy::per_second(1_000_000_000).unwrap(),
+        Policy::per_second(3).unwrap(),
+        // L·T = 2^62 exactly, and a burst of 2^62 at T = 1 ns.
+        Policy::new(1, Duration::from_nanos(max_span)).unwrap(),
+        Policy::new(1 << 20, Duration::from_nanos(max_span)).unwrap(),
+        Policy::new(2, Duration::from_nanos(2))
+            .unwrap()
+            .with_burst(max_span)
+            .unwrap(),
+        // The sliding counter's largest limit, at its shortest period.
+        Policy::new((1 << 30) - 2, Duration::from_secs(365 * 86_400 / 8)).unwrap(),
+    ];
+    let readings = [
+        0,
+        1,
+        999,
+        u64::MAX / 2,
+        u64::MAX - max_span,
+        u64::MAX - 1,
+        u64::MAX,
+        0,
+        u64::MAX,
+        7,
+    ];
+    let costs = [0u32, 1, 2, 3, u32::MAX / 2, u32::MAX];
+    let delays = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_secs(1),
+        Duration::MAX,
+    ];
+    let basic = |d: Decision, cost: u32, cap: u64| {
+        assert_eq!(d.limit(), cap);
+        assert!(d.remaining() <= cap);
+        if u64::from(cost) > cap {
+            assert!(!d.is_allowed() && d.retry_after().is_none(), "{d:?}");
+        }
+        if d.is_allowed() {
+            assert_eq!(d.retry_after(), Some(Duration::ZERO));
+        }
+        let _ = (d.retry_after_secs(), d.reset_after_secs(), d.reset_after());
+    };
+    for policy in policies {
+        let clock = ManualClock::new();
+        let fixed = FixedWindow::new(policy).ok();
+        let sliding = SlidingWindow::new(policy).ok();
+        let mut gcra = RateLimiter::gcra_with_clock(policy, clock.clone());
+        let twin = RateLimiter::locked_with_clock(Gcra::new(policy), clock.clone());
+        let log = SlidingLog::with_clock(policy, clock.clone());
+        let shaper = Shaper::with_clock(policy, clock.clone());
+        let keyed = KeyedBuilder::new(Gcra::new(policy))
+            .clock(clock.clone())
+            .capacity(4)
+            .shards(1)
+            .build_inline::<u64>()
+            .unwrap();
+        let keyed_log = KeyedBuilder::default()
+            .clock(clock.clone())
+            .capacity(4)
+            .shards(1)
+            .sliding_log::<u64>(Policy::new(3, policy.period()).unwrap_or(policy))
+            .ok();
+        let fixed = fixed.map(|a| RateLimiter::with_clock(a, clock.clone()));
+        let sliding = sliding.map(|a| {
+            KeyedBuilder::new(a)
+                .clock(clock.clone())
+                .capacity(4)
+                .shards(1)
+                .build::<u64>()
+                .unwrap()
+        });
+        let (b, l) = (policy.burst(), policy.limit());
+        for &t in &readings {
+            clock.set(Nanos::new(t));
+            let now = Nanos::new(t);
+            for &cost in &costs {
+                for (limit, cap) in [
+                    (&gcra as &dyn Limit, b),
+                    (&twin, b),
+                    (&log, l),
+                    (&shaper, b),
+                    (&keyed.limit(&1), b),
+                ] {
+                    basic(limit.peek_at(now, cost), cost, cap);
+                    let (d, receipt) = limit.charge_at(now, cost);
+                    basic(d, cost, cap);
+                    let _ = limit.refund(receipt);
+                    let _ = limit.book_at(now, cost);
+                    basic(limit.check_n_at(now, cost), cost, cap);
+                }
+                if let Some(f) = &fixed {
+                    basic(f.check_n_at(now, cost), cost, l);
+                    let (_, r) = f.charge_at(now, cost);
+                    let _ = f.refund(r);
+                }
+                if let Some(s) = &sliding {
+                    basic(s.check_n_at(&2, now, cost), cost, l);
+                    let (_, r) = s.charge_at(&2, now, cost);
+                    let _ = s.refund(&2, r);
+                    basic(s.peek_at(&3, now, cost), cost, l);
+                }
+                if let Some(k) = &keyed_log {
+                    let (_, r) = k.charge_at(&2, now, cost);
+                    let _ = k.refund(&2, r);
+                    let _ = k.peek_at(&2, now, cost);
+                }
+                for &delay in &delays {
+                    if let Ok(r) = shaper.reserve_at(now, cost, delay) {
+                        let _ = (r.ready_at(), r.delay(), r.cost(), r.decision());
+                        let _ = shaper.cancel_at(now, r);
+                    }
+                    if let Ok((_, _, r)) = keyed.reserve_at(&3, now, cost, delay) {
+                        let _ = keyed.refund(&3, r);
+                    }
+                }
+            }
+            let _ = keyed.remove(&1);
+            let _ = keyed.reclaim_idle();
+            if let Some(k) = &keyed_log {
+                let _ = k.remove(&2);
+            }
+            let _ = log.is_idle(now);
+        }
+        // A policy change at the top of time, then decisions on the new policy.
+        gcra.set_policy(Policy::new(1, Duration::from_nanos(max_span)).unwrap());
+        log.set_policy(Policy::per_second(1).unwrap());
+        for &t in &readings {
+            basic(gcra.check_n_at(Nanos::new(t), 1), 1, 1);
+            basic(log.check_n_at(Nanos::new(t), 1), 1, 1);
+        }
+        gcra.reset();
+        log.reset();
+        shaper.reset();
+    }
+    // The end of time is never looser: a schedule that would pass u64::MAX is "never".
+    let gcra = RateLimiter::gcra_with_clock(Policy::per_second(1).unwrap(), ManualClock::new());
+    let top = Nanos::new(u64::MAX - 500_000_000);
+    assert!(!gcra.check_n_at(top, 1).is_allowed());
+    assert_eq!(gcra.check_n_at(top, 1).retry_after(), None);
+}
+
+/// receipt.rs: "A refund consumes its receipt (it is neither `Clone` nor `Copy`), so
+/// a charge is given back at most once"; shaping.rs: a `Reservation` is handed to
+/// `cancel` by value the same way. Checked at compile time: an inherent constant
+/// that exists only for `Clone` types shadows the trait's `false`.
+#[test]
+fn receipts_and_reservations_cannot_be_copied() {
+    use std::marker::PhantomData;
+    trait NotClone {
+        const CLONE: bool = false;
+    }
+    struct Probe<T>(PhantomData<T>);
+    impl<T> NotClone for Probe<T> {}
+    #[allow(dead_code)]
+    impl<T: Clone> Probe<T> {
+        const CLONE: bool = true;
+    }
+    assert!(Probe::<u8>::CLONE, "the probe sees Clone types");
+    assert!(!Probe::<floodgate::Receipt>::CLONE, "Receipt is Clone");
+    assert!(
+        !Probe::<floodgate::Reservation>::CLONE,
+        "Reservation is Clone"
+    );
+}
+
+/// shaping.rs: "Two reservations are equal only if the same shaper granted the same
+/// slot" — two shapers alike in everything hand out unequal reservations, and a
+/// reset shaper's new reservation for the same slot is not the old one.
+#[test]
+fn reservations_are_equal_only_for_the_same_shaper_and_slot() {
+    let policy = Policy::per_second(1).unwrap();
+    let clock = ManualClock::new();
+    let a = Shaper::with_clock(policy, clock.clone());
+    let b = Shaper::with_clock(policy, clock.clone());
+    let now = Nanos::from_secs(5);
+    let ra = a.reserve_at(now, 1, Duration::ZERO).unwrap();
+    let rb = b.reserve_at(now, 1, Duration::ZERO).unwrap();
+    assert_eq!(ra.ready_at(), rb.ready_at());
+    assert_ne!(ra, rb, "two shapers' reservations of one slot are equal");
+    // Another's reservation gives back nothing.
+    assert_eq!(a.cancel_at(now, rb), 0);
+    let later = a.reserve_at(now, 1, Duration::from_secs(5)).unwrap();
+    assert_ne!(ra, later);
+    assert_eq!(a.cancel_at(now, later), 1);
+}
