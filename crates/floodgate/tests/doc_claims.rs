@@ -1003,3 +1003,98 @@ fn reservations_are_equal_only_for_the_same_shaper_and_slot() {
     assert_ne!(ra, later);
     assert_eq!(a.cancel_at(now, later), 1);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// keyed/limiter.rs `reserve`: "`Shaper::reserve` for one key of many … Slots of
+    /// one key are handed out first come, first served; keys do not wait for each
+    /// other" — each key's reservations (decision, delay, `TooLong`'s `retry_after`,
+    /// `Never`) equal those of a `Shaper` of its own, on every storage.
+    #[test]
+    fn keyed_reservations_are_one_shaper_per_key(
+        limit in 1u64..5, burst in 1u64..5, p in period(),
+        ops in prop::collection::vec((0u64..2, 0u64..1_500, 0u32..6, 0u64..4), 1..40),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap().with_burst(burst).unwrap();
+        let clock = ManualClock::new();
+        let heap = KeyedBuilder::new(Gcra::new(policy)).clock(clock.clone()).capacity(8)
+            .build::<u64>().unwrap();
+        let inline = KeyedBuilder::new(Gcra::new(policy)).clock(clock.clone()).capacity(8)
+            .build_inline::<u64>().unwrap();
+        let shapers = [Shaper::with_clock(policy, clock.clone()), Shaper::with_clock(policy, clock.clone())];
+        let mut t = 4 * p;
+        for (key, forward, cost, slots) in ops {
+            t += forward * p / 1_000;
+            let now = Nanos::new(t);
+            let max_delay = Duration::from_nanos(slots * policy.interval_nanos());
+            let want = shapers[key as usize].reserve_at(now, cost, max_delay)
+                .map(|r| (r.decision(), r.delay()));
+            for got in [
+                heap.reserve_at(&key, now, cost, max_delay),
+                inline.reserve_at(&key, now, cost, max_delay),
+            ] {
+                let got = got.map(|(d, delay, _)| (d, delay));
+                prop_assert_eq!(&got, &want, "key {} cost {} at {}", key, cost, t);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// policy.rs: "after construction `L·T ≤ 2^62` and `B·T ≤ 2^62` hold"; `T = ⌈P/L⌉`
+    /// "means the sustained rate `1/T` is never above the stated `L/P`", below it by
+    /// a relative error under `1/T`; and `Policy::new` / `with_burst` fail exactly for
+    /// the documented reasons (a zero field, `L > P` ns, a span over 2^62 ns), each
+    /// error naming the field and the value.
+    #[test]
+    fn a_policy_is_valid_exactly_when_the_docs_say(
+        limit in prop_oneof![Just(0u64), 1u64..100, any::<u64>(), Just(1u64 << 62)],
+        period in prop_oneof![Just(0u64), 1u64..1_000, any::<u64>(), Just(1u64 << 62)],
+        burst in prop_oneof![Just(0u64), 1u64..100, any::<u64>(), Just(1u64 << 62)],
+    ) {
+        let max = u128::from(floodgate::MAX_SPAN_NANOS);
+        prop_assert_eq!(max, 1u128 << 62);
+        let got = Policy::new(limit, Duration::from_nanos(period)).and_then(|p| p.with_burst(burst));
+        let t = if limit == 0 { 0 } else { period.div_ceil(limit) };
+        let reason: Option<&str> = if limit == 0 {
+            Some("limit must be at least 1 (got 0)")
+        } else if period == 0 {
+            Some("period must be at least 1 (got 0)")
+        } else if limit > period {
+            Some("spaces units less than 1 ns apart")
+        } else if u128::from(limit) * u128::from(t) > max {
+            Some("limit")
+        } else if burst == 0 {
+            Some("burst must be at least 1 (got 0)")
+        } else if u128::from(burst) * u128::from(t) > max {
+            Some("burst")
+        } else {
+            None
+        };
+        match (got, reason) {
+            (Ok(p), None) => {
+                prop_assert_eq!((p.limit(), p.period_nanos(), p.burst()), (limit, period, burst));
+                prop_assert_eq!(p.interval_nanos(), t);
+                prop_assert!(u128::from(p.limit()) * u128::from(t) <= max);
+                prop_assert!(u128::from(p.burst()) * u128::from(t) <= max);
+                // 1/T ≤ L/P, and (T − P/L)/T < 1/T, i.e. T·L − P < L.
+                prop_assert!(u128::from(t) * u128::from(limit) >= u128::from(period));
+                prop_assert!(u128::from(t) * u128::from(limit) - u128::from(period) < u128::from(limit));
+            }
+            (Err(e), Some(why)) => {
+                let text = e.to_string();
+                prop_assert!(text.starts_with("invalid policy: "), "{}", text);
+                prop_assert!(text.contains(why), "{} should say {}", text, why);
+                if why == "limit" || why == "burst" {
+                    let value = if why == "limit" { limit } else { burst };
+                    prop_assert!(text.contains(&format!("{why} {value} ")), "{}", text);
+                    prop_assert!(text.contains("exceeds 2^62 ns"), "{}", text);
+                }
+            }
+            (got, reason) => prop_assert!(false, "{:?} where the docs say {:?}", got, reason),
+        }
+    }
+}
