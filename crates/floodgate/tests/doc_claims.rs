@@ -261,6 +261,9 @@ proptest! {
     ) {
         let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap();
         let log = SlidingLog::with_clock(policy, ManualClock::new());
+        // keyed/log.rs: "Each log holds at most `L` entries after an admission".
+        let keyed = KeyedBuilder::default().clock(ManualClock::new()).capacity(4)
+            .sliding_log::<u64>(policy).unwrap();
         let mut t = 4 * p;
         for (i, step) in trace.iter().enumerate() {
             t += step.forward * p / 1_000;
@@ -268,11 +271,15 @@ proptest! {
                 t -= back * (p / 2) / 1_000;
             }
             let (d, receipt) = log.charge_at(Nanos::new(t), step.cost);
+            let (k, keyed_receipt) = keyed.charge_at(&1, Nanos::new(t), step.cost);
+            prop_assert_eq!(d, k);
             if i % refund_every == 0 {
                 let _ = log.refund(receipt);
+                let _ = keyed.refund(&1, keyed_receipt);
             }
             if d.is_allowed() {
                 prop_assert!(log.entries() as u64 <= limit, "{} entries for L = {}", log.entries(), limit);
+                prop_assert!(keyed.entries() as u64 <= limit, "{} keyed entries for L = {}", keyed.entries(), limit);
             }
         }
     }
@@ -490,6 +497,11 @@ proptest! {
         run_trace(&sliding, limit, p, &first)?;
         sliding.set_algorithm(SlidingWindow::new(policy2).unwrap());
         run_trace(&sliding, limit2, p2, &later(&second))?;
+        // `LiveGcra`: the same change through `&self`.
+        let live = RateLimiter::with_clock(floodgate::LiveGcra::new(policy.with_burst(burst).unwrap()), clock.clone());
+        run_trace(&live, burst, p, &first)?;
+        live.algorithm().set_policy(policy2.with_burst(burst2).unwrap());
+        run_trace(&live, burst2, p2, &later(&second))?;
         let log = SlidingLog::with_clock(policy, clock);
         run_trace(&log, limit, p, &first)?;
         log.set_policy(policy2);
@@ -1097,4 +1109,128 @@ proptest! {
             (got, reason) => prop_assert!(false, "{:?} where the docs say {:?}", got, reason),
         }
     }
+}
+
+/// A manual clock that counts its readings.
+#[derive(Clone, Default)]
+struct CountingClock {
+    inner: ManualClock,
+    reads: std::sync::Arc<AtomicU32>,
+}
+
+impl floodgate::Clock for CountingClock {
+    fn now(&self) -> Nanos {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        floodgate::Clock::now(&self.inner)
+    }
+}
+
+impl CountingClock {
+    /// Readings since the last call.
+    fn take(&self) -> u32 {
+        self.reads.swap(0, Ordering::Relaxed)
+    }
+}
+
+/// README: "A decision costs one clock read"; clock.rs: "A decision costs exactly one
+/// clock read"; limiter.rs: "Each decision reads the clock once" — checks, peeks,
+/// charges and refunds, admitted or denied, on every limiter that reads a clock.
+#[test]
+fn a_decision_reads_the_clock_once() {
+    let policy = Policy::per_second(2).unwrap();
+    let clock = CountingClock::default();
+    clock.inner.set(Nanos::from_secs(100));
+    let gcra = RateLimiter::gcra_with_clock(policy, clock.clone());
+    let twin = RateLimiter::locked_with_clock(Gcra::new(policy), clock.clone());
+    let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+    let sliding = RateLimiter::with_clock(SlidingWindow::new(policy).unwrap(), clock.clone());
+    let log = SlidingLog::with_clock(policy, clock.clone());
+    let shaper = Shaper::with_clock(policy, clock.clone());
+    let heap = KeyedBuilder::new(Gcra::new(policy))
+        .clock(clock.clone())
+        .capacity(8)
+        .build::<u64>()
+        .unwrap();
+    let inline = KeyedBuilder::new(FixedWindow::new(policy).unwrap())
+        .clock(clock.clone())
+        .capacity(8)
+        .build_inline::<u64>()
+        .unwrap();
+    let keyed_log = KeyedBuilder::default()
+        .clock(clock.clone())
+        .capacity(8)
+        .sliding_log::<u64>(policy)
+        .unwrap();
+    let _ = clock.take();
+    let mut failures = Vec::new();
+    let mut expect_one = |what: &str, reads: u32| {
+        if reads != 1 {
+            failures.push(format!("{what}: {reads} clock reads"));
+        }
+    };
+    for round in 0..4 {
+        // Rounds 0 and 1 admit; 2 and 3 are denied (a burst of 2).
+        let _ = gcra.check();
+        expect_one(
+            &format!("RateLimiter<Gcra>::check, round {round}"),
+            clock.take(),
+        );
+        let _ = twin.check();
+        expect_one(
+            &format!("LockedRateLimiter::check, round {round}"),
+            clock.take(),
+        );
+        let _ = fixed.check();
+        expect_one(
+            &format!("RateLimiter<FixedWindow>::check, round {round}"),
+            clock.take(),
+        );
+        let _ = sliding.check();
+        expect_one(
+            &format!("RateLimiter<SlidingWindow>::check, round {round}"),
+            clock.take(),
+        );
+        let _ = log.check();
+        expect_one(&format!("SlidingLog::check, round {round}"), clock.take());
+        let _ = shaper.reserve(1, Duration::ZERO);
+        expect_one(&format!("Shaper::reserve, round {round}"), clock.take());
+        let _ = heap.check(&1);
+        expect_one(
+            &format!("KeyedLimiter<Heap>::check, round {round}"),
+            clock.take(),
+        );
+        let _ = inline.check(&1);
+        expect_one(
+            &format!("KeyedLimiter<Inline>::check, round {round}"),
+            clock.take(),
+        );
+        let _ = keyed_log.check(&1);
+        expect_one(
+            &format!("KeyedSlidingLog::check, round {round}"),
+            clock.take(),
+        );
+        let _ = gcra.peek(1);
+        expect_one("RateLimiter::peek", clock.take());
+        let _ = heap.peek(&1, 1);
+        expect_one("KeyedLimiter<Heap>::peek", clock.take());
+        let _ = inline.peek(&2, 1);
+        expect_one("KeyedLimiter<Inline>::peek of an unknown key", clock.take());
+        let _ = keyed_log.peek(&2, 1);
+        expect_one("KeyedSlidingLog::peek of an unknown key", clock.take());
+    }
+    // A refund reads the clock once, after loading the state.
+    clock.inner.advance(Duration::from_secs(10));
+    let (_, r) = gcra.charge(1);
+    let _ = clock.take();
+    let _ = gcra.refund(r);
+    expect_one("RateLimiter::refund", clock.take());
+    let (_, r) = heap.charge(&5, 1);
+    let _ = clock.take();
+    let _ = heap.refund(&5, r);
+    expect_one("KeyedLimiter::refund", clock.take());
+    let (_, r) = log.charge(1);
+    let _ = clock.take();
+    let _ = log.refund(r);
+    expect_one("SlidingLog::refund", clock.take());
+    assert!(failures.is_empty(), "{failures:#?}");
 }
