@@ -1234,3 +1234,54 @@ fn a_decision_reads_the_clock_once() {
     expect_one("SlidingLog::refund", clock.take());
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// limiter.rs `book_at`: "Books `cost` units at the earliest instant they fit,
+    /// however far ahead … the decision (denied only for "never"), the delay until
+    /// the booked slot" — the delay is what a check's `retry_after` said just before
+    /// (zero when the check would admit), on every limit that books (GCRA, its twin,
+    /// `LiveGcra`, the shaper, keyed GCRA); the windows and the log do not book.
+    #[test]
+    fn a_booking_is_the_earliest_slot(
+        limit in 1u64..5, burst in 1u64..5, p in period(),
+        ops in prop::collection::vec((any::<bool>(), 0u64..1_500, 0u32..6), 1..40),
+    ) {
+        let policy = Policy::new(limit, Duration::from_nanos(p)).unwrap().with_burst(burst).unwrap();
+        let clock = ManualClock::new();
+        let gcra = RateLimiter::gcra_with_clock(policy, clock.clone());
+        let twin = RateLimiter::locked_with_clock(Gcra::new(policy), clock.clone());
+        let live = RateLimiter::with_clock(floodgate::LiveGcra::new(policy), clock.clone());
+        let shaper = Shaper::with_clock(policy, clock.clone());
+        let keyed = KeyedBuilder::new(Gcra::new(policy)).clock(clock.clone()).capacity(8)
+            .build_inline::<u64>().unwrap();
+        let fixed = RateLimiter::with_clock(FixedWindow::new(policy).unwrap(), clock.clone());
+        let log = SlidingLog::with_clock(policy, clock.clone());
+        prop_assert!(fixed.book_at(Nanos::new(1), 1).is_none());
+        prop_assert!(log.book_at(Nanos::new(1), 1).is_none());
+        let limits: [&dyn Limit; 5] = [&gcra, &twin, &live, &shaper, &keyed.limit(&3)];
+        let mut t = 4 * p;
+        for (book, forward, cost) in ops {
+            t += forward * p / 1_000;
+            let now = Nanos::new(t);
+            for (i, limit) in limits.iter().enumerate() {
+                if !book {
+                    let _ = limit.check_n_at(now, cost);
+                    continue;
+                }
+                let asked = limit.peek_at(now, cost);
+                let (d, wait, receipt) = limit.book_at(now, cost).expect("GCRA books");
+                if u64::from(cost) > burst {
+                    prop_assert!(!d.is_allowed() && d.retry_after().is_none(), "limit {}", i);
+                    prop_assert!(!receipt.is_charged());
+                    continue;
+                }
+                prop_assert!(d.is_allowed(), "limit {}: a booking denied for a cost that fits: {:?}", i, d);
+                let want = asked.retry_after().expect("fits");
+                prop_assert_eq!(wait, want, "limit {}: booked {:?} where a check said {:?}", i, wait, asked);
+                prop_assert_eq!(receipt.is_charged(), cost > 0);
+            }
+        }
+    }
+}
