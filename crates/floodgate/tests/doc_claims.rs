@@ -690,6 +690,11 @@ fn the_keyed_tables_numbers_are_the_documented_ones() {
     assert_eq!(shards(1 << 20, None), default.min(1 << 14));
     assert_eq!(shards(128, None), 2);
     assert_eq!(shards(127, None), 1);
+    // "… and at most 65 536": more shards asked for build the same slot arrays.
+    let bytes = |n: usize| b().capacity(1 << 24).shards(n).slot_bytes().unwrap();
+    assert_eq!(bytes(1 << 17), bytes(1 << 16));
+    assert_eq!(bytes(usize::MAX), bytes(1 << 16));
+    assert_ne!(bytes(1 << 16), bytes(1 << 15));
     // "Bytes of one slot, in every storage": the builder's figure is every table's.
     let want = b().capacity(3_000).shards(4).slot_bytes().unwrap();
     assert_eq!(
@@ -987,12 +992,15 @@ fn receipts_and_reservations_cannot_be_copied() {
     impl<T: Clone> Probe<T> {
         const CLONE: bool = true;
     }
-    assert!(Probe::<u8>::CLONE, "the probe sees Clone types");
-    assert!(!Probe::<floodgate::Receipt>::CLONE, "Receipt is Clone");
-    assert!(
-        !Probe::<floodgate::Reservation>::CLONE,
-        "Reservation is Clone"
-    );
+    // Evaluated at compile time: a `Clone` receipt or reservation fails the build.
+    const {
+        assert!(Probe::<u8>::CLONE, "the probe sees Clone types");
+        assert!(!Probe::<floodgate::Receipt>::CLONE, "Receipt is Clone");
+        assert!(
+            !Probe::<floodgate::Reservation>::CLONE,
+            "Reservation is Clone"
+        );
+    }
 }
 
 /// shaping.rs: "Two reservations are equal only if the same shaper granted the same

@@ -432,8 +432,8 @@ impl<A, C> KeyedBuilder<A, C> {
     }
 
     /// The number of shards, rounded up to a power of two and down to at most one
-    /// per key of capacity (default: 4 × `available_parallelism()`, at most one per 64
-    /// keys).
+    /// per key of capacity and at most 65 536 (default: 4 × `available_parallelism()`,
+    /// at most one per 64 keys).
     ///
     /// # Examples
     ///
