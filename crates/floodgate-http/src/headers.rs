@@ -33,8 +33,12 @@
 //! (`ResponseFields`): integers by hand, names quoted and escaped once (when the
 //! [`PolicyName`] is made), no `format!`, no `String`. The buffer then becomes one
 //! shared byte string and every field value is a slice of it: **one allocation per
-//! response** for all the fields. Nothing is shared with other requests (a value
-//! cached across requests would be a reference count written by every thread).
+//! response** for all the fields, while they fit the buffer's 256 bytes (the legacy
+//! trio and the IETF members of a few rules with short names). Past that, the values
+//! spill to a heap buffer that grows and is then shared: two or three allocations
+//! (twelve rules named in 25 bytes each take three), still not one per field.
+//! Nothing is shared with other requests (a value cached across requests would be a
+//! reference count written by every thread).
 
 use core::fmt;
 use core::hash::Hash;

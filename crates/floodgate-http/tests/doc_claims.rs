@@ -221,3 +221,142 @@ impl ClonePolicy for RateLimiter<floodgate::Gcra, ManualClock> {
         RateLimiter::gcra_with_clock(self.algorithm().policy().to_owned(), clock.clone())
     }
 }
+
+/// Counts the allocations made on this thread while `COUNTING` is set.
+struct CountingAlloc;
+
+thread_local! {
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if COUNTING.try_with(std::cell::Cell::get).unwrap_or(false) {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+        // SAFETY: the caller's layout, as given.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: allocated by `System` with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        if COUNTING.try_with(std::cell::Cell::get).unwrap_or(false) {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+        // SAFETY: allocated by `System` with this layout.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Allocations on this thread while one request goes through `layer` (the
+/// service already made).
+async fn allocations_of(layer: &RateLimitLayer) -> (u16, u64) {
+    let svc = layer.layer(Hello);
+    let req = Request::new(());
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    let resp = svc.oneshot(req).await.expect("infallible");
+    COUNTING.with(|c| c.set(false));
+    let n = ALLOCATIONS.with(std::cell::Cell::get);
+    (resp.status().as_u16(), n)
+}
+
+/// Allocations on this thread while `f` runs.
+fn allocations_in(f: impl FnOnce()) -> i64 {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(std::cell::Cell::get) as i64
+}
+
+/// What a response's `HeaderMap` takes to hold these field names (values that
+/// allocate nothing), so that the test can set it apart from the layer's buffer.
+fn header_map_allocations(names: &[&'static str]) -> i64 {
+    allocations_in(|| {
+        let mut r = Response::new(());
+        for &name in names {
+            r.headers_mut().insert(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static("1"),
+            );
+        }
+        drop(r);
+    })
+}
+
+/// headers.rs, "Cost": the layer writes a response's rate-limit fields into one
+/// buffer that "becomes one shared byte string and every field value is a slice of
+/// it: **one allocation per response** for all the fields" — while they fit the
+/// buffer's 256 bytes on the stack (the trio and a few rules' members, as the doc
+/// now says); beyond that the heap buffer they spill to grows and is shared, a few
+/// allocations more. Measured as the allocations of a request with both families
+/// on, less those of the same request with both off and less what the response's
+/// `HeaderMap` takes for the names.
+#[tokio::test]
+async fn the_fields_of_a_response_take_one_allocation() -> TestResult {
+    use floodgate_http::HeaderOptions;
+    let clock = ManualClock::new();
+    let layer =
+        |names: &[String], fields: bool| -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+            let mut b = RateLimitLayer::builder();
+            for name in names {
+                let limiter = RateLimiter::gcra_with_clock(Policy::per_minute(3)?, clock.clone());
+                b = b.rule(Rule::new(name, limiter, Global)?);
+            }
+            let opts = if fields {
+                HeaderOptions::default()
+            } else {
+                HeaderOptions::default().legacy(None).ietf(false)
+            };
+            Ok(b.headers(opts).build()?)
+        };
+    let trio_and_ietf = [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit-policy",
+        "ratelimit",
+    ];
+    let map_2xx = header_map_allocations(&trio_and_ietf);
+    // A 429 also carries `Retry-After` and the body's `content-type` either way.
+    let answered = ["content-type", "retry-after"];
+    let map_429 = header_map_allocations(&[&answered[..], &trio_and_ietf].concat())
+        - header_map_allocations(&answered);
+    // The buffer's own allocations: 1 on a 2xx (0 on a 429, whose Retry-After needs
+    // the buffer with the fields off too), whatever the rules, while the fields fit.
+    let buffer = |names: Vec<String>| async move {
+        let (on, off) = (layer(&names, true)?, layer(&names, false)?);
+        // A first request through each, uncounted (anything made once per thread).
+        let _ = (allocations_of(&on).await, allocations_of(&off).await);
+        let mut seen = Vec::new();
+        for (want, map) in [(200, map_2xx), (200, map_2xx), (429, map_429)] {
+            let (s_on, n_on) = allocations_of(&on).await;
+            let (s_off, n_off) = allocations_of(&off).await;
+            assert_eq!((s_on, s_off), (want, want));
+            seen.push(n_on as i64 - n_off as i64 - map);
+        }
+        Ok::<_, Box<dyn std::error::Error>>(seen)
+    };
+    for rules in 1..=3 {
+        let names = (0..rules).map(|i| format!("rule-{i}")).collect();
+        assert_eq!(buffer(names).await?, [1, 1, 0], "{rules} short-named rules");
+    }
+    // Twelve long names spill to the heap: a few more, still not one per field.
+    let names = (0..12)
+        .map(|i| format!("a-rather-long-rule-name-{i}"))
+        .collect();
+    let spilled = buffer(names).await?;
+    eprintln!("fields past the inline buffer: {spilled:?} allocations (2xx, 2xx, 429)");
+    assert!(spilled.iter().all(|&n| n <= 4), "{spilled:?}");
+    Ok(())
+}
