@@ -1293,3 +1293,46 @@ proptest! {
         }
     }
 }
+
+/// decision.rs: `Decision` is "Equal when every observable number and the policy id
+/// are equal (`remaining` compared as derived)", and `Decision::new` ("as a backend
+/// reports it") clamps `remaining` to `[0, limit]` and forces `retry_after` to zero
+/// when allowed: a backend's decision rebuilt from a limiter's numbers equals it.
+#[test]
+fn decisions_are_equal_by_what_they_say() {
+    let clock = ManualClock::new();
+    let gcra = RateLimiter::gcra_with_clock(Policy::per_second(3).unwrap(), clock.clone());
+    let log = SlidingLog::with_clock(Policy::per_second(3).unwrap(), clock.clone());
+    clock.advance(Duration::from_millis(1_234));
+    for d in [
+        gcra.check(),
+        gcra.check_n(2),
+        gcra.check(),
+        log.check_n(3),
+        log.check(),
+        gcra.check_n(4),
+    ] {
+        let rebuilt = Decision::new(
+            d.is_allowed(),
+            d.limit(),
+            d.remaining(),
+            d.reset_after(),
+            d.retry_after(),
+        );
+        assert_eq!(
+            rebuilt, d,
+            "GCRA stores nanoseconds of headroom, Decision::new units"
+        );
+        assert_ne!(rebuilt.with_policy(floodgate::PolicyId::new(1)), d);
+    }
+    let clamped = Decision::new(true, 5, 9, Duration::ZERO, Some(Duration::from_secs(3)));
+    assert_eq!(
+        (clamped.remaining(), clamped.retry_after()),
+        (5, Some(Duration::ZERO))
+    );
+    let never = Decision::new(false, 5, 0, Duration::ZERO, None);
+    assert_eq!(
+        (never.retry_after(), never.retry_after_secs()),
+        (None, None)
+    );
+}
