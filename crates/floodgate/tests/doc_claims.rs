@@ -1336,3 +1336,18 @@ fn decisions_are_equal_by_what_they_say() {
         (None, None)
     );
 }
+
+/// lib.rs: "Every algorithm is a pure transition over a `Copy` state that packs into
+/// 64 bits"; README: "one word (64 bits …)", a `Decision` "still 48 bytes and `Copy`".
+#[test]
+fn states_are_one_word_and_decisions_48_bytes() {
+    fn copy<T: Copy>() {}
+    copy::<floodgate::GcraState>();
+    copy::<floodgate::FixedWindowState>();
+    copy::<floodgate::SlidingWindowState>();
+    copy::<Decision>();
+    assert_eq!(std::mem::size_of::<floodgate::GcraState>(), 8);
+    assert_eq!(std::mem::size_of::<floodgate::FixedWindowState>(), 8);
+    assert_eq!(std::mem::size_of::<floodgate::SlidingWindowState>(), 8);
+    assert_eq!(std::mem::size_of::<Decision>(), 48);
+}
