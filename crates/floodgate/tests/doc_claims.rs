@@ -25,7 +25,16 @@
 //! * `Wait` (waiting.rs): a cost that can never fit "returns `WaitError::Never` at
 //!   once" ("nothing slept"), on every limiter.
 //!
-//! Every test runs on a `ManualClock` (or readings passed in): no sleeps, no timing.
+//! The tests further down quote each claim they attack in their own docs: policies,
+//! bookings, keyed reservations, the keyed tables' numbers, the clocks, one clock read
+//! per decision, no panics at the edges. VERIFICATION.md ("The docs' guarantees,
+//! claim by claim") maps them.
+//!
+//! Every test runs on a `ManualClock` (or readings passed in): no sleeps, no timing
+//! (one test compares the default clocks with `SystemTime`, within a second).
+//! Off under `--cfg loom` (the crate's atomics are then loom's, usable only in a
+//! model).
+#![cfg(not(loom))]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
