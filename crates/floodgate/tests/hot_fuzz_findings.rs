@@ -50,7 +50,10 @@ fn assert_owns_a_shard() {
         .shards(SHARDS)
         .build_with_clock(ManualClock::new())
         .unwrap();
-    assert!(probe.owns_shard(), "the test thread should own a lease shard");
+    assert!(
+        probe.owns_shard(),
+        "the test thread should own a lease shard"
+    );
 }
 
 /// **A reading taken before the key's promotion spent a lease taken at a later
@@ -81,6 +84,34 @@ fn a_reading_before_the_promotion_never_spends_a_lease_taken_later() {
         at_early <= B,
         "{at_early} units admitted at the one reading 980 s (burst {B}): the lease \
          taken at 990 s was spent at 980 s"
+    );
+}
+
+/// **A check behind a removal found the hot key's fresh schedule in the past.** The
+/// table judges a cold key's decisions at `max(reading, the shard's latest removal
+/// instant)`, so that a reading taken before a removal never starts the fresh state
+/// early (`KeyedLimiter::remove`: each removal forgives at most one burst). A hot
+/// key's check went to its lease limiter at the raw reading: after a removal at
+/// 1 000 s and a promotion, readings behind 1 000 s admitted a burst each 0.5 s they
+/// were behind — 10 units (5 more than the burst) with no reading later than the
+/// removal.
+#[test]
+fn a_reading_behind_a_removal_is_judged_at_the_removal_on_a_hot_key() {
+    assert_owns_a_shard();
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let limiter = hot(&clock, 1);
+    assert!(limiter.check_n(&1, 5).is_allowed());
+    assert!(limiter.remove(&1)); // at 1 000 s: forgives one burst
+    assert!(limiter.promote(&1));
+    let mut admitted = 0;
+    for reading in [Nanos::from_secs(990), clock.now()] {
+        if limiter.check_n_at(&1, reading, 5).is_allowed() {
+            admitted += 5;
+        }
+    }
+    assert!(
+        admitted <= B,
+        "{admitted} units admitted after the removal at 1 000 s, no reading later (burst {B})"
     );
 }
 
