@@ -462,7 +462,10 @@ impl<C: Clock> LeasedGcra<C> {
             Expiry::Coarse(coarse) => coarse.nanos(),
         };
         // A peek takes no owner index: a thread that only reads holds no shard.
-        let own = match (self.shards.get(owner_index_if_taken()), self.lease_tick(nanos)) {
+        let own = match (
+            self.shards.get(owner_index_if_taken()),
+            self.lease_tick(nanos),
+        ) {
             (Some(word), Some(tick)) => word
                 .load(Ordering::Relaxed)
                 .spendable_units(tick, self.lifetime_ticks),
