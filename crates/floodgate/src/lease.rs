@@ -30,7 +30,10 @@
 //! at a clock reading no later than its admission's: a lease remembers when it was
 //! taken (its expiry less the lifetime), and a decision whose reading is older — a
 //! thread that read the clock, then took over the owner index of a thread that has
-//! leased since — spends nothing from it (to the lease's 65.5 µs tick). The central
+//! leased since — spends nothing from it (to the lease's 65.5 µs tick). A reading
+//! no lease can be dated at — before the limiter was built (its origin: for a hot
+//! key, its promotion), or so late that a lease's expiry would pass the 44-bit tick
+//! field (36 years on) — decides on the central word alone, exactly. The central
 //! word is an exact GCRA (capacity B, emission interval T). Hence, over any interval
 //! `[a, b]` of readings:
 //!
@@ -459,10 +462,15 @@ impl<C: Clock> LeasedGcra<C> {
             Expiry::Coarse(coarse) => coarse.nanos(),
         };
         // A peek takes no owner index: a thread that only reads holds no shard.
-        let own = self.shards.get(owner_index_if_taken()).map_or(0, |word| {
-            word.load(Ordering::Relaxed)
-                .spendable_units(self.tick(nanos), self.lifetime_ticks)
-        });
+        let own = match (
+            self.shards.get(owner_index_if_taken()),
+            self.lease_tick(nanos),
+        ) {
+            (Some(word), Some(tick)) => word
+                .load(Ordering::Relaxed)
+                .spendable_units(tick, self.lifetime_ticks),
+            _ => 0,
+        };
         let burst = self.gcra.policy().burst();
         let central = self.central.load(Ordering::Relaxed);
         if cost == 0 || u64::from(cost) > burst {
@@ -524,7 +532,10 @@ impl<C: Clock> LeasedGcra<C> {
         nanos: u64,
         cost: u32,
     ) -> Decision {
-        let tick = self.tick(nanos);
+        let Some(tick) = self.lease_tick(nanos) else {
+            // A reading no lease can be dated at: the central word decides alone.
+            return self.decide_central(now, cost);
+        };
         let lease = word.load(Ordering::Relaxed);
         if cost > 0 {
             if let Some(next) = lease.spend(tick, self.lifetime_ticks, cost) {
@@ -648,6 +659,17 @@ impl<C: Clock> LeasedGcra<C> {
     #[inline(always)]
     fn tick(&self, nanos: u64) -> u64 {
         nanos.saturating_sub(self.origin) >> TICK_SHIFT
+    }
+
+    /// The tick of `nanos` if a lease can be dated there: none before the origin
+    /// (every such reading would be tick 0, so a lease taken at any of them would be
+    /// spendable at every earlier one) nor so late that the lease's expiry would not
+    /// fit its field (a capped expiry would make it spendable up to a lifetime
+    /// before it was taken). Such a reading decides on the central word alone.
+    #[inline(always)]
+    fn lease_tick(&self, nanos: u64) -> Option<u64> {
+        let tick = nanos.checked_sub(self.origin)? >> TICK_SHIFT;
+        (tick <= EXPIRY_MAX - self.lifetime_ticks).then_some(tick)
     }
 
     /// Units on unexpired leases, over all shards (reads every shard word).

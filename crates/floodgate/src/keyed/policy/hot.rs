@@ -46,7 +46,11 @@
 //! does: over any interval, at most what its central GCRA allows plus the units out
 //! on lease at the interval's start (at most `shards × lease size`), and it
 //! under-admits by at most the units stranded in idle shards for at most one lease
-//! lifetime. A key with units out on lease is never idle (its slot is not reused
+//! lifetime. A hot key's check is judged at the instant the table judges a cold
+//! key's: `max(reading, the shard's latest removal instant)`, so a reading taken
+//! before a removal never finds the key's fresh schedule in the past (each removal
+//! forgives at most one burst, hot or cold: [`KeyedLimiter::remove`]). A key with
+//! units out on lease is never idle (its slot is not reused
 //! while they are valid). Refunds and receipts are not offered: the hot-key mode is
 //! the one mode exempt from exact admission.
 //!
@@ -145,10 +149,13 @@ impl HotGcra {
     }
 
     /// A sealed word's answer to a plain decision: nothing left; as an eviction
-    /// order, every unit in use and the latest reset: the last choice.
-    fn sealed(&self, word: u64) -> Decision {
+    /// order, every unit in use and the latest reset: the last choice. Its
+    /// `retry_after` is the instant `now` the table judged the decision at (the
+    /// reading, or the shard's latest removal instant if later), for the hot key's
+    /// lease limiter to decide at.
+    fn sealed(&self, word: u64, now: Nanos) -> Decision {
         let burst = self.gcra.policy().burst();
-        Decision::deny(burst, 0, 1, word, u64::MAX)
+        Decision::deny(burst, 0, 1, word, now.as_u64())
     }
 
     /// The answer to a promotion's or demotion's own step (never seen by a user),
@@ -162,24 +169,28 @@ impl HotGcra {
     /// line: a cold key's check never comes here).
     #[cold]
     #[inline(never)]
-    fn step_or_sealed(&self, state: GcraState) -> (Decision, Option<GcraState>) {
+    fn step_or_sealed(&self, state: GcraState, now: Nanos) -> (Decision, Option<GcraState>) {
         let tat = state.tat().as_u64();
         let sealed = tat & SEALED != 0;
         match self.mode {
             Mode::Unseal { word, tat: to } if sealed && word == tat => {
                 (self.step(to), Some(GcraState::from_tat(Nanos::new(to))))
             }
-            _ if sealed => (self.sealed(tat), None),
+            _ if sealed => (self.sealed(tat, now), None),
             Mode::Seal(word) => (self.step(tat), Some(GcraState::from_tat(Nanos::new(word)))),
             Mode::Unseal { .. } | Mode::Decide => (self.step(0), None),
         }
     }
 }
 
-/// The sealed word a table decision reports, if it met one.
-fn sealed_in(decision: &Decision) -> Option<u64> {
+/// The sealed word a table decision reports, if it met one, and the instant the table
+/// judged it at: `now`, or the shard's latest removal instant if that is later (a
+/// hot key's check is judged there, as a cold key's is, so a reading taken before a
+/// removal never finds the key's fresh schedule in the past).
+fn sealed_in(decision: &Decision, now: Nanos) -> Option<(u64, Nanos)> {
     let word = decision.reset_after_nanos();
-    (!decision.is_allowed() && word & SEALED != 0).then_some(word)
+    let judged = Nanos::new(decision.retry_after_nanos().unwrap_or(0)).max(now);
+    (!decision.is_allowed() && word & SEALED != 0).then_some((word, judged))
 }
 
 impl Algorithm for HotGcra {
@@ -188,7 +199,7 @@ impl Algorithm for HotGcra {
     #[inline(always)]
     fn decide(&self, state: GcraState, now: Nanos, cost: u32) -> (Decision, Option<GcraState>) {
         if state.tat().as_u64() & SEALED != 0 || !matches!(self.mode, Mode::Decide) {
-            return self.step_or_sealed(state);
+            return self.step_or_sealed(state, now);
         }
         match self.gcra.decide(state, now, cost) {
             // A schedule that would reach the sealed bit (a clock past 2^62 ns, the
@@ -650,27 +661,35 @@ where
         let decision = self
             .keyed
             .decide_uncounted(self.keyed.algorithm(), key, now, cost);
-        match sealed_in(&decision) {
+        match sealed_in(&decision, now) {
             None => {
                 self.keyed.count(decision.is_allowed());
                 self.sample(key, now);
                 decision
             }
-            Some(word) => self.check_hot(word, key, now, cost),
+            Some((word, judged)) => self.check_hot(word, judged, key, now, cost),
         }
     }
 
-    /// A check that met the sealed `word`: the slot's lease limiter, or (while a
-    /// promotion or demotion of the key is half-way) a wait and another routing.
+    /// A check that met the sealed `word`, which the table judged at `judged`: the
+    /// slot's lease limiter at that instant, or (while a promotion or demotion of the
+    /// key is half-way) a wait and another routing.
     #[inline(never)]
-    fn check_hot<Q>(&self, mut word: u64, key: &Q, now: Nanos, cost: u32) -> Decision
+    fn check_hot<Q>(
+        &self,
+        mut word: u64,
+        mut judged: Nanos,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> Decision
     where
         Q: Lookup<K> + ?Sized,
     {
         let backoff = Backoff::new();
         loop {
             let hot = self.on_entry(word, |entry| {
-                let decision = entry.leased.check_n_at(now, cost);
+                let decision = entry.leased.check_n_at(judged, cost);
                 // A denial by a central word closed meanwhile (a demotion under way)
                 // is no answer: route the check again.
                 (decision.is_allowed() || entry.is_open()).then_some(decision)
@@ -683,12 +702,12 @@ where
             let decision = self
                 .keyed
                 .decide_uncounted(self.keyed.algorithm(), key, now, cost);
-            match sealed_in(&decision) {
+            match sealed_in(&decision, now) {
                 None => {
                     self.keyed.count(decision.is_allowed());
                     return decision;
                 }
-                Some(again) => word = again,
+                Some(again) => (word, judged) = again,
             }
         }
     }
@@ -712,11 +731,11 @@ where
         let backoff = Backoff::new();
         loop {
             let decision = self.keyed.peek_with(self.keyed.algorithm(), key, now, cost);
-            let Some(word) = sealed_in(&decision) else {
+            let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
             if let Some(decision) =
-                self.on_entry(word, |entry| Some(entry.leased.peek_at(now, cost)))
+                self.on_entry(word, |entry| Some(entry.leased.peek_at(judged, cost)))
             {
                 return decision;
             }
@@ -871,7 +890,11 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        sealed_in(&self.keyed.peek_with(self.keyed.algorithm(), key, now, 0))
+        sealed_in(
+            &self.keyed.peek_with(self.keyed.algorithm(), key, now, 0),
+            now,
+        )
+        .map(|(w, _)| w)
     }
 
     /// Makes `key` cold again: its schedule (every unit ever leased included) goes
