@@ -221,7 +221,7 @@ impl Op {
             11 | 12 => Op::Route { key, plan: a },
             13 | 14 => match b {
                 240.. => Op::Advance(Duration::from_millis(u64::from(a) * 100)),
-                224..=239 => Op::Rewind(Duration::from_micros(
+                176..=239 => Op::Rewind(Duration::from_micros(
                     u64::from(a) * 100 * (u64::from(b % 16) + 1),
                 )),
                 _ => Op::Advance(Duration::from_micros(
