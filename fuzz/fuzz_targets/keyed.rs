@@ -9,6 +9,9 @@
 //!   `SlidingLog`) per key, is the model;
 //! * the storage of a `KeyedLimiter`: `Heap`, `Inline` or `Fingerprint`;
 //! * 1, 2, 4 or 8 shards;
+//! * the keys: operations name `u8` keys, and a flood checks up to 255 keys from its
+//!   first on (so up to 510, the table's keys are `u16`): enough for every shard of an
+//!   8-shard table to pass its share plus headroom and evict;
 //! * the time unit (ns, µs or ms) of the period, the clock moves and the stale
 //!   readings, and where the clock starts: 100 s on, near the top of `u64`, a few
 //!   periods before a window index wraps (modulo `2^k`), or anywhere. Window readings
@@ -26,14 +29,20 @@
 //! clock's reading; `reclaim_idle` in the shards of the keys that may be idle — where
 //! more than one class may have removed, R is known only to lie between its last
 //! known value and the clock, and later readings of those classes are raised to the
-//! clock's reading of then (where every possible R gives the same judgment).
+//! clock's reading of then (where every possible R gives the same judgment). The
+//! hash seeds are fixed (`common/seeds.rs`), so a multi-shard failure reproduces from
+//! its input.
 //!
 //! **Oracles.** Every decision of a tracked key equals its model's at `max(reading,
 //! R)`, and a peek equals the check that follows it, for every key. An admission's
 //! receipt says it was judged at that instant. After every operation every tracked key
 //! is compared through peeks of 0 units (what is left) and 1 unit (where an admission
 //! would count) now and at its class's R: equal, except keys a live eviction in that
-//! very operation dropped (in the inserting key's shard), which must read as fresh.
+//! very operation dropped (in the inserting key's shard), which must read as fresh;
+//! the victim was the lightest of a sample of 8 of its shard: at most `present − 8`
+//! live keys of its class forgave less (`present`: the keys of the class that have a
+//! model; units in use, then `reset_after` on the lock-free table, units alone on the
+//! log).
 //! `reclaim_idle` removes no more keys than may be idle. Refunds: a
 //! receipt taken before a known removal in its shard gives back nothing; on the windows
 //! and the log a refund equals the model's; on GCRA (whose refund ledger is per shard,
@@ -800,6 +809,16 @@ fn run<T: Table, M: Model>(
             by_reset: kind != Kind::Log,
         };
         sweep.compare(table, class_of_insert, evicted, &fresh);
+    }
+    if std::env::var_os("KEYED_STATS").is_some() {
+        // What a corpus reaches: `KEYED_STATS=1 keyed -runs=0 corpus/keyed`.
+        let m = table.metrics();
+        eprintln!(
+            "stats: {kind:?} storage {} shards {shards} evicted {} reclaimed {}",
+            setup.input.storage % 3,
+            m.evicted,
+            m.reclaimed
+        );
     }
 }
 

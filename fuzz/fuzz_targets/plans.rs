@@ -4,17 +4,28 @@
 //! An input builds 2–4 plans with arbitrary small policies (limit and burst 1–16, a
 //! period of 1 ms to 2 s), picks the algorithm (GCRA — `new_in`, which
 //! `PlanLimiter::new` is for `Heap` —, the fixed window or the sliding window counter)
-//! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan and a capacity
-//! of 1–6 keys per table in one shard (six keys: inserts evict and reclaim). The
+//! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan, a capacity
+//! of 1–6 keys per table, and 1, 2 or 4 shards per table (one shard: inserts evict and
+//! reclaim; more: each shard's own removal instant R, policy changes carried over at
+//! each shard's `max(now, R)`). The
 //! resolver reads each key's plan from an `Arc<[AtomicU8]>` that the input rewrites
 //! mid-run (a move); one value stands for an id outside the plans, which resolves to
 //! the default plan. Operations (three bytes each, after the header; see
-//! `Op::decode`): checks and charges (also at readings up to 254 ms earlier than the
-//! clock, through `check`, `check_n` and `check_n_at`), peeks, a peek then a check at
-//! the same reading, refunds of any earlier receipt (also on the wrong key), `remove`
-//! and `reset`, `set_policy` through `&self` (GCRA) and `set_policy_mut` (every
-//! algorithm; the plan's period or another; also on an unknown name), moves, clock
-//! moves and each table's `reclaim_idle`.
+//! `Op::decode`): checks and charges (also at readings up to 254 ms earlier or 256 ms
+//! later than the clock, through `check`, `check_n` and `check_n_at`), peeks, a peek
+//! then a check at the same reading, refunds of any earlier receipt (also on the wrong
+//! key), `remove` and `reset`, `set_policy` through `&self` (GCRA) and
+//! `set_policy_mut` (every algorithm; the plan's period or another, also up to 1 024
+//! units per 34 minutes; also on an unknown name), moves, clock moves (forward, and
+//! back by up to 408 ms: the clock is the target's, which may step back) and each
+//! table's `reclaim_idle`.
+//!
+//! Which shard of each plan's table a key is in is learnt before the run as the
+//! `keyed` target learns it, with the hash seeds fixed (`common/seeds.rs`); R is kept
+//! per (table, shard) as there. A refund is made only where the documented premise of
+//! the refund guarantee holds: judged (at `max(clock, R)`) no earlier than every
+//! admission of its shard (a charge read ahead of the clock, or a clock stepped back,
+//! would break it), and at a known R.
 //!
 //! # The exact model
 //!
@@ -31,7 +42,7 @@
 //! `Gcra` refund a plan's table runs (a plan limiter books nothing).
 //!
 //! Every decision is compared with the model's at `max(reading, R)`, R the latest
-//! instant the plan's table removed a key at; `peek` must equal the next check at the
+//! instant the key's shard of the plan's table removed a key at; `peek` must equal the next check at the
 //! same reading; no decision leaves more than its limit. After every operation each
 //! (plan, key) of every table the operation changed is compared through `peek` of 0
 //! and of 1 unit (an admission's `reset_after` tells where it would count) at the
@@ -1072,6 +1083,18 @@ where
             }
         }
         assert_eq!(limiter.metrics(), total);
+    }
+    if std::env::var_os("PLANS_STATS").is_some() {
+        // What a corpus reaches: `PLANS_STATS=1 plans -runs=0 corpus/plans`.
+        let m = limiter.metrics();
+        eprintln!(
+            "stats: {:?} shards {} evicted {} reclaimed {} removed {}",
+            F::KIND,
+            limiter.table(ids[0]).shards(),
+            m.evicted,
+            m.reclaimed,
+            m.removed
+        );
     }
 }
 
