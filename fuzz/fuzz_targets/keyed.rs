@@ -9,6 +9,9 @@
 //!   `SlidingLog`) per key, is the model;
 //! * the storage of a `KeyedLimiter`: `Heap`, `Inline` or `Fingerprint`;
 //! * 1, 2, 4 or 8 shards;
+//! * the keys: operations name `u8` keys, and a flood checks up to 255 keys from its
+//!   first on (so up to 510, the table's keys are `u16`): enough for every shard of an
+//!   8-shard table to pass its share plus headroom and evict;
 //! * the time unit (ns, µs or ms) of the period, the clock moves and the stale
 //!   readings, and where the clock starts: 100 s on, near the top of `u64`, a few
 //!   periods before a window index wraps (modulo `2^k`), or anywhere. Window readings
@@ -26,14 +29,20 @@
 //! clock's reading; `reclaim_idle` in the shards of the keys that may be idle — where
 //! more than one class may have removed, R is known only to lie between its last
 //! known value and the clock, and later readings of those classes are raised to the
-//! clock's reading of then (where every possible R gives the same judgment).
+//! clock's reading of then (where every possible R gives the same judgment). The
+//! hash seeds are fixed (`common/seeds.rs`), so a multi-shard failure reproduces from
+//! its input.
 //!
 //! **Oracles.** Every decision of a tracked key equals its model's at `max(reading,
 //! R)`, and a peek equals the check that follows it, for every key. An admission's
 //! receipt says it was judged at that instant. After every operation every tracked key
 //! is compared through peeks of 0 units (what is left) and 1 unit (where an admission
 //! would count) now and at its class's R: equal, except keys a live eviction in that
-//! very operation dropped (in the inserting key's shard), which must read as fresh.
+//! very operation dropped (in the inserting key's shard), which must read as fresh;
+//! the victim was the lightest of a sample of 8 of its shard: at most `present − 8`
+//! live keys of its class forgave less (`present`: the keys of the class that have a
+//! model; units in use, then `reset_after` on the lock-free table, units alone on the
+//! log).
 //! `reclaim_idle` removes no more keys than may be idle. Refunds: a
 //! receipt taken before a known removal in its shard gives back nothing; on the windows
 //! and the log a refund equals the model's; on GCRA (whose refund ledger is per shard,
@@ -47,6 +56,8 @@
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/seeds.rs"]
+mod seeds;
 
 use arbitrary::Arbitrary;
 use bounds::{Kind, Oracle};
@@ -69,29 +80,29 @@ const WINDOW_SPAN: u64 = 182 * 86_400 * 1_000_000_000;
 const EARLIEST_START: u64 = 1 << 30;
 
 #[derive(Arbitrary, Clone, Copy, Debug)]
-enum Op {
+enum Op<K = u8> {
     Check {
-        key: u8,
+        key: K,
         cost: u8,
     },
     /// A check at a reading `back` units earlier than the clock (a preempted thread,
     /// an early TSC, `check_n_at` with an older time).
     CheckEarlier {
-        key: u8,
+        key: K,
         cost: u8,
         back: u16,
     },
     Peek {
-        key: u8,
+        key: K,
         cost: u8,
     },
     Charge {
-        key: u8,
+        key: K,
         cost: u8,
     },
     /// A charge at a reading `back` units earlier than the clock.
     ChargeEarlier {
-        key: u8,
+        key: K,
         cost: u8,
         back: u16,
     },
@@ -102,21 +113,26 @@ enum Op {
     Advance(u32),
     ReclaimIdle,
     Remove {
-        key: u8,
+        key: K,
     },
-    /// Checks of `count` (at most 64) keys from `from` on, each read `back` units
-    /// earlier than the clock: a burst of inserts, enough to fill the shards of a
-    /// multi-shard table (each holds its share plus a headroom of 20-odd keys).
+    /// Checks of `count` keys from `from` on (past 255: [`Key`]), each read `back`
+    /// units earlier than the clock: a burst of inserts, enough to fill the shards of
+    /// an 8-shard table (each holds its share plus a headroom of 20-odd keys).
     Flood {
-        from: u8,
+        from: K,
         count: u8,
         cost: u8,
         back: u16,
     },
 }
 
-/// The operations, each flood expanded into its checks.
-fn expand(ops: &[Op]) -> Vec<Op> {
+/// The table's keys: the operations name `u8` keys, and a flood runs on past 255 (up
+/// to 510), so that every shard of an 8-shard table can fill beyond its share and
+/// evict (each holds its share plus a headroom of 20-odd keys).
+type Key = u16;
+
+/// The operations, each flood expanded into its checks, keys widened to [`Key`].
+fn expand(ops: &[Op]) -> Vec<Op<Key>> {
     let mut out = Vec::new();
     for op in ops {
         match *op {
@@ -125,12 +141,37 @@ fn expand(ops: &[Op]) -> Vec<Op> {
                 count,
                 cost,
                 back,
-            } => out.extend((0..count % 65).map(|i| Op::CheckEarlier {
-                key: from.wrapping_add(i),
+            } => out.extend((0..Key::from(count)).map(|i| Op::CheckEarlier {
+                key: Key::from(from) + i,
                 cost,
                 back,
             })),
-            op => out.push(op),
+            Op::Check { key, cost } => out.push(Op::Check {
+                key: key.into(),
+                cost,
+            }),
+            Op::CheckEarlier { key, cost, back } => out.push(Op::CheckEarlier {
+                key: key.into(),
+                cost,
+                back,
+            }),
+            Op::Peek { key, cost } => out.push(Op::Peek {
+                key: key.into(),
+                cost,
+            }),
+            Op::Charge { key, cost } => out.push(Op::Charge {
+                key: key.into(),
+                cost,
+            }),
+            Op::ChargeEarlier { key, cost, back } => out.push(Op::ChargeEarlier {
+                key: key.into(),
+                cost,
+                back,
+            }),
+            Op::Refund { pick } => out.push(Op::Refund { pick }),
+            Op::Advance(units) => out.push(Op::Advance(units)),
+            Op::ReclaimIdle => out.push(Op::ReclaimIdle),
+            Op::Remove { key } => out.push(Op::Remove { key: key.into() }),
         }
         if out.len() >= MAX_OPS {
             out.truncate(MAX_OPS);
@@ -199,13 +240,13 @@ impl Alg for SlidingWindow {
     }
 }
 
-/// A keyed table of `u8` keys: a `KeyedLimiter` or the `KeyedSlidingLog`.
+/// A keyed table of [`Key`] keys: a `KeyedLimiter` or the `KeyedSlidingLog`.
 trait Table {
-    fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision;
-    fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt);
-    fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision;
-    fn refund(&self, key: u8, receipt: Receipt) -> bool;
-    fn remove(&self, key: u8) -> bool;
+    fn check(&self, key: Key, at: Nanos, cost: u32) -> Decision;
+    fn charge(&self, key: Key, at: Nanos, cost: u32) -> (Decision, Receipt);
+    fn peek(&self, key: Key, at: Nanos, cost: u32) -> Decision;
+    fn refund(&self, key: Key, receipt: Receipt) -> bool;
+    fn remove(&self, key: Key) -> bool;
     /// Reclaims every idle key now (the log has no such call: 0).
     fn reclaim_idle(&self) -> usize;
     fn metrics(&self) -> KeyedMetrics;
@@ -216,19 +257,19 @@ trait Table {
 /// methods, which a path through `Self` finds before the trait's).
 macro_rules! table_methods {
     () => {
-        fn check(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+        fn check(&self, key: Key, at: Nanos, cost: u32) -> Decision {
             Self::check_n_at(self, &key, at, cost)
         }
-        fn charge(&self, key: u8, at: Nanos, cost: u32) -> (Decision, Receipt) {
+        fn charge(&self, key: Key, at: Nanos, cost: u32) -> (Decision, Receipt) {
             Self::charge_at(self, &key, at, cost)
         }
-        fn peek(&self, key: u8, at: Nanos, cost: u32) -> Decision {
+        fn peek(&self, key: Key, at: Nanos, cost: u32) -> Decision {
             Self::peek_at(self, &key, at, cost)
         }
-        fn refund(&self, key: u8, receipt: Receipt) -> bool {
+        fn refund(&self, key: Key, receipt: Receipt) -> bool {
             Self::refund(self, &key, receipt)
         }
-        fn remove(&self, key: u8) -> bool {
+        fn remove(&self, key: Key) -> bool {
             Self::remove(self, &key)
         }
         fn metrics(&self) -> KeyedMetrics {
@@ -240,14 +281,14 @@ macro_rules! table_methods {
     };
 }
 
-impl<A: Algorithm, S: Storage<u8, A::State>> Table for KeyedLimiter<u8, A, ManualClock, S> {
+impl<A: Algorithm, S: Storage<Key, A::State>> Table for KeyedLimiter<Key, A, ManualClock, S> {
     table_methods!();
     fn reclaim_idle(&self) -> usize {
         Self::reclaim_idle(self)
     }
 }
 
-impl Table for KeyedSlidingLog<u8, ManualClock> {
+impl Table for KeyedSlidingLog<Key, ManualClock> {
     table_methods!();
     fn reclaim_idle(&self) -> usize {
         0
@@ -291,10 +332,11 @@ struct Setup<'a> {
     shards: usize,
     capacity: usize,
     /// The operations, floods expanded (at most `MAX_OPS`).
-    ops: Vec<Op>,
+    ops: Vec<Op<Key>>,
 }
 
 fuzz_target!(|input: Input| {
+    seeds::fix_hash_seeds();
     let unit = [1, 1_000, 1_000_000][usize::from(input.unit % 3)];
     let period = Duration::from_nanos(u64::from(input.period) * unit);
     let Ok(policy) = Policy::new(u64::from(input.limit), period)
@@ -328,7 +370,7 @@ fuzz_target!(|input: Input| {
                 .capacity(setup.capacity)
                 .shards(setup.shards)
                 .clock(clock.clone())
-                .sliding_log::<u8>(policy)
+                .sliding_log::<Key>(policy)
             else {
                 return;
             };
@@ -344,9 +386,9 @@ fuzz_target!(|input: Input| {
 
 fn on_storage<A: Alg>(algorithm: A, setup: &Setup)
 where
-    Heap: Storage<u8, A::State>,
-    Inline: Storage<u8, A::State>,
-    Fingerprint: Storage<u8, A::State>,
+    Heap: Storage<Key, A::State>,
+    Inline: Storage<Key, A::State>,
+    Fingerprint: Storage<Key, A::State>,
 {
     match setup.input.storage % 3 {
         0 => keyed::<A, Heap>(algorithm, setup),
@@ -355,17 +397,17 @@ where
     }
 }
 
-fn keyed<A: Alg, S: Storage<u8, A::State>>(algorithm: A, setup: &Setup) {
+fn keyed<A: Alg, S: Storage<Key, A::State>>(algorithm: A, setup: &Setup) {
     let clock = ManualClock::new();
     let Ok(table) = KeyedBuilder::new(algorithm)
         .capacity(setup.capacity)
         .shards(setup.shards)
         .clock(clock.clone())
-        .build_in::<u8, S>()
+        .build_in::<Key, S>()
     else {
         return;
     };
-    let table: KeyedLimiter<u8, A, ManualClock, S> = table;
+    let table: KeyedLimiter<Key, A, ManualClock, S> = table;
     let start = start_of(
         setup.input,
         algorithm.wrap_span(),
@@ -406,9 +448,9 @@ fn start_of(input: &Input, wrap: Option<u128>, period: u64) -> u64 {
 /// The keys' shards as the target knows them: a class per shard met, and per class
 /// what is known of its latest removal.
 struct Classes {
-    of: BTreeMap<u8, usize>,
+    of: BTreeMap<Key, usize>,
     /// The keys of each class.
-    members: Vec<Vec<u8>>,
+    members: Vec<Vec<Key>>,
     /// The latest removal instant known (a lower bound of the shard's R).
     known: Vec<Nanos>,
     /// An upper bound of the shard's R (above `known` after a `reclaim_idle` that
@@ -424,7 +466,12 @@ struct Classes {
 impl Classes {
     /// Learns the shard classes of `keys` through the public API (see the module docs),
     /// with the clock at the probe's instants `1..=keys.len()` ns.
-    fn probe<T: Table>(table: &T, clock: &ManualClock, keys: &BTreeSet<u8>, shards: usize) -> Self {
+    fn probe<T: Table>(
+        table: &T,
+        clock: &ManualClock,
+        keys: &BTreeSet<Key>,
+        shards: usize,
+    ) -> Self {
         let mut of = BTreeMap::new();
         let mut order = Vec::new();
         let mut known: Vec<Nanos> = Vec::new();
@@ -479,7 +526,7 @@ impl Classes {
 
     /// The reading to decide `key` at instead of `reading`: raised to the clock's
     /// reading of the last unsure reclamation while its class's R is unknown.
-    fn reading(&self, key: u8, reading: Nanos) -> Nanos {
+    fn reading(&self, key: Key, reading: Nanos) -> Nanos {
         let c = self.of[&key];
         if self.known[c] < self.most[c] {
             reading.max(self.most[c])
@@ -489,12 +536,12 @@ impl Classes {
     }
 
     /// The instant the table judges `reading` (from [`Classes::reading`]) at.
-    fn judged(&self, key: u8, reading: Nanos) -> Nanos {
+    fn judged(&self, key: Key, reading: Nanos) -> Nanos {
         reading.max(self.known[self.of[&key]])
     }
 
     /// The earliest instant a later decision on `key` can be judged at.
-    fn floor(&self, key: u8) -> Nanos {
+    fn floor(&self, key: Key) -> Nanos {
         self.most[self.of[&key]]
     }
 
@@ -515,7 +562,7 @@ impl Classes {
 /// An outstanding receipt: the table's, the model's (`None`: void), the grant it
 /// holds, and its class's removal counts when it was taken.
 struct Held {
-    key: u8,
+    key: Key,
     table: Receipt,
     model: Option<Receipt>,
     grant: Option<u64>,
@@ -532,7 +579,7 @@ fn run<T: Table, M: Model>(
     setup: &Setup,
     twin: impl Fn(&ManualClock) -> M,
 ) {
-    let keys: BTreeSet<u8> = setup
+    let keys: BTreeSet<Key> = setup
         .ops
         .iter()
         .filter_map(|op| match *op {
@@ -555,16 +602,16 @@ fn run<T: Table, M: Model>(
     // The models' clock: set to the instant the table judges a refund at.
     let model_clock = ManualClock::new();
     let fresh = || twin(&model_clock);
-    let mut models: BTreeMap<u8, M> = BTreeMap::new();
-    let mut untracked: HashSet<u8> = HashSet::new();
-    let mut oracles: BTreeMap<u8, Oracle> = BTreeMap::new();
+    let mut models: BTreeMap<Key, M> = BTreeMap::new();
+    let mut untracked: HashSet<Key> = HashSet::new();
+    let mut oracles: BTreeMap<Key, Oracle> = BTreeMap::new();
     let mut receipts: Vec<Held> = Vec::new();
     let unit = setup.unit;
     for (i, op) in setup.ops.iter().enumerate() {
         let before = table.metrics();
         let now = clock.now();
         // The key whose insert may have removed keys, and the instant it was judged at.
-        let mut insert: Option<(u8, Nanos)> = None;
+        let mut insert: Option<(Key, Nanos)> = None;
         let mut charged = false;
         // The keys whose state or judgment the operation may have changed.
         let mut scope = Scope::Nothing;
@@ -689,7 +736,7 @@ fn run<T: Table, M: Model>(
                 // Which classes hold a key that may be idle now (the table's keys are
                 // among the models').
                 let idle = fresh().peek_at(now, 0);
-                let candidates: Vec<u8> = models
+                let candidates: Vec<Key> = models
                     .iter()
                     .filter(|(k, m)| untracked.contains(k) || m.peek_at(now, 0) == idle)
                     .map(|(&k, _)| k)
@@ -758,10 +805,20 @@ fn run<T: Table, M: Model>(
             oracles: &mut oracles,
             now: clock.now(),
             scope,
-            // An eviction sampled every live key of its shard (8 at most).
-            sampled_all: insert.filter(|_| before.live_keys <= EVICTION_SAMPLE),
+            inserted: insert,
+            by_reset: kind != Kind::Log,
         };
         sweep.compare(table, class_of_insert, evicted, &fresh);
+    }
+    if std::env::var_os("KEYED_STATS").is_some() {
+        // What a corpus reaches: `KEYED_STATS=1 keyed -runs=0 corpus/keyed`.
+        let m = table.metrics();
+        eprintln!(
+            "stats: {kind:?} storage {} shards {shards} evicted {} reclaimed {}",
+            setup.input.storage % 3,
+            m.evicted,
+            m.reclaimed
+        );
     }
 }
 
@@ -773,7 +830,7 @@ const EVICTION_SAMPLE: u64 = 8;
 #[derive(Clone, Copy, Debug)]
 enum Scope {
     Nothing,
-    Key(u8),
+    Key(Key),
     /// The keys of a class (shard) that removed a key.
     Class(usize),
     All,
@@ -782,9 +839,9 @@ enum Scope {
 /// What a refund is settled against.
 struct Refunding<'a, M> {
     classes: &'a Classes,
-    models: &'a BTreeMap<u8, M>,
-    untracked: &'a mut HashSet<u8>,
-    oracles: &'a mut BTreeMap<u8, Oracle>,
+    models: &'a BTreeMap<Key, M>,
+    untracked: &'a mut HashSet<Key>,
+    oracles: &'a mut BTreeMap<Key, Oracle>,
     model_clock: &'a ManualClock,
     now: Nanos,
     kind: Kind,
@@ -853,42 +910,61 @@ fn refund<T: Table, M: Model>(table: &T, held: Held, r: &mut Refunding<M>) {
 /// The comparison of every tracked key after an operation.
 struct Sweep<'a, M> {
     classes: &'a Classes,
-    models: &'a mut BTreeMap<u8, M>,
-    untracked: &'a HashSet<u8>,
-    oracles: &'a mut BTreeMap<u8, Oracle>,
+    models: &'a mut BTreeMap<Key, M>,
+    untracked: &'a HashSet<Key>,
+    oracles: &'a mut BTreeMap<Key, Oracle>,
     now: Nanos,
     scope: Scope,
-    /// The key inserted and the instant it was judged at, if its eviction (if any)
-    /// sampled every live key of its shard.
-    sampled_all: Option<(u8, Nanos)>,
+    /// The key inserted and the instant it was judged at.
+    inserted: Option<(Key, Nanos)>,
+    /// Whether eviction ranks equal units by `reset_after` (the lock-free table; the
+    /// log does not).
+    by_reset: bool,
 }
 
 impl<M: Model> Sweep<'_, M> {
-    /// Asserts that `victim`, evicted by the insert of `inserted` judged at `judged`
-    /// whose sample held every live key of the shard, was the one whose loss forgives
-    /// least: no other live key of its class holds fewer units (unknown where an
-    /// untracked key is in the class).
-    fn ranked(&self, victim: u8, inserted: u8, judged: Nanos, fresh: &impl Fn() -> M) {
+    /// Asserts that `victim`, evicted by the insert of `inserted` judged at `judged`,
+    /// was the lightest of a sample of `EVICTION_SAMPLE` keys of its shard (or of
+    /// every key, where fewer): at most `present − EVICTION_SAMPLE` live keys of its
+    /// class forgive less than it did, `present` the class's keys the table may hold
+    /// (those with a model: every key the table holds has one). The lock-free table
+    /// ranks by units in use, then `reset_after`; the log by units (then its length).
+    /// Unknown where an untracked key is in the class.
+    fn ranked(&self, victim: Key, inserted: Key, judged: Nanos, fresh: &impl Fn() -> M) {
         let class = self.classes.of[&victim];
         let members = &self.classes.members[class];
         if members.iter().any(|k| self.untracked.contains(k)) {
             return;
         }
         let idle = fresh().peek_at(judged, 0);
-        let units = |d: Decision| d.limit() - d.remaining();
-        let lost = units(self.models[&victim].peek_at(judged, 0));
-        for (&key, m) in members
+        let loss = |d: Decision| {
+            let units = d.limit() - d.remaining();
+            (
+                units,
+                if self.by_reset {
+                    d.reset_after_nanos()
+                } else {
+                    0
+                },
+            )
+        };
+        let lost = loss(self.models[&victim].peek_at(judged, 0));
+        let others: Vec<(Key, Decision)> = members
             .iter()
-            .filter(|&&k| k != inserted)
-            .filter_map(|k| self.models.get(k).map(|m| (k, m)))
-        {
-            let d = m.peek_at(judged, 0);
-            assert!(
-                d == idle || lost <= units(d),
-                "evicted key {victim} held {lost} units, key {key} only {}: {d:?}",
-                units(d)
-            );
-        }
+            .filter(|&&k| k != inserted && k != victim)
+            .filter_map(|k| self.models.get(k).map(|m| (*k, m.peek_at(judged, 0))))
+            .collect();
+        let lighter: Vec<&(Key, Decision)> = others
+            .iter()
+            .filter(|(_, d)| *d != idle && loss(*d) < lost)
+            .collect();
+        let present = others.len() as u64 + 1;
+        assert!(
+            lighter.len() as u64 <= present.saturating_sub(EVICTION_SAMPLE),
+            "evicted key {victim} forgave {lost:?}, but {} of the {present} keys its \
+             shard may hold forgave less: {lighter:?}",
+            lighter.len()
+        );
     }
 
     /// Compares every tracked key through peeks of 0 and 1 unit, now and at the
@@ -904,7 +980,7 @@ impl<M: Model> Sweep<'_, M> {
         fresh: &impl Fn() -> M,
     ) {
         let mut dropped = Vec::new();
-        let keys: &[u8] = match self.scope {
+        let keys: &[Key] = match self.scope {
             Scope::Nothing => &[],
             Scope::Key(ref k) => core::slice::from_ref(k),
             Scope::Class(c) => &self.classes.members[c],
@@ -940,7 +1016,7 @@ impl<M: Model> Sweep<'_, M> {
                     "key {key} was not dropped cleanly: {got:?} vs fresh {want:?}"
                 );
             }
-            if let Some((inserted, judged)) = self.sampled_all {
+            if let Some((inserted, judged)) = self.inserted {
                 self.ranked(key, inserted, judged, fresh);
             }
             evicted -= 1;

@@ -4,17 +4,28 @@
 //! An input builds 2–4 plans with arbitrary small policies (limit and burst 1–16, a
 //! period of 1 ms to 2 s), picks the algorithm (GCRA — `new_in`, which
 //! `PlanLimiter::new` is for `Heap` —, the fixed window or the sliding window counter)
-//! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan and a capacity
-//! of 1–6 keys per table in one shard (six keys: inserts evict and reclaim). The
+//! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan, a capacity
+//! of 1–6 keys per table, and 1, 2 or 4 shards per table (one shard: inserts evict and
+//! reclaim; more: each shard's own removal instant R, policy changes carried over at
+//! each shard's `max(now, R)`). The
 //! resolver reads each key's plan from an `Arc<[AtomicU8]>` that the input rewrites
 //! mid-run (a move); one value stands for an id outside the plans, which resolves to
 //! the default plan. Operations (three bytes each, after the header; see
-//! `Op::decode`): checks and charges (also at readings up to 254 ms earlier than the
-//! clock, through `check`, `check_n` and `check_n_at`), peeks, a peek then a check at
-//! the same reading, refunds of any earlier receipt (also on the wrong key), `remove`
-//! and `reset`, `set_policy` through `&self` (GCRA) and `set_policy_mut` (every
-//! algorithm; the plan's period or another; also on an unknown name), moves, clock
-//! moves and each table's `reclaim_idle`.
+//! `Op::decode`): checks and charges (also at readings up to 254 ms earlier or 256 ms
+//! later than the clock, through `check`, `check_n` and `check_n_at`), peeks, a peek
+//! then a check at the same reading, refunds of any earlier receipt (also on the wrong
+//! key), `remove` and `reset`, `set_policy` through `&self` (GCRA) and
+//! `set_policy_mut` (every algorithm; the plan's period or another, also up to 1 024
+//! units per 34 minutes; also on an unknown name), moves, clock moves (forward, and
+//! back by up to 408 ms: the clock is the target's, which may step back) and each
+//! table's `reclaim_idle`.
+//!
+//! Which shard of each plan's table a key is in is learnt before the run as the
+//! `keyed` target learns it, with the hash seeds fixed (`common/seeds.rs`); R is kept
+//! per (table, shard) as there. A refund is made only where the documented premise of
+//! the refund guarantee holds: judged (at `max(clock, R)`) no earlier than every
+//! admission of its shard (a charge read ahead of the clock, or a clock stepped back,
+//! would break it), and at a known R.
 //!
 //! # The exact model
 //!
@@ -31,7 +42,7 @@
 //! `Gcra` refund a plan's table runs (a plan limiter books nothing).
 //!
 //! Every decision is compared with the model's at `max(reading, R)`, R the latest
-//! instant the plan's table removed a key at; `peek` must equal the next check at the
+//! instant the key's shard of the plan's table removed a key at; `peek` must equal the next check at the
 //! same reading; no decision leaves more than its limit. After every operation each
 //! (plan, key) of every table the operation changed is compared through `peek` of 0
 //! and of 1 unit (an admission's `reset_after` tells where it would count) at the
@@ -82,16 +93,17 @@ use arbitrary::{Arbitrary, Unstructured};
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
 use floodgate::{
     Algorithm, Charged, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
-    KeyedBuilder, KeyedMetrics, ManualClock, Nanos, Policy, RateLimiter, Receipt, SlidingWindow,
-    Storage,
+    KeyedBuilder, KeyedMetrics, Nanos, Policy, RateLimiter, Receipt, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/seeds.rs"]
+mod seeds;
 use bounds::{Grant, Kind, Oracle};
 
 /// Keys `0..KEYS`; each table holds 1–6 of them.
@@ -120,11 +132,12 @@ impl Spec {
 
 #[derive(Debug)]
 enum Op {
-    /// A check at a reading `back_ms` before the clock (0: `check`/`check_n`).
+    /// A check at a reading `back_ms` before the clock (0: `check`/`check_n`;
+    /// negative: after it).
     Check {
         key: u8,
         cost: u32,
-        back_ms: u8,
+        back_ms: i16,
     },
     Peek {
         key: u8,
@@ -134,12 +147,12 @@ enum Op {
     PeekThenCheck {
         key: u8,
         cost: u32,
-        back_ms: u8,
+        back_ms: i16,
     },
     Charge {
         key: u8,
         cost: u32,
-        back_ms: u8,
+        back_ms: i16,
     },
     /// Refund an outstanding receipt (on the next key if `wrong`).
     Refund {
@@ -151,12 +164,15 @@ enum Op {
         reset: bool,
     },
     /// A policy change of plan `plan` (one past the last: an unknown name), through
-    /// `&self` if `shared` and the plans run GCRA; `period` `None` keeps the plan's.
+    /// `&self` if `shared` and the plans run GCRA; `period` `None` keeps the plan's;
+    /// `wide`: limit and burst ×64 and the period ×1000 (up to 1 024 units per 34
+    /// minutes).
     SetPolicy {
         plan: u8,
         units: u8,
         period: Option<u8>,
         shared: bool,
+        wide: bool,
     },
     /// Moves `key` to plan `plan` (one past the last: an id outside the plans).
     Route {
@@ -164,6 +180,9 @@ enum Op {
         plan: u8,
     },
     Advance(Duration),
+    /// Sets the clock this much earlier (a clock stepped back; readings earlier than
+    /// a state's are judged as the state allows).
+    Rewind(Duration),
     Reclaim {
         plan: u8,
     },
@@ -183,8 +202,13 @@ impl Op {
             255 => u32::MAX,
             x => u32::from(x) % (MAX_UNITS as u32 + 2),
         };
-        // Half the readings are the clock's, the others up to 254 ms behind it.
-        let back_ms = b.saturating_sub(127).saturating_mul(2);
+        // Three readings in eight are the clock's, one up to 256 ms after it, the
+        // others up to 254 ms behind it.
+        let back_ms = match b {
+            0..=95 => 0,
+            96..=127 => -8 * (i16::from(b) - 95),
+            _ => i16::from(b - 127) * 2,
+        };
         match code & 15 {
             0..=2 => Op::Check { key, cost, back_ms },
             3 | 4 => Op::Charge { key, cost, back_ms },
@@ -199,17 +223,22 @@ impl Op {
                 reset: a % 2 == 1,
             },
             10 => Op::SetPolicy {
-                plan,
+                plan: plan & 7,
                 units: a,
                 period: (b >= 128).then_some(b),
                 shared: b % 2 == 1,
+                wide: plan >= 8,
             },
             11 | 12 => Op::Route { key, plan: a },
-            13 | 14 => Op::Advance(if b >= 240 {
-                Duration::from_millis(u64::from(a) * 100)
-            } else {
-                Duration::from_micros(u64::from(a) * 100 * (u64::from(b % 16) + 1))
-            }),
+            13 | 14 => match b {
+                240.. => Op::Advance(Duration::from_millis(u64::from(a) * 100)),
+                176..=239 => Op::Rewind(Duration::from_micros(
+                    u64::from(a) * 100 * (u64::from(b % 16) + 1),
+                )),
+                _ => Op::Advance(Duration::from_micros(
+                    u64::from(a) * 100 * (u64::from(b % 16) + 1),
+                )),
+            },
             _ => Op::Reclaim { plan },
         }
     }
@@ -221,11 +250,36 @@ struct Input {
     algorithm: u8,
     storage: u8,
     plans: [Spec; 4],
-    /// 2–4 plans.
+    /// 2–4 plans (mod 3); 1, 2 or 4 shards per table (the high nibble, mod 3, as
+    /// the power of two; at most one per key of capacity).
     count: u8,
     default: u8,
     capacity: u8,
     routes: [u8; KEYS as usize],
+}
+
+/// A clock set by hand to any instant, earlier ones too (`ManualClock` never goes
+/// back): the limiter's, which the input may step back, and the models', set to the
+/// instant the table judges each refund or policy change at (its shard's `max(now, R)`,
+/// which moves back and forth between shards once readings run ahead of the clock).
+#[derive(Clone, Debug, Default)]
+struct AnyClock(Arc<AtomicU64>);
+
+impl AnyClock {
+    fn set(&self, t: Nanos) {
+        self.0.store(t.as_u64(), Ordering::Relaxed);
+    }
+
+    fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        self.set(Nanos::new(self.now().as_u64().saturating_add(by)));
+    }
+}
+
+impl Clock for AnyClock {
+    fn now(&self) -> Nanos {
+        Nanos::new(self.0.load(Ordering::Relaxed))
+    }
 }
 
 /// GCRA whose policy is swapped through `&self`: the un-keyed twin of a GCRA plan,
@@ -272,11 +326,11 @@ trait Flavor {
     fn model(policy: Policy) -> Self::M;
 
     /// Applies a policy change to a model, as the plan's table takes it.
-    fn change(model: &mut RateLimiter<Self::M, ManualClock>, policy: Policy);
+    fn change(model: &mut RateLimiter<Self::M, AnyClock>, policy: Policy);
 
     /// `set_policy` through `&self` where the algorithm has it (GCRA), else `None`.
     fn set_shared<R, S>(
-        limiter: &PlanLimiter<u8, R, ManualClock, S, Self::A>,
+        limiter: &PlanLimiter<u8, R, AnyClock, S, Self::A>,
         name: &str,
         policy: Policy,
     ) -> Option<Result<(), PlansError>>
@@ -299,12 +353,12 @@ impl Flavor for OnGcra {
         SwitchGcra(Mutex::new(policy))
     }
 
-    fn change(model: &mut RateLimiter<SwitchGcra, ManualClock>, policy: Policy) {
+    fn change(model: &mut RateLimiter<SwitchGcra, AnyClock>, policy: Policy) {
         *model.algorithm().0.lock().expect("never poisoned") = policy;
     }
 
     fn set_shared<R, S>(
-        limiter: &PlanLimiter<u8, R, ManualClock, S, Gcra>,
+        limiter: &PlanLimiter<u8, R, AnyClock, S, Gcra>,
         name: &str,
         policy: Policy,
     ) -> Option<Result<(), PlansError>>
@@ -340,12 +394,13 @@ impl<W: Window> Flavor for OnWindow<W> {
         W::for_policy(policy).expect("the plans accepted this policy")
     }
 
-    fn change(model: &mut RateLimiter<W, ManualClock>, policy: Policy) {
+    fn change(model: &mut RateLimiter<W, AnyClock>, policy: Policy) {
         model.set_algorithm(Self::model(policy));
     }
 }
 
 fuzz_target!(|data: &[u8]| {
+    seeds::fix_hash_seeds();
     let mut u = Unstructured::new(data);
     let Ok(input) = Input::arbitrary(&mut u) else {
         return;
@@ -364,9 +419,140 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// The reading `back_ms` before `now`.
-fn reading(now: Nanos, back_ms: u8) -> Nanos {
-    Nanos::new(now.as_u64().saturating_sub(u64::from(back_ms) * 1_000_000))
+/// The reading `back_ms` before `now` (negative: after it).
+fn reading(now: Nanos, back_ms: i16) -> Nanos {
+    let by = u64::from(back_ms.unsigned_abs()) * 1_000_000;
+    Nanos::new(if back_ms >= 0 {
+        now.as_u64().saturating_sub(by)
+    } else {
+        now.as_u64().saturating_add(by)
+    })
+}
+
+/// What the target knows of one plan's table's shards: each key's class (its shard,
+/// learnt through the public API before the run, as the `keyed` target does), and
+/// per class the latest removal instant known (`known`, a lower bound of the shard's
+/// R), an upper bound of R (`most`: above `known` after a `reclaim_idle` that more
+/// than one class may have removed in; later readings of the class are then raised
+/// to it, where every possible R judges alike), and the latest instant an admission
+/// of the class was judged at (a refund judged earlier would break the documented
+/// premise of the refund guarantee, so none is made).
+struct Shards {
+    of: [usize; KEYS as usize],
+    known: Vec<Nanos>,
+    most: Vec<Nanos>,
+    latest: Vec<Nanos>,
+}
+
+impl Shards {
+    /// The reading to decide `key` at instead of `reading` (see the type docs).
+    fn raise(&self, key: u8, reading: Nanos) -> Nanos {
+        let c = self.of[usize::from(key)];
+        if self.known[c] < self.most[c] {
+            reading.max(self.most[c])
+        } else {
+            reading
+        }
+    }
+
+    /// The instant the table judges a raised reading of `key` at.
+    fn judged(&self, key: u8, raised: Nanos) -> Nanos {
+        raised.max(self.known[self.of[usize::from(key)]])
+    }
+
+    /// The instant a decision on `key` at `reading` is judged at.
+    fn at(&self, key: u8, reading: Nanos) -> Nanos {
+        self.judged(key, self.raise(key, reading))
+    }
+
+    /// Whether the instant a decision on `key` read at `reading` is judged at is
+    /// known without raising the reading.
+    fn sure(&self, key: u8, reading: Nanos) -> bool {
+        let c = self.of[usize::from(key)];
+        self.known[c] == self.most[c] || reading >= self.most[c]
+    }
+
+    /// The earliest instant a later decision on `key` can be judged at.
+    fn floor(&self, key: u8) -> Nanos {
+        self.most[self.of[usize::from(key)]]
+    }
+
+    /// A removal known to be in class `c`, judged at `at`.
+    fn removed(&mut self, c: usize, at: Nanos) {
+        self.known[c] = self.known[c].max(at);
+        self.most[c] = self.most[c].max(at);
+    }
+}
+
+/// Learns each table's shard classes: at instant `i` (ns) the `i`-th key of the
+/// table, routed there, is charged a unit at reading 0, which the table judges at its
+/// shard's latest removal (the instant the previous key of that shard was probed at,
+/// or 0), then removed (R of that shard becomes `i`).
+fn learn_shards<R, S, A>(
+    limiter: &PlanLimiter<u8, R, AnyClock, S, A>,
+    clock: &AnyClock,
+    routes: &[AtomicU8],
+    n: usize,
+    shards: usize,
+) -> Vec<Shards>
+where
+    R: Fn(&u8) -> PlanId,
+    A: PlanAlgorithm,
+    S: Storage<u8, A::State>,
+{
+    let saved: Vec<u8> = routes.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+    let mut instant = 0;
+    let out = (0..n)
+        .map(|p| {
+            let mut of = [0; KEYS as usize];
+            let mut known: Vec<Nanos> = Vec::new();
+            let mut probed_at = Vec::new();
+            for k in 0..KEYS {
+                routes[usize::from(k)].store(p as u8, Ordering::Relaxed);
+                instant += 1;
+                let at = Nanos::new(instant);
+                clock.set(at);
+                let (d, receipt) = limiter.charge_at(&k, Nanos::ZERO, 1);
+                assert!(d.is_allowed(), "probe: fresh key {k} refused a unit: {d:?}");
+                let judged = receipt.charged_at().expect("an admitted unit is charged");
+                assert!(limiter.remove(&k), "probe: key {k} is not in its table");
+                let class = match probed_at.iter().position(|&t| t == judged) {
+                    _ if judged == Nanos::ZERO => {
+                        known.push(Nanos::ZERO);
+                        known.len() - 1
+                    }
+                    Some(i) => {
+                        let class = of[i];
+                        assert_eq!(
+                            known[class], judged,
+                            "probe: key {k} judged at {judged:?}, not its shard's latest removal"
+                        );
+                        class
+                    }
+                    None => panic!("probe: key {k} judged at {judged:?}, no removal's instant"),
+                };
+                known[class] = at;
+                of[usize::from(k)] = class;
+                probed_at.push(at);
+            }
+            assert!(
+                known.len() <= shards,
+                "probe: {} classes over {shards} shards",
+                known.len()
+            );
+            let classes = known.len();
+            Shards {
+                of,
+                most: known.clone(),
+                known,
+                latest: vec![Nanos::ZERO; classes],
+            }
+        })
+        .collect();
+    for (route, saved) in routes.iter().zip(saved) {
+        route.store(saved, Ordering::Relaxed);
+    }
+    out
 }
 
 /// A (plan, key)'s admissions since its life started (see the module docs).
@@ -442,7 +628,7 @@ impl Life {
 
 /// One (plan, key): its model, whether it is compared exactly, and its life.
 struct Pair<M: Algorithm> {
-    model: RateLimiter<M, ManualClock>,
+    model: RateLimiter<M, AnyClock>,
     tracked: bool,
     life: Life,
 }
@@ -504,12 +690,16 @@ where
         v if v == n => default,
         v => v,
     };
-    let clock = ManualClock::starting_at(Nanos::from_secs(100));
+    // At 0 until the shards are learnt (at 1 to 24 ns), then at 100 s.
+    let clock = AnyClock::default();
+    let capacity = usize::from(input.capacity) % usize::from(KEYS) + 1;
+    // The builder's rounding: at most one shard per key of capacity.
+    let shards = (1 << ((input.count >> 4) % 3)).min(1 << capacity.ilog2());
     let builder = KeyedBuilder::default()
-        .capacity(usize::from(input.capacity) % usize::from(KEYS) + 1)
-        .shards(1)
+        .capacity(capacity)
+        .shards(shards)
         .clock(clock.clone());
-    let mut limiter: PlanLimiter<u8, _, ManualClock, S, F::A> =
+    let mut limiter: PlanLimiter<u8, _, AnyClock, S, F::A> =
         match PlanLimiter::new_in(&plans, resolver, builder) {
             Ok(limiter) => limiter,
             Err(PlansError::Policy { .. }) => {
@@ -523,7 +713,7 @@ where
         };
 
     // The models' clock: set to the instant the table judges a refund or change at.
-    let model_clock = ManualClock::new();
+    let model_clock = AnyClock::default();
     let fresh = |policy: Policy| RateLimiter::with_clock(F::model(policy), model_clock.clone());
     let new_pair = |policy: Policy| Pair {
         model: fresh(policy),
@@ -535,8 +725,9 @@ where
         .map(|&p| (0..KEYS).map(|_| new_pair(p)).collect())
         .collect();
     let mut receipts: Vec<Held> = Vec::new();
-    // Each table's latest removal instant.
-    let mut removed_at = vec![Nanos::ZERO; n];
+    // Each table's shards, learnt through the public API (removals at 1 to 24 ns).
+    let mut shards = learn_shards(&limiter, &clock, &routes, n, shards);
+    clock.set(Nanos::from_secs(100));
 
     let mut last = 0;
     let ops = ops
@@ -546,8 +737,9 @@ where
     for op in ops {
         let before: Vec<KeyedMetrics> = ids.iter().map(|&id| limiter.table(id).metrics()).collect();
         let now = clock.now();
-        // The instant each table judges this operation at (before any removal in it).
-        let mut judged: Vec<Nanos> = removed_at.iter().map(|&r| now.max(r)).collect();
+        // The table, class and judged instant of a decision that may insert (and so
+        // reclaim or evict in its shard).
+        let mut insert: Option<(usize, usize, Nanos)> = None;
         // The tables this operation may have changed beyond their counters.
         let mut touched = vec![false; n];
         match op {
@@ -556,9 +748,16 @@ where
             | Op::Charge { key, cost, back_ms } => {
                 let (k, c) = (key, cost);
                 let p = plan_of(k);
-                let r = reading(now, back_ms);
-                let t = r.max(removed_at[p]);
-                judged[p] = t;
+                let r = shards[p].raise(k, reading(now, back_ms));
+                let t = shards[p].judged(k, r);
+                // The clock's own reading (`check`, `charge`) unless raised.
+                let back_ms = if r == now {
+                    back_ms.max(0)
+                } else {
+                    back_ms.min(-1)
+                };
+                let class = shards[p].of[usize::from(k)];
+                insert = Some((p, class, t));
                 let pair = &mut pairs[p][usize::from(k)];
                 let (got, want, receipts_of) = match op {
                     Op::Charge { .. } => {
@@ -594,6 +793,9 @@ where
                 // What is left never passes the plan's limit (GCRA: its burst).
                 assert!(got.remaining() <= got.limit(), "{op:?}: {got:?}");
                 let grant = pair.life.admit(policies[p], t.as_u64(), &got, c);
+                if got.is_allowed() && c > 0 {
+                    shards[p].latest[class] = shards[p].latest[class].max(t);
+                }
                 if let Some((table, theirs)) = receipts_of {
                     receipts.push(Held {
                         plan: p,
@@ -608,18 +810,34 @@ where
                 let (k, c) = (key, cost);
                 let p = plan_of(k);
                 let pair = &pairs[p][usize::from(k)];
-                let got = limiter.peek(&k, c);
+                let r = shards[p].raise(k, now);
+                let got = if r == now {
+                    limiter.peek(&k, c)
+                } else {
+                    limiter.peek_at(&k, r, c)
+                };
                 if pair.tracked {
-                    let want = pair.model.peek_at(judged[p], c);
+                    let want = pair.model.peek_at(shards[p].judged(k, r), c);
                     assert_eq!(got, want, "peek {k} cost {c} on plan {p} at {now:?}");
                 }
             }
             Op::Refund { pick, wrong } => {
-                if !receipts.is_empty() {
-                    let h = receipts.swap_remove(usize::from(pick) % receipts.len());
+                let i = usize::from(pick) % receipts.len().max(1);
+                // The key the receipt would be refunded on, its table, and the
+                // instant the table judges the refund at (the clock's reading).
+                let target = receipts.get(i).map(|h| {
                     let on = if wrong { (h.key + 1) % KEYS } else { h.key };
                     let p = plan_of(on);
-                    let t = judged[p];
+                    (on, p, shards[p].at(on, now))
+                });
+                // Only refunds the documented premise covers: judged no earlier than
+                // every admission of the shard, at a known instant.
+                let premise = target.is_some_and(|(on, p, t)| {
+                    shards[p].sure(on, now) && t >= shards[p].latest[shards[p].of[usize::from(on)]]
+                });
+                if premise {
+                    let h = receipts.swap_remove(i);
+                    let (on, p, t) = target.expect("a receipt");
                     touched[p] = true;
                     model_clock.set(t);
                     let back = limiter.refund(&on, h.table);
@@ -654,9 +872,10 @@ where
                 let k = key;
                 let live = (0..n).any(|p| {
                     let pair = &pairs[p][usize::from(k)];
+                    let t = shards[p].at(k, now);
                     pair.tracked
-                        && probe(|c| pair.model.peek_at(judged[p], c))
-                            != probe(|c| fresh(policies[p]).peek_at(judged[p], c))
+                        && probe(|c| pair.model.peek_at(t, c))
+                            != probe(|c| fresh(policies[p]).peek_at(t, c))
                 });
                 let removed = if reset {
                     limiter.reset(&k)
@@ -665,6 +884,15 @@ where
                 };
                 assert!(removed || !live, "key {k} had state and no entry to remove");
                 touched.fill(true);
+                for p in 0..n {
+                    let m = limiter.table(ids[p]).metrics();
+                    if removals(m) > removals(before[p]) {
+                        // In the key's shard, at the clock's reading.
+                        assert_eq!(m.removed, before[p].removed + 1, "plan {p}: {m:?}");
+                        let c = shards[p].of[usize::from(k)];
+                        shards[p].removed(c, now);
+                    }
+                }
                 for p in 0..n {
                     drop_pair(
                         &mut pairs[p][usize::from(k)],
@@ -680,20 +908,25 @@ where
                 units,
                 period,
                 shared,
+                wide,
             } => {
                 let idx = usize::from(plan) % (n + 1);
                 // The plan's period unless the operation names one.
-                let ms = policies[idx.min(n - 1)].period_nanos().div_ceil(1_000_000);
-                let spec = Spec {
-                    units,
-                    period: period.unwrap_or(0),
+                let plan_ns = policies[idx.min(n - 1)].period_nanos();
+                let scale = if wide { 64 } else { 1 };
+                let period_ns = match period {
+                    Some(b) => {
+                        let ms = u64::from(b) * u64::from(b) / 32 + 1;
+                        ms * 1_000_000 * if wide { 1_000 } else { 1 }
+                    }
+                    None => plan_ns,
                 };
-                let policy = match period {
-                    Some(_) => spec.policy(),
-                    None => Policy::new(u64::from(units & 15) + 1, Duration::from_millis(ms))
-                        .and_then(|p| p.with_burst(u64::from(units >> 4) + 1))
-                        .ok(),
-                };
+                let policy = Policy::new(
+                    (u64::from(units & 15) + 1) * scale,
+                    Duration::from_nanos(period_ns),
+                )
+                .and_then(|p| p.with_burst((u64::from(units >> 4) + 1) * scale))
+                .ok();
                 if let Some(policy) = policy {
                     let name = names.get(idx).map_or("nobody", String::as_str);
                     let result = match shared.then(|| F::set_shared(&limiter, name, policy)) {
@@ -711,8 +944,15 @@ where
                         if accepted {
                             touched[idx] = true;
                             policies[idx] = policy;
-                            model_clock.set(judged[idx]);
-                            for pair in &mut pairs[idx] {
+                            for (k, pair) in pairs[idx].iter_mut().enumerate() {
+                                let k = k as u8;
+                                // Each shard carries its keys over at max(now, R).
+                                model_clock.set(shards[idx].at(k, now));
+                                if F::KIND != Kind::Gcra && !shards[idx].sure(k, now) {
+                                    // At an instant not known: held to the bounds
+                                    // until it reads as fresh.
+                                    pair.tracked = false;
+                                }
                                 F::change(&mut pair.model, policy);
                                 if F::KIND != Kind::Gcra {
                                     // A window change may forgive (see the module docs).
@@ -736,9 +976,45 @@ where
             Op::Advance(by) => {
                 clock.advance(by);
             }
+            Op::Rewind(by) => {
+                clock.set(Nanos::new(
+                    now.as_u64().saturating_sub(by.as_nanos() as u64),
+                ));
+            }
             Op::Reclaim { plan } => {
-                let id = route_ids[usize::from(plan) % (n + 1)];
-                let _ = limiter.table(id).reclaim_idle();
+                let i = usize::from(plan) % (n + 1);
+                let p = if i == n { default } else { i };
+                let id = route_ids[i];
+                let gone = limiter.table(id).reclaim_idle();
+                if gone > 0 {
+                    // In the shards of the keys that may be idle, at the clock's
+                    // reading: where more than one class may have removed, R is known
+                    // only to lie below max(R, now).
+                    let blank = fresh(policies[p]);
+                    let mut hit: Vec<usize> = (0..KEYS)
+                        .filter(|&k| {
+                            let pair = &pairs[p][usize::from(k)];
+                            let t = shards[p].at(k, now);
+                            !pair.tracked
+                                || probe(|c| pair.model.peek_at(t, c))
+                                    == probe(|c| blank.peek_at(t, c))
+                        })
+                        .map(|k| shards[p].of[usize::from(k)])
+                        .collect();
+                    hit.sort_unstable();
+                    hit.dedup();
+                    assert!(
+                        !hit.is_empty(),
+                        "plan {p}: {gone} reclaimed, no key may be idle"
+                    );
+                    if let [c] = hit[..] {
+                        shards[p].removed(c, now);
+                    } else {
+                        for c in hit {
+                            shards[p].most[c] = shards[p].most[c].max(now);
+                        }
+                    }
+                }
             }
         }
 
@@ -756,19 +1032,22 @@ where
             total.reclaimed += m.reclaimed;
             total.evicted += m.evicted;
             total.removed += m.removed;
-            if removals(m) > removals(before[p]) {
-                removed_at[p] = removed_at[p].max(judged[p]);
+            if let Some((q, c, t)) = insert.filter(|&(q, ..)| q == p) {
+                if removals(m) > removals(before[q]) {
+                    // An insert's reclamation or eviction: in its shard, at its instant.
+                    shards[q].removed(c, t);
+                }
             }
             if !touched[p] && m == before[p] {
                 continue;
             }
             let mut evicted_now = m.evicted - before[p].evicted;
-            let r = removed_at[p];
-            let at = clock.now().max(r);
             let blank = fresh(policies[p]);
             for k in 0..KEYS {
                 let route = routes[usize::from(k)].swap(p as u8, Ordering::Relaxed);
                 let pair = &mut pairs[p][usize::from(k)];
+                let r = shards[p].floor(k);
+                let at = clock.now().max(r);
                 // Now, and at the earliest instant a later operation can be judged at
                 // (a pair evicted here may read as idle now only).
                 let instants: &[Nanos] = if r < at { &[at, r] } else { &[at] };
@@ -805,6 +1084,18 @@ where
         }
         assert_eq!(limiter.metrics(), total);
     }
+    if std::env::var_os("PLANS_STATS").is_some() {
+        // What a corpus reaches: `PLANS_STATS=1 plans -runs=0 corpus/plans`.
+        let m = limiter.metrics();
+        eprintln!(
+            "stats: {:?} shards {} evicted {} reclaimed {} removed {}",
+            F::KIND,
+            limiter.table(ids[0]).shards(),
+            m.evicted,
+            m.reclaimed,
+            m.removed
+        );
+    }
 }
 
 /// What a pair shows at an instant: its decisions for 0 and 1 unit (a peek of 0 alone
@@ -817,7 +1108,7 @@ fn probe(peek: impl Fn(u32) -> Decision) -> [Decision; 2] {
 /// After a refund: the table's pair is never more permissive than its model after
 /// the model's own refund, for any cost, and has no more left.
 fn refund_never_looser<R, S, A, M>(
-    limiter: &PlanLimiter<u8, R, ManualClock, S, A>,
+    limiter: &PlanLimiter<u8, R, AnyClock, S, A>,
     pair: &Pair<M>,
     key: u8,
     at: Nanos,
