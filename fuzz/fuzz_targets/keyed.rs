@@ -1,6 +1,7 @@
 //! The keyed tables against an unbounded map of un-keyed limiters — the oracle of
 //! "never admit beyond a limit": arbitrary checks and charges (also at readings
-//! earlier than the clock, across removals), peeks, refunds, removals, clock moves and
+//! earlier and later than the clock, across removals), peeks, refunds, removals, clock
+//! moves (forward, and back: the clock is the target's, `common/clock.rs`) and
 //! explicit reclamation over a small-capacity table, so that inserts, automatic
 //! reclamation and eviction all happen. Input bytes pick:
 //!
@@ -31,7 +32,11 @@
 //! known value and the clock, and later readings of those classes are raised to the
 //! clock's reading of then (where every possible R gives the same judgment). The
 //! hash seeds are fixed (`common/seeds.rs`), so a multi-shard failure reproduces from
-//! its input.
+//! its input. Readings ahead of the clock (one in sixteen of those with a `back`) and
+//! clock steps back make R pass the clock: an insert read ahead removes keys at its
+//! reading, and a removal or reclamation at a clock stepped back leaves R ahead of it.
+//! Every decision, peek and comparison is then judged at `max(reading, R)`, and
+//! `reclaim_idle` may take a key idle at `max(clock, R)`.
 //!
 //! **Oracles.** Every decision of a tracked key equals its model's at `max(reading,
 //! R)`, and a peek equals the check that follows it, for every key. An admission's
@@ -43,7 +48,9 @@
 //! live keys of its class forgave less (`present`: the keys of the class that have a
 //! model; units in use, then `reset_after` on the lock-free table, units alone on the
 //! log).
-//! `reclaim_idle` removes no more keys than may be idle. Refunds: a
+//! `reclaim_idle` removes no more keys than may be idle. Refunds are made only where
+//! the refund guarantee's premise holds: judged (at `max(clock, R)`, R known) no
+//! earlier than every decision of the key's shard; a receipt waits otherwise. A
 //! receipt taken before a known removal in its shard gives back nothing; on the windows
 //! and the log a refund equals the model's; on GCRA (whose refund ledger is per shard,
 //! not per key) it never leaves the table more permissive than the model, and a key
@@ -56,15 +63,18 @@
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/clock.rs"]
+mod clock;
 #[path = "common/seeds.rs"]
 mod seeds;
 
 use arbitrary::Arbitrary;
 use bounds::{Kind, Oracle};
+use clock::AnyClock;
 use floodgate::keyed::composite::Limit;
 use floodgate::{
     Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
-    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, ManualClock, Nanos, Policy, RateLimiter, Receipt,
+    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Nanos, Policy, RateLimiter, Receipt,
     SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
@@ -86,7 +96,8 @@ enum Op<K = u8> {
         cost: u8,
     },
     /// A check at a reading `back` units earlier than the clock (a preempted thread,
-    /// an early TSC, `check_n_at` with an older time).
+    /// an early TSC, `check_n_at` with an older time), or, where `back ≥ 0xF000`,
+    /// `back & 0xFFF` units later (see [`shifted`]).
     CheckEarlier {
         key: K,
         cost: u8,
@@ -100,7 +111,8 @@ enum Op<K = u8> {
         key: K,
         cost: u8,
     },
-    /// A charge at a reading `back` units earlier than the clock.
+    /// A charge at a reading `back` units earlier than the clock (or later: as
+    /// `CheckEarlier`).
     ChargeEarlier {
         key: K,
         cost: u8,
@@ -109,14 +121,15 @@ enum Op<K = u8> {
     Refund {
         pick: u8,
     },
-    /// Moves the clock by this many units.
+    /// Moves the clock by this many units; from `0xF000_0000` on, steps it back by
+    /// the low 16 bits' units instead (never before the start).
     Advance(u32),
     ReclaimIdle,
     Remove {
         key: K,
     },
     /// Checks of `count` keys from `from` on (past 255: [`Key`]), each read `back`
-    /// units earlier than the clock: a burst of inserts, enough to fill the shards of
+    /// units earlier than the clock (or later: as `CheckEarlier`): a burst of inserts, enough to fill the shards of
     /// an 8-shard table (each holds its share plus a headroom of 20-odd keys).
     Flood {
         from: K,
@@ -130,6 +143,33 @@ enum Op<K = u8> {
 /// to 510), so that every shard of an 8-shard table can fill beyond its share and
 /// evict (each holds its share plus a headroom of 20-odd keys).
 type Key = u16;
+
+/// Where a `back` field puts a reading after the clock's `now`: `back` units before
+/// it, or, from `0xF000` on, `back & 0xFFF` units after it (one reading in sixteen; a
+/// window reading no later than `end`). An insert read ahead removes keys at an instant
+/// the clock has not reached: its shard's R passes the clock. Below `0xF000` a seed
+/// reads as it did before readings ran ahead.
+fn shifted(now: u64, back: u16, unit: u64, end: u64) -> u64 {
+    if back >= 0xF000 {
+        let ahead = now.saturating_add(u64::from(back & 0xFFF) * unit);
+        ahead.min(end.max(now))
+    } else {
+        now.saturating_sub(u64::from(back) * unit)
+    }
+}
+
+/// Where `Advance(units)` sets the clock from `now`: `units` later (a window clock no
+/// later than `end`), or, from `0xF000_0000` on, `units & 0xFFFF` units earlier but not
+/// before `start` (a clock stepped back: another core's TSC, an NTP step).
+fn moved(now: u64, units: u32, unit: u64, start: u64, end: u64) -> u64 {
+    if units >= 0xF000_0000 {
+        let back = u64::from(units & 0xFFFF) * unit;
+        now.saturating_sub(back).max(start.min(now))
+    } else {
+        let next = now.saturating_add(u64::from(units) * unit);
+        next.min(end.max(now))
+    }
+}
 
 /// The operations, each flood expanded into its checks, keys widened to [`Key`].
 fn expand(ops: &[Op]) -> Vec<Op<Key>> {
@@ -281,14 +321,14 @@ macro_rules! table_methods {
     };
 }
 
-impl<A: Algorithm, S: Storage<Key, A::State>> Table for KeyedLimiter<Key, A, ManualClock, S> {
+impl<A: Algorithm, S: Storage<Key, A::State>> Table for KeyedLimiter<Key, A, AnyClock, S> {
     table_methods!();
     fn reclaim_idle(&self) -> usize {
         Self::reclaim_idle(self)
     }
 }
 
-impl Table for KeyedSlidingLog<Key, ManualClock> {
+impl Table for KeyedSlidingLog<Key, AnyClock> {
     table_methods!();
     fn reclaim_idle(&self) -> usize {
         0
@@ -303,13 +343,13 @@ trait Model: Limit {
     fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool;
 }
 
-impl<A: Alg> Model for RateLimiter<A, ManualClock> {
+impl<A: Alg> Model for RateLimiter<A, AnyClock> {
     fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool {
         A::into_dead(at, want) && refusal(got, want)
     }
 }
 
-impl Model for SlidingLog<ManualClock> {
+impl Model for SlidingLog<AnyClock> {
     fn dead_refusal(&self, _: Nanos, _: &Decision, _: &Decision) -> bool {
         false
     }
@@ -365,7 +405,7 @@ fuzz_target!(|input: Input| {
             }
         }
         _ => {
-            let clock = ManualClock::new();
+            let clock = AnyClock::default();
             let Ok(table) = KeyedBuilder::default()
                 .capacity(setup.capacity)
                 .shards(setup.shards)
@@ -398,7 +438,7 @@ where
 }
 
 fn keyed<A: Alg, S: Storage<Key, A::State>>(algorithm: A, setup: &Setup) {
-    let clock = ManualClock::new();
+    let clock = AnyClock::default();
     let Ok(table) = KeyedBuilder::new(algorithm)
         .capacity(setup.capacity)
         .shards(setup.shards)
@@ -407,7 +447,7 @@ fn keyed<A: Alg, S: Storage<Key, A::State>>(algorithm: A, setup: &Setup) {
     else {
         return;
     };
-    let table: KeyedLimiter<Key, A, ManualClock, S> = table;
+    let table: KeyedLimiter<Key, A, AnyClock, S> = table;
     let start = start_of(
         setup.input,
         algorithm.wrap_span(),
@@ -461,6 +501,9 @@ struct Classes {
     removals: Vec<u64>,
     /// Removals that may have happened in the class.
     maybe: Vec<u64>,
+    /// The latest instant any decision of the class was judged at: a refund is made
+    /// only where it is judged no earlier (the refund guarantee's premise).
+    latest: Vec<Nanos>,
 }
 
 impl Classes {
@@ -468,7 +511,7 @@ impl Classes {
     /// with the clock at the probe's instants `1..=keys.len()` ns.
     fn probe<T: Table>(
         table: &T,
-        clock: &ManualClock,
+        clock: &AnyClock,
         keys: &BTreeSet<Key>,
         shards: usize,
     ) -> Self {
@@ -521,6 +564,7 @@ impl Classes {
             known,
             removals: vec![0; n],
             maybe: vec![0; n],
+            latest: vec![Nanos::ZERO; n],
         }
     }
 
@@ -543,6 +587,21 @@ impl Classes {
     /// The earliest instant a later decision on `key` can be judged at.
     fn floor(&self, key: Key) -> Nanos {
         self.most[self.of[&key]]
+    }
+
+    /// The instant a refund of `key` with the clock at `now` is judged at, where it
+    /// is known and no earlier than every decision of its class (the refund
+    /// guarantee's premise); `None` where either fails.
+    fn refund_at(&self, key: Key, now: Nanos) -> Option<Nanos> {
+        let c = self.of[&key];
+        let at = if now >= self.most[c] {
+            now
+        } else if self.known[c] == self.most[c] {
+            self.known[c]
+        } else {
+            return None;
+        };
+        (at >= self.latest[c]).then_some(at)
     }
 
     /// A removal known to be in `class`, judged at `at`.
@@ -572,12 +631,12 @@ struct Held {
 
 fn run<T: Table, M: Model>(
     table: &T,
-    clock: &ManualClock,
+    clock: &AnyClock,
     shards: usize,
     kind: Kind,
     start: u64,
     setup: &Setup,
-    twin: impl Fn(&ManualClock) -> M,
+    twin: impl Fn(&AnyClock) -> M,
 ) {
     let keys: BTreeSet<Key> = setup
         .ops
@@ -600,7 +659,7 @@ fn run<T: Table, M: Model>(
         Kind::Gcra | Kind::Log => u64::MAX,
     };
     // The models' clock: set to the instant the table judges a refund at.
-    let model_clock = ManualClock::new();
+    let model_clock = AnyClock::default();
     let fresh = || twin(&model_clock);
     let mut models: BTreeMap<Key, M> = BTreeMap::new();
     let mut untracked: HashSet<Key> = HashSet::new();
@@ -625,9 +684,11 @@ fn run<T: Table, M: Model>(
                     _ => 0,
                 };
                 let cost = u32::from(cost);
-                let stale = Nanos::new(now.as_u64().saturating_sub(u64::from(back) * unit));
+                let stale = Nanos::new(shifted(now.as_u64(), back, unit, end));
                 let reading = classes.reading(key, stale);
                 let judged = classes.judged(key, reading);
+                let c = classes.of[&key];
+                classes.latest[c] = classes.latest[c].max(judged);
                 let peeked = table.peek(key, reading, cost);
                 let model = models.entry(key).or_insert_with(fresh);
                 let charging = matches!(op, Op::Charge { .. } | Op::ChargeEarlier { .. });
@@ -703,27 +764,30 @@ fn run<T: Table, M: Model>(
                 }
             }
             Op::Refund { pick } if !receipts.is_empty() => {
-                let held = receipts.remove(usize::from(pick) % receipts.len());
-                scope = Scope::Key(held.key);
-                refund(
-                    table,
-                    held,
-                    &mut Refunding {
-                        classes: &classes,
-                        models: &models,
-                        untracked: &mut untracked,
-                        oracles: &mut oracles,
-                        model_clock: &model_clock,
-                        now,
-                        kind,
-                        burst: setup.policy.burst(),
-                    },
-                );
+                let index = usize::from(pick) % receipts.len();
+                // Only where the premise holds (else the receipt stays for later).
+                if let Some(at) = classes.refund_at(receipts[index].key, now) {
+                    let held = receipts.remove(index);
+                    scope = Scope::Key(held.key);
+                    refund(
+                        table,
+                        held,
+                        &mut Refunding {
+                            classes: &classes,
+                            models: &models,
+                            untracked: &mut untracked,
+                            oracles: &mut oracles,
+                            model_clock: &model_clock,
+                            now: at,
+                            kind,
+                            burst: setup.policy.burst(),
+                        },
+                    );
+                }
             }
             Op::Refund { .. } => {}
             Op::Advance(units) => {
-                let next = now.as_u64().saturating_add(u64::from(units) * unit);
-                clock.set(Nanos::new(next.min(end.max(now.as_u64()))));
+                clock.set(Nanos::new(moved(now.as_u64(), units, unit, start, end)));
             }
             Op::ReclaimIdle => {
                 scope = Scope::All;
@@ -734,11 +798,14 @@ fn run<T: Table, M: Model>(
                     "reclaim_idle's count"
                 );
                 // Which classes hold a key that may be idle now (the table's keys are
-                // among the models').
-                let idle = fresh().peek_at(now, 0);
+                // among the models'), judged at `max(now, R)`: idle at the latest R may
+                // be (idleness lasts once reached).
                 let candidates: Vec<Key> = models
                     .iter()
-                    .filter(|(k, m)| untracked.contains(k) || m.peek_at(now, 0) == idle)
+                    .filter(|(k, m)| {
+                        let at = now.max(classes.floor(**k));
+                        untracked.contains(k) || m.peek_at(at, 0) == fresh().peek_at(at, 0)
+                    })
                     .map(|(&k, _)| k)
                     .collect();
                 assert!(
@@ -842,13 +909,14 @@ struct Refunding<'a, M> {
     models: &'a BTreeMap<Key, M>,
     untracked: &'a mut HashSet<Key>,
     oracles: &'a mut BTreeMap<Key, Oracle>,
-    model_clock: &'a ManualClock,
+    model_clock: &'a AnyClock,
+    /// The instant the table judges the refund at (`max(clock, R)`).
     now: Nanos,
     kind: Kind,
     burst: u64,
 }
 
-/// Refunds `held` on the table and the model (both judged at the clock's reading) and
+/// Refunds `held` on the table and the model (both judged at `max(clock, R)`) and
 /// compares them.
 fn refund<T: Table, M: Model>(table: &T, held: Held, r: &mut Refunding<M>) {
     let key = held.key;
@@ -994,7 +1062,9 @@ impl<M: Model> Sweep<'_, M> {
                 continue;
             }
             // Costs 0 (what is left) and 1 (where an admission would count).
-            let probes = [self.now, self.classes.floor(key)]
+            // Each judged where it is read: no earlier than the class's R.
+            let floor = self.classes.floor(key);
+            let probes = [self.now.max(floor), floor]
                 .into_iter()
                 .flat_map(|t| [(t, 0), (t, 1)]);
             let Some((t, cost, got, want)) = probes

@@ -96,15 +96,18 @@ use floodgate::{
     KeyedBuilder, KeyedMetrics, Nanos, Policy, RateLimiter, Receipt, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/clock.rs"]
+mod clock;
 #[path = "common/seeds.rs"]
 mod seeds;
 use bounds::{Grant, Kind, Oracle};
+use clock::AnyClock;
 
 /// Keys `0..KEYS`; each table holds 1–6 of them.
 const KEYS: u8 = 6;
@@ -256,30 +259,6 @@ struct Input {
     default: u8,
     capacity: u8,
     routes: [u8; KEYS as usize],
-}
-
-/// A clock set by hand to any instant, earlier ones too (`ManualClock` never goes
-/// back): the limiter's, which the input may step back, and the models', set to the
-/// instant the table judges each refund or policy change at (its shard's `max(now, R)`,
-/// which moves back and forth between shards once readings run ahead of the clock).
-#[derive(Clone, Debug, Default)]
-struct AnyClock(Arc<AtomicU64>);
-
-impl AnyClock {
-    fn set(&self, t: Nanos) {
-        self.0.store(t.as_u64(), Ordering::Relaxed);
-    }
-
-    fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-        self.set(Nanos::new(self.now().as_u64().saturating_add(by)));
-    }
-}
-
-impl Clock for AnyClock {
-    fn now(&self) -> Nanos {
-        Nanos::new(self.0.load(Ordering::Relaxed))
-    }
 }
 
 /// GCRA whose policy is swapped through `&self`: the un-keyed twin of a GCRA plan,
