@@ -74,8 +74,8 @@ use clock::AnyClock;
 use floodgate::keyed::composite::Limit;
 use floodgate::{
     Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
-    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Nanos, Policy, RateLimiter, Receipt,
-    SlidingLog, SlidingWindow, Storage,
+    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Nanos, Policy, RateLimiter, Receipt, SlidingLog,
+    SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -509,12 +509,7 @@ struct Classes {
 impl Classes {
     /// Learns the shard classes of `keys` through the public API (see the module docs),
     /// with the clock at the probe's instants `1..=keys.len()` ns.
-    fn probe<T: Table>(
-        table: &T,
-        clock: &AnyClock,
-        keys: &BTreeSet<Key>,
-        shards: usize,
-    ) -> Self {
+    fn probe<T: Table>(table: &T, clock: &AnyClock, keys: &BTreeSet<Key>, shards: usize) -> Self {
         let mut of = BTreeMap::new();
         let mut order = Vec::new();
         let mut known: Vec<Nanos> = Vec::new();
