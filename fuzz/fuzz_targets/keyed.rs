@@ -660,6 +660,9 @@ fn run<T: Table, M: Model>(
     let mut untracked: HashSet<Key> = HashSet::new();
     let mut oracles: BTreeMap<Key, Oracle> = BTreeMap::new();
     let mut receipts: Vec<Held> = Vec::new();
+    // For the stats: operations after which some shard's R was past the clock, and
+    // refunds held back because their premise failed.
+    let (mut ahead, mut waited) = (0u64, 0u64);
     let unit = setup.unit;
     for (i, op) in setup.ops.iter().enumerate() {
         let before = table.metrics();
@@ -761,7 +764,9 @@ fn run<T: Table, M: Model>(
             Op::Refund { pick } if !receipts.is_empty() => {
                 let index = usize::from(pick) % receipts.len();
                 // Only where the premise holds (else the receipt stays for later).
-                if let Some(at) = classes.refund_at(receipts[index].key, now) {
+                let at = classes.refund_at(receipts[index].key, now);
+                waited += u64::from(at.is_none());
+                if let Some(at) = at {
                     let held = receipts.remove(index);
                     scope = Scope::Key(held.key);
                     refund(
@@ -832,6 +837,7 @@ fn run<T: Table, M: Model>(
             }
         }
         let after = table.metrics();
+        ahead += u64::from(classes.most.iter().any(|&r| r > clock.now()));
         assert!(after.live_keys as usize <= table.max_keys(), "{after:?}");
         let evicted = after.evicted - before.evicted;
         let class_of_insert = insert.map(|(key, _)| classes.of[&key]);
@@ -876,7 +882,8 @@ fn run<T: Table, M: Model>(
         // What a corpus reaches: `KEYED_STATS=1 keyed -runs=0 corpus/keyed`.
         let m = table.metrics();
         eprintln!(
-            "stats: {kind:?} storage {} shards {shards} evicted {} reclaimed {}",
+            "stats: {kind:?} storage {} shards {shards} evicted {} reclaimed {} \
+             R ahead {ahead} refunds waiting {waited}",
             setup.input.storage % 3,
             m.evicted,
             m.reclaimed
