@@ -13,46 +13,14 @@
 //!
 //! Driven through `tower::Service` with a `ManualClock`: no sockets, no sleeps.
 
-use std::fmt;
-use std::future::{ready, Future};
 use std::sync::Arc;
 
-use floodgate::{AsyncLimit, Decision, ManualClock, Policy, RateLimiter};
+use floodgate::{ManualClock, Policy, RateLimiter};
 use floodgate_http::{Global, OnLimiterError, RateLimitLayer, Rule};
 use http::{Request, Response};
 use tower::{Layer, ServiceExt};
 mod common;
-use common::{Hello, TestResult};
-
-/// A remote limiter whose backend is down: every call fails.
-struct Down;
-
-#[derive(Debug)]
-struct Unreachable;
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("backend unreachable")
-    }
-}
-
-impl std::error::Error for Unreachable {}
-
-impl AsyncLimit<()> for Down {
-    type Error = Unreachable;
-
-    fn check_n(
-        &self,
-        _: &(),
-        _: u32,
-    ) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Err(Unreachable))
-    }
-
-    fn peek_n(&self, _: &(), _: u32) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Err(Unreachable))
-    }
-}
+use common::{Down, Hello, TestResult};
 
 async fn send(layer: &RateLimitLayer) -> Response<floodgate_http::RateLimitBody<String>> {
     layer

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::future::{ready, Future};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::{Layer, Service};
 
 mod common;
-use common::{Hello, TestResult};
+use common::{Down, Hello, TestResult};
 
 /// `ConnectInfo<SocketAddr>`, as axum's `into_make_service_with_connect_info` inserts it.
 fn connect_info(ext: &http::Extensions) -> Option<IpAddr> {
@@ -669,34 +669,6 @@ async fn bad_input_gets_a_clear_answer() -> TestResult {
     let s = layer.stats();
     assert_eq!((s[0].bad_key, s[0].allowed, s[0].denied), (2, 2, 1));
     Ok(())
-}
-
-/// A limiter whose backend is down.
-struct Down;
-
-#[derive(Debug)]
-struct Unreachable;
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("backend unreachable")
-    }
-}
-
-impl AsyncLimit<()> for Down {
-    type Error = Unreachable;
-
-    fn check_n(
-        &self,
-        _: &(),
-        _: u32,
-    ) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Err(Unreachable))
-    }
-
-    fn peek_n(&self, _: &(), _: u32) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Err(Unreachable))
-    }
 }
 
 #[tokio::test]

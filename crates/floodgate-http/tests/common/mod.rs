@@ -4,10 +4,11 @@
 #![allow(dead_code)]
 
 use std::convert::Infallible;
-use std::future::{ready, Ready};
+use std::fmt;
+use std::future::{ready, Future, Ready};
 use std::task::{Context, Poll};
 
-use floodgate::{Clock, Nanos};
+use floodgate::{AsyncLimit, Clock, Decision, Nanos};
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::Service;
@@ -43,3 +44,34 @@ impl Clock for TokioClock {
 }
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A remote limiter whose backend is down: every call fails.
+pub struct Down;
+
+/// [`Down`]'s error.
+#[derive(Debug)]
+pub struct Unreachable;
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("backend unreachable")
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+impl AsyncLimit<()> for Down {
+    type Error = Unreachable;
+
+    fn check_n(
+        &self,
+        _: &(),
+        _: u32,
+    ) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
+        ready(Err(Unreachable))
+    }
+
+    fn peek_n(&self, _: &(), _: u32) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
+        ready(Err(Unreachable))
+    }
+}
