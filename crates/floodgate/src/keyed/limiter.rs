@@ -290,6 +290,7 @@ pub struct KeyedBuilder<A, C = DefaultClock> {
     capacity: usize,
     shards: Option<usize>,
     memory_budget: usize,
+    hash_seed: Option<u64>,
 }
 
 /// The clock a builder will hand its limiter: one given, or a constructor run at
@@ -379,6 +380,7 @@ impl<C> KeyedBuilder<(), C> {
             shards,
             share,
             self.memory_budget,
+            self.hash_seed,
         ))
     }
 }
@@ -403,6 +405,7 @@ impl<A> KeyedBuilder<A> {
             capacity: DEFAULT_CAPACITY,
             shards: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
+            hash_seed: None,
         }
     }
 }
@@ -485,6 +488,38 @@ impl<A, C> KeyedBuilder<A, C> {
         self
     }
 
+    /// Hashes keys with seeds derived from `seed`, the same in every process and for
+    /// every table built from this builder, instead of random seeds drawn per table
+    /// (the default).
+    ///
+    /// For reproducible tests and benchmarks: a table's layout — which keys share a
+    /// shard and a probe run — then repeats from run to run. Keep the default in
+    /// production: a client who knows the seed can choose keys that crowd one shard
+    /// and one probe run. The table stays exact and bounded, but those lookups slow
+    /// down and evictions fall on that shard's keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, Policy};
+    /// // The same layout in every run of the benchmark.
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?))
+    ///     .capacity(10_000)
+    ///     .hash_seed(7)
+    ///     .build_inline::<u64>()?;
+    /// assert!(keyed.check(&1).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hash_seed(mut self, seed: u64) -> Self {
+        self.hash_seed = Some(seed);
+        self
+    }
+
+    /// The seed [`hash_seed`](KeyedBuilder::hash_seed) fixed, if any.
+    pub(crate) fn seed(&self) -> Option<u64> {
+        self.hash_seed
+    }
+
     /// The bytes of the slot array a build would allocate now (the same for both
     /// tables; see [`memory_budget`](KeyedBuilder::memory_budget)). Allocates nothing.
     ///
@@ -532,6 +567,7 @@ impl<A, C> KeyedBuilder<A, C> {
             capacity: self.capacity,
             shards: self.shards,
             memory_budget: self.memory_budget,
+            hash_seed: self.hash_seed,
         }
     }
 
@@ -553,6 +589,7 @@ impl<A, C> KeyedBuilder<A, C> {
             capacity: self.capacity,
             shards: self.shards,
             memory_budget: self.memory_budget,
+            hash_seed: self.hash_seed,
         }
     }
 
@@ -718,7 +755,7 @@ impl<A, C> KeyedBuilder<A, C> {
             capacity,
             algorithm: self.algorithm,
             clock: self.clock.make(),
-            table: S::Table::build(capacity, shards),
+            table: S::Table::build(capacity, shards, self.hash_seed),
             stripes: Stripes::new(shards),
             owner: Owner::new(),
             _key: PhantomData,

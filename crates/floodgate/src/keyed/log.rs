@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use crossbeam_utils::CachePadded;
 
 use super::limiter::KeyedMetrics;
+use super::storage::{table_hasher, Salt};
 use crate::clock::{Clock, Nanos};
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -121,11 +122,12 @@ where
         shards: usize,
         share: usize,
         memory_budget: usize,
+        seed: Option<u64>,
     ) -> Self {
         let shards_list = (0..shards)
-            .map(|_| {
+            .map(|n| {
                 CachePadded::new(Mutex::new(LogShard {
-                    logs: HashMap::with_hasher(ahash::RandomState::new()),
+                    logs: HashMap::with_hasher(table_hasher(seed, Salt::LogShard(n as u64))),
                     bounds: Bounds::of(policy),
                     policy,
                     generation: 0,
@@ -138,7 +140,7 @@ where
         KeyedSlidingLog {
             clock,
             shards: shards_list,
-            hasher: ahash::RandomState::new(),
+            hasher: table_hasher(seed, Salt::Table),
             shard_bits: shards.trailing_zeros(),
             share,
             capacity,

@@ -94,7 +94,7 @@ use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::keyed::key::Lookup;
 use crate::keyed::limiter::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics};
-use crate::keyed::storage::{Heap, Storage};
+use crate::keyed::storage::{table_hasher, Heap, Salt, Storage};
 use crate::lease::{LeaseBuilder, LeaseError, LeasedGcra};
 use crate::policy::Policy;
 use crate::sync::{lock, pin, retire, thread_index, AtomicPtr, AtomicU64, Mutex, Ordering};
@@ -571,6 +571,7 @@ where
             return Err(HotKeyError::Slots(hot.slots));
         }
         let gcra = Gcra::new(policy);
+        let seed = table.seed();
         let table = table.settle_clock();
         let keyed = table
             .algorithm(HotGcra::new(gcra, Mode::Decide))
@@ -600,7 +601,7 @@ where
                 promotions: 0,
                 demotions: 0,
             }),
-            hasher: ahash::RandomState::new(),
+            hasher: table_hasher(seed, Salt::HotSample),
             _owns: PhantomData,
         })
     }

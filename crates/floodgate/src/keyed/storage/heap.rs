@@ -117,8 +117,8 @@ where
     const SLOT_BYTES: usize = SLOT_BYTES;
     const ENTRY_BYTES: usize = core::mem::size_of::<Entry<K, S>>();
 
-    fn build(capacity: usize, shards: usize) -> Self {
-        let set = ShardSet::new(capacity, shards, |shape| Shard {
+    fn build(capacity: usize, shards: usize, seed: Option<u64>) -> Self {
+        let set = ShardSet::new(capacity, shards, seed, |shape| Shard {
             slots: (0..shape.slots)
                 .map(|_| Slot {
                     tag: AtomicU64::new(EMPTY),
@@ -575,7 +575,7 @@ mod tests {
         ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
     )]
     fn insert_find_retire_and_drop_heap_keys() {
-        let table: Table<String, GcraState> = Table::build(8, 1);
+        let table: Table<String, GcraState> = Table::build(8, 1, None);
         let g = gcra();
         let t0 = Nanos::from_secs(1);
         for i in 0..8 {
@@ -633,7 +633,7 @@ mod tests {
         ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
     )]
     fn threads_race_on_insert_lookup_and_removal() {
-        let table: Table<u64, GcraState> = Table::build(4, 1);
+        let table: Table<u64, GcraState> = Table::build(4, 1, None);
         let g = gcra();
         std::thread::scope(|s| {
             for t in 0..2u64 {

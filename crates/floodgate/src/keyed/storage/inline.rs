@@ -60,8 +60,8 @@ use crossbeam_utils::CachePadded;
 
 use super::{
     charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
-    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, Take, WriteSide,
-    Writer,
+    remove_at, table_hasher, KeyTable, Outcome, Removals, Retired, Salt, ShardSet, Slots,
+    TableCounts, Take, WriteSide, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, refund_word, update_word, CasWord};
@@ -184,8 +184,8 @@ impl<S: bytemuck::Pod> CasWord for KeyedSlot<'_, S> {
 
 /// How a key becomes the 64 bits its slot stores.
 pub trait Encoding<K>: Send + Sync {
-    /// A new encoder (fresh seeds for a fingerprint).
-    fn new() -> Self;
+    /// A new encoder (for a fingerprint: seeds from the table's `seed`, else fresh).
+    fn new(seed: Option<u64>) -> Self;
     /// The bits of `key`.
     fn bits<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64;
 }
@@ -194,7 +194,7 @@ pub trait Encoding<K>: Send + Sync {
 pub struct Exact;
 
 impl<K: InlineKey> Encoding<K> for Exact {
-    fn new() -> Self {
+    fn new(_seed: Option<u64>) -> Self {
         Exact
     }
 
@@ -204,16 +204,13 @@ impl<K: InlineKey> Encoding<K> for Exact {
     }
 }
 
-/// Fingerprints: a 64-bit keyed hash of the key (random seeds, fixed under loom).
+/// Fingerprints: a 64-bit keyed hash of the key (seeds as the table's hasher's:
+/// [`table_hasher`]).
 pub struct Fingerprinted(ahash::RandomState);
 
 impl<K: Hash> Encoding<K> for Fingerprinted {
-    fn new() -> Self {
-        #[cfg(not(loom))]
-        let seeds = ahash::RandomState::new();
-        #[cfg(loom)]
-        let seeds = ahash::RandomState::with_seeds(5, 6, 7, 8);
-        Fingerprinted(seeds)
+    fn new(seed: Option<u64>) -> Self {
+        Fingerprinted(table_hasher(seed, Salt::Fingerprint))
     }
 
     #[inline(always)]
@@ -251,8 +248,8 @@ where
     const SLOT_BYTES: usize = SLOT_BYTES;
     const ENTRY_BYTES: usize = 0;
 
-    fn build(capacity: usize, shards: usize) -> Self {
-        let set = ShardSet::new(capacity, shards, |shape| Shard {
+    fn build(capacity: usize, shards: usize, seed: Option<u64>) -> Self {
+        let set = ShardSet::new(capacity, shards, seed, |shape| Shard {
             slots: empty_slots(shape.slots),
             version: AtomicU64::new(0),
             removals: Removals::new(),
@@ -264,7 +261,7 @@ where
         });
         InlineTable {
             set,
-            encoding: E::new(),
+            encoding: E::new(seed),
         }
     }
 
@@ -699,7 +696,7 @@ mod tests {
 
     #[test]
     fn insert_evict_reclaim_in_one_shard() {
-        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(8, 1);
+        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(8, 1, None);
         let shard = &table.set.shards[0];
         let g = gcra();
         let t0 = Nanos::from_secs(1);
@@ -751,7 +748,7 @@ mod tests {
     /// zeroed from the allocator instead of being written slot by slot.
     #[test]
     fn a_new_table_is_all_zero_bytes() {
-        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(100, 2);
+        let table: InlineTable<GcraState, Exact> = KeyTable::<u64, _>::build(100, 2, None);
         let g = gcra();
         for shard in table.set.shards.iter() {
             assert!(shard.slots.iter().all(|s| s.0.load(Ordering::Relaxed) == 0));

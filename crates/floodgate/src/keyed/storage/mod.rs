@@ -135,8 +135,9 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     /// Heap bytes one live key takes outside its slot (before allocator overhead).
     const ENTRY_BYTES: usize;
 
-    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity).
-    fn build(capacity: usize, shards: usize) -> Self;
+    /// A table for `capacity` keys over `shards` shards (a power of two ≤ capacity),
+    /// hashing with `seed` if given ([`table_hasher`]).
+    fn build(capacity: usize, shards: usize, seed: Option<u64>) -> Self;
 
     /// Decides `cost` at `now` for `key`, inserting the key if it must store a state;
     /// only a charge (an [`Outcome`] with `RECEIPT`) reads what its receipt compares.
@@ -473,6 +474,53 @@ pub struct TableCounts {
     pub(crate) removed: u64,
 }
 
+/// Which of a table's hashers [`table_hasher`] makes: one seed gives each its own keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Salt {
+    /// The hasher that picks a key's shard and home slot.
+    Table,
+    /// The inline table's 64-bit fingerprints of keys.
+    Fingerprint,
+    /// The hot-key limiter's sampling of keys.
+    HotSample,
+    /// The hash map of the keyed log's shard `n`.
+    LogShard(u64),
+}
+
+/// A table's hasher: from `seed` when the builder fixed one
+/// ([`KeyedBuilder::hash_seed`](crate::KeyedBuilder::hash_seed)), the same in every
+/// process; otherwise from random per-table seeds (HashDoS resistance: no client can
+/// predict which keys share a probe run), or fixed under loom, whose exploration must
+/// be deterministic.
+pub(crate) fn table_hasher(seed: Option<u64>, salt: Salt) -> ahash::RandomState {
+    let salt = match salt {
+        Salt::Table => 0,
+        Salt::Fingerprint => 1,
+        Salt::HotSample => 2,
+        Salt::LogShard(n) => 3 + n,
+    };
+    match seed {
+        Some(seed) => {
+            // splitmix64 from the seed and salt: four well-mixed, distinct keys.
+            let mut x = seed ^ salt.wrapping_mul(0xA076_1D64_78BD_642F);
+            let mut next = || {
+                x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^ (z >> 31)
+            };
+            ahash::RandomState::with_seeds(next(), next(), next(), next())
+        }
+        #[cfg(not(loom))]
+        None => ahash::RandomState::new(),
+        #[cfg(loom)]
+        None => {
+            ahash::RandomState::with_seeds(1 + 4 * salt, 2 + 4 * salt, 3 + 4 * salt, 4 + 4 * salt)
+        }
+    }
+}
+
 /// A table's shards and the hasher that spreads keys over them.
 pub(crate) struct ShardSet<T> {
     pub(crate) shards: Box<[CachePadded<T>]>,
@@ -494,15 +542,15 @@ pub(crate) struct ShardShape<'a> {
 
 impl<T: Slots> ShardSet<T> {
     /// `shards` shards (a power of two ≤ `capacity`), each made by `make`.
-    pub(crate) fn new(capacity: usize, shards: usize, make: impl Fn(ShardShape<'_>) -> T) -> Self {
+    pub(crate) fn new(
+        capacity: usize,
+        shards: usize,
+        seed: Option<u64>,
+        make: impl Fn(ShardShape<'_>) -> T,
+    ) -> Self {
         let (share, slots) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
-        // Random per-process seeds (HashDoS resistance); fixed under loom, whose
-        // exploration must be deterministic.
-        #[cfg(not(loom))]
-        let hasher = ahash::RandomState::new();
-        #[cfg(loom)]
-        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let hasher = table_hasher(seed, Salt::Table);
         let shards = (0..shards)
             .map(|_| {
                 CachePadded::new(make(ShardShape {
@@ -957,7 +1005,7 @@ mod tests {
     /// refunds nothing), counts it, and clamps later decisions to its instant. Each
     /// storage's tests run it.
     pub(super) fn remove_deletes_one_key<T: KeyTable<u64, GcraState>>() {
-        let table = T::build(8, 1);
+        let table = T::build(8, 1, None);
         let g = gcra();
         let t = Nanos::from_secs(10);
         let check = |key: u64, now: Nanos, cost: u32| {
@@ -998,7 +1046,7 @@ mod tests {
 
     /// `replace_states` on table `T` rewrites every live key's state and only those.
     pub(super) fn replace_states_rewrites_live_keys<T: KeyTable<u64, GcraState>>() {
-        let mut table = T::build(8, 2);
+        let mut table = T::build(8, 2, None);
         let g = gcra();
         let t = Nanos::from_secs(10);
         for key in 0..5u64 {
