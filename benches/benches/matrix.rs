@@ -66,6 +66,7 @@ fn bench(c: &mut Criterion, name: &str, group: &Group, keys: u64, threads: usize
             threads,
             keys,
             budget: Budget::Ops(0),
+            seed: 0,
         });
         g.bench_function(id, |b| {
             b.iter_custom(|iters| {

@@ -69,6 +69,7 @@ fn main() -> ExitCode {
         threads: 1,
         keys,
         budget: Budget::Ops(decisions),
+        seed: 0,
     });
     println!(
         "{wanted}: {} decisions, {} admitted, {:?} per decision",

@@ -365,6 +365,13 @@ fn permutation(n: u64, rng: &mut SplitMix64) -> Box<[u64]> {
     keys
 }
 
+/// Four well-mixed words from `seed` (the first four of its splitmix64 stream): the
+/// keys of a run's hashers ([`Setup::hasher`](crate::matrix::Setup::hasher)).
+pub(crate) fn seed_words(seed: u64) -> [u64; 4] {
+    let mut rng = SplitMix64(seed);
+    [rng.next(), rng.next(), rng.next(), rng.next()]
+}
+
 /// splitmix64 (Steele, Lea and Flood): a seeded generator good enough for drawing
 /// benchmark keys, and a few lines instead of a dependency.
 struct SplitMix64(u64);

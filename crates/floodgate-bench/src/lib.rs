@@ -24,7 +24,7 @@
 //!
 //! let matrix = groups();
 //! let hot = &matrix[0];
-//! let run = hot.contenders[0].measure(&Setup { threads: 1, keys: 1, budget: Budget::Ops(1_000) });
+//! let run = hot.contenders[0].measure(&Setup { threads: 1, keys: 1, budget: Budget::Ops(1_000), seed: 0 });
 //! assert_eq!(run.ops, 1_000);
 //! ```
 

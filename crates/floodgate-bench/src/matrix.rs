@@ -273,6 +273,36 @@ pub struct Setup {
     pub keys: u64,
     /// How much work each thread does.
     pub budget: Budget,
+    /// The run's hash seed: every keyed table the run builds (floodgate's, through
+    /// `KeyedBuilder::hash_seed`, and each contender's map) hashes with seeds derived
+    /// from it instead of random ones. Which keys share a shard or a probe run moves a
+    /// table's speed by up to about 15 % at 10^3–10^4 keys, so `floodgate bench` gives
+    /// run `i` of every cell seed `i`: two invocations lay out their tables alike and
+    /// their medians differ only by what the machine did.
+    pub seed: u64,
+}
+
+impl Setup {
+    /// Hasher number `n` of a contender for this run ([`Setup::seed`]). Hashers that
+    /// must not agree take different `n`: a map inside a shard chosen by the top bits
+    /// of one hash would find every key's tag alike if it hashed with the same one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_bench::matrix::Setup;
+    /// use floodgate_bench::Budget;
+    /// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(0), seed: 3 };
+    /// let hash = |setup: Setup, n| setup.hasher(n).hash_one(7u64);
+    /// assert_eq!(hash(setup, 0), hash(setup, 0));
+    /// assert_ne!(hash(setup, 0), hash(setup, 1));
+    /// assert_ne!(hash(setup, 0), hash(Setup { seed: 4, ..setup }, 0));
+    /// ```
+    pub fn hasher(&self, n: u64) -> ahash::RandomState {
+        let [k0, k1, k2, k3] =
+            crate::keys::seed_words(self.seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
+        ahash::RandomState::with_seeds(k0, k1, k2, k3)
+    }
 }
 
 /// Builds a contender's limiter for a [`Setup`] and inserts its keys (the setup's
@@ -307,7 +337,7 @@ impl Prepared {
     /// use floodgate_bench::Budget;
     /// let matrix = groups();
     /// let keyed = matrix.iter().find(|g| g.id == "gcra-keyed-idle").unwrap();
-    /// let setup = Setup { threads: 1, keys: 100, budget: Budget::Ops(0) };
+    /// let setup = Setup { threads: 1, keys: 100, budget: Budget::Ops(0), seed: 0 };
     /// let mut prepared = (keyed.contenders[0].run)(&setup);
     /// assert_eq!(prepared.run(Budget::Ops(1_000)).admitted, 1_000);
     /// assert_eq!(prepared.run(Budget::Ops(500)).ops, 500);
@@ -333,7 +363,7 @@ impl Contender {
     ///
     /// ```
     /// let matrix = floodgate_bench::matrix::groups();
-    /// let setup = floodgate_bench::matrix::Setup { threads: 1, keys: 1, budget: floodgate_bench::Budget::Ops(100) };
+    /// let setup = floodgate_bench::matrix::Setup { threads: 1, keys: 1, budget: floodgate_bench::Budget::Ops(100), seed: 0 };
     /// assert_eq!(matrix[0].contenders[0].measure(&setup).ops, 100);
     /// ```
     pub fn measure(&self, setup: &Setup) -> Measurement {
@@ -568,7 +598,9 @@ fn keyed_hot_group() -> Group {
 fn keyed_hot(setup: &Setup) -> Prepared {
     let limiter: HotKeyLimiter<u64, DefaultClock, Inline> = HotKeyLimiter::new_in(
         gcra_policy(),
-        KeyedBuilder::default().capacity(1_024),
+        KeyedBuilder::default()
+            .capacity(1_024)
+            .hash_seed(setup.seed),
         HotKeys::default()
             .manual()
             .slots(MAX_HOT_KEYS)
@@ -603,7 +635,7 @@ pub struct KeyedTable {
 /// use floodgate_bench::Budget;
 /// let tables = keyed_tables();
 /// assert_eq!(tables[1].id, "floodgate_inline");
-/// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(5) };
+/// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(5), seed: 0 };
 /// assert_eq!((tables[1].build)(&setup).run(setup.budget).admitted, 5);
 /// ```
 pub fn keyed_tables() -> Vec<KeyedTable> {
@@ -1011,6 +1043,7 @@ where
 {
     let keyed = KeyedBuilder::new(Gcra::new(key_policy(BOOKED).policy()))
         .capacity(setup.keys.max(1) as usize)
+        .hash_seed(setup.seed)
         .build_in::<u64, S>()
         .expect("the benchmark capacity is valid");
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
@@ -1028,9 +1061,9 @@ fn keyed_twin<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared 
     let fresh = AtomicCell::<GcraState>::fresh().load();
     let clock = DefaultClock::new();
     let shards: Vec<TwinShard> = (0..TWIN_SHARDS)
-        .map(|_| CachePadded::new(Mutex::new(HashMap::default())))
+        .map(|n| CachePadded::new(Mutex::new(HashMap::with_hasher(setup.hasher(1 + n as u64)))))
         .collect();
-    let hasher = ahash::RandomState::new();
+    let hasher = setup.hasher(0);
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         let shard = (hasher.hash_one(key) >> (64 - TWIN_SHARDS.trailing_zeros())) as usize;
@@ -1049,7 +1082,7 @@ fn keyed_textbook<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepa
     let policy = key_policy(BOOKED).policy();
     let clock = DefaultClock::new();
     let buckets: Mutex<HashMap<u64, TextbookTokenBucket, ahash::RandomState>> =
-        Mutex::new(HashMap::default());
+        Mutex::new(HashMap::with_hasher(setup.hasher(0)));
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now().as_u64();
         lock(&buckets)
@@ -1069,10 +1102,8 @@ fn keyed_textbook<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepa
 /// governor's keyed limiter on its `DashMap` store, hashed with ahash.
 #[cfg(feature = "compare")]
 fn keyed_governor<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
-    let limiter = governor::RateLimiter::dashmap_with_hasher(
-        key_policy(BOOKED).quota(),
-        ahash::RandomState::new(),
-    );
+    let limiter =
+        governor::RateLimiter::dashmap_with_hasher(key_policy(BOOKED).quota(), setup.hasher(0));
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         limiter.check_key(&key).is_ok()
     })
@@ -1082,8 +1113,7 @@ fn keyed_governor<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepa
 fn keyed_dashmap<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared {
     let gcra = Gcra::new(key_policy(BOOKED).policy());
     let clock = DefaultClock::new();
-    let map: DashMap<u64, AtomicU64, ahash::RandomState> =
-        DashMap::with_hasher(ahash::RandomState::new());
+    let map: DashMap<u64, AtomicU64, ahash::RandomState> = DashMap::with_hasher(setup.hasher(0));
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
         let word = match map.get(&key) {
@@ -1105,7 +1135,7 @@ fn keyed_papaya<const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepare
     let clock = DefaultClock::new();
     let map: papaya::HashMap<u64, AtomicU64, ahash::RandomState> = papaya::HashMap::builder()
         .capacity(setup.keys.max(1) as usize)
-        .hasher(ahash::RandomState::new())
+        .hasher(setup.hasher(0))
         .build();
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         let now = clock.now();
@@ -1229,6 +1259,7 @@ mod tests {
                             threads: 2,
                             keys: keys.min(1_000),
                             budget,
+                            seed: 0,
                         };
                         let sample = contender.measure(&setup);
                         assert!(
@@ -1313,6 +1344,7 @@ mod tests {
             threads: 2,
             keys: 100,
             budget: Budget::Ops(0),
+            seed: 0,
         };
         let mut prepared = keyed_run(&setup, KeyDistribution::Disjoint, move |key| {
             let me = std::thread::current().id();
@@ -1344,6 +1376,7 @@ mod tests {
             threads: 2,
             keys: 1,
             budget: Budget::Ops(20_000),
+            seed: 0,
         };
         for implementation in [Implementation::Floodgate, Implementation::Leased] {
             let contender = hot
@@ -1369,6 +1402,7 @@ mod tests {
             threads: 2,
             keys: 500,
             budget: Budget::Ops(100),
+            seed: 0,
         };
         let mut prepared = keyed_run(&setup, KeyDistribution::Zipf, move |key| {
             lock(&record).push(key);
@@ -1413,6 +1447,7 @@ mod tests {
                 threads: 1,
                 keys: 50,
                 budget: Budget::Ops(10),
+                seed: 0,
             };
             assert_eq!(
                 (table.build)(&setup).run(setup.budget).admitted,

@@ -224,6 +224,7 @@ pub fn footprint(table: &KeyedTable, keys: u64) -> Footprint {
         threads: 1,
         keys,
         budget: Budget::Ops(0),
+        seed: 0,
     };
     let _ = DefaultClock::new().now();
     drop((table.build)(&setup(1)));

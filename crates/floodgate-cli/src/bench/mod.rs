@@ -608,6 +608,9 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
                     warm_up: plan.warm_up(),
                     run: plan.run_time,
                 },
+                // Run `repeat` of every cell lays its tables out alike in every
+                // invocation (`Setup::seed`).
+                seed: repeat as u64,
             }));
             progress.inc(1);
         }
