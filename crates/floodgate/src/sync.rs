@@ -242,12 +242,14 @@ pub(crate) const NO_OWNER: usize = usize::MAX;
 /// index gone and gets [`NO_OWNER`]); the next thread takes it under the same mutex.
 /// The mutex orders the old owner's last stores before the new owner's first loads.
 ///
-/// Indices are taken by threads that decide on a leased limiter or a keyed one (whose
-/// decision counters it stripes).
+/// Indices are taken only by threads that decide on a leased limiter (direct, or a
+/// hot key's). A keyed limiter's decision counters rank threads in a registry of
+/// their own ([`stripe_index`]), so a thread that only ever decides on keyed
+/// limiters — a start-up check on the main thread — holds no lease shard.
 #[cfg(not(loom))]
 #[inline]
 pub(crate) fn owner_index() -> usize {
-    owners::index()
+    owners::index::<{ owners::LEASES }>()
 }
 
 /// The calling thread's owner index if it has taken one, else [`NO_OWNER`]: for
@@ -255,7 +257,16 @@ pub(crate) fn owner_index() -> usize {
 #[cfg(not(loom))]
 #[inline]
 pub(crate) fn owner_index_if_taken() -> usize {
-    owners::taken()
+    owners::taken::<{ owners::LEASES }>()
+}
+
+/// The calling thread's **stripe index**, for a keyed limiter's decision counters:
+/// handed out, kept and recycled as [`owner_index`] is (no two live threads hold the
+/// same one, lowest free first), from a registry of its own.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn stripe_index() -> usize {
+    owners::index::<{ owners::STRIPES }>()
 }
 
 #[cfg(not(loom))]
@@ -267,6 +278,11 @@ mod owners {
 
     use super::NO_OWNER;
 
+    /// The registry of lease shard owners ([`owner_index`](super::owner_index)).
+    pub(super) const LEASES: usize = 0;
+    /// The registry of keyed decision counters ([`stripe_index`](super::stripe_index)).
+    pub(super) const STRIPES: usize = 1;
+
     /// Not asked for yet on this thread.
     const UNSET: usize = usize::MAX - 1;
 
@@ -277,57 +293,66 @@ mod owners {
         free: BinaryHeap<Reverse<usize>>,
     }
 
-    static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-        next: 0,
-        free: BinaryHeap::new(),
-    });
+    impl Registry {
+        const fn new() -> Mutex<Registry> {
+            Mutex::new(Registry {
+                next: 0,
+                free: BinaryHeap::new(),
+            })
+        }
+    }
 
-    /// Frees the thread's index when its thread-local storage is torn down.
+    /// One registry per kind of index: each ranks only the threads that asked it.
+    static REGISTRY: [Mutex<Registry>; 2] = [Registry::new(), Registry::new()];
+
+    /// Frees the thread's indices when its thread-local storage is torn down.
     struct Release;
 
     impl Drop for Release {
         fn drop(&mut self) {
-            // INDEX has no destructor, so it is still readable here.
-            let index = INDEX.with(|i| i.replace(NO_OWNER));
-            if index < UNSET {
-                super::lock(&REGISTRY).free.push(Reverse(index));
+            for (kind, registry) in REGISTRY.iter().enumerate() {
+                // INDEX has no destructor, so it is still readable here.
+                let index = INDEX.with(|i| i[kind].replace(NO_OWNER));
+                if index < UNSET {
+                    super::lock(registry).free.push(Reverse(index));
+                }
             }
         }
     }
 
     std::thread_local! {
-        static INDEX: Cell<usize> = const { Cell::new(UNSET) };
+        static INDEX: [Cell<usize>; 2] = const { [Cell::new(UNSET), Cell::new(UNSET)] };
         static RELEASE: Release = const { Release };
     }
 
     #[inline]
-    pub(super) fn index() -> usize {
-        let index = INDEX.with(Cell::get);
+    pub(super) fn index<const KIND: usize>() -> usize {
+        let index = INDEX.with(|i| i[KIND].get());
         if index != UNSET {
             index
         } else {
-            take()
+            take(KIND)
         }
     }
 
     #[inline]
-    pub(super) fn taken() -> usize {
-        match INDEX.with(Cell::get) {
+    pub(super) fn taken<const KIND: usize>() -> usize {
+        match INDEX.with(|i| i[KIND].get()) {
             UNSET => NO_OWNER,
             index => index,
         }
     }
 
     #[cold]
-    fn take() -> usize {
+    fn take(kind: usize) -> usize {
         // Registers the destructor first: a thread whose storage is already being torn
         // down gets no index (nothing would free it).
         if RELEASE.try_with(|_| ()).is_err() {
-            INDEX.with(|i| i.set(NO_OWNER));
+            INDEX.with(|i| i[kind].set(NO_OWNER));
             return NO_OWNER;
         }
         let index = {
-            let mut registry = super::lock(&REGISTRY);
+            let mut registry = super::lock(&REGISTRY[kind]);
             match registry.free.pop() {
                 Some(Reverse(index)) => index,
                 None => {
@@ -337,7 +362,7 @@ mod owners {
                 }
             }
         };
-        INDEX.with(|i| i.set(index));
+        INDEX.with(|i| i[kind].set(index));
         index
     }
 }
@@ -359,6 +384,12 @@ pub(crate) fn owner_index() -> usize {
         .trim_end_matches(')')
         .parse()
         .unwrap_or(NO_OWNER)
+}
+
+/// Under loom: the model thread's number, as [`owner_index`].
+#[cfg(loom)]
+pub(crate) fn stripe_index() -> usize {
+    owner_index()
 }
 
 #[cfg(all(test, not(loom)))]
@@ -386,6 +417,21 @@ mod tests {
         indices.sort_unstable();
         indices.dedup();
         assert_eq!(indices.len(), 8);
+    }
+
+    #[test]
+    fn a_stripe_index_takes_no_lease_shard() {
+        // A thread that counts keyed decisions ranks in the stripes' registry only:
+        // the next thread to decide on a leased limiter still finds the lowest lease
+        // index free.
+        let (counted, owner) = std::thread::spawn(|| {
+            let stripe = super::stripe_index();
+            (stripe, owner_index_if_taken())
+        })
+        .join()
+        .unwrap();
+        assert_ne!(counted, super::NO_OWNER);
+        assert_eq!(owner, super::NO_OWNER);
     }
 
     #[test]

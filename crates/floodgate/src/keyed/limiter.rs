@@ -19,7 +19,7 @@ use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
 use crate::shaping::{Reserve, ShapeError};
-use crate::sync::{owner_index, AtomicU64, Ordering};
+use crate::sync::{stripe_index, AtomicU64, Ordering};
 
 /// The key capacity when none is set: 100 000 keys (≈ 3.8 MB for `u64` keys).
 pub const DEFAULT_CAPACITY: usize = 100_000;
@@ -88,7 +88,7 @@ struct Stripe {
 }
 
 /// Decision counters striped by thread (see [`KeyedMetrics`]): stripe `i` belongs
-/// to the live thread holding owner index `i` ([`owner_index`]: no two live threads
+/// to the live thread holding stripe index `i` ([`stripe_index`]: no two live threads
 /// hold one, and an exited thread's index goes to the next thread under a mutex that
 /// orders the old owner's last store before the new owner's first load), which
 /// writes it with a plain load and store; a thread whose index is past the stripes
@@ -130,7 +130,7 @@ impl Stripes {
 
     #[inline(always)]
     fn count(&self, allowed: bool) {
-        match self.owned.get(owner_index()) {
+        match self.owned.get(stripe_index()) {
             Some(stripe) => {
                 // A load and a store, not an RMW: only this thread writes the stripe.
                 let counter = stripe.counter(allowed);
