@@ -49,6 +49,10 @@ use libfuzzer_sys::fuzz_target;
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/probe.rs"]
+mod probe;
+#[path = "common/seeds.rs"]
+mod seeds;
 use bounds::{Kind, Oracle};
 use std::cell::RefCell;
 use std::time::Duration;
@@ -128,6 +132,8 @@ struct Handle {
 }
 
 fuzz_target!(|input: Input| {
+    // Multi-shard keyed tables spread keys alike in every process.
+    seeds::fix_hash_seeds();
     let limit = u64::from(input.limit % 8) + 1;
     let period = u64::from(input.period) + 1;
     let burst = u64::from(input.burst % 8) + 1;
@@ -656,22 +662,14 @@ impl Shards {
         for key in 0..KEY_SPACE {
             let at = Nanos::new(u64::from(key) + 1);
             clock.set(at);
-            let (d, receipt) = table.limit(&key).charge_at(Nanos::ZERO, 1);
-            assert!(d.is_allowed(), "probe: fresh key {key} refused: {d:?}");
-            let judged = receipt.charged_at().expect("an admitted unit is charged");
-            assert!(table.remove(key), "probe: key {key} is not in its table");
-            let class = match judged.as_u64() {
-                0 => {
-                    known.push(Nanos::ZERO);
-                    known.len() - 1
-                }
-                j => {
-                    let class = of[usize::try_from(j - 1).expect("a key")];
-                    assert_eq!(known[class], judged, "probe: key {key} judged off its R");
-                    class
-                }
-            };
-            known[class] = at;
+            let class = probe::probe_key(
+                key,
+                at,
+                || table.limit(&key).charge_at(Nanos::ZERO, 1),
+                || table.remove(key),
+                &mut known,
+                |i| of[i],
+            );
             of.push(class);
         }
         assert!(known.len() <= shards, "probe: more classes than shards");
