@@ -65,6 +65,8 @@
 mod bounds;
 #[path = "common/clock.rs"]
 mod clock;
+#[path = "common/probe.rs"]
+mod probe;
 #[path = "common/seeds.rs"]
 mod seeds;
 
@@ -516,29 +518,14 @@ impl Classes {
         for (i, &key) in keys.iter().enumerate() {
             let at = Nanos::new(i as u64 + 1);
             clock.set(at);
-            let (d, receipt) = table.charge(key, Nanos::ZERO, 1);
-            assert!(
-                d.is_allowed(),
-                "probe: fresh key {key} refused a unit: {d:?}"
+            let class = probe::probe_key(
+                key,
+                at,
+                || table.charge(key, Nanos::ZERO, 1),
+                || table.remove(key),
+                &mut known,
+                |i| of[&order[i]],
             );
-            let judged = receipt.charged_at().expect("an admitted unit is charged");
-            assert!(table.remove(key), "probe: key {key} is not in its table");
-            let class = match judged.as_u64() {
-                0 => {
-                    known.push(Nanos::ZERO);
-                    known.len() - 1
-                }
-                j => {
-                    let previous = order[usize::try_from(j - 1).expect("an index")];
-                    let class = of[&previous];
-                    assert_eq!(
-                        known[class], judged,
-                        "probe: key {key} judged at {judged:?}, not its shard's latest removal"
-                    );
-                    class
-                }
-            };
-            known[class] = at;
             of.insert(key, class);
             order.push(key);
         }

@@ -5,9 +5,11 @@
 //! period of 1 ms to 2 s), picks the algorithm (GCRA — `new_in`, which
 //! `PlanLimiter::new` is for `Heap` —, the fixed window or the sliding window counter)
 //! and the storage (`Heap`, `Inline`, `Fingerprint`), the default plan, a capacity
-//! of 1–6 keys per table, and 1, 2 or 4 shards per table (one shard: inserts evict and
-//! reclaim; more: each shard's own removal instant R, policy changes carried over at
-//! each shard's `max(now, R)`). The
+//! of 1–6 keys per table (8–13 on 8 shards), and 1, 2, 4 or 8 shards per table (each
+//! shard's own removal instant R, policy changes carried over at each shard's
+//! `max(now, R)`). Six keys have models; floods check keys 6 to 255 (no model, routed
+//! to the flooded plan), which push the shards of any table past their share plus
+//! headroom, so that inserts evict and reclaim on every shard count. The
 //! resolver reads each key's plan from an `Arc<[AtomicU8]>` that the input rewrites
 //! mid-run (a move); one value stands for an id outside the plans, which resolves to
 //! the default plan. Operations (three bytes each, after the header; see
@@ -17,8 +19,8 @@
 //! key), `remove` and `reset`, `set_policy` through `&self` (GCRA) and
 //! `set_policy_mut` (every algorithm; the plan's period or another, also up to 1 024
 //! units per 34 minutes; also on an unknown name), moves, clock moves (forward, and
-//! back by up to 408 ms: the clock is the target's, which may step back) and each
-//! table's `reclaim_idle`.
+//! back by up to 408 ms: the clock is the target's, which may step back), each
+//! table's `reclaim_idle`, and floods (a `reclaim_idle` byte from 192 on).
 //!
 //! Which shard of each plan's table a key is in is learnt before the run as the
 //! `keyed` target learns it, with the hash seeds fixed (`common/seeds.rs`); R is kept
@@ -109,8 +111,13 @@ mod seeds;
 use bounds::{Grant, Kind, Oracle};
 use clock::AnyClock;
 
-/// Keys `0..KEYS`; each table holds 1–6 of them.
+/// Keys `0..KEYS`, each with a model; each table holds 1–6 of them (8–13 on 8
+/// shards).
 const KEYS: u8 = 6;
+/// Keys in all: `KEYS..=255` have no model and are only checked by floods (each
+/// routed to the flooded plan), enough to push every shard of an 8-shard table past
+/// its share plus headroom.
+const ALL_KEYS: usize = 256;
 /// At most this many operations per input.
 const MAX_OPS: usize = 160;
 /// The largest limit and burst a plan gets.
@@ -189,6 +196,12 @@ enum Op {
     Reclaim {
         plan: u8,
     },
+    /// Checks a unit of `count + 1` keys without a model (`KEYS..=255` in turn), each
+    /// routed to plan `plan` (one past the last: the default), at the clock's reading.
+    Flood {
+        plan: u8,
+        count: u8,
+    },
 }
 
 impl Op {
@@ -242,6 +255,8 @@ impl Op {
                     u64::from(a) * 100 * (u64::from(b % 16) + 1),
                 )),
             },
+            // One in four: a flood of `b / 4 + 1` keys.
+            _ if a >= 192 => Op::Flood { plan, count: b / 4 },
             _ => Op::Reclaim { plan },
         }
     }
@@ -417,7 +432,8 @@ fn reading(now: Nanos, back_ms: i16) -> Nanos {
 /// of the class was judged at (a refund judged earlier would break the documented
 /// premise of the refund guarantee, so none is made).
 struct Shards {
-    of: [usize; KEYS as usize],
+    /// Every key's class (`ALL_KEYS`).
+    of: Vec<usize>,
     known: Vec<Nanos>,
     most: Vec<Nanos>,
     latest: Vec<Nanos>,
@@ -483,10 +499,12 @@ where
     let mut instant = 0;
     let out = (0..n)
         .map(|p| {
-            let mut of = [0; KEYS as usize];
+            let mut of = vec![0; ALL_KEYS];
             let mut known: Vec<Nanos> = Vec::new();
             let mut probed_at = Vec::new();
-            for k in 0..KEYS {
+            // One shard: every key in class 0, the keys without a model unprobed.
+            let probed = if shards > 1 { u8::MAX } else { KEYS - 1 };
+            for k in 0..=probed {
                 routes[usize::from(k)].store(p as u8, Ordering::Relaxed);
                 instant += 1;
                 let at = Nanos::new(instant);
@@ -656,10 +674,9 @@ where
     }
     let mut route_ids = ids.clone();
     route_ids.push(bigger.id("x4").expect("five plans"));
-    let routes: Arc<[AtomicU8]> = input
-        .routes
-        .iter()
-        .map(|&r| AtomicU8::new(r % (n as u8 + 1)))
+    // Keys past `KEYS` start in the default plan (the id outside the plans).
+    let routes: Arc<[AtomicU8]> = (0..ALL_KEYS)
+        .map(|k| AtomicU8::new(input.routes.get(k).map_or(n as u8, |&r| r % (n as u8 + 1))))
         .collect();
     let resolver = {
         let (routes, route_ids) = (Arc::clone(&routes), route_ids.clone());
@@ -669,11 +686,18 @@ where
         v if v == n => default,
         v => v,
     };
-    // At 0 until the shards are learnt (at 1 to 24 ns), then at 100 s.
+    // At 0 until the shards are learnt (at 1 to 1 024 ns), then at 100 s.
     let clock = AnyClock::default();
-    let capacity = usize::from(input.capacity) % usize::from(KEYS) + 1;
+    // The `count` byte's high nibble: 1, 2 or 4 shards (mod 3), 8 shards at 15.
+    let eight = input.count >> 4 == 15;
+    let capacity = usize::from(input.capacity) % usize::from(KEYS) + if eight { 8 } else { 1 };
     // The builder's rounding: at most one shard per key of capacity.
-    let shards = (1 << ((input.count >> 4) % 3)).min(1 << capacity.ilog2());
+    let shards = if eight {
+        8
+    } else {
+        1 << ((input.count >> 4) % 3)
+    }
+    .min(1 << capacity.ilog2());
     let builder = KeyedBuilder::default()
         .capacity(capacity)
         .shards(shards)
@@ -704,10 +728,14 @@ where
         .map(|&p| (0..KEYS).map(|_| new_pair(p)).collect())
         .collect();
     let mut receipts: Vec<Held> = Vec::new();
-    // Each table's shards, learnt through the public API (removals at 1 to 24 ns).
+    // Each table's shards, learnt through the public API (removals at 1 to 1 024 ns).
     let mut shards = learn_shards(&limiter, &clock, &routes, n, shards);
     clock.set(Nanos::from_secs(100));
 
+    // Whether each table has had keys without a model (any of them may be idle), and
+    // the next such key a flood checks.
+    let mut flooded = vec![false; n];
+    let mut cursor = 0;
     let mut last = 0;
     let ops = ops
         .chunks_exact(3)
@@ -949,6 +977,28 @@ where
                     }
                 }
             }
+            Op::Flood { plan, count } => {
+                let p = match usize::from(plan) % (n + 1) {
+                    i if i == n => default,
+                    i => i,
+                };
+                flooded[p] = true;
+                touched[p] = true;
+                for _ in 0..=count {
+                    let k = KEYS + cursor % (u8::MAX - KEYS + 1);
+                    cursor = (cursor + 1) % (u8::MAX - KEYS + 1);
+                    routes[usize::from(k)].store(plan % (n as u8 + 1), Ordering::Relaxed);
+                    let r = shards[p].raise(k, now);
+                    let t = shards[p].judged(k, r);
+                    let m = limiter.table(ids[p]).metrics();
+                    let _ = limiter.check_n_at(&k, r, 1);
+                    if removals(limiter.table(ids[p]).metrics()) > removals(m) {
+                        // Its reclamation or eviction: in its shard, at its instant.
+                        let c = shards[p].of[usize::from(k)];
+                        shards[p].removed(c, t);
+                    }
+                }
+            }
             Op::Route { key, plan } => {
                 routes[usize::from(key)].store(plan % (n as u8 + 1), Ordering::Relaxed);
             }
@@ -978,6 +1028,7 @@ where
                                 || probe(|c| pair.model.peek_at(t, c))
                                     == probe(|c| blank.peek_at(t, c))
                         })
+                        .chain((KEYS..=u8::MAX).filter(|_| flooded[p]))
                         .map(|k| shards[p].of[usize::from(k)])
                         .collect();
                     hit.sort_unstable();
@@ -1067,9 +1118,10 @@ where
         // What a corpus reaches: `PLANS_STATS=1 plans -runs=0 corpus/plans`.
         let m = limiter.metrics();
         eprintln!(
-            "stats: {:?} shards {} evicted {} reclaimed {} removed {}",
+            "stats: {:?} shards {} flooded {} evicted {} reclaimed {} removed {}",
             F::KIND,
             limiter.table(ids[0]).shards(),
+            flooded.iter().any(|&f| f),
             m.evicted,
             m.reclaimed,
             m.removed

@@ -8,7 +8,15 @@
 //! `LiveGcra` with its burst flipped at runtime, a token bucket, the fixed window and
 //! the sliding window counter (both cells), the sliding log, the shaper (both cells),
 //! a `KeyedLimiter` of four keys in one shard (`Heap`, `Inline`, `Fingerprint`), or a
-//! `check_all` composite of two limits that are also charged and refunded directly.
+//! `check_all` composite of two limits that are also charged and refunded directly:
+//! two direct limits, or a key of a keyed GCRA table (any storage, 1 to 8 shards, a
+//! small capacity) with a direct limit or a second key of the same table, in either
+//! order, among removals, `reclaim_idle` and floods of untracked keys that evict. The
+//! composite's receipts (each limit's, kept by a wrapper that hands `check_all` a
+//! stand-in) are refunded later like any other; a denied composite must have refunded
+//! every admission it took. Keyed decisions are judged at `max(reading, R)`, R the
+//! shard's latest removal instant, each key's shard learnt by a probe as the `keyed`
+//! target learns it (see `composite`).
 //!
 //! The clock is one `ManualClock` that only moves forward; a stale reading is the
 //! clock minus an arbitrary lag, and every refund reads the limiter's clock (the
@@ -41,6 +49,10 @@ use libfuzzer_sys::fuzz_target;
 
 #[path = "common/bounds.rs"]
 mod bounds;
+#[path = "common/probe.rs"]
+mod probe;
+#[path = "common/seeds.rs"]
+mod seeds;
 use bounds::{Kind, Oracle};
 use std::cell::RefCell;
 use std::time::Duration;
@@ -120,6 +132,8 @@ struct Handle {
 }
 
 fuzz_target!(|input: Input| {
+    // Multi-shard keyed tables spread keys alike in every process.
+    seeds::fix_hash_seeds();
     let limit = u64::from(input.limit % 8) + 1;
     let period = u64::from(input.period) + 1;
     let burst = u64::from(input.burst % 8) + 1;
@@ -198,7 +212,7 @@ fuzz_target!(|input: Input| {
             let Ok(second) = Policy::new(other, Duration::from_nanos(period)) else {
                 return;
             };
-            composite(policy, second, input.pair, &clock, ops);
+            let _ = composite(policy, second, &input, input.start, ops);
         }
     }
 });
@@ -583,75 +597,396 @@ fn keyed<S: Storage<u8, GcraState>>(policy: Policy, clock: &ManualClock, ops: &[
     }
 }
 
-/// A [`Limit`] deciding at a stale reading inside a composite, logging what it was
-/// asked to do so the oracle can follow the composite's charges and rollbacks.
-struct Stale<'a> {
-    inner: &'a dyn Limit,
+/// Keys of a composite's keyed table that the oracle follows: `0..TRACKED`.
+const TRACKED: u16 = 4;
+/// The table's keys: floods insert `TRACKED..KEY_SPACE` in turn (untracked), enough
+/// to fill every shard of an 8-shard table past its share plus headroom.
+const KEY_SPACE: u16 = 512;
+
+/// A keyed GCRA table of `u16` keys on any storage, as the composite arm uses it.
+trait Table {
+    fn limit<'a>(&'a self, key: &'a u16) -> Box<dyn Limit + 'a>;
+    /// One unit at `at` (a flood's insert).
+    fn check(&self, key: u16, at: Nanos) -> Decision;
+    /// Zero units at `at`.
+    fn peek(&self, key: u16, at: Nanos) -> Decision;
+    fn remove(&self, key: u16) -> bool;
+    fn reclaim_idle(&self) -> usize;
+    /// Keys evicted, and keys removed in any way (evicted, reclaimed, removed).
+    fn removals(&self) -> (u64, u64);
+}
+
+impl<S: Storage<u16, GcraState>> Table for KeyedLimiter<u16, Gcra, ManualClock, S> {
+    fn limit<'a>(&'a self, key: &'a u16) -> Box<dyn Limit + 'a> {
+        Box::new(KeyedLimiter::limit(self, key))
+    }
+    fn check(&self, key: u16, at: Nanos) -> Decision {
+        self.check_n_at(&key, at, 1)
+    }
+    fn peek(&self, key: u16, at: Nanos) -> Decision {
+        self.peek_at(&key, at, 0)
+    }
+    fn remove(&self, key: u16) -> bool {
+        KeyedLimiter::remove(self, &key)
+    }
+    fn reclaim_idle(&self) -> usize {
+        KeyedLimiter::reclaim_idle(self)
+    }
+    fn removals(&self) -> (u64, u64) {
+        let m = self.metrics();
+        (m.evicted, m.evicted + m.reclaimed + m.removed)
+    }
+}
+
+/// What the target knows of a keyed table's shards: each key's class (a shard, learnt
+/// by [`Shards::probe`]) and, per class, its latest removal instant R (known, or known
+/// only to lie between `known` and `most` after a `reclaim_idle` on several shards)
+/// and its known removals (a receipt taken before one gives back nothing).
+///
+/// The clock never goes back and no reading is ahead of it, so R never passes the
+/// clock: a removal at the clock's reading sets R exactly.
+struct Shards {
+    of: Vec<usize>,
+    known: Vec<Nanos>,
+    most: Vec<Nanos>,
+    removals: Vec<u64>,
+}
+
+impl Shards {
+    /// Learns every key's class as the `keyed` target does: at instant `i + 1` it
+    /// charges key `i` at reading 0, which the table judges at its shard's R (the
+    /// instant the previous key of that shard was removed at, or 0), then removes it.
+    fn probe(table: &dyn Table, clock: &ManualClock, shards: usize) -> Shards {
+        let mut of: Vec<usize> = Vec::new();
+        let mut known: Vec<Nanos> = Vec::new();
+        for key in 0..KEY_SPACE {
+            let at = Nanos::new(u64::from(key) + 1);
+            clock.set(at);
+            let class = probe::probe_key(
+                key,
+                at,
+                || table.limit(&key).charge_at(Nanos::ZERO, 1),
+                || table.remove(key),
+                &mut known,
+                |i| of[i],
+            );
+            of.push(class);
+        }
+        assert!(known.len() <= shards, "probe: more classes than shards");
+        Shards {
+            of,
+            most: known.clone(),
+            removals: vec![0; known.len()],
+            known,
+        }
+    }
+
+    fn class(&self, key: u16) -> usize {
+        self.of[usize::from(key)]
+    }
+
+    /// The reading to decide `key` at instead of `at`: raised to the upper bound of
+    /// its class's R while R is unsure (where every possible R judges alike).
+    fn reading(&self, key: u16, at: Nanos) -> Nanos {
+        let c = self.class(key);
+        if self.known[c] < self.most[c] {
+            at.max(self.most[c])
+        } else {
+            at
+        }
+    }
+
+    /// The instant the table judges a reading from [`Shards::reading`] at.
+    fn judged(&self, key: u16, at: Nanos) -> Nanos {
+        at.max(self.known[self.class(key)])
+    }
+
+    /// A removal known to be in `class` at `at` (no earlier than `most`: see
+    /// [`Shards::reading`]), which sets its R.
+    fn removed(&mut self, class: usize, at: Nanos) {
+        self.known[class] = self.known[class].max(at);
+        self.most[class] = self.known[class];
+        self.removals[class] += 1;
+    }
+}
+
+/// Every limit's held admissions, and the keyed table's shards.
+struct World {
+    /// 0 and 1: the composite's direct limits; `2 + k`: tracked key `k`.
+    oracles: Vec<Oracle>,
+    shards: Option<Shards>,
+    /// What the run reached (`REFUNDS_STATS=1` prints it): evictions, tracked keys
+    /// forgotten, rollbacks and later refunds that gave something back.
+    stats: [u64; 4],
+}
+
+impl World {
+    /// Accounts for what an insert of `key` judged at `judged` removed, if anything:
+    /// its removals are in the key's shard at that instant. An eviction forgives some
+    /// key of the shard, which one is not said: every tracked key of the shard that
+    /// reads as idle then (absent keys do) is forgotten — harmless for one that was
+    /// not evicted, whose held admissions all lie behind every later decision.
+    fn inserted(&mut self, table: &dyn Table, key: u16, judged: Nanos, before: (u64, u64)) {
+        let after = table.removals();
+        if after.1 == before.1 {
+            return;
+        }
+        let shards = self.shards.as_mut().expect("a keyed table");
+        let class = shards.class(key);
+        shards.removed(class, judged);
+        if after.0 > before.0 {
+            self.stats[0] += after.0 - before.0;
+            for k in (0..TRACKED).filter(|&k| shards.class(k) == class) {
+                if table.peek(k, judged).reset_after_nanos() == 0 {
+                    self.oracles[2 + usize::from(k)].forget();
+                    self.stats[1] += 1;
+                }
+            }
+        }
+    }
+
+    /// The known removals of the shard of the key behind oracle `unit` (0: direct).
+    fn removals(&self, unit: usize) -> u64 {
+        match (unit.checked_sub(2), &self.shards) {
+            (Some(k), Some(s)) => s.removals[s.class(k as u16)],
+            _ => 0,
+        }
+    }
+
+    /// Settles a refund of `h` (on its own limit or key) that reported `back`.
+    fn refunded(&mut self, unit: usize, grant: Option<u64>, removals: u64, back: bool) {
+        assert!(
+            !back || self.removals(unit) == removals,
+            "unit {unit}: a receipt taken before a removal in its shard gave something back"
+        );
+        settle(&mut self.oracles[unit], grant, back);
+    }
+}
+
+/// One limit of a composite (or one charged alone): a direct limit or a tracked key,
+/// deciding at a fixed reading. It settles its own charges and refunds in the oracle
+/// as they happen (an insert of a later limit may evict this key), and keeps each
+/// charge's receipt, handing the composite a stand-in, so that an admitted
+/// composite's receipts can be refunded later.
+struct Unit<'a> {
+    inner: Box<dyn Limit + 'a>,
     reading: Nanos,
-    events: RefCell<Vec<Event>>,
+    /// Its oracle in `world` (`2 + k` for key `k`).
+    unit: usize,
+    table: Option<&'a dyn Table>,
+    world: &'a RefCell<World>,
+    taken: RefCell<Option<Handle>>,
+    /// Its charges, and whether the last admitted.
+    charges: RefCell<(u32, bool)>,
 }
 
-enum Event {
-    Charged(Decision, u32),
-    Refunded(bool),
+impl<'a> Unit<'a> {
+    fn new(
+        world: &'a RefCell<World>,
+        direct: &'a [Option<Box<dyn Limit>>; 2],
+        table: Option<&'a dyn Table>,
+        keys: &'a [u16],
+        unit: usize,
+        at: Nanos,
+    ) -> Unit<'a> {
+        let (inner, reading, table): (Box<dyn Limit + 'a>, _, _) = match unit.checked_sub(2) {
+            Some(k) => {
+                let table = table.expect("a keyed unit has a table");
+                let world = world.borrow();
+                let shards = world.shards.as_ref().expect("a keyed table");
+                (
+                    table.limit(&keys[k]),
+                    shards.reading(keys[k], at),
+                    Some(table),
+                )
+            }
+            None => {
+                let limit = direct[unit].as_deref().expect("a direct unit has a limit");
+                (Box::new(limit), at, None)
+            }
+        };
+        Unit {
+            inner,
+            reading,
+            unit,
+            table,
+            world,
+            taken: RefCell::new(None),
+            charges: RefCell::new((0, false)),
+        }
+    }
+
+    /// The table's removal counts, if keyed (taken before a charge).
+    fn before(&self) -> Option<(u64, u64)> {
+        self.table.map(|t| t.removals())
+    }
+
+    /// Settles a charge (or booking: `slot`) decided at `at` after the table's
+    /// removal counts were `before`, and keeps its receipt.
+    fn record(
+        &self,
+        at: Nanos,
+        cost: u32,
+        before: Option<(u64, u64)>,
+        (d, slot, receipt): (Decision, Option<Nanos>, Receipt),
+    ) {
+        let mut world = self.world.borrow_mut();
+        let judged = match (self.table, before) {
+            (Some(table), Some(before)) => {
+                let key = (self.unit - 2) as u16;
+                let judged = world.shards.as_ref().expect("shards").judged(key, at);
+                world.inserted(table, key, judged, before);
+                if slot.is_none() && d.is_allowed() && cost > 0 {
+                    assert_eq!(
+                        receipt.charged_at(),
+                        Some(judged),
+                        "key {key} charged at {at:?} not judged at max(reading, R)"
+                    );
+                }
+                judged
+            }
+            _ => at,
+        };
+        let grant =
+            world.oracles[self.unit].admit(judged.as_u64(), slot.map(Nanos::as_u64), &d, cost);
+        let removals = world.removals(self.unit);
+        let mut charges = self.charges.borrow_mut();
+        *charges = (charges.0 + 1, d.is_allowed());
+        *self.taken.borrow_mut() = Some(Handle {
+            unit: self.unit,
+            grant,
+            removals,
+            token: Token::Receipt(receipt),
+        });
+    }
 }
 
-impl Limit for Stale<'_> {
+/// A receipt that holds nothing: the stand-in a [`Unit`] hands a composite.
+fn stand_in() -> Receipt {
+    RateLimiter::gcra_with_clock(Policy::per_second(1).expect("a policy"), ManualClock::new())
+        .charge_at(Nanos::ZERO, 0)
+        .1
+}
+
+impl Limit for Unit<'_> {
     fn now(&self) -> Nanos {
         self.reading
     }
 
     fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        let before = self.before();
         let (d, receipt) = self.inner.charge_at(now, cost);
-        self.events.borrow_mut().push(Event::Charged(d, cost));
-        (d, receipt)
+        self.record(now, cost, before, (d, None, receipt));
+        (d, stand_in())
     }
 
     fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
         self.inner.peek_at(now, cost)
     }
 
-    fn refund(&self, receipt: Receipt) -> bool {
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(Decision, Duration, Receipt)> {
+        let before = self.before();
+        let (d, delay, receipt) = self.inner.book_at(now, cost)?;
+        // The delay runs from the reading the booking was made at.
+        let slot = Some(now.saturating_add(delay));
+        self.record(now, cost, before, (d, slot, receipt));
+        Some((d, delay, stand_in()))
+    }
+
+    /// Refunds the charge this unit holds (the composite's rollback).
+    fn refund(&self, _: Receipt) -> bool {
+        let Some(h) = self.taken.borrow_mut().take() else {
+            return false;
+        };
+        let Token::Receipt(receipt) = h.token else {
+            unreachable!("units issue receipts only")
+        };
         let back = self.inner.refund(receipt);
-        self.events.borrow_mut().push(Event::Refunded(back));
+        let mut world = self.world.borrow_mut();
+        world.stats[2] += u64::from(back);
+        world.refunded(h.unit, h.grant, h.removals, back);
         back
     }
 }
 
-/// A window or log limiter (or GCRA) of `kind` for `policy` on `clock`.
-fn build(kind: Kind, policy: Policy, clock: &ManualClock) -> Option<Box<dyn Limit>> {
-    Some(match kind {
-        Kind::Gcra => Box::new(RateLimiter::gcra_with_clock(policy, clock.clone())),
-        Kind::Fixed => Box::new(RateLimiter::with_clock(
-            FixedWindow::new(policy).ok()?,
-            clock.clone(),
-        )),
-        Kind::Sliding => Box::new(RateLimiter::with_clock(
-            SlidingWindow::new(policy).ok()?,
-            clock.clone(),
-        )),
-        Kind::Log => Box::new(SlidingLog::with_clock(policy, clock.clone())),
-    })
-}
-
-/// `check_all` over two limits (kinds from `pair`, in either order), each also charged
-/// and refunded directly: the composite's rollbacks, at stale readings, interleave with
-/// direct refunds; neither limit's held admissions pass its bound.
-fn composite(first: Policy, second: Policy, pair: u8, clock: &ManualClock, ops: &[Op]) {
+/// `check_all` over two limits, each also charged and refunded directly: the
+/// composite's rollbacks, at stale readings, interleave with refunds of its own and
+/// the direct charges' receipts; no limit's held admissions pass its bound.
+///
+/// `pair` below 128: two direct limits (kinds from its low nibble). From 128 on, a
+/// key of a keyed GCRA table takes the place of the first limit, of the second, or of
+/// both (bits 4–5: 0 the first, 1 the second, 2 and 3 both, two keys of the same
+/// table, the same one at times); `other`'s bits 3–4 pick 1, 2, 4 or 8 shards, bits
+/// 5–7 the storage (`Heap`, `Inline`, `Fingerprint`), and `burst`'s bits 3–7 a
+/// capacity of 1 to 32. Each operation's `target` picks the keys (bits 2–3 and 4–5).
+/// `Remove` removes a tracked key, or from key 128 on floods `2·(key − 128) + 2`
+/// untracked keys at the clock's reading; `Reclaim` runs `reclaim_idle`. Keyed
+/// decisions are judged at `max(reading, R)` ([`Shards`]).
+fn composite(first: Policy, second: Policy, input: &Input, start: u32, ops: &[Op]) -> Option<()> {
+    let pair = input.pair;
+    let keyed = (pair >= 128).then(|| match pair >> 4 & 3 {
+        0 => [true, false],
+        1 => [false, true],
+        _ => [true, true],
+    });
+    let keyed_slots = keyed.unwrap_or([false; 2]);
+    let start = Nanos::new(u64::from(start));
+    let clock = if keyed.is_some() {
+        ManualClock::new()
+    } else {
+        ManualClock::starting_at(start)
+    };
+    let table_policy = if keyed_slots[0] { first } else { second };
+    let shards = 1 << (input.other >> 3 & 3);
+    let capacity = usize::from(input.burst >> 3) + 1;
+    let builder = KeyedBuilder::new(Gcra::new(table_policy))
+        .capacity(capacity)
+        .shards(shards)
+        .clock(clock.clone());
+    let table: Option<Box<dyn Table>> = match keyed {
+        None => None,
+        Some(_) => Some(match input.other >> 5 & 3 {
+            0 | 3 => Box::new(builder.build_in::<u16, Heap>().ok()?),
+            1 => Box::new(builder.build_in::<u16, Inline>().ok()?),
+            _ => Box::new(builder.build_in::<u16, Fingerprint>().ok()?),
+        }),
+    };
+    let table = table.as_deref();
+    let shards = table.map(|t| Shards::probe(t, &clock, shards));
+    if table.is_some() {
+        clock.set(Nanos::new(u64::from(KEY_SPACE) + 1 + start.as_u64()));
+    }
     const KINDS: [Kind; 4] = [Kind::Gcra, Kind::Fixed, Kind::Sliding, Kind::Log];
     let kinds = [
         KINDS[usize::from(pair % 4)],
         KINDS[usize::from(pair / 4 % 4)],
     ];
-    let (Some(a), Some(b)) = (
-        build(kinds[0], first, clock),
-        build(kinds[1], second, clock),
-    ) else {
-        return;
-    };
-    let limits: [&dyn Limit; 2] = [a.as_ref(), b.as_ref()];
-    let mut oracles = [Oracle::new(kinds[0], first), Oracle::new(kinds[1], second)];
+    let policies = [first, second];
+    let mut direct: [Option<Box<dyn Limit>>; 2] = [None, None];
+    for slot in 0..2 {
+        if !keyed_slots[slot] {
+            direct[slot] = Some(build(kinds[slot], policies[slot], &clock)?);
+        }
+    }
+    let world = RefCell::new(World {
+        oracles: [Oracle::new(kinds[0], first), Oracle::new(kinds[1], second)]
+            .into_iter()
+            .chain((0..TRACKED).map(|_| Oracle::new(Kind::Gcra, table_policy)))
+            .collect(),
+        shards,
+        stats: [0; 4],
+    });
+    let keys: Vec<u16> = (0..TRACKED).collect();
     let mut receipts: Vec<Handle> = Vec::new();
+    let mut cursor = 0u16;
+    // The unit slot `slot` stands for in an operation with `target`.
+    let unit_of = |slot: usize, target: u8| {
+        if keyed_slots[slot] {
+            2 + usize::from(target >> (2 + 2 * slot)) % usize::from(TRACKED)
+        } else {
+            slot
+        }
+    };
     for op in ops {
         match *op {
             Op::Charge {
@@ -670,56 +1005,48 @@ fn composite(first: Policy, second: Policy, pair: u8, clock: &ManualClock, ops: 
                 stale,
                 ..
             } => {
-                let at = reading(clock, stale);
+                let at = reading(&clock, stale);
                 let cost = cost_of(cost, first.burst().max(second.burst()));
                 let book = !matches!(op, Op::Charge { .. });
-                match target % 4 {
-                    unit @ (0 | 1) => {
-                        let unit = usize::from(unit);
-                        receipts.push(charge(
-                            limits[unit],
-                            &mut oracles[unit],
-                            unit,
-                            at,
-                            at,
-                            cost,
-                            book,
-                        ));
+                let units: Vec<Unit> = match target % 4 {
+                    slot @ (0 | 1) => {
+                        let unit = unit_of(usize::from(slot), target);
+                        let u = Unit::new(&world, &direct, table, &keys, unit, at);
+                        if !book || u.book_at(u.reading, cost).is_none() {
+                            let _ = u.charge_at(u.reading, cost);
+                        }
+                        vec![u]
                     }
                     order => {
-                        let stale = limits.map(|inner| Stale {
-                            inner,
-                            reading: at,
-                            events: RefCell::new(Vec::new()),
+                        let units = [0, 1].map(|slot| {
+                            Unit::new(&world, &direct, table, &keys, unit_of(slot, target), at)
                         });
                         let d = if order == 2 {
-                            check_all(&[&stale[0], &stale[1]], cost)
+                            check_all(&[&units[0], &units[1]], cost)
                         } else {
-                            check_all(&[&stale[1], &stale[0]], cost)
+                            check_all(&[&units[1], &units[0]], cost)
                         };
-                        for (unit, s) in stale.into_iter().enumerate() {
-                            let events = s.events.into_inner();
-                            let mut held = None;
-                            for e in &events {
-                                match *e {
-                                    Event::Charged(ref d, cost) => {
-                                        held = oracles[unit].admit(at.as_u64(), None, d, cost);
-                                    }
-                                    Event::Refunded(back) => {
-                                        settle(&mut oracles[unit], held.take(), back);
-                                    }
-                                }
-                            }
+                        for u in &units {
+                            let charges = *u.charges.borrow();
                             if d.is_allowed() {
+                                assert_eq!(
+                                    charges,
+                                    (1, true),
+                                    "the composite admitted, unit {} was not charged once",
+                                    u.unit
+                                );
+                            } else if charges == (1, true) {
                                 assert!(
-                                    matches!(events[..], [Event::Charged(ref c, _)] if c.is_allowed()),
-                                    "the composite admitted, limit {unit} ({:?}) was not charged once",
-                                    kinds[unit]
+                                    u.taken.borrow().is_none(),
+                                    "the composite denied, unit {}'s admission was not refunded",
+                                    u.unit
                                 );
                             }
                         }
+                        units.into()
                     }
-                }
+                };
+                receipts.extend(units.into_iter().filter_map(|u| u.taken.into_inner()));
             }
             Op::Refund { pick } | Op::Misdirect { pick } => {
                 if receipts.is_empty() {
@@ -729,22 +1056,100 @@ fn composite(first: Policy, second: Policy, pair: u8, clock: &ManualClock, ops: 
                 let Token::Receipt(receipt) = h.token else {
                     unreachable!()
                 };
+                let limit: Box<dyn Limit> = match (h.unit, table) {
+                    (0 | 1, _) => Box::new(direct[h.unit].as_deref().expect("a direct limit")),
+                    (_, Some(table)) => table.limit(&keys[h.unit - 2]),
+                    (_, None) => unreachable!("a keyed receipt without a table"),
+                };
                 if matches!(op, Op::Misdirect { .. }) {
-                    let other = 1 - h.unit;
+                    let stranger: Box<dyn Limit> = match (h.unit, table) {
+                        (0 | 1, _) => Box::new(RateLimiter::gcra_with_clock(first, clock.clone())),
+                        (_, Some(table)) => table.limit(&keys[(h.unit - 1) % keys.len()]),
+                        (_, None) => unreachable!(),
+                    };
                     assert!(
-                        !limits[other].refund(receipt),
-                        "limit {}'s receipt gave back on limit {other}",
+                        !stranger.refund(receipt),
+                        "unit {}'s receipt gave back elsewhere",
                         h.unit
                     );
                     continue;
                 }
-                let back = limits[h.unit].refund(receipt);
-                settle(&mut oracles[h.unit], h.grant, back);
+                let back = limit.refund(receipt);
+                let mut world = world.borrow_mut();
+                world.stats[3] += u64::from(back);
+                world.refunded(h.unit, h.grant, h.removals, back);
             }
             Op::Advance(d) => {
                 clock.advance(Duration::from_nanos(u64::from(d)));
             }
-            Op::Remove { .. } | Op::Reclaim | Op::Flip => {}
+            Op::Remove { key } => {
+                let Some(table) = table else { continue };
+                let mut world = world.borrow_mut();
+                let now = clock.now();
+                if key < 128 {
+                    let k = u16::from(key) % TRACKED;
+                    if table.remove(k) {
+                        let shards = world.shards.as_mut().expect("shards");
+                        let class = shards.class(k);
+                        shards.removed(class, now);
+                        world.oracles[2 + usize::from(k)].forget();
+                    }
+                    continue;
+                }
+                for _ in 0..2 * (u16::from(key) - 128) + 2 {
+                    let k = TRACKED + cursor % (KEY_SPACE - TRACKED);
+                    cursor = cursor.wrapping_add(1) % (KEY_SPACE - TRACKED);
+                    let shards = world.shards.as_ref().expect("shards");
+                    let at = shards.reading(k, now);
+                    let judged = shards.judged(k, at);
+                    let before = table.removals();
+                    let _ = table.check(k, at);
+                    world.inserted(table, k, judged, before);
+                }
+            }
+            Op::Reclaim => {
+                let Some(table) = table else { continue };
+                if table.reclaim_idle() == 0 {
+                    continue;
+                }
+                // Reclaimed keys were idle: their held admissions stay.
+                let now = clock.now();
+                let mut world = world.borrow_mut();
+                let shards = world.shards.as_mut().expect("shards");
+                if shards.known.len() == 1 {
+                    shards.removed(0, now);
+                } else {
+                    for most in &mut shards.most {
+                        *most = now;
+                    }
+                }
+            }
+            Op::Flip => {}
         }
     }
+    if std::env::var_os("REFUNDS_STATS").is_some() {
+        let world = world.borrow();
+        let [evicted, forgotten, rollbacks, refunds] = world.stats;
+        let classes = world.shards.as_ref().map_or(0, |s| s.known.len());
+        eprintln!(
+            "composite keyed {keyed_slots:?} classes {classes} evicted {evicted} forgotten {forgotten} rollbacks back {rollbacks} refunds back {refunds}"
+        );
+    }
+    Some(())
+}
+
+/// A window or log limiter (or GCRA) of `kind` for `policy` on `clock`.
+fn build(kind: Kind, policy: Policy, clock: &ManualClock) -> Option<Box<dyn Limit>> {
+    Some(match kind {
+        Kind::Gcra => Box::new(RateLimiter::gcra_with_clock(policy, clock.clone())),
+        Kind::Fixed => Box::new(RateLimiter::with_clock(
+            FixedWindow::new(policy).ok()?,
+            clock.clone(),
+        )),
+        Kind::Sliding => Box::new(RateLimiter::with_clock(
+            SlidingWindow::new(policy).ok()?,
+            clock.clone(),
+        )),
+        Kind::Log => Box::new(SlidingLog::with_clock(policy, clock.clone())),
+    })
 }
