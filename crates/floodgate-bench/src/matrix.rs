@@ -277,15 +277,18 @@ pub struct Setup {
     /// `KeyedBuilder::hash_seed`, and each contender's map) hashes with seeds derived
     /// from it instead of random ones. Which keys share a shard or a probe run moves a
     /// table's speed by up to about 15 % at 10^3–10^4 keys, so `floodgate bench` gives
-    /// run `i` of every cell seed `i`: two invocations lay out their tables alike and
-    /// their medians differ only by what the machine did.
+    /// run `i` of every cell seed `i`: two invocations of one binary on one machine lay
+    /// out their tables alike, and their medians differ only by what the machine did.
+    /// (A build with other target features, or another core count, which sets
+    /// floodgate's default shard count, lays them out otherwise.)
     pub seed: u64,
 }
 
 impl Setup {
     /// Hasher number `n` of a contender for this run ([`Setup::seed`]). Hashers that
     /// must not agree take different `n`: a map inside a shard chosen by the top bits
-    /// of one hash would find every key's tag alike if it hashed with the same one.
+    /// of one hash would find nearly every key's tag alike if it hashed with the same
+    /// one.
     ///
     /// # Examples
     ///

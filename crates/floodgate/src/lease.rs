@@ -22,8 +22,8 @@
 //! index until it exits, so one that decided only once (a start-up check on the main
 //! thread) still holds a shard: count it, or make that check from a thread that
 //! exits. Only decisions on leased limiters (this type, or a hot key of a
-//! [`HotKeyLimiter`](crate::HotKeyLimiter)) take an index: a thread that decides on
-//! keyed limiters alone holds none.
+//! [`HotKeyLimiter`](crate::HotKeyLimiter)) and [`owns_shard`](LeasedGcra::owns_shard)
+//! take an index: a thread that decides on keyed limiters alone holds none.
 //! [`check_on`](LeasedGcra::check_on) decides on any shard, given `&mut self`.
 //!
 //! # The bound (the one mode exempt from exact admission)

@@ -198,7 +198,7 @@ pub(crate) fn unique_id() -> u64 {
 
 /// A small per-thread index (0, 1, 2, … in first-use order, never freed): the hot-key
 /// detector's thread bit, where two threads sharing one costs detection accuracy
-/// only. (The keyed decision counters use [`owner_index`], which live threads never
+/// only. (The keyed decision counters use [`stripe_index`], which live threads never
 /// share.)
 ///
 /// Plain std atomics: the index is an identity, not a synchronisation point. Under
@@ -451,11 +451,14 @@ mod tests {
     #[cfg_attr(miri, ignore = "500 threads one after another: slow under Miri")]
     fn an_exited_threads_index_is_taken_again() {
         // One thread at a time: without recycling the last would hold index ≥ 500.
-        // Other tests running beside this one hold a few indices at most.
-        let last = (0..500)
-            .map(|_| std::thread::spawn(owner_index).join().unwrap())
-            .max()
-            .unwrap();
-        assert!(last < 64, "index {last} after 500 threads that each exited");
+        // Other tests running beside this one hold a few indices at most. Both kinds:
+        // a thread's exit frees its lease index and its stripe index.
+        for index in [owner_index, super::stripe_index] {
+            let last = (0..500)
+                .map(|_| std::thread::spawn(index).join().unwrap())
+                .max()
+                .unwrap();
+            assert!(last < 64, "index {last} after 500 threads that each exited");
+        }
     }
 }

@@ -488,12 +488,15 @@ impl<A, C> KeyedBuilder<A, C> {
         self
     }
 
-    /// Hashes keys with seeds derived from `seed`, the same in every process and for
-    /// every table built from this builder, instead of random seeds drawn per table
-    /// (the default).
+    /// Hashes keys with seeds derived from `seed`, the same for every table built from
+    /// this builder and in every process running the same build, instead of random
+    /// seeds drawn per table (the default).
     ///
     /// For reproducible tests and benchmarks: a table's layout — which keys share a
-    /// shard and a probe run — then repeats from run to run. Keep the default in
+    /// shard and a probe run — then repeats from run to run, as long as the build
+    /// (ahash's version and the target features it uses: a `-C target-cpu=native`
+    /// build hashes otherwise) and the shard count (by default from the available
+    /// parallelism) stay the same. Keep the default in
     /// production: a client who knows the seed can choose keys that crowd one shard
     /// and one probe run. The table stays exact and bounded, but those lookups slow
     /// down and evictions fall on that shard's keys.

@@ -489,7 +489,7 @@ pub(crate) enum Salt {
 
 /// A table's hasher: from `seed` when the builder fixed one
 /// ([`KeyedBuilder::hash_seed`](crate::KeyedBuilder::hash_seed)), the same in every
-/// process; otherwise from random per-table seeds (HashDoS resistance: no client can
+/// process running the same build; otherwise from random per-table seeds (HashDoS resistance: no client can
 /// predict which keys share a probe run), or fixed under loom, whose exploration must
 /// be deterministic.
 pub(crate) fn table_hasher(seed: Option<u64>, salt: Salt) -> ahash::RandomState {
