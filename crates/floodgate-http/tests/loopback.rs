@@ -15,9 +15,9 @@ use floodgate::{
     AsyncLimit, Decision, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy, RateLimiter,
 };
 use floodgate_http::{
-    ForwardedIp, Global, HeaderKey, HeaderOptions, IpGrouping, OnLimiterError, OnMissingKey,
-    PartitionKeyHasher, PeerAddr, PeerIp, RateLimitLayer, ResetFormat, RoutePath, Rule, Strategy,
-    TrustedProxies,
+    ForwardedIp, Global, HeaderKey, HeaderOptions, IpGrouping, KeyExtractor, OnLimiterError,
+    OnMissingKey, PartitionKeyHasher, PeerAddr, PeerIp, RateLimitLayer, ResetFormat, RoutePath,
+    Rule, Strategy, TrustedProxies,
 };
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,6 +44,34 @@ fn keyed<K: std::hash::Hash + Eq + Send + Sync + 'static>(
         .clock(clock.clone())
         .build()
         .expect("test limiter")
+}
+
+/// A layer of one rule, `name`: `policy` per client IP under `strategy`, the IP taken
+/// by `extractor`, with `headers`.
+fn ip_layer<E: KeyExtractor<Key = IpAddr>>(
+    name: &str,
+    policy: Policy,
+    strategy: Strategy,
+    clock: &ManualClock,
+    extractor: E,
+    headers: HeaderOptions,
+) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    let rule = Rule::new(name, keyed::<IpAddr>(policy, clock), extractor)?.strategy(strategy);
+    Ok(RateLimitLayer::builder()
+        .rule(rule)
+        .headers(headers)
+        .build()?)
+}
+
+/// [`ip_layer`]: a hard rule "client" of `per_minute` requests, default headers.
+fn client_layer<E: KeyExtractor<Key = IpAddr>>(
+    per_minute: u64,
+    clock: &ManualClock,
+    extractor: E,
+) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    let policy = Policy::per_minute(per_minute)?;
+    let headers = HeaderOptions::default();
+    ip_layer("client", policy, Strategy::Hard, clock, extractor, headers)
 }
 
 /// Serves `layer` around `GET /` and `GET /other` on 127.0.0.1:0.
@@ -309,12 +337,17 @@ async fn a_request_that_never_fits_has_no_retry_after() -> TestResult {
 async fn shadow_never_blocks_but_counts() -> TestResult {
     let clock = ManualClock::new();
     let policy = Policy::per_minute(1)?;
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new("trial", keyed::<IpAddr>(policy, &clock), peer_ip())?
-                .strategy(Strategy::Shadow),
+    let trial = |headers| {
+        ip_layer(
+            "trial",
+            policy,
+            Strategy::Shadow,
+            &clock,
+            peer_ip(),
+            headers,
         )
-        .build()?;
+    };
+    let layer = trial(HeaderOptions::default())?;
     let addr = serve(layer.clone(), true).await;
     for _ in 0..3 {
         let r = send(addr, "/", &[]).await;
@@ -334,13 +367,7 @@ async fn shadow_never_blocks_but_counts() -> TestResult {
     assert_eq!((s.allowed, s.shadow, s.denied, s.soft), (1, 2, 0, 0));
 
     // Shown when asked.
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new("trial", keyed::<IpAddr>(policy, &clock), peer_ip())?
-                .strategy(Strategy::Shadow),
-        )
-        .headers(HeaderOptions::default().include_shadow(true))
-        .build()?;
+    let layer = trial(HeaderOptions::default().include_shadow(true))?;
     let addr = serve(layer, true).await;
     let r = send(addr, "/", &[]).await;
     assert_eq!(r.header("ratelimit"), Some(r#""trial";r=0;t=60"#), "{r:?}");
@@ -351,12 +378,14 @@ async fn shadow_never_blocks_but_counts() -> TestResult {
 async fn soft_passes_and_is_marked() -> TestResult {
     let clock = ManualClock::new();
     let policy = Policy::per_minute(1)?;
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new("soft cap", keyed::<IpAddr>(policy, &clock), peer_ip())?
-                .strategy(Strategy::Soft),
-        )
-        .build()?;
+    let layer = ip_layer(
+        "soft cap",
+        policy,
+        Strategy::Soft,
+        &clock,
+        peer_ip(),
+        HeaderOptions::default(),
+    )?;
     let addr = serve(layer.clone(), true).await;
     let r = send(addr, "/", &[]).await;
     assert_eq!(
@@ -453,14 +482,14 @@ async fn forwarded_server(
     let clock = ManualClock::new();
     let xff =
         ForwardedIp::x_forwarded_for(TrustedProxies::new(trusted)?, hops).lookup(connect_info);
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(100)?, &clock),
-            xff,
-        )?)
-        .headers(HeaderOptions::default().partition_key(hasher.clone()))
-        .build()?;
+    let layer = ip_layer(
+        "client",
+        Policy::per_minute(100)?,
+        Strategy::Hard,
+        &clock,
+        xff,
+        HeaderOptions::default().partition_key(hasher.clone()),
+    )?;
     Ok(serve(layer, true).await)
 }
 
@@ -477,51 +506,37 @@ async fn forwarded_ip_hops_trust_and_spoofing() -> TestResult {
     let hasher = PartitionKeyHasher::new([9; 16]);
     let xff: &[(&str, &[u8])] = &[("x-forwarded-for", b"6.6.6.6, 203.0.113.7, 127.0.0.9")];
 
-    // 0 hops: the peer, whatever the header says.
-    let addr = forwarded_server(&["127.0.0.0/8"], 0, &hasher).await?;
-    assert_eq!(
-        pk_in(&send(addr, "/", xff).await),
-        pk_of(&hasher, "127.0.0.1")
-    );
-
-    // 1 hop: the entry our (trusted) peer appended.
-    let addr = forwarded_server(&["127.0.0.0/8"], 1, &hasher).await?;
-    assert_eq!(
-        pk_in(&send(addr, "/", xff).await),
-        pk_of(&hasher, "127.0.0.9")
-    );
-
-    // 2 hops: 127.0.0.9 is a trusted proxy, so the client is the entry before it; the
-    // spoofed leftmost 6.6.6.6 is never used.
-    let addr = forwarded_server(&["127.0.0.0/8"], 2, &hasher).await?;
-    assert_eq!(
-        pk_in(&send(addr, "/", xff).await),
-        pk_of(&hasher, "203.0.113.7")
-    );
-    let addr = forwarded_server(&["127.0.0.0/8"], 9, &hasher).await?;
-    assert_eq!(
-        pk_in(&send(addr, "/", xff).await),
-        pk_of(&hasher, "203.0.113.7")
-    );
-
-    // The peer (127.0.0.1) is not in the trusted networks: the header is ignored.
-    let addr = forwarded_server(&["10.0.0.0/8"], 2, &hasher).await?;
-    assert_eq!(
-        pk_in(&send(addr, "/", xff).await),
-        pk_of(&hasher, "127.0.0.1")
-    );
+    // (trusted networks, hops, the client the rule must key on):
+    // 0 hops: the peer, whatever the header says; 1 hop: the entry our (trusted) peer
+    // appended; 2 (or more) hops: 127.0.0.9 is a trusted proxy, so the client is the
+    // entry before it, and the spoofed leftmost 6.6.6.6 is never used; a peer
+    // (127.0.0.1) outside the trusted networks: the header is ignored.
+    for (trusted, hops, client) in [
+        ("127.0.0.0/8", 0, "127.0.0.1"),
+        ("127.0.0.0/8", 1, "127.0.0.9"),
+        ("127.0.0.0/8", 2, "203.0.113.7"),
+        ("127.0.0.0/8", 9, "203.0.113.7"),
+        ("10.0.0.0/8", 2, "127.0.0.1"),
+    ] {
+        let addr = forwarded_server(&[trusted], hops, &hasher).await?;
+        assert_eq!(
+            pk_in(&send(addr, "/", xff).await),
+            pk_of(&hasher, client),
+            "trusting {trusted}, {hops} hops"
+        );
+    }
 
     // RFC 7239 `Forwarded`.
     let clock = ManualClock::new();
     let fwd = ForwardedIp::forwarded(TrustedProxies::new(["127.0.0.0/8"])?, 1).lookup(connect_info);
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(100)?, &clock),
-            fwd,
-        )?)
-        .headers(HeaderOptions::default().partition_key(hasher.clone()))
-        .build()?;
+    let layer = ip_layer(
+        "client",
+        Policy::per_minute(100)?,
+        Strategy::Hard,
+        &clock,
+        fwd,
+        HeaderOptions::default().partition_key(hasher.clone()),
+    )?;
     let addr = serve(layer, true).await;
     let r = send(
         addr,
@@ -541,13 +556,7 @@ async fn ipv6_prefix_grouping_and_ipv4_mapped() -> TestResult {
     let clock = ManualClock::new();
     let xff =
         ForwardedIp::x_forwarded_for(TrustedProxies::new(["127.0.0.1"])?, 1).lookup(connect_info);
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(1)?, &clock),
-            xff,
-        )?)
-        .build()?;
+    let layer = client_layer(1, &clock, xff)?;
     let addr = serve(layer, true).await;
     let from = |ip: &'static str| [("x-forwarded-for", ip.as_bytes())];
     assert_eq!(send(addr, "/", &from("2001:db8:1:2::1")).await.status, 200);
@@ -566,13 +575,7 @@ async fn ipv6_prefix_grouping_and_ipv4_mapped() -> TestResult {
     let xff = ForwardedIp::x_forwarded_for(TrustedProxies::new(["127.0.0.1"])?, 1)
         .lookup(connect_info)
         .grouping(IpGrouping::default().v6_prefix(128)?);
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(1)?, &clock),
-            xff,
-        )?)
-        .build()?;
+    let layer = client_layer(1, &clock, xff)?;
     let addr = serve(layer, true).await;
     assert_eq!(send(addr, "/", &from("2001:db8::1")).await.status, 200);
     assert_eq!(send(addr, "/", &from("2001:db8::2")).await.status, 200);
@@ -584,13 +587,7 @@ async fn bad_input_gets_a_clear_answer() -> TestResult {
     let clock = ManualClock::new();
     let xff =
         ForwardedIp::x_forwarded_for(TrustedProxies::new(["127.0.0.0/8"])?, 1).lookup(connect_info);
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(100)?, &clock),
-            xff,
-        )?)
-        .build()?;
+    let layer = client_layer(100, &clock, xff)?;
     let addr = serve(layer.clone(), true).await;
 
     let r = send(addr, "/", &[("x-forwarded-for", b"\xff\xfe\x80")]).await;
@@ -619,13 +616,7 @@ async fn bad_input_gets_a_clear_answer() -> TestResult {
     assert_eq!(layer.stats()[0].bad_key, 4);
 
     // No peer address at all (a server without connect info).
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new(
-            "client",
-            keyed::<IpAddr>(Policy::per_minute(100)?, &clock),
-            peer_ip(),
-        )?)
-        .build()?;
+    let layer = client_layer(100, &clock, peer_ip())?;
     let addr = serve(layer, false).await;
     let r = send(addr, "/", &[]).await;
     assert_eq!(r.status, 400, "{r:?}");
