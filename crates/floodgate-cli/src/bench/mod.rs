@@ -82,13 +82,15 @@ impl Plan {
 }
 
 /// Splits `total` over `cells × repeats` runs; a run is never shorter than
-/// [`MIN_RUN`] (the total grows instead).
+/// [`MIN_RUN`] (the total grows instead). The product is taken in 128 bits: a matrix
+/// of more runs than a `u32` counts gets the floor, not a wrapped divisor.
 pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
-    let cells = cells.max(1) as u32;
     let repeats = repeats.clamp(1, MAX_REPEATS);
+    let runs = cells.max(1) as u128 * repeats as u128;
+    let nanos = u64::try_from(total.as_nanos() / runs).unwrap_or(u64::MAX);
     Plan {
         repeats,
-        run_time: (total / (cells * repeats as u32)).max(MIN_RUN),
+        run_time: Duration::from_nanos(nanos).max(MIN_RUN),
     }
 }
 
@@ -978,5 +980,10 @@ mod tests {
         assert_eq!((short.repeats, short.run_time), (3, MIN_RUN));
         assert_eq!(short.warm_up(), MIN_RUN / 4);
         assert_eq!(plan(s(1), 0, 0).repeats, 1);
+        // More runs than a u32 counts: the run time is the floor, not a wrapped
+        // product or a division by zero.
+        let huge = plan(s(90), usize::MAX, MAX_REPEATS);
+        assert_eq!((huge.repeats, huge.run_time), (MAX_REPEATS, MIN_RUN));
+        assert_eq!(plan(s(90), 1 << 32, 1).run_time, MIN_RUN);
     }
 }
