@@ -43,8 +43,8 @@ pub(crate) struct BenchArgs {
     /// takes longer: the main job about 25 s on 2 cores, warm-ups included.
     #[arg(long)]
     pub(crate) quick: bool,
-    /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Total measuring time, e.g. `30s`, `2m` (overrides --quick); more than 0.
+    #[arg(long, value_parser = parse_budget, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
     /// Runs of each cell (at least 3, at most 1000); the table shows their median
     /// and spread.
@@ -128,6 +128,17 @@ pub(crate) struct ReplayArgs {
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,
+}
+
+/// `--duration`: a duration above zero (a budget of 0 would measure every run at the
+/// floor, as if a budget had been given).
+fn parse_budget(text: &str) -> Result<Duration, String> {
+    match parse_duration(text).map_err(|e| e.to_string())? {
+        Duration::ZERO => {
+            Err("a measuring time of 0 measures nothing; give more than 0".to_owned())
+        }
+        budget => Ok(budget),
+    }
 }
 
 /// `--repeats`: 1 to [`MAX_REPEATS`] (fewer than [`MIN_REPEATS`] run as many).
