@@ -46,8 +46,8 @@ pub(crate) struct BenchArgs {
     /// Total measuring time, e.g. `30s`, `2m` (overrides --quick); more than 0.
     #[arg(long, value_parser = parse_budget, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
-    /// Runs of each cell (at least 3, at most 1000); the table shows their median
-    /// and spread.
+    /// Runs of each cell, at most 1000 (fewer than 3 run 3 times); the table shows
+    /// their median and spread.
     #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N",
           value_parser = parse_repeats)]
     pub(crate) repeats: NonZeroUsize,
@@ -81,8 +81,9 @@ pub(crate) struct BenchArgs {
     pub(crate) memory: bool,
     /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
     /// with --memory, 1000000). Each table holds its key count (capacity = keys); a
-    /// count over the keyed table's default memory budget is refused. The one-key
-    /// group, `gcra-keyed-hot`, stays at one key.
+    /// count over the keyed table's default memory budget is refused, and so is a count
+    /// given twice. The one-key group, `gcra-keyed-hot`, stays at one key; --keys with
+    /// no group chosen that takes a key count is refused.
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
