@@ -230,6 +230,13 @@ fn flags_a_mode_does_not_read_are_refused_not_ignored() {
     }
 }
 
+/// `bench --groups GROUPS --duration 1ms` and `extra`: every run at the 20 ms floor.
+fn short_bench<'a>(groups: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bench", "--groups", groups, "--duration", "1ms"];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Asserts a usage error: status 2, `needle` in the message, no panic, nothing on
 /// stdout.
 fn assert_refused(args: &[&str], needle: &str) {
@@ -248,18 +255,9 @@ fn assert_refused(args: &[&str], needle: &str) {
 fn a_key_count_given_twice_is_refused() {
     // It was measured twice and printed as two identical rows (or columns), each
     // holding only one of the two measurements.
+    let keys = ["--keys", "1000,2000,1000", "--max-threads", "1"];
     assert_refused(
-        &[
-            "bench",
-            "--groups",
-            "gcra-keyed-idle",
-            "--keys",
-            "1000,2000,1000",
-            "--max-threads",
-            "1",
-            "--duration",
-            "1ms",
-        ],
+        &short_bench("gcra-keyed-idle", &keys),
         "--keys: 1000 is given twice",
     );
     assert_refused(
@@ -274,17 +272,7 @@ fn key_counts_no_chosen_group_reads_are_refused_not_ignored() {
     // sizes neither, and a run with it measured as if it had not been given.
     for groups in ["gcra", "gcra-keyed-hot", "gcra,gcra-keyed-hot"] {
         assert_refused(
-            &[
-                "bench",
-                "--groups",
-                groups,
-                "--keys",
-                "5000",
-                "--max-threads",
-                "1",
-                "--duration",
-                "1ms",
-            ],
+            &short_bench(groups, &["--keys", "5000", "--max-threads", "1"]),
             "--keys: no group chosen",
         );
     }
@@ -294,15 +282,7 @@ fn key_counts_no_chosen_group_reads_are_refused_not_ignored() {
 fn a_zero_duration_is_refused() {
     // It ran every cell at the 20 ms floor, as if a budget had been given.
     assert_refused(
-        &[
-            "bench",
-            "--groups",
-            "gcra",
-            "--max-threads",
-            "1",
-            "--duration",
-            "0s",
-        ],
+        &["bench", "--groups", "gcra", "--duration", "0s"],
         "--duration",
     );
 }
@@ -312,17 +292,10 @@ fn disjoint_keys_need_a_key_for_every_thread() {
     // With fewer keys than threads, the threads past the keys all visit the last key:
     // the row is no longer "each thread on its own keys".
     assert_refused(
-        &[
-            "bench",
-            "--groups",
+        &short_bench(
             "gcra-keyed-idle-disjoint",
-            "--keys",
-            "1",
-            "--max-threads",
-            "2",
-            "--duration",
-            "1ms",
-        ],
+            &["--keys", "1", "--max-threads", "2"],
+        ),
         "--keys 1: gcra-keyed-idle-disjoint",
     );
 }
@@ -333,18 +306,8 @@ fn disjoint_keys_need_a_key_for_every_thread() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_plot_that_fails_after_the_runs_keeps_the_measurements() {
-    let output = floodgate(&[
-        "bench",
-        "--groups",
-        "gcra",
-        "--max-threads",
-        "1",
-        "--duration",
-        "1ms",
-        "--csv",
-        "--plot",
-        "/dev/full",
-    ]);
+    let extra = ["--max-threads", "1", "--csv", "--plot", "/dev/full"];
+    let output = floodgate(&short_bench("gcra", &extra));
     let message = stderr(&output);
     assert_eq!(output.status.code(), Some(1), "{message}");
     assert!(

@@ -360,17 +360,10 @@ fn a_directory_for_input_is_refused_naming_it() {
     // It was opened, and the first read failed with status 1 and a message that did
     // not say which path: "reading the input: Is a directory".
     let dir = std::env::temp_dir();
-    let args = [
-        "replay",
-        "--algorithm",
-        "gcra",
-        "--limit",
-        "5",
-        "--per",
-        "1s",
-        dir.to_str().unwrap(),
-    ];
-    let output = floodgate(&args, "");
+    let output = replay(
+        &format!("--algorithm gcra --limit 5 --per 1s {}", dir.display()),
+        "",
+    );
     let needle = format!("cannot open {}: it is a directory", dir.display());
     assert_exit_2(&output, &[&needle], 0);
 }
