@@ -43,11 +43,11 @@ pub(crate) struct BenchArgs {
     /// takes longer: the main job about 25 s on 2 cores, warm-ups included.
     #[arg(long)]
     pub(crate) quick: bool,
-    /// Total measuring time, e.g. `30s`, `2m` (overrides --quick).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Total measuring time, e.g. `30s`, `2m` (overrides --quick); more than 0.
+    #[arg(long, value_parser = parse_budget, value_name = "DURATION")]
     pub(crate) duration: Option<Duration>,
-    /// Runs of each cell (at least 3, at most 1000); the table shows their median
-    /// and spread.
+    /// Runs of each cell, at most 1000 (fewer than 3 run 3 times); the table shows
+    /// their median and spread.
     #[arg(long, default_value_t = NonZeroUsize::MIN.saturating_add(2), value_name = "N",
           value_parser = parse_repeats)]
     pub(crate) repeats: NonZeroUsize,
@@ -81,8 +81,9 @@ pub(crate) struct BenchArgs {
     pub(crate) memory: bool,
     /// Key counts of the keyed groups, e.g. `10000,1000000` (default: 1000,100000;
     /// with --memory, 1000000). Each table holds its key count (capacity = keys); a
-    /// count over the keyed table's default memory budget is refused. The one-key
-    /// group, `gcra-keyed-hot`, stays at one key.
+    /// count over the keyed table's default memory budget is refused, and so is a count
+    /// given twice. The one-key group, `gcra-keyed-hot`, stays at one key; --keys with
+    /// no group chosen that takes a key count is refused.
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     pub(crate) keys: Vec<NonZeroU64>,
     /// Measure only these groups (ids as the table prints them), e.g.
@@ -128,6 +129,17 @@ pub(crate) struct ReplayArgs {
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
     pub(crate) input: Option<PathBuf>,
+}
+
+/// `--duration`: a duration above zero (a budget of 0 would measure every run at the
+/// floor, as if a budget had been given).
+fn parse_budget(text: &str) -> Result<Duration, String> {
+    match parse_duration(text).map_err(|e| e.to_string())? {
+        Duration::ZERO => {
+            Err("a measuring time of 0 measures nothing; give more than 0".to_owned())
+        }
+        budget => Ok(budget),
+    }
 }
 
 /// `--repeats`: 1 to [`MAX_REPEATS`] (fewer than [`MIN_REPEATS`] run as many).

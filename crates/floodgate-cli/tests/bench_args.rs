@@ -229,3 +229,94 @@ fn flags_a_mode_does_not_read_are_refused_not_ignored() {
         assert!(output.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// `bench --groups GROUPS --duration 1ms` and `extra`: every run at the 20 ms floor.
+fn short_bench<'a>(groups: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["bench", "--groups", groups, "--duration", "1ms"];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Asserts a usage error: status 2, `needle` in the message, no panic, nothing on
+/// stdout.
+fn assert_refused(args: &[&str], needle: &str) {
+    let output = floodgate(args);
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+    assert!(!message.contains("panicked"), "{args:?}: {message}");
+    assert!(
+        message.contains(needle),
+        "{args:?}: {needle:?} not in {message}"
+    );
+    assert!(output.stdout.is_empty(), "{args:?}");
+}
+
+#[test]
+fn a_key_count_given_twice_is_refused() {
+    // It was measured twice and printed as two identical rows (or columns), each
+    // holding only one of the two measurements.
+    let keys = ["--keys", "1000,2000,1000", "--max-threads", "1"];
+    assert_refused(
+        &short_bench("gcra-keyed-idle", &keys),
+        "--keys: 1000 is given twice",
+    );
+    assert_refused(
+        &["bench", "--memory", "--keys", "1000,1000"],
+        "--keys: 1000 is given twice",
+    );
+}
+
+#[test]
+fn key_counts_no_chosen_group_reads_are_refused_not_ignored() {
+    // `gcra` is one hot key and `gcra-keyed-hot` one key of a keyed limiter: --keys
+    // sizes neither, and a run with it measured as if it had not been given.
+    for groups in ["gcra", "gcra-keyed-hot", "gcra,gcra-keyed-hot"] {
+        assert_refused(
+            &short_bench(groups, &["--keys", "5000", "--max-threads", "1"]),
+            "--keys: no group chosen",
+        );
+    }
+}
+
+#[test]
+fn a_zero_duration_is_refused() {
+    // It ran every cell at the 20 ms floor, as if a budget had been given.
+    assert_refused(
+        &["bench", "--groups", "gcra", "--duration", "0s"],
+        "--duration",
+    );
+}
+
+#[test]
+fn disjoint_keys_need_a_key_for_every_thread() {
+    // With fewer keys than threads, the threads past the keys all visit the last key:
+    // the row is no longer "each thread on its own keys".
+    assert_refused(
+        &short_bench(
+            "gcra-keyed-idle-disjoint",
+            &["--keys", "1", "--max-threads", "2"],
+        ),
+        "--keys 1: gcra-keyed-idle-disjoint",
+    );
+}
+
+/// A plot that cannot be written once the runs are done (here a device that is always
+/// full: opening it for writing succeeds, writing fails) is reported with status 1,
+/// and the measurements it drew from are still printed.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_plot_that_fails_after_the_runs_keeps_the_measurements() {
+    let extra = ["--max-threads", "1", "--csv", "--plot", "/dev/full"];
+    let output = floodgate(&short_bench("gcra", &extra));
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(
+        message.starts_with("floodgate: --plot /dev/full: "),
+        "{message}"
+    );
+    let csv = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        csv.lines().any(|l| l.starts_with("gcra,1,1,floodgate,")),
+        "the measurements were lost: {csv:?}"
+    );
+}

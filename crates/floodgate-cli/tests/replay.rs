@@ -356,6 +356,19 @@ fn reads_a_file_argument() {
 }
 
 #[test]
+fn a_directory_for_input_is_refused_naming_it() {
+    // It was opened, and the first read failed with status 1 and a message that did
+    // not say which path: "reading the input: Is a directory".
+    let dir = std::env::temp_dir();
+    let output = replay(
+        &format!("--algorithm gcra --limit 5 --per 1s {}", dir.display()),
+        "",
+    );
+    let needle = format!("cannot open {}: it is a directory", dir.display());
+    assert_exit_2(&output, &[&needle], 0);
+}
+
+#[test]
 fn bad_policies_exit_2() {
     let cases = [
         ("--limit 0 --per 1s", "limit must be at least 1"),

@@ -110,7 +110,11 @@ fn args() -> Result<Args, String> {
             }
             "--no-limits" => no_limits = true,
             "--never-deny" => never_deny = true,
-            "-h" | "--help" => return Err(USAGE.into()),
+            "-h" | "--help" => {
+                // Asked for: the usage on stdout and status 0, not an error.
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
     }

@@ -19,12 +19,13 @@
 
 mod plot;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, IsTerminal, Write};
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 use floodgate::{KeyedBuilder, DEFAULT_MEMORY_BUDGET, MAX_CAPACITY};
+use floodgate_bench::keys::KeyDistribution;
 use floodgate_bench::latency::Spread;
 use floodgate_bench::matrix::{groups, keyed_tables, Group, Implementation, Setup, Suite};
 use floodgate_bench::memory::{counting, footprint};
@@ -82,13 +83,15 @@ impl Plan {
 }
 
 /// Splits `total` over `cells × repeats` runs; a run is never shorter than
-/// [`MIN_RUN`] (the total grows instead).
+/// [`MIN_RUN`] (the total grows instead). The product is taken in 128 bits: a matrix
+/// of more runs than a `u32` counts gets the floor, not a wrapped divisor.
 pub(crate) fn plan(total: Duration, cells: usize, repeats: usize) -> Plan {
-    let cells = cells.max(1) as u32;
     let repeats = repeats.clamp(1, MAX_REPEATS);
+    let runs = cells.max(1) as u128 * repeats as u128;
+    let nanos = u64::try_from(total.as_nanos() / runs).unwrap_or(u64::MAX);
     Plan {
         repeats,
-        run_time: (total / (cells * repeats as u32)).max(MIN_RUN),
+        run_time: Duration::from_nanos(nanos).max(MIN_RUN),
     }
 }
 
@@ -485,11 +488,15 @@ fn machine() -> Machine {
     }
 }
 
-/// Refuses a `--keys` count that floodgate's keyed table, built as the matrix builds
-/// it (capacity = keys, the library's default shards and memory budget), cannot
-/// hold, before any table is built: the matrix's builders treat their capacity as
-/// valid.
+/// Refuses a `--keys` count given twice (it would be measured twice and printed as
+/// two rows), and one that floodgate's keyed table, built as the matrix builds it
+/// (capacity = keys, the library's default shards and memory budget), cannot hold,
+/// before any table is built: the matrix's builders treat their capacity as valid.
 fn check_key_counts(keys: &[NonZeroU64]) -> Result<(), Failure> {
+    let mut seen = BTreeSet::new();
+    if let Some(twice) = keys.iter().find(|&&count| !seen.insert(count)) {
+        return Err(Failure::usage(format!("--keys: {twice} is given twice")));
+    }
     for &count in keys {
         let refused = |reason: String| Failure::usage(format!("--keys {count}: {reason}"));
         let capacity = usize::try_from(count.get())
@@ -532,11 +539,42 @@ fn chosen_groups(args: &BenchArgs) -> Result<Vec<Group>, Failure> {
     if !args.keys.is_empty() {
         check_key_counts(&args.keys)?;
         let sized_by_keys = |g: &Group| g.suite == Suite::Keyed && g.key_counts != [1];
+        if !all.iter().any(sized_by_keys) {
+            let chosen: Vec<&str> = all.iter().map(|g| g.id.as_str()).collect();
+            let sized: Vec<String> = groups()
+                .into_iter()
+                .filter(sized_by_keys)
+                .map(|g| g.id)
+                .collect();
+            return Err(Failure::usage(format!(
+                "--keys: no group chosen ({}) takes a key count; --keys sizes {}",
+                chosen.join(", "),
+                sized.join(", ")
+            )));
+        }
         for group in all.iter_mut().filter(|g| sized_by_keys(g)) {
             group.key_counts = args.keys.iter().map(|k| k.get()).collect();
         }
     }
     Ok(all)
+}
+
+/// Refuses a key count below the largest thread count for a group whose threads each
+/// walk their own share of the keys: with fewer keys than threads, the threads past
+/// the keys would all visit the last key, and the row would not measure what it says.
+fn check_disjoint_shares(groups: &[Group], threads: &[usize]) -> Result<(), Failure> {
+    let most = threads.iter().copied().max().unwrap_or(1);
+    let suffix = format!("-{}", KeyDistribution::Disjoint.id());
+    for group in groups.iter().filter(|g| g.id.ends_with(&suffix)) {
+        if let Some(keys) = group.key_counts.iter().find(|&&k| k < most as u64) {
+            return Err(Failure::usage(format!(
+                "--keys {keys}: {} gives each of {most} threads its own keys, so it needs \
+                 at least {most} keys (or --max-threads {keys})",
+                group.id
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `floodgate bench`.
@@ -555,6 +593,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
     let available = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = thread_counts(available, args.max_threads.map(|n| n.get()));
     let groups = chosen_groups(&args)?;
+    check_disjoint_shares(&groups, &threads)?;
     if let Some(path) = &args.plot {
         // Fail before measuring, not after: open the file for writing now, without
         // truncating one that exists (an interrupted run keeps the earlier plot) and
@@ -631,13 +670,34 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
         total_s: started.elapsed().as_secs_f64(),
         rows: rows(&groups, &threads, &cells),
     };
-    if let Some(path) = &args.plot {
-        // The first group chosen (by default the hot key, `gcra`), at its first key
-        // count: one point per thread count for each contender.
-        let (drawn, keys) = (&groups[0], groups[0].key_counts[0]);
-        let rows = report.rows.iter();
-        let series = plot::series(rows.filter(|r| r.group == drawn.id && r.keys == keys).map(
-            |row| {
+    // The measurements first: a plot that fails to be written loses none of them.
+    let printed = print(args.json, &report, |out, report| {
+        if args.csv {
+            write_csv(out, report)
+        } else {
+            write_table(out, report)
+        }
+    });
+    let plotted = match &args.plot {
+        Some(path) => draw_plot(path, &groups[0], &report),
+        None => Ok(()),
+    };
+    match (printed, plotted) {
+        // A reader that went away (status 0) still gets the plot's failure reported.
+        (Err(failure), _) if failure.status != 0 => Err(failure),
+        (_, Err(failure)) => Err(failure),
+        (printed, Ok(())) => printed,
+    }
+}
+
+/// `--plot`: the first group chosen (by default the hot key, `gcra`), at its first key
+/// count: one point per thread count for each contender.
+fn draw_plot(path: &std::path::Path, drawn: &Group, report: &Report) -> Result<(), Failure> {
+    let keys = drawn.key_counts[0];
+    let rows = report.rows.iter();
+    let series = plot::series(
+        rows.filter(|r| r.group == drawn.id && r.keys == keys)
+            .map(|row| {
                 (
                     row.threads,
                     Implementation::ALL
@@ -645,25 +705,17 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), Failure> {
                         .filter_map(|&i| row.get(i).map(|m| (i.heading(), m.mdps)))
                         .collect::<Vec<_>>(),
                 )
-            },
-        ));
-        let title = format!(
-            "{}, {keys} key{}, {} ({} cores): million decisions/s",
-            drawn.id,
-            if keys == 1 { "" } else { "s" },
-            report.machine.cpu,
-            available
-        );
-        plot::draw(path, &title, &series)
-            .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))?;
-    }
-    print(args.json, &report, |out, report| {
-        if args.csv {
-            write_csv(out, report)
-        } else {
-            write_table(out, report)
-        }
-    })
+            }),
+    );
+    let title = format!(
+        "{}, {keys} key{}, {} ({} cores): million decisions/s",
+        drawn.id,
+        if keys == 1 { "" } else { "s" },
+        report.machine.cpu,
+        report.machine.available_parallelism
+    );
+    plot::draw(path, &title, &series)
+        .map_err(|e| Failure::runtime(format!("--plot {}: {e}", path.display())))
 }
 
 /// The CPU's model name where the OS says it (Linux), else `unknown`.
@@ -978,5 +1030,10 @@ mod tests {
         assert_eq!((short.repeats, short.run_time), (3, MIN_RUN));
         assert_eq!(short.warm_up(), MIN_RUN / 4);
         assert_eq!(plan(s(1), 0, 0).repeats, 1);
+        // More runs than a u32 counts: the run time is the floor, not a wrapped
+        // product or a division by zero.
+        let huge = plan(s(90), usize::MAX, MAX_REPEATS);
+        assert_eq!((huge.repeats, huge.run_time), (MAX_REPEATS, MIN_RUN));
+        assert_eq!(plan(s(90), 1 << 32, 1).run_time, MIN_RUN);
     }
 }

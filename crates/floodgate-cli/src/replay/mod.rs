@@ -281,10 +281,16 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
     let input: Box<dyn Read> = match args.input.as_deref() {
         None => Box::new(io::stdin().lock()),
         Some(path) if path.as_os_str() == "-" => Box::new(io::stdin().lock()),
-        Some(path) => Box::new(
-            File::open(path)
-                .map_err(|e| Failure::usage(format!("cannot open {}: {e}", path.display())))?,
-        ),
+        Some(path) => {
+            let cannot_open =
+                |why: String| Failure::usage(format!("cannot open {}: {why}", path.display()));
+            let file = File::open(path).map_err(|e| cannot_open(e.to_string()))?;
+            // A directory opens, and only its first read fails: say so, naming it.
+            if file.metadata().is_ok_and(|m| m.is_dir()) {
+                return Err(cannot_open("it is a directory".to_owned()));
+            }
+            Box::new(file)
+        }
     };
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
