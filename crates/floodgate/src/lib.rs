@@ -39,10 +39,11 @@
 //!
 //! ## Design
 //!
-//! * Every algorithm is a **pure transition** ([`Algorithm::decide`]) over a `Copy`
-//!   state that packs into 64 bits. One driver runs it in an [`AtomicCell`]
+//! * Every word-sized algorithm is a **pure transition** ([`Algorithm::decide`]) over
+//!   a `Copy` state that packs into 64 bits. One driver runs it in an [`AtomicCell`]
 //!   (`compare_exchange_weak` loop, no write on a denial) and the same transition runs
-//!   behind a `Mutex` in a [`LockedCell`] — the mutex twin.
+//!   behind a `Mutex` in a [`LockedCell`] — the mutex twin. The sliding log, whose
+//!   state is a ring of up to `L` instants, runs under a short mutex of its own.
 //! * [`reference`](mod@reference) holds oracles written apart from the transitions: exact models
 //!   (equality) and the textbook `f64` versions (baselines).
 //! * Time is injected ([`Clock`]): the TSC [`DefaultClock`] anchored to the Unix
