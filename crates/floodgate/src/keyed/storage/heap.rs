@@ -46,8 +46,8 @@ use core::hash::Hash;
 use core::ptr;
 
 use super::{
-    charge_live, dead, decide_unwritten, is_dead, remove_at, KeyTable, Outcome, Retired, Shard,
-    ShardSet, Slots, TableCounts, Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable, Outcome,
+    Retired, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{update_word, CasWord};
@@ -189,10 +189,6 @@ where
         decide_unwritten(algorithm, state, shard.removals.clamp(now), cost)
     }
 
-    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
-        self.set.reclaim_idle(algorithm, now)
-    }
-
     fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
     where
         Q: Lookup<K> + ?Sized,
@@ -207,25 +203,7 @@ where
         })
     }
 
-    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
-        self.set.replace_states(now, f);
-    }
-
-    fn counts(&self) -> TableCounts {
-        self.set.counts()
-    }
-
-    fn capacity(&self) -> usize {
-        self.set.capacity()
-    }
-
-    fn shard_count(&self) -> usize {
-        self.set.shard_count()
-    }
-
-    fn slot_count(&self) -> usize {
-        self.set.slot_count()
-    }
+    shard_set_methods!();
 }
 
 impl<K, S> Shard<Slot<K, S>>

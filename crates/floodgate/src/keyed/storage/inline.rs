@@ -57,8 +57,8 @@ use core::hash::Hash;
 use core::marker::PhantomData;
 
 use super::{
-    charge_live, dead, decide_unwritten, is_dead, remove_at, table_hasher, KeyTable, Outcome,
-    Retired, Salt, Shard, ShardSet, Slots, TableCounts, Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, table_hasher,
+    KeyTable, Outcome, Retired, Salt, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, update_word, CasWord};
@@ -321,10 +321,6 @@ where
         self.encoding.bits(key)
     }
 
-    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
-        self.set.reclaim_idle(algorithm, now)
-    }
-
     fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
     where
         Q: Lookup<K> + ?Sized,
@@ -339,25 +335,7 @@ where
         })
     }
 
-    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
-        self.set.replace_states(now, f);
-    }
-
-    fn counts(&self) -> TableCounts {
-        self.set.counts()
-    }
-
-    fn capacity(&self) -> usize {
-        self.set.capacity()
-    }
-
-    fn shard_count(&self) -> usize {
-        self.set.shard_count()
-    }
-
-    fn slot_count(&self) -> usize {
-        self.set.slot_count()
-    }
+    shard_set_methods!();
 }
 
 /// `n` empty slots, zeroed by the allocator: for a large array the OS maps pages of

@@ -203,6 +203,44 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     fn slot_count(&self) -> usize;
 }
 
+/// The [`KeyTable`] methods a table answers from its [`ShardSet`] alone (its field
+/// `set`), for the state type `S`: written once, expanded in each table's impl.
+macro_rules! shard_set_methods {
+    () => {
+        fn reclaim_idle<A>(&self, algorithm: &A, now: $crate::clock::Nanos) -> usize
+        where
+            A: $crate::algorithm::Algorithm<State = S> + ?Sized,
+        {
+            self.set.reclaim_idle(algorithm, now)
+        }
+
+        fn replace_states(
+            &mut self,
+            now: $crate::clock::Nanos,
+            f: impl FnMut(S, $crate::clock::Nanos) -> S,
+        ) {
+            self.set.replace_states(now, f);
+        }
+
+        fn counts(&self) -> $crate::keyed::storage::TableCounts {
+            self.set.counts()
+        }
+
+        fn capacity(&self) -> usize {
+            self.set.capacity()
+        }
+
+        fn shard_count(&self) -> usize {
+            self.set.shard_count()
+        }
+
+        fn slot_count(&self) -> usize {
+            self.set.slot_count()
+        }
+    };
+}
+use shard_set_methods;
+
 /// How many slots the reclamation hand inspects per insert once a shard passes its
 /// share.
 const SWEEP_STEP: usize = 4;
