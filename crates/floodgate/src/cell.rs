@@ -197,6 +197,31 @@ impl<S: bytemuck::Pod> CasWord for Atomic<S> {
     }
 }
 
+/// A borrowed word is the word (a keyed table's lookup hands out `&` its state word).
+impl<W: CasWord + ?Sized> CasWord for &W {
+    type Value = W::Value;
+
+    #[inline(always)]
+    fn load_now(&self) -> W::Value {
+        (**self).load_now()
+    }
+
+    #[inline(always)]
+    fn load_acquire(&self) -> W::Value {
+        (**self).load_acquire()
+    }
+
+    #[inline(always)]
+    fn cas_weak(
+        &self,
+        current: W::Value,
+        new: W::Value,
+        success: Ordering,
+    ) -> Result<W::Value, W::Value> {
+        (**self).cas_weak(current, new, success)
+    }
+}
+
 /// `next` as a step whose result holds a [`Decision`] hands it to the loop: the same
 /// value, rebuilt from a flag and a state (`current` when there is nothing to write),
 /// so that it is a select rather than a branch.

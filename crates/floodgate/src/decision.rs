@@ -186,19 +186,12 @@ impl Decision {
     /// A denial that can never succeed: the cost exceeds the capacity.
     #[inline(always)]
     pub(crate) fn never(limit: u64, headroom: u64, unit: u64, reset_after: u64) -> Decision {
-        Decision {
-            allowed: false,
-            policy: PolicyId::UNSET,
-            limit,
-            headroom,
-            unit,
-            reset_after,
-            retry_after: NEVER,
-        }
+        Decision::deny(limit, headroom, unit, reset_after, 0).refused()
     }
 
     /// This decision turned into a denial that never succeeds: used when the state the
-    /// transition wants to store cannot be stored (stricter, never looser).
+    /// transition wants to store cannot be stored (stricter, never looser), and by
+    /// [`never`](Decision::never).
     pub(crate) fn refused(self) -> Decision {
         Decision {
             allowed: false,

@@ -45,19 +45,16 @@
 use core::hash::Hash;
 use core::ptr;
 
-use crossbeam_utils::CachePadded;
-
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
-    remove_at, KeyTable, Outcome, Removals, Retired, ShardSet, Slots, TableCounts, Take, WriteSide,
-    Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable, Outcome,
+    Retired, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{refund_word, update_word, CasWord};
+use crate::cell::{update_word, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::keyed::key::Lookup;
-use crate::sync::{fence, lock, pin, retire, Atomic, AtomicPtr, AtomicU64, Guard, Ordering};
+use crate::sync::{lock, pin, retire, Atomic, AtomicPtr, AtomicU64, Guard, Ordering};
 
 /// The tag of an empty slot. Occupied tags have the low bit set.
 const EMPTY: u64 = 0;
@@ -71,29 +68,14 @@ pub(crate) struct Entry<K, S> {
     state: Atomic<S>,
 }
 
-struct Slot<K, S> {
+pub(crate) struct Slot<K, S> {
     tag: AtomicU64,
     entry: AtomicPtr<Entry<K, S>>,
 }
 
-pub(crate) struct Shard<K, S> {
-    slots: Box<[Slot<K, S>]>,
-    /// Sequence number: odd while a writer moves entries.
-    version: AtomicU64,
-    /// Removals made (generation, latest instant).
-    removals: Removals,
-    /// The table's shard bits (the hash bits above the home index).
-    shard_bits: u32,
-    /// This shard's share of the key capacity.
-    capacity: usize,
-    /// The write side, on its own cache line: inserting a key never disturbs the
-    /// line readers load `slots` and `version` from.
-    write: CachePadded<WriteSide>,
-}
-
 /// The sharded table: keys `K` to state words `S`.
-pub struct Table<K, S> {
-    set: ShardSet<Shard<K, S>>,
+pub struct Table<K: Send + 'static, S: bytemuck::Pod + Send> {
+    set: ShardSet<Slot<K, S>>,
 }
 
 impl<K, S> Table<K, S>
@@ -103,7 +85,7 @@ where
 {
     /// The shard of `key` and its tag (its hash with the low bit set).
     #[inline(always)]
-    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<K, S>, u64) {
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<Slot<K, S>>, u64) {
         let (shard, hash) = self.set.locate(key);
         (shard, hash | 1)
     }
@@ -118,18 +100,14 @@ where
     const ENTRY_BYTES: usize = core::mem::size_of::<Entry<K, S>>();
 
     fn build(capacity: usize, shards: usize, seed: Option<u64>) -> Self {
-        let set = ShardSet::new(capacity, shards, seed, |shape| Shard {
-            slots: (0..shape.slots)
+        let set = ShardSet::new(capacity, shards, seed, |slots, _| {
+            let slots = (0..slots)
                 .map(|_| Slot {
                     tag: AtomicU64::new(EMPTY),
                     entry: AtomicPtr::new(ptr::null_mut()),
                 })
-                .collect(),
-            version: AtomicU64::new(0),
-            removals: Removals::new(),
-            shard_bits: shape.shard_bits,
-            capacity: shape.share,
-            write: WriteSide::new(),
+                .collect();
+            (slots, ())
         });
         Table { set }
     }
@@ -143,13 +121,7 @@ where
     {
         let (shard, tag) = self.locate(key);
         let guard = pin();
-        // Read before the probe: a removal of the entry found below happens after
-        // this read, so a refund sees the generation move.
-        let (generation, noted) = if O::RECEIPT {
-            (shard.removals.generation(), shard.removals.ledger.note())
-        } else {
-            (0, 0)
-        };
+        let (generation, noted) = shard.removals.before_probe::<O, S>();
         if let Some(entry) = shard.find(tag, key, &guard) {
             let now = shard.removals.clamp(now);
             let seen = entry.state.load_now();
@@ -176,24 +148,8 @@ where
     {
         let (shard, tag) = self.locate(key);
         let guard = pin();
-        let _writer = lock(&shard.write.lock);
-        let removals = &shard.removals;
-        if removals.generation() != generation {
-            return false;
-        }
-        // Under the lock nothing moves: a miss is a miss.
-        let Some(entry) = shard.find(tag, key, &guard) else {
-            return false;
-        };
-        removals.ledger.refund_locked(noted, |shift| {
-            refund_word(
-                algorithm,
-                &entry.state,
-                charge,
-                shift,
-                || removals.clamp(now()),
-                |s| !is_dead(s),
-            )
+        shard.refund(algorithm, generation, noted, charge, now, || {
+            shard.find(tag, key, &guard).map(|entry| &entry.state)
         })
     }
 
@@ -209,10 +165,7 @@ where
     {
         let (shard, tag) = self.locate(key);
         let guard = pin();
-        // Acquire: pairs with the writer's final Release store of the version, so a
-        // probe that starts on an even version sees every move before it (and every
-        // removal instant recorded before the moves).
-        let before = shard.version.load(Ordering::Acquire);
+        let before = shard.version.begin();
         let clamped = shard.removals.clamp(now);
         match shard.find(tag, key, &guard) {
             Some(entry) => {
@@ -222,11 +175,7 @@ where
                 }
             }
             None => {
-                // Acquire fence: if the probe read anything a writer stored after
-                // making the version odd, the re-read below sees that odd version.
-                fence(Ordering::Acquire);
-                let after = shard.version.load(Ordering::Relaxed);
-                if before == after && before % 2 == 0 {
+                if shard.version.unchanged(before) {
                     let fresh = bytemuck::Zeroable::zeroed();
                     return decide_unwritten(algorithm, fresh, clamped, cost);
                 }
@@ -238,10 +187,6 @@ where
             None => bytemuck::Zeroable::zeroed(),
         };
         decide_unwritten(algorithm, state, shard.removals.clamp(now), cost)
-    }
-
-    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
-        self.set.reclaim_idle(algorithm, now)
     }
 
     fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
@@ -258,43 +203,14 @@ where
         })
     }
 
-    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
-        self.set.replace_states(now, f);
-    }
-
-    fn counts(&self) -> TableCounts {
-        self.set.counts()
-    }
-
-    fn capacity(&self) -> usize {
-        self.set.capacity()
-    }
-
-    fn shard_count(&self) -> usize {
-        self.set.shard_count()
-    }
-
-    fn slot_count(&self) -> usize {
-        self.set.slot_count()
-    }
+    shard_set_methods!();
 }
 
-impl<K, S> Shard<K, S>
+impl<K, S> Shard<Slot<K, S>>
 where
     K: Eq + Send + Sync + 'static,
     S: bytemuck::Pod + Send + Sync,
 {
-    /// The home slot of `tag`: multiply-shift over the bits below the shard bits.
-    #[inline(always)]
-    fn home(&self, tag: u64) -> usize {
-        home_slot(tag, self.shard_bits, self.slots.len())
-    }
-
-    #[inline(always)]
-    fn next(&self, i: usize) -> usize {
-        next_slot(i, self.slots.len())
-    }
-
     /// Lock-free probe. A hit is always right; a miss may be spurious while entries
     /// move (see the module docs).
     #[inline(always)]
@@ -330,13 +246,7 @@ where
         }
         None
     }
-}
 
-impl<K, S> Shard<K, S>
-where
-    K: Eq + Send + Sync + 'static,
-    S: bytemuck::Pod + Send + Sync,
-{
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
     fn check_locked<O, Q, A>(
@@ -353,69 +263,21 @@ where
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
-        let mut writer = lock(&self.write.lock);
-        // Under the lock every removal so far is visible: judge at or after them.
-        let now = self.removals.clamp(now);
-        let answer = |decision, charge| {
-            O::from_parts(
-                decision,
-                charge,
-                tag,
-                self.removals.generation(),
-                self.removals.ledger.note(),
-            )
+        let found = |now| {
+            let entry = self.find(tag, key, guard)?;
+            charge_live(algorithm, &entry.state, entry.state.load_now(), now, cost)
         };
-        // Under the lock nothing moves and every linked entry is live: a writer
-        // retires and unlinks within one critical section.
-        if let Some(entry) = self.find(tag, key, guard) {
-            let seen = entry.state.load_now();
-            if let Some((decision, charge)) = charge_live(algorithm, &entry.state, seen, now, cost)
-            {
-                return answer(decision, charge);
-            }
-        }
-        let before: S = bytemuck::Zeroable::zeroed();
-        let (decision, next) = algorithm.decide(before, now, cost);
-        // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
-        let Some(next) = next else {
-            return answer(decision, None);
+        let insert = |slot: &Slot<K, S>, next| {
+            let entry = Box::into_raw(Box::new(Entry {
+                key: key.to_key(),
+                state: Atomic::new(next),
+            }));
+            // Release (both): a reader that sees the tag sees the pointer, and one
+            // that sees the pointer sees the entry's contents.
+            slot.entry.store(entry, Ordering::Release);
+            slot.tag.store(tag, Ordering::Release);
         };
-        if is_dead(&next) {
-            return answer(decision.refused(), None);
-        }
-        make_room(self, &mut writer, algorithm, now);
-        // There is always an empty slot: make_room evicts whenever a shard is at its
-        // share, and takes its victim whatever it became when the insert would leave
-        // fewer than two slots empty. Bounded all the same.
-        let mut i = self.home(tag);
-        let mut probes = 0;
-        while self.slots[i].tag.load(Ordering::Relaxed) != EMPTY {
-            i = self.next(i);
-            probes += 1;
-            if probes == self.slots.len() {
-                return answer(decision.refused(), None);
-            }
-        }
-        let entry = Box::into_raw(Box::new(Entry {
-            key: key.to_key(),
-            state: Atomic::new(next),
-        }));
-        // Release (both): a reader that sees the tag sees the pointer, and one that
-        // sees the pointer sees the entry's contents.
-        self.slots[i].entry.store(entry, Ordering::Release);
-        self.slots[i].tag.store(tag, Ordering::Release);
-        writer.live += 1;
-        self.write.set_live(&writer);
-        // The generation after make_room's removals: the entry is new at it.
-        answer(
-            decision,
-            Some(Charged {
-                before,
-                after: next,
-                at: now,
-                cost,
-            }),
-        )
+        self.decide_locked(algorithm, tag, self.home(tag), now, cost, found, insert)
     }
 
     /// The slot linking `entry` (found by `tag`), under the shard lock.
@@ -430,56 +292,93 @@ where
         }
         None
     }
+}
 
-    /// The entry in slot `i`, if any (under the shard lock).
-    fn entry_at(&self, i: usize) -> Option<&Entry<K, S>> {
-        let p = self.slots[i].entry.load(Ordering::Relaxed);
-        // SAFETY: called only with the shard lock held; only lock holders unlink and
-        // retire entries, so a linked entry cannot be freed while we hold the lock.
+impl<K, S> Slot<K, S> {
+    /// The entry in this slot, if any (under the shard lock, or with the table
+    /// borrowed mutably).
+    fn entry(&self) -> Option<&Entry<K, S>> {
+        let p = self.entry.load(Ordering::Relaxed);
+        // SAFETY: called only with the shard lock held or the table borrowed mutably;
+        // only lock holders unlink and retire entries, so a linked entry cannot be
+        // freed meanwhile.
         (!p.is_null()).then(|| unsafe { &*p })
     }
+}
 
-    /// Unlinks the (retired) entry in slot `hole` by backward-shift deletion and
-    /// hands it to the epoch.
-    fn unlink_entry(&self, writer: &mut Writer, mut hole: usize, guard: &Guard) {
-        let dead_entry = self.slots[hole].entry.load(Ordering::Relaxed);
-        let n = self.slots.len();
+impl<K, S> Slots for Slot<K, S>
+where
+    K: Send + 'static,
+    S: bytemuck::Pod + Send,
+{
+    type State = S;
+    type Extra = ();
+
+    fn is_empty(&self) -> bool {
+        self.tag.load(Ordering::Relaxed) == EMPTY
+    }
+
+    fn state(&self) -> Option<S> {
+        self.entry().map(|e| e.state.load(Ordering::Relaxed))
+    }
+
+    fn set_state(&mut self, state: S) {
+        if let Some(entry) = self.entry() {
+            // Relaxed: `&mut` table, no reader; the next shares the table through a
+            // synchronising handoff.
+            entry.state.store(state, Ordering::Relaxed);
+        }
+    }
+
+    /// CAS of the entry's state to the dead word (as `judge` says).
+    fn retire_at(
+        shard: &Shard<Self>,
+        i: usize,
+        mut judge: impl FnMut(S) -> (Retired, bool),
+    ) -> Option<Retired> {
+        let entry = shard.slots[i].entry()?;
+        Some(update_word(&entry.state, |state| {
+            let (how, write) = judge(state);
+            (how, write.then(dead::<S>))
+        }))
+    }
+
+    /// Backward-shift deletion of the (retired) entry in slot `hole`, which then goes
+    /// to the epoch.
+    fn unlink(shard: &Shard<Self>, writer: &mut Writer, mut hole: usize) {
+        let guard = &pin();
+        let dead_entry = shard.slots[hole].entry.load(Ordering::Relaxed);
+        let n = shard.slots.len();
         // Sequence number odd: readers that miss during the moves retry.
-        let version = self.version.load(Ordering::Relaxed);
-        self.version
-            .store(version.wrapping_add(1), Ordering::Relaxed);
-        // Release fence: a reader that reads any store below and then fences with
-        // Acquire also reads the odd version (the seqlock protocol).
-        fence(Ordering::Release);
+        shard.version.open();
         let mut j = hole;
         loop {
-            j = self.next(j);
-            let tag = self.slots[j].tag.load(Ordering::Relaxed);
+            j = shard.next(j);
+            let tag = shard.slots[j].tag.load(Ordering::Relaxed);
             if tag == EMPTY {
                 break;
             }
             // Keep the entry at j if its home lies cyclically in (hole, j].
-            let from_home = (j + n - self.home(tag)) % n;
+            let from_home = (j + n - shard.home(tag)) % n;
             let from_hole = (j + n - hole) % n;
             if from_home < from_hole {
                 continue;
             }
-            let p = self.slots[j].entry.load(Ordering::Relaxed);
+            let p = shard.slots[j].entry.load(Ordering::Relaxed);
             // Pointer first, then tag (Release), as on insert; for a moment the entry
             // sits in both slots, which is harmless: it is one entry, one state word.
-            self.slots[hole].entry.store(p, Ordering::Release);
-            self.slots[hole].tag.store(tag, Ordering::Release);
+            shard.slots[hole].entry.store(p, Ordering::Release);
+            shard.slots[hole].tag.store(tag, Ordering::Release);
             hole = j;
         }
-        self.slots[hole].tag.store(EMPTY, Ordering::Release);
-        self.slots[hole]
+        shard.slots[hole].tag.store(EMPTY, Ordering::Release);
+        shard.slots[hole]
             .entry
             .store(ptr::null_mut(), Ordering::Release);
-        // Release: a reader that reads this even version sees every move above.
-        self.version
-            .store(version.wrapping_add(2), Ordering::Release);
+        // Even again: a reader that reads it sees every move above.
+        shard.version.close();
         writer.live -= 1;
-        self.write.set_live(writer);
+        shard.write.set_live(writer);
         // SAFETY: `dead_entry` came from `Box::into_raw` on insert, is now unlinked
         // from every slot (it was in exactly one at rest, and moves only copy other
         // entries), and is retired exactly once, here, under the shard lock.
@@ -487,59 +386,7 @@ where
     }
 }
 
-impl<K, S> Slots for Shard<K, S>
-where
-    K: Eq + Send + Sync + 'static,
-    S: bytemuck::Pod + Send + Sync,
-{
-    type State = S;
-
-    fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    fn write_side(&self) -> &WriteSide {
-        &self.write
-    }
-
-    fn removals(&self) -> &Removals {
-        &self.removals
-    }
-
-    fn share(&self) -> usize {
-        self.capacity
-    }
-
-    fn state_at(&self, i: usize) -> Option<S> {
-        self.entry_at(i).map(|e| e.state.load(Ordering::Relaxed))
-    }
-
-    /// CAS of the entry's state to the dead word (as `take` says: see [`Take`]).
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
-        let entry = self.entry_at(i)?;
-        Some(update_word(&entry.state, |state| {
-            let (how, write) = judge(algorithm, state, now, take);
-            (how, write.then(dead::<S>))
-        }))
-    }
-
-    fn unlink(&self, writer: &mut Writer, i: usize) {
-        self.unlink_entry(writer, i, &pin());
-    }
-
-    fn set_state_at(&mut self, i: usize, state: S) {
-        if let Some(entry) = self.entry_at(i) {
-            // Relaxed: `&mut self`, no reader; the next shares the table through a
-            // synchronising handoff.
-            entry.state.store(state, Ordering::Relaxed);
-        }
-    }
-}
-
-impl<K, S> Drop for Table<K, S> {
+impl<K: Send + 'static, S: bytemuck::Pod + Send> Drop for Table<K, S> {
     fn drop(&mut self) {
         for shard in self.set.shards.iter() {
             for slot in shard.slots.iter() {

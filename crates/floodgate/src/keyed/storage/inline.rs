@@ -56,20 +56,17 @@
 use core::hash::Hash;
 use core::marker::PhantomData;
 
-use crossbeam_utils::CachePadded;
-
 use super::{
-    charge_live, dead, decide_unwritten, home_slot, is_dead, judge, make_room, next_slot,
-    remove_at, table_hasher, KeyTable, Outcome, Removals, Retired, Salt, ShardSet, Slots,
-    TableCounts, Take, WriteSide, Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, table_hasher,
+    KeyTable, Outcome, Retired, Salt, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{failure_of, refund_word, update_word, CasWord};
+use crate::cell::{failure_of, update_word, CasWord};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::keyed::key::{InlineKey, Lookup};
 use crate::receipt::{from_bits, to_bits};
-use crate::sync::{fence, lock, AtomicU128, AtomicU64, Ordering};
+use crate::sync::{lock, AtomicU128, Ordering};
 
 /// The state half of an empty (or retired) slot.
 pub(crate) const DEAD: u64 = u64::MAX;
@@ -97,11 +94,19 @@ fn state_half(slot: u128) -> u64 {
     !(slot as u64)
 }
 
-/// A slot as [`update_word`] drives it: the whole 128-bit word is compared.
+/// A slot as [`update_word`] drives it: the whole 128-bit word is compared. `S` is
+/// the state type its state half holds.
 #[repr(transparent)]
-struct Slot(AtomicU128);
+pub(crate) struct Slot<S>(AtomicU128, PhantomData<fn() -> S>);
 
-impl CasWord for Slot {
+impl<S> Slot<S> {
+    #[cfg(any(test, loom))]
+    fn new(word: u128) -> Self {
+        Slot(AtomicU128::new(word), PhantomData)
+    }
+}
+
+impl<S> CasWord for Slot<S> {
     type Value = u128;
 
     #[inline(always)]
@@ -127,19 +132,14 @@ impl CasWord for Slot {
 /// otherwise (emptied, retired, or taken by another key), and its CAS compares the
 /// whole slot, key half included.
 struct KeyedSlot<'a, S> {
-    slot: &'a Slot,
+    slot: &'a Slot<S>,
     key: u64,
-    _state: PhantomData<fn() -> S>,
 }
 
 impl<'a, S: bytemuck::Pod> KeyedSlot<'a, S> {
     #[inline(always)]
-    fn new(slot: &'a Slot, key: u64) -> Self {
-        KeyedSlot {
-            slot,
-            key,
-            _state: PhantomData,
-        }
+    fn new(slot: &'a Slot<S>, key: u64) -> Self {
+        KeyedSlot { slot, key }
     }
 
     /// The state `slot` holds for this key, or the dead word.
@@ -220,23 +220,9 @@ impl<K: Hash> Encoding<K> for Fingerprinted {
     }
 }
 
-pub(crate) struct Shard<S> {
-    slots: Box<[Slot]>,
-    /// Sequence number: odd while a writer moves keys.
-    version: AtomicU64,
-    /// Removals made (generation, latest instant).
-    removals: Removals,
-    shard_bits: u32,
-    /// This shard's share of the key capacity.
-    capacity: usize,
-    hasher: ahash::RandomState,
-    write: CachePadded<WriteSide>,
-    _state: PhantomData<fn() -> S>,
-}
-
 /// The inline sharded table: keys (as their 64-bit encoding `E`) to state words `S`.
-pub struct InlineTable<S, E> {
-    set: ShardSet<Shard<S>>,
+pub struct InlineTable<S: bytemuck::Pod, E> {
+    set: ShardSet<Slot<S>>,
     encoding: E,
 }
 
@@ -249,15 +235,8 @@ where
     const ENTRY_BYTES: usize = 0;
 
     fn build(capacity: usize, shards: usize, seed: Option<u64>) -> Self {
-        let set = ShardSet::new(capacity, shards, seed, |shape| Shard {
-            slots: empty_slots(shape.slots),
-            version: AtomicU64::new(0),
-            removals: Removals::new(),
-            shard_bits: shape.shard_bits,
-            capacity: shape.share,
-            hasher: shape.hasher.clone(),
-            write: WriteSide::new(),
-            _state: PhantomData,
+        let set = ShardSet::new(capacity, shards, seed, |slots, hasher| {
+            (empty_slots(slots), hasher.clone())
         });
         InlineTable {
             set,
@@ -274,13 +253,7 @@ where
     {
         let bits = self.encoding.bits(key);
         let (shard, hash) = self.set.locate(&bits);
-        // Read before the probe: a removal of the key found below happens after this
-        // read, so a refund sees the generation move.
-        let (generation, noted) = if O::RECEIPT {
-            (shard.removals.generation(), shard.removals.ledger.note())
-        } else {
-            (0, 0)
-        };
+        let (generation, noted) = shard.removals.before_probe::<O, S>();
         let found = shard.find(hash, bits);
         let now = shard.removals.clamp(now);
         if let Some((i, seen)) = found {
@@ -301,19 +274,11 @@ where
     {
         let key = self.encoding.bits(key);
         let (shard, hash) = self.set.locate(&key);
-        // Acquire: pairs with the writer's final Release store of the version (and
-        // so with every removal instant recorded before it).
-        let before = shard.version.load(Ordering::Acquire);
+        let before = shard.version.begin();
         let clamped = shard.removals.clamp(now);
         let state = match shard.find(hash, key) {
             Some((_, seen)) => Some(state_half(seen)),
-            None => {
-                // Acquire fence: if the probe read anything a writer stored after
-                // making the version odd, the re-read below sees that odd version.
-                fence(Ordering::Acquire);
-                let after = shard.version.load(Ordering::Relaxed);
-                (before == after && before % 2 == 0).then_some(0)
-            }
+            None => shard.version.unchanged(before).then_some(0),
         };
         let (bits, now) = match state {
             // A state the probe saw live, or a trusted miss (fresh, all zero).
@@ -344,35 +309,16 @@ where
     {
         let bits = self.encoding.bits(key);
         let (shard, hash) = self.set.locate(&bits);
-        let _writer = lock(&shard.write.lock);
-        let removals = &shard.removals;
-        if removals.generation() != generation {
-            return false;
-        }
-        // Under the lock nothing moves and nothing is retired: a hit is this key's
-        // one live slot (readers may still change its state half, never its key).
-        let Some((i, _)) = shard.find(hash, bits) else {
-            return false;
-        };
-        let slot = KeyedSlot::new(&shard.slots[i], bits);
-        removals.ledger.refund_locked(noted, |shift| {
-            refund_word(
-                algorithm,
-                &slot,
-                charge,
-                shift,
-                || removals.clamp(now()),
-                |s| !is_dead(s),
-            )
+        // A hit is this key's one live slot (readers may still change its state
+        // half, never its key).
+        shard.refund(algorithm, generation, noted, charge, now, || {
+            let (i, _) = shard.find(hash, bits)?;
+            Some(KeyedSlot::new(&shard.slots[i], bits))
         })
     }
 
     fn tag_of<Q: Lookup<K> + ?Sized>(&self, key: &Q) -> u64 {
         self.encoding.bits(key)
-    }
-
-    fn reclaim_idle<A: Algorithm<State = S> + ?Sized>(&self, algorithm: &A, now: Nanos) -> usize {
-        self.set.reclaim_idle(algorithm, now)
     }
 
     fn remove<Q, A>(&self, algorithm: &A, key: &Q, now: Nanos) -> bool
@@ -389,62 +335,40 @@ where
         })
     }
 
-    fn replace_states(&mut self, now: Nanos, f: impl FnMut(S, Nanos) -> S) {
-        self.set.replace_states(now, f);
-    }
-
-    fn counts(&self) -> TableCounts {
-        self.set.counts()
-    }
-
-    fn capacity(&self) -> usize {
-        self.set.capacity()
-    }
-
-    fn shard_count(&self) -> usize {
-        self.set.shard_count()
-    }
-
-    fn slot_count(&self) -> usize {
-        self.set.slot_count()
-    }
+    shard_set_methods!();
 }
 
 /// `n` empty slots, zeroed by the allocator: for a large array the OS maps pages of
 /// zeros lazily, so building costs no pass over the memory.
 #[cfg(not(loom))]
 #[allow(unsafe_code)]
-fn empty_slots(n: usize) -> Box<[Slot]> {
-    let Ok(layout) = core::alloc::Layout::array::<Slot>(n) else {
+fn empty_slots<S>(n: usize) -> Box<[Slot<S>]> {
+    let Ok(layout) = core::alloc::Layout::array::<Slot<S>>(n) else {
         panic!("{n} slots overflow the address space");
     };
     if layout.size() == 0 {
         return Box::new([]);
     }
     // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot<S>>();
     if ptr.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
     // SAFETY: `ptr` is a live allocation from the global allocator with the layout of
-    // `[Slot; n]`, which is the layout `Box<[Slot]>` frees with. All `n` slots are
-    // initialised: a `Slot` is one `portable_atomic::AtomicU128`, which has the size
-    // and bit validity of `u128`, so all-zero bytes are a valid slot — `EMPTY_SLOT`.
+    // `[Slot<S>; n]`, which is the layout `Box<[Slot<S>]>` frees with. All `n` slots
+    // are initialised: a `Slot` is one `portable_atomic::AtomicU128` beside a
+    // zero-sized marker (`repr(transparent)`), which has the size and bit validity of
+    // `u128`, so all-zero bytes are a valid slot — `EMPTY_SLOT`.
     unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(ptr, n)) }
 }
 
 /// `n` empty slots (loom's 128-bit atomic is a mutex: built one by one).
 #[cfg(loom)]
-fn empty_slots(n: usize) -> Box<[Slot]> {
-    (0..n).map(|_| Slot(AtomicU128::new(EMPTY_SLOT))).collect()
+fn empty_slots<S>(n: usize) -> Box<[Slot<S>]> {
+    (0..n).map(|_| Slot::new(EMPTY_SLOT)).collect()
 }
 
-impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
-    #[inline(always)]
-    fn home(&self, hash: u64) -> usize {
-        home_slot(hash, self.shard_bits, self.slots.len())
-    }
-
+impl<S: bytemuck::Pod + Send + Sync> Shard<Slot<S>> {
     /// Lock-free probe: the index of the slot holding `key` live, and the slot's
     /// value as read. A hit may be stale by the time it is used (the CAS re-checks);
     /// a miss may be spurious while keys move (see the module docs).
@@ -459,7 +383,7 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
             if key_half(slot) == key {
                 return Some((i, slot));
             }
-            i = next_slot(i, self.slots.len());
+            i = self.next(i);
         }
         None
     }
@@ -471,84 +395,21 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
         O: Outcome<S>,
         A: Algorithm<State = S> + ?Sized,
     {
-        let mut writer = lock(&self.write.lock);
-        // Under the lock every removal so far is visible: judge at or after them.
-        let now = self.removals.clamp(now);
-        let answer = |decision, charge| {
-            O::from_parts(
-                decision,
-                charge,
-                key,
-                self.removals.generation(),
-                self.removals.ledger.note(),
-            )
-        };
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.
-        if let Some((i, seen)) = self.find(hash, key) {
+        let found = |now| {
+            let (i, seen) = self.find(hash, key)?;
             let slot = KeyedSlot::new(&self.slots[i], key);
-            let seen = slot.state_of(seen);
-            if let Some((decision, charge)) = charge_live(algorithm, &slot, seen, now, cost) {
-                return answer(decision, charge);
-            }
-        }
-        let before: S = bytemuck::Zeroable::zeroed();
-        let (decision, next) = algorithm.decide(before, now, cost);
-        // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
-        let Some(next) = next else {
-            return answer(decision, None);
+            charge_live(algorithm, &slot, slot.state_of(seen), now, cost)
         };
-        if is_dead(&next) {
-            return answer(decision.refused(), None);
-        }
-        make_room(self, &mut writer, algorithm, now);
-        let mut i = self.home(hash);
-        let mut probes = 0;
-        while state_half(self.slots[i].load_now()) != DEAD {
-            i = next_slot(i, self.slots.len());
-            probes += 1;
-            if probes == self.slots.len() {
-                return answer(decision.refused(), None);
-            }
-        }
-        // Release: the seqlock's stores (see `unlink`); the slot itself is one word.
-        self.slots[i]
-            .0
-            .store(pack(key, to_bits(&next)), Ordering::Release);
-        writer.live += 1;
-        self.write.set_live(&writer);
-        // The generation after make_room's removals: the key is new at it.
-        answer(
-            decision,
-            Some(Charged {
-                before,
-                after: next,
-                at: now,
-                cost,
-            }),
-        )
+        let insert = |slot: &Slot<S>, next| {
+            // Release: the seqlock's stores (see `unlink`); the slot itself is one word.
+            slot.0.store(pack(key, to_bits(&next)), Ordering::Release);
+        };
+        self.decide_locked(algorithm, key, self.home(hash), now, cost, found, insert)
     }
+}
 
-    /// Makes the sequence number odd (under the lock): a `peek` that misses from now
-    /// until [`close_window`](Self::close_window) does not trust its miss.
-    fn open_window(&self) {
-        let version = self.version.load(Ordering::Relaxed);
-        debug_assert!(version % 2 == 0);
-        self.version
-            .store(version.wrapping_add(1), Ordering::Relaxed);
-        // Release fence: a reader that reads any slot store below and then fences
-        // with Acquire also reads the odd version (the seqlock protocol).
-        fence(Ordering::Release);
-    }
-
-    /// Makes the sequence number even again (under the lock).
-    fn close_window(&self) {
-        let version = self.version.load(Ordering::Relaxed);
-        debug_assert!(version % 2 == 1);
-        // Release: a reader that reads this even version sees every store above.
-        self.version
-            .store(version.wrapping_add(1), Ordering::Release);
-    }
-
+impl<S: bytemuck::Pod> Shard<Slot<S>> {
     /// Retires slot `i`'s state to dead and returns the state it held (under the
     /// lock; readers may still charge it until the CAS lands).
     fn freeze(&self, i: usize) -> u128 {
@@ -558,50 +419,49 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<S> {
     }
 }
 
-impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
+impl<S: bytemuck::Pod> Slots for Slot<S> {
     type State = S;
+    type Extra = ahash::RandomState;
 
-    fn len(&self) -> usize {
-        self.slots.len()
+    fn is_empty(&self) -> bool {
+        state_half(self.load_now()) == DEAD
     }
 
-    fn write_side(&self) -> &WriteSide {
-        &self.write
-    }
-
-    fn removals(&self) -> &Removals {
-        &self.removals
-    }
-
-    fn share(&self) -> usize {
-        self.capacity
-    }
-
-    fn state_at(&self, i: usize) -> Option<S> {
-        let bits = state_half(self.slots[i].load_now());
+    fn state(&self) -> Option<S> {
+        let bits = state_half(self.load_now());
         (bits != DEAD).then(|| from_bits(bits))
     }
 
-    /// CAS of the slot's state half to dead (as `take` says: see [`Take`]).
+    fn set_state(&mut self, state: S) {
+        let slot = self.load_now();
+        debug_assert!(state_half(slot) != DEAD && !is_dead(&state));
+        // Relaxed: `&mut` table, no reader; the next shares the table through a
+        // synchronising handoff.
+        self.0
+            .store(pack(key_half(slot), to_bits(&state)), Ordering::Relaxed);
+    }
+
+    /// CAS of the slot's state half to dead (as `judge` says).
     ///
     /// A dead slot reads as empty, so a probe for a key further along the cluster
     /// would stop there: the retirement opens the shard's sequence window (odd
     /// version) *before* the CAS, and the window stays open through the unlink that
     /// follows, so a `peek` never trusts such a miss. If the CAS ends up not writing
     /// (a racing charge made the key live), the window is closed again here.
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
-    where
-        A: Algorithm<State = S> + ?Sized,
-    {
+    fn retire_at(
+        shard: &Shard<Self>,
+        i: usize,
+        mut judge: impl FnMut(S) -> (Retired, bool),
+    ) -> Option<Retired> {
         let mut opened = false;
-        let (how, written) = update_word(&self.slots[i], |current| {
+        let (how, written) = update_word(&shard.slots[i], |current| {
             let bits = state_half(current);
             if bits == DEAD {
                 return ((None, false), None);
             }
-            let (how, write) = judge(algorithm, from_bits(bits), now, take);
+            let (how, write) = judge(from_bits(bits));
             if write && !opened {
-                self.open_window();
+                shard.version.open();
                 opened = true;
             }
             (
@@ -610,7 +470,7 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
             )
         });
         if opened && !written {
-            self.close_window();
+            shard.version.close();
         }
         how
     }
@@ -618,44 +478,34 @@ impl<S: bytemuck::Pod + Send + Sync> Slots for Shard<S> {
     /// Backward-shift deletion of the retired slot `hole`: each key that moves is
     /// retired in its old slot before it is published in the new one, so at no
     /// instant do two slots hold it live.
-    fn unlink(&self, writer: &mut Writer, mut hole: usize) {
-        let n = self.slots.len();
+    fn unlink(shard: &Shard<Self>, writer: &mut Writer, mut hole: usize) {
+        let n = shard.slots.len();
         // Open already (the retirement opened it); opened here only if not.
-        if self.version.load(Ordering::Relaxed) % 2 == 0 {
-            self.open_window();
+        if !shard.version.is_open() {
+            shard.version.open();
         }
         let mut j = hole;
         loop {
-            j = next_slot(j, n);
-            let slot = self.slots[j].load_now();
+            j = shard.next(j);
+            let slot = shard.slots[j].load_now();
             // Under the lock a dead slot is empty: retiring and unlinking happen in
             // one critical section.
             if state_half(slot) == DEAD {
                 break;
             }
-            let home = self.home(self.hasher.hash_one(key_half(slot)));
+            let home = shard.home(shard.extra.hash_one(key_half(slot)));
             // Keep the key at j if its home lies cyclically in (hole, j].
             if (j + n - home) % n < (j + n - hole) % n {
                 continue;
             }
-            let moved = self.freeze(j);
-            self.slots[hole].0.store(moved, Ordering::Release);
+            let moved = shard.freeze(j);
+            shard.slots[hole].0.store(moved, Ordering::Release);
             hole = j;
         }
         // `hole` is dead already (retired, or frozen by the last move).
-        self.close_window();
+        shard.version.close();
         writer.live -= 1;
-        self.write.set_live(writer);
-    }
-
-    fn set_state_at(&mut self, i: usize, state: S) {
-        let slot = self.slots[i].load_now();
-        debug_assert!(state_half(slot) != DEAD && !is_dead(&state));
-        // Relaxed: `&mut self`, no reader; the next shares the table through a
-        // synchronising handoff.
-        self.slots[i]
-            .0
-            .store(pack(key_half(slot), to_bits(&state)), Ordering::Relaxed);
+        shard.write.set_live(writer);
     }
 }
 
@@ -720,10 +570,10 @@ mod tests {
 
     #[test]
     fn a_transition_to_the_dead_word_is_refused() {
-        let slot = Slot(AtomicU128::new(pack(
+        let slot = Slot::new(pack(
             3,
             to_bits(&GcraState::from_tat(Nanos::new(u64::MAX - 1_000_000_000))),
-        )));
+        ));
         let view = KeyedSlot::<GcraState>::new(&slot, 3);
         let seen = view.load_now();
         let d = charge_live(

@@ -10,10 +10,12 @@
 //! * [`Fingerprint`] (opt-in, not exact): the inline slot keyed by a 64-bit keyed
 //!   hash of any `Hash` key.
 //!
-//! The shard machinery is shared: sizing, hashing to shards, the removal record
-//! ([`Removals`]: generation, latest removal instant, refund ledger), reclamation,
-//! eviction, counters and the dead-word guard ([`charge_live`]) live here; a storage
-//! supplies only its slot array ([`Slots`]) and its lookups.
+//! The shard machinery is shared: the shard ([`Shard`]: its slot array, sequence
+//! number ([`Version`]), removal record ([`Removals`]: generation, latest removal
+//! instant, refund ledger) and write side), sizing, hashing to shards, the locked
+//! write path that inserts a key, refunds, reclamation, eviction, counters and the
+//! dead-word guard ([`charge_live`]) live here; a storage supplies only its slot type
+//! ([`Slots`]) and its lookups.
 
 pub(crate) mod heap;
 pub(crate) mod inline;
@@ -24,10 +26,10 @@ use crossbeam_utils::CachePadded;
 
 use super::key::{InlineKey, Lookup};
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{in_registers, update_word_from_ordered, CasWord, RefundLedger};
+use crate::cell::{in_registers, refund_word, update_word_from_ordered, CasWord, RefundLedger};
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
 
 /// Heap storage (the default): each key and its state in a heap entry behind a
 /// 16-byte slot; any `Hash + Eq` key, looked up by any [`Lookup`](super::Lookup)
@@ -201,6 +203,44 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     fn slot_count(&self) -> usize;
 }
 
+/// The [`KeyTable`] methods a table answers from its [`ShardSet`] alone (its field
+/// `set`), for the state type `S`: written once, expanded in each table's impl.
+macro_rules! shard_set_methods {
+    () => {
+        fn reclaim_idle<A>(&self, algorithm: &A, now: $crate::clock::Nanos) -> usize
+        where
+            A: $crate::algorithm::Algorithm<State = S> + ?Sized,
+        {
+            self.set.reclaim_idle(algorithm, now)
+        }
+
+        fn replace_states(
+            &mut self,
+            now: $crate::clock::Nanos,
+            f: impl FnMut(S, $crate::clock::Nanos) -> S,
+        ) {
+            self.set.replace_states(now, f);
+        }
+
+        fn counts(&self) -> $crate::keyed::storage::TableCounts {
+            self.set.counts()
+        }
+
+        fn capacity(&self) -> usize {
+            self.set.capacity()
+        }
+
+        fn shard_count(&self) -> usize {
+            self.set.shard_count()
+        }
+
+        fn slot_count(&self) -> usize {
+            self.set.slot_count()
+        }
+    };
+}
+use shard_set_methods;
+
 /// How many slots the reclamation hand inspects per insert once a shard passes its
 /// share.
 const SWEEP_STEP: usize = 4;
@@ -296,6 +336,19 @@ impl Removals {
         self.generation.load(Ordering::Relaxed)
     }
 
+    /// What a charge's receipt compares, read before the probe: the generation and
+    /// the ledger's note for an outcome that carries a receipt, nothing (zeros) for a
+    /// bare decision. A removal of the key the probe then finds happens after this
+    /// read, so a refund sees the generation move.
+    #[inline(always)]
+    pub(crate) fn before_probe<O: Outcome<S>, S>(&self) -> (u64, u64) {
+        if O::RECEIPT {
+            (self.generation(), self.ledger.note())
+        } else {
+            (0, 0)
+        }
+    }
+
     /// Records a removal judged at `now` (under the shard lock).
     pub(crate) fn record(&self, now: Nanos) {
         let generation = self.generation.load(Ordering::Relaxed);
@@ -304,6 +357,60 @@ impl Removals {
         if now.as_u64() > self.at.load(Ordering::Relaxed) {
             self.at.store(now.as_u64(), Ordering::Relaxed);
         }
+    }
+}
+
+/// A shard's sequence number: odd while a writer moves keys, so that a lock-free
+/// probe that missed can tell whether its miss may be spurious (a seqlock). Written
+/// under the shard lock.
+pub(crate) struct Version(AtomicU64);
+
+impl Version {
+    fn new() -> Version {
+        Version(AtomicU64::new(0))
+    }
+
+    /// The number before a probe. Acquire: pairs with the writer's final Release
+    /// store, so a probe that starts on an even number sees every move before it (and
+    /// every removal instant recorded before the moves).
+    #[inline(always)]
+    pub(crate) fn begin(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Whether a miss by a probe that began at `before` can be trusted: no writer was
+    /// moving keys when it began, and none has started since.
+    #[inline(always)]
+    pub(crate) fn unchanged(&self, before: u64) -> bool {
+        // Acquire fence: if the probe read anything a writer stored after making the
+        // number odd, the re-read below sees that odd number.
+        fence(Ordering::Acquire);
+        let after = self.0.load(Ordering::Relaxed);
+        before == after && before % 2 == 0
+    }
+
+    /// Whether the number is odd (under the lock).
+    pub(crate) fn is_open(&self) -> bool {
+        self.0.load(Ordering::Relaxed) % 2 == 1
+    }
+
+    /// Makes the number odd (under the lock): a probe that misses from now until
+    /// [`close`](Self::close) does not trust its miss.
+    pub(crate) fn open(&self) {
+        let version = self.0.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 0);
+        self.0.store(version.wrapping_add(1), Ordering::Relaxed);
+        // Release fence: a reader that reads any store below and then fences with
+        // Acquire also reads the odd number (the seqlock protocol).
+        fence(Ordering::Release);
+    }
+
+    /// Makes the number even again (under the lock).
+    pub(crate) fn close(&self) {
+        let version = self.0.load(Ordering::Relaxed);
+        debug_assert!(version % 2 == 1);
+        // Release: a reader that reads this even number sees every store above.
+        self.0.store(version.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -408,30 +515,173 @@ pub(crate) fn next_slot(i: usize, len: usize) -> usize {
     }
 }
 
-/// One shard's slot array as the shared reclamation and eviction code sees it. Every
-/// method runs with the shard lock held.
-pub(crate) trait Slots {
+/// A storage's slot type, as the shared shard code sees it. Every method runs with
+/// the shard lock held (or the table borrowed mutably).
+pub(crate) trait Slots: Sized {
     /// The state word type.
     type State: bytemuck::Pod;
-    /// Number of slots.
-    fn len(&self) -> usize;
-    /// The shard's write side (lock and counters).
-    fn write_side(&self) -> &WriteSide;
-    /// The shard's removal record.
-    fn removals(&self) -> &Removals;
-    /// This shard's share of the key capacity.
-    fn share(&self) -> usize;
-    /// The state of the key in slot `i`, or `None` when `i` is empty.
-    fn state_at(&self, i: usize) -> Option<Self::State>;
-    /// Retires the state of the key in slot `i` (see [`judge`]); `None` when empty.
-    fn retire_at<A>(&self, algorithm: &A, i: usize, now: Nanos, take: Take) -> Option<Retired>
-    where
-        A: Algorithm<State = Self::State> + ?Sized;
-    /// Unlinks the (retired) key in slot `i`.
-    fn unlink(&self, writer: &mut Writer, i: usize);
-    /// Stores `state` for the key in slot `i` (occupied), while no decision runs
+    /// What else a shard of these slots keeps (the inline storage: the table's
+    /// hasher, which finds a moved key's home).
+    type Extra;
+    /// Whether no key is in this slot.
+    fn is_empty(&self) -> bool;
+    /// The state of the key in this slot, or `None` when it is empty.
+    fn state(&self) -> Option<Self::State>;
+    /// Stores `state` for the key in this slot (occupied), while no decision runs
     /// (the table is borrowed mutably). `state` is never the dead word.
-    fn set_state_at(&mut self, i: usize, state: Self::State);
+    fn set_state(&mut self, state: Self::State);
+    /// Retires the state of the key in slot `i` of `shard` as `judge` (see
+    /// [`judge`]) says of it; `None` when the slot is empty.
+    fn retire_at(
+        shard: &Shard<Self>,
+        i: usize,
+        judge: impl FnMut(Self::State) -> (Retired, bool),
+    ) -> Option<Retired>;
+    /// Unlinks the (retired) key in slot `i` of `shard`.
+    fn unlink(shard: &Shard<Self>, writer: &mut Writer, i: usize);
+}
+
+/// One shard: a storage's slot array and what every storage keeps beside it.
+pub(crate) struct Shard<T: Slots> {
+    pub(crate) slots: Box<[T]>,
+    /// Sequence number: odd while a writer moves keys.
+    pub(crate) version: Version,
+    /// Removals made (generation, latest instant).
+    pub(crate) removals: Removals,
+    /// The table's shard bits (the hash bits above the home index).
+    shard_bits: u32,
+    /// This shard's share of the key capacity.
+    share: usize,
+    /// What else the storage keeps per shard.
+    pub(crate) extra: T::Extra,
+    /// The write side, on its own cache line: inserting a key never disturbs the
+    /// line readers load `slots` and `version` from.
+    pub(crate) write: CachePadded<WriteSide>,
+}
+
+impl<T: Slots> Shard<T> {
+    /// The home slot of `hash`: multiply-shift over the bits below the shard bits.
+    #[inline(always)]
+    pub(crate) fn home(&self, hash: u64) -> usize {
+        home_slot(hash, self.shard_bits, self.slots.len())
+    }
+
+    /// The slot after `i`, wrapping.
+    #[inline(always)]
+    pub(crate) fn next(&self, i: usize) -> usize {
+        next_slot(i, self.slots.len())
+    }
+
+    /// The write path, every storage's: under the shard lock, `charge_found` charges
+    /// the key at the clamped instant if it is present (under the lock nothing moves
+    /// and every key found is live: a writer retires and unlinks within one critical
+    /// section); otherwise the key is decided on a fresh state and, if that stores a
+    /// state, `insert`ed into the first empty slot from `home`, after making room.
+    /// `tag` is what the receipt carries.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn decide_locked<O, A>(
+        &self,
+        algorithm: &A,
+        tag: u64,
+        home: usize,
+        now: Nanos,
+        cost: u32,
+        charge_found: impl FnOnce(Nanos) -> Option<(Decision, Option<Charged<T::State>>)>,
+        insert: impl FnOnce(&T, T::State),
+    ) -> O
+    where
+        O: Outcome<T::State>,
+        A: Algorithm<State = T::State> + ?Sized,
+    {
+        let mut writer = lock(&self.write.lock);
+        // Under the lock every removal so far is visible: judge at or after them.
+        let now = self.removals.clamp(now);
+        let answer = |decision, charge| {
+            O::from_parts(
+                decision,
+                charge,
+                tag,
+                self.removals.generation(),
+                self.removals.ledger.note(),
+            )
+        };
+        if let Some((decision, charge)) = charge_found(now) {
+            return answer(decision, charge);
+        }
+        let before: T::State = bytemuck::Zeroable::zeroed();
+        let (decision, next) = algorithm.decide(before, now, cost);
+        // Nothing to store (a denial, cost 0): a fresh key stays out of the table.
+        let Some(next) = next else {
+            return answer(decision, None);
+        };
+        if is_dead(&next) {
+            return answer(decision.refused(), None);
+        }
+        make_room(self, &mut writer, algorithm, now);
+        // There is always an empty slot: make_room evicts whenever a shard is at its
+        // share, and takes its victim whatever it became when the insert would leave
+        // fewer than two slots empty. Bounded all the same.
+        let mut i = home;
+        let mut probes = 0;
+        while !self.slots[i].is_empty() {
+            i = self.next(i);
+            probes += 1;
+            if probes == self.slots.len() {
+                return answer(decision.refused(), None);
+            }
+        }
+        insert(&self.slots[i], next);
+        writer.live += 1;
+        self.write.set_live(&writer);
+        // The generation after make_room's removals: the key is new at it.
+        answer(
+            decision,
+            Some(Charged {
+                before,
+                after: next,
+                at: now,
+                cost,
+            }),
+        )
+    }
+
+    /// A refund (see [`KeyTable::refund`]) on the state word `find` finds under the
+    /// shard lock (`None`: the key is absent). Under the lock nothing moves and
+    /// nothing is retired: a word found is the key's one live state word (readers may
+    /// still change it).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn refund<A, W>(
+        &self,
+        algorithm: &A,
+        generation: u64,
+        noted: u64,
+        charge: &Charged<T::State>,
+        now: &dyn Fn() -> Nanos,
+        find: impl FnOnce() -> Option<W>,
+    ) -> bool
+    where
+        A: Algorithm<State = T::State> + ?Sized,
+        W: CasWord<Value = T::State>,
+    {
+        let _writer = lock(&self.write.lock);
+        let removals = &self.removals;
+        if removals.generation() != generation {
+            return false;
+        }
+        let Some(word) = find() else {
+            return false;
+        };
+        removals.ledger.refund_locked(noted, |shift| {
+            refund_word(
+                algorithm,
+                &word,
+                charge,
+                shift,
+                || removals.clamp(now()),
+                |s| !is_dead(s),
+            )
+        })
+    }
 }
 
 /// Which keys a removal takes.
@@ -522,43 +772,36 @@ pub(crate) fn table_hasher(seed: Option<u64>, salt: Salt) -> ahash::RandomState 
 }
 
 /// A table's shards and the hasher that spreads keys over them.
-pub(crate) struct ShardSet<T> {
-    pub(crate) shards: Box<[CachePadded<T>]>,
+pub(crate) struct ShardSet<T: Slots> {
+    pub(crate) shards: Box<[CachePadded<Shard<T>>]>,
     shard_bits: u32,
     hasher: ahash::RandomState,
 }
 
-/// What a new shard is made from.
-pub(crate) struct ShardShape<'a> {
-    /// The shard's share of the key capacity.
-    pub(crate) share: usize,
-    /// Its slot count.
-    pub(crate) slots: usize,
-    /// The table's shard bits.
-    pub(crate) shard_bits: u32,
-    /// The table's hasher.
-    pub(crate) hasher: &'a ahash::RandomState,
-}
-
 impl<T: Slots> ShardSet<T> {
-    /// `shards` shards (a power of two ≤ `capacity`), each made by `make`.
+    /// `shards` shards (a power of two ≤ `capacity`), each with the slot array and
+    /// extra that `make` gives for its slot count and the table's hasher.
     pub(crate) fn new(
         capacity: usize,
         shards: usize,
         seed: Option<u64>,
-        make: impl Fn(ShardShape<'_>) -> T,
+        make: impl Fn(usize, &ahash::RandomState) -> (Box<[T]>, T::Extra),
     ) -> Self {
         let (share, slots) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
         let hasher = table_hasher(seed, Salt::Table);
         let shards = (0..shards)
             .map(|_| {
-                CachePadded::new(make(ShardShape {
-                    share,
+                let (slots, extra) = make(slots, &hasher);
+                CachePadded::new(Shard {
                     slots,
+                    version: Version::new(),
+                    removals: Removals::new(),
                     shard_bits,
-                    hasher: &hasher,
-                }))
+                    share,
+                    extra,
+                    write: WriteSide::new(),
+                })
             })
             .collect();
         ShardSet {
@@ -570,7 +813,7 @@ impl<T: Slots> ShardSet<T> {
 
     /// The shard of `key` and the key's hash.
     #[inline(always)]
-    pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&T, u64) {
+    pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<T>, u64) {
         let hash = self.hasher.hash_one(key);
         (&self.shards[shard_index(hash, self.shard_bits)], hash)
     }
@@ -582,17 +825,17 @@ impl<T: Slots> ShardSet<T> {
 
     /// Keys the table holds at most.
     pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.share()).sum()
+        self.shards.iter().map(|s| s.share).sum()
     }
 
     /// Slots over all shards.
     pub(crate) fn slot_count(&self) -> usize {
-        self.shards.iter().map(|s| s.len()).sum()
+        self.shards.iter().map(|s| s.slots.len()).sum()
     }
 
     /// Counters summed over shards (each read lock-free).
     pub(crate) fn counts(&self) -> TableCounts {
-        sum_counts(self.shards.iter().map(|s| s.write_side()))
+        sum_counts(self.shards.iter().map(|s| &*s.write))
     }
 
     /// Reclaims every idle key now (a full sweep under each shard's lock).
@@ -617,16 +860,16 @@ impl<T: Slots> ShardSet<T> {
         mut f: impl FnMut(T::State, Nanos) -> T::State,
     ) {
         for shard in self.shards.iter_mut() {
-            let now = shard.removals().clamp(now);
-            for i in 0..shard.len() {
-                if let Some(state) = shard.state_at(i) {
+            let now = shard.removals.clamp(now);
+            for slot in shard.slots.iter_mut() {
+                if let Some(state) = slot.state() {
                     let next = f(state, now);
                     let next = if is_dead(&next) {
                         bytemuck::Zeroable::zeroed()
                     } else {
                         next
                     };
-                    shard.set_state_at(i, next);
+                    slot.set_state(next);
                 }
             }
         }
@@ -705,18 +948,18 @@ pub struct KeyedCharge<S> {
 }
 
 /// Reclaims every idle key of one shard (a full sweep under its lock).
-pub(crate) fn reclaim_shard<T, A>(shard: &T, algorithm: &A, now: Nanos) -> usize
+pub(crate) fn reclaim_shard<T, A>(shard: &Shard<T>, algorithm: &A, now: Nanos) -> usize
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let mut writer = lock(&shard.write_side().lock);
-    let before = shard.write_side().reclaimed.load(Ordering::Relaxed);
+    let mut writer = lock(&shard.write.lock);
+    let before = shard.write.reclaimed.load(Ordering::Relaxed);
     let start = writer.hand;
     writer.hand = 0;
-    sweep(shard, &mut writer, algorithm, now, shard.len());
-    writer.hand = start % shard.len();
-    (shard.write_side().reclaimed.load(Ordering::Relaxed) - before) as usize
+    sweep(shard, &mut writer, algorithm, now, shard.slots.len());
+    writer.hand = start % shard.slots.len();
+    (shard.write.reclaimed.load(Ordering::Relaxed) - before) as usize
 }
 
 /// Makes room for one more key. Below the shard's share (which includes the
@@ -724,22 +967,22 @@ where
 /// keys, idle or not, without reclaiming or re-inserting any. At the share, the hand
 /// reclaims the idle keys it passes; if none of them was idle, the key whose loss
 /// forgives least of a small sample goes.
-pub(crate) fn make_room<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+pub(crate) fn make_room<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    if writer.live < shard.share() {
+    if writer.live < shard.share {
         return;
     }
     sweep(shard, writer, algorithm, now, SWEEP_STEP);
-    if writer.live >= shard.share() {
+    if writer.live >= shard.share {
         evict_one(shard, writer, algorithm, now);
     }
 }
 
 /// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
-fn sweep<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+fn sweep<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
@@ -751,9 +994,9 @@ where
         let i = writer.hand;
         if take(shard, writer, algorithm, i, now, Take::Idle) == Some(Retired::Idle) {
             // A later key may shift into `i`: look at it next.
-            shard.write_side().reclaimed.fetch_add(1, Ordering::Relaxed);
+            shard.write.reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
-            writer.hand = next_slot(i, shard.len());
+            writer.hand = next_slot(i, shard.slots.len());
             advanced += 1;
         }
     }
@@ -767,7 +1010,7 @@ where
 /// [`EVICTION_ATTEMPTS`] times; past that the insert goes ahead over the share
 /// (into the headroom), and the next insert evicts — unless the shard is one key
 /// short of its last empty slot, where the victim is taken whatever it became.
-fn evict_one<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos)
+fn evict_one<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
@@ -781,16 +1024,21 @@ where
 }
 
 /// One eviction attempt: `Some(Kept)` when the victim changed after it was ranked.
-fn evict_sampled<T, A>(shard: &T, writer: &mut Writer, algorithm: &A, now: Nanos) -> Option<Retired>
+fn evict_sampled<T, A>(
+    shard: &Shard<T>,
+    writer: &mut Writer,
+    algorithm: &A,
+    now: Nanos,
+) -> Option<Retired>
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let side = shard.write_side();
+    let side = &shard.write;
     let mut best: Option<((u64, u64), usize)> = None;
     let mut sampled = 0;
     let mut i = writer.hand;
-    for _ in 0..shard.len() {
+    for _ in 0..shard.slots.len() {
         if let Some(how) = take(shard, writer, algorithm, i, now, Take::Idle) {
             if how == Retired::Idle {
                 side.reclaimed.fetch_add(1, Ordering::Relaxed);
@@ -801,7 +1049,7 @@ where
             // the key whose loss forgives least: the fewest units in use now
             // (`limit − remaining`: what a fresh state would hand back at once), then
             // the least time until the state is fresh again.
-            if let Some(state) = shard.state_at(i) {
+            if let Some(state) = shard.slots[i].state() {
                 let loss = forgiven(algorithm, state, now);
                 if best.is_none_or(|(b, _)| loss < b) {
                     best = Some((loss, i));
@@ -812,11 +1060,11 @@ where
                 break;
             }
         }
-        i = next_slot(i, shard.len());
+        i = next_slot(i, shard.slots.len());
     }
     let (loss, victim) = best?;
     // The last empty slot keeps probes finite: never insert into it.
-    let rule = if writer.live + 2 >= shard.len() {
+    let rule = if writer.live + 2 >= shard.slots.len() {
         Take::Any
     } else {
         Take::Victim(loss)
@@ -827,7 +1075,7 @@ where
         Retired::Live => side.evicted.fetch_add(1, Ordering::Relaxed),
         Retired::Kept => 0,
     };
-    writer.hand = next_slot(i, shard.len());
+    writer.hand = next_slot(i, shard.slots.len());
     Some(how)
 }
 
@@ -839,7 +1087,7 @@ where
 /// at `max(reading, now)`), and unlink it. `None` when `i` is empty;
 /// [`Retired::Kept`] when `rule` kept the key (nothing changed).
 fn take<T, A>(
-    shard: &T,
+    shard: &Shard<T>,
     writer: &mut Writer,
     algorithm: &A,
     i: usize,
@@ -850,10 +1098,10 @@ where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let how = shard.retire_at(algorithm, i, now, rule)?;
+    let how = T::retire_at(shard, i, |state| judge(algorithm, state, now, rule))?;
     if how != Retired::Kept {
-        shard.removals().record(now);
-        shard.unlink(writer, i);
+        shard.removals.record(now);
+        T::unlink(shard, writer, i);
     }
     Some(how)
 }
@@ -867,23 +1115,23 @@ where
 /// it retries on the locked path, which sees the removal): it then finds no key and
 /// is judged at `max(reading, now)` on a fresh state, never at an earlier reading.
 pub(crate) fn remove_at<T, A>(
-    shard: &T,
+    shard: &Shard<T>,
     algorithm: &A,
     now: Nanos,
-    find: impl FnOnce(&T) -> Option<usize>,
+    find: impl FnOnce(&Shard<T>) -> Option<usize>,
 ) -> bool
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let mut writer = lock(&shard.write_side().lock);
+    let mut writer = lock(&shard.write.lock);
     let Some(i) = find(shard) else {
         return false;
     };
     if take(shard, &mut writer, algorithm, i, now, Take::Any).is_none() {
         return false;
     }
-    shard.write_side().removed.fetch_add(1, Ordering::Relaxed);
+    shard.write.removed.fetch_add(1, Ordering::Relaxed);
     true
 }
 
