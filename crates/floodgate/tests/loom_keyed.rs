@@ -13,4 +13,4 @@ use floodgate::{Gcra, KeyedLimiter, ManualClock};
 
 type Keyed = KeyedLimiter<u64, Gcra, ManualClock>;
 
-shared_keyed_models!(Keyed);
+shared_keyed_models!(Keyed, floodgate::Heap);

@@ -17,4 +17,4 @@ use floodgate::{Fingerprint, Gcra, KeyedLimiter, ManualClock};
 
 type Fingerprinted = KeyedLimiter<u64, Gcra, ManualClock, Fingerprint>;
 
-shared_keyed_models!(Fingerprinted);
+shared_keyed_models!(Fingerprinted, floodgate::Fingerprint);

@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{
-    Decision, Gcra, GcraState, KeyedBuilder, KeyedLimiter, KeyedMetrics, ManualClock, Nanos,
-    Policy, Receipt, Storage,
+    Decision, Fingerprint, Gcra, GcraState, Heap, Inline, KeyedBuilder, KeyedLimiter, KeyedMetrics,
+    ManualClock, Nanos, Policy, Receipt, Storage,
 };
 
 /// Every shared model as a `#[test]` on the keyed limiter type `$keyed` (the calling
 /// file declares `mod loom_keyed_models;`).
 macro_rules! shared_keyed_models {
-    ($keyed:ty) => {
+    ($keyed:ty, $storage:ty) => {
         #[test]
         fn two_inserts_of_one_key_admit_once() {
             loom_keyed_models::two_inserts_of_one_key_admit_once::<$keyed>();
@@ -73,7 +73,52 @@ macro_rules! shared_keyed_models {
                 loom_keyed_models::Removal::Reset,
             );
         }
+
+        #[test]
+        fn a_peek_behind_a_key_being_removed_still_finds_its_key() {
+            loom_keyed_models::a_peek_behind_a_key_being_removed_still_finds_its_key::<$storage>();
+        }
     };
+}
+
+/// Where a storage places a `u64` key in a one-shard table under loom, whose hash
+/// seeds are fixed (`table_hasher`: the table's hasher is seeded 1, 2, 3, 4 and the
+/// fingerprints' 5, 6, 7, 8): the hash whose multiply-shift gives the key's home
+/// slot. Used only to pick a second key whose probe sequence runs through the
+/// first key's slot; if the placement ever changes, the models still check the same
+/// properties, over keys that may no longer meet.
+pub trait Placement {
+    /// The hash the home slot of `key` is taken from.
+    fn placement_hash(key: u64) -> u64;
+}
+
+fn table_hash(key: u64) -> u64 {
+    ahash::RandomState::with_seeds(1, 2, 3, 4).hash_one(key)
+}
+
+impl Placement for Heap {
+    /// The entry's tag: the table hash with its low bit set.
+    fn placement_hash(key: u64) -> u64 {
+        table_hash(key) | 1
+    }
+}
+
+impl Placement for Inline {
+    fn placement_hash(key: u64) -> u64 {
+        table_hash(key)
+    }
+}
+
+impl Placement for Fingerprint {
+    /// The table hash of the key's fingerprint, which is what the slot holds.
+    fn placement_hash(key: u64) -> u64 {
+        table_hash(ahash::RandomState::with_seeds(5, 6, 7, 8).hash_one(key))
+    }
+}
+
+/// The home slot of `key` in a one-shard table of `slots` slots under loom.
+pub fn home<St: Placement>(key: u64, slots: u64) -> u64 {
+    ((u128::from(St::placement_hash(key)) * u128::from(slots)) >> 64) as u64
 }
 
 /// What a model needs of a keyed limiter over `u64` keys.
@@ -299,5 +344,30 @@ pub fn a_refund_racing_a_removal_never_lands_on_the_new_state<L: Keyed>(how: Rem
         // The second charge stands in every order.
         assert!(!keyed.peek(&1, 1).is_allowed());
         assert_eq!(keyed.metrics().live_keys, 1);
+    });
+}
+
+/// A peek racing a backward-shift removal: `two` sits behind key 1 in its probe
+/// sequence. While key 1 is retired and unlinked, a peek of `two` may stop at key 1's
+/// emptied slot: that miss must not be trusted (the shard's version changed), and
+/// the charge of `two` must be seen.
+pub fn a_peek_behind_a_key_being_removed_still_finds_its_key<St>()
+where
+    St: Placement + Storage<u64, GcraState> + 'static,
+{
+    let two = (2..)
+        .find(|&k| home::<St>(k, 3) == home::<St>(1, 3))
+        .unwrap();
+    loom::model(move || {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let keyed = limiter::<KeyedLimiter<u64, Gcra, ManualClock, St>>(2, &clock);
+        // Key 1 charged at 0 s (idle by 1 s), `two` charged at 1 s (busy until 2 s).
+        assert!(keyed.check_n_at(&1, Nanos::new(0), 1).is_allowed());
+        assert!(keyed.check_n_at(&two, Nanos::from_secs(1), 1).is_allowed());
+        let other = Arc::clone(&keyed);
+        let t = loom::thread::spawn(move || other.peek_at(&two, Nanos::from_secs(1), 1));
+        assert_eq!(keyed.reclaim_idle(), 1);
+        let peeked = t.join().unwrap();
+        assert!(!peeked.is_allowed(), "peek missed a live key: {peeked:?}");
     });
 }
