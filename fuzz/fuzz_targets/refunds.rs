@@ -55,9 +55,8 @@ use floodgate::keyed::composite::{check_all, Limit};
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans};
 use floodgate::{
     Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, GcraState, Heap, Inline,
-    KeyedBuilder, KeyedLimiter, KeyedMetrics, KeyedSlidingLog, LiveGcra, LockedCell,
-    ManualClock, Nanos, Policy, RateLimiter, Receipt, Reservation, Shaper, SlidingLog,
-    SlidingWindow, Storage,
+    KeyedBuilder, KeyedLimiter, KeyedMetrics, KeyedSlidingLog, LiveGcra, LockedCell, ManualClock,
+    Nanos, Policy, RateLimiter, Receipt, Reservation, Shaper, SlidingLog, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -84,17 +83,9 @@ const KEYS: u8 = 4;
 enum Op {
     /// Charge `cost` on `target` at a reading `stale` ns behind the clock (from
     /// `0xF000` on, ahead of it: [`reading`]).
-    Charge {
-        target: u8,
-        cost: u8,
-        stale: u16,
-    },
+    Charge { target: u8, cost: u8, stale: u16 },
     /// Book `cost` at the earliest slot (GCRA front ends; others: a charge).
-    Book {
-        target: u8,
-        cost: u8,
-        stale: u16,
-    },
+    Book { target: u8, cost: u8, stale: u16 },
     /// Reserve within `max_delay` ns (the shaper; others: a booking).
     Reserve {
         target: u8,
@@ -103,20 +94,14 @@ enum Op {
         max_delay: u16,
     },
     /// Refund (or cancel) an outstanding receipt, at the clock's reading.
-    Refund {
-        pick: u8,
-    },
+    Refund { pick: u8 },
     /// Refund an outstanding receipt on another limit or key: nothing comes back.
-    Misdirect {
-        pick: u8,
-    },
+    Misdirect { pick: u8 },
     /// Moves the clock on by this many ns; from `0xF000` on, steps it back
     /// ([`advance`]).
     Advance(u16),
     /// Keyed: remove a key (forgives it, voids the shard's receipts).
-    Remove {
-        key: u8,
-    },
+    Remove { key: u8 },
     /// Keyed: reclaim idle keys (loses nothing).
     Reclaim,
     /// `LiveGcra`: switch between the two bursts.
@@ -239,7 +224,7 @@ fuzz_target!(|input: Input| {
     }
     if std::env::var_os("REFUNDS_STATS").is_some() {
         eprintln!(
-            "refunds made {} waited (premise) {}",
+            "refunds made {} waited (premise) {} (this process so far)",
             REFUNDS[0].load(Ordering::Relaxed),
             REFUNDS[1].load(Ordering::Relaxed)
         );
@@ -363,14 +348,8 @@ fn settle(oracle: &mut Oracle, grant: Option<u64>, back: bool) {
 /// One direct limiter: charges, bookings, refunds, misdirected refunds (to a fresh
 /// limiter of the same kind: nothing comes back) and clock moves.
 /// `algorithm` on the lock-free cell, or on its mutex twin if `locked`.
-fn on_cell<A>(
-    algorithm: A,
-    locked: bool,
-    kind: Kind,
-    policy: Policy,
-    clock: &AnyClock,
-    ops: &[Op],
-) where
+fn on_cell<A>(algorithm: A, locked: bool, kind: Kind, policy: Policy, clock: &AnyClock, ops: &[Op])
+where
     A: Algorithm,
     RateLimiter<A, AnyClock>: Limit,
     RateLimiter<A, AnyClock, LockedCell<A::State>>: Limit,
@@ -968,7 +947,11 @@ impl World {
         shards.removed(class, judged);
         if after.0 > before.0 {
             self.stats[0] += after.0 - before.0;
-            let fresh = self.fresh.as_ref().expect("a keyed table").peek_at(judged, 0);
+            let fresh = self
+                .fresh
+                .as_ref()
+                .expect("a keyed table")
+                .peek_at(judged, 0);
             let reads = |d: Decision| (d.remaining(), d.reset_after_nanos());
             for k in (0..TRACKED).filter(|&k| shards.class(k) == class) {
                 if reads(table.peek(k, judged)) == reads(fresh) {
@@ -1211,11 +1194,7 @@ fn composite(first: Policy, second: Policy, input: &Input, start: u32, ops: &[Op
     let table_slot = usize::from(!keyed_slots[0]);
     let table_policy = [first, second][table_slot];
     let wide = input.limit & 16 != 0;
-    let table_kind = if !wide {
-        Kind::Gcra
-    } else {
-        kinds[table_slot]
-    };
+    let table_kind = if !wide { Kind::Gcra } else { kinds[table_slot] };
     let shards = 1 << (input.other >> 3 & 3);
     let capacity = usize::from(input.burst >> 3) + 1;
     let builder = KeyedBuilder::default()
