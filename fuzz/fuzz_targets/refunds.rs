@@ -742,9 +742,9 @@ where
     }
 }
 
-/// The keyed table of `kind` (`plan`: a `PlanLimiter` of GCRA or a window; the log is
-/// always a `KeyedSlidingLog`) for `policy` on `storage` (mod 3: `Heap`, `Inline`,
-/// `Fingerprint`).
+/// The keyed table of `kind` (`plan`: a one-plan `PlanLimiter` of GCRA or a window;
+/// the log is always a `KeyedSlidingLog`) for `policy` on `storage` (mod 3: `Heap`,
+/// `Inline`, `Fingerprint`).
 fn build_table(
     kind: Kind,
     plan: bool,
@@ -752,64 +752,49 @@ fn build_table(
     policy: Policy,
     builder: KeyedBuilder<(), AnyClock>,
 ) -> Option<Box<dyn Table>> {
-    match (kind, plan) {
-        (Kind::Log, _) => Some(Box::new(builder.sliding_log::<u16>(policy).ok()?)),
-        (Kind::Gcra, false) => on_storage(Gcra::new(policy), storage, builder),
-        (Kind::Fixed, false) => on_storage(FixedWindow::new(policy).ok()?, storage, builder),
-        (Kind::Sliding, false) => on_storage(SlidingWindow::new(policy).ok()?, storage, builder),
-        (Kind::Gcra, true) => plan_on::<Gcra>(storage, policy, builder),
-        (Kind::Fixed, true) => plan_on::<FixedWindow>(storage, policy, builder),
-        (Kind::Sliding, true) => plan_on::<SlidingWindow>(storage, policy, builder),
+    let on = (plan, policy, builder);
+    match kind {
+        Kind::Log => Some(Box::new(on.2.sliding_log::<u16>(policy).ok()?)),
+        Kind::Gcra => on_storage(Gcra::new(policy), storage, on),
+        Kind::Fixed => on_storage(FixedWindow::new(policy).ok()?, storage, on),
+        Kind::Sliding => on_storage(SlidingWindow::new(policy).ok()?, storage, on),
     }
 }
 
-/// A `KeyedLimiter` of `algorithm` on `storage` (mod 3).
-fn on_storage<A: Algorithm + 'static>(
+/// [`table_in`] on `storage` (mod 3).
+fn on_storage<A: PlanAlgorithm + 'static>(
     algorithm: A,
     storage: u8,
-    builder: KeyedBuilder<(), AnyClock>,
+    on: (bool, Policy, KeyedBuilder<(), AnyClock>),
 ) -> Option<Box<dyn Table>>
 where
     Heap: Storage<u16, A::State>,
     Inline: Storage<u16, A::State>,
     Fingerprint: Storage<u16, A::State>,
 {
-    let builder = builder.algorithm(algorithm);
-    Some(match storage % 3 {
-        0 => Box::new(builder.build_in::<u16, Heap>().ok()?),
-        1 => Box::new(builder.build_in::<u16, Inline>().ok()?),
-        _ => Box::new(builder.build_in::<u16, Fingerprint>().ok()?),
-    })
+    match storage % 3 {
+        0 => table_in::<A, Heap>(algorithm, on),
+        1 => table_in::<A, Inline>(algorithm, on),
+        _ => table_in::<A, Fingerprint>(algorithm, on),
+    }
 }
 
-/// A `PlanLimiter` of `A` with one plan of `policy`, on `storage` (mod 3).
-fn plan_on<A: PlanAlgorithm + 'static>(
-    storage: u8,
-    policy: Policy,
-    builder: KeyedBuilder<(), AnyClock>,
-) -> Option<Box<dyn Table>>
-where
-    Heap: Storage<u16, A::State>,
-    Inline: Storage<u16, A::State>,
-    Fingerprint: Storage<u16, A::State>,
-{
+/// A `KeyedLimiter` of `algorithm` on `S`, or (`plan`) a `PlanLimiter` of `A` with one
+/// plan of `policy`, every key routed to it.
+fn table_in<A: PlanAlgorithm + 'static, S: Storage<u16, A::State> + 'static>(
+    algorithm: A,
+    (plan, policy, builder): (bool, Policy, KeyedBuilder<(), AnyClock>),
+) -> Option<Box<dyn Table>> {
+    if !plan {
+        return Some(Box::new(
+            builder.algorithm(algorithm).build_in::<u16, S>().ok()?,
+        ));
+    }
     let mut plans = Plans::new();
     let id = plans.insert("only", policy);
     let route = move |_: &u16| id;
-    Some(match storage % 3 {
-        0 => Box::new((
-            PlanLimiter::<u16, _, _, Heap, A>::new_in(&plans, route, builder).ok()?,
-            id,
-        )),
-        1 => Box::new((
-            PlanLimiter::<u16, _, _, Inline, A>::new_in(&plans, route, builder).ok()?,
-            id,
-        )),
-        _ => Box::new((
-            PlanLimiter::<u16, _, _, Fingerprint, A>::new_in(&plans, route, builder).ok()?,
-            id,
-        )),
-    })
+    let limiter = PlanLimiter::<u16, _, _, S, A>::new_in(&plans, route, builder).ok()?;
+    Some(Box::new((limiter, id)))
 }
 
 /// What the target knows of a keyed table's shards: each key's class (a shard, learnt
