@@ -111,6 +111,8 @@ enum Op {
 #[derive(Arbitrary, Debug)]
 struct Input {
     system: u8,
+    /// The limit (mod 8, plus 1); bit 4: the composite's keyed table is of the keyed
+    /// slot's kind rather than GCRA (see [`composite`]).
     limit: u8,
     period: u16,
     burst: u8,
