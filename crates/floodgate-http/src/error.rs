@@ -49,6 +49,13 @@ pub enum ConfigError {
         /// The rule's name.
         name: String,
     },
+    /// A never-fits status that is not a client or server error (4xx or 5xx): a
+    /// request the layer refused would look answered, or redirected, or (1xx, 204,
+    /// 304) could not carry the body that explains the refusal.
+    NeverStatus {
+        /// The status given.
+        status: u16,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -74,6 +81,12 @@ impl fmt::Display for ConfigError {
                 write!(
                     f,
                     "priority rule {name:?}: bounds is empty; give one per tier"
+                )
+            }
+            ConfigError::NeverStatus { status } => {
+                write!(
+                    f,
+                    "never-fits status {status} is not a client or server error (4xx or 5xx)"
                 )
             }
         }

@@ -513,6 +513,9 @@ struct Shared {
 ///   the hard rules' when a later hard rule denies. A queueing rule
 ///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
 ///
+/// A request passed on to the inner service keeps every charge, whatever the service
+/// then does (an error, a panic, a 5xx): it reached the service.
+///
 /// Counters count an admission that was later refunded as allowed. The headers of a
 /// denied request show an earlier in-process rule as it is after the refund (a peek
 /// at cost 0: its `remaining` no longer counts this request); a remote rule as of
@@ -668,7 +671,8 @@ impl RateLimitLayerBuilder {
     }
 
     /// The status for a request that can never fit (429 by default; 413 or 400 are
-    /// common choices).
+    /// common choices). It must be a client or server error (4xx or 5xx):
+    /// [`build`](Self::build) refuses any other.
     pub fn never_status(self, status: StatusCode) -> Self {
         RateLimitLayerBuilder {
             never_status: status,
@@ -685,8 +689,17 @@ impl RateLimitLayerBuilder {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::DuplicateRule`] when two rules share a name.
+    /// [`ConfigError::DuplicateRule`] when two rules share a name;
+    /// [`ConfigError::NeverStatus`] when the never-fits status is not a 4xx or 5xx.
+    ///
+    /// A layer without rules is valid: it passes every request unchanged and writes
+    /// no header.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if !(self.never_status.is_client_error() || self.never_status.is_server_error()) {
+            return Err(ConfigError::NeverStatus {
+                status: self.never_status.as_u16(),
+            });
+        }
         for (i, r) in self.rules.iter().enumerate() {
             if self.rules[..i].iter().any(|o| o.name == r.name) {
                 return Err(ConfigError::DuplicateRule {

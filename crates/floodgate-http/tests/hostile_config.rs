@@ -1,0 +1,229 @@
+//! Configurations a user can get wrong and inputs a client or a proxy controls, where
+//! no other test looks: each is refused at build time naming what is wrong, or has
+//! the meaning the documentation gives it.
+//!
+//! * `RateLimitLayerBuilder::never_status`: the never-fits answer is a client or
+//!   server error (4xx, 5xx); anything else is refused by `build`.
+//! * `ForwardedIp`: an RFC 7239 node with an obfuscated port names its address; the
+//!   length bound counts the header's bytes, one line or several alike.
+//! * `RateLimitLayer`: a layer without rules passes every request unmarked; a request
+//!   passed to the inner service keeps its charge, whatever the service answers.
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use floodgate::{ManualClock, Policy, RateLimiter};
+use floodgate_http::{
+    ConfigError, ForwardedIp, Global, KeyError, RateLimitLayer, Rule, TrustedProxies,
+};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceExt};
+mod common;
+use common::{Hello, TestResult};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+fn lines(name: &'static str, values: &[&str]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for v in values {
+        h.append(name, HeaderValue::from_str(v).expect("test header value"));
+    }
+    h
+}
+
+fn one_per_second(
+    clock: &ManualClock,
+) -> Result<RateLimiter<floodgate::Gcra, ManualClock>, floodgate::PolicyError> {
+    Ok(RateLimiter::gcra_with_clock(
+        Policy::per_second(1)?,
+        clock.clone(),
+    ))
+}
+
+#[test]
+fn a_never_fits_status_that_is_no_error_is_refused() -> TestResult {
+    let layer = |status| {
+        RateLimitLayer::builder()
+            .rule(Rule::new(
+                "r",
+                one_per_second(&ManualClock::new())?,
+                Global,
+            )?)
+            .never_status(status)
+            .build()
+            .map_err(Box::<dyn std::error::Error>::from)
+    };
+    for status in [
+        StatusCode::OK,
+        StatusCode::NO_CONTENT,
+        StatusCode::SWITCHING_PROTOCOLS,
+        StatusCode::FOUND,
+        StatusCode::NOT_MODIFIED,
+    ] {
+        let err = layer(status).expect_err("a status that is no error is refused");
+        let err = err.downcast::<ConfigError>()?;
+        assert_eq!(
+            *err,
+            ConfigError::NeverStatus {
+                status: status.as_u16()
+            }
+        );
+        assert!(
+            err.to_string().contains(status.as_str()),
+            "the error names the status: {err}"
+        );
+    }
+    for status in [
+        StatusCode::BAD_REQUEST,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ] {
+        layer(status)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_forwarded_node_with_an_obfuscated_port_names_its_address() {
+    let trusted = TrustedProxies::new(["10.0.0.0/8"]).expect("test networks");
+    let one = ForwardedIp::forwarded(trusted.clone(), 1);
+    let peer = ip("10.0.0.1");
+    // RFC 7239 §6: node = nodename [ ":" node-port ], node-port = port / obfport.
+    for (sent, want) in [
+        (r#"for="192.0.2.43:_abc""#, "192.0.2.43"),
+        (r#"for="192.0.2.43:_x.y-z_1""#, "192.0.2.43"),
+        (r#"for="[2001:db8::1]:_p""#, "2001:db8::1"),
+        (r#"for="[2001:db8::1]:8080""#, "2001:db8::1"),
+    ] {
+        let h = lines("forwarded", &[sent]);
+        assert_eq!(one.client_ip(peer, &h), Ok(ip(want)), "{sent}");
+    }
+    // An obfport is "_" and at least one more character of its set; a port is digits.
+    for sent in [
+        r#"for="192.0.2.43:_""#,
+        r#"for="192.0.2.43:_a b""#,
+        r#"for="192.0.2.43:""#,
+        r#"for="[2001:db8::1]:""#,
+        r#"for="[2001:db8::1]:_""#,
+    ] {
+        let h = lines("forwarded", &[sent]);
+        assert!(
+            matches!(one.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
+            "{sent}"
+        );
+    }
+    // X-Forwarded-For has no obfuscated ports, nor empty ones.
+    let xff = ForwardedIp::x_forwarded_for(trusted, 1);
+    for sent in ["192.0.2.43:_abc", "192.0.2.43:", "[2001:db8::1]:"] {
+        let h = lines("x-forwarded-for", &[sent]);
+        assert!(
+            matches!(xff.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
+            "{sent}"
+        );
+    }
+}
+
+#[test]
+fn the_length_bound_is_the_same_for_one_line_and_for_several() {
+    let trusted = TrustedProxies::new(["10.0.0.0/8"]).expect("test networks");
+    let peer = ip("10.0.0.1");
+    for (name, one_line, split) in [
+        (
+            "x-forwarded-for",
+            &["203.0.113.1,10.0.0.2,10.0.0.3"][..],
+            &["203.0.113.1", "10.0.0.2", "10.0.0.3"][..],
+        ),
+        (
+            "forwarded",
+            &["for=203.0.113.1,for=10.0.0.2,for=10.0.0.3"][..],
+            &["for=203.0.113.1", "for=10.0.0.2", "for=10.0.0.3"][..],
+        ),
+    ] {
+        for values in [one_line, split] {
+            let len: usize = values.iter().map(|v| v.len()).sum();
+            let h = lines(name, values);
+            let header = if name == "forwarded" {
+                ForwardedIp::forwarded(trusted.clone(), 3)
+            } else {
+                ForwardedIp::x_forwarded_for(trusted.clone(), 3)
+            };
+            // Exactly the header's length: every entry lies within the bound.
+            assert_eq!(
+                header.clone().max_len(len).client_ip(peer, &h),
+                Ok(ip("203.0.113.1")),
+                "{values:?} within {len} bytes"
+            );
+            // One byte less: the leftmost entry read lies beyond it.
+            let err = header.max_len(len - 1).client_ip(peer, &h).unwrap_err();
+            assert!(
+                matches!(err, KeyError::Oversized { len: l, max, .. } if l == len && max == len - 1),
+                "{values:?}: {err}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_layer_without_rules_passes_every_request_unmarked() -> TestResult {
+    let layer = RateLimitLayer::builder().build()?;
+    assert!(layer.stats().is_empty());
+    let resp = layer.layer(Hello).oneshot(Request::new(())).await?;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().is_empty(), "{:?}", resp.headers());
+    Ok(())
+}
+
+/// An inner service that fails every request, or panics on it.
+#[derive(Clone)]
+struct Fails {
+    panic: bool,
+}
+
+impl<B> Service<Request<B>> for Fails {
+    type Response = Response<String>;
+    type Error = &'static str;
+    type Future = Ready<Result<Response<String>, &'static str>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        assert!(!self.panic, "the inner service panics");
+        ready(Err("the inner service failed"))
+    }
+}
+
+#[tokio::test]
+async fn a_request_the_inner_service_fails_keeps_its_charge() -> TestResult {
+    for panic in [false, true] {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(one_per_second(&clock)?);
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::shared("r", Arc::clone(&limiter), Global)?)
+            .build()?;
+        let svc = layer.layer(Fails { panic });
+        let outcome = tokio::spawn(svc.oneshot(Request::new(()))).await;
+        if panic {
+            assert!(outcome.expect_err("the task panicked").is_panic());
+        } else {
+            assert_eq!(outcome?.err(), Some("the inner service failed"));
+        }
+        // The request reached the service: its unit stays taken.
+        assert_eq!(limiter.peek(0).remaining(), 0, "panic: {panic}");
+        let resp = layer
+            .layer(Hello)
+            .oneshot(Request::new(()))
+            .await
+            .map_err(|e: Infallible| e)?;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(layer.stats()[0].allowed, 1);
+    }
+    Ok(())
+}
