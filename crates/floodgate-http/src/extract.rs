@@ -451,9 +451,11 @@ pub const DEFAULT_MAX_FORWARDED_LEN: usize = 4096;
 /// A trusted peer that sends no header, an entry read that is not visible ASCII or
 /// not an address (RFC 7239 `unknown` and obfuscated nodes included), or one that
 /// lies further from the header's right end than the bound
-/// ([`DEFAULT_MAX_FORWARDED_LEN`] bytes, the lines together) is a [`KeyError`].
-/// Several header lines count as one list, in order. Entries may carry a port
-/// (`192.0.2.1:80`, `[2001:db8::1]:80`).
+/// ([`DEFAULT_MAX_FORWARDED_LEN`] bytes of the lines' values, counted together) is a
+/// [`KeyError`]. Several header lines count as one list, in order; the bound counts
+/// their bytes alone, whichever lines the entries are on. Entries may carry a port (`192.0.2.1:80`,
+/// `[2001:db8::1]:80`; in `Forwarded` also an obfuscated one, `"192.0.2.1:_p"`, as
+/// RFC 7239 allows), never an empty one.
 ///
 /// # Examples
 ///
@@ -553,12 +555,14 @@ impl ForwardedIp {
         let quoted = self.header == ForwardingHeader::Forwarded;
         let mut client = None;
         let mut read = 0usize;
-        // Bytes looked at so far, from the right end of the last line.
-        let mut scanned = 0usize;
+        // The bytes of the lines right of the one being read: an element's distance
+        // from the header's right end counts the lines' bytes alone, so one line and
+        // the same list split over several lines are bounded alike.
+        let mut right = 0usize;
         for line in lines.iter().rev() {
-            for element in rsplit_list(line, quoted) {
-                scanned = scanned.saturating_add(element.len() + 1);
-                if scanned > self.max_len.saturating_add(1) {
+            for (start, element) in rsplit_list(line, quoted) {
+                let distance = right.saturating_add(line.len() - start);
+                if distance > self.max_len {
                     return Err(KeyError::Oversized {
                         what: label.into(),
                         len: lines.iter().fold(0usize, |n, l| n.saturating_add(l.len())),
@@ -572,7 +576,7 @@ impl ForwardedIp {
                     continue;
                 }
                 let ip = match self.header {
-                    ForwardingHeader::XForwardedFor => parse_node(element),
+                    ForwardingHeader::XForwardedFor => parse_node(element, false),
                     ForwardingHeader::Forwarded => forwarded_for(element),
                 }
                 .map_err(|reason| KeyError::malformed(label, reason))?
@@ -583,6 +587,7 @@ impl ForwardedIp {
                     return Ok(ip);
                 }
             }
+            right = right.saturating_add(line.len());
         }
         client.ok_or(KeyError::missing(format!(
             "{label} entry from a trusted proxy"
@@ -613,12 +618,13 @@ fn visible_ascii(bytes: &[u8]) -> Option<&str> {
     }
 }
 
-/// The elements of a header list, from the **right**: cut on commas, outside double
-/// quotes when `quoted` (RFC 9110 §5.6.1; a quote after an odd run of backslashes is
-/// escaped). Scanned lazily right to left, so what lies left of the elements taken
-/// (what a client sent before the proxies appended theirs) is never looked at, and
-/// an open quote or a stray byte there cannot change how they are cut.
-fn rsplit_list(line: &[u8], quoted: bool) -> impl Iterator<Item = &[u8]> {
+/// The elements of a header list, from the **right**, each with where it starts in
+/// `line`: cut on commas, outside double quotes when `quoted` (RFC 9110 §5.6.1; a
+/// quote after an odd run of backslashes is escaped). Scanned lazily right to left,
+/// so what lies left of the elements taken (what a client sent before the proxies
+/// appended theirs) is never looked at, and an open quote or a stray byte there
+/// cannot change how they are cut.
+fn rsplit_list(line: &[u8], quoted: bool) -> impl Iterator<Item = (usize, &[u8])> {
     let mut end = Some(line.len());
     core::iter::from_fn(move || {
         let stop = end?;
@@ -633,13 +639,13 @@ fn rsplit_list(line: &[u8], quoted: bool) -> impl Iterator<Item = &[u8]> {
                 }
                 b',' if !in_quotes => {
                     end = Some(i);
-                    return Some(&line[i + 1..stop]);
+                    return Some((i + 1, &line[i + 1..stop]));
                 }
                 _ => {}
             }
         }
         end = None;
-        Some(&line[..stop])
+        Some((0, &line[..stop]))
     })
 }
 
@@ -671,8 +677,10 @@ fn split_outside_quotes(s: &str, sep: u8) -> impl DoubleEndedIterator<Item = &st
 }
 
 /// An address with an optional port: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`,
-/// `[2001:db8::1]`, `[2001:db8::1]:80`.
-fn parse_node(text: &str) -> Result<IpAddr, &'static str> {
+/// `[2001:db8::1]`, `[2001:db8::1]:80`; with `obfuscated_port` (RFC 7239 §6.3, the
+/// `Forwarded` header's nodes) the port may also be an obfuscated identifier,
+/// `192.0.2.1:_abc`. A port is never empty.
+fn parse_node(text: &str, obfuscated_port: bool) -> Result<IpAddr, &'static str> {
     if let Ok(ip) = text.parse::<IpAddr>() {
         return Ok(ip);
     }
@@ -685,13 +693,29 @@ fn parse_node(text: &str) -> Result<IpAddr, &'static str> {
         }
     }
     if let Some((host, port)) = text.rsplit_once(':') {
-        if port.bytes().all(|b| b.is_ascii_digit()) {
+        let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+        if digits || (obfuscated_port && is_obfuscated(port)) {
             if let Ok(ip) = host.parse::<Ipv4Addr>() {
                 return Ok(IpAddr::V4(ip));
+            }
+            if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+                if let Ok(ip) = inner.parse::<Ipv6Addr>() {
+                    return Ok(IpAddr::V6(ip));
+                }
             }
         }
     }
     Err("an entry is not an IP address")
+}
+
+/// An RFC 7239 obfuscated identifier: `"_" 1*(ALPHA / DIGIT / "." / "_" / "-")`.
+fn is_obfuscated(text: &str) -> bool {
+    text.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    })
 }
 
 /// The `for=` node of one RFC 7239 `Forwarded` element.
@@ -713,7 +737,7 @@ fn forwarded_for(element: &str) -> Result<IpAddr, &'static str> {
         if value.eq_ignore_ascii_case("unknown") || value.starts_with('_') {
             return Err("for= names no IP address (unknown or obfuscated)");
         }
-        return parse_node(value).map_err(|_| "a for= value is not an IP address");
+        return parse_node(value, true).map_err(|_| "a for= value is not an IP address");
     }
     Err("an element has no for= parameter")
 }
