@@ -27,6 +27,10 @@ use crate::headers::{
 use crate::stats::{Count, Counters, RuleStats};
 
 /// What a rule does when it would deny a request.
+///
+/// Soft and shadow rules never block a request for any reason: a request without
+/// the rule's key ([`OnMissingKey::Reject`]) or whose limiter fails
+/// ([`OnLimiterError::FailClosed`]) skips the rule, counted in `bad_key` or `errors`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Strategy {
@@ -44,7 +48,8 @@ pub enum Strategy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnMissingKey<K> {
-    /// Answer `400 Bad Request` saying which key is missing or malformed. The default.
+    /// Answer `400 Bad Request` saying which key is missing or malformed (a hard
+    /// rule; a soft or shadow rule is skipped). The default.
     Reject,
     /// Count the request against this one shared bucket (and in `bad_key`).
     Fallback(K),
@@ -54,7 +59,8 @@ pub enum OnMissingKey<K> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnLimiterError {
-    /// Answer `503 Service Unavailable`. The default: a failing limiter admits nothing.
+    /// Answer `503 Service Unavailable` (a hard rule; a soft or shadow rule is
+    /// skipped). The default: a failing hard limiter admits nothing.
     #[default]
     FailClosed,
     /// Skip the rule for this request, as if it had admitted.
@@ -529,8 +535,10 @@ struct Shared {
 /// * a request that can never fit (cost above the capacity): the never-fits status
 ///   (429 by default, [`RateLimitLayerBuilder::never_status`]), **no** `Retry-After`,
 ///   a body saying so;
-/// * no usable key and [`OnMissingKey::Reject`]: `400 Bad Request` saying why;
-/// * a limiter error and [`OnLimiterError::FailClosed`]: `503 Service Unavailable`.
+/// * no usable key for a hard rule and [`OnMissingKey::Reject`]: `400 Bad Request`
+///   saying why;
+/// * a hard rule's limiter error and [`OnLimiterError::FailClosed`]: `503 Service
+///   Unavailable` (soft and shadow rules are skipped instead: see [`Strategy`]).
 /// * to a gRPC request (`content-type: application/grpc*`, feature `grpc`), each of
 ///   these answers is instead a trailers-only gRPC status (HTTP 200): a denial or a
 ///   never-fits request is `RESOURCE_EXHAUSTED` (8) with `grpc-retry-pushback-ms` (the
@@ -868,9 +876,12 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     };
     for (i, entry) in shared.rules.iter().enumerate() {
         let started = entry.rule.start(parts, hasher);
+        // Soft and shadow rules never block: a missing key or a failed limiter skips
+        // them whatever `OnMissingKey` and `OnLimiterError` say.
+        let blocks = entry.strategy == Strategy::Hard;
         if let Some(e) = &started.key_error {
             entry.counters.bump(Count::BadKey);
-            if started.check.is_none() {
+            if started.check.is_none() && blocks {
                 let text = format!("{e} (rate limit \"{}\")\n", entry.name);
                 v.reply = Some(Reply {
                     status: StatusCode::BAD_REQUEST,
@@ -894,8 +905,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 #[cfg(feature = "tracing")]
                 tracing::warn!(rule = %entry.name, error = %_error, "rate limiter failed");
                 match shared.on_error {
-                    OnLimiterError::FailOpen => continue,
-                    OnLimiterError::FailClosed => {
+                    OnLimiterError::FailClosed if blocks => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
                         v.reply = Some(Reply {
                             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -904,6 +914,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                         held.give_back(&mut v.shown);
                         return v;
                     }
+                    _ => continue,
                 }
             }
         };

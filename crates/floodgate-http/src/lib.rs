@@ -46,7 +46,8 @@
 //!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
 //! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a
 //!   [`KeyError`], answered `400` or counted against a fallback bucket
-//!   ([`OnMissingKey`]).
+//!   ([`OnMissingKey`]); a soft or shadow rule without its key is skipped, as is one
+//!   whose limiter fails: those never block.
 //!
 //! The layer is generic over [`AsyncLimit`](floodgate::AsyncLimit): in-process
 //! [`KeyedLimiter`](floodgate::KeyedLimiter) / [`RateLimiter`](floodgate::RateLimiter)

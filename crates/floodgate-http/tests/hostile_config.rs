@@ -8,6 +8,8 @@
 //!   length bound counts the header's bytes, one line or several alike.
 //! * `RateLimitLayer`: a layer without rules passes every request unmarked; a request
 //!   passed to the inner service keeps its charge, whatever the service answers.
+//! * `Strategy::Soft` and `Strategy::Shadow` never block: a missing key or a failed
+//!   limiter on such a rule skips it.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -15,14 +17,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use floodgate::{ManualClock, Policy, RateLimiter};
+use floodgate::{KeyedLimiter, ManualClock, Policy, RateLimiter};
 use floodgate_http::{
-    ConfigError, ForwardedIp, Global, KeyError, RateLimitLayer, Rule, TrustedProxies,
+    ConfigError, ForwardedIp, Global, HeaderKey, KeyError, OnLimiterError, RateLimitLayer, Rule,
+    Strategy, TrustedProxies,
 };
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 mod common;
-use common::{Hello, TestResult};
+use common::{Down, Hello, TestResult};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
@@ -224,6 +227,35 @@ async fn a_request_the_inner_service_fails_keeps_its_charge() -> TestResult {
             .map_err(|e: Infallible| e)?;
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(layer.stats()[0].allowed, 1);
+    }
+    Ok(())
+}
+
+/// A soft or shadow rule never blocks: not for a request without its key (with
+/// `OnMissingKey::Reject`), nor when its limiter fails (with `FailClosed`). Each is
+/// counted, the rule is skipped, and a hard rule after it still decides.
+#[tokio::test]
+async fn soft_and_shadow_rules_never_block_for_a_missing_key_or_a_failed_limiter() -> TestResult {
+    for strategy in [Strategy::Soft, Strategy::Shadow] {
+        let clock = ManualClock::new();
+        // No request here has the key: the clock of this limiter never matters.
+        let per_key: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("per-key", per_key, HeaderKey::new("x-api-key")?)?.strategy(strategy))
+            .rule(Rule::remote("down", Down, Global)?.strategy(strategy))
+            .rule(Rule::new("global", one_per_second(&clock)?, Global)?)
+            .on_limiter_error(OnLimiterError::FailClosed)
+            .build()?;
+        let svc = layer.layer(Hello);
+        let resp = svc.clone().oneshot(Request::new(())).await?;
+        assert_eq!(resp.status(), StatusCode::OK, "{strategy:?}");
+        let stats = layer.stats();
+        assert_eq!((stats[0].bad_key, stats[0].allowed), (1, 0), "{strategy:?}");
+        assert_eq!(stats[1].errors, 1, "{strategy:?}");
+        assert_eq!(stats[2].allowed, 1, "{strategy:?}");
+        // The hard rule after them still denies.
+        let resp = svc.oneshot(Request::new(())).await?;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS, "{strategy:?}");
     }
     Ok(())
 }
