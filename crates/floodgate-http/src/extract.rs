@@ -130,6 +130,10 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// The key for this request, or why there is none.
     ///
+    /// It must be a function of the request head alone: for a request a later rule
+    /// denies, the layer calls it again to give the charge back to the same key
+    /// (a key drawn at random, or from a counter, would refund another key or none).
+    ///
     /// # Errors
     ///
     /// A [`KeyError`] when the value the key comes from is missing, malformed or
@@ -370,15 +374,21 @@ impl FromStr for IpNet {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
-            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or(bad(
-                "the prefix length is not a number within the address width",
-            ))?,
+            Some(p) => (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse::<u8>().ok())
+                .flatten()
+                .filter(|p| *p <= max)
+                .ok_or(bad(
+                    "the prefix length is not a number within the address width",
+                ))?,
         };
         Ok(IpNet { addr, prefix })
     }
 }
 
-/// The networks whose hosts are trusted proxies.
+/// The networks whose hosts are trusted proxies. Networks may overlap; an address
+/// with bits set past its prefix (`10.0.0.1/8`) names the network it lies in
+/// (`10.0.0.0/8`).
 ///
 /// # Examples
 ///

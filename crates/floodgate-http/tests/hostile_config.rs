@@ -259,3 +259,24 @@ async fn soft_and_shadow_rules_never_block_for_a_missing_key_or_a_failed_limiter
     }
     Ok(())
 }
+
+#[test]
+fn a_trusted_network_is_digits_after_the_slash_and_nothing_else() {
+    for bad in [
+        "10.0.0.0/+8",
+        "10.0.0.0/ 8",
+        "10.0.0.0/8 ",
+        "::/+0",
+        "10.0.0.0/-0",
+    ] {
+        let err = TrustedProxies::new([bad]).expect_err(bad);
+        assert!(
+            matches!(&err, ConfigError::Network { text, .. } if text == bad),
+            "{bad}: {err}"
+        );
+    }
+    // Overlapping networks and host bits past the prefix are accepted.
+    let t = TrustedProxies::new(["10.0.0.1/8", "10.1.0.0/16", "10.0.0.0/8"]).expect("networks");
+    assert!(t.contains(ip("10.200.0.1")));
+    assert!(!t.contains(ip("11.0.0.1")));
+}
