@@ -280,3 +280,74 @@ fn a_trusted_network_is_digits_after_the_slash_and_nothing_else() {
     assert!(t.contains(ip("10.200.0.1")));
     assert!(!t.contains(ip("11.0.0.1")));
 }
+
+/// A queue's `max_delay` of zero queues nothing (what is not free now is refused
+/// with `Retry-After`); one of `Duration::MAX` bounds nothing (every request waits
+/// for its slot), on one queue and per key alike.
+#[cfg(feature = "queue")]
+#[tokio::test(start_paused = true)]
+async fn a_queue_bound_of_zero_or_of_centuries_has_its_plain_meaning() -> TestResult {
+    use common::TokioClock;
+    use floodgate::Shaper;
+    use floodgate_http::{KeyedQueueRule, QueueRule};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    // 10 per second, one at a time: slots 100 ms apart.
+    let policy = Policy::per_second(10)?.with_burst(1)?;
+    for max_delay in [Duration::ZERO, Duration::MAX] {
+        let start = Instant::now();
+        let clock = TokioClock { start };
+        let key = HeaderKey::new("x-api-key")?;
+        let layers = [
+            RateLimitLayer::builder()
+                .queue(QueueRule::new(
+                    "q",
+                    Shaper::with_clock(policy, clock),
+                    max_delay,
+                )?)
+                .build()?,
+            RateLimitLayer::builder()
+                .queue_per_key(KeyedQueueRule::new(
+                    "q",
+                    key,
+                    floodgate::KeyedBuilder::new(floodgate::Gcra::new(policy))
+                        .clock(clock)
+                        .build()?,
+                    max_delay,
+                )?)
+                .build()?,
+        ];
+        for layer in layers {
+            let svc = layer.layer(Hello);
+            let calls: Vec<_> = (0..3)
+                .map(|_| {
+                    let req = Request::get("/").header("x-api-key", "k").body(())?;
+                    Ok(tokio::spawn(svc.clone().oneshot(req)))
+                })
+                .collect::<Result<_, http::Error>>()?;
+            let mut answers = Vec::new();
+            for call in calls {
+                let resp = call.await??;
+                let retry = resp.headers().get("retry-after").cloned();
+                answers.push((resp.status().as_u16(), start.elapsed(), retry));
+            }
+            if max_delay.is_zero() {
+                assert_eq!(answers[0].0, 200);
+                for (status, at, retry) in &answers[1..] {
+                    assert_eq!((*status, *at), (429, Duration::ZERO));
+                    assert_eq!(retry.as_ref().map(|v| v.to_str().ok()), Some(Some("1")));
+                }
+            } else {
+                for (i, (status, at, _)) in answers.iter().enumerate() {
+                    assert_eq!(*status, 200, "request {i}");
+                    assert!(
+                        *at >= Duration::from_millis(100) * (i as u32),
+                        "request {i}: {at:?}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
