@@ -465,7 +465,8 @@ pub const DEFAULT_MAX_FORWARDED_LEN: usize = 4096;
 /// [`KeyError`]. Several header lines count as one list, in order; the bound counts
 /// their bytes alone, whichever lines the entries are on. Entries may carry a port (`192.0.2.1:80`,
 /// `[2001:db8::1]:80`; in `Forwarded` also an obfuscated one, `"192.0.2.1:_p"`, as
-/// RFC 7239 allows), never an empty one.
+/// RFC 7239 allows), never an empty one; an IPv6 zone id (`fe80::1%eth0`) is
+/// dropped.
 ///
 /// # Examples
 ///
@@ -689,18 +690,19 @@ fn split_outside_quotes(s: &str, sep: u8) -> impl DoubleEndedIterator<Item = &st
 /// An address with an optional port: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`,
 /// `[2001:db8::1]`, `[2001:db8::1]:80`; with `obfuscated_port` (RFC 7239 §6.3, the
 /// `Forwarded` header's nodes) the port may also be an obfuscated identifier,
-/// `192.0.2.1:_abc`. A port is never empty.
+/// `192.0.2.1:_abc`. A port is never empty. An IPv6 address may carry a zone id
+/// (`fe80::1%eth0`, bare or bracketed), which is dropped.
 fn parse_node(text: &str, obfuscated_port: bool) -> Result<IpAddr, &'static str> {
     if let Ok(ip) = text.parse::<IpAddr>() {
         return Ok(ip);
     }
-    if let Ok(sa) = text.parse::<SocketAddr>() {
-        return Ok(sa.ip());
-    }
-    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
-        if let Ok(ip) = inner.parse::<Ipv6Addr>() {
-            return Ok(IpAddr::V6(ip));
-        }
+    let bracketed = |s: &str| {
+        s.strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(zoned_v6)
+    };
+    if let Some(ip) = zoned_v6(text).or_else(|| bracketed(text)) {
+        return Ok(IpAddr::V6(ip));
     }
     if let Some((host, port)) = text.rsplit_once(':') {
         let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
@@ -708,14 +710,27 @@ fn parse_node(text: &str, obfuscated_port: bool) -> Result<IpAddr, &'static str>
             if let Ok(ip) = host.parse::<Ipv4Addr>() {
                 return Ok(IpAddr::V4(ip));
             }
-            if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-                if let Ok(ip) = inner.parse::<Ipv6Addr>() {
-                    return Ok(IpAddr::V6(ip));
-                }
+            if let Some(ip) = bracketed(host) {
+                return Ok(IpAddr::V6(ip));
             }
         }
     }
     Err("an entry is not an IP address")
+}
+
+/// An IPv6 address, with or without a zone id (RFC 6874: `%` and one or more
+/// unreserved or percent-encoded characters), the zone dropped.
+fn zoned_v6(text: &str) -> Option<Ipv6Addr> {
+    let (addr, zone) = match text.split_once('%') {
+        Some((addr, zone)) => (addr, Some(zone)),
+        None => (text, None),
+    };
+    let zone_ok = zone.is_none_or(|z| {
+        !z.is_empty()
+            && z.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'%'))
+    });
+    addr.parse().ok().filter(|_| zone_ok)
 }
 
 /// An RFC 7239 obfuscated identifier: `"_" 1*(ALPHA / DIGIT / "." / "_" / "-")`.

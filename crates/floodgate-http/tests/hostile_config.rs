@@ -351,3 +351,41 @@ async fn a_queue_bound_of_zero_or_of_centuries_has_its_plain_meaning() -> TestRe
     }
     Ok(())
 }
+
+#[test]
+fn an_ipv6_zone_id_is_dropped_in_every_form_of_the_address() {
+    let trusted = TrustedProxies::new(["10.0.0.0/8"]).expect("test networks");
+    let xff = ForwardedIp::x_forwarded_for(trusted.clone(), 1);
+    let fwd = ForwardedIp::forwarded(trusted, 1);
+    let peer = ip("10.0.0.1");
+    // Before, only "[fe80::1%2]:80" parsed (the standard library's socket address
+    // takes a numeric zone), while the same address bare or bracketed was malformed.
+    for sent in [
+        "fe80::1%eth0",
+        "fe80::1%2",
+        "[fe80::1%eth0]",
+        "[fe80::1%eth0]:80",
+        "[fe80::1%2]:80",
+        "[fe80::1%25en0]:8080",
+    ] {
+        let h = lines("x-forwarded-for", &[sent]);
+        assert_eq!(xff.client_ip(peer, &h), Ok(ip("fe80::1")), "{sent}");
+        let h = lines("forwarded", &[&format!("for=\"{sent}\"")]);
+        assert_eq!(fwd.client_ip(peer, &h), Ok(ip("fe80::1")), "{sent}");
+    }
+    // A zone is one or more unreserved characters, after an IPv6 address only.
+    for sent in [
+        "fe80::1%",
+        "[fe80::1%]:80",
+        "fe80::1%et h0",
+        "fe80::1%eth0:80",
+        "192.0.2.1%eth0",
+        "[192.0.2.1%eth0]:80",
+    ] {
+        let h = lines("x-forwarded-for", &[sent]);
+        assert!(
+            matches!(xff.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
+            "{sent}"
+        );
+    }
+}
