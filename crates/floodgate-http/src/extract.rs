@@ -768,7 +768,14 @@ fn forwarded_for(element: &str) -> Result<IpAddr, &'static str> {
 }
 
 /// A header's value as the key (an API key): visible ASCII, at most
-/// [`max_len`](HeaderKey::max_len) bytes (256 by default), present exactly once.
+/// [`max_len`](HeaderKey::max_len) bytes (256 by default), present exactly once
+/// (a second line of it is a [`KeyError::Malformed`], so a client cannot choose
+/// which of two values counts).
+///
+/// Pseudo-header names (`:authority`, `:path`) are no field names and are refused:
+/// an HTTP/2 or HTTP/3 request carries its host in `:authority`, which is the
+/// request URI's authority, with no `Host` field; key by host with [`from_fn`] over
+/// `parts.uri.authority()` rather than `HeaderKey::new("host")`.
 ///
 /// # Examples
 ///
@@ -799,7 +806,8 @@ impl HeaderKey {
         Ok(HeaderKey { name, max_len: 256 })
     }
 
-    /// Rejects values longer than `max_len` bytes.
+    /// Rejects values longer than `max_len` bytes (`0` rejects every value that is
+    /// not empty: a rule no request passes).
     pub fn max_len(self, max_len: usize) -> HeaderKey {
         HeaderKey { max_len, ..self }
     }

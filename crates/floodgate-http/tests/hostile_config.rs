@@ -389,3 +389,27 @@ fn an_ipv6_zone_id_is_dropped_in_every_form_of_the_address() {
         );
     }
 }
+
+#[test]
+fn a_pseudo_header_or_an_invalid_name_is_no_header_key() {
+    for name in [":authority", ":path", "", "x api key", "x-api-key\r\n", "é"] {
+        let err = HeaderKey::new(name).expect_err(name);
+        assert_eq!(
+            err,
+            ConfigError::HeaderName {
+                name: name.to_owned()
+            }
+        );
+    }
+    // Names are case-insensitive: any case reads the same field.
+    let key = HeaderKey::new("X-Api-Key").expect("a valid name");
+    let (parts, ()) = Request::get("/")
+        .header("x-api-key", "k")
+        .body(())
+        .expect("request")
+        .into_parts();
+    assert_eq!(
+        floodgate_http::KeyExtractor::extract(&key, &parts),
+        Ok("k".to_owned())
+    );
+}
