@@ -39,6 +39,19 @@ fn lines(name: &'static str, values: &[&str]) -> HeaderMap {
     h
 }
 
+/// Asserts that `extractor`, behind the trusted peer 10.0.0.1, finds the entry
+/// `sent` in header `name` malformed.
+fn assert_malformed(extractor: &ForwardedIp, name: &'static str, sent: &str) {
+    let h = lines(name, &[sent]);
+    assert!(
+        matches!(
+            extractor.client_ip(ip("10.0.0.1"), &h),
+            Err(KeyError::Malformed { .. })
+        ),
+        "{name}: {sent}"
+    );
+}
+
 fn one_per_second(
     clock: &ManualClock,
 ) -> Result<RateLimiter<floodgate::Gcra, ManualClock>, floodgate::PolicyError> {
@@ -115,20 +128,12 @@ fn a_forwarded_node_with_an_obfuscated_port_names_its_address() {
         r#"for="[2001:db8::1]:""#,
         r#"for="[2001:db8::1]:_""#,
     ] {
-        let h = lines("forwarded", &[sent]);
-        assert!(
-            matches!(one.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
-            "{sent}"
-        );
+        assert_malformed(&one, "forwarded", sent);
     }
     // X-Forwarded-For has no obfuscated ports, nor empty ones.
     let xff = ForwardedIp::x_forwarded_for(trusted, 1);
     for sent in ["192.0.2.43:_abc", "192.0.2.43:", "[2001:db8::1]:"] {
-        let h = lines("x-forwarded-for", &[sent]);
-        assert!(
-            matches!(xff.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
-            "{sent}"
-        );
+        assert_malformed(&xff, "x-forwarded-for", sent);
     }
 }
 
@@ -382,11 +387,7 @@ fn an_ipv6_zone_id_is_dropped_in_every_form_of_the_address() {
         "192.0.2.1%eth0",
         "[192.0.2.1%eth0]:80",
     ] {
-        let h = lines("x-forwarded-for", &[sent]);
-        assert!(
-            matches!(xff.client_ip(peer, &h), Err(KeyError::Malformed { .. })),
-            "{sent}"
-        );
+        assert_malformed(&xff, "x-forwarded-for", sent);
     }
 }
 
