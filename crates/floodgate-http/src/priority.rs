@@ -41,7 +41,7 @@ use http::request::Parts;
 use tokio::sync::Notify;
 
 use crate::error::ConfigError;
-use crate::extract::KeyExtractor;
+use crate::extract::{KeyError, KeyExtractor};
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
 use crate::layer::{Check, ErasedRule, Started};
 
@@ -54,7 +54,8 @@ const NO_DELAY_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
 /// shaper, one FIFO queue per tier (plan), lower tiers shed first.
 ///
 /// The extractor's key is the request's tier, `0` being the lowest; a missing key or
-/// a tier beyond the configured ones counts as tier 0 (shed first).
+/// a tier beyond the configured ones counts as tier 0 (shed first), and both are
+/// counted in [`RuleStats::bad_key`](crate::RuleStats::bad_key).
 ///
 /// # Examples
 ///
@@ -384,13 +385,12 @@ where
 {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
         let (tier, key_error) = match self.classify.extract(parts) {
-            Ok(t) => (t, None),
+            Ok(t) if t < self.tiers.bounds.len() => (t, None),
+            Ok(_) => (
+                0,
+                Some(KeyError::malformed("tier", "beyond the configured tiers")),
+            ),
             Err(e) => (0, Some(e)),
-        };
-        let tier = if tier < self.tiers.bounds.len() {
-            tier
-        } else {
-            0
         };
         let partition_key = hasher.map(|h| h.hash(&tier));
         let check = Box::pin(async move {

@@ -24,7 +24,8 @@ use crate::headers::PolicyName;
 /// * `queued` — requests a queueing rule admitted after a wait for their slot (also
 ///   counted in `allowed`);
 /// * `bad_key` — requests whose key could not be extracted (rejected with 400, or
-///   counted against the fallback bucket);
+///   counted against the fallback bucket; for a priority rule, a missing tier or one
+///   beyond the configured tiers, served as tier 0);
 /// * `errors` — decisions the limiter could not make (a backend error).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
