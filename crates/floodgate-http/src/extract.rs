@@ -849,7 +849,9 @@ impl KeyExtractor for HeaderKey {
 
 /// The request path as the key (per endpoint). Raw paths are chosen by the client:
 /// behind a router prefer its matched route (axum's `MatchedPath`, through
-/// [`from_fn`]) so that `/users/1` and `/users/2` share a bucket.
+/// [`from_fn`]) so that `/users/1` and `/users/2` share a bucket. The query is no
+/// part of the key; every `CONNECT` (authority-form) request shares the key `""`,
+/// and `OPTIONS *` has the key `*`.
 ///
 /// # Examples
 ///

@@ -414,3 +414,36 @@ fn a_pseudo_header_or_an_invalid_name_is_no_header_key() {
         Ok("k".to_owned())
     );
 }
+
+#[test]
+fn route_paths_at_and_around_the_bound_and_in_every_request_form() -> TestResult {
+    use floodgate_http::{KeyExtractor, RoutePath};
+
+    let head = |uri: &str, method: http::Method| -> Result<http::request::Parts, http::Error> {
+        Ok(Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(())?
+            .into_parts()
+            .0)
+    };
+    let at = format!("/{}", "a".repeat(1023));
+    let over = format!("/{}", "a".repeat(1024));
+    let path = RoutePath::new();
+    assert_eq!(path.extract(&head(&at, http::Method::GET)?)?, at);
+    assert_eq!(
+        path.extract(&head(&format!("{over}?q=1"), http::Method::GET)?),
+        Err(KeyError::Oversized {
+            what: "path".into(),
+            len: 1025,
+            max: 1024
+        })
+    );
+    // The query is no part of the key; asterisk- and authority-form requests have
+    // keys of their own, never an error.
+    assert_eq!(path.extract(&head("/a?b=c", http::Method::GET)?)?, "/a");
+    assert_eq!(path.extract(&head("*", http::Method::OPTIONS)?)?, "*");
+    let connect = head("example.com:443", http::Method::CONNECT)?;
+    assert_eq!(path.extract(&connect)?, "");
+    Ok(())
+}
