@@ -45,6 +45,31 @@ pub enum Strategy {
 }
 
 /// What a rule does when its extractor finds no usable key.
+///
+/// The fallback key has the extractor's key type, so it is a key of the rule's own
+/// limiter:
+///
+/// ```
+/// use floodgate::{KeyedLimiter, Policy};
+/// use floodgate_http::{OnMissingKey, PeerIp, Rule};
+/// use std::net::{IpAddr, Ipv4Addr};
+/// let limiter: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let rule = Rule::new("r", limiter, PeerIp::new())?
+///     .on_missing_key(OnMissingKey::Fallback(IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A fallback key of another type is refused at compile time:
+///
+/// ```compile_fail
+/// use floodgate::{KeyedLimiter, Policy};
+/// use floodgate_http::{OnMissingKey, PeerIp, Rule};
+/// use std::net::IpAddr;
+/// let limiter: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let rule = Rule::new("r", limiter, PeerIp::new())?
+///     .on_missing_key(OnMissingKey::Fallback(String::from("anonymous")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnMissingKey<K> {
