@@ -463,10 +463,10 @@ pub const DEFAULT_MAX_FORWARDED_LEN: usize = 4096;
 /// lies further from the header's right end than the bound
 /// ([`DEFAULT_MAX_FORWARDED_LEN`] bytes of the lines' values, counted together) is a
 /// [`KeyError`]. Several header lines count as one list, in order; the bound counts
-/// their bytes alone, whichever lines the entries are on. Entries may carry a port (`192.0.2.1:80`,
-/// `[2001:db8::1]:80`; in `Forwarded` also an obfuscated one, `"192.0.2.1:_p"`, as
-/// RFC 7239 allows), never an empty one; an IPv6 zone id (`fe80::1%eth0`) is
-/// dropped.
+/// their bytes alone, whichever lines the entries are on. Entries may carry a port
+/// (`192.0.2.1:80`, `[2001:db8::1]:80`; in `Forwarded` also an obfuscated one,
+/// `"192.0.2.1:_p"`, as RFC 7239 allows), never an empty one; an IPv6 zone id
+/// (`fe80::1%eth0`) is dropped.
 ///
 /// # Examples
 ///
