@@ -198,7 +198,8 @@ impl Default for IpGrouping {
 }
 
 impl IpGrouping {
-    /// Groups IPv4 addresses by a `/len` prefix.
+    /// Groups IPv4 addresses by a `/len` prefix (`0`: every IPv4 client shares one
+    /// key; `32`: each address is its own).
     ///
     /// # Errors
     ///
@@ -213,7 +214,8 @@ impl IpGrouping {
         Ok(IpGrouping { v4: len, ..self })
     }
 
-    /// Groups IPv6 addresses by a `/len` prefix.
+    /// Groups IPv6 addresses by a `/len` prefix (`0`: every IPv6 client shares one
+    /// key; `128`: each address is its own).
     ///
     /// # Errors
     ///
