@@ -258,12 +258,11 @@ fn align_sampling() {
                 .capacity(8)
                 .shards(1)
                 .clock(ManualClock::starting_at(Nanos::new(START))),
-            HotKeys::default().slots(1).lease_shards(1).lease_size(1).detection(
-                SAMPLE_ALIGN,
-                Duration::from_secs(1),
-                1,
-                1,
-            ),
+            HotKeys::default()
+                .slots(1)
+                .lease_shards(1)
+                .lease_size(1)
+                .detection(SAMPLE_ALIGN, Duration::from_secs(1), 1, 1),
         )
         .unwrap()
     });
