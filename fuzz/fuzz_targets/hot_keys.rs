@@ -376,6 +376,7 @@ fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
         hot_counts: (h.promotions, h.demotions),
         on_lease,
         lifetime: lifetime(input).as_nanos() as u64,
+        stats: [0; 3],
     };
     let mut next_flood = FLOOD;
     for op in ops {
@@ -455,6 +456,16 @@ fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
     for key in model.lives.keys().copied().collect::<Vec<_>>() {
         model.end_life(key);
     }
+    if std::env::var_os("HOT_KEYS_STATS").is_some() {
+        // What a corpus reaches: `HOT_KEYS_STATS=1 hot_keys -runs=0 corpus/hot_keys`.
+        let [detected, displaced, behind] = model.stats;
+        let classes = model.removed_at.len();
+        eprintln!(
+            "keyed shards {table_shards} classes {classes} detection {} promoted by it \
+             {detected} displaced {displaced} judged behind R {behind}",
+            detect.is_some()
+        );
+    }
 }
 
 struct Model<'a> {
@@ -473,6 +484,9 @@ struct Model<'a> {
     on_lease: u64,
     /// The lease lifetime, in ns.
     lifetime: u64,
+    /// What the run reached (`HOT_KEYS_STATS=1` prints it): promotions by detection,
+    /// demotions they made, decisions judged after their reading (behind an R).
+    stats: [u64; 3],
 }
 
 impl Model<'_> {
@@ -507,6 +521,7 @@ impl Model<'_> {
         d: Decision,
     ) {
         let judged = self.judged(key, at);
+        self.stats[2] += u64::from(judged > at);
         let clock = self.clock.clone();
         let life = self.life(key);
         if !life.inexact {
@@ -536,6 +551,8 @@ impl Model<'_> {
             up <= u64::from(detection) && down <= up,
             "a check of key {key}: {up} promotions, {down} demotions"
         );
+        self.stats[0] += up;
+        self.stats[1] += down;
     }
 
     /// Follows the limiter's promotions and demotions since the last call, made by
