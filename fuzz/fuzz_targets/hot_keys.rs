@@ -296,7 +296,8 @@ fn probe_shards<S: Storage<u64, GcraState>>(
             assert!(d.is_allowed(), "probe: fresh key {key} refused: {d:?}");
             limiter.demote(&key);
             let left = limiter.peek(&key, 0).reset_after_nanos();
-            Nanos::new(at.as_u64() + left - INTERVAL_NS)
+            let judged = (at.as_u64() + left).checked_sub(INTERVAL_NS);
+            Nanos::new(judged.expect("probe: the unit charged is no longer booked"))
         };
         let class = probe::probe_judged(
             key,
