@@ -21,9 +21,9 @@
 //!   holds. A key's lease bound applies from the check that promoted it on.
 //! * The table judges every decision of a shard at `max(reading, R)`, R the shard's
 //!   latest removal instant (`KeyedLimiter::remove`), and a hot key's the same
-//!   (`HotKeyLimiter`'s bound). The target learns each key's shard before the run
-//!   (`common/probe.rs`, with fixed hash seeds, `common/seeds.rs`) and keeps R per
-//!   shard: a removal, reclamation or eviction an operation on a key makes is in that
+//!   (`HotKeyLimiter`'s bound). On a multi-shard table the target learns each key's
+//!   shard before the run (`common/probe.rs`, with fixed hash seeds,
+//!   `common/seeds.rs`) and keeps R per shard: a removal, reclamation or eviction an operation on a key makes is in that
 //!   key's shard, at the instant that operation was judged at (the table's removal
 //!   counters say when one happened). So readings behind a removal are judged at
 //!   their own shard's R, on every table.
@@ -279,12 +279,17 @@ fn align_sampling() {
 /// (`common/probe.rs`) with the clock at `1..=keys` ns: the unit charged at reading
 /// 0 was judged at `at + left − T`, `left` what a peek of the key at `at` says is
 /// booked ahead (a key detection promoted is demoted first, its booking unchanged).
+/// One table shard needs no probe: no classes (every key in class 0), R = 0.
 fn probe_shards<S: Storage<u64, GcraState>>(
     limiter: &HotKeyLimiter<u64, AnyClock, S>,
     clock: &AnyClock,
     keys: impl Iterator<Item = u64>,
     shards: usize,
+    detection: bool,
 ) -> (HashMap<u64, usize>, Vec<u64>) {
+    if shards == 1 {
+        return (HashMap::new(), vec![0]);
+    }
     let mut of = HashMap::new();
     let mut order = Vec::new();
     let mut known = Vec::new();
@@ -294,7 +299,9 @@ fn probe_shards<S: Storage<u64, GcraState>>(
         let judge = || {
             let d = limiter.check_n_at(&key, Nanos::ZERO, 1);
             assert!(d.is_allowed(), "probe: fresh key {key} refused: {d:?}");
-            limiter.demote(&key);
+            if detection {
+                limiter.demote(&key);
+            }
             let left = limiter.peek(&key, 0).reset_after_nanos();
             let judged = (at.as_u64() + left).checked_sub(INTERVAL_NS);
             Nanos::new(judged.expect("probe: the unit charged is no longer booked"))
@@ -360,6 +367,7 @@ fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
         &clock,
         (0..u64::from(KEYS)).chain(FLOOD..FLOOD + floods),
         table_shards,
+        detect.is_some(),
     );
     clock.set(Nanos::new(START));
     // Lease shards a key's units can sit on: this thread's and the helper's.
@@ -471,7 +479,7 @@ fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
 
 struct Model<'a> {
     clock: &'a AnyClock,
-    /// Each key's table shard class (from the probe).
+    /// Each key's table shard class (from the probe; empty with one shard).
     class: HashMap<u64, usize>,
     /// Each class's latest removal instant R.
     removed_at: Vec<u64>,
@@ -493,7 +501,15 @@ struct Model<'a> {
 impl Model<'_> {
     /// The instant the table judges `key` read at `at` at: `max(at, R)` of its shard.
     fn judged(&self, key: u64, at: u64) -> u64 {
-        at.max(self.removed_at[self.class[&key]])
+        at.max(self.removed_at[self.class_of(key)])
+    }
+
+    fn class_of(&self, key: u64) -> usize {
+        if self.class.is_empty() {
+            0
+        } else {
+            self.class[&key]
+        }
     }
 
     fn life(&mut self, key: u64) -> &mut Life {
@@ -599,14 +615,14 @@ impl Model<'_> {
         if counts == self.counts {
             return;
         }
-        let class = self.class[&key];
+        let class = self.class_of(key);
         self.removed_at[class] = self.removed_at[class].max(at);
         if counts.1 != self.counts.1 {
             let maybe: Vec<u64> = self
                 .lives
                 .keys()
                 .copied()
-                .filter(|k| *k != key && !self.hot.contains(k) && self.class[k] == class)
+                .filter(|k| *k != key && !self.hot.contains(k) && self.class_of(*k) == class)
                 .filter(|k| limiter.peek(k, 0).remaining() == BURST)
                 .collect();
             for k in maybe {
