@@ -396,21 +396,17 @@ fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
             | Op::Peer { key, cost, .. } => {
                 let key = u64::from(key % KEYS);
                 let cost = u32::from(cost % 8);
-                let d = match *op {
-                    Op::Check { .. } => limiter.check_n(&key, cost),
-                    Op::CheckAt { lag, .. } => {
-                        limiter.check_n_at(&key, Nanos::new(lagged(now, lag)), cost)
-                    }
-                    Op::Peer { lag, .. } => {
-                        let limiter = Arc::clone(&limiter);
-                        let at = Nanos::new(lagged(now, lag));
-                        on_helper(move || limiter.check_n_at(&key, at, cost))
-                    }
-                    _ => unreachable!(),
-                };
                 let at = match *op {
                     Op::CheckAt { lag, .. } | Op::Peer { lag, .. } => lagged(now, lag),
                     _ => now,
+                };
+                let d = match *op {
+                    Op::Check { .. } => limiter.check_n(&key, cost),
+                    Op::Peer { .. } => {
+                        let limiter = Arc::clone(&limiter);
+                        on_helper(move || limiter.check_n_at(&key, Nanos::new(at), cost))
+                    }
+                    _ => limiter.check_n_at(&key, Nanos::new(at), cost),
                 };
                 model.decided(&limiter, key, at, cost, d);
                 model.detected(&limiter, key, detect.is_some());
