@@ -8,12 +8,25 @@
 //! demotions, removals and floods; leases of 1 to 5 units on 1, 2 or 4 shards, with
 //! lifetimes from one tick (65.5 µs) to 1 s.
 //!
+//! * **Detection** (the mode byte's top bit, clear in the seeds made before it): one
+//!   cold check in 1, 2 or 4 sampled per thread, a key sampled 1 to 4 times from 1 or
+//!   2 threads within 5 ms to 5 s turns hot by itself, taking the slot of an idle hot
+//!   key if none is free; otherwise keys turn hot only by `promote`. The sample
+//!   counter is thread-local and lives as long as its thread, so each input first
+//!   brings the counters of this thread and of the helper to a multiple of 4
+//!   (`align_sampling`): which checks are sampled then depends on the input alone.
+//!   After every operation the limiter's promotion and demotion counters say what
+//!   changed: a check promotes at most its own key (then hot) and demotes at most
+//!   one hot key for it (then cold), and the hot keys are exactly those the model
+//!   holds. A key's lease bound applies from the check that promoted it on.
 //! * The table judges every decision of a shard at `max(reading, R)`, R the shard's
 //!   latest removal instant (`KeyedLimiter::remove`), and a hot key's the same
-//!   (`HotKeyLimiter`'s bound). With one table shard the target knows R exactly
-//!   (the table's removal counters say when one moved); with more, readings are
-//!   raised to the latest instant any shard can have removed at, so that a decision
-//!   is judged at its reading.
+//!   (`HotKeyLimiter`'s bound). On a multi-shard table the target learns each key's
+//!   shard before the run (`common/probe.rs`, with fixed hash seeds,
+//!   `common/seeds.rs`) and keeps R per shard: a removal, reclamation or eviction an operation on a key makes is in that
+//!   key's shard, at the instant that operation was judged at (the table's removal
+//!   counters say when one happened). So readings behind a removal are judged at
+//!   their own shard's R, on every table.
 //! * A key never hot in its life (since it was last removed, or possibly evicted)
 //!   decides exactly as an un-keyed GCRA twin judged at the same instants.
 //! * Every key's admissions in a life, by judged instant, meet the lease bound: over
@@ -31,14 +44,21 @@
 //! `B + ⌊(b − a)/T⌋ + shards × lease size` over every interval, with a tick's slack.
 #![no_main]
 
+#[path = "common/clock.rs"]
+mod clock;
+#[path = "common/probe.rs"]
+mod probe;
+#[path = "common/seeds.rs"]
+mod seeds;
+
 use arbitrary::Arbitrary;
+use clock::AnyClock;
 use floodgate::{
     Clock, Decision, Fingerprint, GcraState, Heap, HotKeyLimiter, HotKeys, Inline, KeyedBuilder,
     LeasedGcra, ManualClock, Nanos, Policy, RateLimiter, Storage,
 };
 use libfuzzer_sys::fuzz_target;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -95,8 +115,10 @@ const INTERVAL_NS: u64 = 100_000_000;
 const MS: u64 = 1_000_000;
 /// A lease is dated to its tick: 2^16 ns.
 const TICK: u64 = 1 << 16;
-/// Keys the operations name (flood keys are 1 000 and up).
+/// Keys the operations name.
 const KEYS: u8 = 6;
+/// The first flood key.
+const FLOOD: u64 = 1_000;
 const START: u64 = 1_000_000_000_000;
 
 fn policy() -> Policy {
@@ -165,183 +187,324 @@ struct Life {
     grants: Vec<(u64, u64)>,
     /// Hot at some point of this life (or possibly evicted unseen): no exact twin.
     inexact: bool,
-    twin: Option<RateLimiter<floodgate::Gcra, ManualClock>>,
+    twin: Option<RateLimiter<floodgate::Gcra, AnyClock>>,
 }
 
-/// A check for the helper thread to make, with its own owner index.
-type Job = Box<dyn FnOnce() -> Decision + Send>;
+/// A job for the helper thread.
+type Job = Box<dyn FnOnce() + Send>;
 
-/// Runs `job` on the second thread: spawned once and kept, so it holds one owner
-/// index for the whole process (a thread per input would also leave LeakSanitizer a
-/// thread still tearing down at exit).
-fn on_helper(job: Job) -> Decision {
-    type Helper = Mutex<(mpsc::Sender<Job>, mpsc::Receiver<Decision>)>;
-    static HELPER: OnceLock<Helper> = OnceLock::new();
+/// Runs `job` on the second thread and returns its answer: the thread is spawned
+/// once and kept, so it holds one owner index for the whole process (a thread per
+/// input would also leave LeakSanitizer a thread still tearing down at exit).
+fn on_helper<R: Send + 'static>(job: impl FnOnce() -> R + Send + 'static) -> R {
+    static HELPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
     let helper = HELPER.get_or_init(|| {
         let (job_tx, job_rx) = mpsc::channel::<Job>();
-        let (answer_tx, answer_rx) = mpsc::channel();
         std::thread::spawn(move || {
             for job in job_rx {
-                if answer_tx.send(job()).is_err() {
-                    break;
-                }
+                job();
             }
         });
-        Mutex::new((job_tx, answer_rx))
+        Mutex::new(job_tx)
     });
-    let helper = helper.lock().unwrap();
-    helper.0.send(job).unwrap();
-    helper.1.recv().unwrap()
+    let (answer_tx, answer_rx) = mpsc::channel();
+    let job: Job = Box::new(move || {
+        let _ = answer_tx.send(job());
+    });
+    helper.lock().unwrap().send(job).unwrap();
+    answer_rx.recv().unwrap()
+}
+
+/// Detection settings (`HotKeys::detection`), from the mode byte's bits 2 to 6
+/// and the lifetime byte's bits 2 and 3.
+#[derive(Clone, Copy, Debug)]
+struct Detect {
+    every: u32,
+    window: Duration,
+    samples: u32,
+    threads: u32,
+}
+
+/// Detection on where the mode byte's top bit is set (clear in the seeds made before).
+fn detection(input: &Input) -> Option<Detect> {
+    (input.mode & 0x80 != 0).then(|| Detect {
+        every: 1 << ((input.mode >> 2) % 3),
+        samples: u32::from((input.mode >> 4) & 3) + 1,
+        threads: u32::from((input.mode >> 6) & 1) + 1,
+        window: Duration::from_millis(match (input.lifetime >> 2) & 3 {
+            0 => 5,
+            1 => 50,
+            2 => 500,
+            _ => 5_000,
+        }),
+    })
+}
+
+/// The largest `Detect::every`: [`align_sampling`] aligns to it.
+const SAMPLE_ALIGN: u32 = 4;
+
+/// Brings the calling thread's detection counter (a thread-local count of cold
+/// checks, `sampled` in hot.rs, kept for the thread's life) to a multiple of
+/// [`SAMPLE_ALIGN`], so that which checks of an input are sampled depends on the
+/// input alone: cold checks of one key on a limiter sampling one in `SAMPLE_ALIGN`
+/// and promoting on the first sample, until a check turns the key hot (that check
+/// was the sampled one), then a demotion for the next call.
+fn align_sampling() {
+    static ALIGNER: OnceLock<HotKeyLimiter<u64, ManualClock>> = OnceLock::new();
+    let aligner = ALIGNER.get_or_init(|| {
+        HotKeyLimiter::new(
+            policy(),
+            KeyedBuilder::default()
+                .capacity(8)
+                .shards(1)
+                .clock(ManualClock::starting_at(Nanos::new(START))),
+            HotKeys::default()
+                .slots(1)
+                .lease_shards(1)
+                .lease_size(1)
+                .detection(SAMPLE_ALIGN, Duration::from_secs(1), 1, 1),
+        )
+        .unwrap()
+    });
+    for _ in 0..SAMPLE_ALIGN {
+        let _ = aligner.check(&0);
+        if aligner.demote(&0) {
+            return;
+        }
+    }
+    panic!("none of {SAMPLE_ALIGN} checks was sampled");
+}
+
+/// The table shard classes of the keys an input names, learnt by a probe
+/// (`common/probe.rs`) with the clock at `1..=keys` ns: the unit charged at reading
+/// 0 was judged at `at + left − T`, `left` what a peek of the key at `at` says is
+/// booked ahead (a key detection promoted is demoted first, its booking unchanged).
+/// One table shard needs no probe: no classes (every key in class 0), R = 0.
+fn probe_shards<S: Storage<u64, GcraState>>(
+    limiter: &HotKeyLimiter<u64, AnyClock, S>,
+    clock: &AnyClock,
+    keys: impl Iterator<Item = u64>,
+    shards: usize,
+    detection: bool,
+) -> (HashMap<u64, usize>, Vec<u64>) {
+    if shards == 1 {
+        return (HashMap::new(), vec![0]);
+    }
+    let mut of = HashMap::new();
+    let mut order = Vec::new();
+    let mut known = Vec::new();
+    for (i, key) in keys.enumerate() {
+        let at = Nanos::new(i as u64 + 1);
+        clock.set(at);
+        let judge = || {
+            let d = limiter.check_n_at(&key, Nanos::ZERO, 1);
+            assert!(d.is_allowed(), "probe: fresh key {key} refused: {d:?}");
+            if detection {
+                limiter.demote(&key);
+            }
+            let left = limiter.peek(&key, 0).reset_after_nanos();
+            let judged = (at.as_u64() + left).checked_sub(INTERVAL_NS);
+            Nanos::new(judged.expect("probe: the unit charged is no longer booked"))
+        };
+        let class = probe::probe_judged(
+            key,
+            at,
+            judge,
+            || limiter.remove(&key),
+            &mut known,
+            |i| of[&order[i]],
+        );
+        of.insert(key, class);
+        order.push(key);
+    }
+    assert!(known.len() <= shards, "probe: more classes than shards");
+    (of, known.iter().map(|r| r.as_u64()).collect())
 }
 
 fn run_keyed<S: Storage<u64, GcraState> + 'static>(input: &Input) {
-    let clock = ManualClock::starting_at(Nanos::new(START));
+    let clock = AnyClock::default();
     let table_shards = 1usize << (input.table % 3);
     // 8 to 64 keys a shard.
     let capacity = table_shards * (8 << ((input.table / 3) % 4));
-    let limiter: Arc<HotKeyLimiter<u64, ManualClock, S>> = Arc::new(
+    let detect = detection(input);
+    let hot = HotKeys::default()
+        .slots(2)
+        .lease_shards(lease_shards(input))
+        .lease_size(lease_size(input))
+        .lease_lifetime(lifetime(input));
+    let hot = match detect {
+        Some(d) => hot.detection(d.every, d.window, d.samples, d.threads),
+        None => hot.manual(),
+    };
+    let limiter: Arc<HotKeyLimiter<u64, AnyClock, S>> = Arc::new(
         HotKeyLimiter::new_in(
             policy(),
             KeyedBuilder::default()
                 .capacity(capacity)
                 .shards(table_shards)
                 .clock(clock.clone()),
-            HotKeys::default()
-                .manual()
-                .slots(2)
-                .lease_shards(lease_shards(input))
-                .lease_size(lease_size(input))
-                .lease_lifetime(lifetime(input)),
+            hot,
         )
         .unwrap(),
     );
-    let one_shard = table_shards == 1;
-    let uses_peer = input.ops.iter().any(|op| matches!(op, Op::Peer { .. }));
+    let ops = &input.ops[..input.ops.len().min(300)];
+    let uses_peer = ops.iter().any(|op| matches!(op, Op::Peer { .. }));
+    if detect.is_some() {
+        align_sampling();
+        if uses_peer {
+            on_helper(align_sampling);
+        }
+    }
+    let floods: u64 = ops
+        .iter()
+        .map(|op| match *op {
+            Op::Flood { n, .. } => u64::from(n % 48),
+            _ => 0,
+        })
+        .sum();
+    let (class, removed_at) = probe_shards(
+        &limiter,
+        &clock,
+        (0..u64::from(KEYS)).chain(FLOOD..FLOOD + floods),
+        table_shards,
+        detect.is_some(),
+    );
+    clock.set(Nanos::new(START));
     // Lease shards a key's units can sit on: this thread's and the helper's.
     let on_lease =
         (lease_shards(input).min(1 + usize::from(uses_peer)) as u64) * u64::from(lease_size(input));
-    {
-        let mut model = Model {
-            clock: &clock,
-            one_shard,
-            removed_at: 0,
-            lives: HashMap::new(),
-            hot: HashSet::new(),
-            counts: (0, 0, 0),
-            on_lease,
-            lifetime: lifetime(input).as_nanos() as u64,
-        };
-        let mut next_flood = 1_000u64;
-        for op in input.ops.iter().take(300) {
-            let now = clock.now().as_u64();
-            match *op {
-                Op::Check { key, cost } => {
-                    let key = u64::from(key % KEYS);
-                    let cost = u32::from(cost % 8);
-                    let at = model.reading(now);
-                    let d = if at == now {
-                        limiter.check_n(&key, cost)
-                    } else {
-                        limiter.check_n_at(&key, Nanos::new(at), cost)
-                    };
-                    model.decided(&limiter, key, at, cost, d.is_allowed(), Some(d));
-                }
-                Op::CheckAt { key, cost, lag } | Op::Peer { key, cost, lag } => {
-                    let key = u64::from(key % KEYS);
-                    let cost = u32::from(cost % 8);
-                    let at = model.reading(lagged(now, lag));
-                    let d = if matches!(op, Op::Peer { .. }) {
+    let m = limiter.metrics();
+    let h = limiter.hot_metrics();
+    let mut model = Model {
+        clock: &clock,
+        class,
+        removed_at,
+        lives: HashMap::new(),
+        hot: HashSet::new(),
+        counts: (m.reclaimed, m.evicted, m.removed),
+        hot_counts: (h.promotions, h.demotions),
+        on_lease,
+        lifetime: lifetime(input).as_nanos() as u64,
+        stats: [0; 3],
+    };
+    let mut next_flood = FLOOD;
+    for op in ops {
+        let now = clock.now().as_u64();
+        match *op {
+            Op::Check { key, cost }
+            | Op::CheckAt { key, cost, .. }
+            | Op::Peer { key, cost, .. } => {
+                let key = u64::from(key % KEYS);
+                let cost = u32::from(cost % 8);
+                let at = match *op {
+                    Op::CheckAt { lag, .. } | Op::Peer { lag, .. } => lagged(now, lag),
+                    _ => now,
+                };
+                let d = match *op {
+                    Op::Check { .. } => limiter.check_n(&key, cost),
+                    Op::Peer { .. } => {
                         let limiter = Arc::clone(&limiter);
-                        on_helper(Box::new(move || {
-                            limiter.check_n_at(&key, Nanos::new(at), cost)
-                        }))
-                    } else {
-                        limiter.check_n_at(&key, Nanos::new(at), cost)
-                    };
-                    model.decided(&limiter, key, at, cost, d.is_allowed(), Some(d));
-                }
-                Op::Advance { ms } => {
-                    clock.advance(Duration::from_millis(u64::from(ms % 2_000)));
-                }
-                Op::Promote { key } => {
-                    let key = u64::from(key % KEYS);
-                    let promoted = limiter.promote(&key);
-                    // A promotion takes the slot of an idle hot key if none is free.
-                    let before = model.hot.len();
-                    model.hot.retain(|k| limiter.is_hot(k));
-                    let freed = before - model.hot.len();
-                    assert!(
-                        freed == 0 || (promoted && freed == 1),
-                        "{freed} keys demoted"
-                    );
-                    if promoted {
-                        assert!(limiter.is_hot(&key));
-                        model.hot.insert(key);
-                        model.life(key).inexact = true;
-                    } else {
-                        assert!(!limiter.is_hot(&key));
+                        on_helper(move || limiter.check_n_at(&key, Nanos::new(at), cost))
                     }
-                    model.after(&limiter, now, None);
-                }
-                Op::Demote { key } => {
-                    let key = u64::from(key % KEYS);
-                    let was = limiter.is_hot(&key);
-                    assert_eq!(was, model.hot.contains(&key), "key {key} hot");
-                    assert_eq!(limiter.demote(&key), was);
-                    assert!(!limiter.is_hot(&key));
-                    model.hot.remove(&key);
-                    model.after(&limiter, now, None);
-                }
-                Op::Remove { key } => {
-                    let key = u64::from(key % KEYS);
-                    limiter.remove(&key);
-                    assert!(!limiter.is_hot(&key));
-                    model.hot.remove(&key);
-                    // A removal forgets the key: its count starts again, fresh.
-                    model.end_life(key);
-                    model.after(&limiter, now, None);
-                }
-                Op::Flood { n, lag } => {
-                    for _ in 0..(n % 48) {
-                        let at = model.reading(lagged(clock.now().as_u64(), lag));
-                        let _ = limiter.check_n_at(&next_flood, Nanos::new(at), 1);
-                        next_flood += 1;
-                        model.after(&limiter, at, None);
-                    }
+                    _ => limiter.check_n_at(&key, Nanos::new(at), cost),
+                };
+                model.decided(&limiter, key, at, cost, d);
+                model.detected(&limiter, key, detect.is_some());
+            }
+            Op::Advance { ms } => {
+                clock.advance(Duration::from_millis(u64::from(ms % 2_000)));
+            }
+            Op::Promote { key } => {
+                let key = u64::from(key % KEYS);
+                let was = model.hot.contains(&key);
+                let promoted = limiter.promote(&key);
+                model.after(&limiter, key, model.judged(key, now));
+                // A promotion takes the slot of an idle hot key if none is free.
+                let (up, down) = model.sync_hot(&limiter, key);
+                assert_eq!(promoted, limiter.is_hot(&key), "key {key}");
+                assert_eq!(up, u64::from(promoted && !was), "key {key} promoted");
+                assert!(down <= up, "{down} keys demoted by {up} promotions");
+            }
+            Op::Demote { key } => {
+                let key = u64::from(key % KEYS);
+                let was = limiter.is_hot(&key);
+                assert_eq!(was, model.hot.contains(&key), "key {key} hot");
+                assert_eq!(limiter.demote(&key), was);
+                model.after(&limiter, key, model.judged(key, now));
+                assert_eq!(model.sync_hot(&limiter, key), (0, u64::from(was)));
+            }
+            Op::Remove { key } => {
+                let key = u64::from(key % KEYS);
+                let was = model.hot.contains(&key);
+                limiter.remove(&key);
+                // A removal forgets the key: its count starts again, fresh.
+                model.end_life(key);
+                model.after(&limiter, key, model.judged(key, now));
+                assert_eq!(model.sync_hot(&limiter, key), (0, u64::from(was)));
+                assert!(!limiter.is_hot(&key));
+            }
+            Op::Flood { n, lag } => {
+                for _ in 0..(n % 48) {
+                    let key = next_flood;
+                    next_flood += 1;
+                    let at = lagged(clock.now().as_u64(), lag);
+                    let _ = limiter.check_n_at(&key, Nanos::new(at), 1);
+                    model.after(&limiter, key, model.judged(key, at));
+                    model.detected(&limiter, key, detect.is_some());
                 }
             }
-            for &key in &model.hot {
-                assert!(limiter.is_hot(&key), "hot key {key} lost its seal");
-            }
         }
-        for key in model.lives.keys().copied().collect::<Vec<_>>() {
-            model.end_life(key);
+        for &key in &model.hot {
+            assert!(limiter.is_hot(&key), "hot key {key} lost its seal");
         }
+    }
+    for key in model.lives.keys().copied().collect::<Vec<_>>() {
+        model.end_life(key);
+    }
+    if std::env::var_os("HOT_KEYS_STATS").is_some() {
+        // What a corpus reaches: `HOT_KEYS_STATS=1 hot_keys -runs=0 corpus/hot_keys`.
+        let [detected, displaced, behind] = model.stats;
+        let classes = model.removed_at.len();
+        eprintln!(
+            "keyed shards {table_shards} classes {classes} detection {} promoted by it \
+             {detected} displaced {displaced} judged behind R {behind}",
+            detect.is_some()
+        );
     }
 }
 
 struct Model<'a> {
-    clock: &'a ManualClock,
-    one_shard: bool,
-    /// The latest instant any shard removed a key at (exact with one shard).
-    removed_at: u64,
+    clock: &'a AnyClock,
+    /// Each key's table shard class (from the probe; empty with one shard).
+    class: HashMap<u64, usize>,
+    /// Each class's latest removal instant R.
+    removed_at: Vec<u64>,
     lives: HashMap<u64, Life>,
+    /// The keys hot now (flood keys too, where detection promoted one).
     hot: HashSet<u64>,
     /// The table's (reclaimed, evicted, removed) counters last seen.
     counts: (u64, u64, u64),
+    /// The limiter's (promotions, demotions) last seen.
+    hot_counts: (u64, u64),
     on_lease: u64,
     /// The lease lifetime, in ns.
     lifetime: u64,
+    /// What the run reached (`HOT_KEYS_STATS=1` prints it): promotions by detection,
+    /// demotions they made, decisions judged after their reading (behind an R).
+    stats: [u64; 3],
 }
 
 impl Model<'_> {
-    /// The reading a check is made at: with several table shards, none behind a
-    /// removal (whose shard the target does not know).
-    fn reading(&self, at: u64) -> u64 {
-        if self.one_shard {
-            at
+    /// The instant the table judges `key` read at `at` at: `max(at, R)` of its shard.
+    fn judged(&self, key: u64, at: u64) -> u64 {
+        at.max(self.removed_at[self.class_of(key)])
+    }
+
+    fn class_of(&self, key: u64) -> usize {
+        if self.class.is_empty() {
+            0
         } else {
-            at.max(self.removed_at)
+            self.class[&key]
         }
     }
 
@@ -361,17 +524,17 @@ impl Model<'_> {
         }
     }
 
-    /// A decision on `key` read at `at`.
+    /// A decision `d` on `key` read at `at`.
     fn decided<S: Storage<u64, GcraState>>(
         &mut self,
-        limiter: &HotKeyLimiter<u64, ManualClock, S>,
+        limiter: &HotKeyLimiter<u64, AnyClock, S>,
         key: u64,
         at: u64,
         cost: u32,
-        allowed: bool,
-        d: Option<Decision>,
+        d: Decision,
     ) {
-        let judged = at.max(self.removed_at);
+        let judged = self.judged(key, at);
+        self.stats[2] += u64::from(judged > at);
         let clock = self.clock.clone();
         let life = self.life(key);
         if !life.inexact {
@@ -379,38 +542,83 @@ impl Model<'_> {
                 .twin
                 .get_or_insert_with(|| RateLimiter::gcra_with_clock(policy(), clock));
             let want = twin.check_n_at(Nanos::new(judged), cost);
-            if let Some(d) = d {
-                assert_eq!(d, want, "cold key {key} read at {at}, judged at {judged}");
-            }
+            assert_eq!(d, want, "cold key {key} read at {at}, judged at {judged}");
         }
-        if allowed && cost > 0 {
+        if d.is_allowed() && cost > 0 {
             life.grants.push((judged, u64::from(cost)));
         }
-        self.after(limiter, judged, Some(key));
+        self.after(limiter, key, judged);
     }
 
-    /// After an operation judged at `at` (on `key`): a reclamation, eviction or
-    /// removal moves the removal instant; an eviction may have taken any cold key
+    /// After a check of `key` (which detection may have sampled): at most one
+    /// promotion, of `key`, which may have demoted one idle hot key for its slot.
+    /// The key's lease bound applies from here on.
+    fn detected<S: Storage<u64, GcraState>>(
+        &mut self,
+        limiter: &HotKeyLimiter<u64, AnyClock, S>,
+        key: u64,
+        detection: bool,
+    ) {
+        let (up, down) = self.sync_hot(limiter, key);
+        assert!(
+            up <= u64::from(detection) && down <= up,
+            "a check of key {key}: {up} promotions, {down} demotions"
+        );
+        self.stats[0] += up;
+        self.stats[1] += down;
+    }
+
+    /// Follows the limiter's promotions and demotions since the last call, made by
+    /// an operation on `key`: a promotion can only be of `key`, which then is hot (and
+    /// no longer exact, if modelled); a demotion is of a key in the hot set, which
+    /// then is not hot. Returns (promotions, demotions).
+    fn sync_hot<S: Storage<u64, GcraState>>(
+        &mut self,
+        limiter: &HotKeyLimiter<u64, AnyClock, S>,
+        key: u64,
+    ) -> (u64, u64) {
+        let h = limiter.hot_metrics();
+        let up = h.promotions - self.hot_counts.0;
+        let down = h.demotions - self.hot_counts.1;
+        self.hot_counts = (h.promotions, h.demotions);
+        let before = self.hot.len() as u64;
+        self.hot.retain(|k| limiter.is_hot(k));
+        assert_eq!(before - self.hot.len() as u64, down, "hot keys demoted");
+        assert!(up <= 1, "{up} promotions in one operation");
+        if up == 1 {
+            assert!(limiter.is_hot(&key), "key {key} promoted but not hot");
+            assert!(self.hot.insert(key), "key {key} promoted while hot");
+            if key < u64::from(KEYS) {
+                self.life(key).inexact = true;
+            }
+        }
+        assert_eq!(h.hot_keys, self.hot.len() as u64, "hot keys {:?}", self.hot);
+        (up, down)
+    }
+
+    /// After an operation on `key` judged at `at`: a reclamation, eviction or removal
+    /// (in `key`'s shard, the only one an operation on it touches) moves that shard's
+    /// removal instant to `at`; an eviction may have taken any cold key of that shard
     /// that now reads as fresh, whose life then ends (the target cannot tell).
     fn after<S: Storage<u64, GcraState>>(
         &mut self,
-        limiter: &HotKeyLimiter<u64, ManualClock, S>,
+        limiter: &HotKeyLimiter<u64, AnyClock, S>,
+        key: u64,
         at: u64,
-        key: Option<u64>,
     ) {
         let m = limiter.metrics();
         let counts = (m.reclaimed, m.evicted, m.removed);
         if counts == self.counts {
             return;
         }
-        // A removal by `remove` is judged at the clock's reading (`at` is that).
-        self.removed_at = self.removed_at.max(at.max(self.removed_at));
+        let class = self.class_of(key);
+        self.removed_at[class] = self.removed_at[class].max(at);
         if counts.1 != self.counts.1 {
             let maybe: Vec<u64> = self
                 .lives
                 .keys()
                 .copied()
-                .filter(|k| Some(*k) != key && !self.hot.contains(k))
+                .filter(|k| *k != key && !self.hot.contains(k) && self.class_of(*k) == class)
                 .filter(|k| limiter.peek(k, 0).remaining() == BURST)
                 .collect();
             for k in maybe {
@@ -422,19 +630,9 @@ impl Model<'_> {
     }
 }
 
-/// A clock the input moves both ways.
-#[derive(Clone, Default)]
-struct BackClock(Arc<AtomicU64>);
-
-impl Clock for BackClock {
-    fn now(&self) -> Nanos {
-        Nanos::new(self.0.load(Ordering::Relaxed))
-    }
-}
-
 fn run_direct(input: &Input) {
-    let clock = BackClock::default();
-    clock.0.store(START, Ordering::Relaxed);
+    let clock = AnyClock::default();
+    clock.set(Nanos::new(START));
     let shards = lease_shards(input);
     let mut leased = LeasedGcra::builder(policy())
         .shards(shards)
@@ -471,7 +669,7 @@ fn run_direct(input: &Input) {
         } else {
             lagged(base, lag)
         };
-        clock.0.store(at, Ordering::Relaxed);
+        clock.set(Nanos::new(at));
         let cost = u32::from(cost % 8);
         if leased.check_on(usize::from(shard), cost).is_allowed() && cost > 0 {
             grants.push((at, u64::from(cost)));
@@ -483,6 +681,7 @@ fn run_direct(input: &Input) {
 }
 
 fuzz_target!(|input: Input| {
+    seeds::fix_hash_seeds();
     match input.mode % 4 {
         0 => run_keyed::<Heap>(&input),
         1 => run_keyed::<Inline>(&input),
