@@ -203,7 +203,7 @@ where
         })
     }
 
-    shard_set_methods!();
+    shard_set_methods!(state: S, field: set);
 }
 
 impl<K, S> Shard<Slot<K, S>>
@@ -295,13 +295,13 @@ where
 }
 
 impl<K, S> Slot<K, S> {
-    /// The entry in this slot, if any (under the shard lock, or with the table
-    /// borrowed mutably).
-    fn entry(&self) -> Option<&Entry<K, S>> {
+    /// The entry in this slot, if any, for as long as `_held` (its shard's lock
+    /// guard) is borrowed.
+    fn entry<'a>(&'a self, _held: &'a Writer) -> Option<&'a Entry<K, S>> {
         let p = self.entry.load(Ordering::Relaxed);
-        // SAFETY: called only with the shard lock held or the table borrowed mutably;
-        // only lock holders unlink and retire entries, so a linked entry cannot be
-        // freed meanwhile.
+        // SAFETY: `_held` proves this slot's shard lock is held, and the returned
+        // reference cannot outlive that borrow; only lock holders unlink and retire
+        // entries, so a linked entry cannot be freed meanwhile.
         (!p.is_null()).then(|| unsafe { &*p })
     }
 }
@@ -318,12 +318,12 @@ where
         self.tag.load(Ordering::Relaxed) == EMPTY
     }
 
-    fn state(&self) -> Option<S> {
-        self.entry().map(|e| e.state.load(Ordering::Relaxed))
+    fn state(&self, held: &Writer) -> Option<S> {
+        self.entry(held).map(|e| e.state.load(Ordering::Relaxed))
     }
 
-    fn set_state(&mut self, state: S) {
-        if let Some(entry) = self.entry() {
+    fn set_state(&mut self, held: &Writer, state: S) {
+        if let Some(entry) = self.entry(held) {
             // Relaxed: `&mut` table, no reader; the next shares the table through a
             // synchronising handoff.
             entry.state.store(state, Ordering::Relaxed);
@@ -333,10 +333,11 @@ where
     /// CAS of the entry's state to the dead word (as `judge` says).
     fn retire_at(
         shard: &Shard<Self>,
+        held: &Writer,
         i: usize,
         mut judge: impl FnMut(S) -> (Retired, bool),
     ) -> Option<Retired> {
-        let entry = shard.slots[i].entry()?;
+        let entry = shard.slots[i].entry(held)?;
         Some(update_word(&entry.state, |state| {
             let (how, write) = judge(state);
             (how, write.then(dead::<S>))

@@ -335,7 +335,7 @@ where
         })
     }
 
-    shard_set_methods!();
+    shard_set_methods!(state: S, field: set);
 }
 
 /// `n` empty slots, zeroed by the allocator: for a large array the OS maps pages of
@@ -427,12 +427,12 @@ impl<S: bytemuck::Pod> Slots for Slot<S> {
         state_half(self.load_now()) == DEAD
     }
 
-    fn state(&self) -> Option<S> {
+    fn state(&self, _held: &Writer) -> Option<S> {
         let bits = state_half(self.load_now());
         (bits != DEAD).then(|| from_bits(bits))
     }
 
-    fn set_state(&mut self, state: S) {
+    fn set_state(&mut self, _held: &Writer, state: S) {
         let slot = self.load_now();
         debug_assert!(state_half(slot) != DEAD && !is_dead(&state));
         // Relaxed: `&mut` table, no reader; the next shares the table through a
@@ -450,6 +450,7 @@ impl<S: bytemuck::Pod> Slots for Slot<S> {
     /// (a racing charge made the key live), the window is closed again here.
     fn retire_at(
         shard: &Shard<Self>,
+        _held: &Writer,
         i: usize,
         mut judge: impl FnMut(S) -> (Retired, bool),
     ) -> Option<Retired> {

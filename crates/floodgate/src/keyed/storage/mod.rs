@@ -203,39 +203,40 @@ pub trait KeyTable<K, S>: Send + Sync + Sized {
     fn slot_count(&self) -> usize;
 }
 
-/// The [`KeyTable`] methods a table answers from its [`ShardSet`] alone (its field
-/// `set`), for the state type `S`: written once, expanded in each table's impl.
+/// The [`KeyTable`] methods a table answers from its [`ShardSet`] alone (the field
+/// named by `field`), for the state type `state`: written once, expanded in each
+/// table's impl.
 macro_rules! shard_set_methods {
-    () => {
+    (state: $state:ty, field: $set:ident) => {
         fn reclaim_idle<A>(&self, algorithm: &A, now: $crate::clock::Nanos) -> usize
         where
-            A: $crate::algorithm::Algorithm<State = S> + ?Sized,
+            A: $crate::algorithm::Algorithm<State = $state> + ?Sized,
         {
-            self.set.reclaim_idle(algorithm, now)
+            self.$set.reclaim_idle(algorithm, now)
         }
 
         fn replace_states(
             &mut self,
             now: $crate::clock::Nanos,
-            f: impl FnMut(S, $crate::clock::Nanos) -> S,
+            f: impl FnMut($state, $crate::clock::Nanos) -> $state,
         ) {
-            self.set.replace_states(now, f);
+            self.$set.replace_states(now, f);
         }
 
         fn counts(&self) -> $crate::keyed::storage::TableCounts {
-            self.set.counts()
+            self.$set.counts()
         }
 
         fn capacity(&self) -> usize {
-            self.set.capacity()
+            self.$set.capacity()
         }
 
         fn shard_count(&self) -> usize {
-            self.set.shard_count()
+            self.$set.shard_count()
         }
 
         fn slot_count(&self) -> usize {
-            self.set.slot_count()
+            self.$set.slot_count()
         }
     };
 }
@@ -516,7 +517,8 @@ pub(crate) fn next_slot(i: usize, len: usize) -> usize {
 }
 
 /// A storage's slot type, as the shared shard code sees it. Every method runs with
-/// the shard lock held (or the table borrowed mutably).
+/// the shard lock held: those that read a key's state take the lock's [`Writer`] as
+/// the proof (the heap storage frees entries only under that lock).
 pub(crate) trait Slots: Sized {
     /// The state word type.
     type State: bytemuck::Pod;
@@ -525,15 +527,19 @@ pub(crate) trait Slots: Sized {
     type Extra;
     /// Whether no key is in this slot.
     fn is_empty(&self) -> bool;
-    /// The state of the key in this slot, or `None` when it is empty.
-    fn state(&self) -> Option<Self::State>;
+    /// The state of the key in this slot, or `None` when it is empty; `held`: its
+    /// shard's lock.
+    fn state(&self, held: &Writer) -> Option<Self::State>;
     /// Stores `state` for the key in this slot (occupied), while no decision runs
-    /// (the table is borrowed mutably). `state` is never the dead word.
-    fn set_state(&mut self, state: Self::State);
+    /// (the table is borrowed mutably); `held`: its shard's lock. `state` is never
+    /// the dead word.
+    fn set_state(&mut self, held: &Writer, state: Self::State);
     /// Retires the state of the key in slot `i` of `shard` as `judge` (see
-    /// [`judge`]) says of it; `None` when the slot is empty.
+    /// [`judge`]) says of it; `None` when the slot is empty. `held`: the shard's
+    /// lock.
     fn retire_at(
         shard: &Shard<Self>,
+        held: &Writer,
         i: usize,
         judge: impl FnMut(Self::State) -> (Retired, bool),
     ) -> Option<Retired>;
@@ -649,7 +655,6 @@ impl<T: Slots> Shard<T> {
     /// shard lock (`None`: the key is absent). Under the lock nothing moves and
     /// nothing is retired: a word found is the key's one live state word (readers may
     /// still change it).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn refund<A, W>(
         &self,
         algorithm: &A,
@@ -860,16 +865,19 @@ impl<T: Slots> ShardSet<T> {
         mut f: impl FnMut(T::State, Nanos) -> T::State,
     ) {
         for shard in self.shards.iter_mut() {
+            let shard: &mut Shard<T> = shard;
             let now = shard.removals.clamp(now);
+            // Uncontended (`&mut self`); held as the slots' proof of the lock.
+            let held = lock(&shard.write.lock);
             for slot in shard.slots.iter_mut() {
-                if let Some(state) = slot.state() {
+                if let Some(state) = slot.state(&held) {
                     let next = f(state, now);
                     let next = if is_dead(&next) {
                         bytemuck::Zeroable::zeroed()
                     } else {
                         next
                     };
-                    slot.set_state(next);
+                    slot.set_state(&held, next);
                 }
             }
         }
@@ -1049,7 +1057,7 @@ where
             // the key whose loss forgives least: the fewest units in use now
             // (`limit − remaining`: what a fresh state would hand back at once), then
             // the least time until the state is fresh again.
-            if let Some(state) = shard.slots[i].state() {
+            if let Some(state) = shard.slots[i].state(writer) {
                 let loss = forgiven(algorithm, state, now);
                 if best.is_none_or(|(b, _)| loss < b) {
                     best = Some((loss, i));
@@ -1098,7 +1106,7 @@ where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
-    let how = T::retire_at(shard, i, |state| judge(algorithm, state, now, rule))?;
+    let how = T::retire_at(shard, writer, i, |state| judge(algorithm, state, now, rule))?;
     if how != Retired::Kept {
         shard.removals.record(now);
         T::unlink(shard, writer, i);
