@@ -1,0 +1,500 @@
+//! Two proxy replicas share one limit through Redis, end to end over real HTTP: each
+//! replica is floodgate-http's layer on an axum server of its own (a loopback port),
+//! with `RedisLimiter`s on connections of its own, all under one key prefix; clients
+//! spread their requests over both.
+//!
+//! Rates are slow (per hour) so that nothing refills during a test, and a window's
+//! period is chosen so that Redis's clock stands in the middle half of the current
+//! window ([`mid_window_period`]): no window ends during a test, so every count is
+//! exact.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::request::Parts;
+use axum::routing::get;
+use axum::Router;
+use common::{build_prefixed, runtime, RedisServer, ALGORITHMS};
+use floodgate::Policy;
+use floodgate_http::{
+    from_fn, HeaderKey, KeyError, OnLimiterError, RateLimitLayer, Rule, RuleStats,
+};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+
+/// The request header that names the client: the key of the per-client rules.
+const CLIENT: &str = "x-client";
+
+/// The most one request may take on a loaded machine: generous, no speed claim.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One hour in seconds: the slow rates' interval.
+const HOUR: u64 = 3_600;
+
+/// A response as the client saw it (header names in lower case).
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Header `name` as an integer; fails the test without it.
+    fn num(&self, name: &str) -> u64 {
+        self.header(name)
+            .unwrap_or_else(|| panic!("no {name} in {self:?}"))
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} is not an integer in {self:?}"))
+    }
+
+    /// Parameter `param` of member `rule` of the `RateLimit` field
+    /// (`"rule";r=1;t=60, ...`), where there is one.
+    fn rate_limit(&self, rule: &str, param: &str) -> Option<u64> {
+        let quoted = format!("\"{rule}\"");
+        let member = self
+            .header("ratelimit")?
+            .split(',')
+            .map(str::trim)
+            .find(|m| m.split(';').next() == Some(quoted.as_str()))?;
+        member
+            .split(';')
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| *k == param)
+            .map(|(_, v)| v.parse().expect("an integer parameter"))
+    }
+
+    /// The rule names of the `RateLimit` field's members, in order.
+    fn rate_limit_rules(&self) -> Vec<&str> {
+        self.header("ratelimit").map_or_else(Vec::new, |v| {
+            v.split(',')
+                .filter_map(|m| m.trim().split(';').next())
+                .map(|n| n.trim_matches('"'))
+                .collect()
+        })
+    }
+}
+
+/// `GET /` from client `client` over a connection of its own.
+async fn get_as(addr: SocketAddr, client: &str) -> Reply {
+    let request = format!(
+        "GET / HTTP/1.1\r\nHost: replica\r\n{CLIENT}: {client}\r\nConnection: close\r\n\r\n"
+    );
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        Ok::<_, std::io::Error>(raw)
+    };
+    let raw = tokio::time::timeout(PATIENCE, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("no reply from {addr} within {PATIENCE:?}"))
+        .expect("an HTTP exchange on loopback");
+    let text = String::from_utf8(raw).expect("a UTF-8 reply");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a reply head");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// A proxy replica: the layer around `GET /` ("ok") on a loopback port of its own.
+struct Replica {
+    addr: SocketAddr,
+    layer: RateLimitLayer,
+}
+
+impl Replica {
+    fn serve(rt: &Runtime, layer: RateLimitLayer) -> Replica {
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone());
+        let addr = rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("a local address");
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            addr
+        });
+        Replica { addr, layer }
+    }
+
+    fn get(&self, rt: &Runtime, client: &str) -> Reply {
+        rt.block_on(get_as(self.addr, client))
+    }
+
+    fn stats(&self, rule: &str) -> RuleStats {
+        self.layer.rule_stats(rule).expect("a rule of the layer")
+    }
+}
+
+/// The counters of `rule` summed over `replicas`: (allowed, denied, errors).
+fn total(replicas: &[Replica], rule: &str) -> (u64, u64, u64) {
+    replicas
+        .iter()
+        .map(|r| r.stats(rule))
+        .fold((0, 0, 0), |t, s| {
+            (t.0 + s.allowed, t.1 + s.denied, t.2 + s.errors)
+        })
+}
+
+/// A limiter as the replicas build it: keys under `prefix`, Redis's failures handed to
+/// the layer (its `OnLimiterError` decides and counts them), and a timeout no loaded
+/// machine reaches, so that no fallback ever stands in for Redis's decision.
+fn shared(algorithm: Algorithm, policy: Policy, prefix: &str) -> RedisLimiterBuilder {
+    RedisLimiter::builder(algorithm, policy)
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error)
+}
+
+/// A hard rule on `limiter` keyed on the client header.
+fn per_client(name: &str, limiter: Arc<RedisLimiter>) -> Rule<RedisLimiter, HeaderKey> {
+    let key = HeaderKey::new(CLIENT).expect("a header name");
+    Rule::remote_shared(name, limiter, key).expect("a rule name")
+}
+
+/// Two replicas of one proxy, each with a limiter of its own from `builder` (its own
+/// connection) behind one hard rule, "shared", keyed on the client header.
+fn pair(
+    rt: &Runtime,
+    server: &RedisServer,
+    builder: &RedisLimiterBuilder,
+    on_error: OnLimiterError,
+) -> [Replica; 2] {
+    [0, 1].map(|_| {
+        let limiter = Arc::new(build_prefixed(rt, server, builder.clone()));
+        let layer = RateLimitLayer::builder()
+            .rule(per_client("shared", limiter))
+            .on_limiter_error(on_error)
+            .build()
+            .expect("a valid layer");
+        Replica::serve(rt, layer)
+    })
+}
+
+/// `clients` clients at once, each sending `each` requests as `client`, alternating
+/// between the replicas (client `i` starts at replica `i % 2`). Every reply.
+fn crowd(
+    rt: &Runtime,
+    replicas: &[Replica; 2],
+    client: &str,
+    (clients, each): (usize, usize),
+) -> Vec<Reply> {
+    let addrs = [replicas[0].addr, replicas[1].addr];
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let client = client.to_owned();
+                tokio::spawn(async move {
+                    let mut replies = Vec::with_capacity(each);
+                    for j in 0..each {
+                        replies.push(get_as(addrs[(i + j) % 2], &client).await);
+                    }
+                    replies
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("a client task"));
+        }
+        all
+    })
+}
+
+/// Redis's clock, in microseconds since the epoch.
+fn redis_now_micros(server: &RedisServer) -> u64 {
+    let time: Vec<u64> = server.cmd(&["TIME"]);
+    time[0] * 1_000_000 + time[1]
+}
+
+/// About an hour, in whole seconds, such that Redis's clock now stands in the middle
+/// half of its current window (windows are aligned to the epoch): at least a quarter
+/// of an hour passes before the window ends.
+fn mid_window_period(server: &RedisServer) -> Duration {
+    let now = redis_now_micros(server);
+    (HOUR..)
+        .map(|secs| secs * 1_000_000)
+        .find(|&p| (p / 4..=3 * p / 4).contains(&(now % p)))
+        .map(Duration::from_micros)
+        .expect("a period in the middle of its window")
+}
+
+/// `limit` per about an hour: GCRA a burst of `limit` and one more an hour; the
+/// windows and the log `limit` per `period`.
+fn slow_policy(algorithm: Algorithm, limit: u64, period: Duration) -> Policy {
+    match algorithm {
+        Algorithm::Gcra => Policy::per_hour(1).and_then(|p| p.with_burst(limit)),
+        _ => Policy::new(limit, period),
+    }
+    .expect("a valid policy")
+}
+
+/// How many times Redis ran a script by its SHA1 (`EVALSHA`) so far.
+fn script_runs(server: &RedisServer) -> u64 {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+/// The 429 a hard rule `rule` answers when it denies, with every field the layer
+/// documents; returns its `Retry-After`.
+fn assert_denied(r: &Reply, rule: &str, limit: u64) -> u64 {
+    assert_eq!(r.status, 429, "{r:?}");
+    let retry = r.num("retry-after");
+    assert!(retry >= 1, "{r:?}");
+    assert_eq!(
+        r.body,
+        format!("rate limit \"{rule}\" exceeded; retry after {retry} s\n")
+    );
+    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(r.num("x-ratelimit-limit"), limit, "{r:?}");
+    assert_eq!(r.num("x-ratelimit-remaining"), 0, "{r:?}");
+    let reset = r.num("x-ratelimit-reset");
+    assert!(reset >= retry, "full again before one fits: {r:?}");
+    assert_eq!(r.rate_limit(rule, "r"), Some(0), "{r:?}");
+    assert_eq!(r.rate_limit(rule, "t"), Some(reset), "{r:?}");
+    let quota = format!("\"{rule}\";q={limit}");
+    assert!(
+        r.header("ratelimit-policy")
+            .is_some_and(|p| p.contains(&quota)),
+        "{r:?}"
+    );
+    retry
+}
+
+#[test]
+fn concurrent_clients_on_two_replicas_are_admitted_exactly_the_shared_limit() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 8;
+    const CLIENTS: (usize, usize) = (32, 2);
+    let requests = (CLIENTS.0 * CLIENTS.1) as u64;
+    let period = mid_window_period(&server);
+    for algorithm in ALGORITHMS {
+        let policy = slow_policy(algorithm, LIMIT, period);
+        let builder = shared(algorithm, policy, "replicas:");
+        let replicas = pair(&rt, &server, &builder, OnLimiterError::FailClosed);
+        let replies = crowd(&rt, &replicas, &format!("{algorithm:?}"), CLIENTS);
+
+        // Exactly the limit, and each admission saw one counter: the remaining counts
+        // the two replicas report are LIMIT - 1 down to 0, each once.
+        let mut remaining: Vec<u64> = replies
+            .iter()
+            .filter(|r| r.status == 200)
+            .map(|r| r.num("x-ratelimit-remaining"))
+            .collect();
+        remaining.sort_unstable();
+        assert_eq!(
+            remaining,
+            (0..LIMIT).collect::<Vec<_>>(),
+            "{algorithm:?}: the remaining counts of the admitted requests"
+        );
+        // Every other reply is the rule's 429, with a wait of at most two periods
+        // (the sliding window's: into the next window, then a share of it).
+        for r in replies.iter().filter(|r| r.status != 200) {
+            let retry = assert_denied(r, "shared", LIMIT);
+            assert!(retry <= 2 * period.as_secs(), "{algorithm:?}: {r:?}");
+        }
+        assert_eq!(
+            total(&replicas, "shared"),
+            (LIMIT, requests - LIMIT, 0),
+            "{algorithm:?}: (allowed, denied, errors) over both replicas"
+        );
+    }
+}
+
+#[test]
+fn each_replica_answers_from_the_state_both_share() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 6;
+    let period = mid_window_period(&server);
+    for algorithm in ALGORITHMS {
+        let policy = slow_policy(algorithm, LIMIT, period);
+        let builder = shared(algorithm, policy, "replicas:");
+        let replicas = pair(&rt, &server, &builder, OnLimiterError::FailClosed);
+        let client = format!("{algorithm:?}");
+        let mut resets = Vec::new();
+        for i in 0..LIMIT {
+            let r = replicas[(i % 2) as usize].get(&rt, &client);
+            assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{r:?}");
+            // Replica i % 2 counts the admissions of the other one too.
+            let left = LIMIT - 1 - i;
+            assert_eq!(r.num("x-ratelimit-remaining"), left, "{algorithm:?}: {r:?}");
+            assert_eq!(r.rate_limit("shared", "r"), Some(left), "{r:?}");
+            resets.push(r.num("x-ratelimit-reset"));
+        }
+        for replica in &replicas {
+            assert_denied(&replica.get(&rt, &client), "shared", LIMIT);
+        }
+        if algorithm == Algorithm::Gcra {
+            // Full again after one interval per admission, wherever it was admitted
+            // (less the seconds the test has taken; the header rounds up).
+            for (i, reset) in (1..).zip(resets) {
+                let full = i * HOUR;
+                assert!((full - 60..=full).contains(&reset), "{i}: {reset} s");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_later_rules_denial_leaves_the_earlier_remote_rules_charged() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let global_policy = slow_policy(Algorithm::Gcra, 10, Duration::ZERO);
+    let client_policy = slow_policy(Algorithm::Gcra, 2, Duration::ZERO);
+    // Every request's key for the global rule.
+    let everyone = || from_fn(|_: &Parts| Ok::<_, KeyError>("all"));
+    // Two replicas whose layers check a global limit and a per-client one, in the
+    // order `global_first` says; each rule under a prefix of its own.
+    let replicas = |global_first: bool, prefix: &str| {
+        let global_prefix = format!("{prefix}global:");
+        let client_prefix = format!("{prefix}client:");
+        let global = shared(Algorithm::Gcra, global_policy, &global_prefix);
+        let client = shared(Algorithm::Gcra, client_policy, &client_prefix);
+        let replicas = [0, 1].map(|_| {
+            let global = build_prefixed(&rt, &server, global.clone());
+            let global = Rule::remote("global", global, everyone()).expect("a rule name");
+            let client = per_client(
+                "client",
+                Arc::new(build_prefixed(&rt, &server, client.clone())),
+            );
+            let layer = if global_first {
+                RateLimitLayer::builder().rule(global).rule(client)
+            } else {
+                RateLimitLayer::builder().rule(client).rule(global)
+            };
+            Replica::serve(&rt, layer.build().expect("a valid layer"))
+        });
+        // A third view of the global limit, to read it without the layer.
+        (replicas, build_prefixed(&rt, &server, global))
+    };
+    let global_left = |view: &RedisLimiter| {
+        let verdict = rt.block_on(view.peek_n("all", 0)).expect("Redis decides");
+        verdict.decision().remaining()
+    };
+
+    // Global first: the three requests "client" denies keep their global charge.
+    let (pair, view) = replicas(true, "replicas:a:");
+    for i in 0..5 {
+        let r = pair[i % 2].get(&rt, "c");
+        let (status, client_left) = if i < 2 { (200, 1 - i as u64) } else { (429, 0) };
+        assert_eq!(r.status, status, "{i}: {r:?}");
+        assert_eq!(r.rate_limit_rules(), ["global", "client"], "{r:?}");
+        assert_eq!(
+            r.rate_limit("global", "r"),
+            Some(9 - i as u64),
+            "{i}: {r:?}"
+        );
+        assert_eq!(r.rate_limit("client", "r"), Some(client_left), "{i}: {r:?}");
+    }
+    assert_eq!(global_left(&view), 5);
+    assert_eq!(total(&pair, "global"), (5, 0, 0));
+    assert_eq!(total(&pair, "client"), (2, 3, 0));
+    // A client named like the global key has a bucket of its own (the rules' prefixes
+    // differ): one request is one global charge.
+    let r = pair[0].get(&rt, "all");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.rate_limit("global", "r"), Some(4), "{r:?}");
+    assert_eq!(r.rate_limit("client", "r"), Some(1), "{r:?}");
+
+    // Per client first (as the layer advises): a client stopped by its own limit
+    // spends none of the global one, and the 429 shows only the rules walked.
+    let (pair, view) = replicas(false, "replicas:b:");
+    for i in 0..5 {
+        let r = pair[i % 2].get(&rt, "c");
+        if i < 2 {
+            assert_eq!(r.status, 200, "{i}: {r:?}");
+            assert_eq!(r.rate_limit_rules(), ["client", "global"], "{r:?}");
+        } else {
+            assert_denied(&r, "client", 2);
+            assert_eq!(r.rate_limit_rules(), ["client"], "{r:?}");
+        }
+    }
+    assert_eq!(global_left(&view), 8);
+    assert_eq!(total(&pair, "global"), (2, 0, 0));
+    assert_eq!(total(&pair, "client"), (2, 3, 0));
+}
+
+#[test]
+fn a_replica_that_cached_a_denial_neither_admits_nor_asks_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 4;
+    let policy = slow_policy(Algorithm::Gcra, LIMIT, Duration::ZERO);
+    let builder = shared(Algorithm::Gcra, policy, "replicas:");
+    // Replica 0 caches denials; replica 1 asks Redis every time.
+    let cached = Arc::new(build_prefixed(&rt, &server, builder.clone().deny_cache(64)));
+    let uncached = Arc::new(build_prefixed(&rt, &server, builder));
+    let replicas = [&cached, &uncached].map(|limiter| {
+        let layer = RateLimitLayer::builder()
+            .rule(per_client("shared", Arc::clone(limiter)))
+            .build()
+            .expect("a valid layer");
+        Replica::serve(&rt, layer)
+    });
+
+    let replies = crowd(&rt, &replicas, "c", (32, 2));
+    let admitted = replies.iter().filter(|r| r.status == 200).count() as u64;
+    assert_eq!(admitted, LIMIT);
+    assert_eq!(total(&replicas, "shared"), (LIMIT, 64 - LIMIT, 0));
+    assert_eq!(cached.cached_denials(), 1);
+    assert_eq!(uncached.cached_denials(), 0);
+
+    // The caching replica answers from its cache: a 429 with the wait Redis gave,
+    // and no script run.
+    let before = script_runs(&server);
+    for _ in 0..5 {
+        let retry = assert_denied(&replicas[0].get(&rt, "c"), "shared", LIMIT);
+        assert!((HOUR - 60..=HOUR).contains(&retry), "{retry} s");
+    }
+    assert_eq!(
+        script_runs(&server),
+        before,
+        "the cached replica asked Redis"
+    );
+    // The other one still decides through Redis, one run per request.
+    for _ in 0..5 {
+        let retry = assert_denied(&replicas[1].get(&rt, "c"), "shared", LIMIT);
+        assert!((HOUR - 60..=HOUR).contains(&retry), "{retry} s");
+    }
+    assert_eq!(script_runs(&server), before + 5);
+    // Another client is not denied by the cached one's entry.
+    assert_eq!(replicas[0].get(&rt, "d").status, 200);
+}
