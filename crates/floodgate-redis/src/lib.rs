@@ -186,8 +186,8 @@ pub enum OnFailure {
     /// Admit ([`Verdict::Fallback`] with an allowed decision, `remaining` 0): the
     /// service stays up while its limiter is down. The default, as most gateways do.
     Open,
-    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` is
-    /// the given wait): protects the service behind the limiter at the cost of
+    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` and
+    /// `reset_after` are the given wait): protects the service behind the limiter at the cost of
     /// refusing everyone while Redis is down.
     Closed {
         /// The `retry_after` to report.
@@ -832,8 +832,11 @@ impl<C: Connection> RedisLimiter<C> {
         };
         let decision = match self.on_failure {
             OnFailure::Open => Decision::new(true, self.capacity, 0, Duration::ZERO, None),
+            // Full again no sooner than it admits: a client that schedules by the
+            // reset (`X-RateLimit-Reset`, `RateLimit`'s `t`) waits as long as one
+            // that reads `retry_after`.
             OnFailure::Closed { retry_after } => {
-                Decision::new(false, self.capacity, 0, Duration::ZERO, Some(retry_after))
+                Decision::new(false, self.capacity, 0, retry_after, Some(retry_after))
             }
             OnFailure::Error => return Err(error),
         };

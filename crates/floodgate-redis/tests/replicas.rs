@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,24 +206,32 @@ fn crowd(
     (clients, each): (usize, usize),
 ) -> Vec<Reply> {
     let addrs = [replicas[0].addr, replicas[1].addr];
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..clients)
-            .map(|i| {
-                let client = client.to_owned();
-                tokio::spawn(async move {
-                    let mut replies = Vec::with_capacity(each);
-                    for j in 0..each {
-                        replies.push(get_as(addrs[(i + j) % 2], &client).await);
-                    }
-                    replies
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.expect("a client task"));
+    let clients = (0..clients).map(|i| {
+        let client = client.to_owned();
+        async move {
+            let mut replies = Vec::with_capacity(each);
+            for j in 0..each {
+                replies.push(get_as(addrs[(i + j) % 2], &client).await);
+            }
+            replies
         }
-        all
+    });
+    at_once(rt, clients).into_iter().flatten().collect()
+}
+
+/// Runs `tasks` at once on `rt`; their outputs, in order.
+fn at_once<F>(rt: &Runtime, tasks: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    rt.block_on(async {
+        let running: Vec<_> = tasks.into_iter().map(tokio::spawn).collect();
+        let mut outputs = Vec::with_capacity(running.len());
+        for task in running {
+            outputs.push(task.await.expect("a task"));
+        }
+        outputs
     })
 }
 
@@ -364,6 +373,121 @@ fn each_replica_answers_from_the_state_both_share() {
             for (i, reset) in (1..).zip(resets) {
                 let full = i * HOUR;
                 assert!((full - 60..=full).contains(&reset), "{i}: {reset} s");
+            }
+        }
+    }
+}
+
+#[test]
+fn redis_down_is_answered_as_configured_and_a_restart_recovers() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const BURST: u64 = 5;
+    let policy = slow_policy(Algorithm::Gcra, BURST, Duration::ZERO);
+    let closed_wait = Duration::from_secs(7);
+    // (name, the limiter's failure policy, the layer's): each a pair of replicas.
+    let configs = [
+        ("strict", OnFailure::Error, OnLimiterError::FailClosed),
+        ("lenient", OnFailure::Error, OnLimiterError::FailOpen),
+        ("fallback-open", OnFailure::Open, OnLimiterError::FailClosed),
+        (
+            "fallback-closed",
+            OnFailure::Closed {
+                retry_after: closed_wait,
+            },
+            OnLimiterError::FailClosed,
+        ),
+    ];
+    let pairs: Vec<(&'static str, [Replica; 2])> = configs
+        .iter()
+        .map(|&(name, on_failure, on_error)| {
+            let builder = shared(Algorithm::Gcra, policy, "replicas:").on_failure(on_failure);
+            (name, pair(&rt, &server, &builder, on_error))
+        })
+        .collect();
+    for (name, replicas) in &pairs {
+        for (i, replica) in replicas.iter().enumerate() {
+            let r = replica.get(&rt, name);
+            assert_eq!(r.status, 200, "{name}: {r:?}");
+            assert_eq!(r.rate_limit("shared", "r"), Some(BURST - 1 - i as u64));
+        }
+    }
+
+    server.kill();
+    // What each replica answers while Redis is down (and while it comes back).
+    let down = |name: &str, r: &Reply| match name {
+        // The layer's documented answer to a hard rule's failed limiter: 503, no
+        // rate-limit field (there is no decision to show).
+        "strict" => {
+            assert_eq!(r.status, 503, "{r:?}");
+            assert_eq!(r.body, "rate limit \"shared\" is unavailable\n");
+            assert_eq!(r.header("retry-after"), None, "{r:?}");
+            assert_eq!(r.header("ratelimit"), None, "{r:?}");
+        }
+        // Skipped: passed on, the rule absent from the headers.
+        "lenient" => {
+            assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{r:?}");
+            assert_eq!(r.header("ratelimit"), None, "{r:?}");
+            assert_eq!(r.header("x-ratelimit-limit"), None, "{r:?}");
+        }
+        // The limiter's fallback comes through `AsyncLimit` as a decision: the layer
+        // cannot tell it from Redis's and fails open whatever its own policy says.
+        "fallback-open" => {
+            assert_eq!((r.status, r.body.as_str()), (200, "ok"), "{r:?}");
+            assert_eq!(r.num("x-ratelimit-limit"), BURST, "{r:?}");
+            assert_eq!(r.num("x-ratelimit-remaining"), 0, "{r:?}");
+            assert_eq!(r.header("ratelimit"), Some("\"shared\";r=0;t=0"));
+        }
+        // ... and the fail-closed fallback as a denial: 429 with its wait.
+        "fallback-closed" => {
+            let retry = assert_denied(r, "shared", BURST);
+            assert_eq!(retry, closed_wait.as_secs(), "{r:?}");
+        }
+        _ => unreachable!("a configuration above"),
+    };
+    // Two requests to every replica, all at once: a call that finds the connection
+    // broken waits for the reconnection attempts (within the limiter's timeout).
+    let asked: Vec<(&'static str, SocketAddr)> = pairs
+        .iter()
+        .flat_map(|(name, replicas)| replicas.iter().flat_map(|r| [(*name, r.addr); 2]))
+        .collect();
+    let replies = at_once(&rt, asked.iter().map(|&(name, addr)| get_as(addr, name)));
+    for (&(name, _), r) in asked.iter().zip(&replies) {
+        down(name, r);
+    }
+    let errors = |name: &str| {
+        pairs
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| total(&p.1, "shared"))
+    };
+    // (allowed, denied, errors) over each pair: only the limiters that hand their
+    // failures to the layer are counted as errors.
+    assert_eq!(errors("strict"), Some((2, 0, 4)));
+    assert_eq!(errors("lenient"), Some((2, 0, 4)));
+    assert_eq!(errors("fallback-open"), Some((6, 0, 0)));
+    assert_eq!(errors("fallback-closed"), Some((2, 4, 0)));
+
+    // Back on the same port, empty (no persistence): each replica recovers by itself,
+    // and the charges taken before the crash are gone.
+    server.restart();
+    for (name, replicas) in &pairs {
+        for (i, replica) in replicas.iter().enumerate() {
+            let left = BURST - 1 - i as u64;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let r = replica.get(&rt, name);
+                if r.status == 200 && r.rate_limit("shared", "r") == Some(left) {
+                    break;
+                }
+                down(name, &r);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{name}: replica {i} did not recover"
+                );
+                std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
