@@ -874,6 +874,14 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
 /// `Open` and `Closed` the fallback comes back as `Ok` (use
 /// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
+///
+/// Behind floodgate-http's layer, a fallback that comes back as `Ok` is a decision
+/// like Redis's: `Open` admits (counted as allowed) and `Closed` answers 429 with its
+/// wait, whatever the layer's own `OnLimiterError` says, and the layer counts no
+/// error. Build with [`OnFailure::Error`] for the layer to decide (fail closed with
+/// 503, or skip the rule) and count the failure. A key type without `Display`, such
+/// as the layer's `Global` extractor's `()`, is no key here: give a global rule a
+/// constant key (`from_fn(|_| Ok("all"))`).
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 
