@@ -54,10 +54,17 @@
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
 //! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
-//!   applies the new interval from now on, as in process; a window state records
-//!   its period, so windows of another period start fresh, as in process; the log
-//!   judges its instants by the new period, as long as its key lives (the old
-//!   period's TTL, until the next admission sets the new one's).
+//!   applies the new interval from now on, as in process; the log judges its
+//!   instants by the new period, as long as its key lives (the old period's TTL,
+//!   until the next admission sets the new one's). A window state records its
+//!   period; one of another period is read on its own windows, and the units it
+//!   still counts then count in the new policy's current window. Unlike in process,
+//!   where a policy changes once, a rolling deploy runs both policies on the same
+//!   keys at once: were a window of another period to start fresh, a client whose
+//!   requests alternate between old and new replicas would reset its count at each
+//!   switch and never be limited. With the carry both policies count the same
+//!   units: each admits only while those units, the other's included, leave room
+//!   under its own limit.
 //!
 //! ## Exact arithmetic: microseconds
 //!

@@ -245,12 +245,18 @@ fn redis_now_micros(server: &RedisServer) -> u64 {
 /// half of its current window (windows are aligned to the epoch): at least a quarter
 /// of an hour passes before the window ends.
 fn mid_window_period(server: &RedisServer) -> Duration {
+    mid_window_periods(server)
+        .next()
+        .expect("a period in the middle of its window")
+}
+
+/// [`mid_window_period`]'s periods, shortest first.
+fn mid_window_periods(server: &RedisServer) -> impl Iterator<Item = Duration> {
     let now = redis_now_micros(server);
     (HOUR..)
         .map(|secs| secs * 1_000_000)
-        .find(|&p| (p / 4..=3 * p / 4).contains(&(now % p)))
+        .filter(move |&p| (p / 4..=3 * p / 4).contains(&(now % p)))
         .map(Duration::from_micros)
-        .expect("a period in the middle of its window")
 }
 
 /// `limit` per about an hour: GCRA a burst of `limit` and one more an hour; the
@@ -621,4 +627,40 @@ fn a_replica_that_cached_a_denial_neither_admits_nor_asks_redis() {
     assert_eq!(script_runs(&server), before + 5);
     // Another client is not denied by the cached one's entry.
     assert_eq!(replicas[0].get(&rt, "d").status, 200);
+}
+
+#[test]
+fn replicas_whose_windows_have_other_periods_share_one_count() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 3;
+    // A rolling deploy that changes a window's period: for a while one replica runs
+    // the old policy and one the new, on the same keys.
+    let mut periods = mid_window_periods(&server);
+    let (old, new) = (periods.next(), periods.next());
+    let (old, new) = old.zip(new).expect("two periods");
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let replicas = [old, new].map(|period| {
+            let policy = slow_policy(algorithm, LIMIT, period);
+            let limiter = build_prefixed(&rt, &server, shared(algorithm, policy, "replicas:"));
+            let layer = RateLimitLayer::builder()
+                .rule(per_client("shared", Arc::new(limiter)))
+                .build()
+                .expect("a valid layer");
+            Replica::serve(&rt, layer)
+        });
+        // A client whose requests the load balancer spreads over both.
+        let client = format!("{algorithm:?}");
+        let statuses: Vec<u16> = (0..10)
+            .map(|i| replicas[i % 2].get(&rt, &client).status)
+            .collect();
+        let admitted = statuses.iter().filter(|&&s| s == 200).count() as u64;
+        assert_eq!(admitted, LIMIT, "{algorithm:?}: {statuses:?}");
+        assert!(
+            statuses.iter().all(|&s| s == 200 || s == 429),
+            "{statuses:?}"
+        );
+    }
 }
