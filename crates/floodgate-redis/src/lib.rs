@@ -64,7 +64,10 @@
 //!   requests alternate between old and new replicas would reset its count at each
 //!   switch and never be limited. With the carry both policies count the same
 //!   units: each admits only while those units, the other's included, leave room
-//!   under its own limit.
+//!   under its own limit. An **algorithm** change needs a prefix of its own: a
+//!   script cannot read another algorithm's state, so while the old replicas keep
+//!   it alive the new ones get [`RedisLimitError::Redis`] for its keys, and under
+//!   [`OnFailure::Open`] admit every request on them.
 //!
 //! ## Exact arithmetic: microseconds
 //!

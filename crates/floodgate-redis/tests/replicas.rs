@@ -664,3 +664,49 @@ fn replicas_whose_windows_have_other_periods_share_one_count() {
         );
     }
 }
+
+#[test]
+fn replicas_of_another_algorithm_on_the_same_keys_cannot_decide() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 3;
+    // A rolling deploy from the fixed window to the sliding window on one prefix: the
+    // new replicas find a state they cannot read (a malformed-state error) for as
+    // long as the old replicas keep it alive.
+    let period = mid_window_period(&server);
+    let replica = |algorithm, on_failure| {
+        let policy = slow_policy(algorithm, LIMIT, period);
+        let builder = shared(algorithm, policy, "replicas:").on_failure(on_failure);
+        let layer = RateLimitLayer::builder()
+            .rule(per_client(
+                "shared",
+                Arc::new(build_prefixed(&rt, &server, builder)),
+            ))
+            .build()
+            .expect("a valid layer");
+        Replica::serve(&rt, layer)
+    };
+    let old = replica(Algorithm::FixedWindow, OnFailure::Error);
+    let new = replica(Algorithm::SlidingWindow, OnFailure::Error);
+    let new_open = replica(Algorithm::SlidingWindow, OnFailure::Open);
+    for i in 0..LIMIT {
+        let r = old.get(&rt, "c");
+        assert_eq!(r.rate_limit("shared", "r"), Some(LIMIT - 1 - i), "{r:?}");
+        // Fail closed (the layer's 503) ...
+        let r = new.get(&rt, "c");
+        assert_eq!(r.status, 503, "{r:?}");
+        // ... or, under the limiter's default fail-open policy, admitted every time:
+        // change the prefix with the algorithm.
+        let r = new_open.get(&rt, "c");
+        assert_eq!(
+            (r.status, r.num("x-ratelimit-remaining")),
+            (200, 0),
+            "{r:?}"
+        );
+    }
+    assert_denied(&old.get(&rt, "c"), "shared", LIMIT);
+    assert_eq!(new_open.get(&rt, "c").status, 200);
+    assert_eq!(new.stats("shared").errors, LIMIT);
+}
