@@ -15,13 +15,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
+use axum::http::Extensions;
 use axum::routing::get;
 use axum::Router;
 use common::{build_prefixed, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_http::{
-    from_fn, HeaderKey, KeyError, OnLimiterError, RateLimitLayer, Rule, RuleStats,
+    from_fn, ForwardedIp, HeaderKey, KeyError, OnLimiterError, RateLimitLayer, Rule, RuleStats,
+    TrustedProxies,
 };
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -90,9 +93,16 @@ impl Reply {
 
 /// `GET /` from client `client` over a connection of its own.
 async fn get_as(addr: SocketAddr, client: &str) -> Reply {
-    let request = format!(
-        "GET / HTTP/1.1\r\nHost: replica\r\n{CLIENT}: {client}\r\nConnection: close\r\n\r\n"
-    );
+    send(addr, &[(CLIENT, client)]).await
+}
+
+/// `GET /` with `headers` over a connection of its own.
+async fn send(addr: SocketAddr, headers: &[(&str, &str)]) -> Reply {
+    let mut request = String::from("GET / HTTP/1.1\r\nHost: replica\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await?;
         stream.write_all(request.as_bytes()).await?;
@@ -123,6 +133,13 @@ async fn get_as(addr: SocketAddr, client: &str) -> Reply {
     }
 }
 
+/// The peer's address, as axum's connect info carries it.
+fn connect_info(extensions: &Extensions) -> Option<std::net::IpAddr> {
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
 /// A proxy replica: the layer around `GET /` ("ok") on a loopback port of its own.
 struct Replica {
     addr: SocketAddr,
@@ -137,6 +154,7 @@ impl Replica {
         let addr = rt.block_on(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("a local address");
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             tokio::spawn(async move { axum::serve(listener, app).await });
             addr
         });
@@ -709,4 +727,49 @@ fn replicas_of_another_algorithm_on_the_same_keys_cannot_decide() {
     assert_denied(&old.get(&rt, "c"), "shared", LIMIT);
     assert_eq!(new_open.get(&rt, "c").status, 200);
     assert_eq!(new.stats("shared").errors, LIMIT);
+}
+
+#[test]
+fn forged_forwarding_entries_get_no_fresh_bucket_on_either_replica() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 3;
+    const REQUESTS: usize = 12;
+    let policy = slow_policy(Algorithm::Gcra, LIMIT, Duration::ZERO);
+    // Both replicas behind a load balancer on loopback, which appends the address it
+    // saw to X-Forwarded-For: one trusted hop.
+    let replicas = [0, 1].map(|_| {
+        let limiter = build_prefixed(&rt, &server, shared(Algorithm::Gcra, policy, "replicas:"));
+        let trusted = TrustedProxies::new(["127.0.0.0/8"]).expect("a network");
+        let client_ip = ForwardedIp::x_forwarded_for(trusted, 1).lookup(connect_info);
+        let rule = Rule::remote("per-ip", limiter, client_ip).expect("a rule name");
+        Replica::serve(
+            &rt,
+            RateLimitLayer::builder()
+                .rule(rule)
+                .build()
+                .expect("a layer"),
+        )
+    });
+    // An IPv4 client forging a new entry before the balancer's each time, and an
+    // IPv6 client moving over the addresses of its /64.
+    for ipv6 in [false, true] {
+        let forwarded_for = |i: usize| match ipv6 {
+            false => format!("10.0.{i}.1, 198.51.100.7"),
+            true => format!("2001:db8:1:2::{:x}", i + 1),
+        };
+        let requests = (0..REQUESTS).map(|i| {
+            let addr = replicas[i % 2].addr;
+            let value = forwarded_for(i);
+            async move { send(addr, &[("x-forwarded-for", &value)]).await }
+        });
+        let replies = at_once(&rt, requests);
+        let admitted = replies.iter().filter(|r| r.status == 200).count() as u64;
+        assert_eq!(admitted, LIMIT, "IPv6 {ipv6}: {replies:?}");
+        for r in replies.iter().filter(|r| r.status != 200) {
+            assert_denied(r, "per-ip", LIMIT);
+        }
+    }
 }
