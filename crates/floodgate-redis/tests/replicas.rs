@@ -161,6 +161,17 @@ impl Replica {
         Replica { addr, layer }
     }
 
+    /// A replica whose layer holds one hard rule, "shared", on `limiter`, keyed on the
+    /// client header.
+    fn shared(rt: &Runtime, limiter: Arc<RedisLimiter>, on_error: OnLimiterError) -> Replica {
+        let layer = RateLimitLayer::builder()
+            .rule(per_client("shared", limiter))
+            .on_limiter_error(on_error)
+            .build()
+            .expect("a valid layer");
+        Replica::serve(rt, layer)
+    }
+
     fn get(&self, rt: &Runtime, client: &str) -> Reply {
         rt.block_on(get_as(self.addr, client))
     }
@@ -206,12 +217,7 @@ fn pair(
 ) -> [Replica; 2] {
     [0, 1].map(|_| {
         let limiter = Arc::new(build_prefixed(rt, server, builder.clone()));
-        let layer = RateLimitLayer::builder()
-            .rule(per_client("shared", limiter))
-            .on_limiter_error(on_error)
-            .build()
-            .expect("a valid layer");
-        Replica::serve(rt, layer)
+        Replica::shared(rt, limiter, on_error)
     })
 }
 
@@ -610,13 +616,8 @@ fn a_replica_that_cached_a_denial_neither_admits_nor_asks_redis() {
     // Replica 0 caches denials; replica 1 asks Redis every time.
     let cached = Arc::new(build_prefixed(&rt, &server, builder.clone().deny_cache(64)));
     let uncached = Arc::new(build_prefixed(&rt, &server, builder));
-    let replicas = [&cached, &uncached].map(|limiter| {
-        let layer = RateLimitLayer::builder()
-            .rule(per_client("shared", Arc::clone(limiter)))
-            .build()
-            .expect("a valid layer");
-        Replica::serve(&rt, layer)
-    });
+    let replicas = [&cached, &uncached]
+        .map(|limiter| Replica::shared(&rt, Arc::clone(limiter), OnLimiterError::FailClosed));
 
     let replies = crowd(&rt, &replicas, "c", (32, 2));
     let admitted = replies.iter().filter(|r| r.status == 200).count() as u64;
@@ -663,11 +664,7 @@ fn replicas_whose_windows_have_other_periods_share_one_count() {
         let replicas = [old, new].map(|period| {
             let policy = slow_policy(algorithm, LIMIT, period);
             let limiter = build_prefixed(&rt, &server, shared(algorithm, policy, "replicas:"));
-            let layer = RateLimitLayer::builder()
-                .rule(per_client("shared", Arc::new(limiter)))
-                .build()
-                .expect("a valid layer");
-            Replica::serve(&rt, layer)
+            Replica::shared(&rt, Arc::new(limiter), OnLimiterError::FailClosed)
         });
         // A client whose requests the load balancer spreads over both.
         let client = format!("{algorithm:?}");
@@ -697,14 +694,8 @@ fn replicas_of_another_algorithm_on_the_same_keys_cannot_decide() {
     let replica = |algorithm, on_failure| {
         let policy = slow_policy(algorithm, LIMIT, period);
         let builder = shared(algorithm, policy, "replicas:").on_failure(on_failure);
-        let layer = RateLimitLayer::builder()
-            .rule(per_client(
-                "shared",
-                Arc::new(build_prefixed(&rt, &server, builder)),
-            ))
-            .build()
-            .expect("a valid layer");
-        Replica::serve(&rt, layer)
+        let limiter = Arc::new(build_prefixed(&rt, &server, builder));
+        Replica::shared(&rt, limiter, OnLimiterError::FailClosed)
     };
     let old = replica(Algorithm::FixedWindow, OnFailure::Error);
     let new = replica(Algorithm::SlidingWindow, OnFailure::Error);
