@@ -26,7 +26,7 @@ use floodgate_http::{
     from_fn, ForwardedIp, HeaderKey, KeyError, OnLimiterError, RateLimitLayer, Rule, RuleStats,
     TrustedProxies,
 };
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder, Verdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
@@ -763,4 +763,47 @@ fn forged_forwarding_entries_get_no_fresh_bucket_on_either_replica() {
             assert_denied(r, "per-ip", LIMIT);
         }
     }
+}
+
+#[test]
+fn a_redis_slower_than_the_timeout_admits_under_fail_open_and_still_charges() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    const LIMIT: u64 = 4;
+    const REQUESTS: usize = 6;
+    let policy = slow_policy(Algorithm::Gcra, LIMIT, Duration::ZERO);
+    // The limiter's defaults, fail open, with a timeout far shorter than the pause
+    // below and far longer than a call to an idle local Redis.
+    let builder = RedisLimiter::builder(Algorithm::Gcra, policy)
+        .prefix("replicas:")
+        .timeout(Duration::from_secs(1));
+    let replicas = pair(&rt, &server, &builder, OnLimiterError::FailClosed);
+    let view = build_prefixed(&rt, &server, builder);
+    // Load the script on the server and warm both connections.
+    for replica in &replicas {
+        assert_eq!(replica.get(&rt, "warm-up").status, 200);
+    }
+
+    // Redis stops answering for 4 s: every call times out, and the layer, handed the
+    // fallback as a decision, admits them all.
+    let _: () = server.cmd(&["CLIENT", "PAUSE", "4000", "ALL"]);
+    let requests = (0..REQUESTS).map(|i| get_as(replicas[i % 2].addr, "c"));
+    for r in at_once(&rt, requests) {
+        assert_eq!(
+            (r.status, r.num("x-ratelimit-remaining")),
+            (200, 0),
+            "{r:?}"
+        );
+    }
+    // The calls were sent: once Redis runs them, they charge. The key is full
+    // although no client was told so, and the next request is denied.
+    std::thread::sleep(Duration::from_secs(4));
+    match rt.block_on(view.peek_n("c", 0)) {
+        Ok(Verdict::Decided(d)) => assert_eq!(d.remaining(), 0, "{d:?}"),
+        other => panic!("Redis's own answer expected: {other:?}"),
+    }
+    assert_denied(&replicas[0].get(&rt, "c"), "shared", LIMIT);
+    assert_eq!(total(&replicas, "shared"), (REQUESTS as u64 + 2, 1, 0));
 }
