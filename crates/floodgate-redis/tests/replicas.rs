@@ -194,7 +194,7 @@ fn total(replicas: &[Replica], rule: &str) -> (u64, u64, u64) {
 /// A limiter as the replicas build it: keys under `prefix`, Redis's failures handed to
 /// the layer (its `OnLimiterError` decides and counts them), and a timeout no loaded
 /// machine reaches, so that no fallback ever stands in for Redis's decision.
-fn shared(algorithm: Algorithm, policy: Policy, prefix: &str) -> RedisLimiterBuilder {
+fn replica_builder(algorithm: Algorithm, policy: Policy, prefix: &str) -> RedisLimiterBuilder {
     RedisLimiter::builder(algorithm, policy)
         .prefix(prefix)
         .timeout(Duration::from_secs(5))
@@ -340,7 +340,7 @@ fn concurrent_clients_on_two_replicas_are_admitted_exactly_the_shared_limit() {
     let period = mid_window_period(&server);
     for algorithm in ALGORITHMS {
         let policy = slow_policy(algorithm, LIMIT, period);
-        let builder = shared(algorithm, policy, "replicas:");
+        let builder = replica_builder(algorithm, policy, "replicas:");
         let replicas = pair(&rt, &server, &builder, OnLimiterError::FailClosed);
         let replies = crowd(&rt, &replicas, &format!("{algorithm:?}"), CLIENTS);
 
@@ -381,7 +381,7 @@ fn each_replica_answers_from_the_state_both_share() {
     let period = mid_window_period(&server);
     for algorithm in ALGORITHMS {
         let policy = slow_policy(algorithm, LIMIT, period);
-        let builder = shared(algorithm, policy, "replicas:");
+        let builder = replica_builder(algorithm, policy, "replicas:");
         let replicas = pair(&rt, &server, &builder, OnLimiterError::FailClosed);
         let client = format!("{algorithm:?}");
         let mut resets = Vec::new();
@@ -433,7 +433,8 @@ fn redis_down_is_answered_as_configured_and_a_restart_recovers() {
     let pairs: Vec<(&'static str, [Replica; 2])> = configs
         .iter()
         .map(|&(name, on_failure, on_error)| {
-            let builder = shared(Algorithm::Gcra, policy, "replicas:").on_failure(on_failure);
+            let builder =
+                replica_builder(Algorithm::Gcra, policy, "replicas:").on_failure(on_failure);
             (name, pair(&rt, &server, &builder, on_error))
         })
         .collect();
@@ -538,8 +539,8 @@ fn a_later_rules_denial_leaves_the_earlier_remote_rules_charged() {
     let replicas = |global_first: bool, prefix: &str| {
         let global_prefix = format!("{prefix}global:");
         let client_prefix = format!("{prefix}client:");
-        let global = shared(Algorithm::Gcra, global_policy, &global_prefix);
-        let client = shared(Algorithm::Gcra, client_policy, &client_prefix);
+        let global = replica_builder(Algorithm::Gcra, global_policy, &global_prefix);
+        let client = replica_builder(Algorithm::Gcra, client_policy, &client_prefix);
         let replicas = [0, 1].map(|_| {
             let global = build_prefixed(&rt, &server, global.clone());
             let global = Rule::remote("global", global, everyone()).expect("a rule name");
@@ -612,7 +613,7 @@ fn a_replica_that_cached_a_denial_neither_admits_nor_asks_redis() {
     let rt = runtime();
     const LIMIT: u64 = 4;
     let policy = slow_policy(Algorithm::Gcra, LIMIT, Duration::ZERO);
-    let builder = shared(Algorithm::Gcra, policy, "replicas:");
+    let builder = replica_builder(Algorithm::Gcra, policy, "replicas:");
     // Replica 0 caches denials; replica 1 asks Redis every time.
     let cached = Arc::new(build_prefixed(&rt, &server, builder.clone().deny_cache(64)));
     let uncached = Arc::new(build_prefixed(&rt, &server, builder));
@@ -663,7 +664,11 @@ fn replicas_whose_windows_have_other_periods_share_one_count() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let replicas = [old, new].map(|period| {
             let policy = slow_policy(algorithm, LIMIT, period);
-            let limiter = build_prefixed(&rt, &server, shared(algorithm, policy, "replicas:"));
+            let limiter = build_prefixed(
+                &rt,
+                &server,
+                replica_builder(algorithm, policy, "replicas:"),
+            );
             Replica::shared(&rt, Arc::new(limiter), OnLimiterError::FailClosed)
         });
         // A client whose requests the load balancer spreads over both.
@@ -693,7 +698,7 @@ fn replicas_of_another_algorithm_on_the_same_keys_cannot_decide() {
     let period = mid_window_period(&server);
     let replica = |algorithm, on_failure| {
         let policy = slow_policy(algorithm, LIMIT, period);
-        let builder = shared(algorithm, policy, "replicas:").on_failure(on_failure);
+        let builder = replica_builder(algorithm, policy, "replicas:").on_failure(on_failure);
         let limiter = Arc::new(build_prefixed(&rt, &server, builder));
         Replica::shared(&rt, limiter, OnLimiterError::FailClosed)
     };
@@ -732,7 +737,11 @@ fn forged_forwarding_entries_get_no_fresh_bucket_on_either_replica() {
     // Both replicas behind a load balancer on loopback, which appends the address it
     // saw to X-Forwarded-For: one trusted hop.
     let replicas = [0, 1].map(|_| {
-        let limiter = build_prefixed(&rt, &server, shared(Algorithm::Gcra, policy, "replicas:"));
+        let limiter = build_prefixed(
+            &rt,
+            &server,
+            replica_builder(Algorithm::Gcra, policy, "replicas:"),
+        );
         let trusted = TrustedProxies::new(["127.0.0.0/8"]).expect("a network");
         let client_ip = ForwardedIp::x_forwarded_for(trusted, 1).lookup(connect_info);
         let rule = Rule::remote("per-ip", limiter, client_ip).expect("a rule name");
