@@ -54,10 +54,20 @@
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
 //! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
-//!   applies the new interval from now on, as in process; a window state records
-//!   its period, so windows of another period start fresh, as in process; the log
-//!   judges its instants by the new period, as long as its key lives (the old
-//!   period's TTL, until the next admission sets the new one's).
+//!   applies the new interval from now on, as in process; the log judges its
+//!   instants by the new period, as long as its key lives (the old period's TTL,
+//!   until the next admission sets the new one's). A window state records its
+//!   period; one of another period is read on its own windows, and the units it
+//!   still counts then count in the new policy's current window. Unlike in process,
+//!   where a policy changes once, a rolling deploy runs both policies on the same
+//!   keys at once: were a window of another period to start fresh, a client whose
+//!   requests alternate between old and new replicas would reset its count at each
+//!   switch and never be limited. With the carry both policies count the same
+//!   units: each admits only while those units, the other's included, leave room
+//!   under its own limit. An **algorithm** change needs a prefix of its own: a
+//!   script cannot read another algorithm's state, so while the old replicas keep
+//!   it alive the new ones get [`RedisLimitError::Redis`] for its keys, and under
+//!   [`OnFailure::Open`] admit every request on them.
 //!
 //! ## Exact arithmetic: microseconds
 //!
@@ -186,8 +196,8 @@ pub enum OnFailure {
     /// Admit ([`Verdict::Fallback`] with an allowed decision, `remaining` 0): the
     /// service stays up while its limiter is down. The default, as most gateways do.
     Open,
-    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` is
-    /// the given wait): protects the service behind the limiter at the cost of
+    /// Deny ([`Verdict::Fallback`] with a denied decision whose `retry_after` and
+    /// `reset_after` are the given wait): protects the service behind the limiter at the cost of
     /// refusing everyone while Redis is down.
     Closed {
         /// The `retry_after` to report.
@@ -832,8 +842,11 @@ impl<C: Connection> RedisLimiter<C> {
         };
         let decision = match self.on_failure {
             OnFailure::Open => Decision::new(true, self.capacity, 0, Duration::ZERO, None),
+            // Full again no sooner than it admits: a client that schedules by the
+            // reset (`X-RateLimit-Reset`, `RateLimit`'s `t`) waits as long as one
+            // that reads `retry_after`.
             OnFailure::Closed { retry_after } => {
-                Decision::new(false, self.capacity, 0, Duration::ZERO, Some(retry_after))
+                Decision::new(false, self.capacity, 0, retry_after, Some(retry_after))
             }
             OnFailure::Error => return Err(error),
         };
@@ -871,6 +884,14 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
 /// `Open` and `Closed` the fallback comes back as `Ok` (use
 /// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
+///
+/// Behind floodgate-http's layer, a fallback that comes back as `Ok` is a decision
+/// like Redis's: `Open` admits (counted as allowed) and `Closed` answers 429 with its
+/// wait, whatever the layer's own `OnLimiterError` says, and the layer counts no
+/// error. Build with [`OnFailure::Error`] for the layer to decide (fail closed with
+/// 503, or skip the rule) and count the failure. A key type without `Display`, such
+/// as the layer's `Global` extractor's `()`, is no key here: give a global rule a
+/// constant key (`from_fn(|_| Ok("all"))`).
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 

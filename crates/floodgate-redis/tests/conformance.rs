@@ -257,33 +257,85 @@ fn the_edges_of_the_exact_range_match_the_exact_model() {
     }
 }
 
-/// A window limiter whose period changes (a redeploy on the same prefix) starts its
-/// windows fresh, as the in-process one does: the old state's window index counts
-/// windows of the old period, and read as one of the new period it would name a
-/// window thousands of years ahead — counted in, written back with a TTL as long,
-/// and denying the key for good once full. GCRA and the log keep absolute times and
-/// carry on.
+/// A window limiter whose period changes (a redeploy on the same prefix) counts, in
+/// its first window, the units the old state still counts then, read on the old
+/// period: both policies may be in force at once (a rolling deploy: replicas on either
+/// share the keys), and starting fresh on each switch would let a caller spread over
+/// both go unlimited. The old state's window index counts windows of the old period,
+/// and is never read as one of the new period (it would name a window thousands of
+/// years ahead — counted in, written back with a TTL as long, and denying the key for
+/// good once full). The model: the new policy's, charged at the switch what the old
+/// one's reports used. GCRA and the log keep absolute times and carry on.
 #[test]
-fn a_window_whose_period_changes_starts_fresh() {
+fn a_window_whose_period_changes_carries_the_units_it_still_counts() {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
     let slow = Duration::from_secs(5);
+    // (period, µs after TODAY_MICROS of its first request, costs 1 ms apart): the old
+    // state's window still running (with a weighted previous window of its own), the
+    // old window just past (the sliding window's weighted previous one), long gone,
+    // and the period the state already has; a policy that only denies writes nothing,
+    // so the next one reads the state before it.
+    let phases: [(u64, u64, &[u32]); 7] = [
+        (1_000_000, 500_000, &[1, 1]),
+        (60_000_000, 1_250_000, &[2, 1]),
+        (1_000_000, 61_300_000, &[1, 1]),
+        (1_000_000, 62_400_000, &[1]),
+        (7_000_000, 62_500_000, &[2, 1]),
+        (60_000_000, 62_600_000, &[1]),
+        (1_000_000, 62_700_000, &[1, 1]),
+    ];
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let key = format!("period:{algorithm:?}");
-        let mut now = TODAY_MICROS;
-        for period_us in [1_000_000, 60_000_000, 1_000_000, 7_000_000] {
+        // The policy whose admission wrote the state Redis holds (a denial writes
+        // nothing), as its period and its model.
+        let mut stored: Option<(u64, Model)> = None;
+        for (period_us, start, costs) in phases {
+            let mut now = TODAY_MICROS + start;
             let policy = Policy::new(3, Duration::from_micros(period_us)).unwrap();
             let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow);
-            let mut model = Model::new(algorithm, 3, period_us * 1_000, 3);
-            for cost in [2, 1, 1] {
+            // A state of this very period is this policy's own: it goes on.
+            let mut own = match stored.take() {
+                Some((p, m)) if p == period_us => Some(m),
+                other => {
+                    stored = other;
+                    None
+                }
+            };
+            for &cost in costs {
+                let at = now * 1_000;
+                let want = match own.as_mut() {
+                    Some(m) => m.decide(at, cost, false),
+                    None => {
+                        // Fresh, charged what the other period's state counts now.
+                        let mut m = Model::new(algorithm, 3, period_us * 1_000, 3);
+                        if let Some((_, old)) = stored.as_mut() {
+                            let used = 3 - old.decide(at, 0, true).remaining();
+                            if used > 0 {
+                                assert!(m.decide(at, used as u32, false).is_allowed());
+                            }
+                        }
+                        let d = m.decide(at, cost, false);
+                        if d.is_allowed() {
+                            own = Some(m);
+                        }
+                        d
+                    }
+                };
                 let got = rt
                     .block_on(redis.check_n_at_micros(&key, cost, now))
                     .unwrap();
-                let want = whole_micros(model.decide(now * 1_000, cost, false));
-                assert_eq!(got, want, "{algorithm:?}, period {period_us} µs, at {now}");
+                assert_eq!(
+                    got,
+                    whole_micros(want),
+                    "{algorithm:?}, period {period_us} µs, at {now}"
+                );
                 now += 1_000;
+            }
+            if let Some(m) = own {
+                stored = Some((period_us, m));
             }
         }
     }

@@ -89,6 +89,8 @@ fn a_killed_server_fails_open_or_closed_promptly_and_a_restart_recovers() {
             Ok(Verdict::Fallback { decision, .. }) => {
                 assert!(!decision.is_allowed());
                 assert_eq!(decision.retry_after(), Some(closed_wait));
+                // Not "full again now" beside a wait: the reset says the same wait.
+                assert_eq!(decision.reset_after(), closed_wait);
             }
             other => panic!("fail closed expected: {other:?}"),
         }

@@ -8,10 +8,15 @@ local function fixed_window(key, n, write, p, l)
     local sw, sc, sp = string.match(stored, '^(%d+):(%d+):(%d+)$')
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
-    -- A window state never goes back to an older window; one of another period
-    -- counts other windows, and the windows start fresh.
+    -- A window state never goes back to an older window. One of another period
+    -- counts other windows (its index is read on its own period, never on this
+    -- one); while its window lasts its units count in this one: both policies may
+    -- be in force at once (a rolling deploy), and starting fresh on each switch
+    -- would let callers spread over both go unlimited.
     if sp == p and sw >= w then
       w = sw
+      count = sc
+    elseif sp ~= p and now < (sw + 1) * sp then
       count = sc
     end
   end

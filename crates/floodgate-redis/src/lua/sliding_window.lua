@@ -11,12 +11,24 @@ local function sliding_window(key, n, write, p, l)
       return malformed(key, 'not window:prev:cur:period')
     end
     -- Never back to an older window: an earlier reading is judged at the start of
-    -- the stored one. Windows of another period count other windows: they start
-    -- fresh.
+    -- the stored one. Windows of another period count other windows (read on
+    -- their own period): what their estimate still counts now counts in this
+    -- window, since both policies may be in force at once (a rolling deploy), and
+    -- starting fresh on each switch would let callers spread over both go
+    -- unlimited.
     if speriod == p and sw >= w then
       w, prev, cur = sw, sp, sc
     elseif speriod == p and sw == w - 1 then
       prev = sc
+    elseif speriod ~= p then
+      local ow = fdiv(now, speriod)
+      if sw >= ow then
+        local oe = now - sw * speriod
+        if oe < 0 then oe = 0 end
+        cur = fdiv(sp * (speriod - oe), speriod) + sc
+      elseif sw == ow - 1 then
+        cur = fdiv(sc * (speriod - (now - ow * speriod)), speriod)
+      end
     end
   end
   local start = w * p

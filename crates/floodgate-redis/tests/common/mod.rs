@@ -214,10 +214,19 @@ pub fn build(
     server: &RedisServer,
     builder: RedisLimiterBuilder,
 ) -> RedisLimiter {
+    build_prefixed(rt, server, builder.prefix("test:"))
+}
+
+/// `builder` on a connection of its own to `server`, with the builder's own prefix.
+pub fn build_prefixed(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    builder: RedisLimiterBuilder,
+) -> RedisLimiter {
     let url = server.url();
     rt.block_on(async move {
         let conn = floodgate_redis::connect(&url).await.expect("connect");
-        builder.prefix("test:").build(conn).expect("valid limiter")
+        builder.build(conn).expect("valid limiter")
     })
 }
 
