@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
     Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Policy,
     RateLimiter, Receipt, StateCell, Storage,
@@ -98,8 +99,8 @@ pub enum OnLimiterError {
 /// limiter as it then is ([`peek`](Charge::peek)).
 ///
 /// Implemented for the in-process limiters: [`KeyedLimiter`] (per key, on every
-/// storage), [`KeyedSlidingLog`] (the exact log per key) and [`RateLimiter`] (one
-/// limit for every key). A refund gives back only what the
+/// storage), [`KeyedSlidingLog`] (the exact log per key), [`PlanLimiter`] (per key,
+/// under the key's plan) and [`RateLimiter`] (one limit for every key). A refund gives back only what the
 /// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`). A
 /// remote backend without refunds is used with [`Rule::remote`].
 ///
@@ -176,6 +177,38 @@ where
     C: Clock,
 {
     charge_per_key!(KeyedSlidingLog);
+}
+
+/// Per API key under its plan: a [`PlanLimiter`] is a rule of its own.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::KeyedBuilder;
+/// use floodgate_http::{HeaderKey, OnMissingKey, RateLimitLayer, Rule};
+/// let plans = Plans::classic();
+/// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+/// let resolver = move |key: &String| if key.starts_with("pro_") { pro } else { free };
+/// let per_key = PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?;
+/// let layer = RateLimitLayer::builder()
+///     .rule(
+///         Rule::new("plan", per_key, HeaderKey::new("x-api-key")?)?
+///             .on_missing_key(OnMissingKey::Fallback("anonymous".to_owned())),
+///     )
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<K, Q, R, C, S, A> Charge<Q> for PlanLimiter<K, R, C, S, A>
+where
+    Q: Lookup<K> + ?Sized,
+    R: Fn(&Q) -> PlanId,
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    charge_per_key!(PlanLimiter);
 }
 
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
