@@ -75,21 +75,21 @@ pub fn plans() -> Result<Plans, Error> {
 pub enum Shared {
     /// In this process: each replica counts its own.
     Local,
-    /// In Redis, shared by every replica built on the same prefix.
-    Redis(RedisLimiter),
+    /// In Redis, shared by every replica built on the same prefix: the limiter and
+    /// the policy it was built with (for the headers' window).
+    Redis(Box<RedisLimiter>, Policy),
 }
 
-/// The `per-ip` limit through Redis, for [`Shared::Redis`].
-pub async fn redis_per_ip(url: &str, prefix: &str) -> Result<RedisLimiter, Error> {
+/// The `per-ip` limit at `per_ip` through the Redis at `url`, on keys under `prefix`.
+pub async fn redis_per_ip(url: &str, prefix: &str, per_ip: Policy) -> Result<Shared, Error> {
     let conn = floodgate_redis::connect(url).await?;
-    Ok(
-        RedisLimiter::builder(floodgate_redis::Algorithm::Gcra, policy(PER_IP)?)
-            .prefix(prefix)
-            .timeout(Duration::from_millis(200))
-            // Redis down: the in-process rules still hold, so admit.
-            .on_failure(floodgate_redis::OnFailure::Open)
-            .build(conn)?,
-    )
+    let limiter = RedisLimiter::builder(floodgate_redis::Algorithm::Gcra, per_ip)
+        .prefix(prefix)
+        .timeout(Duration::from_millis(200))
+        // Redis down: the in-process rules still hold, so admit.
+        .on_failure(floodgate_redis::OnFailure::Open)
+        .build(conn)?;
+    Ok(Shared::Redis(Box::new(limiter), per_ip))
 }
 
 /// `ConnectInfo<SocketAddr>`, as `into_make_service_with_connect_info` inserts it.
@@ -128,8 +128,8 @@ where
                 Rule::new("per-ip", keyed(per_ip_policy)?, client.clone())?
                     .window_of(&per_ip_policy),
             ),
-            Shared::Redis(redis) => builder
-                .rule(Rule::remote("per-ip", redis, client.clone())?.window_of(&per_ip_policy)),
+            Shared::Redis(redis, redis_policy) => builder
+                .rule(Rule::remote("per-ip", *redis, client.clone())?.window_of(&redis_policy)),
         })
     };
 

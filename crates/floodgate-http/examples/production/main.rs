@@ -63,7 +63,7 @@ async fn main() -> Result<(), app::Error> {
         }
     };
     let per_ip = match &args.redis {
-        Some(url) => app::Shared::Redis(app::redis_per_ip(url, "production:").await?),
+        Some(url) => app::redis_per_ip(url, "production:", app::policy(app::PER_IP)?).await?,
         None => app::Shared::Local,
     };
     let (router, _layer) = app::app(DefaultClock::new(), &args.trusted_proxy, per_ip)?;
