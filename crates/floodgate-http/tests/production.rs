@@ -169,6 +169,16 @@ async fn per_ip_hard_soft_and_shadow_rules() -> TestResult {
     assert_eq!((next.shadow, next.denied), (21, 0));
     let warn = server.stats("per-ip-warn")?;
     assert_eq!((warn.soft, warn.denied), (11, 0));
+    // `GET /stats` passed the rules itself: the twelfth admission.
+    let a = server
+        .send(Method::GET, "/stats", "203.0.113.3", key, "")
+        .await?;
+    assert!(
+        a.body
+            .contains("\nper-ip-next allowed=12 denied=0 soft=0 shadow=21 "),
+        "{}",
+        a.body
+    );
     Ok(())
 }
 

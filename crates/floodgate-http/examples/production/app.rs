@@ -208,16 +208,7 @@ fn ready_text(text: String) -> impl Future<Output = String> {
 
 /// One line per rule: its counters.
 fn stats_text(layer: &RateLimitLayer) -> String {
-    layer
-        .stats()
-        .iter()
-        .map(|s| {
-            format!(
-                "{} allowed={} denied={} soft={} shadow={} bad_key={} errors={}\n",
-                s.name, s.allowed, s.denied, s.soft, s.shadow, s.bad_key, s.errors
-            )
-        })
-        .collect()
+    layer.stats().iter().map(|s| format!("{s}\n")).collect()
 }
 
 /// What `POST /login` needs.
