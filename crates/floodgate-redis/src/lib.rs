@@ -135,13 +135,38 @@ use std::time::Instant;
 
 use deny_cache::DenyCache;
 use floodgate::{AsyncLimit, Decision, Policy};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use script::Shape;
 
 pub use error::{ConfigError, RedisLimitError};
+/// The `redis` crate this one is built on, so that its types ([`redis::RedisError`],
+/// which [`connect`] returns; [`redis::aio::ConnectionLike`]) can be named without a
+/// dependency of one's own that must match its version.
+///
+/// # Examples
+///
+/// ```no_run
+/// use floodgate_redis::redis::RedisError;
+/// use floodgate_redis::{ClusterConnection, ConnectionManager, RedisLimiter};
+///
+/// // A service that holds one limiter of each kind names both connections.
+/// struct Limits {
+///     single: RedisLimiter<ConnectionManager>,
+///     cluster: RedisLimiter<ClusterConnection>,
+/// }
+///
+/// async fn connect() -> Result<ConnectionManager, RedisError> {
+///     floodgate_redis::connect("redis://127.0.0.1/").await
+/// }
+/// ```
+pub use redis;
+/// One Redis server's reconnecting, multiplexed connection ([`connect`]; the
+/// default connection of a [`RedisLimiter`]).
+pub use redis::aio::ConnectionManager;
+/// A Redis Cluster connection ([`connect_cluster`]).
+pub use redis::cluster_async::ClusterConnection;
 
 /// The largest span a policy may add to the time, in microseconds: 2^51 µs, about
 /// 71 years. See the crate docs on exact arithmetic.
