@@ -33,7 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use floodgate::keyed::plans::{PlanLimiter, Plans};
-use floodgate::{Clock, Gcra, KeyedBuilder, KeyedLimiter, Policy, RateLimiter};
+use floodgate::{
+    Clock, Gcra, GcraState, Heap, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Storage,
+};
 use floodgate_http::{
     ForwardedIp, Global, HeaderKey, KeyExtractor, OnMissingKey, RateLimitLayer, Rule, Strategy,
     TrustedProxies,
@@ -97,6 +99,22 @@ fn connect_info(ext: &http::Extensions) -> Option<IpAddr> {
     ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip())
 }
 
+/// How many keys each per-client table holds (IPs, user names). Past that, the
+/// table makes room by evicting a key whose loss forgives the fewest units; memory
+/// never grows past it.
+pub const KEYS: usize = 100_000;
+
+/// A GCRA table of [`KEYS`] keys on `clock`.
+fn table<K, C: Clone>(policy: Policy, clock: &C) -> Result<KeyedLimiter<K, Gcra, C>, Error>
+where
+    Heap: Storage<K, GcraState>,
+{
+    Ok(KeyedBuilder::new(Gcra::new(policy))
+        .capacity(KEYS)
+        .clock(clock.clone())
+        .build()?)
+}
+
 /// The client IP: the entry the trusted proxy appended to `X-Forwarded-For`, or the
 /// peer itself when it is not the proxy.
 pub fn client_ip(trusted_proxy: &str) -> Result<ForwardedIp, Error> {
@@ -115,11 +133,7 @@ where
     C: Clock + Clone + 'static,
 {
     let client = client_ip(trusted_proxy)?;
-    let keyed = |p: Policy| {
-        KeyedBuilder::new(Gcra::new(p))
-            .clock(clock.clone())
-            .build::<IpAddr>()
-    };
+    let keyed = |p: Policy| table::<IpAddr, C>(p, &clock);
 
     let per_ip_policy = policy(PER_IP)?;
     let per_ip_rule = |builder: floodgate_http::RateLimitLayerBuilder| -> Result<_, Error> {
@@ -153,7 +167,7 @@ where
     let per_key = PlanLimiter::new(
         &plans,
         resolver,
-        KeyedBuilder::default().clock(clock.clone()),
+        KeyedBuilder::default().capacity(KEYS).clock(clock.clone()),
     )?;
     let global_policy = policy(GLOBAL)?;
 
@@ -184,9 +198,7 @@ where
         .build()?;
 
     let login = Arc::new(Login {
-        per_user: KeyedBuilder::new(Gcra::new(policy(LOGIN_PER_USER)?))
-            .clock(clock.clone())
-            .build()?,
+        per_user: table(policy(LOGIN_PER_USER)?, &clock)?,
         per_ip: keyed(policy(LOGIN_PER_IP)?)?,
         client,
         users: vec![("alice".to_owned(), "correct horse".to_owned())],
