@@ -125,13 +125,12 @@ async fn per_ip_hard_soft_and_shadow_rules() -> TestResult {
             (n > 20).then_some(r#""per-ip-warn""#),
             "request {n}"
         );
-        if n <= 20 {
-            // The tightest visible rule: the soft one, with 20 - n left.
-            assert_eq!(
-                a.header("x-ratelimit-remaining"),
-                Some((20 - n).to_string().as_str())
-            );
-        }
+        // The trio shows the visible rule with the least left: the soft one, which
+        // says 0 from its 20th request on although the hard `per-ip` admits 30.
+        let soft_left = 20u64.saturating_sub(n).to_string();
+        assert_eq!(a.header("x-ratelimit-remaining"), Some(soft_left.as_str()));
+        let hard = format!(r#""per-ip";r={};"#, 30 - n);
+        assert!(a.header("ratelimit").is_some_and(|v| v.starts_with(&hard)));
     }
 
     let a = server.get("203.0.113.1", key).await?;
@@ -270,6 +269,12 @@ async fn login_locks_out_per_user_and_per_ip_and_success_costs_nothing() -> Test
         assert!(a.body.contains("for this user"), "{}", a.body);
         // 5 per 15 minutes: one every 180 s.
         assert_eq!(a.header("retry-after"), Some("180"));
+        // The layer's fields describe its own rules, which admitted this request
+        // (it replaces any the handler writes): the lockout speaks through
+        // `Retry-After` and the body only.
+        let limit = a.header("ratelimit").ok_or("no RateLimit")?;
+        assert!(limit.starts_with(r#""per-ip";r="#), "{limit}");
+        assert!(!limit.contains("login"), "{limit}");
     }
 
     // After one interval, one attempt is back; a success gives it back again.

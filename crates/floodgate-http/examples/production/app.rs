@@ -281,7 +281,9 @@ async fn login_handler<C: Clock + 'static>(
     Ok(answer(StatusCode::UNAUTHORIZED, "wrong user or password"))
 }
 
-/// 429 with `Retry-After` (rounded up, as the layer writes it).
+/// 429 with `Retry-After` (rounded up, as the layer writes it). No `RateLimit`
+/// member for the login limits: the layer replaces the rate-limit fields of every
+/// response it passes with its own rules' (`Retry-After` it leaves alone).
 fn too_many(decision: &floodgate::Decision, text: &str) -> Response {
     let mut response = answer(StatusCode::TOO_MANY_REQUESTS, text);
     if let Some(value) = floodgate_http::retry_after(decision) {
