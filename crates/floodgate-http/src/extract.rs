@@ -779,11 +779,22 @@ fn forwarded_for(element: &str) -> Result<IpAddr, &'static str> {
 /// request URI's authority, with no `Host` field; key by host with [`from_fn`] over
 /// `parts.uri.authority()` rather than `HeaderKey::new("host")`.
 ///
+/// The value is the client's claim: nothing here checks that it is a real key, so a
+/// client that sends a new value with each request gets a fresh bucket each time.
+/// Put a per-client-IP rule before this one, or key on an identity an
+/// authentication layer has verified ([`from_fn`] over the extension it inserts).
+/// An empty or blank value is [`KeyError::Missing`], never the key `""`: a fallback
+/// bucket named `""` ([`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) is
+/// one no client can name, where one such as `"anonymous"` is one any client can
+/// send.
+///
 /// # Examples
 ///
 /// ```
-/// use floodgate_http::{HeaderKey, KeyExtractor};
+/// use floodgate_http::{HeaderKey, KeyError, KeyExtractor};
 /// let key = HeaderKey::new("x-api-key")?;
+/// let (blank, ()) = http::Request::get("/").header("x-api-key", " ").body(()).unwrap().into_parts();
+/// assert!(matches!(key.extract(&blank), Err(KeyError::Missing { .. })));
 /// let (parts, ()) = http::Request::get("/").header("x-api-key", "k-123").body(()).unwrap().into_parts();
 /// assert_eq!(key.extract(&parts).unwrap(), "k-123");
 /// # Ok::<(), floodgate_http::ConfigError>(())
