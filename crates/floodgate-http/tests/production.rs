@@ -221,14 +221,13 @@ async fn plans_differ_per_api_key() -> TestResult {
     let a = server.get("192.0.2.11", Some("pro_2")).await?;
     assert_eq!(a.header("retry-after"), Some("1"));
 
-    // No key: one shared free bucket, `anonymous`, whatever the client.
-    for ip in [
-        "192.0.2.20",
-        "192.0.2.21",
-        "192.0.2.22",
-        "192.0.2.23",
-        "192.0.2.24",
-    ] {
+    // No key: one shared free bucket, whatever the client; a blank key is none.
+    // A client cannot name that bucket: `anonymous` is just another free key.
+    let a = server.get("192.0.2.19", Some("anonymous")).await?;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let a = server.get("192.0.2.19", Some(" ")).await?;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    for ip in ["192.0.2.20", "192.0.2.21", "192.0.2.22", "192.0.2.23"] {
         let a = server.get(ip, None).await?;
         assert_eq!(a.status, StatusCode::OK, "{ip}: {}", a.body);
     }

@@ -11,8 +11,8 @@
 //! 3. `per-ip-warn` (soft): [`PER_IP_WARN`]: past it a request still passes, marked
 //!    `X-RateLimit-Exceeded: "per-ip-warn"`;
 //! 4. `plan` (hard): per API key (`X-Api-Key`) by plan: `ent_…` enterprise,
-//!    `pro_…` pro, any other key free; requests without a key share the free bucket
-//!    `anonymous`;
+//!    `pro_…` pro, any other key free; requests without a key share one free-plan
+//!    bucket, keyed `""` (a key no client can send);
 //! 5. `global` (hard): [`GLOBAL`] for the whole replica.
 //!
 //! `POST /login` (body `user=NAME&password=SECRET`) adds brute-force protection in
@@ -185,7 +185,7 @@ where
         .rule(
             // Plans differ in window: `w` is left out of this rule's members.
             Rule::new("plan", per_key, HeaderKey::new("x-api-key")?)?
-                .on_missing_key(OnMissingKey::Fallback("anonymous".to_owned())),
+                .on_missing_key(OnMissingKey::Fallback(String::new())),
         )
         .rule(
             Rule::new(
