@@ -394,5 +394,13 @@ async fn two_replicas_share_the_per_ip_limit_through_redis() -> TestResult {
     let r = b.get("203.0.113.51", Some("ent_r")).await?;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(a.stats("per-ip")?.errors + b.stats("per-ip")?.errors, 0);
+
+    // Redis gone: the shared rule is skipped and counted, the in-process rules hold.
+    drop(redis);
+    let r = a.get("203.0.113.50", Some("ent_r")).await?;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let limit = r.header("ratelimit").ok_or("no RateLimit")?;
+    assert!(limit.starts_with(r#""per-ip-warn";r=4;"#), "{limit}");
+    assert_eq!(a.stats("per-ip")?.errors, 1);
     Ok(())
 }

@@ -37,8 +37,8 @@ use floodgate::{
     Clock, Gcra, GcraState, Heap, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Storage,
 };
 use floodgate_http::{
-    ForwardedIp, Global, HeaderKey, KeyExtractor, OnMissingKey, RateLimitLayer, Rule, Strategy,
-    TrustedProxies,
+    ForwardedIp, Global, HeaderKey, KeyExtractor, OnLimiterError, OnMissingKey, RateLimitLayer,
+    Rule, Strategy, TrustedProxies,
 };
 use floodgate_redis::RedisLimiter;
 
@@ -88,8 +88,11 @@ pub async fn redis_per_ip(url: &str, prefix: &str, per_ip: Policy) -> Result<Sha
     let limiter = RedisLimiter::builder(floodgate_redis::Algorithm::Gcra, per_ip)
         .prefix(prefix)
         .timeout(Duration::from_millis(200))
-        // Redis down: the in-process rules still hold, so admit.
-        .on_failure(floodgate_redis::OnFailure::Open)
+        // Redis down: the error reaches the layer, which counts it in the rule's
+        // `errors` and admits (`OnLimiterError::FailOpen`): the in-process rules
+        // still hold. `OnFailure::Open` here would admit too, but the layer would
+        // count those admissions as `allowed`, and the outage would not show.
+        .on_failure(floodgate_redis::OnFailure::Error)
         .build(conn)?;
     Ok(Shared::Redis(Box::new(limiter), per_ip))
 }
@@ -195,6 +198,7 @@ where
             )?
             .window_of(&global_policy),
         )
+        .on_limiter_error(OnLimiterError::FailOpen)
         .build()?;
 
     let login = Arc::new(Login {
