@@ -896,6 +896,11 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// Two keys that render alike share a limit. The [`OnFailure`] policy applies: under
 /// `Open` and `Closed` the fallback comes back as `Ok` (use
 /// [`RedisLimiter::check_n`] to tell it apart), under `Error` as `Err`.
+///
+/// Behind a caller with a failure policy of its own (floodgate-http's layer and its
+/// `OnLimiterError`), prefer `OnFailure::Error`: the caller then sees each failure,
+/// counts it (the layer's per-rule `errors`) and fails open or closed itself, where
+/// under `Open` or `Closed` a fallback looks like any decision Redis made.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 
