@@ -58,7 +58,8 @@ impl Server {
         })
     }
 
-    /// `method path` for the client at `ip`, with API key `key` (if any) and `body`.
+    /// `method path` for the client at `ip` (none: `""`, a request of the proxy's
+    /// own), with API key `key` (if any) and `body`.
     async fn send(
         &self,
         method: Method,
@@ -69,8 +70,10 @@ impl Server {
     ) -> Result<Answer, Error> {
         let mut req = Request::builder()
             .method(method)
-            .uri(format!("http://{}{path}", self.addr))
-            .header("x-forwarded-for", ip);
+            .uri(format!("http://{}{path}", self.addr));
+        if !ip.is_empty() {
+            req = req.header("x-forwarded-for", ip);
+        }
         if let Some(key) = key {
             req = req.header("x-api-key", key);
         }
@@ -168,16 +171,21 @@ async fn per_ip_hard_soft_and_shadow_rules() -> TestResult {
     assert_eq!((next.shadow, next.denied), (21, 0));
     let warn = server.stats("per-ip-warn")?;
     assert_eq!((warn.soft, warn.denied), (11, 0));
-    // `GET /stats` passed the rules itself: the twelfth admission.
-    let a = server
-        .send(Method::GET, "/stats", "203.0.113.3", key, "")
-        .await?;
+    // `GET /stats` and `GET /health` are outside the limits: the balancer's own
+    // requests, without `X-Forwarded-For`, pass.
+    let a = server.send(Method::GET, "/stats", "", None, "").await?;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     assert!(
         a.body
-            .contains("\nper-ip-next allowed=12 denied=0 soft=0 shadow=21 "),
+            .contains("\nper-ip-next allowed=11 denied=0 soft=0 shadow=21 "),
         "{}",
         a.body
     );
+    let a = server.send(Method::GET, "/health", "", None, "").await?;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    // The same request to a limited route is refused for its missing client key.
+    let a = server.send(Method::GET, "/", "", None, "").await?;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
     Ok(())
 }
 

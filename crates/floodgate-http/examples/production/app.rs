@@ -126,7 +126,8 @@ pub fn client_ip(trusted_proxy: &str) -> Result<ForwardedIp, Error> {
 
 /// The service: its router (to serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`) and its rate-limit layer
-/// (whose `stats` it also serves at `GET /stats`).
+/// (whose `stats` it serves at `GET /stats`, beside `GET /health`, both outside the
+/// limits).
 pub fn app<C>(
     clock: C,
     trusted_proxy: &str,
@@ -209,13 +210,17 @@ where
     });
 
     let stats = layer.clone();
-    let router = Router::new()
+    let limited = Router::new()
         .route("/", get(|| async { "hello\n" }))
-        .route("/stats", get(move || ready_text(stats_text(&stats))))
         .route("/login", post(login_handler::<C>))
         .with_state(login)
         .layer(layer.clone());
-    Ok((router, layer))
+    // Outside the layer: the balancer's health checks come from the trusted proxy
+    // itself, with no `X-Forwarded-For`, which the `per-ip` rule answers 400.
+    let operations = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/stats", get(move || ready_text(stats_text(&stats))));
+    Ok((limited.merge(operations), layer))
 }
 
 fn ready_text(text: String) -> impl Future<Output = String> {
