@@ -1,11 +1,13 @@
 //! The `production` example's service, apart from `main` so that its test serves the
 //! very same router on loopback with a [`ManualClock`](floodgate::ManualClock).
 //!
-//! Rules of the layer, checked in order on every route:
+//! Rules of the layer, checked in order on `GET /` and `POST /login` (`GET /health`
+//! and `GET /stats` are outside it):
 //!
 //! 1. `per-ip` (hard): [`PER_IP`] per client IP, the client taken from
 //!    `X-Forwarded-For` behind one trusted proxy; in process, or through Redis when
-//!    the replicas share it ([`Shared::Redis`]);
+//!    the replicas share it ([`Shared::Redis`]: a Redis failure skips the rule for
+//!    that request and counts in its `errors`);
 //! 2. `per-ip-next` (shadow): [`PER_IP_NEXT`], a tighter limit on trial: it counts
 //!    what it would deny and never blocks;
 //! 3. `per-ip-warn` (soft): [`PER_IP_WARN`]: past it a request still passes, marked
@@ -20,8 +22,7 @@
 //! name and [`LOGIN_PER_IP`] per client IP, charged before the password is checked
 //! and refunded when it was right.
 
-use std::convert::Infallible;
-use std::future::Future;
+use std::future::ready;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,12 +220,8 @@ where
     // itself, with no `X-Forwarded-For`, which the `per-ip` rule answers 400.
     let operations = Router::new()
         .route("/health", get(|| async { "ok\n" }))
-        .route("/stats", get(move || ready_text(stats_text(&stats))));
+        .route("/stats", get(move || ready(stats_text(&stats))));
     Ok((limited.merge(operations), layer))
-}
-
-fn ready_text(text: String) -> impl Future<Output = String> {
-    std::future::ready(text)
 }
 
 /// One line per rule: its counters.
@@ -257,37 +254,37 @@ fn answer(status: StatusCode, text: &str) -> Response {
 async fn login_handler<C: Clock + 'static>(
     State(login): State<Arc<Login<C>>>,
     request: Request,
-) -> Result<Response, Infallible> {
+) -> Response {
     let (parts, body) = request.into_parts();
     let ip = match login.client.extract(&parts) {
         Ok(ip) => ip,
-        Err(e) => return Ok(answer(StatusCode::BAD_REQUEST, &e.to_string())),
+        Err(e) => return answer(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     let Ok(body) = to_bytes(body, 4 * 1024).await else {
-        return Ok(answer(StatusCode::PAYLOAD_TOO_LARGE, "body over 4 KiB"));
+        return answer(StatusCode::PAYLOAD_TOO_LARGE, "body over 4 KiB");
     };
     let body = String::from_utf8_lossy(&body);
     let (Some(user), Some(password)) = (field(&body, "user"), field(&body, "password")) else {
-        return Ok(answer(StatusCode::BAD_REQUEST, "need user=…&password=…"));
+        return answer(StatusCode::BAD_REQUEST, "need user=…&password=…");
     };
 
     let (by_ip, ip_receipt) = login.per_ip.charge(&ip, 1);
     if !by_ip.is_allowed() {
-        return Ok(too_many(&by_ip, "too many failed logins from this address"));
+        return too_many(&by_ip, "too many failed logins from this address");
     }
     let (by_user, user_receipt) = login.per_user.charge(user, 1);
     if !by_user.is_allowed() {
         // This attempt never reached the password: not a failure of this address.
         let _ = login.per_ip.refund(&ip, ip_receipt);
-        return Ok(too_many(&by_user, "too many failed logins for this user"));
+        return too_many(&by_user, "too many failed logins for this user");
     }
     let known = login.users.iter().any(|(u, p)| u == user && p == password);
     if known {
         let _ = login.per_user.refund(user, user_receipt);
         let _ = login.per_ip.refund(&ip, ip_receipt);
-        return Ok(answer(StatusCode::OK, "welcome"));
+        return answer(StatusCode::OK, "welcome");
     }
-    Ok(answer(StatusCode::UNAUTHORIZED, "wrong user or password"))
+    answer(StatusCode::UNAUTHORIZED, "wrong user or password")
 }
 
 /// 429 with `Retry-After` (rounded up, as the layer writes it). No `RateLimit`
