@@ -69,6 +69,30 @@ pub trait AsyncLimit<K: ?Sized>: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 }
 
+/// The body of an in-process keyed limiter's [`AsyncLimit`]: its own `check_n` and
+/// `peek`, answered at once.
+macro_rules! ready_per_key {
+    ($limiter:ident) => {
+        type Error = Infallible;
+
+        fn check_n(
+            &self,
+            key: &Q,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::check_n(self, key, cost)))
+        }
+
+        fn peek_n(
+            &self,
+            key: &Q,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::peek(self, key, cost)))
+        }
+    };
+}
+
 impl<K, Q, A, C, S> AsyncLimit<Q> for KeyedLimiter<K, A, C, S>
 where
     K: Send + Sync + 'static,
@@ -77,23 +101,7 @@ where
     C: Clock,
     S: Storage<K, A::State>,
 {
-    type Error = Infallible;
-
-    fn check_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedLimiter::check_n(self, key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedLimiter::peek(self, key, cost)))
-    }
+    ready_per_key!(KeyedLimiter);
 }
 
 impl<K, Q, C> AsyncLimit<Q> for KeyedSlidingLog<K, C>
@@ -102,23 +110,7 @@ where
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     C: Clock,
 {
-    type Error = Infallible;
-
-    fn check_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedSlidingLog::check_n(self, key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedSlidingLog::peek(self, key, cost)))
-    }
+    ready_per_key!(KeyedSlidingLog);
 }
 
 /// Each key under its plan: the plan limiter's own `check_n` and `peek`.
@@ -153,23 +145,7 @@ where
     S: Storage<K, A::State>,
     Self: Send + Sync,
 {
-    type Error = Infallible;
-
-    fn check_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(PlanLimiter::check_n(self, key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(PlanLimiter::peek(self, key, cost)))
-    }
+    ready_per_key!(PlanLimiter);
 }
 
 impl<K, A, C, S> AsyncLimit<K> for RateLimiter<A, C, S>
