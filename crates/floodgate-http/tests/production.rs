@@ -8,6 +8,10 @@
 #[path = "../examples/production/app.rs"]
 mod app;
 
+#[path = "common/answer.rs"]
+mod answer;
+use answer::Answer;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -15,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use floodgate::{ManualClock, Policy};
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -30,18 +34,6 @@ struct Server {
     addr: SocketAddr,
     layer: floodgate_http::RateLimitLayer,
     client: Client<HttpConnector, Full<Bytes>>,
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
 }
 
 impl Server {
@@ -77,17 +69,8 @@ impl Server {
         if let Some(key) = key {
             req = req.header("x-api-key", key);
         }
-        let resp = self
-            .client
-            .request(req.body(Full::new(Bytes::from(body.to_owned())))?)
-            .await?;
-        let (head, body) = resp.into_parts();
-        let body = body.collect().await?.to_bytes();
-        Ok(Answer {
-            status: head.status,
-            headers: head.headers,
-            body: String::from_utf8(body.to_vec())?,
-        })
+        let req = req.body(Full::new(Bytes::from(body.to_owned())))?;
+        Answer::read(self.client.request(req).await?).await
     }
 
     async fn get(&self, ip: &str, key: Option<&str>) -> Result<Answer, Error> {
