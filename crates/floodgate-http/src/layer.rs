@@ -496,6 +496,7 @@ pub struct HeaderOptions {
     legacy: Option<ResetFormat>,
     ietf: bool,
     shadow: bool,
+    soft: bool,
     partition_key: Option<PartitionKeyHasher>,
 }
 
@@ -505,6 +506,7 @@ impl Default for HeaderOptions {
             legacy: Some(ResetFormat::Seconds),
             ietf: true,
             shadow: false,
+            soft: true,
             partition_key: None,
         }
     }
@@ -530,6 +532,32 @@ impl HeaderOptions {
     /// Shows shadow rules in the headers too (by default they alter nothing).
     pub fn include_shadow(self, on: bool) -> Self {
         HeaderOptions { shadow: on, ..self }
+    }
+
+    /// Shows soft rules in the header families (the default), or leaves them out
+    /// (`false`): a soft rule past its limit then shows only in
+    /// `X-RateLimit-Exceeded`, and the `X-RateLimit-*` trio and the IETF members
+    /// speak of the rules that can refuse. Shown, a soft rule past its limit puts
+    /// `X-RateLimit-Remaining: 0` on requests that still pass, and a client that
+    /// paces itself by it backs off while the hard rules still admit it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, HeaderOptions, RateLimitLayer, Rule, Strategy};
+    /// let warn = RateLimiter::gcra(Policy::per_second(10)?);
+    /// let cap = RateLimiter::gcra(Policy::per_second(100)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new("warn", warn, Global)?.strategy(Strategy::Soft))
+    ///     .rule(Rule::new("cap", cap, Global)?)
+    ///     .headers(HeaderOptions::default().include_soft(false))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn include_soft(self, on: bool) -> Self {
+        HeaderOptions { soft: on, ..self }
     }
 
     /// Adds `pk` (a keyed hash of each rule's key) to the IETF members.
@@ -1032,7 +1060,12 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 }
             }
         }
-        if entry.strategy != Strategy::Shadow || shared.headers.shadow {
+        let visible = match entry.strategy {
+            Strategy::Hard => true,
+            Strategy::Soft => shared.headers.soft,
+            Strategy::Shadow => shared.headers.shadow,
+        };
+        if visible {
             v.shown.push(shown);
         }
     }
