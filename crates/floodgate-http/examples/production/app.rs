@@ -11,7 +11,8 @@
 //! 2. `per-ip-next` (shadow): [`PER_IP_NEXT`], a tighter limit on trial: it counts
 //!    what it would deny and never blocks;
 //! 3. `per-ip-warn` (soft): [`PER_IP_WARN`]: past it a request still passes, marked
-//!    `X-RateLimit-Exceeded: "per-ip-warn"`;
+//!    `X-RateLimit-Exceeded: "per-ip-warn"` (its only header: the rate-limit fields
+//!    speak of the rules that can refuse);
 //! 4. `plan` (hard): per API key (`X-Api-Key`) by plan: `ent_…` enterprise,
 //!    `pro_…` pro, any other key free; requests without a key share one free-plan
 //!    bucket, keyed `""` (a key no client can send);
@@ -38,8 +39,8 @@ use floodgate::{
     Clock, Gcra, GcraState, Heap, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Storage,
 };
 use floodgate_http::{
-    ForwardedIp, Global, HeaderKey, KeyExtractor, OnLimiterError, OnMissingKey, RateLimitLayer,
-    Rule, Strategy, TrustedProxies,
+    ForwardedIp, Global, HeaderKey, HeaderOptions, KeyExtractor, OnLimiterError, OnMissingKey,
+    RateLimitLayer, Rule, Strategy, TrustedProxies,
 };
 use floodgate_redis::RedisLimiter;
 
@@ -201,6 +202,9 @@ where
             .window_of(&global_policy),
         )
         .on_limiter_error(OnLimiterError::FailOpen)
+        // The soft rule warns through `X-RateLimit-Exceeded` only: shown, it would put
+        // `X-RateLimit-Remaining: 0` on requests `per-ip` still admits.
+        .headers(HeaderOptions::default().include_soft(false))
         .build()?;
 
     let login = Arc::new(Login {
