@@ -39,6 +39,8 @@ pub enum Strategy {
     #[default]
     Hard,
     /// Let it through, marked with `X-RateLimit-Exceeded: "<rule>"`, and count it.
+    /// The rule shows in the header families too, unless
+    /// [`HeaderOptions::include_soft`] is `false`.
     Soft,
     /// Dry run: decide and count, never block, and leave the headers alone unless
     /// [`HeaderOptions::include_shadow`] is set.
@@ -242,6 +244,7 @@ pub struct Rule<L, E: KeyExtractor> {
     cost: u32,
     window: Option<u64>,
     on_missing: OnMissingKey<E::Key>,
+    on_error: Option<OnLimiterError>,
     in_process: Option<InProcess<L, E::Key>>,
 }
 
@@ -307,6 +310,7 @@ where
             cost: 1,
             window: None,
             on_missing: OnMissingKey::Reject,
+            on_error: None,
             in_process: None,
         })
     }
@@ -341,6 +345,29 @@ where
     pub fn on_missing_key(self, on_missing: OnMissingKey<E::Key>) -> Self {
         Rule { on_missing, ..self }
     }
+
+    /// What to do when this rule's limiter fails, in place of the layer's
+    /// [`on_limiter_error`](RateLimitLayerBuilder::on_limiter_error): a shared
+    /// per-client limit may fail open while a global quota fails closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// use floodgate_http::{OnLimiterError, PeerIp, Rule};
+    /// use std::net::IpAddr;
+    /// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// let rule = Rule::remote("per-ip", per_ip, PeerIp::new())?
+    ///     .on_limiter_error(OnLimiterError::FailOpen);
+    /// # let _ = rule;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
+        Rule {
+            on_error: Some(on_error),
+            ..self
+        }
+    }
 }
 
 impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
@@ -351,6 +378,7 @@ impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
             .field("strategy", &self.strategy)
             .field("cost", &self.cost)
             .field("window", &self.window)
+            .field("on_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -472,6 +500,8 @@ struct RuleEntry {
     name: PolicyName,
     strategy: Strategy,
     window: Option<u64>,
+    /// The rule's own failure policy, else the layer's.
+    on_error: Option<OnLimiterError>,
     rule: Box<dyn ErasedRule>,
     counters: Counters,
 }
@@ -692,6 +722,7 @@ impl RateLimitLayerBuilder {
             name: rule.name.clone(),
             strategy: rule.strategy,
             window: rule.window,
+            on_error: rule.on_error,
             rule: Box::new(rule),
             counters: Counters::new(),
         });
@@ -705,6 +736,7 @@ impl RateLimitLayerBuilder {
             name,
             strategy: Strategy::Hard,
             window,
+            on_error: None,
             rule,
             counters: Counters::new(),
         });
@@ -753,6 +785,7 @@ impl RateLimitLayerBuilder {
             name: rule.name.clone(),
             strategy: Strategy::Hard,
             window: rule.window,
+            on_error: None,
             rule: Box::new(rule),
             counters: Counters::new(),
         });
@@ -774,7 +807,8 @@ impl RateLimitLayerBuilder {
         }
     }
 
-    /// What to do when a limiter fails.
+    /// What to do when a limiter fails (a rule may override it:
+    /// [`Rule::on_limiter_error`]).
     pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
         RateLimitLayerBuilder { on_error, ..self }
     }
@@ -990,7 +1024,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
                 tracing::warn!(rule = %entry.name, error = %_error, "rate limiter failed");
-                match shared.on_error {
+                match entry.on_error.unwrap_or(shared.on_error) {
                     OnLimiterError::FailClosed if blocks => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
                         v.reply = Some(Reply {
