@@ -91,9 +91,9 @@ pub async fn redis_per_ip(url: &str, prefix: &str, per_ip: Policy) -> Result<Sha
         .prefix(prefix)
         .timeout(Duration::from_millis(200))
         // Redis down: the error reaches the layer, which counts it in the rule's
-        // `errors` and admits (`OnLimiterError::FailOpen`): the in-process rules
-        // still hold. `OnFailure::Open` here would admit too, but the layer would
-        // count those admissions as `allowed`, and the outage would not show.
+        // `errors` and skips the rule (its `OnLimiterError::FailOpen`).
+        // `OnFailure::Open` here would admit too, but the layer would count those
+        // admissions as `allowed`, and the outage would not show.
         .on_failure(floodgate_redis::OnFailure::Error)
         .build(conn)?;
     Ok(Shared::Redis(Box::new(limiter), per_ip))
@@ -148,8 +148,13 @@ where
                 Rule::new("per-ip", keyed(per_ip_policy)?, client.clone())?
                     .window_of(&per_ip_policy),
             ),
-            Shared::Redis(redis, redis_policy) => builder
-                .rule(Rule::remote("per-ip", *redis, client.clone())?.window_of(&redis_policy)),
+            Shared::Redis(redis, redis_policy) => builder.rule(
+                Rule::remote("per-ip", *redis, client.clone())?
+                    .window_of(&redis_policy)
+                    // Redis down: skip this rule (counted in its `errors`); the
+                    // in-process rules still hold.
+                    .on_limiter_error(OnLimiterError::FailOpen),
+            ),
         })
     };
 
@@ -201,7 +206,6 @@ where
             )?
             .window_of(&global_policy),
         )
-        .on_limiter_error(OnLimiterError::FailOpen)
         // The soft rule warns through `X-RateLimit-Exceeded` only: shown, it would put
         // `X-RateLimit-Remaining: 0` on requests `per-ip` still admits.
         .headers(HeaderOptions::default().include_soft(false))
