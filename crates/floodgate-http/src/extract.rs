@@ -373,16 +373,27 @@ impl FromStr for IpNet {
             .parse::<IpAddr>()
             .map_err(|_| bad("not an IP address"))?
             .to_canonical();
-        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let (max, too_long) = if addr.is_ipv4() {
+            (
+                32,
+                "the prefix is longer than an IPv4 address (at most /32)",
+            )
+        } else {
+            (
+                128,
+                "the prefix is longer than an IPv6 address (at most /128)",
+            )
+        };
         let prefix = match prefix {
             None => max,
-            Some(p) => (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| p.parse::<u8>().ok())
-                .flatten()
+            Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => {
+                return Err(bad("the prefix length is not a decimal number"));
+            }
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
                 .filter(|p| *p <= max)
-                .ok_or(bad(
-                    "the prefix length is not a number within the address width",
-                ))?,
+                .ok_or(bad(too_long))?,
         };
         Ok(IpNet { addr, prefix })
     }
@@ -1059,6 +1070,20 @@ mod tests {
             let err = bad.parse::<IpNet>().unwrap_err();
             assert!(matches!(err, ConfigError::Network { .. }), "{bad}");
         }
+        // The message says what to change.
+        let message = |text: &str| text.parse::<IpNet>().unwrap_err().to_string();
+        assert_eq!(
+            message("10.0.0.0/33"),
+            r#"trusted network "10.0.0.0/33": the prefix is longer than an IPv4 address (at most /32)"#
+        );
+        assert_eq!(
+            message("::/300"),
+            r#"trusted network "::/300": the prefix is longer than an IPv6 address (at most /128)"#
+        );
+        assert_eq!(
+            message("10.0.0.0/8x"),
+            r#"trusted network "10.0.0.0/8x": the prefix length is not a decimal number"#
+        );
     }
 
     #[test]
