@@ -26,65 +26,16 @@
 //!   every request is admitted and still pays for every rule and both header
 //!   families (the layer's cost on the requests a proxy forwards).
 
-use std::future::{ready, Future};
 use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
-use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
-use floodgate::{
-    AsyncLimit, Clock, Decision, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Receipt,
-};
+use floodgate::keyed::plans::{PlanLimiter, Plans};
+use floodgate::{KeyedBuilder, KeyedLimiter, Policy, RateLimiter};
 use floodgate_http::{
-    Charge, ForwardedIp, Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Rule,
-    TrustedProxies,
+    ForwardedIp, Global, HeaderKey, OnMissingKey, PeerIp, RateLimitLayer, Rule, TrustedProxies,
 };
-
-/// The plan limiter behind the [`AsyncLimit`] trait the layer consumes.
-struct PlanLimit<R>(PlanLimiter<String, R>);
-
-impl<R> AsyncLimit<String> for PlanLimit<R>
-where
-    R: Fn(&String) -> PlanId + Send + Sync,
-{
-    type Error = std::convert::Infallible;
-
-    fn check_n(
-        &self,
-        key: &String,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
-        let now = self.0.clock().now();
-        ready(Ok(self.0.check_n_at(key, now, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &String,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send {
-        ready(Ok(self.0.peek(key, cost)))
-    }
-}
-
-/// In-process, so a request another rule denies is not charged here either.
-impl<R> Charge<String> for PlanLimit<R>
-where
-    R: Fn(&String) -> PlanId + Send + Sync,
-{
-    fn charge(&self, key: &String, cost: u32) -> (Decision, Receipt) {
-        self.0.charge(key, cost)
-    }
-
-    fn refund(&self, key: &String, receipt: Receipt) -> bool {
-        self.0.refund(key, receipt)
-    }
-
-    fn peek(&self, key: &String, cost: u32) -> Decision {
-        self.0.peek(key, cost)
-    }
-}
 
 struct Args {
     listen: SocketAddr,
@@ -169,7 +120,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             free
         }
     };
-    let plan = PlanLimit(PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?);
+    let plan = PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?;
 
     let global_policy = pick(Policy::per_second(1_000)?);
     let global = RateLimiter::gcra(global_policy);
@@ -196,24 +147,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let stats_layer = layer.clone();
-    let routes = Router::new()
-        .route("/", get(|| async { "hello\n" }))
-        .route(
-            "/stats",
-            get(move || {
-                let text: String = stats_layer
-                    .stats()
-                    .iter()
-                    .map(|s| {
-                        format!(
-                            "{} allowed={} denied={} soft={} shadow={} queued={} bad_key={} errors={}\n",
-                            s.name, s.allowed, s.denied, s.soft, s.shadow, s.queued, s.bad_key, s.errors
-                        )
-                    })
-                    .collect();
-                async move { text }
-            }),
-        );
+    let routes = Router::new().route("/", get(|| async { "hello\n" })).route(
+        "/stats",
+        get(move || {
+            let text: String = stats_layer
+                .stats()
+                .iter()
+                .map(|s| format!("{s}\n"))
+                .collect();
+            async move { text }
+        }),
+    );
     let app = if args.no_limits {
         routes
     } else {

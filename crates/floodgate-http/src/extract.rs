@@ -373,16 +373,27 @@ impl FromStr for IpNet {
             .parse::<IpAddr>()
             .map_err(|_| bad("not an IP address"))?
             .to_canonical();
-        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let (max, too_long) = if addr.is_ipv4() {
+            (
+                32,
+                "the prefix is longer than an IPv4 address (at most /32)",
+            )
+        } else {
+            (
+                128,
+                "the prefix is longer than an IPv6 address (at most /128)",
+            )
+        };
         let prefix = match prefix {
             None => max,
-            Some(p) => (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| p.parse::<u8>().ok())
-                .flatten()
+            Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => {
+                return Err(bad("the prefix length is not a decimal number"));
+            }
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
                 .filter(|p| *p <= max)
-                .ok_or(bad(
-                    "the prefix length is not a number within the address width",
-                ))?,
+                .ok_or(bad(too_long))?,
         };
         Ok(IpNet { addr, prefix })
     }
@@ -779,11 +790,22 @@ fn forwarded_for(element: &str) -> Result<IpAddr, &'static str> {
 /// request URI's authority, with no `Host` field; key by host with [`from_fn`] over
 /// `parts.uri.authority()` rather than `HeaderKey::new("host")`.
 ///
+/// The value is the client's claim: nothing here checks that it is a real key, so a
+/// client that sends a new value with each request gets a fresh bucket each time.
+/// Put a per-client-IP rule before this one, or key on an identity an
+/// authentication layer has verified ([`from_fn`] over the extension it inserts).
+/// An empty or blank value is [`KeyError::Missing`], never the key `""`: a fallback
+/// bucket named `""` ([`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)) is
+/// one no client can name, where one such as `"anonymous"` is one any client can
+/// send.
+///
 /// # Examples
 ///
 /// ```
-/// use floodgate_http::{HeaderKey, KeyExtractor};
+/// use floodgate_http::{HeaderKey, KeyError, KeyExtractor};
 /// let key = HeaderKey::new("x-api-key")?;
+/// let (blank, ()) = http::Request::get("/").header("x-api-key", " ").body(()).unwrap().into_parts();
+/// assert!(matches!(key.extract(&blank), Err(KeyError::Missing { .. })));
 /// let (parts, ()) = http::Request::get("/").header("x-api-key", "k-123").body(()).unwrap().into_parts();
 /// assert_eq!(key.extract(&parts).unwrap(), "k-123");
 /// # Ok::<(), floodgate_http::ConfigError>(())
@@ -1048,6 +1070,20 @@ mod tests {
             let err = bad.parse::<IpNet>().unwrap_err();
             assert!(matches!(err, ConfigError::Network { .. }), "{bad}");
         }
+        // The message says what to change.
+        let message = |text: &str| text.parse::<IpNet>().unwrap_err().to_string();
+        assert_eq!(
+            message("10.0.0.0/33"),
+            r#"trusted network "10.0.0.0/33": the prefix is longer than an IPv4 address (at most /32)"#
+        );
+        assert_eq!(
+            message("::/300"),
+            r#"trusted network "::/300": the prefix is longer than an IPv6 address (at most /128)"#
+        );
+        assert_eq!(
+            message("10.0.0.0/8x"),
+            r#"trusted network "10.0.0.0/8x": the prefix length is not a decimal number"#
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
     Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Policy,
     RateLimiter, Receipt, StateCell, Storage,
@@ -38,6 +39,8 @@ pub enum Strategy {
     #[default]
     Hard,
     /// Let it through, marked with `X-RateLimit-Exceeded: "<rule>"`, and count it.
+    /// The rule shows in the header families too, unless
+    /// [`HeaderOptions::include_soft`] is `false`.
     Soft,
     /// Dry run: decide and count, never block, and leave the headers alone unless
     /// [`HeaderOptions::include_shadow`] is set.
@@ -98,8 +101,8 @@ pub enum OnLimiterError {
 /// limiter as it then is ([`peek`](Charge::peek)).
 ///
 /// Implemented for the in-process limiters: [`KeyedLimiter`] (per key, on every
-/// storage), [`KeyedSlidingLog`] (the exact log per key) and [`RateLimiter`] (one
-/// limit for every key). A refund gives back only what the
+/// storage), [`KeyedSlidingLog`] (the exact log per key), [`PlanLimiter`] (per key,
+/// under the key's plan) and [`RateLimiter`] (one limit for every key). A refund gives back only what the
 /// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`). A
 /// remote backend without refunds is used with [`Rule::remote`].
 ///
@@ -178,6 +181,38 @@ where
     charge_per_key!(KeyedSlidingLog);
 }
 
+/// Per API key under its plan: a [`PlanLimiter`] is a rule of its own.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::KeyedBuilder;
+/// use floodgate_http::{HeaderKey, OnMissingKey, RateLimitLayer, Rule};
+/// let plans = Plans::classic();
+/// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+/// let resolver = move |key: &String| if key.starts_with("pro_") { pro } else { free };
+/// let per_key = PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?;
+/// let layer = RateLimitLayer::builder()
+///     .rule(
+///         Rule::new("plan", per_key, HeaderKey::new("x-api-key")?)?
+///             .on_missing_key(OnMissingKey::Fallback("anonymous".to_owned())),
+///     )
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<K, Q, R, C, S, A> Charge<Q> for PlanLimiter<K, R, C, S, A>
+where
+    Q: Lookup<K> + ?Sized,
+    R: Fn(&Q) -> PlanId,
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+{
+    charge_per_key!(PlanLimiter);
+}
+
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
     charge: fn(&L, &K, u32) -> (Decision, Receipt),
@@ -209,6 +244,7 @@ pub struct Rule<L, E: KeyExtractor> {
     cost: u32,
     window: Option<u64>,
     on_missing: OnMissingKey<E::Key>,
+    on_error: Option<OnLimiterError>,
     in_process: Option<InProcess<L, E::Key>>,
 }
 
@@ -274,6 +310,7 @@ where
             cost: 1,
             window: None,
             on_missing: OnMissingKey::Reject,
+            on_error: None,
             in_process: None,
         })
     }
@@ -308,6 +345,29 @@ where
     pub fn on_missing_key(self, on_missing: OnMissingKey<E::Key>) -> Self {
         Rule { on_missing, ..self }
     }
+
+    /// What to do when this rule's limiter fails, in place of the layer's
+    /// [`on_limiter_error`](RateLimitLayerBuilder::on_limiter_error): a shared
+    /// per-client limit may fail open while a global quota fails closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy};
+    /// use floodgate_http::{OnLimiterError, PeerIp, Rule};
+    /// use std::net::IpAddr;
+    /// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(Policy::per_second(10)?);
+    /// let rule = Rule::remote("per-ip", per_ip, PeerIp::new())?
+    ///     .on_limiter_error(OnLimiterError::FailOpen);
+    /// # let _ = rule;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
+        Rule {
+            on_error: Some(on_error),
+            ..self
+        }
+    }
 }
 
 impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
@@ -318,6 +378,7 @@ impl<L, E: KeyExtractor + fmt::Debug> fmt::Debug for Rule<L, E> {
             .field("strategy", &self.strategy)
             .field("cost", &self.cost)
             .field("window", &self.window)
+            .field("on_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -439,6 +500,8 @@ struct RuleEntry {
     name: PolicyName,
     strategy: Strategy,
     window: Option<u64>,
+    /// The rule's own failure policy, else the layer's.
+    on_error: Option<OnLimiterError>,
     rule: Box<dyn ErasedRule>,
     counters: Counters,
 }
@@ -463,6 +526,7 @@ pub struct HeaderOptions {
     legacy: Option<ResetFormat>,
     ietf: bool,
     shadow: bool,
+    soft: bool,
     partition_key: Option<PartitionKeyHasher>,
 }
 
@@ -472,6 +536,7 @@ impl Default for HeaderOptions {
             legacy: Some(ResetFormat::Seconds),
             ietf: true,
             shadow: false,
+            soft: true,
             partition_key: None,
         }
     }
@@ -497,6 +562,32 @@ impl HeaderOptions {
     /// Shows shadow rules in the headers too (by default they alter nothing).
     pub fn include_shadow(self, on: bool) -> Self {
         HeaderOptions { shadow: on, ..self }
+    }
+
+    /// Shows soft rules in the header families (the default), or leaves them out
+    /// (`false`): a soft rule past its limit then shows only in
+    /// `X-RateLimit-Exceeded`, and the `X-RateLimit-*` trio and the IETF members
+    /// speak of the rules that can refuse. Shown, a soft rule past its limit puts
+    /// `X-RateLimit-Remaining: 0` on requests that still pass, and a client that
+    /// paces itself by it backs off while the hard rules still admit it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, HeaderOptions, RateLimitLayer, Rule, Strategy};
+    /// let warn = RateLimiter::gcra(Policy::per_second(10)?);
+    /// let cap = RateLimiter::gcra(Policy::per_second(100)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new("warn", warn, Global)?.strategy(Strategy::Soft))
+    ///     .rule(Rule::new("cap", cap, Global)?)
+    ///     .headers(HeaderOptions::default().include_soft(false))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn include_soft(self, on: bool) -> Self {
+        HeaderOptions { soft: on, ..self }
     }
 
     /// Adds `pk` (a keyed hash of each rule's key) to the IETF members.
@@ -631,6 +722,7 @@ impl RateLimitLayerBuilder {
             name: rule.name.clone(),
             strategy: rule.strategy,
             window: rule.window,
+            on_error: rule.on_error,
             rule: Box::new(rule),
             counters: Counters::new(),
         });
@@ -644,6 +736,7 @@ impl RateLimitLayerBuilder {
             name,
             strategy: Strategy::Hard,
             window,
+            on_error: None,
             rule,
             counters: Counters::new(),
         });
@@ -692,6 +785,7 @@ impl RateLimitLayerBuilder {
             name: rule.name.clone(),
             strategy: Strategy::Hard,
             window: rule.window,
+            on_error: None,
             rule: Box::new(rule),
             counters: Counters::new(),
         });
@@ -713,7 +807,8 @@ impl RateLimitLayerBuilder {
         }
     }
 
-    /// What to do when a limiter fails.
+    /// What to do when a limiter fails (a rule may override it:
+    /// [`Rule::on_limiter_error`]).
     pub fn on_limiter_error(self, on_error: OnLimiterError) -> Self {
         RateLimitLayerBuilder { on_error, ..self }
     }
@@ -929,7 +1024,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
                 tracing::warn!(rule = %entry.name, error = %_error, "rate limiter failed");
-                match shared.on_error {
+                match entry.on_error.unwrap_or(shared.on_error) {
                     OnLimiterError::FailClosed if blocks => {
                         let text = format!("rate limit \"{}\" is unavailable\n", entry.name);
                         v.reply = Some(Reply {
@@ -999,7 +1094,12 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 }
             }
         }
-        if entry.strategy != Strategy::Shadow || shared.headers.shadow {
+        let visible = match entry.strategy {
+            Strategy::Hard => true,
+            Strategy::Soft => shared.headers.soft,
+            Strategy::Shadow => shared.headers.shadow,
+        };
+        if visible {
             v.shown.push(shown);
         }
     }

@@ -8,6 +8,7 @@
 //! the requests it should include have finished.
 
 use std::cell::Cell;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -46,6 +47,42 @@ pub struct RuleStats {
     pub bad_key: u64,
     /// The limiter failed.
     pub errors: u64,
+}
+
+/// One line, `name allowed=… denied=… soft=… shadow=… queued=… bad_key=… errors=…`:
+/// what a stats endpoint or a log line shows.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Policy, RateLimiter};
+/// use floodgate_http::{Global, RateLimitLayer, Rule};
+/// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+/// let layer = RateLimitLayer::builder().rule(Rule::new("global", global, Global)?).build()?;
+/// assert_eq!(
+///     layer.stats()[0].to_string(),
+///     "global allowed=0 denied=0 soft=0 shadow=0 queued=0 bad_key=0 errors=0",
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl fmt::Display for RuleStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let RuleStats {
+            name,
+            allowed,
+            denied,
+            soft,
+            shadow,
+            queued,
+            bad_key,
+            errors,
+        } = self;
+        write!(
+            f,
+            "{name} allowed={allowed} denied={denied} soft={soft} shadow={shadow} \
+             queued={queued} bad_key={bad_key} errors={errors}"
+        )
+    }
 }
 
 /// Which counter to bump.

@@ -7,13 +7,17 @@
 #[path = "../examples/proxy/serve.rs"]
 mod serve;
 
+#[path = "common/answer.rs"]
+mod answer;
+use answer::Answer;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use floodgate::{ManualClock, Policy};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -47,18 +51,6 @@ async fn upstream() -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
 /// `GET /path` through the proxy, as the balancer forwarding for `xff`.
 async fn get(
     proxy: SocketAddr,
@@ -68,14 +60,7 @@ async fn get(
     let req = Request::get(format!("http://{proxy}/path?q=1"))
         .header("x-forwarded-for", xff)
         .body(Empty::new())?;
-    let resp = client.request(req).await?;
-    let (head, body) = resp.into_parts();
-    let body = body.collect().await?.to_bytes();
-    Ok(Answer {
-        status: head.status,
-        headers: head.headers,
-        body: String::from_utf8(body.to_vec())?,
-    })
+    Answer::read(client.request(req).await?).await
 }
 
 #[tokio::test]

@@ -145,13 +145,38 @@ use std::time::Instant;
 
 use deny_cache::DenyCache;
 use floodgate::{AsyncLimit, Decision, Policy};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use script::Shape;
 
 pub use error::{ConfigError, RedisLimitError};
+/// The `redis` crate this one is built on, so that its types ([`redis::RedisError`],
+/// which [`connect`] returns; [`redis::aio::ConnectionLike`]) can be named without a
+/// dependency of one's own that must match its version.
+///
+/// # Examples
+///
+/// ```no_run
+/// use floodgate_redis::redis::RedisError;
+/// use floodgate_redis::{ClusterConnection, ConnectionManager, RedisLimiter};
+///
+/// // A service that holds one limiter of each kind names both connections.
+/// struct Limits {
+///     single: RedisLimiter<ConnectionManager>,
+///     cluster: RedisLimiter<ClusterConnection>,
+/// }
+///
+/// async fn connect() -> Result<ConnectionManager, RedisError> {
+///     floodgate_redis::connect("redis://127.0.0.1/").await
+/// }
+/// ```
+pub use redis;
+/// One Redis server's reconnecting, multiplexed connection ([`connect`]; the
+/// default connection of a [`RedisLimiter`]).
+pub use redis::aio::ConnectionManager;
+/// A Redis Cluster connection ([`connect_cluster`]).
+pub use redis::cluster_async::ClusterConnection;
 
 /// The largest span a policy may add to the time, in microseconds: 2^51 µs, about
 /// 71 years. See the crate docs on exact arithmetic.
@@ -887,11 +912,11 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 ///
 /// Behind floodgate-http's layer, a fallback that comes back as `Ok` is a decision
 /// like Redis's: `Open` admits (counted as allowed) and `Closed` answers 429 with its
-/// wait, whatever the layer's own `OnLimiterError` says, and the layer counts no
-/// error. Build with [`OnFailure::Error`] for the layer to decide (fail closed with
-/// 503, or skip the rule) and count the failure. A key type without `Display`, such
-/// as the layer's `Global` extractor's `()`, is no key here: give a global rule a
-/// constant key (`from_fn(|_| Ok("all"))`).
+/// wait, whatever the layer's (or the rule's) `OnLimiterError` says, and the layer
+/// counts no error. Build with [`OnFailure::Error`] for the layer to decide (fail
+/// closed with 503, or skip the rule) and count each failure in the rule's `errors`.
+/// A key type without `Display`, such as the layer's `Global` extractor's `()`, is no
+/// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 

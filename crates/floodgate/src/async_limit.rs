@@ -16,6 +16,7 @@ use crate::cell::StateCell;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::keyed::composite::Identified;
+use crate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use crate::keyed::{KeyedLimiter, KeyedSlidingLog, Lookup, Storage};
 use crate::limiter::RateLimiter;
 
@@ -26,7 +27,8 @@ use crate::limiter::RateLimiter;
 /// [`Decision`] contract: cost 0 reports the state and is always allowed, a cost above
 /// the capacity is denied with `retry_after() == None`.
 ///
-/// Implemented by [`KeyedLimiter`] and [`KeyedSlidingLog`] (per key), by [`RateLimiter`] (one limit for
+/// Implemented by [`KeyedLimiter`] and [`KeyedSlidingLog`] (per key), by
+/// [`PlanLimiter`] (per key, under the key's plan), by [`RateLimiter`] (one limit for
 /// every key: a global limit ignores the key), and by [`Identified`] (a limit whose
 /// decisions carry a [`PolicyId`](crate::PolicyId)).
 ///
@@ -67,6 +69,30 @@ pub trait AsyncLimit<K: ?Sized>: Send + Sync {
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 }
 
+/// The body of an in-process keyed limiter's [`AsyncLimit`]: its own `check_n` and
+/// `peek`, answered at once.
+macro_rules! ready_per_key {
+    ($limiter:ident) => {
+        type Error = Infallible;
+
+        fn check_n(
+            &self,
+            key: &Q,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::check_n(self, key, cost)))
+        }
+
+        fn peek_n(
+            &self,
+            key: &Q,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::peek(self, key, cost)))
+        }
+    };
+}
+
 impl<K, Q, A, C, S> AsyncLimit<Q> for KeyedLimiter<K, A, C, S>
 where
     K: Send + Sync + 'static,
@@ -75,23 +101,7 @@ where
     C: Clock,
     S: Storage<K, A::State>,
 {
-    type Error = Infallible;
-
-    fn check_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedLimiter::check_n(self, key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedLimiter::peek(self, key, cost)))
-    }
+    ready_per_key!(KeyedLimiter);
 }
 
 impl<K, Q, C> AsyncLimit<Q> for KeyedSlidingLog<K, C>
@@ -100,23 +110,42 @@ where
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     C: Clock,
 {
-    type Error = Infallible;
+    ready_per_key!(KeyedSlidingLog);
+}
 
-    fn check_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedSlidingLog::check_n(self, key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &Q,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(KeyedSlidingLog::peek(self, key, cost)))
-    }
+/// Each key under its plan: the plan limiter's own `check_n` and `peek`.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::{AsyncLimit, KeyedBuilder, ManualClock};
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+/// # }
+/// let plans = Plans::classic();
+/// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+/// let resolver = move |key: &String| if key.starts_with("pro_") { pro } else { free };
+/// let limiter = PlanLimiter::new(&plans, resolver, KeyedBuilder::default().clock(ManualClock::new()))?;
+/// let d = block_on(AsyncLimit::check_n(&limiter, &"pro_1".to_owned(), 1)).unwrap();
+/// assert_eq!((d.limit(), d.remaining()), (100, 99));
+/// let d = block_on(AsyncLimit::peek_n(&limiter, &"anon".to_owned(), 11)).unwrap();
+/// assert!(!d.is_allowed()); // the free plan's burst is 10
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<K, Q, R, C, S, A> AsyncLimit<Q> for PlanLimiter<K, R, C, S, A>
+where
+    K: Send + Sync + 'static,
+    Q: Lookup<K> + ?Sized,
+    R: Fn(&Q) -> PlanId + Send + Sync,
+    C: Clock,
+    A: PlanAlgorithm,
+    S: Storage<K, A::State>,
+    Self: Send + Sync,
+{
+    ready_per_key!(PlanLimiter);
 }
 
 impl<K, A, C, S> AsyncLimit<K> for RateLimiter<A, C, S>

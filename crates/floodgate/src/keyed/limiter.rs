@@ -795,6 +795,34 @@ where
     }
 }
 
+impl<K, C> KeyedLimiter<K, Gcra, C>
+where
+    Heap: Storage<K, crate::gcra::GcraState>,
+{
+    /// A GCRA keyed limiter for `policy` with the default capacity, on `clock`: the
+    /// keyed twin of [`RateLimiter::gcra_with_clock`](crate::RateLimiter::gcra_with_clock)
+    /// ([`KeyedBuilder`] sets the capacity and shards too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let keyed = KeyedLimiter::gcra_with_clock(Policy::per_second(1)?, clock.clone());
+    /// assert!(keyed.check(&42u64).is_allowed());
+    /// assert!(!keyed.check(&42u64).is_allowed());
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(keyed.check(&42u64).is_allowed());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn gcra_with_clock(policy: Policy, clock: C) -> Self {
+        let builder = KeyedBuilder::new(Gcra::new(policy)).clock(clock);
+        let shards = builder.default_shards();
+        builder.assemble(shards)
+    }
+}
+
 impl<K, A, C, S> KeyedLimiter<K, A, C, S>
 where
     A: Algorithm,

@@ -181,6 +181,56 @@
 //! assert_eq!(login(ip, "alice", true), Ok(()));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! A key of (IP, user) alone lets many addresses guess one account, and one address
+//! try a few passwords on every account. In production, limit the failures per user
+//! **and** per IP: charge both (a `charge` of the second that denies hands the first
+//! its receipt back, so an attempt refused for the user costs the address nothing),
+//! and refund both on a success. [`check_all`](composite::check_all) returns no
+//! receipts, so it cannot give a success back: charge each limit yourself.
+//! Refund rather than [`reset`](KeyedLimiter::reset) on a success: a reset of a
+//! per-user key would also forgive an attacker's failures every time the owner logs
+//! in.
+//!
+//! ```
+//! use floodgate::{KeyedLimiter, ManualClock, Policy};
+//! use std::net::IpAddr;
+//!
+//! let clock = ManualClock::new();
+//! let per_user: KeyedLimiter<String, _, _> =
+//!     KeyedLimiter::gcra_with_clock(Policy::per_hour(5)?, clock.clone());
+//! let per_ip: KeyedLimiter<IpAddr, _, _> =
+//!     KeyedLimiter::gcra_with_clock(Policy::per_hour(20)?, clock.clone());
+//!
+//! let login = |ip: IpAddr, user: &str, password_ok: bool| -> Result<(), &'static str> {
+//!     let (by_ip, ip_receipt) = per_ip.charge(&ip, 1);
+//!     if !by_ip.is_allowed() {
+//!         return Err("too many failures from this address");
+//!     }
+//!     let (by_user, user_receipt) = per_user.charge(user, 1);
+//!     if !by_user.is_allowed() {
+//!         let _ = per_ip.refund(&ip, ip_receipt);
+//!         return Err("too many failures for this user");
+//!     }
+//!     if password_ok {
+//!         let _ = per_user.refund(user, user_receipt);
+//!         let _ = per_ip.refund(&ip, ip_receipt);
+//!         return Ok(());
+//!     }
+//!     Err("wrong password")
+//! };
+//!
+//! // Five addresses, one guess each: the account is locked for all of them.
+//! for last in 1..=5u8 {
+//!     assert_eq!(login(IpAddr::from([198, 51, 100, last]), "alice", false), Err("wrong password"));
+//! }
+//! let home: IpAddr = "192.0.2.1".parse()?;
+//! assert_eq!(login(home, "alice", true), Err("too many failures for this user"));
+//! // That refusal cost `home` nothing, and a success costs nothing either.
+//! assert_eq!(login(home, "bob", true), Ok(()));
+//! assert_eq!(per_ip.peek(&home, 0).remaining(), 20);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod key;
 mod limiter;
