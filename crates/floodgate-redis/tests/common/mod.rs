@@ -326,3 +326,23 @@ pub fn whole_micros(d: Decision) -> Decision {
         retry,
     )
 }
+
+/// Redis's clock, in microseconds since the epoch.
+pub fn redis_now_micros(server: &RedisServer) -> u64 {
+    let time: Vec<u64> = server.cmd(&["TIME"]);
+    time[0] * 1_000_000 + time[1]
+}
+
+/// Periods of whole seconds from `shortest` on, shortest first, such that Redis's
+/// clock now stands in the middle half of each one's current window (windows are
+/// aligned to the epoch): at least a quarter of the period passes before it ends.
+pub fn mid_window_periods(
+    server: &RedisServer,
+    shortest: Duration,
+) -> impl Iterator<Item = Duration> {
+    let now = redis_now_micros(server);
+    (shortest.as_secs()..)
+        .map(|secs| secs * 1_000_000)
+        .filter(move |&p| (p / 4..=3 * p / 4).contains(&(now % p)))
+        .map(Duration::from_micros)
+}
