@@ -74,6 +74,9 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        // Another server may answer on the port (ours, unable to bind it, exits):
+        // only our own process counts.
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -83,7 +86,10 @@ impl RedisServer {
                     return false; // exited: the port was taken
                 }
             }
-            if self.connection().is_ok() {
+            let info = self
+                .connection()
+                .and_then(|mut conn| redis::cmd("INFO").arg("server").query::<String>(&mut conn));
+            if info.is_ok_and(|info| info.lines().any(|l| l.trim() == pid)) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
