@@ -63,22 +63,22 @@
 //!   policy's current window while that end is past the window's start (the sliding
 //!   window: weighted in the previous window while past that one's start, and no
 //!   less in all than the old policy's own estimate then), so the new policy never
-//!   counts fewer of those units than its windows hold. A state
-//!   written over one of another period keeps its key (the TTL never shortens) as
-//!   long as that period's window (the sliding window: and the next) may count
-//!   what it holds. Unlike in process, where a policy changes once, a rolling
-//!   deploy runs both policies on the same keys at once: were a window of another
-//!   period to start fresh, a client whose requests alternate between old and new
-//!   replicas would reset its count at each switch and never be limited. One
-//!   string holds one period's windows, though: a policy that moves on to its next
-//!   window drops the units of its last one that a longer window of the other may
-//!   still count, and a key first written by one policy lives only as long as that
-//!   one needs it. While both run, a client spread over both may get more than a
-//!   window's limit within it; keep the switch-over short. An **algorithm** change
-//!   needs a prefix of its own: a script cannot read another algorithm's state, so
-//!   while the old replicas keep it alive the new ones get
-//!   [`RedisLimitError::Redis`] for its keys, and under [`OnFailure::Open`] admit
-//!   every request on them.
+//!   counts fewer of those units than its windows hold. A write over a state of
+//!   another period keeps the key as long as that period's window (the sliding
+//!   window: and the next) may count the units written then, and a later window
+//!   write keeps that longer time to live. Unlike in process, where a policy changes
+//!   once, a rolling deploy runs both policies on the same keys at once: were a
+//!   window of another period to start fresh, a client whose requests alternate
+//!   between old and new replicas would reset its count at each switch and never
+//!   be limited. One string holds one period's windows, though: a policy that moves
+//!   on to its next window drops the units of its last one that a longer window of
+//!   the other may still count, and a write on a policy's own state keeps the key
+//!   only as long as that policy needs it (or had it). While both run, a client
+//!   spread over both may get more than a window's limit within it; keep the
+//!   switch-over short. An **algorithm** change needs a prefix of its own: a
+//!   script cannot read another algorithm's state, so while the old replicas keep
+//!   it alive the new ones get [`RedisLimitError::Redis`] for its keys, and under
+//!   [`OnFailure::Open`] admit every request on them.
 //!
 //! ## Exact arithmetic: microseconds
 //!
