@@ -348,7 +348,9 @@ where
 
     /// What to do when this rule's limiter fails, in place of the layer's
     /// [`on_limiter_error`](RateLimitLayerBuilder::on_limiter_error): a shared
-    /// per-client limit may fail open while a global quota fails closed.
+    /// per-client limit may fail open while a global quota fails closed. A soft or
+    /// shadow rule never blocks: its failure skips it whatever this says. An
+    /// in-process limiter never fails; this is for [`Rule::remote`] ones (Redis).
     ///
     /// # Examples
     ///
@@ -356,6 +358,7 @@ where
     /// use floodgate::{KeyedLimiter, Policy};
     /// use floodgate_http::{OnLimiterError, PeerIp, Rule};
     /// use std::net::IpAddr;
+    /// // In production a `floodgate_redis::RedisLimiter`, which can fail.
     /// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::gcra(Policy::per_second(10)?);
     /// let rule = Rule::remote("per-ip", per_ip, PeerIp::new())?
     ///     .on_limiter_error(OnLimiterError::FailOpen);

@@ -1,6 +1,6 @@
 //! Each rule's own failure policy ([`Rule::on_limiter_error`]) over the layer's.
 
-use floodgate_http::{Global, OnLimiterError, RateLimitLayer, Rule};
+use floodgate_http::{Global, OnLimiterError, RateLimitLayer, Rule, Strategy};
 use http::{Request, StatusCode};
 use tower::{Layer, ServiceExt};
 
@@ -42,5 +42,25 @@ async fn a_rule_s_failure_policy_overrides_the_layer_s() -> TestResult {
         .build()?;
     assert_eq!(status(&layer).await?, StatusCode::OK);
     assert_eq!(layer.stats()[0].errors, 1);
+    Ok(())
+}
+
+/// A soft or shadow rule never blocks, whatever its own failure policy says: a
+/// failure skips it and counts in its `errors`.
+#[tokio::test]
+async fn a_soft_or_shadow_rule_that_fails_closed_still_never_blocks() -> TestResult {
+    for strategy in [Strategy::Soft, Strategy::Shadow] {
+        let layer = RateLimitLayer::builder()
+            .rule(
+                Rule::remote("trial", Down, Global)?
+                    .strategy(strategy)
+                    .on_limiter_error(OnLimiterError::FailClosed),
+            )
+            .on_limiter_error(OnLimiterError::FailClosed)
+            .build()?;
+        assert_eq!(status(&layer).await?, StatusCode::OK, "{strategy:?}");
+        let stats = &layer.stats()[0];
+        assert_eq!((stats.errors, stats.denied), (1, 0), "{strategy:?}");
+    }
     Ok(())
 }

@@ -48,23 +48,34 @@
 //! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
 //!   limits on one request ([`RedisLimiterBuilder::and`]: 10 a second *and* 1000 a
 //!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
-//!   share a Cluster slot. Each write
-//!   sets a TTL (`PX`/`PEXPIRE`) of the time until the state is fresh again, rounded up
-//!   to a millisecond, so idle keys vanish and a vanished key decides as a fresh one.
+//!   share a Cluster slot. Each write sets a TTL (`PX`/`PEXPIRE`) of the time until
+//!   the state is fresh again, rounded up to a millisecond (a window state's may be
+//!   longer: a policy change, below), so idle keys vanish and a vanished key decides
+//!   as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant.
 //! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
 //!   applies the new interval from now on, as in process; the log judges its
 //!   instants by the new period, as long as its key lives (the old period's TTL,
 //!   until the next admission sets the new one's). A window state records its
-//!   period; one of another period is read on its own windows, and the units it
-//!   still counts then count in the new policy's current window. Unlike in process,
-//!   where a policy changes once, a rolling deploy runs both policies on the same
-//!   keys at once: were a window of another period to start fresh, a client whose
-//!   requests alternate between old and new replicas would reset its count at each
-//!   switch and never be limited. With the carry both policies count the same
-//!   units: each admits only while those units, the other's included, leave room
-//!   under its own limit. An **algorithm** change needs a prefix of its own: a
+//!   period; one of another period is read on its own windows: each of its counts
+//!   holds units admitted before the end of its window, and counts whole in the new
+//!   policy's current window while that end is past the window's start (the sliding
+//!   window: weighted in the previous window while past that one's start, and no
+//!   less in all than the old policy's own estimate then), so the new policy never
+//!   counts fewer of those units than its windows hold. A write over a state of
+//!   another period keeps the key as long as that period's window (the sliding
+//!   window: and the next) may count the units written then, and a later window
+//!   write keeps that longer time to live. Unlike in process, where a policy changes
+//!   once, a rolling deploy runs both policies on the same keys at once: were a
+//!   window of another period to start fresh, a client whose requests alternate
+//!   between old and new replicas would reset its count at each switch and never
+//!   be limited. One string holds one period's windows, though: a policy that moves
+//!   on to its next window drops the units of its last one that a longer window of
+//!   the other may still count, and a write on a policy's own state keeps the key
+//!   only as long as that policy needs it (or had it). While both run, a client
+//!   spread over both may get more than a window's limit within it; keep the
+//!   switch-over short. An **algorithm** change needs a prefix of its own: a
 //!   script cannot read another algorithm's state, so while the old replicas keep
 //!   it alive the new ones get [`RedisLimitError::Redis`] for its keys, and under
 //!   [`OnFailure::Open`] admit every request on them.

@@ -258,14 +258,17 @@ fn the_edges_of_the_exact_range_match_the_exact_model() {
 }
 
 /// A window limiter whose period changes (a redeploy on the same prefix) counts, in
-/// its first window, the units the old state still counts then, read on the old
-/// period: both policies may be in force at once (a rolling deploy: replicas on either
-/// share the keys), and starting fresh on each switch would let a caller spread over
-/// both go unlimited. The old state's window index counts windows of the old period,
-/// and is never read as one of the new period (it would name a window thousands of
-/// years ahead — counted in, written back with a TTL as long, and denying the key for
-/// good once full). The model: the new policy's, charged at the switch what the old
-/// one's reports used. GCRA and the log keep absolute times and carry on.
+/// its windows, the units the old state may hold there: both policies may be in
+/// force at once (a rolling deploy: replicas on either share the keys), and starting
+/// fresh on each switch would let a caller spread over both go unlimited. The old
+/// state's window index counts windows of the old period, and is never read as one
+/// of the new period (it would name a window thousands of years ahead — counted in,
+/// written back with a TTL as long, and denying the key for good once full): each
+/// of its counts holds units admitted before the end of its window, and counts
+/// whole in the new policy's window if that end is past the window's start (the
+/// sliding window: weighted in its previous window if past that one's start), else
+/// not at all; the sliding window also counts no fewer than the old policy's own
+/// estimate then. GCRA and the log keep absolute times and carry on.
 #[test]
 fn a_window_whose_period_changes_carries_the_units_it_still_counts() {
     let Some(server) = RedisServer::start() else {
@@ -273,71 +276,111 @@ fn a_window_whose_period_changes_carries_the_units_it_still_counts() {
     };
     let rt = runtime();
     let slow = Duration::from_secs(5);
-    // (period, µs after TODAY_MICROS of its first request, costs 1 ms apart): the old
-    // state's window still running (with a weighted previous window of its own), the
-    // old window just past (the sliding window's weighted previous one), long gone,
-    // and the period the state already has; a policy that only denies writes nothing,
-    // so the next one reads the state before it.
+    // 2026-11-30 at midnight: a multiple of 60 s (and 2 s past one of 7 s).
+    let origin = TODAY_MICROS - 123_457;
+    // (period in s, ms after `origin` of the first request, costs 1 ms apart).
     let phases: [(u64, u64, &[u32]); 7] = [
-        (1_000_000, 500_000, &[1, 1]),
-        (60_000_000, 1_250_000, &[2, 1]),
-        (1_000_000, 61_300_000, &[1, 1]),
-        (1_000_000, 62_400_000, &[1]),
-        (7_000_000, 62_500_000, &[2, 1]),
-        (60_000_000, 62_600_000, &[1]),
-        (1_000_000, 62_700_000, &[1, 1]),
+        // Fresh: two units in the 1 s window [0, 1).
+        (1, 500, &[1, 1]),
+        // The 60 s window [0, 60) holds the two units of [0, 1).
+        (60, 1_250, &[2, 1]),
+        // [0, 60) ended before [61, 62) started: nothing of it counts in the fixed
+        // window; the sliding one counts what the 60 s policy's estimate still
+        // holds (3 units weighted 58.7/60: 2).
+        (1, 61_300, &[1, 1]),
+        // The policy's own state, a window on.
+        (1, 62_400, &[1]),
+        // The 7 s window [61, 68) holds both 1 s windows, [61, 62) and [62, 63).
+        (7, 62_500, &[2, 1]),
+        // [60, 120) holds what [61, 68) (fixed) or [61, 63) (sliding) holds.
+        (60, 62_600, &[1]),
+        // Back to 1 s in [62, 63): the fixed window finds the 7 s state, which may
+        // hold units of [62, 63); the sliding window its own.
+        (1, 62_700, &[1, 1]),
     ];
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+    // (allowed, remaining) of each request, phase by phase.
+    let fixed: [&[(bool, u64)]; 7] = [
+        &[(true, 2), (true, 1)],
+        &[(false, 1), (true, 0)],
+        &[(true, 2), (true, 1)],
+        &[(true, 2)],
+        &[(true, 0), (false, 0)],
+        &[(false, 0)],
+        &[(false, 0), (false, 0)],
+    ];
+    let sliding: [&[(bool, u64)]; 7] = [
+        &[(true, 2), (true, 1)],
+        &[(false, 1), (true, 0)],
+        &[(true, 0), (false, 0)],
+        // 3 units a window back, weighted 0.6: 1.
+        &[(true, 1)],
+        &[(false, 0), (false, 0)],
+        &[(false, 0)],
+        // Its own state (2 and 1 at 0.7 s into [62, 63)).
+        &[(true, 1), (true, 0)],
+    ];
+    for (algorithm, want) in [
+        (Algorithm::FixedWindow, fixed),
+        (Algorithm::SlidingWindow, sliding),
+    ] {
         let key = format!("period:{algorithm:?}");
-        // The policy whose admission wrote the state Redis holds (a denial writes
-        // nothing), as its period and its model.
-        let mut stored: Option<(u64, Model)> = None;
-        for (period_us, start, costs) in phases {
-            let mut now = TODAY_MICROS + start;
-            let policy = Policy::new(3, Duration::from_micros(period_us)).unwrap();
+        for ((secs, start, costs), want) in phases.into_iter().zip(want) {
+            let policy = Policy::new(3, Duration::from_secs(secs)).unwrap();
             let redis = limiter(&rt, &server, algorithm, policy, OnFailure::Error, slow);
-            // A state of this very period is this policy's own: it goes on.
-            let mut own = match stored.take() {
-                Some((p, m)) if p == period_us => Some(m),
-                other => {
-                    stored = other;
-                    None
-                }
-            };
-            for &cost in costs {
-                let at = now * 1_000;
-                let want = match own.as_mut() {
-                    Some(m) => m.decide(at, cost, false),
-                    None => {
-                        // Fresh, charged what the other period's state counts now.
-                        let mut m = Model::new(algorithm, 3, period_us * 1_000, 3);
-                        if let Some((_, old)) = stored.as_mut() {
-                            let used = 3 - old.decide(at, 0, true).remaining();
-                            if used > 0 {
-                                assert!(m.decide(at, used as u32, false).is_allowed());
-                            }
-                        }
-                        let d = m.decide(at, cost, false);
-                        if d.is_allowed() {
-                            own = Some(m);
-                        }
-                        d
-                    }
-                };
+            for (i, (&cost, &want)) in costs.iter().zip(want).enumerate() {
+                let now = origin + (start + i as u64) * 1_000;
                 let got = rt
                     .block_on(redis.check_n_at_micros(&key, cost, now))
                     .unwrap();
                 assert_eq!(
-                    got,
-                    whole_micros(want),
-                    "{algorithm:?}, period {period_us} µs, at {now}"
+                    (got.is_allowed(), got.remaining()),
+                    want,
+                    "{algorithm:?}, period {secs} s, at {start} ms + {i}"
                 );
-                now += 1_000;
-            }
-            if let Some(m) = own {
-                stored = Some((period_us, m));
             }
         }
+    }
+}
+
+/// Two replicas of a rolling deploy, one on 3 per 10 s and one on 3 per 15 s, with
+/// a client alternating between them: every unit admitted within a window counts
+/// there, whichever policy admitted it and whether or not the other policy's window
+/// has ended since. The 10 s policy admits at 11 s, the 15 s one at 14 s and 14.5 s;
+/// at 15.1 s the 15 s window has ended but the 10 s one, [10 s, 20 s), holds three
+/// units: full (the key's time to live: `keys.rs`).
+#[test]
+fn units_count_in_every_window_of_either_period_that_holds_them() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let slow = Duration::from_secs(5);
+    // 2026-11-30 at midnight: a multiple of 30 s, so both periods' windows start there.
+    let origin = TODAY_MICROS - 123_457;
+    let policy = |secs| Policy::new(3, Duration::from_secs(secs)).unwrap();
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let key = format!("rolling:{algorithm:?}");
+        let [ten, fifteen] = [10, 15].map(|secs| {
+            limiter(
+                &rt,
+                &server,
+                algorithm,
+                policy(secs),
+                OnFailure::Error,
+                slow,
+            )
+        });
+        let at = |limiter: &RedisLimiter, ms: u64| {
+            let now = origin + ms * 1_000;
+            rt.block_on(limiter.check_n_at_micros(&key, 1, now))
+                .unwrap()
+        };
+        assert!(at(&ten, 11_000).is_allowed(), "{algorithm:?}");
+        assert!(at(&fifteen, 14_000).is_allowed(), "{algorithm:?}");
+        assert!(at(&fifteen, 14_500).is_allowed(), "{algorithm:?}");
+        let d = at(&ten, 15_100);
+        assert!(!d.is_allowed(), "{algorithm:?}: {d:?}");
+        assert_eq!(d.remaining(), 0, "{algorithm:?}");
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{build, limiter, runtime, RedisServer, ALGORITHMS};
+use common::{build, limiter, mid_window_periods, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
@@ -202,6 +202,42 @@ fn every_key_lives_exactly_as_long_as_its_state_matters() {
 /// syntax, non-ASCII and a megabyte-long key are each stored under exactly
 /// `prefix + key` and decide alone — also when the script's error names a
 /// malformed key (CR LF in an error reply would split it).
+/// A rolling deploy that shortens a window's period: the short policy's writes hold
+/// units that the long policy's current window counts, and the key keeps them as long
+/// as that window lasts, not only as long as the short policy needs them (its own
+/// window, or two of them: under a minute here); a later write of the short policy
+/// never shortens that.
+#[test]
+fn a_window_state_lives_as_long_as_another_period_counts_its_units() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // About an hour and 10 to 30 s, each with a quarter of its window left at least:
+    // no window ends during the test.
+    let first = |shortest| {
+        mid_window_periods(&server, Duration::from_secs(shortest))
+            .next()
+            .expect("a period in the middle of its window")
+    };
+    let (long, short) = (first(3_600), first(10));
+    assert!(short <= Duration::from_secs(30), "{short:?}");
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let key = format!("deploy:{algorithm:?}");
+        let [long, short] = [long, short]
+            .map(|period| slow(&rt, &server, algorithm, Policy::new(3, period).unwrap()));
+        assert!(decided(rt.block_on(long.check_n(&key, 1))).is_allowed());
+        for _ in 0..2 {
+            assert!(decided(rt.block_on(short.check_n(&key, 1))).is_allowed());
+        }
+        let ttl: i64 = server.cmd(&["PTTL", &format!("test:{key}")]);
+        assert!(ttl > 10 * 60 * 1_000, "{algorithm:?}: PTTL {ttl} ms");
+        // The long window holds all three.
+        let d = decided(rt.block_on(long.check_n(&key, 1)));
+        assert_eq!((d.is_allowed(), d.remaining()), (false, 0), "{algorithm:?}");
+    }
+}
+
 #[test]
 fn keys_with_any_characters_are_stored_as_given() {
     let Some(server) = RedisServer::start() else {

@@ -259,12 +259,6 @@ where
     })
 }
 
-/// Redis's clock, in microseconds since the epoch.
-fn redis_now_micros(server: &RedisServer) -> u64 {
-    let time: Vec<u64> = server.cmd(&["TIME"]);
-    time[0] * 1_000_000 + time[1]
-}
-
 /// About an hour, in whole seconds, such that Redis's clock now stands in the middle
 /// half of its current window (windows are aligned to the epoch): at least a quarter
 /// of an hour passes before the window ends.
@@ -276,11 +270,7 @@ fn mid_window_period(server: &RedisServer) -> Duration {
 
 /// [`mid_window_period`]'s periods, shortest first.
 fn mid_window_periods(server: &RedisServer) -> impl Iterator<Item = Duration> {
-    let now = redis_now_micros(server);
-    (HOUR..)
-        .map(|secs| secs * 1_000_000)
-        .filter(move |&p| (p / 4..=3 * p / 4).contains(&(now % p)))
-        .map(Duration::from_micros)
+    common::mid_window_periods(server, Duration::from_secs(HOUR))
 }
 
 /// `limit` per about an hour: GCRA a burst of `limit` and one more an hour; the

@@ -45,6 +45,23 @@ local function set_state(key, value, reset_us)
   end
 end
 
+-- set_state for a window state, which may hold units that a policy of another
+-- period (a rolling deploy runs both on the same keys) still counts after its own
+-- period forgets them: the key lives at least `keep_us` microseconds (and a
+-- millisecond more, for a later write's rounding), and a write keeps a time to live
+-- longer than its own by more than that rounding (another period's).
+local function set_window_state(key, value, reset_us, keep_us)
+  local ms = ttl_ms(reset_us)
+  if ms then
+    if keep_us > reset_us then ms = ttl_ms(keep_us) + 1 end
+    local left = redis.call('PTTL', key)
+    if left > ms + 1 then ms = left end
+    redis.call('SET', key, value, 'PX', fmt(ms))
+  else
+    redis.call('SET', key, value)
+  end
+end
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end

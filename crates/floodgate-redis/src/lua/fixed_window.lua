@@ -3,6 +3,7 @@
 local function fixed_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local count = 0
+  local keep = 0
   local stored = redis.call('GET', key)
   if stored then
     local sw, sc, sp = string.match(stored, '^(%d+):(%d+):(%d+)$')
@@ -10,14 +11,17 @@ local function fixed_window(key, n, write, p, l)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
     -- A window state never goes back to an older window. One of another period
     -- counts other windows (its index is read on its own period, never on this
-    -- one); while its window lasts its units count in this one: both policies may
-    -- be in force at once (a rolling deploy), and starting fresh on each switch
-    -- would let callers spread over both go unlimited.
+    -- one): both policies may be in force at once (a rolling deploy), and starting
+    -- fresh on each switch would let callers spread over both go unlimited. Its
+    -- units were all admitted before its window's end: while that end is past this
+    -- window's start they count here, whole (never fewer than this window holds).
+    -- Units admitted now count for that period until its window ends.
     if sp == p and sw >= w then
       w = sw
       count = sc
-    elseif sp ~= p and now < (sw + 1) * sp then
-      count = sc
+    elseif sp ~= p then
+      if (sw + 1) * sp > w * p then count = sc end
+      keep = (fdiv(now, sp) + 1) * sp - now
     end
   end
   local reset = (w + 1) * p - now
@@ -28,7 +32,9 @@ local function fixed_window(key, n, write, p, l)
     return reply(true, l, l - count, reset, 0)
   end
   if count + n <= l then
-    if write then set_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p), reset) end
+    if write then
+      set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p), reset, keep)
+    end
     return reply(true, l, l - count - n, reset, 0)
   end
   return reply(false, l, l - count, reset, reset)

@@ -3,6 +3,7 @@
 local function sliding_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local prev, cur = 0, 0
+  local keep = 0
   local stored = redis.call('GET', key)
   if stored then
     local sw, sp, sc, speriod = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)$')
@@ -12,23 +13,47 @@ local function sliding_window(key, n, write, p, l)
     end
     -- Never back to an older window: an earlier reading is judged at the start of
     -- the stored one. Windows of another period count other windows (read on
-    -- their own period): what their estimate still counts now counts in this
-    -- window, since both policies may be in force at once (a rolling deploy), and
-    -- starting fresh on each switch would let callers spread over both go
-    -- unlimited.
+    -- their own period): both policies may be in force at once (a rolling deploy),
+    -- and starting fresh on each switch would let callers spread over both go
+    -- unlimited. Its previous window's units were all admitted before that
+    -- window's end, its current window's before its own end: each count goes
+    -- whole into this window if its end is past this window's start, into the
+    -- previous one (weighted) if past that one's start (never fewer than the
+    -- windows hold). Units admitted now count for that period until the end of
+    -- its next window.
     if speriod == p and sw >= w then
       w, prev, cur = sw, sp, sc
     elseif speriod == p and sw == w - 1 then
       prev = sc
     elseif speriod ~= p then
+      local here = w * p
+      for _, part in ipairs({ { sp, sw * speriod }, { sc, (sw + 1) * speriod } }) do
+        if part[2] > here then
+          cur = cur + part[1]
+        elseif part[2] > here - p then
+          prev = prev + part[1]
+        end
+      end
+      -- A previous count above this limit counts whole: prev * (P - e) stays
+      -- below 2^53, and nothing here is more permissive than the weighted count.
+      if prev > l then cur, prev = cur + prev, 0 end
+      -- Nor fewer than the other policy's own estimate now (it weighs its previous
+      -- window over its own period): at a switch a unit fits only where it fits
+      -- under both.
       local ow = fdiv(now, speriod)
+      local other = 0
       if sw >= ow then
         local oe = now - sw * speriod
         if oe < 0 then oe = 0 end
-        cur = fdiv(sp * (speriod - oe), speriod) + sc
+        other = fdiv(sp * (speriod - oe), speriod) + sc
       elseif sw == ow - 1 then
-        cur = fdiv(sc * (speriod - (now - ow * speriod)), speriod)
+        other = fdiv(sc * (speriod - (now - ow * speriod)), speriod)
       end
+      local e = now - here
+      if e < 0 then e = 0 end
+      local mine = fdiv(prev * (p - e), p) + cur
+      if other > mine then cur = cur + other - mine end
+      keep = (fdiv(now, speriod) + 2) * speriod - now
     end
   end
   local start = w * p
@@ -51,7 +76,7 @@ local function sliding_window(key, n, write, p, l)
   if estimate + n <= l then
     if write then
       local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p)
-      set_state(key, state, reset(cur + n))
+      set_window_state(key, state, reset(cur + n), keep)
     end
     return reply(true, l, l - estimate - n, reset(cur + n), 0)
   end

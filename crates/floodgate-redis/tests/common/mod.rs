@@ -74,6 +74,9 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        // Another server may answer on the port (ours, unable to bind it, exits):
+        // only our own process counts.
+        let pid = format!("process_id:{}", child.id());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -83,7 +86,10 @@ impl RedisServer {
                     return false; // exited: the port was taken
                 }
             }
-            if self.connection().is_ok() {
+            let info = self
+                .connection()
+                .and_then(|mut conn| redis::cmd("INFO").arg("server").query::<String>(&mut conn));
+            if info.is_ok_and(|info| info.lines().any(|l| l.trim() == pid)) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -325,4 +331,24 @@ pub fn whole_micros(d: Decision) -> Decision {
         d.reset_after(),
         retry,
     )
+}
+
+/// Redis's clock, in microseconds since the epoch.
+pub fn redis_now_micros(server: &RedisServer) -> u64 {
+    let time: Vec<u64> = server.cmd(&["TIME"]);
+    time[0] * 1_000_000 + time[1]
+}
+
+/// Periods of whole seconds from `shortest` on, shortest first, such that Redis's
+/// clock now stands in the middle half of each one's current window (windows are
+/// aligned to the epoch): at least a quarter of the period passes before it ends.
+pub fn mid_window_periods(
+    server: &RedisServer,
+    shortest: Duration,
+) -> impl Iterator<Item = Duration> {
+    let now = redis_now_micros(server);
+    (shortest.as_secs()..)
+        .map(|secs| secs * 1_000_000)
+        .filter(move |&p| (p / 4..=3 * p / 4).contains(&(now % p)))
+        .map(Duration::from_micros)
 }
