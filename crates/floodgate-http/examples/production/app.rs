@@ -22,6 +22,14 @@
 //! the handler, where the user name is known: [`LOGIN_PER_USER`] failures per user
 //! name and [`LOGIN_PER_IP`] per client IP, charged before the password is checked
 //! and refunded when it was right.
+//!
+//! Two things to weigh before copying it. A per-user limit lets anyone who knows a
+//! user name lock that account out for the limit's wait, from any addresses: the
+//! price of stopping guesses spread over many addresses. A service that cannot
+//! accept it keys that limit by (user, client network), or answers a locked account
+//! with a second factor rather than a refusal. And the user table is a demo: a real
+//! service stores password hashes (argon2, scrypt) and compares them in constant
+//! time; the limiter only caps how many guesses reach that comparison.
 
 use std::future::ready;
 use std::net::{IpAddr, SocketAddr};
@@ -286,6 +294,7 @@ async fn login_handler<C: Clock + 'static>(
         let _ = login.per_ip.refund(&ip, ip_receipt);
         return too_many(&by_user, "too many failed logins for this user");
     }
+    // Demo only: plain text and `==` (see the module docs for what a service does).
     let known = login.users.iter().any(|(u, p)| u == user && p == password);
     if known {
         let _ = login.per_user.refund(user, user_receipt);
