@@ -218,7 +218,32 @@ impl CoarseClock {
     pub fn new() -> CoarseClock {
         static UPKEEP: std::sync::OnceLock<Option<quanta::Handle>> = std::sync::OnceLock::new();
         UPKEEP.get_or_init(|| quanta::Upkeep::new(COARSE_TICK).start().ok());
-        let clock = quanta::Clock::new();
+        CoarseClock::with_clock(quanta::Clock::new())
+    }
+
+    /// A clock reading `clock`'s recent time, anchored at `clock.now()`, that starts no
+    /// upkeep thread. For tests: over [`quanta::Clock::mock`], a reading is the
+    /// mock's value less its value here (0 below it), which the test moves by hand —
+    /// stale, stalled, jumping ahead or stepping back — independently of the
+    /// limiter's own clock. Over a real clock, readings stay 0 until something
+    /// keeps quanta's recent time ([`quanta::Upkeep`] or [`quanta::set_recent`]);
+    /// [`CoarseClock::new`] is the one to use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::lease::CoarseClock;
+    ///
+    /// let (clock, mock) = quanta::Clock::mock();
+    /// mock.increment(5_000);
+    /// let coarse = CoarseClock::with_clock(clock);
+    /// assert_eq!(coarse.nanos(), 0);
+    /// mock.increment(70_000);
+    /// assert_eq!(coarse.nanos(), 70_000);
+    /// mock.decrement(71_000);
+    /// assert_eq!(coarse.nanos(), 0, "before its anchor");
+    /// ```
+    pub fn with_clock(clock: quanta::Clock) -> CoarseClock {
         let origin = clock.now();
         CoarseClock { clock, origin }
     }
