@@ -688,7 +688,10 @@ impl CoarseDrive {
 
     /// How far the lag moved over the decisions (0 before any).
     fn spread(&self) -> u64 {
-        u64::try_from(self.lags.1 - self.lags.0).unwrap_or(0)
+        let (least, most) = self.lags;
+        most.checked_sub(least)
+            .and_then(|d| u64::try_from(d).ok())
+            .unwrap_or(0)
     }
 }
 
