@@ -18,11 +18,14 @@
 //!   `cost +` the units held in leases.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{denied_for_stranded_units, lease_builder, Plain};
 use floodgate::lease::{CoarseClock, Expiry};
-use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
+use floodgate::{LeasedGcra, ManualClock, Nanos};
 use proptest::prelude::*;
 
 /// One millisecond per unit: T is exact.
@@ -49,17 +52,9 @@ impl Rig {
         coarse.increment(7_777); // the mock's own anchor: readings count from here
         let expiry = CoarseClock::with_clock(clock);
         coarse.increment(COARSE_ORIGIN);
-        let limiter = LeasedGcra::builder(
-            Policy::per_second(1_000)
-                .unwrap()
-                .with_burst(burst)
-                .unwrap(),
-        )
-        .shards(shards)
-        .lease_size(lease)
-        .lifetime(lifetime)
-        .build_with(refill.clone(), Expiry::Coarse(expiry))
-        .unwrap();
+        let limiter = lease_builder(burst, lease, shards, lifetime)
+            .build_with(refill.clone(), Expiry::Coarse(expiry))
+            .unwrap();
         Rig {
             limiter,
             refill,
@@ -236,24 +231,6 @@ fn steps(back: bool) -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
-/// A GCRA charged with every admission whether or not it fits: what a plain limiter
-/// that had admitted the same requests would hold.
-struct Plain {
-    burst: u64,
-    tat: u64,
-}
-
-impl Plain {
-    fn charge(&mut self, now: u64, cost: u32) {
-        self.tat = self.tat.max(now) + u64::from(cost) * T;
-    }
-
-    /// Whole units it could admit at `now`.
-    fn available(&self, now: u64) -> u64 {
-        (now + self.burst * T).saturating_sub(self.tat.max(now)) / T
-    }
-}
-
 /// One decision: its refill reading, the units admitted, and the units on lease
 /// and held just before it.
 #[derive(Clone, Copy, Debug)]
@@ -265,7 +242,7 @@ struct Point {
 }
 
 /// A trace of `steps`, the spread of the lag (refill reading less expiry reading,
-/// largest less smallest) over its decisions, and the shard and lease counts.
+/// largest less smallest) over its decisions.
 fn run(
     burst: u64,
     lease: u32,
@@ -275,7 +252,11 @@ fn run(
     mut on_denial: impl FnMut(&LeasedGcra<ManualClock>, u64, u32, &Plain),
 ) -> (Vec<Point>, u64) {
     let mut rig = Rig::new(burst, lease, shards, lifetime);
-    let mut model = Plain { burst, tat: START };
+    let mut model = Plain {
+        burst,
+        interval: T,
+        tat: START,
+    };
     let (mut now, mut coarse) = (START, COARSE_ORIGIN);
     let (mut lag_min, mut lag_max) = (i128::MAX, i128::MIN);
     let mut trace = Vec::new();
@@ -344,6 +325,24 @@ fn assert_bound(
     Ok(())
 }
 
+/// Runs `steps` with leases of `lease_pick` (at most the burst) and asserts the
+/// bound with `out` as the units out on lease at an interval's start; the trace and
+/// the lag spread.
+fn bounded_run(
+    burst: u64,
+    lease_pick: u32,
+    shards: usize,
+    lifetime: Duration,
+    steps: &[Step],
+    out: impl Fn(&Point) -> u64,
+) -> Result<(Vec<Point>, u64), TestCaseError> {
+    let lease = lease_pick.min(burst as u32);
+    let (trace, spread) = run(burst, lease, shards, lifetime, steps, |_, _, _, _| {});
+    let most = shards.next_power_of_two() as u64 * u64::from(lease);
+    assert_bound(&trace, burst, most, out)?;
+    Ok((trace, spread))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -356,11 +355,9 @@ proptest! {
         lifetime_ms in prop_oneof![Just(1u64), Just(2), Just(50)],
         steps in steps(false),
     ) {
-        let lease = lease_pick.min(burst as u32);
         let lifetime = Duration::from_millis(lifetime_ms);
-        let (trace, spread) = run(burst, lease, shards, lifetime, &steps, |_, _, _, _| {});
-        let most = shards.next_power_of_two() as u64 * u64::from(lease);
-        assert_bound(&trace, burst, most, |a| a.on_lease)?;
+        let (trace, spread) =
+            bounded_run(burst, lease_pick, shards, lifetime, &steps, |a| a.on_lease)?;
         // A unit admitted at `b` was taken from the central word at a refill reading
         // in `(b − lifetime − spread, b]`: its lease expires `lifetime` (to the
         // tick, rounded down) after it was taken on the expiry clock, which can
@@ -391,11 +388,8 @@ proptest! {
         lifetime_ms in prop_oneof![Just(1u64), Just(2), Just(50)],
         steps in steps(true),
     ) {
-        let lease = lease_pick.min(burst as u32);
         let lifetime = Duration::from_millis(lifetime_ms);
-        let (trace, _) = run(burst, lease, shards, lifetime, &steps, |_, _, _, _| {});
-        let most = shards.next_power_of_two() as u64 * u64::from(lease);
-        assert_bound(&trace, burst, most, |a| a.held)?;
+        bounded_run(burst, lease_pick, shards, lifetime, &steps, |a| a.held)?;
     }
 
     #[test]
@@ -409,13 +403,6 @@ proptest! {
         let lease = lease_pick.min(burst as u32);
         // A lifetime longer than any trace's expiry clock moves: nothing expires,
         // every unit taken from the central word is either admitted or still held.
-        run(burst, lease, shards, Duration::from_secs(3_600), &steps, |limiter, now, cost, model| {
-            let plain = model.available(now);
-            let held = limiter.units_held();
-            assert!(
-                plain < u64::from(cost) + held,
-                "denied {cost} at {now}: a plain GCRA has {plain}, leases hold {held}"
-            );
-        });
+        run(burst, lease, shards, Duration::from_secs(3_600), &steps, denied_for_stranded_units);
     }
 }
