@@ -42,6 +42,14 @@
 //! on a clock that the input moves both ways (readings behind the limiter's origin,
 //! and near the end of the 44-bit expiry field); its admissions by reading meet
 //! `B + ⌊(b − a)/T⌋ + shards × lease size` over every interval, with a tick's slack.
+//! Where the mode byte's top bit is set, lease expiry reads a coarse clock of its own
+//! (`Expiry::Coarse` over quanta's mock), at an origin apart from the refill clock's:
+//! it follows the base reading less a staleness the input sets (`Flood`'s lag: ahead
+//! of it too, and a larger one steps it back), stalls and resumes (`Demote`), and
+//! reads before the limiter's origin when far behind. The same bound holds with the
+//! slack widened by the spread of the lag (refill reading less expiry reading) over
+//! the run's decisions: a unit is admitted at a refill reading at most a tick plus
+//! that spread before the one it was taken at, and at most a lifetime plus it after.
 #![no_main]
 
 #[path = "common/clock.rs"]
@@ -53,6 +61,7 @@ mod seeds;
 
 use arbitrary::Arbitrary;
 use clock::AnyClock;
+use floodgate::lease::{CoarseClock, Expiry};
 use floodgate::{
     Clock, Decision, Fingerprint, GcraState, Heap, HotKeyLimiter, HotKeys, Inline, KeyedBuilder,
     LeasedGcra, ManualClock, Nanos, Policy, RateLimiter, Storage,
@@ -149,13 +158,15 @@ fn lagged(now: u64, lag: i16) -> u64 {
 }
 
 /// Asserts the lease bound over every interval of `grants` (instant, units): at
-/// most `B + ⌊(b − a + TICK)/T⌋ + on_lease` units judged in `[a, b]` (the documented
+/// most `B + ⌊(b − a + ahead)/T⌋ + on_lease` units judged in `[a, b]` (the documented
 /// bound, the units on lease at `a` counted as `on_lease`), and at most
-/// `B + ⌊(b − a + life)/T⌋` where `life` is the lease lifetime plus a tick (0 for a
+/// `B + ⌊(b − a + life)/T⌋` where `life` is the lease lifetime plus `ahead` (0 for a
 /// key never hot): each unit admitted at `j` was taken from the central word at a
-/// reading in `(j − lifetime, j + tick)` — no later than its admission, to the tick,
-/// and no earlier than a lifetime before — and the central word is an exact GCRA.
-fn assert_bound(grants: &[(u64, u64)], on_lease: u64, life: u64, what: &str) {
+/// reading in `(j − lifetime, j + ahead)` — no later than its admission, to the tick
+/// (`ahead` is a tick; with a coarse expiry clock, plus the spread of its lag, on
+/// both sides), and no earlier than a lifetime before — and the central word is an
+/// exact GCRA.
+fn assert_bound(grants: &[(u64, u64)], on_lease: u64, ahead: u64, life: u64, what: &str) {
     let mut g: Vec<(u64, u64)> = grants.to_vec();
     g.sort_unstable();
     for i in 0..g.len() {
@@ -170,7 +181,7 @@ fn assert_bound(grants: &[(u64, u64)], on_lease: u64, life: u64, what: &str) {
             }
             let span = g[j].0 - g[i].0;
             let allowed =
-                BURST + ((span + TICK) / INTERVAL_NS + on_lease).min((span + life) / INTERVAL_NS);
+                BURST + ((span + ahead) / INTERVAL_NS + on_lease).min((span + life) / INTERVAL_NS);
             assert!(
                 sum <= allowed,
                 "{what}: {sum} units judged in [{}, {}] > {allowed}: {g:?}",
@@ -520,7 +531,7 @@ impl Model<'_> {
             } else {
                 (0, 0)
             };
-            assert_bound(&life.grants, on_lease, span, &format!("key {key}"));
+            assert_bound(&life.grants, on_lease, TICK, span, &format!("key {key}"));
         }
     }
 
@@ -630,16 +641,77 @@ impl Model<'_> {
     }
 }
 
+/// The direct limiter's coarse expiry clock (`Expiry::Coarse` over quanta's mock):
+/// its mock reads `base − lag` (never below 0) unless stalled; readings count from
+/// the mock at `START` (so a reading is `base − START − lag`), and the limiter's origin
+/// is 1 s on: a lag past the base's distance from `START + 1 s` reads before it.
+struct CoarseDrive {
+    mock: Arc<quanta::Mock>,
+    /// The mock's value.
+    value: u64,
+    lag_ms: i64,
+    stalled: bool,
+    /// The least and the most `refill reading − expiry reading` a decision saw.
+    lags: (i128, i128),
+}
+
+impl CoarseDrive {
+    fn new() -> (CoarseDrive, Expiry) {
+        let (clock, mock) = quanta::Clock::mock();
+        mock.increment(START);
+        let expiry = Expiry::Coarse(CoarseClock::with_clock(clock));
+        mock.increment(1_000 * MS);
+        let drive = CoarseDrive {
+            mock,
+            value: START + 1_000 * MS,
+            lag_ms: 0,
+            stalled: false,
+            lags: (i128::MAX, i128::MIN),
+        };
+        (drive, expiry)
+    }
+
+    /// Moves the clock for a decision read at `at`, the base reading being `base`.
+    fn tick(&mut self, base: u64, at: u64) {
+        if !self.stalled {
+            let to = base.saturating_add_signed(-self.lag_ms * MS as i64);
+            if to > self.value {
+                self.mock.increment(to - self.value);
+            } else {
+                self.mock.decrement(self.value - to);
+            }
+            self.value = to;
+        }
+        let lag = i128::from(at) - i128::from(self.value.saturating_sub(START));
+        self.lags = (self.lags.0.min(lag), self.lags.1.max(lag));
+    }
+
+    /// How far the lag moved over the decisions (0 before any).
+    fn spread(&self) -> u64 {
+        let (least, most) = self.lags;
+        most.checked_sub(least)
+            .and_then(|d| u64::try_from(d).ok())
+            .unwrap_or(0)
+    }
+}
+
 fn run_direct(input: &Input) {
     let clock = AnyClock::default();
     clock.set(Nanos::new(START));
     let shards = lease_shards(input);
-    let mut leased = LeasedGcra::builder(policy())
+    let builder = LeasedGcra::builder(policy())
         .shards(shards)
         .lease_size(lease_size(input))
-        .lifetime(lifetime(input))
-        .build_with_clock(clock.clone())
-        .unwrap();
+        .lifetime(lifetime(input));
+    let (mut coarse, mut leased) = if input.mode & 0x80 != 0 {
+        let (drive, expiry) = CoarseDrive::new();
+        (
+            Some(drive),
+            builder.build_with(clock.clone(), expiry).unwrap(),
+        )
+    } else {
+        (None, builder.build_with_clock(clock.clone()).unwrap())
+    };
     // The base reading moves forward; each check reads it with a lag either way.
     // One start in two sits just before the 44-bit expiry field ends.
     let mut base = if input.table % 2 == 0 {
@@ -662,7 +734,20 @@ fn run_direct(input: &Input) {
             }
             // A jump far back: before the origin.
             Op::Promote { key } => (key, 1, i16::MIN),
-            _ => continue,
+            // The expiry clock: a staleness (ahead if negative), a stall or its end.
+            Op::Flood { lag, .. } => {
+                if let Some(c) = coarse.as_mut() {
+                    c.lag_ms = i64::from(lag);
+                }
+                continue;
+            }
+            Op::Demote { .. } => {
+                if let Some(c) = coarse.as_mut() {
+                    c.stalled = !c.stalled;
+                }
+                continue;
+            }
+            Op::Remove { .. } => continue,
         };
         let at = if lag == i16::MIN {
             START - 30_000 * MS
@@ -670,14 +755,18 @@ fn run_direct(input: &Input) {
             lagged(base, lag)
         };
         clock.set(Nanos::new(at));
+        if let Some(c) = coarse.as_mut() {
+            c.tick(base, at);
+        }
         let cost = u32::from(cost % 8);
         if leased.check_on(usize::from(shard), cost).is_allowed() && cost > 0 {
             grants.push((at, u64::from(cost)));
         }
     }
     let on_lease = shards as u64 * u64::from(lease_size(input));
-    let life = lifetime(input).as_nanos() as u64 + TICK;
-    assert_bound(&grants, on_lease, life, "direct");
+    let spread = coarse.as_ref().map_or(0, CoarseDrive::spread);
+    let life = lifetime(input).as_nanos() as u64 + TICK + 2 * spread;
+    assert_bound(&grants, on_lease, TICK + spread, life, "direct");
 }
 
 fuzz_target!(|input: Input| {

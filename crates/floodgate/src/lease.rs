@@ -67,12 +67,16 @@
 //!
 //! Refills read the limiter's clock (`C`, by default the TSC) for the central GCRA
 //! word. Lease expiry reads an **expiry clock**: [`Expiry::Fresh`] is the same clock
-//! (one TSC read per decision), [`Expiry::Coarse`] is quanta's *recent* time, a
-//! process-wide word an upkeep thread refreshes every [`COARSE_TICK`]: a decision
-//! spending a valid lease then reads no TSC at all. Its staleness is at most one tick
-//! plus however long the upkeep thread waits for a core; a stale expiry clock only
-//! lets a lease live that much longer (it never changes the admission bound, which
-//! holds whatever the lifetime).
+//! (one TSC read per decision), [`Expiry::Coarse`] is a [`CoarseClock`], a
+//! process-wide word the crate's own upkeep thread refreshes every [`COARSE_TICK`]: a
+//! decision spending a valid lease then reads no TSC at all. Its staleness is at most
+//! one tick plus however long the upkeep thread waits for a core; a stale expiry
+//! clock only lets a lease live that much longer (it never changes the admission
+//! bound, which holds whatever the lifetime). The expiry clock counts from an origin
+//! of its own, and the two clocks may disagree either way about how much time has
+//! passed. Should it ever step back, a lease it had seen expire can be spent again:
+//! the bound then holds with every unit the shards hold (expired or not) counted as
+//! out on lease at `a` — still at most `shards × lease size`.
 //!
 //! # Memory ordering
 //!
@@ -111,6 +115,8 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
+#[cfg(not(loom))]
+use crate::sync::AtomicU64;
 use crate::sync::{owner_index, owner_index_if_taken, Atomic, Ordering};
 use crate::Algorithm;
 
@@ -188,25 +194,67 @@ impl Lease {
 pub enum Expiry {
     /// The limiter's own clock, read on every decision.
     Fresh,
-    /// quanta's recent time (refreshed every [`COARSE_TICK`] by an upkeep thread): no
+    /// A [`CoarseClock`] (refreshed every [`COARSE_TICK`] by an upkeep thread): no
     /// TSC read while a lease is valid.
     #[cfg(not(loom))]
     Coarse(CoarseClock),
 }
 
-/// quanta's recent time as nanoseconds since its creation.
+/// A coarse reading of time, in nanoseconds since the clock was made: the word
+/// the crate's upkeep thread refreshes every [`COARSE_TICK`] (see [`new`](Self::new)).
 #[cfg(not(loom))]
 #[derive(Debug)]
 pub struct CoarseClock {
-    clock: quanta::Clock,
-    origin: quanta::Instant,
+    source: CoarseSource,
+    origin: u64,
+}
+
+/// Where a [`CoarseClock`] reads.
+#[cfg(not(loom))]
+#[derive(Debug)]
+enum CoarseSource {
+    /// The upkeep thread's word ([`UPKEEP_NANOS`]).
+    Upkeep,
+    /// A quanta clock read on every reading (`now`), in nanoseconds since `anchor`.
+    Clock {
+        clock: quanta::Clock,
+        anchor: quanta::Instant,
+    },
+}
+
+/// The upkeep thread's word: nanoseconds since that thread started, as of its last
+/// tick.
+#[cfg(not(loom))]
+static UPKEEP_NANOS: AtomicU64 = AtomicU64::new(0);
+
+/// Starts the upkeep thread that refreshes [`UPKEEP_NANOS`] (once); whether it runs.
+/// The thread is the crate's own, not quanta's `Upkeep`: quanta allows one of those
+/// per process, and one that another library started first keeps quanta's recent
+/// time at that library's interval, or stops keeping it.
+#[cfg(not(loom))]
+fn upkeep() -> bool {
+    static STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let start = clock.now();
+        std::thread::Builder::new()
+            .name("floodgate-coarse-clock".into())
+            .spawn(move || loop {
+                std::thread::sleep(COARSE_TICK);
+                let since = clock.now().saturating_duration_since(start).as_nanos();
+                // Relaxed: the word publishes nothing but itself.
+                UPKEEP_NANOS.store(since as u64, Ordering::Relaxed);
+            })
+            .is_ok()
+    });
+    *started
 }
 
 #[cfg(not(loom))]
 impl CoarseClock {
     /// Starts the process-wide upkeep thread (once; later calls share it) and anchors
-    /// the clock now. If the thread cannot be started, readings fall back to quanta's
-    /// fresh time (correct, just not coarse).
+    /// the clock at its latest tick. If the thread cannot be started, readings are
+    /// quanta's fresh time (correct, just not coarse).
     ///
     /// # Examples
     ///
@@ -216,20 +264,65 @@ impl CoarseClock {
     /// assert!(coarse.nanos() >= a);
     /// ```
     pub fn new() -> CoarseClock {
-        static UPKEEP: std::sync::OnceLock<Option<quanta::Handle>> = std::sync::OnceLock::new();
-        UPKEEP.get_or_init(|| quanta::Upkeep::new(COARSE_TICK).start().ok());
-        let clock = quanta::Clock::new();
-        let origin = clock.now();
-        CoarseClock { clock, origin }
+        if upkeep() {
+            CoarseClock {
+                source: CoarseSource::Upkeep,
+                // Relaxed: the word publishes nothing but itself.
+                origin: UPKEEP_NANOS.load(Ordering::Relaxed),
+            }
+        } else {
+            CoarseClock::with_clock(quanta::Clock::new())
+        }
+    }
+
+    /// A clock reading `clock` itself on every reading (its `now`), anchored at
+    /// `clock.now()`. For tests: over [`quanta::Clock::mock`], a reading is the
+    /// mock's value less its value here (0 below it), which the test moves by hand —
+    /// stale, stalled, jumping ahead or stepping back — independently of the
+    /// limiter's own clock. Over a real clock it reads the TSC (fresh, not coarse:
+    /// what [`CoarseClock::new`] falls back to).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::lease::CoarseClock;
+    ///
+    /// let (clock, mock) = quanta::Clock::mock();
+    /// mock.increment(5_000);
+    /// let coarse = CoarseClock::with_clock(clock);
+    /// assert_eq!(coarse.nanos(), 0);
+    /// mock.increment(70_000);
+    /// assert_eq!(coarse.nanos(), 70_000);
+    /// mock.decrement(71_000);
+    /// assert_eq!(coarse.nanos(), 0, "before its anchor");
+    /// ```
+    pub fn with_clock(clock: quanta::Clock) -> CoarseClock {
+        let anchor = clock.now();
+        CoarseClock {
+            source: CoarseSource::Clock { clock, anchor },
+            origin: 0,
+        }
     }
 
     /// Nanoseconds since this clock was made, as of the last upkeep tick.
     #[inline]
     pub fn nanos(&self) -> u64 {
-        self.clock
-            .recent()
-            .saturating_duration_since(self.origin)
-            .as_nanos() as u64
+        match &self.source {
+            // Relaxed: the word publishes nothing but itself.
+            CoarseSource::Upkeep => UPKEEP_NANOS
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.origin),
+            CoarseSource::Clock { clock, anchor } => Self::clock_nanos(clock, *anchor),
+        }
+    }
+
+    /// A reading of a clock given to [`with_clock`](Self::with_clock): out of line,
+    /// so that the upkeep word's reading stays small enough for decisions to
+    /// inline.
+    #[cold]
+    #[inline(never)]
+    fn clock_nanos(clock: &quanta::Clock, anchor: quanta::Instant) -> u64 {
+        clock.now().saturating_duration_since(anchor).as_nanos() as u64
     }
 }
 

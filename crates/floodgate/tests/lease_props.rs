@@ -9,6 +9,9 @@
 //!   lease expires, so every unit taken from the central word is admitted or held).
 #![cfg(not(loom))]
 
+mod common;
+
+use common::{denied_for_stranded_units, lease_builder, Plain};
 use floodgate::reference::ExactGcra;
 use floodgate::{LeasedGcra, ManualClock, Policy};
 use proptest::prelude::*;
@@ -37,24 +40,6 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
-/// A GCRA charged with every admission whether or not it fits: what a plain limiter
-/// that had admitted the same requests would hold.
-struct Plain {
-    burst: u64,
-    tat: u64,
-}
-
-impl Plain {
-    fn charge(&mut self, now: u64, cost: u32) {
-        self.tat = self.tat.max(now) + u64::from(cost) * T;
-    }
-
-    /// Whole units it could admit at `now`.
-    fn available(&self, now: u64) -> u64 {
-        (now + self.burst * T).saturating_sub(self.tat.max(now)) / T
-    }
-}
-
 struct Run {
     /// (time, admitted units, units on lease just before) per step.
     trace: Vec<(u64, u64, u64)>,
@@ -69,18 +54,14 @@ fn run(
     mut on_denial: impl FnMut(&LeasedGcra<ManualClock>, u64, u32, &Plain),
 ) -> Run {
     let clock = ManualClock::new();
-    let mut limiter = LeasedGcra::builder(
-        Policy::per_second(1_000)
-            .unwrap()
-            .with_burst(burst)
-            .unwrap(),
-    )
-    .shards(shards)
-    .lease_size(lease)
-    .lifetime(lifetime)
-    .build_with_clock(clock.clone())
-    .unwrap();
-    let mut model = Plain { burst, tat: 0 };
+    let mut limiter = lease_builder(burst, lease, shards, lifetime)
+        .build_with_clock(clock.clone())
+        .unwrap();
+    let mut model = Plain {
+        burst,
+        interval: T,
+        tat: 0,
+    };
     let mut trace = Vec::new();
     let mut now = 0u64;
     for step in steps {
@@ -140,14 +121,7 @@ proptest! {
         let lease = lease_pick.min(burst as u32);
         // A lifetime longer than any trace: nothing expires, every unit taken from the
         // central word is either admitted or still held.
-        run(burst, lease, shards, Duration::from_secs(3_600), &steps, |limiter, now, cost, model| {
-            let plain = model.available(now);
-            let held = limiter.units_held();
-            assert!(
-                plain < u64::from(cost) + held,
-                "denied {cost} at {now}: a plain GCRA has {plain}, leases hold {held}"
-            );
-        });
+        run(burst, lease, shards, Duration::from_secs(3_600), &steps, denied_for_stranded_units);
     }
 }
 

@@ -110,3 +110,60 @@ macro_rules! on_every_storage {
         $case::<floodgate::Fingerprint>();
     };
 }
+
+/// A GCRA charged with every admission whether or not it fits, `interval` ns a unit:
+/// what a plain limiter that had admitted the same requests would hold (the lease
+/// tests' under-admission oracle).
+pub struct Plain {
+    pub burst: u64,
+    pub interval: u64,
+    pub tat: u64,
+}
+
+impl Plain {
+    pub fn charge(&mut self, now: u64, cost: u32) {
+        self.tat = self.tat.max(now) + u64::from(cost) * self.interval;
+    }
+
+    /// Whole units it could admit at `now`.
+    pub fn available(&self, now: u64) -> u64 {
+        (now + self.burst * self.interval).saturating_sub(self.tat.max(now)) / self.interval
+    }
+}
+
+/// A leased limiter's denial of `cost` at `now`: only for want of units stranded in
+/// leases, so a plain GCRA charged with the same admissions (`plain`) holds fewer
+/// than `cost +` the units the leases hold (on a trace where no lease expires,
+/// every unit taken from the central word is admitted or held).
+pub fn denied_for_stranded_units(
+    limiter: &floodgate::LeasedGcra<floodgate::ManualClock>,
+    now: u64,
+    cost: u32,
+    plain: &Plain,
+) {
+    let available = plain.available(now);
+    let held = limiter.units_held();
+    assert!(
+        available < u64::from(cost) + held,
+        "denied {cost} at {now}: a plain GCRA has {available}, leases hold {held}"
+    );
+}
+
+/// A leased limiter's builder at 1 000 a second (T = 1 ms) with burst `burst`:
+/// `shards` shards, leases of `lease` units living `lifetime`.
+pub fn lease_builder(
+    burst: u64,
+    lease: u32,
+    shards: usize,
+    lifetime: std::time::Duration,
+) -> floodgate::LeaseBuilder {
+    floodgate::LeasedGcra::builder(
+        floodgate::Policy::per_second(1_000)
+            .unwrap()
+            .with_burst(burst)
+            .unwrap(),
+    )
+    .shards(shards)
+    .lease_size(lease)
+    .lifetime(lifetime)
+}
