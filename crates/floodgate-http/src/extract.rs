@@ -471,7 +471,9 @@ pub const DEFAULT_MAX_FORWARDED_LEN: usize = 4096;
 ///   can turn the key into an error, which would move the client into a fallback
 ///   bucket ([`OnMissingKey::Fallback`](crate::OnMissingKey::Fallback)).
 ///
-/// A trusted peer that sends no header, an entry read that is not visible ASCII or
+/// A trusted peer that sends no header (unless
+/// [`peer_when_header_absent`](ForwardedIp::peer_when_header_absent)), an entry read
+/// that is not visible ASCII or
 /// not an address (RFC 7239 `unknown` and obfuscated nodes included), or one that
 /// lies further from the header's right end than the bound
 /// ([`DEFAULT_MAX_FORWARDED_LEN`] bytes of the lines' values, counted together) is a
@@ -504,6 +506,7 @@ pub struct ForwardedIp {
     lookup: PeerLookup,
     grouping: IpGrouping,
     max_len: usize,
+    peer_when_header_absent: bool,
 }
 
 impl ForwardedIp {
@@ -526,6 +529,7 @@ impl ForwardedIp {
             lookup: default_peer_lookup,
             grouping: IpGrouping::default(),
             max_len: DEFAULT_MAX_FORWARDED_LEN,
+            peer_when_header_absent: false,
         }
     }
 
@@ -543,6 +547,54 @@ impl ForwardedIp {
     /// needed beyond them is a [`KeyError::Oversized`].
     pub fn max_len(self, max_len: usize) -> ForwardedIp {
         ForwardedIp { max_len, ..self }
+    }
+
+    /// Keys a trusted peer's own requests on the peer: when the forwarding header is
+    /// **absent** and the peer is a trusted proxy, the key is the peer's address
+    /// (grouped as configured) instead of a [`KeyError::Missing`] (a `400` for a hard
+    /// rule). Off by default.
+    ///
+    /// This is for a load balancer's health checks and other requests it makes
+    /// itself: it sends them without the header it appends to the requests it
+    /// forwards. Only absence counts: a header present but malformed, oversized, or
+    /// holding only empty entries is still a [`KeyError`], and an untrusted peer is
+    /// its own key with or without the option.
+    ///
+    /// # Trade-off
+    ///
+    /// Every request a trusted proxy sends without the header shares **one** bucket,
+    /// the proxy's. A client cannot reach it by dropping the header (the proxy appends
+    /// one to what it forwards; a client that connects directly is an untrusted peer,
+    /// keyed on its own address as before); but a proxy that forwards some requests
+    /// without appending the header puts all of their clients into that one bucket,
+    /// where without this option they would be answered `400`. Give the rule a limit
+    /// that suits the proxy's own traffic, or key those paths by a separate rule.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_http::{ForwardedIp, TrustedProxies};
+    /// use std::net::IpAddr;
+    /// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    /// let trusted = TrustedProxies::new(["10.0.0.0/8"])?;
+    /// let no_header = http::HeaderMap::new();
+    /// // Off: the load balancer's health check has no client key.
+    /// let strict = ForwardedIp::x_forwarded_for(trusted.clone(), 1);
+    /// assert!(strict.client_ip(ip("10.0.0.2"), &no_header).is_err());
+    /// // On: it is keyed on the load balancer itself.
+    /// let xff = ForwardedIp::x_forwarded_for(trusted, 1).peer_when_header_absent();
+    /// assert_eq!(xff.client_ip(ip("10.0.0.2"), &no_header), Ok(ip("10.0.0.2")));
+    /// // A malformed header is still an error.
+    /// let mut bad = http::HeaderMap::new();
+    /// bad.insert("x-forwarded-for", "999.0.0.1".parse().unwrap());
+    /// assert!(xff.client_ip(ip("10.0.0.2"), &bad).is_err());
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn peer_when_header_absent(self) -> ForwardedIp {
+        ForwardedIp {
+            peer_when_header_absent: true,
+            ..self
+        }
     }
 
     fn header_name(&self) -> (HeaderName, &'static str) {
@@ -573,6 +625,9 @@ impl ForwardedIp {
             .map(|v| v.as_bytes())
             .collect();
         if lines.is_empty() {
+            if self.peer_when_header_absent {
+                return Ok(peer);
+            }
             return Err(KeyError::missing(format!("{label} from a trusted proxy")));
         }
         // Quoted strings are RFC 7239's; an X-Forwarded-For entry is a bare address.
@@ -1188,6 +1243,68 @@ mod tests {
         let h = headers("x-forwarded-for", &[b" , "]);
         assert!(matches!(
             one.client_ip(ip("10.0.0.1"), &h),
+            Err(KeyError::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn peer_when_header_absent_covers_absence_alone() {
+        let none = HeaderMap::new();
+        for header in [ForwardingHeader::XForwardedFor, ForwardingHeader::Forwarded] {
+            let strict = ForwardedIp::new(header, trusted(), 1);
+            let lenient = strict.clone().peer_when_header_absent();
+            // Off by default: a trusted peer without the header has no key.
+            assert!(matches!(
+                strict.client_ip(ip("10.0.0.1"), &none),
+                Err(KeyError::Missing { .. })
+            ));
+            // On: the trusted peer is its own key (canonical, as every key is).
+            assert_eq!(lenient.client_ip(ip("10.0.0.1"), &none), Ok(ip("10.0.0.1")));
+            assert_eq!(
+                lenient.client_ip(ip("::ffff:10.0.0.1"), &none),
+                Ok(ip("10.0.0.1"))
+            );
+            // An untrusted peer is its own key either way.
+            for e in [&strict, &lenient] {
+                assert_eq!(e.client_ip(ip("203.0.113.5"), &none), Ok(ip("203.0.113.5")));
+            }
+        }
+        let strict = ForwardedIp::x_forwarded_for(trusted(), 1);
+        let lenient = strict.clone().peer_when_header_absent();
+        // Present: unchanged, whether usable, malformed, empty-listed or oversized.
+        let long = "1".repeat(4800);
+        for sent in [
+            &b"203.0.113.7"[..],
+            b"999.1.1.1",
+            b"\xff",
+            b" , ",
+            long.as_bytes(),
+        ] {
+            let h = headers("x-forwarded-for", &[sent]);
+            assert_eq!(
+                lenient.client_ip(ip("10.0.0.1"), &h),
+                strict.client_ip(ip("10.0.0.1"), &h),
+                "{}",
+                String::from_utf8_lossy(sent)
+            );
+        }
+        let h = headers("x-forwarded-for", &[b" , "]);
+        assert!(matches!(
+            lenient.client_ip(ip("10.0.0.1"), &h),
+            Err(KeyError::Missing { .. })
+        ));
+        // The other header does not count as this one.
+        let h = headers("forwarded", &[b"for=203.0.113.7"]);
+        assert_eq!(lenient.client_ip(ip("10.0.0.1"), &h), Ok(ip("10.0.0.1")));
+        // Grouped like any key; no peer address at all is still missing.
+        let grouped = lenient.grouping(IpGrouping::default().v4_prefix(8).unwrap());
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(ip("10.1.2.3"));
+        let (parts, ()) = req.into_parts();
+        assert_eq!(grouped.extract(&parts), Ok(ip("10.0.0.0")));
+        let (parts, ()) = http::Request::new(()).into_parts();
+        assert!(matches!(
+            grouped.extract(&parts),
             Err(KeyError::Missing { .. })
         ));
     }

@@ -607,6 +607,7 @@ struct Shared {
     headers: HeaderOptions,
     never_status: StatusCode,
     on_error: OnLimiterError,
+    publish_outcomes: bool,
 }
 
 /// A tower [`Layer`] that rate-limits every request by its [`Rule`]s.
@@ -704,6 +705,7 @@ pub struct RateLimitLayerBuilder {
     headers: HeaderOptions,
     never_status: StatusCode,
     on_error: OnLimiterError,
+    publish_outcomes: bool,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -816,6 +818,42 @@ impl RateLimitLayerBuilder {
         RateLimitLayerBuilder { on_error, ..self }
     }
 
+    /// Whether to insert a [`RateLimitOutcomes`] into the extensions of every request
+    /// the layer passes on, so the inner service (a handler) can read what each rule
+    /// decided. Off by default, and then it costs nothing: no allocation, no insert.
+    /// On, it costs one allocation per passed request (the list; rule names are
+    /// shared with the layer).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use axum::{routing::get, Extension, Router};
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, RateLimitLayer, RateLimitOutcomes, Rule};
+    ///
+    /// async fn hello(Extension(outcomes): Extension<RateLimitOutcomes>) -> String {
+    ///     match outcomes.get("global") {
+    ///         Some(o) => format!("hello; {} left this second\n", o.decision.remaining()),
+    ///         None => "hello\n".to_owned(),
+    ///     }
+    /// }
+    ///
+    /// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new("global", global, Global)?)
+    ///     .publish_outcomes(true)
+    ///     .build()?;
+    /// let app: Router = Router::new().route("/", get(hello)).layer(layer);
+    /// # let _ = app;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn publish_outcomes(self, on: bool) -> Self {
+        RateLimitLayerBuilder {
+            publish_outcomes: on,
+            ..self
+        }
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -844,6 +882,7 @@ impl RateLimitLayerBuilder {
                 headers: self.headers,
                 never_status: self.never_status,
                 on_error: self.on_error,
+                publish_outcomes: self.publish_outcomes,
             }),
         })
     }
@@ -858,6 +897,7 @@ impl RateLimitLayer {
             headers: HeaderOptions::default(),
             never_status: StatusCode::TOO_MANY_REQUESTS,
             on_error: OnLimiterError::FailClosed,
+            publish_outcomes: false,
         }
     }
 
@@ -950,12 +990,18 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
             let mut verdict = decide(&shared, &parts).await;
             if let Some(reply) = verdict.reply.take() {
                 let mut resp = respond(&parts, &verdict, reply);
                 render(&shared, &verdict, resp.headers_mut());
                 return Ok(resp);
+            }
+            if shared.publish_outcomes {
+                parts.extensions.insert(RateLimitOutcomes {
+                    shared: Arc::clone(&shared),
+                    decided: core::mem::take(&mut verdict.decided),
+                });
             }
             let resp = inner.call(Request::from_parts(parts, body)).await?;
             let (mut head, body) = resp.into_parts();
@@ -969,6 +1015,9 @@ where
 /// What the rules decided for one request.
 struct Verdict {
     shown: Vec<Shown>,
+    /// Every rule that decided, for [`RateLimitOutcomes`]; left empty (unallocated)
+    /// unless the layer publishes them.
+    decided: Vec<Decided>,
     exceeded: Vec<usize>,
     /// The hard denial that stopped the walk.
     denial: Option<Shown>,
@@ -987,6 +1036,11 @@ pub(crate) struct Reply {
 async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     let mut v = Verdict {
         shown: Vec::with_capacity(shared.rules.len()),
+        decided: if shared.publish_outcomes {
+            Vec::with_capacity(shared.rules.len())
+        } else {
+            Vec::new()
+        },
         exceeded: Vec::new(),
         denial: None,
         reply: None,
@@ -1046,6 +1100,13 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             decision,
             partition_key: started.partition_key,
         };
+        if shared.publish_outcomes {
+            v.decided.push(Decided {
+                rule: i,
+                decision,
+                queued,
+            });
+        }
         if decision.is_allowed() {
             entry.counters.bump(Count::Allowed);
             if queued {
@@ -1108,6 +1169,113 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     }
     held.keep();
     v
+}
+
+/// One rule's decision for a passed request, as [`RateLimitOutcomes`] keeps it.
+#[derive(Clone, Copy)]
+struct Decided {
+    rule: usize,
+    decision: Decision,
+    queued: bool,
+}
+
+/// What each rule decided for a request the layer passed on, in rule order: inserted
+/// into the request's extensions when the layer is built with
+/// [`publish_outcomes`](RateLimitLayerBuilder::publish_outcomes), so the inner
+/// service (an axum handler, through `Extension<RateLimitOutcomes>`) can read it.
+///
+/// A rule is listed when it decided: every hard rule (each admitted the request, or
+/// it would not have been passed on), and each soft or shadow rule that was checked,
+/// admitting or (for a soft or shadow rule) denying. A rule is absent when it was
+/// skipped: a soft or shadow rule without its key, or a rule whose limiter failed
+/// and which [`OnLimiterError::FailOpen`] let through. A request the layer answers
+/// itself (429, 400, 503) never reaches the inner service, so it carries none.
+///
+/// The key is not listed: keys have each rule's own type. A handler that needs it
+/// runs the rule's extractor on the request head, which gives the same key the
+/// layer used ([`KeyExtractor::extract`] is a function of the head alone), typed.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{Policy, RateLimiter};
+/// use floodgate_http::{Global, RateLimitLayer, RateLimitOutcomes, Rule, Strategy};
+/// use std::convert::Infallible;
+/// use tower::{service_fn, Layer, Service, ServiceExt};
+///
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("global", RateLimiter::gcra(Policy::per_second(1)?), Global)?)
+///     .rule(
+///         Rule::new("trial", RateLimiter::gcra(Policy::per_hour(1)?), Global)?
+///             .strategy(Strategy::Shadow),
+///     )
+///     .publish_outcomes(true)
+///     .build()?;
+/// let mut svc = layer.layer(service_fn(|req: http::Request<()>| async move {
+///     let outcomes = req.extensions().get::<RateLimitOutcomes>().expect("published");
+///     let trial = outcomes.get("trial").expect("decided");
+///     assert_eq!(trial.strategy, Strategy::Shadow);
+///     assert_eq!(trial.decision.remaining(), 0);
+///     Ok::<_, Infallible>(http::Response::new(trial.decision.remaining().to_string()))
+/// }));
+/// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+/// rt.block_on(async { svc.ready().await?.call(http::Request::new(())).await })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitOutcomes {
+    shared: Arc<Shared>,
+    decided: Vec<Decided>,
+}
+
+impl RateLimitOutcomes {
+    /// Each rule that decided, in rule order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = RuleOutcome<'_>> + '_ {
+        self.decided.iter().map(|d| {
+            let entry = &self.shared.rules[d.rule];
+            RuleOutcome {
+                name: entry.name.as_str(),
+                strategy: entry.strategy,
+                decision: d.decision,
+                queued: d.queued,
+            }
+        })
+    }
+
+    /// What the rule named `name` decided, if it decided.
+    pub fn get(&self, name: &str) -> Option<RuleOutcome<'_>> {
+        self.iter().find(|o| o.name == name)
+    }
+
+    /// How many rules decided.
+    pub fn len(&self) -> usize {
+        self.decided.len()
+    }
+
+    /// Whether no rule decided (a layer without rules, or every rule skipped).
+    pub fn is_empty(&self) -> bool {
+        self.decided.is_empty()
+    }
+}
+
+impl fmt::Debug for RateLimitOutcomes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// One rule's decision for a passed request: see [`RateLimitOutcomes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleOutcome<'a> {
+    /// The rule's name.
+    pub name: &'a str,
+    /// The rule's strategy: a denial here is a soft or shadow rule's.
+    pub strategy: Strategy,
+    /// The rule's decision, as the headers show it.
+    pub decision: Decision,
+    /// The request waited in the rule's queue for its slot (the queueing rules).
+    pub queued: bool,
 }
 
 /// The receipts of the in-process rules that admitted (and so charged) a request.

@@ -48,6 +48,11 @@
 //!   [`KeyError`], answered `400` or counted against a fallback bucket
 //!   ([`OnMissingKey`]); a soft or shadow rule without its key is skipped, as is one
 //!   whose limiter fails: those never block.
+//! * The handler can see what the layer decided: with
+//!   [`publish_outcomes`](RateLimitLayerBuilder::publish_outcomes), each request
+//!   passed on carries a [`RateLimitOutcomes`] in its extensions (every rule that
+//!   decided: name, strategy, [`Decision`](floodgate::Decision)). Off by default, at
+//!   no cost.
 //!
 //! The layer is generic over [`AsyncLimit`](floodgate::AsyncLimit): in-process
 //! [`KeyedLimiter`](floodgate::KeyedLimiter) / [`RateLimiter`](floodgate::RateLimiter)
@@ -101,7 +106,7 @@ pub use headers::{
 };
 pub use layer::{
     Charge, HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, ResponseFuture, Rule, Strategy,
+    RateLimitOutcomes, RateLimitService, ResponseFuture, Rule, RuleOutcome, Strategy,
 };
 #[cfg(feature = "queue")]
 pub use priority::PriorityRule;
@@ -114,6 +119,7 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<RateLimitLayer>();
     assert_send_sync::<RateLimitService<()>>();
+    assert_send_sync::<RateLimitOutcomes>();
     assert_send_sync::<PeerIp>();
     assert_send_sync::<ForwardedIp>();
 };

@@ -552,6 +552,68 @@ async fn forwarded_ip_hops_trust_and_spoofing() -> TestResult {
 }
 
 #[tokio::test]
+async fn a_trusted_peer_without_the_header_is_keyed_on_itself_when_asked() -> TestResult {
+    let hasher = PartitionKeyHasher::new([9; 16]);
+    let headers = HeaderOptions::default().partition_key(hasher.clone());
+    let layer =
+        |trusted: &str, lenient: bool| -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+            let xff = ForwardedIp::x_forwarded_for(TrustedProxies::new([trusted])?, 1)
+                .lookup(connect_info);
+            let xff = if lenient {
+                xff.peer_when_header_absent()
+            } else {
+                xff
+            };
+            let policy = Policy::per_minute(1)?;
+            ip_layer(
+                "client",
+                policy,
+                Strategy::Hard,
+                &ManualClock::new(),
+                xff,
+                headers.clone(),
+            )
+        };
+    let client: &[(&str, &[u8])] = &[("x-forwarded-for", b"203.0.113.7")];
+
+    // On, the peer (127.0.0.1) trusted: its own requests are one bucket, limited as one.
+    let on = layer("127.0.0.0/8", true)?;
+    let addr = serve(on.clone(), true).await;
+    let r = send(addr, "/", &[]).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(pk_in(&r), pk_of(&hasher, "127.0.0.1"));
+    assert_eq!(send(addr, "/", &[]).await.status, 429);
+    // A forwarded client keeps its own bucket, apart from the proxy's.
+    let r = send(addr, "/", client).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(pk_in(&r), pk_of(&hasher, "203.0.113.7"));
+    // A present but malformed header is still a 400.
+    let r = send(addr, "/", &[("x-forwarded-for", b"999.0.0.1")]).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    let s = on.stats();
+    assert_eq!((s[0].allowed, s[0].denied, s[0].bad_key), (2, 1, 1));
+
+    // Off (the default): the same request is a 400 for its missing key.
+    let addr = serve(layer("127.0.0.0/8", false)?, true).await;
+    let r = send(addr, "/", &[]).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(
+        r.body.contains("missing client key: X-Forwarded-For"),
+        "{r:?}"
+    );
+
+    // An untrusted peer is its own key, header or not, with the option or without.
+    for lenient in [true, false] {
+        let addr = serve(layer("10.0.0.0/8", lenient)?, true).await;
+        let r = send(addr, "/", client).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(pk_in(&r), pk_of(&hasher, "127.0.0.1"), "lenient: {lenient}");
+        assert_eq!(send(addr, "/", &[]).await.status, 429, "lenient: {lenient}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn ipv6_prefix_grouping_and_ipv4_mapped() -> TestResult {
     let clock = ManualClock::new();
     let xff =

@@ -238,3 +238,42 @@ async fn a_cancelled_wait_gives_back_the_earlier_rules_charges_too() -> TestResu
     assert_eq!(svc.call(Request::new(())).await?.status(), 200);
     Ok(())
 }
+
+#[tokio::test(start_paused = true)]
+async fn published_outcomes_say_which_request_waited() -> TestResult {
+    use floodgate_http::RateLimitOutcomes;
+    use std::convert::Infallible;
+    let start = Instant::now();
+    let layer = RateLimitLayer::builder()
+        .queue(QueueRule::shared(
+            "smooth",
+            shaper(start)?,
+            Duration::from_secs(1),
+        )?)
+        .publish_outcomes(true)
+        .build()?;
+    // The handler answers 200 when the rule's outcome says the request waited, 203
+    // when it did not.
+    let handler = tower::service_fn(|req: Request<()>| async move {
+        let outcomes = req.extensions().get::<RateLimitOutcomes>().cloned();
+        let smooth = outcomes.as_ref().and_then(|o| o.get("smooth"));
+        let status = match smooth.map(|o| (o.queued, o.decision.is_allowed())) {
+            Some((true, true)) => 200,
+            Some((false, true)) => 203,
+            _ => 500,
+        };
+        let mut resp = Response::new(String::new());
+        *resp.status_mut() = http::StatusCode::from_u16(status).expect("status");
+        Ok::<_, Infallible>(resp)
+    });
+    let done = all_at_once(
+        &layer.layer(handler),
+        (0..2).map(|_| Request::new(())),
+        start,
+    )
+    .await?;
+    // The first is served at once; the second waits 100 ms for its slot.
+    assert_eq!((done[0].0, done[0].1), (203, Duration::ZERO));
+    assert_eq!((done[1].0, done[1].1), (200, Duration::from_millis(100)));
+    Ok(())
+}

@@ -232,8 +232,10 @@ where
         .route("/login", post(login_handler::<C>))
         .with_state(login)
         .layer(layer.clone());
-    // Outside the layer: the balancer's health checks come from the trusted proxy
-    // itself, with no `X-Forwarded-For`, which the `per-ip` rule answers 400.
+    // Outside the layer: a flood that spends the `global` budget must not fail the
+    // balancer's health checks (it would take this replica out of rotation). Inside,
+    // they would also need `ForwardedIp::peer_when_header_absent`: they come from the
+    // trusted proxy itself, with no `X-Forwarded-For`, which `per-ip` answers 400.
     let operations = Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/stats", get(move || ready(stats_text(&stats))));
