@@ -234,6 +234,38 @@ fn keys_holding_other_data_are_typed_errors_not_panics() {
     }
 }
 
+/// A window state of period 0 (no policy has one: only foreign or corrupt data) is a
+/// malformed state, named as such, and the call writes nothing.
+#[test]
+fn a_window_state_of_period_zero_is_malformed() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    for (algorithm, state) in [
+        (Algorithm::FixedWindow, "5:1:0"),
+        (Algorithm::SlidingWindow, "5:0:1:0"),
+    ] {
+        let l = limiter(
+            &rt,
+            &server,
+            algorithm,
+            policy(),
+            OnFailure::Error,
+            Duration::from_secs(5),
+        );
+        let _: () = server.cmd(&["SET", "test:zero", state]);
+        match rt.block_on(l.check_n("zero", 1)) {
+            Err(RedisLimitError::Redis(e)) => {
+                assert!(e.to_string().contains("malformed"), "{algorithm:?}: {e}");
+            }
+            other => panic!("{algorithm:?} on period 0: a malformed state expected, got {other:?}"),
+        }
+        let kept: String = server.cmd(&["GET", "test:zero"]);
+        assert_eq!(kept, state, "{algorithm:?}: the call wrote");
+    }
+}
+
 /// A server busy running another client's slow script answers `BUSY` until that
 /// script ends: the same call succeeds later, so the error is retryable.
 #[test]

@@ -11,6 +11,7 @@ local function sliding_window(key, n, write, p, l)
     if not sw or not sp or not sc or not speriod then
       return malformed(key, 'not window:prev:cur:period')
     end
+    if speriod == 0 then return malformed(key, 'period 0') end
     -- Never back to an older window: an earlier reading is judged at the start of
     -- the stored one. Windows of another period count other windows (read on
     -- their own period): both policies may be in force at once (a rolling deploy),
