@@ -92,7 +92,9 @@ pub use decision::{Decision, PolicyId};
 pub use duration::{parse_duration, DurationError};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState, LeakyBucket, TokenBucket};
-pub use keyed::composite::{check_all, check_all_indexed, Identified, Limit};
+pub use keyed::composite::{
+    charge_all, check_all, check_all_indexed, refund_all, CompositeReceipt, Identified, Limit,
+};
 pub use keyed::{
     Fingerprint, Heap, HotKeyError, HotKeyLimiter, HotKeys, HotMetrics, Inline, InlineKey,
     Ipv6Prefix, KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Lookup,

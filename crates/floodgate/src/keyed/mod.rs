@@ -184,16 +184,15 @@
 //!
 //! A key of (IP, user) alone lets many addresses guess one account, and one address
 //! try a few passwords on every account. In production, limit the failures per user
-//! **and** per IP: charge both (a `charge` of the second that denies hands the first
-//! its receipt back, so an attempt refused for the user costs the address nothing),
-//! and refund both on a success. [`check_all`](composite::check_all) returns no
-//! receipts, so it cannot give a success back: charge each limit yourself.
+//! **and** per IP as one composite: [`charge_all`](composite::charge_all) charges both
+//! or neither (an attempt refused for the user costs the address nothing), and
+//! [`refund_all`](composite::refund_all) gives both back on a success.
 //! Refund rather than [`reset`](KeyedLimiter::reset) on a success: a reset of a
 //! per-user key would also forgive an attacker's failures every time the owner logs
 //! in.
 //!
 //! ```
-//! use floodgate::{KeyedLimiter, ManualClock, Policy};
+//! use floodgate::{charge_all, refund_all, KeyedLimiter, Limit, ManualClock, Policy, PolicyId};
 //! use std::net::IpAddr;
 //!
 //! let clock = ManualClock::new();
@@ -201,20 +200,23 @@
 //!     KeyedLimiter::gcra_with_clock(Policy::per_hour(5)?, clock.clone());
 //! let per_ip: KeyedLimiter<IpAddr, _, _> =
 //!     KeyedLimiter::gcra_with_clock(Policy::per_hour(20)?, clock.clone());
+//! let (user_id, ip_id) = (PolicyId::new(1), PolicyId::new(2));
 //!
 //! let login = |ip: IpAddr, user: &str, password_ok: bool| -> Result<(), &'static str> {
-//!     let (by_ip, ip_receipt) = per_ip.charge(&ip, 1);
-//!     if !by_ip.is_allowed() {
-//!         return Err("too many failures from this address");
-//!     }
-//!     let (by_user, user_receipt) = per_user.charge(user, 1);
-//!     if !by_user.is_allowed() {
-//!         let _ = per_ip.refund(&ip, ip_receipt);
-//!         return Err("too many failures for this user");
+//!     let limits = [
+//!         &per_user.limit(user).with_policy_id(user_id) as &dyn Limit,
+//!         &per_ip.limit(&ip).with_policy_id(ip_id),
+//!     ];
+//!     let (gate, receipt) = charge_all(&limits, 1);
+//!     if !gate.is_allowed() {
+//!         return Err(if gate.policy() == user_id {
+//!             "too many failures for this user"
+//!         } else {
+//!             "too many failures from this address"
+//!         });
 //!     }
 //!     if password_ok {
-//!         let _ = per_user.refund(user, user_receipt);
-//!         let _ = per_ip.refund(&ip, ip_receipt);
+//!         refund_all(&limits, receipt);
 //!         return Ok(());
 //!     }
 //!     Err("wrong password")
@@ -229,6 +231,8 @@
 //! // That refusal cost `home` nothing, and a success costs nothing either.
 //! assert_eq!(login(home, "bob", true), Ok(()));
 //! assert_eq!(per_ip.peek(&home, 0).remaining(), 20);
+//! // The owner's success gave back only her own attempt: the lockout stands.
+//! assert_eq!(per_user.peek("alice", 0).remaining(), 0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -7,6 +7,13 @@
 //! ("never" longest of all). If all admit, the admission with the least `remaining`
 //! is returned.
 //!
+//! [`charge_all`] decides the same way and also returns the admission's receipts, one
+//! per limit ([`CompositeReceipt`]), so that [`refund_all`] can give the whole
+//! composite back later: the login pattern over several limits (charge per user and
+//! per address before the password check, give both back when it was right — rather
+//! than a [`reset`](KeyedLimiter::reset), which would also forgive an attacker's
+//! failures whenever the owner logs in).
+//!
 //! # Consistency under concurrency
 //!
 //! Charges are taken one limit at a time, not atomically across limits. A request
@@ -20,7 +27,10 @@
 //!
 //! * GCRA gives back the part of the charge's booking the clock has not reached:
 //!   all of it when the refund follows before the clock catches up (the usual case,
-//!   microseconds later), nothing once the clock has passed it.
+//!   microseconds later), nothing once the clock has passed it — and, as refunds
+//!   are judged against a ledger kept per cell (per shard when keyed), less or
+//!   nothing when other refunds on the same cell or shard came between the charge
+//!   and its refund (they may have moved its booking down).
 //! * A fixed or sliding window gives back the charged units while the state still
 //!   holds the window they were counted in; once any request has moved it to a newer
 //!   window, nothing.
@@ -345,6 +355,132 @@ pub fn check_all(limits: &[&dyn Limit], cost: u32) -> Decision {
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub fn check_all_indexed(limits: &[&dyn Limit], cost: u32) -> (Decision, Option<usize>) {
+    let (decision, index, _receipts) = charge_all_indexed(limits, cost);
+    (decision, index)
+}
+
+/// [`check_all`] with the receipts of an admission, so that [`refund_all`] can give
+/// the whole composite back later — the login pattern over several limits: charge
+/// per user **and** per address before the password check, give both back when it
+/// was right.
+///
+/// All or nothing as [`check_all`]: a denial leaves no limit charged, and its
+/// receipt holds nothing. An admission's receipt holds one [`Receipt`] per limit, in
+/// the order of `limits`; each refund gives back at most that limit's own charge, by
+/// the rules of the [module docs](self) (a keyed limit whose key was removed,
+/// reclaimed or evicted since gives back nothing).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::{charge_all, refund_all, Limit};
+/// use floodgate::{KeyedLimiter, ManualClock, Policy, PolicyId};
+/// let clock = ManualClock::new();
+/// let per_user: KeyedLimiter<String, _, _> = KeyedLimiter::gcra_with_clock(Policy::per_hour(5)?, clock.clone());
+/// let per_ip: KeyedLimiter<u32, _, _> = KeyedLimiter::gcra_with_clock(Policy::per_hour(20)?, clock.clone());
+///
+/// let limits = [
+///     &per_user.limit("alice").with_policy_id(PolicyId::new(1)) as &dyn Limit,
+///     &per_ip.limit(&7).with_policy_id(PolicyId::new(2)),
+/// ];
+/// let (decision, receipt) = charge_all(&limits, 1);
+/// assert!(decision.is_allowed());
+/// // The password was right: both attempts come back.
+/// assert_eq!(refund_all(&limits, receipt), 2);
+/// assert_eq!(per_user.peek("alice", 0).remaining(), 5);
+/// assert_eq!(per_ip.peek(&7, 0).remaining(), 20);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+pub fn charge_all(limits: &[&dyn Limit], cost: u32) -> (Decision, CompositeReceipt) {
+    let (decision, _, receipts) = charge_all_indexed(limits, cost);
+    (decision, CompositeReceipt { receipts })
+}
+
+/// Gives back the composite charge behind `receipt` ([`charge_all`]): each receipt
+/// to the limit at its place in `limits` — pass the same limits in the same order.
+/// Returns how many limits gave something back.
+///
+/// Each limit gives back at most its own charge, by the rules of the
+/// [module docs](self); a receipt handed to another limit (a different list or
+/// order, another key) gives back nothing. The receipt is consumed: a composite is
+/// given back at most once.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::composite::{charge_all, refund_all};
+/// use floodgate::{ManualClock, Policy, RateLimiter};
+/// let clock = ManualClock::new();
+/// let a = RateLimiter::gcra_with_clock(Policy::per_second(5)?, clock.clone());
+/// let b = RateLimiter::gcra_with_clock(Policy::per_second(1)?, clock.clone());
+/// let (admitted, receipt) = charge_all(&[&a, &b], 1);
+/// assert!(admitted.is_allowed() && receipt.is_charged());
+/// assert_eq!(refund_all(&[&b, &a], receipt), 0); // the wrong order gives nothing
+/// let (denied, receipt) = charge_all(&[&a, &b], 1);
+/// assert!(!denied.is_allowed() && !receipt.is_charged()); // already given back
+/// assert_eq!(refund_all(&[&a, &b], receipt), 0);
+/// assert_eq!(a.peek(0).remaining(), 4);
+/// # Ok::<(), floodgate::PolicyError>(())
+/// ```
+///
+/// A refunded receipt is gone:
+///
+/// ```compile_fail,E0382
+/// use floodgate::keyed::composite::{charge_all, refund_all};
+/// use floodgate::{Policy, RateLimiter};
+/// let a = RateLimiter::gcra(Policy::per_second(5).unwrap());
+/// let (_, receipt) = charge_all(&[&a], 1);
+/// refund_all(&[&a], receipt);
+/// refund_all(&[&a], receipt);
+/// ```
+pub fn refund_all(limits: &[&dyn Limit], receipt: CompositeReceipt) -> usize {
+    let mut receipts = receipt.receipts;
+    limits
+        .iter()
+        .zip(receipts.drain())
+        .map(|(limit, receipt)| limit.refund(receipt))
+        .filter(|&back| back)
+        .count()
+}
+
+/// What one composite charge took ([`charge_all`]), for [`refund_all`]: one
+/// [`Receipt`] per limit of an admission, in the order of its list; nothing after a
+/// denial (its charges were given back before it returned).
+///
+/// Neither `Clone` nor `Copy`: [`refund_all`] consumes it.
+#[must_use = "a receipt that is dropped cannot refund its charge"]
+#[derive(Debug, Default)]
+pub struct CompositeReceipt {
+    receipts: SmallReceipts,
+}
+
+impl CompositeReceipt {
+    /// Whether any limit was charged (an admission of cost ≥ 1 by a limit that
+    /// charges).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::composite::charge_all;
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// let a = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert!(!charge_all(&[&a], 0).1.is_charged()); // cost 0 takes nothing
+    /// assert!(charge_all(&[&a], 1).1.is_charged());
+    /// assert!(!charge_all(&[&a], 1).1.is_charged()); // denied
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn is_charged(&self) -> bool {
+        self.receipts.iter().any(Receipt::is_charged)
+    }
+}
+
+/// The composite charge behind [`check_all_indexed`] and [`charge_all`]: the
+/// decision, the index of the limit that gave it, and the receipts of an admission
+/// (none after a denial: those taken were given back).
+fn charge_all_indexed(
+    limits: &[&dyn Limit],
+    cost: u32,
+) -> (Decision, Option<usize>, SmallReceipts) {
     // The receipts of the limits charged so far (a composite rarely has more than a
     // handful of limits: no allocation below 8).
     let mut receipts: SmallReceipts = SmallReceipts::default();
@@ -370,13 +506,17 @@ pub fn check_all_indexed(limits: &[&dyn Limit], cost: u32) -> (Decision, Option<
         receipts.push(receipt);
     }
     match verdict {
-        Some((decision, i)) => (decision, Some(i)),
-        None => (Decision::new(true, 0, 0, Default::default(), None), None),
+        Some((decision, i)) => (decision, Some(i), receipts),
+        None => (
+            Decision::new(true, 0, 0, Default::default(), None),
+            None,
+            receipts,
+        ),
     }
 }
 
 /// Receipts inline up to 8, on the heap beyond.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct SmallReceipts {
     inline: [Option<Receipt>; 8],
     len: usize,
@@ -394,10 +534,16 @@ impl SmallReceipts {
 
     /// The receipts in charge order, taken out.
     fn drain(&mut self) -> impl Iterator<Item = Receipt> + '_ {
+        self.len = 0;
         self.inline
             .iter_mut()
             .filter_map(Option::take)
             .chain(self.spill.drain(..))
+    }
+
+    /// The receipts in charge order.
+    fn iter(&self) -> impl Iterator<Item = &Receipt> {
+        self.inline.iter().flatten().chain(&self.spill)
     }
 }
 
