@@ -20,8 +20,9 @@
 //!
 //! `POST /login` (body `user=NAME&password=SECRET`) adds brute-force protection in
 //! the handler, where the user name is known: [`LOGIN_PER_USER`] failures per user
-//! name and [`LOGIN_PER_IP`] per client IP, charged before the password is checked
-//! and refunded when it was right.
+//! name and [`LOGIN_PER_IP`] per client IP, charged as one composite before the
+//! password is checked ([`floodgate::charge_all`]: both or neither) and given back
+//! when it was right ([`floodgate::refund_all`]).
 //!
 //! Two things to weigh before copying it. A per-user limit lets anyone who knows a
 //! user name lock that account out for the limit's wait, from any addresses: the
@@ -44,7 +45,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use floodgate::keyed::plans::{PlanLimiter, Plans};
 use floodgate::{
-    Clock, Gcra, GcraState, Heap, KeyedBuilder, KeyedLimiter, Policy, RateLimiter, Storage,
+    charge_all, refund_all, Clock, Gcra, GcraState, Heap, KeyedBuilder, KeyedLimiter, Limit,
+    Policy, PolicyId, RateLimiter, Storage,
 };
 use floodgate_http::{
     ForwardedIp, Global, HeaderKey, HeaderOptions, KeyExtractor, OnLimiterError, OnMissingKey,
@@ -267,6 +269,10 @@ fn answer(status: StatusCode, text: &str) -> Response {
     (status, format!("{text}\n")).into_response()
 }
 
+/// The policy ids that say which login limit refused an attempt.
+const BY_USER: PolicyId = PolicyId::new(1);
+const BY_IP: PolicyId = PolicyId::new(2);
+
 /// Charge first (every guess counts the moment it arrives, so parallel guesses cannot
 /// all pass the gate), check the password, refund when it was right.
 async fn login_handler<C: Clock + 'static>(
@@ -286,21 +292,26 @@ async fn login_handler<C: Clock + 'static>(
         return answer(StatusCode::BAD_REQUEST, "need user=…&password=…");
     };
 
-    let (by_ip, ip_receipt) = login.per_ip.charge(&ip, 1);
-    if !by_ip.is_allowed() {
-        return too_many(&by_ip, "too many failed logins from this address");
-    }
-    let (by_user, user_receipt) = login.per_user.charge(user, 1);
-    if !by_user.is_allowed() {
-        // This attempt never reached the password: not a failure of this address.
-        let _ = login.per_ip.refund(&ip, ip_receipt);
-        return too_many(&by_user, "too many failed logins for this user");
+    // One composite: both limits charged, or neither (an attempt refused for the
+    // user never reached the password and costs the address nothing).
+    let limits = [
+        &login.per_user.limit(user).with_policy_id(BY_USER) as &dyn Limit,
+        &login.per_ip.limit(&ip).with_policy_id(BY_IP),
+    ];
+    let (gate, receipt) = charge_all(&limits, 1);
+    if !gate.is_allowed() {
+        return if gate.policy() == BY_USER {
+            too_many(&gate, "too many failed logins for this user")
+        } else {
+            too_many(&gate, "too many failed logins from this address")
+        };
     }
     // Demo only: plain text and `==` (see the module docs for what a service does).
     let known = login.users.iter().any(|(u, p)| u == user && p == password);
     if known {
-        let _ = login.per_user.refund(user, user_receipt);
-        let _ = login.per_ip.refund(&ip, ip_receipt);
+        // Not a failure: both attempts come back (a `reset` of the user's key would
+        // also forgive an attacker's failures each time the owner logs in).
+        refund_all(&limits, receipt);
         return answer(StatusCode::OK, "welcome");
     }
     answer(StatusCode::UNAUTHORIZED, "wrong user or password")
