@@ -39,6 +39,10 @@
 //! (twelve rules named in 25 bytes each take three), still not one per field.
 //! Nothing is shared with other requests (a value cached across requests would be a
 //! reference count written by every thread).
+//!
+//! With the service's fields kept (`HeaderOptions::keep_service_fields`, opt-in), a
+//! List field the service also wrote takes one more allocation for the combined
+//! value, and its lines are split into members (a linear scan).
 
 use core::fmt;
 use core::hash::Hash;
@@ -521,22 +525,153 @@ impl ResponseFields {
         self.int(Field::Reset, reset);
     }
 
-    /// Inserts every field written into `headers`, replacing values of the same
-    /// names. Every byte the renderers write is printable ASCII (validated names,
-    /// digits, base64), so no value can be refused; should one ever be, that field
-    /// is left out rather than the request failed.
-    pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
+    /// Inserts every field written into `headers`. With `keep_service` false, each
+    /// replaces the values of its name already there; with it true, each is combined
+    /// with them by the rules of
+    /// [`HeaderOptions::keep_service_fields`](crate::HeaderOptions::keep_service_fields).
+    /// Every byte the renderers write is printable ASCII (validated names, digits,
+    /// base64), so no value can be refused; should one ever be, that field is left
+    /// out rather than the request failed.
+    pub(crate) fn insert_into(self, headers: &mut HeaderMap, keep_service: bool) {
         if self.count == 0 {
             return;
         }
         headers.reserve(self.count);
         let bytes = self.buf.into_bytes();
-        for (field, range) in &self.written[..self.count] {
-            if let Ok(value) = HeaderValue::from_maybe_shared(bytes.slice(range.clone())) {
+        let written = &self.written[..self.count];
+        let service_trio = keep_service
+            && {
+                let ours = written
+                    .iter()
+                    .find(|(field, _)| *field == Field::Remaining)
+                    .and_then(|(_, range)| sf_digits(&bytes[range.clone()]));
+                matches!((service_trio_remaining(headers), ours), (Some(theirs), Some(ours)) if theirs < ours)
+            };
+        for (field, range) in written {
+            let ours = bytes.slice(range.clone());
+            let value = match field {
+                Field::Limit | Field::Remaining | Field::Reset if service_trio => continue,
+                Field::Policy | Field::RateLimit | Field::Exceeded if keep_service => {
+                    combine_lists(ours, headers.get_all(field.name()))
+                }
+                _ => ours,
+            };
+            if let Ok(value) = HeaderValue::from_maybe_shared(value) {
                 headers.insert(field.name(), value);
             }
         }
     }
+}
+
+/// The layer's List field `ours` followed by the members of the service's lines
+/// `theirs` whose name (the leading item) no member of `ours` has; a service line
+/// that does not split cleanly ([`list_members`]) is left out.
+fn combine_lists(ours: Bytes, theirs: http::header::GetAll<'_, HeaderValue>) -> Bytes {
+    let taken: Vec<&[u8]> = list_members(&ours)
+        .unwrap_or_default()
+        .into_iter()
+        .map(member_name)
+        .collect();
+    let mut combined: Option<Vec<u8>> = None;
+    for line in theirs {
+        for member in list_members(line.as_bytes()).unwrap_or_default() {
+            if taken.contains(&member_name(member)) {
+                continue;
+            }
+            let out = combined.get_or_insert_with(|| ours.to_vec());
+            out.extend_from_slice(b", ");
+            out.extend_from_slice(member);
+        }
+    }
+    combined.map_or(ours, Bytes::from)
+}
+
+/// The members of one line of a Structured Field List, split at the commas outside
+/// strings and trimmed of spaces and tabs; `None` when the line does not split
+/// cleanly: a byte outside visible ASCII, space and tab, a string left open, or an
+/// empty member. An empty line is an empty List. (A split, not a full RFC 9651
+/// parse: a member's own syntax is taken as the service wrote it.)
+fn list_members(line: &[u8]) -> Option<Vec<&[u8]>> {
+    let pieces = split_outside_strings(line, b',')?;
+    if let [only] = pieces[..] {
+        if only.is_empty() {
+            return Some(Vec::new());
+        }
+    }
+    pieces
+        .into_iter()
+        .map(|member| (!member.is_empty()).then_some(member))
+        .collect()
+}
+
+/// A List member's name: its item, before the first parameter.
+fn member_name(member: &[u8]) -> &[u8] {
+    split_outside_strings(member, b';')
+        .and_then(|pieces| pieces.first().copied())
+        .unwrap_or(member)
+}
+
+/// `piece` without the spaces and tabs around it.
+fn trim_ows(piece: &[u8]) -> &[u8] {
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = piece.iter().position(|b| !ows(b)).unwrap_or(piece.len());
+    let end = piece.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
+    &piece[start..end]
+}
+
+/// `value` split at each `sep` outside sf-strings (`"…"`, `\` escaping the next
+/// byte), each piece trimmed of spaces and tabs; `None` for a byte outside visible
+/// ASCII, space and tab, or a string left open.
+fn split_outside_strings(value: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
+    let (mut pieces, mut start) = (Vec::new(), 0);
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, &b) in value.iter().enumerate() {
+        if !(b == b'\t' || (0x20..=0x7e).contains(&b)) {
+            return None;
+        }
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == sep {
+            pieces.push(trim_ows(&value[start..i]));
+            start = i + 1;
+        }
+    }
+    if in_string {
+        return None;
+    }
+    pieces.push(trim_ows(&value[start..]));
+    Some(pieces)
+}
+
+/// The service's `X-RateLimit-Remaining` when it wrote the whole trio, each field
+/// once as a Structured Field integer; `None` otherwise.
+fn service_trio_remaining(headers: &HeaderMap) -> Option<u64> {
+    let single = |name: &HeaderName| {
+        let mut lines = headers.get_all(name).iter();
+        match (lines.next(), lines.next()) {
+            (Some(value), None) => sf_digits(value.as_bytes()),
+            _ => None,
+        }
+    };
+    single(&X_RATELIMIT_LIMIT)?;
+    single(&X_RATELIMIT_RESET)?;
+    single(&X_RATELIMIT_REMAINING)
+}
+
+/// A non-negative Structured Field integer: 1 to 15 digits.
+fn sf_digits(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 15 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(value.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
 /// Standard base64 with padding, as sf-binary wants it.
@@ -685,7 +820,7 @@ pub fn legacy_headers(
 ) {
     let mut fields = ResponseFields::new();
     fields.legacy(decision, format, now);
-    fields.insert_into(headers);
+    fields.insert_into(headers, false);
 }
 
 #[cfg(test)]
@@ -831,13 +966,32 @@ mod tests {
         fields.int(Field::Limit, 99);
         let mut h = HeaderMap::new();
         h.insert(&X_RATELIMIT_LIMIT, HeaderValue::from_static("replaced"));
-        fields.insert_into(&mut h);
+        fields.insert_into(&mut h, false);
         assert_eq!(h[&RATELIMIT], expected.as_str());
         assert_eq!(h[RETRY_AFTER], "1");
         assert_eq!(h[&X_RATELIMIT_LIMIT], "7");
         assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
         assert_eq!(h[&X_RATELIMIT_RESET], "3");
         assert_eq!(h.len(), 5);
+    }
+
+    #[test]
+    fn service_lists_split_outside_strings_only() {
+        assert_eq!(list_members(b""), Some(vec![]));
+        assert_eq!(list_members(b" \t "), Some(vec![]));
+        assert_eq!(
+            list_members(b" \"a,b\";r=1 ,\t\"c\\\",\" ;d"),
+            Some(vec![&br#""a,b";r=1"#[..], &br#""c\"," ;d"#[..]])
+        );
+        assert_eq!(list_members(b"a,"), None);
+        assert_eq!(list_members(b",a"), None);
+        assert_eq!(list_members(br#""a\""#), None);
+        assert_eq!(list_members("\"caf\u{e9}\"".as_bytes()), None);
+        assert_eq!(member_name(br#""a;b" ;r=1"#), br#""a;b""#);
+        assert_eq!(member_name(b"token"), b"token");
+        assert_eq!(sf_digits(b"999999999999999"), Some(MAX_SF_INTEGER));
+        assert_eq!(sf_digits(b"1000000000000000"), None);
+        assert_eq!(sf_digits(b"-1"), None);
     }
 
     #[test]
@@ -851,7 +1005,7 @@ mod tests {
         write_name_member(fields.value(), &b);
         fields.finish(Field::Policy);
         let mut h = HeaderMap::new();
-        fields.insert_into(&mut h);
+        fields.insert_into(&mut h, false);
         assert_eq!(h[&X_RATELIMIT_EXCEEDED], r#""a", "b""#);
         assert_eq!(h[&X_RATELIMIT_RESET], "0");
         assert_eq!(h[&RATELIMIT_POLICY], r#""b""#);

@@ -531,6 +531,7 @@ pub struct HeaderOptions {
     shadow: bool,
     soft: bool,
     partition_key: Option<PartitionKeyHasher>,
+    keep_service: bool,
 }
 
 impl Default for HeaderOptions {
@@ -541,6 +542,7 @@ impl Default for HeaderOptions {
             shadow: false,
             soft: true,
             partition_key: None,
+            keep_service: false,
         }
     }
 }
@@ -591,6 +593,54 @@ impl HeaderOptions {
     /// ```
     pub fn include_soft(self, on: bool) -> Self {
         HeaderOptions { soft: on, ..self }
+    }
+
+    /// Keeps the rate-limit fields the inner service wrote on a response the layer
+    /// passes, combining them with the layer's own (`true`), or replaces them (the
+    /// default, `false`: an upstream cannot then make a client believe in limits the
+    /// layer does not enforce).
+    ///
+    /// Kept, a handler's own limits (a login handler's lockout, a quota it keeps
+    /// itself) reach the client beside the layer's, by these rules:
+    ///
+    /// * `RateLimit`, `RateLimit-Policy` and `X-RateLimit-Exceeded` (Structured Field
+    ///   Lists) become one field line: the layer's members, then the service's, in
+    ///   the order it wrote them, all its lines taken as one List. A service member
+    ///   named like one of the layer's (the same item before its parameters) is left
+    ///   out: the layer's describes that policy. A service line that does not split
+    ///   cleanly into members (a byte outside visible ASCII, a string left open, an
+    ///   empty member) is left out whole, so that the combined field still parses.
+    /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
+    ///   values, never a mix: the service's trio stays, and the layer writes none,
+    ///   when the service wrote all three, each once as a whole non-negative integer,
+    ///   and its `Remaining` is less than the layer's; otherwise the layer's trio
+    ///   replaces whatever part of one the service wrote. (The reset is not
+    ///   compared: the service may count it in another format.)
+    /// * `Retry-After`: the layer writes it only on its own answers, which no service
+    ///   wrote anything to, so the service's stands on a response it passes — with
+    ///   this option or without.
+    ///
+    /// A field the layer does not write on a response (its family turned off, no
+    /// visible rule) is left as the service wrote it, with this option or without.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, HeaderOptions, RateLimitLayer, Rule};
+    /// let global = RateLimiter::gcra(Policy::per_second(100)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new("global", global, Global)?)
+    ///     .headers(HeaderOptions::default().keep_service_fields(true))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keep_service_fields(self, on: bool) -> Self {
+        HeaderOptions {
+            keep_service: on,
+            ..self
+        }
     }
 
     /// Adds `pk` (a keyed hash of each rule's key) to the IETF members.
@@ -1005,7 +1055,8 @@ where
             }
             let resp = inner.call(Request::from_parts(parts, body)).await?;
             let (mut head, body) = resp.into_parts();
-            // The layer's fields replace any of the same name the inner service set.
+            // The layer's fields replace (or, kept, combine with) any of the same
+            // names the inner service set.
             render(&shared, &verdict, &mut head.headers);
             Ok(Response::from_parts(head, RateLimitBody::inner(body)))
         })
@@ -1394,5 +1445,5 @@ fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
         }
         fields.finish(Field::Exceeded);
     }
-    fields.insert_into(out);
+    fields.insert_into(out, opts.keep_service);
 }

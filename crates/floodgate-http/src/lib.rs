@@ -31,7 +31,9 @@
 //!   ([`HeaderOptions`]): `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
 //!   `X-RateLimit-Reset` (seconds from now, rounded up, or Unix epoch seconds), and the
 //!   IETF `RateLimit-Policy` / `RateLimit` lists (pinned to
-//!   draft-ietf-httpapi-ratelimit-headers-10; see [`headers`](mod@headers)).
+//!   draft-ietf-httpapi-ratelimit-headers-10; see [`headers`](mod@headers)). They
+//!   replace any of the same names the inner service wrote, unless it is trusted to
+//!   add its own ([`HeaderOptions::keep_service_fields`]).
 //! * A denial is `429 Too Many Requests` with `Retry-After` in whole seconds **rounded
 //!   up** and never `0` ([`Decision::retry_after_secs`](floodgate::Decision::retry_after_secs)).
 //! * A request that can never fit (cost above the capacity) gets no `Retry-After`

@@ -318,8 +318,9 @@ async fn login_handler<C: Clock + 'static>(
 }
 
 /// 429 with `Retry-After` (rounded up, as the layer writes it). No `RateLimit`
-/// member for the login limits: the layer replaces the rate-limit fields of every
-/// response it passes with its own rules' (`Retry-After` it leaves alone).
+/// member for the login limits: this layer replaces the rate-limit fields of every
+/// response it passes with its own rules' (`Retry-After` it leaves alone); one
+/// built with `HeaderOptions::keep_service_fields(true)` would keep such a member.
 fn too_many(decision: &floodgate::Decision, text: &str) -> Response {
     let mut response = answer(StatusCode::TOO_MANY_REQUESTS, text);
     if let Some(value) = floodgate_http::retry_after(decision) {
