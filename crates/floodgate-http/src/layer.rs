@@ -129,6 +129,33 @@ pub trait Charge<K: ?Sized> {
     /// What a charge of `cost` units for `key` would decide now, writing nothing
     /// (cost 0 reports the state).
     fn peek(&self, key: &K, cost: u32) -> Decision;
+
+    /// The window `w` to advertise for `key` in `RateLimit-Policy`, in whole seconds,
+    /// when the limiter's policy differs per key: a [`PlanLimiter`]'s is the GCRA
+    /// window ([`window_secs`]) of the key's plan. `None` (the default): the rule's
+    /// configured window ([`Rule::window`], [`Rule::window_of`]), if any, stands.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, KeyedLimiter, Policy};
+    /// use floodgate_http::Charge;
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let resolver = move |key: &str| if key.starts_with("pro_") { pro } else { free };
+    /// let per_key = PlanLimiter::<String, _>::new(&plans, resolver, KeyedBuilder::default())?;
+    /// // pro: 10 000 a day, burst 100: 100 × 8.64 s; free: 100 a day, burst 10.
+    /// assert_eq!(Charge::<str>::window_secs(&per_key, "pro_1"), Some(864));
+    /// assert_eq!(Charge::<str>::window_secs(&per_key, "x"), Some(8_640));
+    /// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(5)?);
+    /// assert_eq!(Charge::<u64>::window_secs(&per_ip, &7), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn window_secs(&self, key: &K) -> Option<u64> {
+        let _ = key;
+        None
+    }
 }
 
 impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
@@ -181,7 +208,9 @@ where
     charge_per_key!(KeyedSlidingLog);
 }
 
-/// Per API key under its plan: a [`PlanLimiter`] is a rule of its own.
+/// Per API key under its plan: a [`PlanLimiter`] is a rule of its own. Its
+/// `RateLimit-Policy` member advertises the window `w` of the request's key's plan
+/// ([`Charge::window_secs`]) unless the rule was given one ([`Rule::window`]).
 ///
 /// # Examples
 ///
@@ -211,6 +240,10 @@ where
     S: Storage<K, A::State>,
 {
     charge_per_key!(PlanLimiter);
+
+    fn window_secs(&self, key: &Q) -> Option<u64> {
+        Some(window_secs(&self.policy_of(key)))
+    }
 }
 
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
@@ -218,6 +251,7 @@ struct InProcess<L, K: ?Sized> {
     charge: fn(&L, &K, u32) -> (Decision, Receipt),
     refund: fn(&L, &K, Receipt) -> bool,
     peek: fn(&L, &K, u32) -> Decision,
+    window: fn(&L, &K) -> Option<u64>,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -282,6 +316,7 @@ where
             charge: |l: &L, k: &E::Key, cost| l.charge(k, cost),
             refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
             peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
+            window: |l: &L, k: &E::Key| l.window_secs(k),
         });
         Ok(rule)
     }
@@ -325,7 +360,9 @@ where
         Rule { cost, ..self }
     }
 
-    /// Advertises `w` = `window` in whole seconds (rounded up, at least 1).
+    /// Advertises `w` = `window` in whole seconds (rounded up, at least 1), for every
+    /// key: it stands over a window the limiter knows per key
+    /// ([`Charge::window_secs`]).
     pub fn window(self, window: Duration) -> Self {
         Rule {
             window: Some(duration_window_secs(window)),
@@ -333,7 +370,8 @@ where
         }
     }
 
-    /// Advertises the GCRA window of `policy`: `⌈B·T⌉` seconds ([`window_secs`]).
+    /// Advertises the GCRA window of `policy`: `⌈B·T⌉` seconds ([`window_secs`]), as
+    /// [`Rule::window`] does.
     pub fn window_of(self, policy: &Policy) -> Self {
         Rule {
             window: Some(window_secs(policy)),
@@ -393,6 +431,9 @@ pub(crate) struct Started<'a> {
     /// The key could not be extracted (the check, if any, runs on the fallback key).
     pub(crate) key_error: Option<KeyError>,
     pub(crate) partition_key: Option<[u8; 16]>,
+    /// The window `w` the limiter advertises for this request's key
+    /// ([`Charge::window_secs`]), if it knows one.
+    pub(crate) window: Option<u64>,
     /// `None` when the request is to be rejected for its key. An in-process rule's
     /// check carries the receipt of its charge.
     pub(crate) check: Option<BoxFuture<'a, Checked>>,
@@ -439,6 +480,7 @@ where
                     return Started {
                         key_error: Some(e),
                         partition_key: None,
+                        window: None,
                         check: None,
                     }
                 }
@@ -452,6 +494,10 @@ where
         let partition_key = hasher.map(|h| h.hash(key_ref));
         let limiter = &*self.limiter;
         let cost = self.cost;
+        let window = self
+            .in_process
+            .as_ref()
+            .and_then(|in_process| (in_process.window)(limiter, key_ref));
         let check: BoxFuture<'a, _> = match &self.in_process {
             // In process: decide now, keeping the receipt for a refund.
             Some(in_process) => {
@@ -480,6 +526,7 @@ where
         Started {
             key_error,
             partition_key,
+            window,
             check: Some(check),
         }
     }
@@ -1016,6 +1063,9 @@ struct Shown {
     rule: usize,
     decision: Decision,
     partition_key: Option<[u8; 16]>,
+    /// The advertised window: the rule's configured one, else its limiter's for the
+    /// request's key.
+    window: Option<u64>,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
@@ -1150,6 +1200,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             rule: i,
             decision,
             partition_key: started.partition_key,
+            window: entry.window.or(started.window),
         };
         if shared.publish_outcomes {
             v.decided.push(Decided {
@@ -1421,7 +1472,7 @@ fn render(shared: &Shared, v: &Verdict, out: &mut HeaderMap) {
                 &PolicyItem {
                     name: &rule.name,
                     quota: s.decision.limit(),
-                    window: rule.window,
+                    window: s.window,
                     partition_key: s.partition_key.as_ref().map(|k| &k[..]),
                 },
             );

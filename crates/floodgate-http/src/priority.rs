@@ -407,6 +407,7 @@ where
         Started {
             key_error,
             partition_key,
+            window: None,
             check: Some(check),
         }
     }

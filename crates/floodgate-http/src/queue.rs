@@ -197,6 +197,7 @@ where
         Started {
             key_error: None,
             partition_key,
+            window: None,
             check: Some(check),
         }
     }
@@ -358,6 +359,7 @@ where
                 return Started {
                     key_error: Some(e),
                     partition_key: None,
+                    window: None,
                     check: None,
                 }
             }
@@ -399,6 +401,7 @@ where
         Started {
             key_error: None,
             partition_key,
+            window: None,
             check: Some(check),
         }
     }

@@ -101,7 +101,7 @@ async fn per_ip_hard_soft_and_shadow_rules() -> TestResult {
         // `per-ip-warn` is shown; neither blocks.
         assert_eq!(
             a.header("ratelimit-policy"),
-            Some(r#""per-ip";q=30;w=15, "plan";q=100, "global";q=10000;w=1"#),
+            Some(r#""per-ip";q=30;w=15, "plan";q=100;w=6, "global";q=10000;w=1"#),
         );
         // The soft rule (burst 20) marks the requests past it, and lets them through.
         let marked = a.header("x-ratelimit-exceeded");
@@ -193,12 +193,13 @@ async fn plans_differ_per_api_key() -> TestResult {
     let clock = ManualClock::new();
     let server = Server::start(&clock, app::Shared::Local).await?;
 
-    // Each plan's quota is its burst; the rule advertises no window (plans differ).
-    for (key, quota) in [("free_1", 5), ("pro_1", 20), ("ent_1", 100)] {
+    // Each plan's quota is its burst, its window the burst's worth of intervals
+    // (free 5 × 6 s, pro 20 × 0.6 s, enterprise 100 × 0.06 s).
+    for (key, quota, window) in [("free_1", 5, 30), ("pro_1", 20, 12), ("ent_1", 100, 6)] {
         let a = server.get("192.0.2.1", Some(key)).await?;
         let policy = a.header("ratelimit-policy").ok_or("no RateLimit-Policy")?;
         assert!(
-            policy.contains(&format!(r#""plan";q={quota}, "#)),
+            policy.contains(&format!(r#""plan";q={quota};w={window}, "#)),
             "{key}: {policy}"
         );
     }
@@ -223,6 +224,9 @@ async fn plans_differ_per_api_key() -> TestResult {
     }
     let a = server.get("192.0.2.25", None).await?;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.body);
+    // The shared bucket's key ("") is on the free plan, and says so.
+    let policy = a.header("ratelimit-policy").ok_or("no RateLimit-Policy")?;
+    assert!(policy.contains(r#""plan";q=5;w=30"#), "{policy}");
     assert_eq!(server.stats("plan")?.bad_key, 6);
 
     // A denial by the plan is charged to no other rule: the client's per-ip bucket

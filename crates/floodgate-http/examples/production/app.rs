@@ -204,7 +204,7 @@ where
                 .strategy(Strategy::Soft),
         )
         .rule(
-            // Plans differ in window: `w` is left out of this rule's members.
+            // Plans differ in window: each request's member advertises its key's plan's.
             Rule::new("plan", per_key, HeaderKey::new("x-api-key")?)?
                 .on_missing_key(OnMissingKey::Fallback(String::new())),
         )

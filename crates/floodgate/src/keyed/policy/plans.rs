@@ -622,6 +622,29 @@ where
         (&self.tables[plan], algorithm)
     }
 
+    /// The policy of `key`'s plan, as it is now (what the key's next decision is made
+    /// under): to advertise it, as a rate-limit header's window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let limiter = PlanLimiter::<u64, _>::new(&plans, move |k: &u64| if *k < 10 { free } else { pro }, KeyedBuilder::default())?;
+    /// assert_eq!(limiter.policy_of(&1), plans.policy(free).unwrap());
+    /// assert_eq!(limiter.policy_of(&20), plans.policy(pro).unwrap());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy_of<Q>(&self, key: &Q) -> Policy
+    where
+        Q: ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
+        self.cells[self.index((self.resolver)(key))].load()
+    }
+
     /// Decides one unit for `key` under its plan, consuming it if allowed.
     ///
     /// # Examples
