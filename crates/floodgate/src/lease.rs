@@ -115,9 +115,7 @@ use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
-#[cfg(not(loom))]
-use crate::sync::AtomicU64;
-use crate::sync::{owner_index, owner_index_if_taken, Atomic, Ordering};
+use crate::sync::{owner_index, owner_index_if_taken, Atomic, AtomicU64, Ordering};
 use crate::Algorithm;
 
 /// The largest lease: the units field's width.
@@ -196,7 +194,6 @@ pub enum Expiry {
     Fresh,
     /// A [`CoarseClock`] (refreshed every [`COARSE_TICK`] by an upkeep thread): no
     /// TSC read while a lease is valid.
-    #[cfg(not(loom))]
     Coarse(CoarseClock),
 }
 
@@ -327,6 +324,47 @@ impl CoarseClock {
 }
 
 #[cfg(not(loom))]
+impl Default for CoarseClock {
+    fn default() -> Self {
+        CoarseClock::new()
+    }
+}
+
+/// Under loom: the upkeep word, one per clock (a loom atomic cannot outlive one model
+/// execution, as a `static` would), which the model moves with
+/// [`upkeep`](Self::upkeep) in place of the upkeep thread. Clones share the word. A
+/// reading is the same `Relaxed` load as the upkeep word's, so loom lets threads
+/// read older ticks than one another, as they may on hardware.
+#[cfg(loom)]
+#[derive(Clone, Debug)]
+pub struct CoarseClock {
+    word: std::sync::Arc<AtomicU64>,
+}
+
+#[cfg(loom)]
+impl CoarseClock {
+    /// A clock at 0 that moves only when the model calls [`upkeep`](Self::upkeep).
+    pub fn new() -> CoarseClock {
+        CoarseClock {
+            word: std::sync::Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// What the upkeep thread does on each tick: stores `nanos` as the reading.
+    pub fn upkeep(&self, nanos: u64) {
+        // Relaxed: the word publishes nothing but itself (as the upkeep thread's).
+        self.word.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The last reading stored (or an older one: see the type's docs).
+    #[inline]
+    pub fn nanos(&self) -> u64 {
+        // Relaxed: the word publishes nothing but itself.
+        self.word.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(loom)]
 impl Default for CoarseClock {
     fn default() -> Self {
         CoarseClock::new()
@@ -547,7 +585,6 @@ impl<C: Clock> LeasedGcra<C> {
     pub(crate) fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
         match &self.expiry {
             Expiry::Fresh => self.decide(Some(now), now.as_u64(), cost),
-            #[cfg(not(loom))]
             Expiry::Coarse(coarse) => self.decide(Some(now), coarse.nanos(), cost),
         }
     }
@@ -558,7 +595,6 @@ impl<C: Clock> LeasedGcra<C> {
     pub(crate) fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
         let nanos = match &self.expiry {
             Expiry::Fresh => now.as_u64(),
-            #[cfg(not(loom))]
             Expiry::Coarse(coarse) => coarse.nanos(),
         };
         // A peek takes no owner index: a thread that only reads holds no shard.
@@ -761,7 +797,6 @@ impl<C: Clock> LeasedGcra<C> {
                 let now = self.clock.now();
                 (Some(now), now.as_u64())
             }
-            #[cfg(not(loom))]
             Expiry::Coarse(coarse) => (None, coarse.nanos()),
         }
     }

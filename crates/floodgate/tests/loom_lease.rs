@@ -7,9 +7,11 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_lease`
 #![cfg(loom)]
 
+mod lease_ledger;
+
 use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
+use lease_ledger::admitted_on_threads;
 use loom::sync::Arc;
-use loom::thread;
 use std::time::Duration;
 
 const T: u64 = 1_000_000_000;
@@ -29,19 +31,7 @@ fn limiter(burst: u64, lease: u32, shards: usize) -> LeasedGcra<ManualClock> {
 fn conserve(burst: u64, lease: u32, shards: usize, costs: &'static [u32]) {
     loom::model(move || {
         let lim = Arc::new(limiter(burst, lease, shards));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let lim = Arc::clone(&lim);
-                thread::spawn(move || {
-                    costs
-                        .iter()
-                        .filter(|&&c| lim.check_n(c).is_allowed())
-                        .map(|&c| u64::from(c))
-                        .sum::<u64>()
-                })
-            })
-            .collect();
-        let admitted: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let admitted = admitted_on_threads(&lim, &[costs, costs], || {});
         let mut lim = Arc::try_unwrap(lim).expect("the threads have exited");
         let central = lim.check_on(0, 0).remaining();
         let held = lim.units_held();

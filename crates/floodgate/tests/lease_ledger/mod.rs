@@ -1,0 +1,93 @@
+//! The lease tests' ledger: what a quiescent look at a [`LeasedGcra`] finds, and the
+//! accounts asserted between two such looks (`a` before some decisions, `b` after):
+//! no unit counted twice, and the module's bound.
+#![allow(dead_code)]
+
+use floodgate::{LeasedGcra, ManualClock};
+
+/// A quiescent look at a limiter (no decision in flight).
+#[derive(Clone, Copy, Debug)]
+pub struct Look {
+    /// The central word's remaining (a report: nothing written).
+    pub central: u64,
+    /// Units unexpired at the looking thread's expiry reading.
+    pub on_lease: u64,
+    /// Units the shard words hold, expired or not.
+    pub held: u64,
+}
+
+/// Looks at `limiter` (`&mut`: nothing decides meanwhile).
+pub fn look(limiter: &mut LeasedGcra<ManualClock>) -> Look {
+    Look {
+        central: limiter.check_on(0, 0).remaining(),
+        on_lease: limiter.units_on_lease(),
+        held: limiter.units_held(),
+    }
+}
+
+/// Between looks `a` and `b`, with `admitted` units admitted and the refill clock
+/// moved `refills` whole T, `out` of the units at `a` spendable later (on lease, or
+/// held where the expiry clock may step back): every unit admitted or held at `b` was
+/// held at `a` or handed out by the central word since (none counted twice), and
+/// admitted ≤ the central word's remaining at `a` + `refills` + `out`.
+pub fn assert_accounted(
+    limiter: &LeasedGcra<ManualClock>,
+    (a, b): (Look, Look),
+    admitted: u64,
+    refills: u64,
+    out: u64,
+    context: &str,
+) {
+    let handed_out = (a.central + refills)
+        .checked_sub(b.central)
+        .unwrap_or_else(|| {
+            panic!("{context}: the central word gained more than its clock gave: {a:?} {b:?}")
+        });
+    assert!(
+        admitted + b.held <= a.held + handed_out,
+        "{context}: a unit counted twice: admitted {admitted}, held {} at b, at a {a:?}, the \
+         central word handed out {handed_out}",
+        b.held
+    );
+    assert!(
+        admitted <= a.central + refills + out,
+        "{context}: admitted {admitted} past the central word's {} + {refills} T + {out} out \
+         at a",
+        a.central
+    );
+    assert!(
+        admitted <= limiter.policy().burst() + refills + out,
+        "{context}: admitted {admitted} past B + {refills} T + {out}"
+    );
+    assert!(
+        b.held <= limiter.shard_count() as u64 * u64::from(limiter.lease_size()),
+        "{context}: shards hold {} units",
+        b.held
+    );
+}
+
+/// Under loom: one model thread per entry of `costs`, each deciding its costs in
+/// order on `limiter`, while the calling thread runs `meanwhile`; the units they
+/// admitted, together, once all have exited.
+#[cfg(loom)]
+pub fn admitted_on_threads(
+    limiter: &loom::sync::Arc<LeasedGcra<ManualClock>>,
+    costs: &[&'static [u32]],
+    meanwhile: impl FnOnce(),
+) -> u64 {
+    let handles: Vec<_> = costs
+        .iter()
+        .map(|&costs| {
+            let limiter = loom::sync::Arc::clone(limiter);
+            loom::thread::spawn(move || {
+                costs
+                    .iter()
+                    .filter(|&&c| limiter.check_n(c).is_allowed())
+                    .map(|&c| u64::from(c))
+                    .sum::<u64>()
+            })
+        })
+        .collect();
+    meanwhile();
+    handles.into_iter().map(|h| h.join().unwrap()).sum()
+}
