@@ -97,8 +97,9 @@ fn a_log_whose_totals_fall_is_malformed_and_admits_nothing() {
 /// writes one) is malformed. Before, a window state of a far-future window was
 /// charged and then answered with a reply Rust could not read (the reset, past
 /// `i64`, came back negative) — under `OnFailure::Open` an admission on every call;
-/// a GCRA state of `1e300` gave the same unreadable reply. Mutation that fails it:
-/// dropping the 2^53 bound in any of the four transitions.
+/// a GCRA state of `1e300` gave the same unreadable reply; a log's totals past 2^53
+/// round. Mutation that fails it: dropping the 2^53 bound in any of the four
+/// transitions, or on a log member's total.
 #[test]
 fn states_past_the_exact_range_are_malformed_and_charge_nothing() {
     let Some(server) = RedisServer::start() else {
@@ -127,14 +128,27 @@ fn states_past_the_exact_range_are_malformed_and_charge_nothing() {
         let after: String = server.cmd(&["GET", "test:k"]);
         assert_eq!(after, state, "{algorithm:?}: a failed call wrote the state");
     }
-    // The log: a member scored past the range (its name agrees with the score).
+    // The log: a member scored past the range (its name agrees with the score), or
+    // with a running total past it (the script counts its totals again past 2^52;
+    // past 2^53 they round, and a count of 4 units can read as 2).
     let l = per_second(Algorithm::SlidingLog, &rt, &server);
-    for at in [huge.to_owned(), (1_u64 << 53).to_string(), "inf".to_owned()] {
+    let live = (NOW - 5).to_string();
+    let top = 1_u64 << 53;
+    for (at, member) in [
+        (huge.to_owned(), format!("{huge}:1:1")),
+        (top.to_string(), format!("{top}:1:1")),
+        ("inf".to_owned(), "inf:1:1".to_owned()),
+        (live.clone(), format!("{live}:1:{top}")),
+        (live.clone(), format!("{live}:1:{huge}")),
+    ] {
         let _: () = server.cmd(&["DEL", "test:k"]);
-        let _: i64 = server.cmd(&["ZADD", "test:k", &at, &format!("{at}:1:1")]);
-        all_malformed(&rt, &l, &format!("log at {at}"), 7);
+        let _: i64 = server.cmd(&["ZADD", "test:k", &at, &member]);
+        all_malformed(&rt, &l, &format!("log member {member}"), 7);
         let members: i64 = server.cmd(&["ZCARD", "test:k"]);
-        assert_eq!(members, 1, "log at {at}: a failed call wrote the log");
+        assert_eq!(
+            members, 1,
+            "log member {member}: a failed call wrote the log"
+        );
     }
 }
 
