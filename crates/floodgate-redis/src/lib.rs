@@ -116,7 +116,10 @@
 //! multiplexed [`ConnectionManager`] that reconnects by itself, so the limiter
 //! recovers without help when Redis comes back. Scripts run with `EVALSHA`; after a
 //! `SCRIPT FLUSH` or a restart the client loads the script again and retries
-//! (`NOSCRIPT`).
+//! (`NOSCRIPT`). A key under the prefix holding what no script writes (another
+//! type, a state that does not parse, a time at or past 2^53 µs, a log whose running
+//! totals fall) fails the call with a Redis error that names the key as a malformed
+//! state, before anything is written.
 //!
 //! ## Redis Cluster
 //!

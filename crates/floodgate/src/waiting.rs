@@ -16,7 +16,8 @@
 //!   again: no fairness between waiters.
 //!
 //! A cost that can never fit (above the capacity) returns
-//! [`WaitError::Never`] at once.
+//! [`WaitError::Never`] at once, and so does a wait that would end past the last
+//! instant a clock reads (`u64::MAX` ns).
 //!
 //! # Jitter
 //!
@@ -137,7 +138,9 @@ fn random_u64() -> u64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitError {
-    /// The cost exceeds the limit's capacity: no wait helps.
+    /// The cost exceeds the limit's capacity, or its admission would come after
+    /// the last instant a clock reads (`u64::MAX` ns, the year 2554 on the
+    /// Unix-anchored clocks): no wait helps.
     Never {
         /// The cost asked for.
         cost: u32,
@@ -148,7 +151,11 @@ impl fmt::Display for WaitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WaitError::Never { cost } => {
-                write!(f, "a cost of {cost} exceeds the limit's capacity")
+                write!(
+                    f,
+                    "a cost of {cost} can never be admitted: it exceeds the limit's capacity \
+                     (or its wait ends past the clock's last instant)"
+                )
             }
         }
     }
@@ -179,8 +186,14 @@ fn step<L: Limit + ?Sized>(limit: &L, cost: u32) -> Result<Step, WaitError> {
     if decision.is_allowed() {
         return Ok(Step::Done);
     }
-    match decision.retry_after() {
-        Some(wait) => Ok(Step::Sleep(wait, None)),
+    // A wait that would end past the last reading a clock has (`u64::MAX` ns: in
+    // the last window, the next one starts at 2^64 ns) never ends: no clock gets
+    // there, so sleeping on it would be denied at the same reading for ever.
+    match decision
+        .retry_after_nanos()
+        .filter(|&wait| now.as_u64().checked_add(wait).is_some())
+    {
+        Some(wait) => Ok(Step::Sleep(Duration::from_nanos(wait), None)),
         None => Err(WaitError::Never { cost }),
     }
 }

@@ -80,9 +80,12 @@ impl LineError {
     ///
     /// let error = LineError::field("cost", "-1", "expected a whole number");
     /// assert_eq!(error.to_string(), "invalid cost \"-1\": expected a whole number");
+    /// // A long field is quoted cut, as [`quoted`](floodgate_cli::input::quoted) does.
+    /// let error = LineError::field("key", &"k".repeat(1_000), "too long");
+    /// assert!(error.to_string().len() < 250);
     /// ```
     pub fn field(field: &str, text: &str, reason: impl fmt::Display) -> Self {
-        LineError::new(format_args!("invalid {field} {text:?}: {reason}"))
+        LineError::new(format_args!("invalid {field} {}: {reason}", quoted(text)))
     }
 
     /// `missing <what>`.
@@ -97,6 +100,28 @@ impl LineError {
     pub fn missing(what: &str) -> Self {
         LineError::new(format_args!("missing {what}"))
     }
+}
+
+/// The most characters of a text a message quotes.
+const QUOTED_CHARS: usize = 200;
+
+/// `text` quoted for an error message (`{:?}`), cut after 200 characters (at a
+/// character boundary) and marked ` …` where it was: a near-megabyte line or field
+/// makes a message of a few hundred bytes, not a megabyte.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_cli::input::quoted;
+///
+/// assert_eq!(quoted("a\"b"), "\"a\\\"b\"");
+/// let long = "é".repeat(300);
+/// assert_eq!(quoted(&long), format!("{:?} …", "é".repeat(200)));
+/// ```
+pub fn quoted(text: &str) -> String {
+    let shown: String = text.chars().take(QUOTED_CHARS).collect();
+    let cut = if shown.len() < text.len() { " …" } else { "" };
+    format!("{shown:?}{cut}")
 }
 
 impl fmt::Display for LineError {

@@ -56,10 +56,8 @@ impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReplayError::Input { line, error, text } => {
-                // Long lines are cut for the message (at a character boundary).
-                let shown: String = text.chars().take(200).collect();
-                let cut = if shown.len() < text.len() { " …" } else { "" };
-                write!(f, "line {line}: {error}\n  text: {shown:?}{cut}")
+                // Long lines are cut for the message.
+                write!(f, "line {line}: {error}\n  text: {}", input::quoted(text))
             }
             ReplayError::Decide { line, error } => write!(f, "line {line}: {error}"),
             ReplayError::Read(e) => write!(f, "reading the input: {e}"),

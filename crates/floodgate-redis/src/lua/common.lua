@@ -62,6 +62,11 @@ local function set_window_state(key, value, reset_us, keep_us)
   end
 end
 
+-- 2^53 us: no state a script writes holds a time (a TAT, a window's end, a logged
+-- instant) this late — a time is at most 2^52 and a span at most 2^51 — so one that
+-- does was written by someone else, and the sums on it would leave the exact range.
+local EXACT = 9007199254740992
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end

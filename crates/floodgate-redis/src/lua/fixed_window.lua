@@ -10,6 +10,7 @@ local function fixed_window(key, n, write, p, l)
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
     if sp == 0 then return malformed(key, 'period 0') end
+    if (sw + 1) * sp >= EXACT then return malformed(key, 'window ends past 2^53 us') end
     -- A window state never goes back to an older window. One of another period
     -- counts other windows (its index is read on its own period, never on this
     -- one): both policies may be in force at once (a rolling deploy), and starting

@@ -4,8 +4,8 @@ local function gcra(key, n, write, t, b)
   local tat = now
   local stored = redis.call('GET', key)
   if stored then
-    local s = tonumber(stored)
-    if not s then return malformed(key, 'not a number') end
+    local s = string.match(stored, '^%d+$') and tonumber(stored)
+    if not s or s >= EXACT then return malformed(key, 'not a whole number below 2^53') end
     -- A server clock that reads earlier never moves the state back: tat = max(TAT, now).
     if s > tat then tat = s end
   end

@@ -14,7 +14,9 @@ local function sliding_log(key, n, write, p, l)
     local u, t = string.match(found[1], '^%d+:(%d+):(%d+)$')
     local s = tonumber(found[2])
     u, t = tonumber(u), tonumber(t)
-    if not s or not u or not t then return false end
+    -- A member holds no more units than its running total; that total (the script
+    -- counts again past 2^52) and its instant are below 2^53, where sums are exact.
+    if not s or not u or not t or u > t or t >= EXACT or s >= EXACT then return false end
     return { at = s, units = u, total = t }
   end
   local function at_rank(rank)
@@ -32,6 +34,11 @@ local function sliding_log(key, n, write, p, l)
   if oldest then
     before = oldest.total - oldest.units
     units = newest.total - before
+    -- Running totals never fall: the window holds at least its oldest and its
+    -- newest member's units (a smaller count would admit beyond the limit).
+    if units < oldest.units or units < newest.units then
+      return malformed(key, 'running totals fall')
+    end
     reset = newest.at + p - now
   end
   if n > l then

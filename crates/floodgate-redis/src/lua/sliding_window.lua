@@ -12,6 +12,7 @@ local function sliding_window(key, n, write, p, l)
       return malformed(key, 'not window:prev:cur:period')
     end
     if speriod == 0 then return malformed(key, 'period 0') end
+    if (sw + 1) * speriod >= EXACT then return malformed(key, 'window ends past 2^53 us') end
     -- Never back to an older window: an earlier reading is judged at the start of
     -- the stored one. Windows of another period count other windows (read on
     -- their own period): both policies may be in force at once (a rolling deploy),
