@@ -333,8 +333,18 @@ mod async_waits {
             let mut rng = Rng::new(0xA5);
             let mut records = Vec::new();
             // Waves of a few waiters (a long queue would leave every dropped wait
-            // with later bookings waiting, so nothing would come back).
-            for _ in 0..WAVES {
+            // with later bookings waiting, so nothing would come back). At least
+            // `WAVES`, and more (up to 4×) until some aborted wait gave back: on a
+            // loaded machine the clock can outrun the waiters, so that every abort
+            // lands on a finished wait and the run would test no refund.
+            let mut waves = 0;
+            while waves < WAVES
+                || (waves < 4 * WAVES
+                    && !records
+                        .iter()
+                        .any(|r: &Arc<Mutex<Booked>>| r.lock().unwrap().refunded))
+            {
+                waves += 1;
                 let mut handles = Vec::new();
                 for _ in 0..WAVE {
                     let booked = Arc::new(Mutex::new(Booked::default()));
