@@ -78,6 +78,14 @@
 //! the bound then holds with every unit the shards hold (expired or not) counted as
 //! out on lease at `a` — still at most `shards × lease size`.
 //!
+//! "Out on lease at `a`" is read at an instant when no decision is in flight. With
+//! the coarse clock, a thread that has not yet seen the upkeep thread's newest tick
+//! may still spend a lease that tick has expired: such a lease counts as out on
+//! lease at `a` (read the bound with every unit the shards hold, as for a clock that
+//! steps back — still at most `shards × lease size`); only the under-admission's
+//! "one lease lifetime" stretches by the staleness above.
+//! (Loom models: `tests/loom_lease_coarse.rs`.)
+//!
 //! # Memory ordering
 //!
 //! Both words publish nothing but themselves: every access is `Relaxed`. The central
