@@ -663,9 +663,10 @@ impl HeaderOptions {
     ///   Lists) become one field line: the layer's members, then the service's, in
     ///   the order it wrote them, all its lines taken as one List. A service member
     ///   named like one of the layer's (the same item before its parameters) is left
-    ///   out: the layer's describes that policy. A service line that does not split
-    ///   cleanly into members (a byte outside visible ASCII, a string left open, an
-    ///   empty member) is left out whole, so that the combined field still parses.
+    ///   out: the layer's describes that policy. A service line that is not a
+    ///   Structured Field List (a byte outside visible ASCII, a string left open, an
+    ///   empty member, a member that is not an RFC 9651 item or inner list with its
+    ///   parameters) is left out whole, so that the combined field still parses.
     /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
     ///   values, never a mix: the service's trio stays, and the layer writes none,
     ///   when the service wrote all three, each once as a whole non-negative integer,
