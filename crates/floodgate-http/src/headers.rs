@@ -42,7 +42,8 @@
 //!
 //! With the service's fields kept (`HeaderOptions::keep_service_fields`, opt-in), a
 //! List field the service also wrote takes one more allocation for the combined
-//! value, and its lines are split into members (a linear scan).
+//! value, and its lines are split into members and checked as RFC 9651 syntax (a
+//! linear scan).
 
 use core::fmt;
 use core::hash::Hash;
@@ -565,7 +566,7 @@ impl ResponseFields {
 
 /// The layer's List field `ours` followed by the members of the service's lines
 /// `theirs` whose name (the leading item) no member of `ours` has; a service line
-/// that does not split cleanly ([`list_members`]) is left out.
+/// that is not a List ([`list_members`]) is left out.
 fn combine_lists(ours: Bytes, theirs: http::header::GetAll<'_, HeaderValue>) -> Bytes {
     let taken: Vec<&[u8]> = list_members(&ours)
         .unwrap_or_default()
@@ -587,10 +588,10 @@ fn combine_lists(ours: Bytes, theirs: http::header::GetAll<'_, HeaderValue>) -> 
 }
 
 /// The members of one line of a Structured Field List, split at the commas outside
-/// strings and trimmed of spaces and tabs; `None` when the line does not split
-/// cleanly: a byte outside visible ASCII, space and tab, a string left open, or an
-/// empty member. An empty line is an empty List. (A split, not a full RFC 9651
-/// parse: a member's own syntax is taken as the service wrote it.)
+/// strings and trimmed of spaces and tabs; `None` when the line is not a List: a
+/// byte outside visible ASCII, space and tab, a string left open, an empty member,
+/// or a member that is not an RFC 9651 item or inner list with its parameters
+/// ([`sf_member`]). An empty line is an empty List.
 fn list_members(line: &[u8]) -> Option<Vec<&[u8]>> {
     let pieces = split_outside_strings(line, b',')?;
     if let [only] = pieces[..] {
@@ -600,8 +601,159 @@ fn list_members(line: &[u8]) -> Option<Vec<&[u8]>> {
     }
     pieces
         .into_iter()
-        .map(|member| (!member.is_empty()).then_some(member))
+        .map(|member| sf_member(member).then_some(member))
         .collect()
+}
+
+/// Whether `member` is one member of an RFC 9651 List, whole: an item or an inner
+/// list, each with its parameters (§4.2.1.1). The bare items are checked by their
+/// grammar (a display string's percent-escapes are not decoded to check them as
+/// UTF-8).
+fn sf_member(member: &[u8]) -> bool {
+    let mut at = SfCursor { s: member, i: 0 };
+    let parsed = if at.eat(b'(') {
+        at.inner_list()
+    } else {
+        at.bare_item() && at.parameters()
+    };
+    parsed && at.i == member.len()
+}
+
+/// A cursor over a Structured Field member ([`sf_member`]).
+struct SfCursor<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl SfCursor<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    /// Takes `b` if it is next.
+    fn eat(&mut self, b: u8) -> bool {
+        let next = self.peek() == Some(b);
+        self.i += usize::from(next);
+        next
+    }
+
+    /// Takes the bytes that match `f`; returns how many.
+    fn eat_while(&mut self, f: impl Fn(u8) -> bool) -> usize {
+        let start = self.i;
+        while self.peek().is_some_and(&f) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    /// The rest of an inner list after its `(`: items apart by spaces, `)`, and its
+    /// parameters.
+    fn inner_list(&mut self) -> bool {
+        self.eat_while(|b| b == b' ');
+        loop {
+            if self.eat(b')') {
+                return self.parameters();
+            }
+            if !(self.bare_item() && self.parameters()) {
+                return false;
+            }
+            if self.eat_while(|b| b == b' ') == 0 && self.peek() != Some(b')') {
+                return false;
+            }
+        }
+    }
+
+    /// `;` key [`=` bare item], any number of times.
+    fn parameters(&mut self) -> bool {
+        while self.eat(b';') {
+            self.eat_while(|b| b == b' ');
+            if !matches!(self.peek(), Some(b'a'..=b'z' | b'*')) {
+                return false;
+            }
+            self.eat_while(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*'));
+            if self.eat(b'=') && !self.bare_item() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn bare_item(&mut self) -> bool {
+        let Some(first) = self.peek() else {
+            return false;
+        };
+        match first {
+            b'-' | b'0'..=b'9' => self.number(true),
+            b'"' => {
+                self.i += 1;
+                self.string(false)
+            }
+            b'%' => {
+                self.i += 1;
+                self.eat(b'"') && self.string(true)
+            }
+            b':' => {
+                self.i += 1;
+                self.eat_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+                self.eat(b':')
+            }
+            b'?' => {
+                self.i += 1;
+                self.eat(b'0') || self.eat(b'1')
+            }
+            b'@' => {
+                self.i += 1;
+                self.number(false)
+            }
+            b'*' | b'a'..=b'z' | b'A'..=b'Z' => {
+                self.eat_while(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// An integer (1 to 15 digits) or, where `decimal`, a decimal (1 to 12 digits, a
+    /// dot, 1 to 3 digits), either with a leading `-`.
+    fn number(&mut self, decimal: bool) -> bool {
+        self.eat(b'-');
+        let whole = self.eat_while(|b| b.is_ascii_digit());
+        if decimal && self.eat(b'.') {
+            let fraction = self.eat_while(|b| b.is_ascii_digit());
+            (1..=12).contains(&whole) && (1..=3).contains(&fraction)
+        } else {
+            (1..=15).contains(&whole)
+        }
+    }
+
+    /// The rest of an sf-string after its `"` (printable ASCII, `\\` escaping only
+    /// `"` and `\\`) or, where `display`, of a display string after its `%"`
+    /// (printable ASCII, `%` only before two lower-case hex digits).
+    fn string(&mut self, display: bool) -> bool {
+        loop {
+            match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    return true;
+                }
+                Some(b'\\') if !display => {
+                    self.i += 1;
+                    if !(self.eat(b'"') || self.eat(b'\\')) {
+                        return false;
+                    }
+                }
+                Some(b'%') if display => {
+                    self.i += 1;
+                    let hex = |b: u8| matches!(b, b'0'..=b'9' | b'a'..=b'f');
+                    if self.eat_while(hex) < 2 {
+                        return false;
+                    }
+                }
+                Some(0x20..=0x7e) => self.i += 1,
+                _ => return false,
+            }
+        }
+    }
 }
 
 /// A List member's name: its item, before the first parameter.
@@ -980,9 +1132,14 @@ mod tests {
         assert_eq!(list_members(b""), Some(vec![]));
         assert_eq!(list_members(b" \t "), Some(vec![]));
         assert_eq!(
-            list_members(b" \"a,b\";r=1 ,\t\"c\\\",\" ;d"),
-            Some(vec![&br#""a,b";r=1"#[..], &br#""c\"," ;d"#[..]])
+            list_members(b" \"a,b\";r=1 ,\t\"c\\\",\"; d"),
+            Some(vec![&br#""a,b";r=1"#[..], &br#""c\","; d"#[..]])
         );
+        // Split cleanly, but not RFC 9651 members: a space before a parameter, an
+        // upper-case key, an escape of neither `"` nor `\`.
+        assert_eq!(list_members(br#""c" ;d"#), None);
+        assert_eq!(list_members(b"a;R=1"), None);
+        assert_eq!(list_members(br#""a\q""#), None);
         assert_eq!(list_members(b"a,"), None);
         assert_eq!(list_members(b",a"), None);
         assert_eq!(list_members(br#""a\""#), None);

@@ -131,8 +131,9 @@ pub trait Charge<K: ?Sized> {
     fn peek(&self, key: &K, cost: u32) -> Decision;
 
     /// The window `w` to advertise for `key` in `RateLimit-Policy`, in whole seconds,
-    /// when the limiter's policy differs per key: a [`PlanLimiter`]'s is the GCRA
-    /// window ([`window_secs`]) of the key's plan. `None` (the default): the rule's
+    /// when the limiter's policy differs per key: a [`PlanLimiter`]'s is its key's
+    /// plan's — the GCRA window ([`window_secs`]) on a GCRA plan, the period on a
+    /// fixed or sliding window plan. `None` (the default): the rule's
     /// configured window ([`Rule::window`], [`Rule::window_of`]), if any, stands.
     ///
     /// # Examples
@@ -242,7 +243,15 @@ where
     charge_per_key!(PlanLimiter);
 
     fn window_secs(&self, key: &Q) -> Option<u64> {
-        Some(window_secs(&self.policy_of(key)))
+        let policy = self.policy_of(key);
+        // The plan algorithms are sealed: the GCRA (the one whose state means the
+        // same under every policy) refills over `B·T`; a fixed or sliding window
+        // counts the plan's limit over its period.
+        Some(if A::POLICY_FREE_STATE {
+            window_secs(&policy)
+        } else {
+            duration_window_secs(policy.period())
+        })
     }
 }
 
@@ -654,9 +663,10 @@ impl HeaderOptions {
     ///   Lists) become one field line: the layer's members, then the service's, in
     ///   the order it wrote them, all its lines taken as one List. A service member
     ///   named like one of the layer's (the same item before its parameters) is left
-    ///   out: the layer's describes that policy. A service line that does not split
-    ///   cleanly into members (a byte outside visible ASCII, a string left open, an
-    ///   empty member) is left out whole, so that the combined field still parses.
+    ///   out: the layer's describes that policy. A service line that is not a
+    ///   Structured Field List (a byte outside visible ASCII, a string left open, an
+    ///   empty member, a member that is not an RFC 9651 item or inner list with its
+    ///   parameters) is left out whole, so that the combined field still parses.
     /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
     ///   values, never a mix: the service's trio stays, and the layer writes none,
     ///   when the service wrote all three, each once as a whole non-negative integer,

@@ -81,3 +81,46 @@ async fn a_window_configured_on_the_rule_stands_for_every_key() -> TestResult {
     assert_eq!(policy(&layer, "pro_1").await?, r#""plan";q=20;w=3600"#);
     Ok(())
 }
+
+/// The plans of [`plans`] (`free` 10 a minute, `pro` 100 a minute with burst 20) on
+/// windows: a window counts the plan's limit over its period, not a burst.
+fn window_plans<L>(
+    clock: &ManualClock,
+    build: impl FnOnce(
+        &Plans,
+        Box<dyn Fn(&String) -> PlanId + Send + Sync>,
+        KeyedBuilder<(), ManualClock>,
+    ) -> Result<L, floodgate::keyed::plans::PlansError>,
+) -> Result<Arc<L>, Error> {
+    let mut plans = Plans::new();
+    let free = plans.insert("free", Policy::per_minute(10)?);
+    let pro = plans.insert("pro", Policy::per_minute(100)?.with_burst(20)?);
+    let resolver: Box<dyn Fn(&String) -> PlanId + Send + Sync> =
+        Box::new(move |key: &String| if key.starts_with("pro_") { pro } else { free });
+    Ok(Arc::new(build(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )?))
+}
+
+#[tokio::test]
+async fn a_window_plan_advertises_its_period_not_a_gcra_window() -> TestResult {
+    let clock = ManualClock::new();
+    let fixed = window_plans(&clock, PlanLimiter::fixed_window)?;
+    let sliding = window_plans(&clock, PlanLimiter::sliding_window)?;
+    for layer in [
+        RateLimitLayer::builder()
+            .rule(Rule::shared("plan", fixed, HeaderKey::new("x-api-key")?)?)
+            .build()?,
+        RateLimitLayer::builder()
+            .rule(Rule::shared("plan", sliding, HeaderKey::new("x-api-key")?)?)
+            .build()?,
+    ] {
+        // 100 units a minute: the window is the minute (B·T would say 12 s, a rate
+        // five times what the limiter admits).
+        assert_eq!(policy(&layer, "pro_1").await?, r#""plan";q=100;w=60"#);
+        assert_eq!(policy(&layer, "free_1").await?, r#""plan";q=10;w=60"#);
+    }
+    Ok(())
+}

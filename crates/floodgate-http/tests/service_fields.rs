@@ -117,7 +117,7 @@ async fn service_lists_combine_without_duplicates_or_broken_lines() -> TestResul
             r#""daily, per user";r=90;t=3600, "global";r=999;t=1"#,
         ),
         ("ratelimit", r#""open;r=1"#),
-        ("ratelimit", r#""burst\"x";r=2;t=1 , quota ; r=3"#),
+        ("ratelimit", r#""burst\"x";r=2;t=1 , quota; r=3"#),
         ("ratelimit", ""),
         ("ratelimit-policy", r#""a",,"b""#),
         ("x-ratelimit-exceeded", r#""warn", "upstream""#),
@@ -127,7 +127,7 @@ async fn service_lists_combine_without_duplicates_or_broken_lines() -> TestResul
         lines(&h, "ratelimit"),
         [concat!(
             r#""warn";r=1;t=0, "global";r=4;t=12, "#,
-            r#""daily, per user";r=90;t=3600, "burst\"x";r=2;t=1, quota ; r=3"#
+            r#""daily, per user";r=90;t=3600, "burst\"x";r=2;t=1, quota; r=3"#
         )]
     );
     // An empty member: that line is left out.
@@ -210,5 +210,38 @@ async fn the_legacy_trio_is_never_a_mix_of_two_limits() -> TestResult {
         let (_, h) = answer(true, StatusCode::OK, fields).await?;
         assert_eq!(trio(&h), expected, "case {n}");
     }
+    Ok(())
+}
+
+/// A service line whose members split at the commas but are not RFC 9651 List
+/// members (a space before a parameter, an upper-case key, a space inside a token,
+/// too many decimal digits, a bad escape or tab in a string, an inner list without
+/// its space) is left out whole: one such member would make a client's parser
+/// refuse the whole combined field, the layer's own members with it.
+#[tokio::test]
+async fn a_service_member_that_is_not_structured_field_syntax_is_left_out() -> TestResult {
+    const FIELDS: Fields = &[
+        ("ratelimit", r#""login";r=0;t=180"#),
+        ("ratelimit", r#""x" ;r=1"#),
+        ("ratelimit", r#""x";R=1"#),
+        ("ratelimit", "bad token;r=1"),
+        ("ratelimit", "a;r=1.2345"),
+        ("ratelimit", r#""a\q";r=1"#),
+        ("ratelimit", "\"a\tb\";r=1"),
+        ("ratelimit", "(a b)c"),
+        ("ratelimit", "-;r=1"),
+        (
+            "ratelimit",
+            r#"(a  "b");q=1, ?1, @17, :AQ==:, %"caf%c3%a9", *t/x:y;k, -1.5"#,
+        ),
+    ];
+    let (_, h) = answer(true, StatusCode::OK, FIELDS).await?;
+    assert_eq!(
+        lines(&h, "ratelimit"),
+        [concat!(
+            r#""warn";r=1;t=0, "global";r=4;t=12, "login";r=0;t=180, "#,
+            r#"(a  "b");q=1, ?1, @17, :AQ==:, %"caf%c3%a9", *t/x:y;k, -1.5"#
+        )]
+    );
     Ok(())
 }
