@@ -293,10 +293,11 @@ async fn login_handler<C: Clock + 'static>(
     };
 
     // One composite: both limits charged, or neither (an attempt refused for the
-    // user never reached the password and costs the address nothing).
+    // user never reached the password and costs the address nothing). The address
+    // first: an address already refused never touches the user's limit.
     let limits = [
-        &login.per_user.limit(user).with_policy_id(BY_USER) as &dyn Limit,
-        &login.per_ip.limit(&ip).with_policy_id(BY_IP),
+        &login.per_ip.limit(&ip).with_policy_id(BY_IP) as &dyn Limit,
+        &login.per_user.limit(user).with_policy_id(BY_USER),
     ];
     let (gate, receipt) = charge_all(&limits, 1);
     if !gate.is_allowed() {

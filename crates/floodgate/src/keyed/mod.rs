@@ -208,9 +208,11 @@
 //! let (user_id, ip_id) = (PolicyId::new(1), PolicyId::new(2));
 //!
 //! let login = |ip: IpAddr, user: &str, password_ok: bool| -> Result<(), &'static str> {
+//!     // The address first: an address already refused never touches the user's
+//!     // limit (no charge of the victim's allowance to roll back).
 //!     let limits = [
-//!         &per_user.limit(user).with_policy_id(user_id) as &dyn Limit,
-//!         &per_ip.limit(&ip).with_policy_id(ip_id),
+//!         &per_ip.limit(&ip).with_policy_id(ip_id) as &dyn Limit,
+//!         &per_user.limit(user).with_policy_id(user_id),
 //!     ];
 //!     let (gate, receipt) = charge_all(&limits, 1);
 //!     if !gate.is_allowed() {
