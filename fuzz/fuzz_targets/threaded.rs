@@ -290,12 +290,21 @@ impl Model {
     }
 }
 
-/// The most units one decision admits at `at` (up to `most`), read through `peek`.
+/// The most units one decision admits (up to `most`), read through `peek`: a
+/// binary search, every algorithm admitting a cost exactly when it admits every
+/// smaller one (the sliding log's model clones its log per peek).
 fn headroom(peek: impl Fn(u32) -> Decision, most: u32) -> u64 {
-    (1..=most)
-        .take_while(|&n| peek(n).is_allowed())
-        .last()
-        .map_or(0, u64::from)
+    // Admitted at `low` (cost 0 always is), refused above `high`.
+    let (mut low, mut high) = (0, most);
+    while low < high {
+        let mid = low + (high - low).div_ceil(2);
+        if peek(mid).is_allowed() {
+            low = mid;
+        } else {
+            high = mid - 1;
+        }
+    }
+    u64::from(low)
 }
 
 /// What one run needs besides the table.
