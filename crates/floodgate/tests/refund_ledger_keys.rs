@@ -245,7 +245,7 @@ mod interleavings {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(1024))]
         #[test]
         fn interleaved_keys_never_beat_the_exact_bound(
             limit in 1u64..5, burst in 1u64..5,
@@ -260,25 +260,28 @@ mod interleavings {
 }
 
 /// Many threads charge and refund distinct and shared keys of one shard, round after
-/// round (the clock moves between rounds, by less than a unit's interval): at the end
+/// round, a receipt refunded in its round or a later one (the clock moves between
+/// rounds, by less than a unit's interval): at the end
 /// of every round each key is no more permissive than its admissions that were not
 /// refunded, replayed alone. Seeded, so a failure reproduces its schedule of
 /// operations (not its thread interleaving).
 fn threads_on<St: Storage<u64, floodgate::GcraState>>(seed: u64) {
     const THREADS: u64 = 4;
-    const ROUNDS: u64 = 12;
-    const OPS: u64 = 24;
+    const ROUNDS: u64 = 40;
+    const OPS: u64 = 3;
     let policy = per_ms(4, 3);
     let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
     let keyed = one_shard::<St>(policy, &clock);
     // Keys 0 and 1 shared by every thread, then one key of each thread's own.
     let keys = 2 + THREADS;
     let logs: Vec<Mutex<Log>> = (0..keys).map(|_| Mutex::new(Vec::new())).collect();
+    // Each thread's receipts not yet refunded, kept across rounds.
+    let mut held: Vec<Vec<(u64, usize, Receipt)>> = (0..THREADS).map(|_| Vec::new()).collect();
     for round in 0..ROUNDS {
         let barrier = Barrier::new(THREADS as usize);
         let now = clock.now();
         thread::scope(|scope| {
-            for t in 0..THREADS {
+            for (t, held) in (0..THREADS).zip(held.iter_mut()) {
                 let (keyed, logs, barrier) = (&keyed, &logs, &barrier);
                 let mut rng = seed ^ (round << 32) ^ (t << 48) ^ 0x9E37_79B9_7F4A_7C15;
                 scope.spawn(move || {
@@ -288,11 +291,10 @@ fn threads_on<St: Storage<u64, floodgate::GcraState>>(seed: u64) {
                         rng ^= rng << 17;
                         rng
                     };
-                    let mut held: Vec<(u64, usize, Receipt)> = Vec::new();
                     barrier.wait();
                     for _ in 0..OPS {
                         let r = next();
-                        if r % 5 < 3 || held.is_empty() {
+                        if r % 2 == 0 || held.is_empty() {
                             let key = if r % 3 == 0 { 2 + t } else { (r >> 8) % 2 };
                             let cost = (1 + (r >> 16) % 2) as u32;
                             let (d, receipt) = keyed.charge_at(&key, now, cost);
@@ -310,7 +312,6 @@ fn threads_on<St: Storage<u64, floodgate::GcraState>>(seed: u64) {
                             logs[key as usize].lock().unwrap()[index].2 = true;
                         }
                     }
-                    // Receipts still held stay charged.
                 });
             }
         });
