@@ -63,7 +63,8 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// A keyed shard keeps one ledger for all its keys, but a refund moves only the
 /// bookings of its own key: each key has its own state word, and a refund's CAS
 /// lands on that word alone (a heap entry's word; an inline slot whose CAS compares
-/// the key half). A word that stops being the key's (a removal, reclamation,
+/// the key half — with [`Fingerprint`](crate::Fingerprint), the keys of one
+/// fingerprint share the word and the tag). A word that stops being the key's (a removal, reclamation,
 /// eviction, then perhaps a re-creation) voids every receipt taken before: the
 /// receipt carries the shard's removal generation and a refund gives back nothing
 /// once it moved. So the shift a keyed refund needs is only what refunds of the
@@ -78,7 +79,8 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 ///
 /// * every refund after the note is in the record when the note is at or past the
 ///   record's reach (the total after the newest refund it dropped): refunds are
-///   recorded in ledger order, and one before the note ended at or before it;
+///   recorded in ledger order, and one before the note ended at or before it (a
+///   refund that moved nothing is not recorded: it moved no booking);
 /// * a refund of this key after the note — the only kind that moved its booking,
 ///   which the ordering argument above places after the note in the ledger's
 ///   modification order — has its key's tag and starts at or past the note;
@@ -89,6 +91,10 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 ///   nothing more: the record is read and written only under the lock that
 ///   serialises the ledger's updates, in the same critical section as the update it
 ///   describes, so a refund reads a record consistent with the total it loads.
+///
+/// Totals are `u64` and wrap; the record places each by its distance from its
+/// reach, which assumes, as the whole-shard shift does, that a shard gives back
+/// less than `2^64` ns between a charge and its refund.
 pub(crate) struct RefundLedger {
     lock: Mutex<()>,
     given_back: AtomicU64,
@@ -133,22 +139,19 @@ impl RefundLedger {
     /// to it, the whole shard's growth otherwise (see the type's docs).
     pub(crate) fn refund_key_locked(
         &self,
-        recent: &mut Option<Box<RecentRefunds>>,
+        recent: &mut RecentRefunds,
         tag: u64,
         noted: u64,
         refund: impl FnOnce(u64) -> Option<u64>,
     ) -> bool {
         let total = self.given_back.load(Ordering::Relaxed);
         let shift = recent
-            .as_deref()
-            .and_then(|recent| recent.shift(tag, noted, total))
+            .shift(tag, noted, total)
             .unwrap_or_else(|| total.wrapping_sub(noted));
         match self.settle(total, shift, refund) {
             Some(0) => true,
             Some(moved) => {
-                recent
-                    .get_or_insert_with(|| Box::new(RecentRefunds::from(total)))
-                    .record(tag, total, moved);
+                recent.record(tag, total, moved);
                 true
             }
             None => false,
@@ -184,9 +187,9 @@ struct Recent {
 
 /// The latest refunds of a keyed shard that moved a booking, oldest dropped first,
 /// and the ledger total from which it holds every such refund (its reach): written
-/// and read only under the shard's writer lock (see [`RefundLedger`]'s docs). A
-/// shard allocates it on its first refund that moves something: a table that never
-/// refunds pays nothing.
+/// and read only under the shard's writer lock (see [`RefundLedger`]'s docs). It
+/// lives beside the lock, in the shard's write side, allocated with the table: a
+/// refund allocates nothing (208 bytes a shard, against at least 64 keys a shard).
 pub(crate) struct RecentRefunds {
     ring: [Recent; RECENT_REFUNDS],
     /// The entry the next refund overwrites: the oldest once the ring is full.
@@ -197,8 +200,9 @@ pub(crate) struct RecentRefunds {
 }
 
 impl RecentRefunds {
-    /// An empty record of the refunds from the ledger's `total` on.
-    fn from(total: u64) -> RecentRefunds {
+    /// An empty record of the refunds from the ledger's `total` on (0 for a new
+    /// ledger).
+    pub(crate) fn starting_at(total: u64) -> RecentRefunds {
         RecentRefunds {
             ring: [Recent::default(); RECENT_REFUNDS],
             next: 0,
@@ -774,7 +778,7 @@ mod tests {
     /// was given.
     fn refund(
         ledger: &RefundLedger,
-        recent: &mut Option<Box<RecentRefunds>>,
+        recent: &mut RecentRefunds,
         tag: u64,
         noted: u64,
         moved: u64,
@@ -792,7 +796,7 @@ mod tests {
     #[test]
     fn colliding_tags_count_each_others_refunds() {
         let ledger = RefundLedger::new();
-        let mut recent = None;
+        let mut recent = RecentRefunds::starting_at(0);
         let noted = ledger.note();
         assert_eq!(refund(&ledger, &mut recent, 7, noted, 100), 0);
         assert_eq!(refund(&ledger, &mut recent, 9, noted, 30), 0);
@@ -813,7 +817,7 @@ mod tests {
         ledger
             .given_back
             .store(u64::MAX - 10, crate::sync::Ordering::Relaxed);
-        let mut recent = None;
+        let mut recent = RecentRefunds::starting_at(u64::MAX - 10);
         let before = ledger.note();
         assert_eq!(refund(&ledger, &mut recent, 1, before, 6), 0);
         let noted = ledger.note();
@@ -837,18 +841,20 @@ mod tests {
         );
     }
 
-    /// A refund that moves nothing is not remembered, and a shard allocates its
-    /// record only on its first refund that moves something.
+    /// A refund that moves nothing is not remembered: it takes no place in the ring
+    /// that a later refund of another key would need.
     #[test]
-    fn the_record_is_allocated_by_the_first_refund_that_moves() {
+    fn a_refund_that_moves_nothing_is_not_remembered() {
         let ledger = RefundLedger::new();
-        let mut recent = None;
-        assert!(ledger.refund_key_locked(&mut recent, 1, 0, |_| Some(0)));
-        assert!(!ledger.refund_key_locked(&mut recent, 1, 0, |_| None));
-        assert!(recent.is_none());
+        let mut recent = RecentRefunds::starting_at(0);
         assert_eq!(refund(&ledger, &mut recent, 1, 0, 5), 0);
-        assert!(recent.is_some());
-        assert_eq!(refund(&ledger, &mut recent, 1, 0, 5), 5);
+        for _ in 0..2 * RECENT_REFUNDS {
+            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some(0)));
+            assert!(!ledger.refund_key_locked(&mut recent, 2, 5, |_| None));
+        }
+        // Key 1's refund is still in the ring: a refund of key 2 noted before it
+        // sees none of it.
+        assert_eq!(refund(&ledger, &mut recent, 2, 0, 1), 0);
     }
 
     #[test]

@@ -272,9 +272,8 @@ pub(crate) struct Writer {
     /// The reclamation hand: the next slot to inspect.
     pub(crate) hand: usize,
     /// The shard's latest refunds, so that a refund's shift counts only its own
-    /// key's (see [`RefundLedger`]); allocated by the first refund that moves
-    /// anything.
-    pub(crate) recent: Option<Box<RecentRefunds>>,
+    /// key's (see [`RefundLedger`]).
+    pub(crate) recent: RecentRefunds,
 }
 
 pub(crate) struct WriteSide {
@@ -292,7 +291,8 @@ impl WriteSide {
             lock: Mutex::new(Writer {
                 live: 0,
                 hand: 0,
-                recent: None,
+                // The ledger beside it starts at 0.
+                recent: RecentRefunds::starting_at(0),
             }),
             live: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
