@@ -65,7 +65,9 @@ pub trait Algorithm: Send + Sync {
     /// (the default: the algorithm cannot refund).
     ///
     /// `shift` bounds how far refunds of *other* charges, made since this one, may
-    /// have moved this charge's own booking down (the cells keep that ledger).
+    /// have moved this charge's own booking down (the cells keep that ledger; a keyed
+    /// shard counts only its key's refunds while its record of the latest ones
+    /// reaches back to the charge, all of its refunds otherwise).
     ///
     /// The rule every implementation keeps: the state it returns is never more
     /// permissive than the state that the same sequence of *other* admissions would

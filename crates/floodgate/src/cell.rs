@@ -57,6 +57,44 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// charge's release sequence, so the charge's ledger read happens before the
 /// refund's ledger update and cannot have seen it: the growth since the charge
 /// covers every refund that moved its booking.
+///
+/// # Keyed shards: only the key's own refunds
+///
+/// A keyed shard keeps one ledger for all its keys, but a refund moves only the
+/// bookings of its own key: each key has its own state word, and a refund's CAS
+/// lands on that word alone (a heap entry's word; an inline slot whose CAS compares
+/// the key half — with [`Fingerprint`](crate::Fingerprint), the keys of one
+/// fingerprint share the word and the tag). A word that stops being the key's (a removal, reclamation,
+/// eviction, then perhaps a re-creation) voids every receipt taken before: the
+/// receipt carries the shard's removal generation and a refund gives back nothing
+/// once it moved. So the shift a keyed refund needs is only what refunds of the
+/// **same key** gave back since its charge. The shard remembers its latest refunds
+/// that moved something ([`RecentRefunds`], under the shard's writer lock, which
+/// also serialises the ledger's updates): each one's key tag, the ledger before it
+/// and what it moved. A refund whose note is at or past the oldest total the record
+/// still covers sums what the refunds since its note with its key's tag moved
+/// ([`refund_key_locked`](Self::refund_key_locked)); otherwise it takes the whole
+/// shard's growth, as above. Both are at least the key's own refunds' sum, so the
+/// bound stays a bound:
+///
+/// * every refund after the note is in the record when the note is at or past the
+///   record's reach (the total after the newest refund it dropped): refunds are
+///   recorded in ledger order, and one before the note ended at or before it (a
+///   refund that moved nothing is not recorded: it moved no booking);
+/// * a refund of this key after the note — the only kind that moved its booking,
+///   which the ordering argument above places after the note in the ledger's
+///   modification order — has its key's tag and starts at or past the note;
+/// * two keys with one tag (a hash tag that collides) sum each other's refunds too,
+///   and a record that no longer reaches back takes the whole shard's growth: both
+///   only make the shift larger, which gives back less, never more;
+/// * the note is still one `Relaxed` load of the total and the charge writes
+///   nothing more: the record is read and written only under the lock that
+///   serialises the ledger's updates, in the same critical section as the update it
+///   describes, so a refund reads a record consistent with the total it loads.
+///
+/// Totals are `u64` and wrap; the record places each by its distance from its
+/// reach, which assumes, as the whole-shard shift does, that a shard gives back
+/// less than `2^64` ns between a charge and its refund.
 pub(crate) struct RefundLedger {
     lock: Mutex<()>,
     given_back: AtomicU64,
@@ -90,16 +128,114 @@ impl RefundLedger {
         noted: u64,
         refund: impl FnOnce(u64) -> Option<u64>,
     ) -> bool {
-        let shift = self.given_back.load(Ordering::Relaxed).wrapping_sub(noted);
-        match refund(shift) {
+        let total = self.given_back.load(Ordering::Relaxed);
+        self.settle(total, total.wrapping_sub(noted), refund)
+            .is_some()
+    }
+
+    /// [`refund_locked`](Self::refund_locked) for one key of a keyed shard, tagged
+    /// `tag`: the shift counts only the refunds of keys with that tag since `noted`
+    /// when `recent` (the shard's record, kept under the same lock) still reaches back
+    /// to it, the whole shard's growth otherwise (see the type's docs).
+    pub(crate) fn refund_key_locked(
+        &self,
+        recent: &mut RecentRefunds,
+        tag: u64,
+        noted: u64,
+        refund: impl FnOnce(u64) -> Option<u64>,
+    ) -> bool {
+        let total = self.given_back.load(Ordering::Relaxed);
+        let shift = recent
+            .shift(tag, noted, total)
+            .unwrap_or_else(|| total.wrapping_sub(noted));
+        match self.settle(total, shift, refund) {
+            Some(0) => true,
             Some(moved) => {
-                let total = self.given_back.load(Ordering::Relaxed);
-                self.given_back
-                    .store(total.wrapping_add(moved), Ordering::Relaxed);
+                recent.record(tag, total, moved);
                 true
             }
             None => false,
         }
+    }
+
+    /// Runs `refund` with `shift` and adds what it moved to the ledger, `total`
+    /// before it (under the lock).
+    fn settle(
+        &self,
+        total: u64,
+        shift: u64,
+        refund: impl FnOnce(u64) -> Option<u64>,
+    ) -> Option<u64> {
+        let moved = refund(shift)?;
+        self.given_back
+            .store(total.wrapping_add(moved), Ordering::Relaxed);
+        Some(moved)
+    }
+}
+
+/// How many refunds a keyed shard remembers (see [`RecentRefunds`]).
+pub(crate) const RECENT_REFUNDS: usize = 8;
+
+/// One remembered refund: its key's tag, the ledger before it and what it moved
+/// (never 0: a refund that moved nothing is not remembered; an unused entry reads 0).
+#[derive(Clone, Copy, Default)]
+struct Recent {
+    tag: u64,
+    before: u64,
+    moved: u64,
+}
+
+/// The latest refunds of a keyed shard that moved a booking, oldest dropped first,
+/// and the ledger total from which it holds every such refund (its reach): written
+/// and read only under the shard's writer lock (see [`RefundLedger`]'s docs). It
+/// lives beside the lock, in the shard's write side, allocated with the table: a
+/// refund allocates nothing (208 bytes a shard, against at least 64 keys a shard).
+pub(crate) struct RecentRefunds {
+    ring: [Recent; RECENT_REFUNDS],
+    /// The entry the next refund overwrites: the oldest once the ring is full.
+    next: usize,
+    /// The total after the newest dropped refund (at first, the total when the
+    /// record began): every refund from it on is in the ring.
+    reach: u64,
+}
+
+impl RecentRefunds {
+    /// An empty record of the refunds from the ledger's `total` on (0 for a new
+    /// ledger).
+    pub(crate) fn starting_at(total: u64) -> RecentRefunds {
+        RecentRefunds {
+            ring: [Recent::default(); RECENT_REFUNDS],
+            next: 0,
+            reach: total,
+        }
+    }
+
+    /// What refunds of keys tagged `tag` gave back since the ledger stood at `noted`
+    /// (now `total`), or `None` if the ring no longer holds every refund since.
+    /// Totals wrap: each is placed by its distance from the reach.
+    fn shift(&self, tag: u64, noted: u64, total: u64) -> Option<u64> {
+        let at = |total: u64| total.wrapping_sub(self.reach);
+        let since = at(noted);
+        if since > at(total) {
+            return None;
+        }
+        Some(
+            self.ring
+                .iter()
+                .filter(|r| r.moved != 0 && r.tag == tag && at(r.before) >= since)
+                .fold(0, |shift: u64, r| shift.saturating_add(r.moved)),
+        )
+    }
+
+    /// Remembers a refund of the key tagged `tag` that moved `moved` (> 0) from the
+    /// ledger's `before`, dropping the oldest if the ring is full.
+    fn record(&mut self, tag: u64, before: u64, moved: u64) {
+        let oldest = &mut self.ring[self.next];
+        if oldest.moved != 0 {
+            self.reach = oldest.before.wrapping_add(oldest.moved);
+        }
+        *oldest = Recent { tag, before, moved };
+        self.next = (self.next + 1) % RECENT_REFUNDS;
     }
 }
 
@@ -636,7 +772,90 @@ where
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::in_registers;
+    use super::{in_registers, RecentRefunds, RefundLedger, RECENT_REFUNDS};
+
+    /// Refunds one key tagged `tag` noted at `noted`, moving `moved`; the shift it
+    /// was given.
+    fn refund(
+        ledger: &RefundLedger,
+        recent: &mut RecentRefunds,
+        tag: u64,
+        noted: u64,
+        moved: u64,
+    ) -> u64 {
+        let mut seen = None;
+        assert!(ledger.refund_key_locked(recent, tag, noted, |shift| {
+            seen = Some(shift);
+            Some(moved)
+        }));
+        seen.unwrap()
+    }
+
+    /// Equal tags (two keys whose hash tags collide) count as one key: each sees the
+    /// other's refunds, the shift of both — never less than its own key's.
+    #[test]
+    fn colliding_tags_count_each_others_refunds() {
+        let ledger = RefundLedger::new();
+        let mut recent = RecentRefunds::starting_at(0);
+        let noted = ledger.note();
+        assert_eq!(refund(&ledger, &mut recent, 7, noted, 100), 0);
+        assert_eq!(refund(&ledger, &mut recent, 9, noted, 30), 0);
+        assert_eq!(refund(&ledger, &mut recent, 7, noted, 50), 100);
+        assert_eq!(refund(&ledger, &mut recent, 7, noted, 1), 150);
+        assert_eq!(refund(&ledger, &mut recent, 9, noted, 1), 30);
+        // A note taken after the first two sees only what came after it.
+        assert_eq!(refund(&ledger, &mut recent, 7, 130, 1), 51);
+        assert_eq!(ledger.note(), 183);
+    }
+
+    /// The totals wrap: a record that began just below `u64::MAX` still tells what
+    /// came after a note from before the wrap and what came before it, and once it
+    /// drops a refund from after the note, takes the whole growth since.
+    #[test]
+    fn the_record_places_totals_across_the_wrap() {
+        let ledger = RefundLedger::new();
+        ledger
+            .given_back
+            .store(u64::MAX - 10, crate::sync::Ordering::Relaxed);
+        let mut recent = RecentRefunds::starting_at(u64::MAX - 10);
+        let before = ledger.note();
+        assert_eq!(refund(&ledger, &mut recent, 1, before, 6), 0);
+        let noted = ledger.note();
+        assert_eq!(noted, u64::MAX - 4);
+        assert_eq!(refund(&ledger, &mut recent, 2, noted, 20), 0); // wraps to 15
+        assert_eq!(ledger.note(), 15);
+        // Key 1's refund came before `noted`; key 2's after it.
+        assert_eq!(refund(&ledger, &mut recent, 1, noted, 1), 0);
+        assert_eq!(refund(&ledger, &mut recent, 2, noted, 1), 20);
+        assert_eq!(refund(&ledger, &mut recent, 2, before, 1), 21);
+        // Fill the ring with other keys until the refunds after `before` drop out.
+        for _ in 0..RECENT_REFUNDS {
+            let total = ledger.note();
+            refund(&ledger, &mut recent, 3, total, 2);
+        }
+        let total = ledger.note();
+        assert_eq!(
+            refund(&ledger, &mut recent, 2, noted, 1),
+            total.wrapping_sub(noted),
+            "a record that no longer reaches back must take the whole growth"
+        );
+    }
+
+    /// A refund that moves nothing is not remembered: it takes no place in the ring
+    /// that a later refund of another key would need.
+    #[test]
+    fn a_refund_that_moves_nothing_is_not_remembered() {
+        let ledger = RefundLedger::new();
+        let mut recent = RecentRefunds::starting_at(0);
+        assert_eq!(refund(&ledger, &mut recent, 1, 0, 5), 0);
+        for _ in 0..2 * RECENT_REFUNDS {
+            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some(0)));
+            assert!(!ledger.refund_key_locked(&mut recent, 2, 5, |_| None));
+        }
+        // Key 1's refund is still in the ring: a refund of key 2 noted before it
+        // sees none of it.
+        assert_eq!(refund(&ledger, &mut recent, 2, 0, 1), 0);
+    }
 
     #[test]
     fn in_registers_hands_back_what_the_step_wants_written() {

@@ -1030,6 +1030,11 @@ where
     /// another key, a charge that took nothing, or a key whose shard has removed any
     /// key since the charge (the entry may have been re-created: the charge is not in
     /// it). The refund is judged at a clock reading taken after the state is loaded.
+    /// Refunds of other keys in the same shard since the charge take nothing from it
+    /// as long as the shard has made at most 8 refunds that gave anything back since
+    /// the charge (it remembers its latest 8); past that, every refund in the shard
+    /// since the charge counts as if it had moved this key's schedule (conservative:
+    /// less comes back).
     ///
     /// # Examples
     ///

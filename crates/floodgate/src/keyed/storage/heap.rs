@@ -148,7 +148,7 @@ where
     {
         let (shard, tag) = self.locate(key);
         let guard = pin();
-        shard.refund(algorithm, generation, noted, charge, now, || {
+        shard.refund(algorithm, tag, generation, noted, charge, now, || {
             shard.find(tag, key, &guard).map(|entry| &entry.state)
         })
     }

@@ -311,7 +311,7 @@ where
         let (shard, hash) = self.set.locate(&bits);
         // A hit is this key's one live slot (readers may still change its state
         // half, never its key).
-        shard.refund(algorithm, generation, noted, charge, now, || {
+        shard.refund(algorithm, bits, generation, noted, charge, now, || {
             let (i, _) = shard.find(hash, bits)?;
             Some(KeyedSlot::new(&shard.slots[i], bits))
         })

@@ -26,7 +26,9 @@ use crossbeam_utils::CachePadded;
 
 use super::key::{InlineKey, Lookup};
 use crate::algorithm::{Algorithm, Charged};
-use crate::cell::{in_registers, refund_word, update_word_from_ordered, CasWord, RefundLedger};
+use crate::cell::{
+    in_registers, refund_word, update_word_from_ordered, CasWord, RecentRefunds, RefundLedger,
+};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::sync::{fence, lock, AtomicU64, Mutex, Ordering};
@@ -269,6 +271,9 @@ pub(crate) struct Writer {
     pub(crate) live: usize,
     /// The reclamation hand: the next slot to inspect.
     pub(crate) hand: usize,
+    /// The shard's latest refunds, so that a refund's shift counts only its own
+    /// key's (see [`RefundLedger`]).
+    pub(crate) recent: RecentRefunds,
 }
 
 pub(crate) struct WriteSide {
@@ -283,7 +288,12 @@ pub(crate) struct WriteSide {
 impl WriteSide {
     pub(crate) fn new() -> CachePadded<Self> {
         CachePadded::new(WriteSide {
-            lock: Mutex::new(Writer { live: 0, hand: 0 }),
+            lock: Mutex::new(Writer {
+                live: 0,
+                hand: 0,
+                // The ledger beside it starts at 0.
+                recent: RecentRefunds::starting_at(0),
+            }),
             live: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
@@ -307,7 +317,8 @@ impl WriteSide {
 pub(crate) struct Removals {
     generation: AtomicU64,
     at: AtomicU64,
-    /// What refunds in this shard gave back (serialised by the shard lock).
+    /// What refunds in this shard gave back (serialised by the shard lock; the
+    /// record of the latest ones, [`Writer::recent`], lives under that lock).
     pub(crate) ledger: RefundLedger,
 }
 
@@ -654,10 +665,14 @@ impl<T: Slots> Shard<T> {
     /// A refund (see [`KeyTable::refund`]) on the state word `find` finds under the
     /// shard lock (`None`: the key is absent). Under the lock nothing moves and
     /// nothing is retired: a word found is the key's one live state word (readers may
-    /// still change it).
+    /// still change it). `tag` is the key's tag as receipts carry it
+    /// ([`KeyTable::tag_of`]): the ledger's shift counts the refunds of that tag
+    /// only, when it can tell (see [`RefundLedger`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn refund<A, W>(
         &self,
         algorithm: &A,
+        tag: u64,
         generation: u64,
         noted: u64,
         charge: &Charged<T::State>,
@@ -668,7 +683,7 @@ impl<T: Slots> Shard<T> {
         A: Algorithm<State = T::State> + ?Sized,
         W: CasWord<Value = T::State>,
     {
-        let _writer = lock(&self.write.lock);
+        let mut writer = lock(&self.write.lock);
         let removals = &self.removals;
         if removals.generation() != generation {
             return false;
@@ -676,16 +691,19 @@ impl<T: Slots> Shard<T> {
         let Some(word) = find() else {
             return false;
         };
-        removals.ledger.refund_locked(noted, |shift| {
-            refund_word(
-                algorithm,
-                &word,
-                charge,
-                shift,
-                || removals.clamp(now()),
-                |s| !is_dead(s),
-            )
-        })
+        let recent = &mut writer.recent;
+        removals
+            .ledger
+            .refund_key_locked(recent, tag, noted, |shift| {
+                refund_word(
+                    algorithm,
+                    &word,
+                    charge,
+                    shift,
+                    || removals.clamp(now()),
+                    |s| !is_dead(s),
+                )
+            })
     }
 }
 
