@@ -186,12 +186,12 @@
 //! try a few passwords on every account. In production, limit the failures per user
 //! **and** per IP as one composite: [`charge_all`](composite::charge_all) charges both
 //! or neither (an attempt refused for the user costs the address nothing), and
-//! [`refund_all`](composite::refund_all) gives both back on a success — though a
-//! refund may give back less, or nothing, when another refund reached the same shard
-//! of that limiter between the charge and it (refunds are judged against a ledger per
-//! shard: see the [composite docs](composite)). A slow password check leaves room
-//! for others' refunds on a busy endpoint, so a success can now and then stay counted
-//! as a failure; more shards ([`KeyedBuilder::shards`]) make that rarer.
+//! [`refund_all`](composite::refund_all) gives both back on a success. Other users'
+//! refunds in between take nothing from it while the shard has made at most 8 refunds
+//! since the charge; on a shard busier than that during the password check a refund
+//! counts them all as its own and may give back less, so a success can now and then
+//! stay counted as a failure — more shards ([`KeyedBuilder::shards`]) make that rarer
+//! (see [`KeyedLimiter::refund`]).
 //! Refund rather than [`reset`](KeyedLimiter::reset) on a success: a reset of a
 //! per-user key would also forgive an attacker's failures every time the owner logs
 //! in.
