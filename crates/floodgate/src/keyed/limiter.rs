@@ -460,7 +460,9 @@ impl<A, C> KeyedBuilder<A, C> {
     /// `capacity / shards` keys per shard (plus a slack for uneven hashing when there
     /// is more than one shard: 2.2 % at 125 000 keys per shard) at a load factor of
     /// 3/4 — ≈ 21.8 bytes per key of capacity at 10^6 keys over 8 shards
-    /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number).
+    /// ([`slot_bytes`](KeyedBuilder::slot_bytes) gives the exact number). Each shard
+    /// also takes a fixed part beside its slots (its lock, counters and its record of
+    /// the latest refunds: a few hundred bytes, under 1 KiB), not counted in the budget.
     ///
     /// * [`Inline`] and [`Fingerprint`] storage: the slot array is all its key memory.
     /// * [`Heap`] storage: each live key also takes a heap entry (the key and its state

@@ -1258,6 +1258,15 @@ mod tests {
         Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap())
     }
 
+    /// `memory_budget`'s docs: a shard's fixed part (beside its slot array) is under
+    /// 1 KiB on every storage.
+    #[test]
+    fn a_shards_fixed_part_is_under_a_kibibyte() {
+        use core::mem::size_of;
+        assert!(size_of::<CachePadded<Shard<inline::Slot<GcraState>>>>() < 1024);
+        assert!(size_of::<CachePadded<Shard<heap::Slot<String, GcraState>>>>() < 1024);
+    }
+
     #[test]
     fn the_dead_word_is_never_stored() {
         assert!(is_dead(&dead::<GcraState>()));
