@@ -11,8 +11,8 @@ use floodgate::keyed::composite::{charge_all, refund_all, Limit};
 use floodgate::keyed::log::KeyedSlidingLog;
 use floodgate::keyed::plans::{PlanLimiter, Plans};
 use floodgate::{
-    Algorithm, FixedWindow, Gcra, Heap, KeyedBuilder, KeyedLimiter, ManualClock, Policy, PolicyId,
-    RateLimiter, SlidingLog, Storage,
+    Algorithm, Decision, FixedWindow, Gcra, Heap, KeyedBuilder, KeyedLimiter, ManualClock, Nanos,
+    Policy, PolicyId, RateLimiter, Receipt, SlidingLog, Storage,
 };
 
 /// A keyed limiter of `algorithm` on `clock` (heap storage, default capacity).
@@ -316,25 +316,89 @@ fn many_threads_on_counting_limits_end_exactly_at_what_they_hold() {
     assert_eq!(log.peek(0).remaining(), 30 - total);
 }
 
+/// One limit of a composite that tells whether its own refund gave anything back:
+/// `refund_all` counts the limits that did, not which.
+struct Tally<'a> {
+    inner: &'a dyn Limit,
+    gave: std::sync::atomic::AtomicBool,
+}
+
+impl<'a> Tally<'a> {
+    fn new(inner: &'a dyn Limit) -> Self {
+        Tally {
+            inner,
+            gave: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn gave(&self) -> bool {
+        self.gave.load(Ordering::Relaxed)
+    }
+}
+
+impl Limit for Tally<'_> {
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        self.inner.charge_at(now, cost)
+    }
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.inner.peek_at(now, cost)
+    }
+    fn refund(&self, receipt: Receipt) -> bool {
+        let gave = self.inner.refund(receipt);
+        self.gave.store(gave, Ordering::Relaxed);
+        gave
+    }
+}
+
 /// GCRA limits (direct and keyed) may give back less than a charge when refunds race
 /// (never more): under threads none may end more permissive than the units its
-/// admissions still hold allow.
+/// admissions still hold allow. Each limit's refunds race others on their own state:
+/// the direct limit's (one ledger for every user) and the keyed one's (per key) give
+/// back independently, so each limit is held to the admissions whose refund on *that*
+/// limit gave nothing back (a refund that gave anything may have given its whole
+/// charge).
 #[test]
 fn many_threads_on_gcra_limits_never_give_back_more_than_they_hold() {
     let clock = ManualClock::new();
     let gcra = RateLimiter::gcra_with_clock(Policy::per_hour(40).unwrap(), clock.clone());
     let users: KeyedLimiter<usize, Gcra, ManualClock> =
         keyed(Gcra::new(Policy::per_hour(12).unwrap()), &clock);
-    let (held, _) = hammer(&|user, cost, give_back| {
-        let limits = [&users.limit(&user) as &dyn Limit, &gcra];
-        charge_and_maybe_refund(&limits, cost, give_back)
+    let user_held: Vec<AtomicU64> = (0..USERS).map(|_| AtomicU64::new(0)).collect();
+    let gcra_held = AtomicU64::new(0);
+    hammer(&|user, cost, give_back| {
+        let key = users.limit(&user);
+        let (by_user, by_all) = (Tally::new(&key), Tally::new(&gcra));
+        let limits = [&by_user as &dyn Limit, &by_all];
+        let out = charge_and_maybe_refund(&limits, cost, give_back);
+        if out.is_some() {
+            if !by_user.gave() {
+                user_held[user].fetch_add(u64::from(cost), Ordering::Relaxed);
+            }
+            if !by_all.gave() {
+                gcra_held.fetch_add(u64::from(cost), Ordering::Relaxed);
+            }
+        }
+        out
     });
-    let total: u64 = held.iter().sum();
-    for (user, &units) in held.iter().enumerate() {
+    for (user, held) in user_held.iter().enumerate() {
+        let held = held.load(Ordering::Relaxed);
         assert!(
-            users.peek(&user, 0).remaining() <= 12 - units,
-            "user {user}"
+            held > 0,
+            "user {user} holds nothing: the bound proves nothing"
         );
+        assert!(
+            held <= 12,
+            "user {user} holds {held} units under a burst of 12"
+        );
+        assert!(users.peek(&user, 0).remaining() <= 12 - held, "user {user}");
     }
-    assert!(gcra.peek(0).remaining() <= 40 - total);
+    let gcra_held = gcra_held.load(Ordering::Relaxed);
+    assert!(
+        gcra_held <= 40,
+        "the direct limit holds {gcra_held} units under 40"
+    );
+    assert!(gcra.peek(0).remaining() <= 40 - gcra_held);
 }
