@@ -302,3 +302,36 @@ where
 fn a_refund_after_a_plan_switch_credits_no_other_plan() {
     on_every_storage!(plan_switch);
 }
+
+/// Key 0 charges one unit; `others` other keys of its shard then charge and refund
+/// one unit each (every refund gives something back); then key 0's refund. Returns
+/// what key 0 can admit afterwards.
+fn after_others_refunds<St: Storage<u64, floodgate::GcraState>>(others: u64) -> u64 {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let keyed = one_shard::<St>(Policy::per_hour(3).unwrap(), &clock);
+    let (d, mine) = keyed.charge(&0, 1);
+    assert!(d.is_allowed());
+    for other in 1..=others {
+        let (d, theirs) = keyed.charge(&other, 1);
+        assert!(d.is_allowed() && keyed.refund(&other, theirs));
+    }
+    let _ = keyed.refund(&0, mine);
+    keyed.peek(&0, 0).remaining()
+}
+
+/// The docs' bound, at its edge: with exactly 8 refunds of other keys between a
+/// charge and its refund (as many as a shard remembers), the refund still gives
+/// back the whole unit (with 9 it may give back less: the docs' conservative
+/// fallback). Mutation seen failing it: `RECENT_REFUNDS` 8 → 7 (cell.rs).
+fn the_edge_of_the_record<St: Storage<u64, floodgate::GcraState>>() {
+    assert_eq!(
+        after_others_refunds::<St>(REMEMBERED),
+        3,
+        "8 others between"
+    );
+}
+
+#[test]
+fn eight_other_keys_refunds_between_take_nothing() {
+    on_every_storage!(the_edge_of_the_record);
+}
