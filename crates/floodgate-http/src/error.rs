@@ -56,6 +56,15 @@ pub enum ConfigError {
         /// The status given.
         status: u16,
     },
+    /// A key extractor's length bound that no key fits under (`0`): every request
+    /// would lose its key, and a hard rule would answer each one `400`.
+    MaxLen {
+        /// Which bound (`"HeaderKey::max_len"`, `"RoutePath::max_len"`,
+        /// `"ForwardedIp::max_len"`).
+        field: &'static str,
+        /// The bound given.
+        max_len: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -87,6 +96,12 @@ impl fmt::Display for ConfigError {
                 write!(
                     f,
                     "never-fits status {status} is not a client or server error (4xx or 5xx)"
+                )
+            }
+            ConfigError::MaxLen { field, max_len } => {
+                write!(
+                    f,
+                    "{field} {max_len}: no key fits in {max_len} bytes, so every request would lose its key"
                 )
             }
         }

@@ -10,6 +10,8 @@
 //!   passed to the inner service keeps its charge, whatever the service answers.
 //! * `Strategy::Soft` and `Strategy::Shadow` never block: a missing key or a failed
 //!   limiter on such a rule skips it.
+//! * An extractor's length bound of 0 (`HeaderKey`, `RoutePath`, `ForwardedIp`),
+//!   which no key fits under, is refused naming the bound.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -163,12 +165,20 @@ fn the_length_bound_is_the_same_for_one_line_and_for_several() {
             };
             // Exactly the header's length: every entry lies within the bound.
             assert_eq!(
-                header.clone().max_len(len).client_ip(peer, &h),
+                header
+                    .clone()
+                    .max_len(len)
+                    .expect("a bound above 0")
+                    .client_ip(peer, &h),
                 Ok(ip("203.0.113.1")),
                 "{values:?} within {len} bytes"
             );
             // One byte less: the leftmost entry read lies beyond it.
-            let err = header.max_len(len - 1).client_ip(peer, &h).unwrap_err();
+            let err = header
+                .max_len(len - 1)
+                .expect("a bound above 0")
+                .client_ip(peer, &h)
+                .unwrap_err();
             assert!(
                 matches!(err, KeyError::Oversized { len: l, max, .. } if l == len && max == len - 1),
                 "{values:?}: {err}"
@@ -445,5 +455,56 @@ fn route_paths_at_and_around_the_bound_and_in_every_request_form() -> TestResult
     assert_eq!(path.extract(&head("*", http::Method::OPTIONS)?)?, "*");
     let connect = head("example.com:443", http::Method::CONNECT)?;
     assert_eq!(path.extract(&connect)?, "");
+    Ok(())
+}
+
+#[test]
+fn a_length_bound_of_zero_is_refused_naming_the_bound() -> TestResult {
+    use floodgate_http::RoutePath;
+
+    let trusted = TrustedProxies::new(["10.0.0.0/8"])?;
+    let errors = [
+        HeaderKey::new("x-api-key")?.max_len(0).map(drop),
+        RoutePath::new().max_len(0).map(drop),
+        ForwardedIp::x_forwarded_for(trusted.clone(), 1)
+            .max_len(0)
+            .map(drop),
+        ForwardedIp::forwarded(trusted.clone(), 1)
+            .max_len(0)
+            .map(drop),
+    ];
+    let fields = [
+        "HeaderKey::max_len",
+        "RoutePath::max_len",
+        "ForwardedIp::max_len",
+        "ForwardedIp::max_len",
+    ];
+    for (err, field) in errors.into_iter().zip(fields) {
+        let err = err.expect_err(field);
+        assert_eq!(err, ConfigError::MaxLen { field, max_len: 0 });
+        assert!(
+            err.to_string().starts_with(&format!("{field} 0: ")),
+            "{err}"
+        );
+    }
+    // One byte is a bound: a one-byte key passes it, a two-byte one does not.
+    let key = HeaderKey::new("x-api-key")?.max_len(1)?;
+    let head = |v: &str| -> Result<http::request::Parts, http::Error> {
+        Ok(Request::get("/")
+            .header("x-api-key", v)
+            .body(())?
+            .into_parts()
+            .0)
+    };
+    assert_eq!(
+        floodgate_http::KeyExtractor::extract(&key, &head("k")?),
+        Ok("k".to_owned())
+    );
+    assert!(matches!(
+        floodgate_http::KeyExtractor::extract(&key, &head("kk")?),
+        Err(KeyError::Oversized { len: 2, max: 1, .. })
+    ));
+    assert!(RoutePath::new().max_len(1).is_ok());
+    assert!(ForwardedIp::forwarded(trusted, 1).max_len(1).is_ok());
     Ok(())
 }

@@ -689,7 +689,7 @@ async fn bad_input_gets_a_clear_answer() -> TestResult {
         .rule(Rule::new(
             "key",
             keyed::<String>(Policy::per_minute(1)?, &clock),
-            HeaderKey::new("x-api-key")?.max_len(16),
+            HeaderKey::new("x-api-key")?.max_len(16)?,
         )?)
         .build()?;
     let addr = serve(layer, false).await;
