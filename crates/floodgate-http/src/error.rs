@@ -65,6 +65,17 @@ pub enum ConfigError {
         /// The bound given.
         max_len: usize,
     },
+    /// A rule whose cost is more than its limiter ever admits at once (a GCRA burst,
+    /// a window's limit) for any key: every request would be refused as one that can
+    /// never fit.
+    Cost {
+        /// The rule's name.
+        rule: String,
+        /// The cost given ([`Rule::cost`](crate::Rule::cost)).
+        cost: u32,
+        /// The most units its limiter admits at once.
+        capacity: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -102,6 +113,16 @@ impl fmt::Display for ConfigError {
                 write!(
                     f,
                     "{field} {max_len}: no key fits in {max_len} bytes, so every request would lose its key"
+                )
+            }
+            ConfigError::Cost {
+                rule,
+                cost,
+                capacity,
+            } => {
+                write!(
+                    f,
+                    "rule {rule:?}: cost {cost} is more than the {capacity} units its limiter admits at once, so no request could ever pass"
                 )
             }
         }

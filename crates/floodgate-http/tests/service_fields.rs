@@ -15,7 +15,8 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Fields = &'static [(&'static str, &'static str)];
 
 /// A soft `warn` rule that every request exceeds (cost 2 of a burst of 1: its
-/// members read `r=1;t=0`, and it is the legacy trio's pick, remaining 1), a hard
+/// members read `r=1;t=0`, and it is the legacy trio's pick, remaining 1; a remote
+/// rule, as the builder refuses an in-process one whose cost never fits), a hard
 /// `global` rule of 5 a minute, and an upstream answering `status` with `fields`; the headers of
 /// the answer to one request, with the service's fields kept or not.
 async fn answer(
@@ -32,7 +33,7 @@ async fn answer(
     };
     let layer = RateLimitLayer::builder()
         .rule(
-            Rule::new("warn", per_minute(1)?, Global)?
+            Rule::remote("warn", per_minute(1)?, Global)?
                 .cost(2)
                 .strategy(Strategy::Soft),
         )
