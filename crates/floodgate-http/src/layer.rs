@@ -750,10 +750,19 @@ impl HeaderOptions {
     ///   Lists) become one field line: the layer's members, then the service's, in
     ///   the order it wrote them, all its lines taken as one List. A service member
     ///   named like one of the layer's (the same item before its parameters) is left
-    ///   out: the layer's describes that policy. A service line that is not a
-    ///   Structured Field List (a byte outside visible ASCII, a string left open, an
-    ///   empty member, a member that is not an RFC 9651 item or inner list with its
-    ///   parameters) is left out whole, so that the combined field still parses.
+    ///   out: the layer's describes that policy. A service line is parsed as RFC
+    ///   9651 §4.2 parses a List, and left out whole unless every parser reads it,
+    ///   so that the combined field still parses. It is left out for a byte outside
+    ///   visible ASCII, a string left open, an empty member, a member that is not an
+    ///   item or inner list with its parameters; a display string whose `%` is not
+    ///   followed by two lower-case hex digits or whose octets are not UTF-8; a byte
+    ///   sequence that is not base64 with its `=` padding and zero unused bits (the
+    ///   form RFC 9651 writes; a parser may refuse others); a date that is not an
+    ///   integer; an integer of more than 15 digits, a decimal of more than 12
+    ///   before its dot or 3 after; or a size past what RFC 9651 §3 has every
+    ///   parser accept (1 024 characters in a string, 512 in a token, 16 384 octets
+    ///   in a byte sequence, 256 members in an inner list, 256 parameters, 1 024
+    ///   members in the combined field).
     /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
     ///   values, never a mix: the service's trio stays, and the layer writes none,
     ///   when the service wrote all three, each once as a whole non-negative integer,
