@@ -80,7 +80,7 @@ fuzz_target!(|input: Input<'_>| {
         }
     }
     let (parts, ()) = req.into_parts();
-    if let Ok(key) = HeaderKey::new("x-api-key").unwrap().max_len(64).extract(&parts) {
+    if let Ok(key) = HeaderKey::new("x-api-key").unwrap().max_len(64).unwrap().extract(&parts) {
         assert!(!key.is_empty() && key.len() <= 64);
         assert!(key.bytes().all(|b| (0x20..0x7f).contains(&b) || b == b'\t'));
     }

@@ -56,6 +56,26 @@ pub enum ConfigError {
         /// The status given.
         status: u16,
     },
+    /// A key extractor's length bound that no key fits under (`0`): every request
+    /// would lose its key, and a hard rule would answer each one `400`.
+    MaxLen {
+        /// Which bound (`"HeaderKey::max_len"`, `"RoutePath::max_len"`,
+        /// `"ForwardedIp::max_len"`).
+        field: &'static str,
+        /// The bound given.
+        max_len: usize,
+    },
+    /// A rule whose cost is more than its limiter ever admits at once (a GCRA burst,
+    /// a window's limit) for any key: every request would be refused as one that can
+    /// never fit.
+    Cost {
+        /// The rule's name.
+        rule: String,
+        /// The cost given ([`Rule::cost`](crate::Rule::cost)).
+        cost: u32,
+        /// The most units its limiter admits at once.
+        capacity: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -87,6 +107,22 @@ impl fmt::Display for ConfigError {
                 write!(
                     f,
                     "never-fits status {status} is not a client or server error (4xx or 5xx)"
+                )
+            }
+            ConfigError::MaxLen { field, max_len } => {
+                write!(
+                    f,
+                    "{field} {max_len}: no key fits in {max_len} bytes, so every request would lose its key"
+                )
+            }
+            ConfigError::Cost {
+                rule,
+                cost,
+                capacity,
+            } => {
+                write!(
+                    f,
+                    "rule {rule:?}: cost {cost} is more than the {capacity} units its limiter admits at once, so no request could ever pass"
                 )
             }
         }

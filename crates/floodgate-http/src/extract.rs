@@ -545,8 +545,24 @@ impl ForwardedIp {
 
     /// Reads at most the header's last `max_len` bytes (its lines together): an entry
     /// needed beyond them is a [`KeyError::Oversized`].
-    pub fn max_len(self, max_len: usize) -> ForwardedIp {
-        ForwardedIp { max_len, ..self }
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MaxLen`] when `max_len` is 0: no entry fits, so every request
+    /// from a trusted proxy would lose its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_http::{ConfigError, ForwardedIp, TrustedProxies};
+    /// let xff = ForwardedIp::x_forwarded_for(TrustedProxies::new(["10.0.0.0/8"])?, 1);
+    /// let _short = xff.clone().max_len(512)?;
+    /// assert!(matches!(xff.max_len(0), Err(ConfigError::MaxLen { max_len: 0, .. })));
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn max_len(self, max_len: usize) -> Result<ForwardedIp, ConfigError> {
+        nonzero_len("ForwardedIp::max_len", max_len)?;
+        Ok(ForwardedIp { max_len, ..self })
     }
 
     /// Keys a trusted peer's own requests on the peer: when the forwarding header is
@@ -885,10 +901,28 @@ impl HeaderKey {
         Ok(HeaderKey { name, max_len: 256 })
     }
 
-    /// Rejects values longer than `max_len` bytes (`0` rejects every value that is
-    /// not empty: a rule no request passes).
-    pub fn max_len(self, max_len: usize) -> HeaderKey {
-        HeaderKey { max_len, ..self }
+    /// Rejects values longer than `max_len` bytes (256 by default).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MaxLen`] when `max_len` is 0: no value fits (an empty one is
+    /// no key either), so a hard rule would answer every request `400`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_http::{ConfigError, HeaderKey};
+    /// let key = HeaderKey::new("x-api-key")?.max_len(64)?;
+    /// # let _ = key;
+    /// assert_eq!(
+    ///     HeaderKey::new("x-api-key")?.max_len(0).unwrap_err(),
+    ///     ConfigError::MaxLen { field: "HeaderKey::max_len", max_len: 0 }
+    /// );
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn max_len(self, max_len: usize) -> Result<HeaderKey, ConfigError> {
+        nonzero_len("HeaderKey::max_len", max_len)?;
+        Ok(HeaderKey { max_len, ..self })
     }
 }
 
@@ -957,9 +991,34 @@ impl RoutePath {
     }
 
     /// Rejects paths longer than `max_len` bytes.
-    pub fn max_len(self, max_len: usize) -> RoutePath {
-        RoutePath { max_len }
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MaxLen`] when `max_len` is 0: no path fits but a `CONNECT`
+    /// request's empty one, so a hard rule would answer every other request `400`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_http::{ConfigError, RoutePath};
+    /// let path = RoutePath::new().max_len(128)?;
+    /// # let _ = path;
+    /// assert!(matches!(RoutePath::new().max_len(0), Err(ConfigError::MaxLen { .. })));
+    /// # Ok::<(), floodgate_http::ConfigError>(())
+    /// ```
+    pub fn max_len(self, max_len: usize) -> Result<RoutePath, ConfigError> {
+        nonzero_len("RoutePath::max_len", max_len)?;
+        Ok(RoutePath { max_len })
     }
+}
+
+/// `Ok` for a length bound some key fits under (not 0); else [`ConfigError::MaxLen`]
+/// naming `field`.
+fn nonzero_len(field: &'static str, max_len: usize) -> Result<(), ConfigError> {
+    if max_len == 0 {
+        return Err(ConfigError::MaxLen { field, max_len });
+    }
+    Ok(())
 }
 
 impl KeyExtractor for RoutePath {
@@ -1388,7 +1447,7 @@ mod tests {
 
     #[test]
     fn header_key_edges() {
-        let key = HeaderKey::new("x-api-key").unwrap().max_len(8);
+        let key = HeaderKey::new("x-api-key").unwrap().max_len(8).unwrap();
         let parts = |vals: &[&[u8]]| {
             let mut req = http::Request::new(());
             for v in vals {

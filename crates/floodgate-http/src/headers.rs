@@ -42,8 +42,8 @@
 //!
 //! With the service's fields kept (`HeaderOptions::keep_service_fields`, opt-in), a
 //! List field the service also wrote takes one more allocation for the combined
-//! value, and its lines are split into members and checked as RFC 9651 syntax (a
-//! linear scan).
+//! value, and its lines are parsed as RFC 9651 Lists (a linear scan, with a list of
+//! members per line and a buffer per display string to check its UTF-8).
 
 use core::fmt;
 use core::hash::Hash;
@@ -565,61 +565,98 @@ impl ResponseFields {
 }
 
 /// The layer's List field `ours` followed by the members of the service's lines
-/// `theirs` whose name (the leading item) no member of `ours` has; a service line
-/// that is not a List ([`list_members`]) is left out.
+/// `theirs` whose name (the item or inner list before its parameters) no member of
+/// `ours` has; a service line that is not a List ([`list_members`]), or whose
+/// members would take the field past the [`MAX_LIST_MEMBERS`] every parser must
+/// accept, is left out whole.
 fn combine_lists(ours: Bytes, theirs: http::header::GetAll<'_, HeaderValue>) -> Bytes {
-    let taken: Vec<&[u8]> = list_members(&ours)
-        .unwrap_or_default()
-        .into_iter()
-        .map(member_name)
-        .collect();
+    let our_members = list_members(&ours).unwrap_or_default();
+    let taken: Vec<&[u8]> = our_members.iter().map(|m| m.name).collect();
+    let mut count = our_members.len();
     let mut combined: Option<Vec<u8>> = None;
     for line in theirs {
-        for member in list_members(line.as_bytes()).unwrap_or_default() {
-            if taken.contains(&member_name(member)) {
-                continue;
-            }
+        let Some(members) = list_members(line.as_bytes()) else {
+            continue;
+        };
+        let kept: Vec<Member<'_>> = members
+            .into_iter()
+            .filter(|m| !taken.contains(&m.name))
+            .collect();
+        if count + kept.len() > MAX_LIST_MEMBERS {
+            continue;
+        }
+        count += kept.len();
+        for member in kept {
             let out = combined.get_or_insert_with(|| ours.to_vec());
             out.extend_from_slice(b", ");
-            out.extend_from_slice(member);
+            out.extend_from_slice(member.text);
         }
     }
     combined.map_or(ours, Bytes::from)
 }
 
-/// The members of one line of a Structured Field List, split at the commas outside
-/// strings and trimmed of spaces and tabs; `None` when the line is not a List: a
-/// byte outside visible ASCII, space and tab, a string left open, an empty member,
-/// or a member that is not an RFC 9651 item or inner list with its parameters
-/// ([`sf_member`]). An empty line is an empty List.
-fn list_members(line: &[u8]) -> Option<Vec<&[u8]>> {
-    let pieces = split_outside_strings(line, b',')?;
-    if let [only] = pieces[..] {
-        if only.is_empty() {
-            return Some(Vec::new());
+/// The most members of a List every RFC 9651 parser must accept (§3.1).
+const MAX_LIST_MEMBERS: usize = 1024;
+/// The most members of an inner list every parser must accept (§3.1.1).
+const MAX_INNER_LIST_MEMBERS: usize = 256;
+/// The most parameters on one item or inner list every parser must accept (§3.1.2).
+const MAX_PARAMETERS: usize = 256;
+/// The longest sf-string every parser must accept, in characters (§3.3.3).
+const MAX_STRING_CHARS: usize = 1024;
+/// The longest token every parser must accept, in characters (§3.3.4).
+const MAX_TOKEN_CHARS: usize = 512;
+/// The longest byte sequence every parser must accept, in octets decoded (§3.3.5).
+const MAX_BINARY_OCTETS: usize = 16_384;
+
+/// One member of a Structured Field List line, as the service wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Member<'a> {
+    /// The whole member: its item or inner list, and its parameters.
+    text: &'a [u8],
+    /// Its name: the item or inner list before the parameters.
+    name: &'a [u8],
+}
+
+/// The members of one line of a Structured Field List, parsed as RFC 9651 §4.2.1
+/// parses a List (spaces and tabs around the commas and the line); `None` when the
+/// line is not one: a byte outside visible ASCII, space and tab, an empty member,
+/// a member that is not an item or inner list with its parameters ([`SfCursor`]),
+/// or more members than [`MAX_LIST_MEMBERS`]. An empty line is an empty List.
+fn list_members(line: &[u8]) -> Option<Vec<Member<'_>>> {
+    let ows = |b: u8| b == b' ' || b == b'\t';
+    let line = trim_ows(line);
+    let mut at = SfCursor { s: line, i: 0 };
+    let mut members = Vec::new();
+    if line.is_empty() {
+        return Some(members);
+    }
+    loop {
+        let start = at.i;
+        let name_end = at.member()?;
+        members.push(Member {
+            text: &line[start..at.i],
+            name: &line[start..name_end],
+        });
+        if members.len() > MAX_LIST_MEMBERS {
+            return None;
+        }
+        at.eat_while(ows);
+        if at.i == line.len() {
+            return Some(members);
+        }
+        if !at.eat(b',') {
+            return None;
+        }
+        at.eat_while(ows);
+        if at.i == line.len() {
+            return None; // a trailing comma
         }
     }
-    pieces
-        .into_iter()
-        .map(|member| sf_member(member).then_some(member))
-        .collect()
 }
 
-/// Whether `member` is one member of an RFC 9651 List, whole: an item or an inner
-/// list, each with its parameters (§4.2.1.1). The bare items are checked by their
-/// grammar (a display string's percent-escapes are not decoded to check them as
-/// UTF-8).
-fn sf_member(member: &[u8]) -> bool {
-    let mut at = SfCursor { s: member, i: 0 };
-    let parsed = if at.eat(b'(') {
-        at.inner_list()
-    } else {
-        at.bare_item() && at.parameters()
-    };
-    parsed && at.i == member.len()
-}
-
-/// A cursor over a Structured Field member ([`sf_member`]).
+/// A cursor over a Structured Field List line: each method parses one construct
+/// of RFC 9651 §4.2 (decoding what a parser decodes, so that what it accepts every
+/// parser accepts), returning whether it was one, and leaves the cursor after it.
 struct SfCursor<'a> {
     s: &'a [u8],
     i: usize,
@@ -646,28 +683,45 @@ impl SfCursor<'_> {
         self.i - start
     }
 
-    /// The rest of an inner list after its `(`: items apart by spaces, `)`, and its
-    /// parameters.
+    /// One List member, an item or an inner list with its parameters (§4.2.1.1):
+    /// where its name (before the parameters) ends, or `None`.
+    fn member(&mut self) -> Option<usize> {
+        let named = if self.eat(b'(') {
+            self.inner_list()
+        } else {
+            self.bare_item()
+        };
+        let name_end = self.i;
+        (named && self.parameters()).then_some(name_end)
+    }
+
+    /// The rest of an inner list after its `(` (§4.2.1.2): items apart by spaces,
+    /// each with its parameters, up to its `)`.
     fn inner_list(&mut self) -> bool {
-        self.eat_while(|b| b == b' ');
+        let mut items = 0;
         loop {
+            self.eat_while(|b| b == b' ');
             if self.eat(b')') {
-                return self.parameters();
+                return true;
             }
-            if !(self.bare_item() && self.parameters()) {
+            items += 1;
+            if items > MAX_INNER_LIST_MEMBERS || !(self.bare_item() && self.parameters()) {
                 return false;
             }
-            if self.eat_while(|b| b == b' ') == 0 && self.peek() != Some(b')') {
+            if !matches!(self.peek(), Some(b' ' | b')')) {
                 return false;
             }
         }
     }
 
-    /// `;` key [`=` bare item], any number of times.
+    /// `;` key [`=` bare item], any number of times (§4.2.3.2): a key is a
+    /// lower-case letter or `*`, then lower-case letters, digits, `_-.*`.
     fn parameters(&mut self) -> bool {
+        let mut count = 0;
         while self.eat(b';') {
+            count += 1;
             self.eat_while(|b| b == b' ');
-            if !matches!(self.peek(), Some(b'a'..=b'z' | b'*')) {
+            if count > MAX_PARAMETERS || !matches!(self.peek(), Some(b'a'..=b'z' | b'*')) {
                 return false;
             }
             self.eat_while(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*'));
@@ -678,6 +732,7 @@ impl SfCursor<'_> {
         true
     }
 
+    /// A bare item (§4.2.3.1), by its first byte.
     fn bare_item(&mut self) -> bool {
         let Some(first) = self.peek() else {
             return false;
@@ -686,35 +741,37 @@ impl SfCursor<'_> {
             b'-' | b'0'..=b'9' => self.number(true),
             b'"' => {
                 self.i += 1;
-                self.string(false)
+                self.string()
             }
             b'%' => {
                 self.i += 1;
-                self.eat(b'"') && self.string(true)
+                self.eat(b'"') && self.display_string()
             }
             b':' => {
                 self.i += 1;
-                self.eat_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
-                self.eat(b':')
+                self.byte_sequence()
             }
             b'?' => {
                 self.i += 1;
                 self.eat(b'0') || self.eat(b'1')
             }
+            // A date is an integer, never a decimal (§4.2.9).
             b'@' => {
                 self.i += 1;
                 self.number(false)
             }
+            // A token (§4.2.6): a letter or `*`, then tchar, `:` or `/`.
             b'*' | b'a'..=b'z' | b'A'..=b'Z' => {
-                self.eat_while(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
-                true
+                let len = self
+                    .eat_while(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+                len <= MAX_TOKEN_CHARS
             }
             _ => false,
         }
     }
 
     /// An integer (1 to 15 digits) or, where `decimal`, a decimal (1 to 12 digits, a
-    /// dot, 1 to 3 digits), either with a leading `-`.
+    /// dot, 1 to 3 digits), either with a leading `-` (§4.2.4).
     fn number(&mut self, decimal: bool) -> bool {
         self.eat(b'-');
         let whole = self.eat_while(|b| b.is_ascii_digit());
@@ -726,41 +783,100 @@ impl SfCursor<'_> {
         }
     }
 
-    /// The rest of an sf-string after its `"` (printable ASCII, `\\` escaping only
-    /// `"` and `\\`) or, where `display`, of a display string after its `%"`
-    /// (printable ASCII, `%` only before two lower-case hex digits).
-    fn string(&mut self, display: bool) -> bool {
+    /// The rest of an sf-string after its `"` (§4.2.5): printable ASCII, `\`
+    /// escaping only `"` and `\`, at most [`MAX_STRING_CHARS`] characters.
+    fn string(&mut self) -> bool {
+        let mut chars = 0;
         loop {
             match self.peek() {
                 Some(b'"') => {
                     self.i += 1;
-                    return true;
+                    return chars <= MAX_STRING_CHARS;
                 }
-                Some(b'\\') if !display => {
+                Some(b'\\') => {
                     self.i += 1;
                     if !(self.eat(b'"') || self.eat(b'\\')) {
-                        return false;
-                    }
-                }
-                Some(b'%') if display => {
-                    self.i += 1;
-                    let hex = |b: u8| matches!(b, b'0'..=b'9' | b'a'..=b'f');
-                    if self.eat_while(hex) < 2 {
                         return false;
                     }
                 }
                 Some(0x20..=0x7e) => self.i += 1,
                 _ => return false,
             }
+            chars += 1;
         }
     }
-}
 
-/// A List member's name: its item, before the first parameter.
-fn member_name(member: &[u8]) -> &[u8] {
-    split_outside_strings(member, b';')
-        .and_then(|pieces| pieces.first().copied())
-        .unwrap_or(member)
+    /// The rest of a display string after its `%"` (§4.2.10): printable ASCII but
+    /// `%` and `"`, and `%` before two lower-case hex digits, the octets together
+    /// valid UTF-8 (`\` is an ordinary character here).
+    fn display_string(&mut self) -> bool {
+        let mut octets = Vec::new();
+        loop {
+            match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    return core::str::from_utf8(&octets).is_ok();
+                }
+                Some(b'%') => {
+                    self.i += 1;
+                    match (self.lower_hex(), self.lower_hex()) {
+                        (Some(high), Some(low)) => octets.push(high << 4 | low),
+                        _ => return false,
+                    }
+                }
+                Some(b @ 0x20..=0x7e) => {
+                    self.i += 1;
+                    octets.push(b);
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// One lower-case hex digit's value, taken; `None` (nothing taken) otherwise.
+    fn lower_hex(&mut self) -> Option<u8> {
+        let value = match self.peek()? {
+            b @ b'0'..=b'9' => b - b'0',
+            b @ b'a'..=b'f' => b - b'a' + 10,
+            _ => return None,
+        };
+        self.i += 1;
+        Some(value)
+    }
+
+    /// The rest of a byte sequence after its `:` (§4.2.7), up to its `:`: base64 as
+    /// RFC 9651 writes it (§4.1.8) — with its `=` padding, the unused bits of the
+    /// last character zero — since a parser may refuse other forms (RFC 4648 §3.2,
+    /// §3.5), at most [`MAX_BINARY_OCTETS`] decoded.
+    fn byte_sequence(&mut self) -> bool {
+        let start = self.i;
+        self.eat_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+        let content = &self.s[start..self.i];
+        if !self.eat(b':') || content.len() % 4 != 0 {
+            return false;
+        }
+        let data = content.len() - content.iter().rev().take_while(|&&b| b == b'=').count();
+        let pad = content.len() - data;
+        if pad > 2 || content[..data].contains(&b'=') {
+            return false;
+        }
+        let unused_bits_zero = match (pad, data.checked_sub(1).map(|i| content[i])) {
+            (0, _) | (_, None) => true,
+            (pad, Some(last)) => {
+                let sextet = match last {
+                    b'A'..=b'Z' => last - b'A',
+                    b'a'..=b'z' => last - b'a' + 26,
+                    b'0'..=b'9' => last - b'0' + 52,
+                    b'+' => 62,
+                    _ => 63,
+                };
+                // `xy==` uses 2 bits of `y`'s 6, `xyz=` 4 of `z`'s: the rest are 0.
+                let unused = if pad == 2 { 0b1111 } else { 0b11 };
+                sextet & unused == 0
+            }
+        };
+        unused_bits_zero && content.len() / 4 * 3 - pad <= MAX_BINARY_OCTETS
+    }
 }
 
 /// `piece` without the spaces and tabs around it.
@@ -769,38 +885,6 @@ fn trim_ows(piece: &[u8]) -> &[u8] {
     let start = piece.iter().position(|b| !ows(b)).unwrap_or(piece.len());
     let end = piece.iter().rposition(|b| !ows(b)).map_or(start, |i| i + 1);
     &piece[start..end]
-}
-
-/// `value` split at each `sep` outside sf-strings (`"…"`, `\` escaping the next
-/// byte), each piece trimmed of spaces and tabs; `None` for a byte outside visible
-/// ASCII, space and tab, or a string left open.
-fn split_outside_strings(value: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
-    let (mut pieces, mut start) = (Vec::new(), 0);
-    let (mut in_string, mut escaped) = (false, false);
-    for (i, &b) in value.iter().enumerate() {
-        if !(b == b'\t' || (0x20..=0x7e).contains(&b)) {
-            return None;
-        }
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if b == b'"' {
-            in_string = true;
-        } else if b == sep {
-            pieces.push(trim_ows(&value[start..i]));
-            start = i + 1;
-        }
-    }
-    if in_string {
-        return None;
-    }
-    pieces.push(trim_ows(&value[start..]));
-    Some(pieces)
 }
 
 /// The service's `X-RateLimit-Remaining` when it wrote the whole trio, each field
@@ -1129,26 +1213,133 @@ mod tests {
 
     #[test]
     fn service_lists_split_outside_strings_only() {
-        assert_eq!(list_members(b""), Some(vec![]));
-        assert_eq!(list_members(b" \t "), Some(vec![]));
+        let texts = |line: &'static [u8]| {
+            list_members(line).map(|ms| ms.into_iter().map(|m| m.text).collect::<Vec<_>>())
+        };
+        assert_eq!(texts(b""), Some(vec![]));
+        assert_eq!(texts(b" \t "), Some(vec![]));
         assert_eq!(
-            list_members(b" \"a,b\";r=1 ,\t\"c\\\",\"; d"),
+            texts(b" \"a,b\";r=1 ,\t\"c\\\",\"; d"),
             Some(vec![&br#""a,b";r=1"#[..], &br#""c\","; d"#[..]])
         );
-        // Split cleanly, but not RFC 9651 members: a space before a parameter, an
-        // upper-case key, an escape of neither `"` nor `\`.
-        assert_eq!(list_members(br#""c" ;d"#), None);
-        assert_eq!(list_members(b"a;R=1"), None);
-        assert_eq!(list_members(br#""a\q""#), None);
-        assert_eq!(list_members(b"a,"), None);
-        assert_eq!(list_members(b",a"), None);
-        assert_eq!(list_members(br#""a\""#), None);
-        assert_eq!(list_members("\"caf\u{e9}\"".as_bytes()), None);
-        assert_eq!(member_name(br#""a;b" ;r=1"#), br#""a;b""#);
-        assert_eq!(member_name(b"token"), b"token");
+        // A display string's `\` escapes nothing: its `"` ends it.
+        assert_eq!(
+            texts(br#"%"a\", b"#),
+            Some(vec![&br#"%"a\""#[..], &b"b"[..]])
+        );
+        // Not RFC 9651 members: a space before a parameter, an upper-case key, an
+        // escape of neither `"` nor `\`, an empty member, a string left open,
+        // non-ASCII.
+        assert_eq!(texts(br#""c" ;d"#), None);
+        assert_eq!(texts(b"a;R=1"), None);
+        assert_eq!(texts(br#""a\q""#), None);
+        assert_eq!(texts(b"a,"), None);
+        assert_eq!(texts(b",a"), None);
+        assert_eq!(texts(b"a,,b"), None);
+        assert_eq!(texts(br#""a\""#), None);
+        assert_eq!(texts("\"caf\u{e9}\"".as_bytes()), None);
+        let names = |line: &'static [u8]| {
+            list_members(line).map(|ms| ms.into_iter().map(|m| m.name).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            names(br#""a;b";r=1, token, (x "y");q=2, %"z;";w=3"#),
+            Some(vec![&br#""a;b""#[..], b"token", br#"(x "y")"#, br#"%"z;""#])
+        );
         assert_eq!(sf_digits(b"999999999999999"), Some(MAX_SF_INTEGER));
         assert_eq!(sf_digits(b"1000000000000000"), None);
         assert_eq!(sf_digits(b"-1"), None);
+    }
+
+    #[test]
+    fn byte_sequences_are_base64_as_rfc_9651_writes_it() {
+        let one = |member: &[u8]| list_members(member).is_some_and(|ms| ms.len() == 1);
+        // Kept: as RFC 9651 writes it. Not: unpadded, padding in the middle or too
+        // long, unused bits set, a length no padding explains, a character outside
+        // the alphabet, left open.
+        let cases: [(&[u8], bool); 16] = [
+            (b"::", true),
+            (b":Zg==:", true),
+            (b":Zm8=:", true),
+            (b":Zm9v:", true),
+            (b":Zm9vYg==:", true),
+            (b"://79:", true),
+            (b":Zg:", false),
+            (b":Zm8:", false),
+            (b":Zg=:", false),
+            (b":Z===:", false),
+            (b":Zg==Zg==:", false),
+            (b":Zh==:", false),
+            (b":Zm9=:", false),
+            (b":Zm9vY:", false),
+            (b":Zm9v-A==:", false),
+            (b":Zm9v", false),
+        ];
+        for (member, kept) in cases {
+            assert_eq!(one(member), kept, "{}", String::from_utf8_lossy(member));
+        }
+        // Every byte string round-trips through the layer's own writer.
+        for len in 0..8 {
+            let bytes: Vec<u8> = (0..len).map(|i| 0xff - i as u8 * 37).collect();
+            let mut member = String::from(":");
+            write_base64(&mut member, &bytes);
+            member.push(':');
+            assert!(one(member.as_bytes()), "{member}");
+        }
+    }
+
+    #[test]
+    fn members_stay_within_the_sizes_every_parser_must_accept() {
+        let one = |member: &str| list_members(member.as_bytes()).is_some_and(|ms| ms.len() == 1);
+        let at_and_past = |make: &dyn Fn(usize) -> String, max: usize| {
+            assert!(one(&make(max)), "{max}");
+            assert!(!one(&make(max + 1)), "{}", max + 1);
+        };
+        at_and_past(&|n| format!("\"{}\"", "a".repeat(n)), MAX_STRING_CHARS);
+        at_and_past(&|n| format!("\"{}\"", "\\\"".repeat(n)), MAX_STRING_CHARS);
+        at_and_past(&|n| "t".repeat(n), MAX_TOKEN_CHARS);
+        // 16 384 octets are 5 462 quads, the last `AA==` (one octet).
+        at_and_past(
+            &|n| {
+                let quads = n.div_ceil(3);
+                let pad = ["", "AA==", "AAA="][n % 3];
+                let full = if pad.is_empty() { quads } else { quads - 1 };
+                format!(":{}{pad}:", "AAAA".repeat(full))
+            },
+            MAX_BINARY_OCTETS,
+        );
+        at_and_past(
+            &|n| format!("({})", vec!["i"; n].join(" ")),
+            MAX_INNER_LIST_MEMBERS,
+        );
+        at_and_past(&|n| format!("i{}", ";k".repeat(n)), MAX_PARAMETERS);
+        let members = |n: usize| vec!["m"; n].join(", ");
+        assert_eq!(
+            list_members(members(MAX_LIST_MEMBERS).as_bytes()).map(|m| m.len()),
+            Some(MAX_LIST_MEMBERS)
+        );
+        assert_eq!(list_members(members(MAX_LIST_MEMBERS + 1).as_bytes()), None);
+
+        // Combined: a service line that would take the field past the bound is
+        // left out whole; one that fits is kept.
+        let ours = Bytes::from_static(br#""a";r=1"#);
+        let mut h = HeaderMap::new();
+        h.append(
+            &RATELIMIT,
+            HeaderValue::from_str(&members(MAX_LIST_MEMBERS)).unwrap(),
+        );
+        h.append(&RATELIMIT, HeaderValue::from_static("z"));
+        let combined = combine_lists(ours.clone(), h.get_all(&RATELIMIT));
+        assert_eq!(&combined[..], br#""a";r=1, z"#);
+        let mut h = HeaderMap::new();
+        h.append(
+            &RATELIMIT,
+            HeaderValue::from_str(&members(MAX_LIST_MEMBERS - 1)).unwrap(),
+        );
+        let combined = combine_lists(ours, h.get_all(&RATELIMIT));
+        assert_eq!(
+            list_members(&combined).map(|m| m.len()),
+            Some(MAX_LIST_MEMBERS)
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
-    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Policy,
+    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Nanos, Policy,
     RateLimiter, Receipt, StateCell, Storage,
 };
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
@@ -157,6 +157,41 @@ pub trait Charge<K: ?Sized> {
         let _ = key;
         None
     }
+
+    /// When a charge of `cost` units can never be admitted, for any key, under the
+    /// limiter's policy as it is now: the most units it admits at once (a GCRA burst,
+    /// a window's or a log's limit). `None` when `cost` fits a key that has spent
+    /// nothing, or when the limiter cannot tell without a key (the default).
+    ///
+    /// [`RateLimitLayerBuilder::build`] refuses a rule whose cost never fits
+    /// ([`ConfigError::Cost`]): it could only ever answer the never-fits status. A
+    /// [`PlanLimiter`] says `None`: its policy is its key's plan's, and it does not
+    /// list its plans, so a key whose plan's burst is below the cost is answered the
+    /// never-fits status at each request instead (see [`Rule::cost`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{KeyedLimiter, Policy, RateLimiter};
+    /// use floodgate_http::Charge;
+    /// let global = RateLimiter::gcra(Policy::per_second(10)?.with_burst(5)?);
+    /// assert_eq!(Charge::<()>::never_fits(&global, 5), None);
+    /// assert_eq!(Charge::<()>::never_fits(&global, 6), Some(5));
+    /// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_minute(3)?);
+    /// assert_eq!(Charge::<u64>::never_fits(&per_ip, 4), Some(3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        let _ = cost;
+        None
+    }
+}
+
+/// The capacity `algorithm` reports when `cost` never fits even a fresh state (the
+/// all-zero one, which has spent nothing) at `now`; `None` when it fits.
+fn fresh_never_fits<A: Algorithm>(algorithm: &A, now: Nanos, cost: u32) -> Option<u64> {
+    let (decision, _) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
+    (!decision.is_allowed() && decision.retry_after().is_none()).then(|| decision.limit())
 }
 
 impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
@@ -170,6 +205,10 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 
     fn peek(&self, _key: &K, cost: u32) -> Decision {
         RateLimiter::peek(self, cost)
+    }
+
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        fresh_never_fits(self.algorithm(), self.clock().now(), cost)
     }
 }
 
@@ -198,6 +237,10 @@ where
     S: Storage<K, A::State>,
 {
     charge_per_key!(KeyedLimiter);
+
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        fresh_never_fits(self.algorithm(), self.clock().now(), cost)
+    }
 }
 
 impl<K, Q, C> Charge<Q> for KeyedSlidingLog<K, C>
@@ -207,6 +250,12 @@ where
     C: Clock,
 {
     charge_per_key!(KeyedSlidingLog);
+
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        // The log admits at most its limit within a period: "never" is `n > L`.
+        let limit = self.policy().limit();
+        (u64::from(cost) > limit).then_some(limit)
+    }
 }
 
 /// Per API key under its plan: a [`PlanLimiter`] is a rule of its own. Its
@@ -261,6 +310,7 @@ struct InProcess<L, K: ?Sized> {
     refund: fn(&L, &K, Receipt) -> bool,
     peek: fn(&L, &K, u32) -> Decision,
     window: fn(&L, &K) -> Option<u64>,
+    never_fits: fn(&L, u32) -> Option<u64>,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -326,6 +376,7 @@ where
             refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
             peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
             window: |l: &L, k: &E::Key| l.window_secs(k),
+            never_fits: |l: &L, cost| l.never_fits(cost),
         });
         Ok(rule)
     }
@@ -365,6 +416,32 @@ where
     }
 
     /// Charges `cost` units per request (0 reports without charging).
+    ///
+    /// A cost more than the limiter ever admits at once (a GCRA burst, a window's
+    /// limit) could only be answered the never-fits status:
+    /// [`build`](RateLimitLayerBuilder::build) refuses such a rule
+    /// ([`ConfigError::Cost`]) when its limiter can tell ([`Charge::never_fits`]) —
+    /// every in-process limiter but a [`PlanLimiter`], whatever the rule's
+    /// [`Strategy`]. A [`PlanLimiter`] (per-plan bursts) and a [`Rule::remote`]
+    /// limiter are not checked: a request the key's plan or the backend can never
+    /// admit is answered the never-fits status
+    /// ([`never_status`](RateLimitLayerBuilder::never_status)). Give a plan rule a
+    /// cost within every plan's burst: above one plan's, that plan's users are
+    /// refused every request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{ConfigError, Global, RateLimitLayer, Rule};
+    /// let uploads = RateLimiter::gcra(Policy::per_minute(10)?);
+    /// let err = RateLimitLayer::builder()
+    ///     .rule(Rule::new("uploads", uploads, Global)?.cost(20))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err, ConfigError::Cost { rule: "uploads".into(), cost: 20, capacity: 10 });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cost(self, cost: u32) -> Self {
         Rule { cost, ..self }
     }
@@ -470,6 +547,10 @@ pub(crate) trait ErasedRule: Send + Sync {
     /// the rule's state after the refund (a peek at cost 0) for the headers, when it
     /// can tell.
     fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision>;
+
+    /// The rule's cost and its limiter's capacity when the cost never fits, for any
+    /// key ([`Charge::never_fits`]); `None` when it fits or the rule cannot tell.
+    fn never_fits(&self) -> Option<(u32, u64)>;
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -552,6 +633,12 @@ where
             (Err(_), OnMissingKey::Fallback(key)) => Some(refund_and_peek(key)),
             (Err(_), OnMissingKey::Reject) => None,
         }
+    }
+
+    fn never_fits(&self) -> Option<(u32, u64)> {
+        let in_process = self.in_process.as_ref()?;
+        let capacity = (in_process.never_fits)(&self.limiter, self.cost)?;
+        Some((self.cost, capacity))
     }
 }
 
@@ -663,10 +750,19 @@ impl HeaderOptions {
     ///   Lists) become one field line: the layer's members, then the service's, in
     ///   the order it wrote them, all its lines taken as one List. A service member
     ///   named like one of the layer's (the same item before its parameters) is left
-    ///   out: the layer's describes that policy. A service line that is not a
-    ///   Structured Field List (a byte outside visible ASCII, a string left open, an
-    ///   empty member, a member that is not an RFC 9651 item or inner list with its
-    ///   parameters) is left out whole, so that the combined field still parses.
+    ///   out: the layer's describes that policy. A service line is parsed as RFC
+    ///   9651 §4.2 parses a List, and left out whole unless every parser reads it,
+    ///   so that the combined field still parses. It is left out for a byte outside
+    ///   visible ASCII, a string left open, an empty member, a member that is not an
+    ///   item or inner list with its parameters; a display string whose `%` is not
+    ///   followed by two lower-case hex digits or whose octets are not UTF-8; a byte
+    ///   sequence that is not base64 with its `=` padding and zero unused bits (the
+    ///   form RFC 9651 writes; a parser may refuse others); a date that is not an
+    ///   integer; an integer of more than 15 digits, a decimal of more than 12
+    ///   before its dot or 3 after; or a size past what RFC 9651 §3 has every
+    ///   parser accept (1 024 characters in a string, 512 in a token, 16 384 octets
+    ///   in a byte sequence, 256 members in an inner list, 256 parameters, 1 024
+    ///   members in the combined field).
     /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
     ///   values, never a mix: the service's trio stays, and the layer writes none,
     ///   when the service wrote all three, each once as a whole non-negative integer,
@@ -761,7 +857,8 @@ struct Shared {
 ///   up (never 0), a `text/plain` body naming the rule;
 /// * a request that can never fit (cost above the capacity): the never-fits status
 ///   (429 by default, [`RateLimitLayerBuilder::never_status`]), **no** `Retry-After`,
-///   a body saying so;
+///   a body saying so (a rule whose limiter can tell is refused at
+///   [`build`](RateLimitLayerBuilder::build) instead: see [`Rule::cost`]);
 /// * no usable key for a hard rule and [`OnMissingKey::Reject`]: `400 Bad Request`
 ///   saying why;
 /// * a hard rule's limiter error and [`OnLimiterError::FailClosed`]: `503 Service
@@ -966,7 +1063,10 @@ impl RateLimitLayerBuilder {
     /// # Errors
     ///
     /// [`ConfigError::DuplicateRule`] when two rules share a name;
-    /// [`ConfigError::NeverStatus`] when the never-fits status is not a 4xx or 5xx.
+    /// [`ConfigError::NeverStatus`] when the never-fits status is not a 4xx or 5xx;
+    /// [`ConfigError::Cost`] when a rule's cost is more than its limiter ever admits
+    /// at once (see [`Rule::cost`]), judged under the limiter's policy as it is at
+    /// this call.
     ///
     /// A layer without rules is valid: it passes every request unchanged and writes
     /// no header.
@@ -980,6 +1080,13 @@ impl RateLimitLayerBuilder {
             if self.rules[..i].iter().any(|o| o.name == r.name) {
                 return Err(ConfigError::DuplicateRule {
                     name: r.name.as_str().to_owned(),
+                });
+            }
+            if let Some((cost, capacity)) = r.rule.never_fits() {
+                return Err(ConfigError::Cost {
+                    rule: r.name.as_str().to_owned(),
+                    cost,
+                    capacity,
                 });
             }
         }

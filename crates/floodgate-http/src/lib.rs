@@ -37,7 +37,10 @@
 //! * A denial is `429 Too Many Requests` with `Retry-After` in whole seconds **rounded
 //!   up** and never `0` ([`Decision::retry_after_secs`](floodgate::Decision::retry_after_secs)).
 //! * A request that can never fit (cost above the capacity) gets no `Retry-After`
-//!   (retrying cannot help) and a body saying so.
+//!   (retrying cannot help) and a body saying so. A rule whose cost its in-process
+//!   limiter can never admit is refused when the layer is built
+//!   ([`ConfigError::Cost`]); the answer remains for what the builder cannot judge
+//!   (a key's plan, a remote backend, a policy changed later).
 //! * Client IPs behind proxies come from the **rightmost** entries of
 //!   `X-Forwarded-For` / `Forwarded`, and only when the peer is a trusted proxy
 //!   ([`ForwardedIp`]); a spoofed leftmost value is never used.

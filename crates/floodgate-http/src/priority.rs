@@ -220,7 +220,8 @@ where
         })
     }
 
-    /// Reserves `cost` units per request.
+    /// Reserves `cost` units per request; a cost above the burst is refused when the
+    /// layer is built ([`ConfigError::Cost`]).
     pub fn cost(self, cost: u32) -> Self {
         PriorityRule { cost, ..self }
     }
@@ -415,5 +416,11 @@ where
     /// The slot was waited for and has passed: nothing can be given back.
     fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
         None
+    }
+
+    /// A GCRA schedule never holds more than its burst at once (`n > B`).
+    fn never_fits(&self) -> Option<(u32, u64)> {
+        let burst = self.shaper.policy().burst();
+        (u64::from(self.cost) > burst).then_some((self.cost, burst))
     }
 }

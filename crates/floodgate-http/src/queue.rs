@@ -7,8 +7,8 @@
 //! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`]);
 //! slots are handed out in reservation order, and the request then sleeps until its
 //! slot with one `tokio::time::sleep` (no polling). A slot further away than
-//! `max_delay` is a 429 with `Retry-After` (rounded up); a cost above the burst is the
-//! never-fits answer. A request cancelled while it waits (the client went away, a
+//! `max_delay` is a 429 with `Retry-After` (rounded up); a cost above the burst, which
+//! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
 //! timeout layer fired) gives its units back ([`Shaper::cancel`]).
 //!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
@@ -99,7 +99,8 @@ where
         })
     }
 
-    /// Reserves `cost` units per request.
+    /// Reserves `cost` units per request; a cost above the burst is refused when the
+    /// layer is built ([`ConfigError::Cost`]).
     pub fn cost(self, cost: u32) -> Self {
         QueueRule { cost, ..self }
     }
@@ -206,6 +207,15 @@ where
     fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
         None
     }
+
+    fn never_fits(&self) -> Option<(u32, u64)> {
+        cost_above_burst(self.cost, &self.shaper.policy())
+    }
+}
+
+/// The cost and the burst when a GCRA schedule can never hold `cost` units (`n > B`).
+fn cost_above_burst(cost: u32, policy: &Policy) -> Option<(u32, u64)> {
+    (u64::from(cost) > policy.burst()).then_some((cost, policy.burst()))
 }
 
 /// A queueing rule per key for
@@ -303,7 +313,8 @@ where
         })
     }
 
-    /// Reserves `cost` units per request.
+    /// Reserves `cost` units per request; a cost above the burst is refused when the
+    /// layer is built ([`ConfigError::Cost`]).
     pub fn cost(self, cost: u32) -> Self {
         KeyedQueueRule { cost, ..self }
     }
@@ -409,5 +420,9 @@ where
     /// The slot was waited for and has passed: nothing can be given back.
     fn refund(&self, _parts: &Parts, _receipt: Receipt) -> Option<Decision> {
         None
+    }
+
+    fn never_fits(&self) -> Option<(u32, u64)> {
+        cost_above_burst(self.cost, &self.limiter.algorithm().policy())
     }
 }

@@ -192,14 +192,16 @@ async fn the_layer_replaces_the_upstream_fields_of_its_names_only() -> TestResul
 #[tokio::test]
 async fn shadow_and_soft_rules_never_block_even_a_request_that_never_fits() -> TestResult {
     let clock = ManualClock::new();
+    // Remote rules: the builder refuses an in-process rule whose cost never fits
+    // (ConfigError::Cost), but a backend's capacity is not known until it answers.
     let layer = RateLimitLayer::builder()
         .rule(
-            Rule::new("trial", per_minute(1, &clock)?, Global)?
+            Rule::remote("trial", per_minute(1, &clock)?, Global)?
                 .cost(2)
                 .strategy(Strategy::Shadow),
         )
         .rule(
-            Rule::new("cap", per_minute(1, &clock)?, Global)?
+            Rule::remote("cap", per_minute(1, &clock)?, Global)?
                 .cost(u32::MAX)
                 .strategy(Strategy::Soft),
         )

@@ -36,8 +36,15 @@ async fn serve(layer: RateLimitLayer) -> HealthClient<Channel> {
 /// One request per minute for everyone (burst 1), on a clock that does not move.
 fn one_per_minute(cost: u32) -> RateLimitLayer {
     let limiter = RateLimiter::gcra_with_clock(Policy::per_minute(1).unwrap(), ManualClock::new());
+    // A cost above the burst: as a remote rule (which the builder cannot judge; an
+    // in-process one is refused when built), to reach the never-fits answer.
+    let rule = if cost > 1 {
+        Rule::remote("global", limiter, Global)
+    } else {
+        Rule::new("global", limiter, Global)
+    };
     RateLimitLayer::builder()
-        .rule(Rule::new("global", limiter, Global).unwrap().cost(cost))
+        .rule(rule.unwrap().cost(cost))
         .build()
         .unwrap()
 }

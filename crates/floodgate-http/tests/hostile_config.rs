@@ -10,6 +10,11 @@
 //!   passed to the inner service keeps its charge, whatever the service answers.
 //! * `Strategy::Soft` and `Strategy::Shadow` never block: a missing key or a failed
 //!   limiter on such a rule skips it.
+//! * An extractor's length bound of 0 (`HeaderKey`, `RoutePath`, `ForwardedIp`),
+//!   which no key fits under, is refused naming the bound.
+//! * A rule whose cost its in-process limiter can never admit (above a GCRA burst, a
+//!   window's or a log's limit) is refused by `build`, whatever its strategy; a
+//!   remote or a plan limiter, which cannot tell without the key, is not.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -163,12 +168,20 @@ fn the_length_bound_is_the_same_for_one_line_and_for_several() {
             };
             // Exactly the header's length: every entry lies within the bound.
             assert_eq!(
-                header.clone().max_len(len).client_ip(peer, &h),
+                header
+                    .clone()
+                    .max_len(len)
+                    .expect("a bound above 0")
+                    .client_ip(peer, &h),
                 Ok(ip("203.0.113.1")),
                 "{values:?} within {len} bytes"
             );
             // One byte less: the leftmost entry read lies beyond it.
-            let err = header.max_len(len - 1).client_ip(peer, &h).unwrap_err();
+            let err = header
+                .max_len(len - 1)
+                .expect("a bound above 0")
+                .client_ip(peer, &h)
+                .unwrap_err();
             assert!(
                 matches!(err, KeyError::Oversized { len: l, max, .. } if l == len && max == len - 1),
                 "{values:?}: {err}"
@@ -445,5 +458,211 @@ fn route_paths_at_and_around_the_bound_and_in_every_request_form() -> TestResult
     assert_eq!(path.extract(&head("*", http::Method::OPTIONS)?)?, "*");
     let connect = head("example.com:443", http::Method::CONNECT)?;
     assert_eq!(path.extract(&connect)?, "");
+    Ok(())
+}
+
+#[test]
+fn a_length_bound_of_zero_is_refused_naming_the_bound() -> TestResult {
+    use floodgate_http::RoutePath;
+
+    let trusted = TrustedProxies::new(["10.0.0.0/8"])?;
+    let errors = [
+        HeaderKey::new("x-api-key")?.max_len(0).map(drop),
+        RoutePath::new().max_len(0).map(drop),
+        ForwardedIp::x_forwarded_for(trusted.clone(), 1)
+            .max_len(0)
+            .map(drop),
+        ForwardedIp::forwarded(trusted.clone(), 1)
+            .max_len(0)
+            .map(drop),
+    ];
+    let fields = [
+        "HeaderKey::max_len",
+        "RoutePath::max_len",
+        "ForwardedIp::max_len",
+        "ForwardedIp::max_len",
+    ];
+    for (err, field) in errors.into_iter().zip(fields) {
+        let err = err.expect_err(field);
+        assert_eq!(err, ConfigError::MaxLen { field, max_len: 0 });
+        assert!(
+            err.to_string().starts_with(&format!("{field} 0: ")),
+            "{err}"
+        );
+    }
+    // One byte is a bound: a one-byte key passes it, a two-byte one does not.
+    let key = HeaderKey::new("x-api-key")?.max_len(1)?;
+    let head = |v: &str| -> Result<http::request::Parts, http::Error> {
+        Ok(Request::get("/")
+            .header("x-api-key", v)
+            .body(())?
+            .into_parts()
+            .0)
+    };
+    assert_eq!(
+        floodgate_http::KeyExtractor::extract(&key, &head("k")?),
+        Ok("k".to_owned())
+    );
+    assert!(matches!(
+        floodgate_http::KeyExtractor::extract(&key, &head("kk")?),
+        Err(KeyError::Oversized { len: 2, max: 1, .. })
+    ));
+    assert!(RoutePath::new().max_len(1).is_ok());
+    assert!(ForwardedIp::forwarded(trusted, 1).max_len(1).is_ok());
+    Ok(())
+}
+
+/// The layer of one rule, or why it cannot be built.
+fn build_one<L, E>(rule: Rule<L, E>) -> Result<RateLimitLayer, ConfigError>
+where
+    L: floodgate::AsyncLimit<E::Key> + 'static,
+    E: floodgate_http::KeyExtractor,
+{
+    RateLimitLayer::builder().rule(rule).build()
+}
+
+/// The rule `make(cost)` builds at a cost of `capacity`, and is refused at one more,
+/// naming its rule, the cost and `capacity`.
+fn fits_up_to<L, E>(
+    capacity: u32,
+    make: impl Fn(u32) -> Result<Rule<L, E>, Box<dyn std::error::Error>>,
+) -> TestResult
+where
+    L: floodgate::AsyncLimit<E::Key> + 'static,
+    E: floodgate_http::KeyExtractor,
+{
+    build_one(make(capacity)?)?;
+    let err = build_one(make(capacity + 1)?).expect_err("a cost above the capacity");
+    assert!(
+        matches!(&err, ConfigError::Cost { cost, capacity: c, .. } if *cost == capacity + 1 && *c == u64::from(capacity)),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_cost_no_key_can_ever_pay_is_refused_when_built() -> TestResult {
+    use floodgate::{FixedWindow, KeyedBuilder, SlidingWindow};
+
+    let clock = ManualClock::new();
+    let cost_error = |rule: &str, cost, capacity| ConfigError::Cost {
+        rule: rule.to_owned(),
+        cost,
+        capacity,
+    };
+    // GCRA: the burst (4 of 10 a minute), on every strategy.
+    let gcra = || -> Result<_, floodgate::PolicyError> {
+        Ok(RateLimiter::gcra_with_clock(
+            Policy::per_minute(10)?.with_burst(4)?,
+            clock.clone(),
+        ))
+    };
+    for strategy in [Strategy::Hard, Strategy::Soft, Strategy::Shadow] {
+        let rule = |cost| -> Result<_, Box<dyn std::error::Error>> {
+            Ok(Rule::new("burst", gcra()?, Global)?
+                .cost(cost)
+                .strategy(strategy))
+        };
+        build_one(rule(4)?)?;
+        build_one(rule(0)?)?;
+        assert_eq!(build_one(rule(5)?).unwrap_err(), cost_error("burst", 5, 4));
+        assert_eq!(
+            build_one(rule(u32::MAX)?).unwrap_err(),
+            cost_error("burst", u32::MAX, 4)
+        );
+    }
+    let err = build_one(Rule::new("burst", gcra()?, Global)?.cost(5)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"rule "burst": cost 5 is more than the 4 units its limiter admits at once, so no request could ever pass"#
+    );
+    // The windows: their limit (the burst is not theirs).
+    let policy = Policy::per_minute(10)?.with_burst(2)?;
+    fits_up_to(10, |cost| {
+        let fixed = RateLimiter::fixed_window_with_clock(policy, clock.clone())?;
+        Ok(Rule::new("fixed", fixed, Global)?.cost(cost))
+    })?;
+    fits_up_to(10, |cost| {
+        let sliding = RateLimiter::sliding_window_with_clock(policy, clock.clone())?;
+        Ok(Rule::new("sliding", sliding, Global)?.cost(cost))
+    })?;
+    // Per key: a keyed GCRA, a keyed window, the keyed log.
+    let key = || HeaderKey::new("x-api-key");
+    let keyed_gcra: KeyedLimiter<String, floodgate::Gcra, ManualClock> =
+        KeyedBuilder::new(floodgate::Gcra::new(Policy::per_second(3)?))
+            .clock(clock.clone())
+            .build()?;
+    assert_eq!(
+        build_one(Rule::new("per-key", keyed_gcra, key()?)?.cost(4)).unwrap_err(),
+        cost_error("per-key", 4, 3)
+    );
+    let keyed_window: KeyedLimiter<String, FixedWindow, ManualClock> =
+        KeyedBuilder::new(FixedWindow::new(Policy::per_second(3)?)?)
+            .clock(clock.clone())
+            .build()?;
+    build_one(Rule::new("per-key", keyed_window, key()?)?.cost(3))?;
+    let keyed_sliding: KeyedLimiter<String, SlidingWindow, ManualClock> =
+        KeyedBuilder::new(SlidingWindow::new(Policy::per_second(3)?)?)
+            .clock(clock.clone())
+            .build()?;
+    assert_eq!(
+        build_one(Rule::new("per-key", keyed_sliding, key()?)?.cost(4)).unwrap_err(),
+        cost_error("per-key", 4, 3)
+    );
+    fits_up_to(5, |cost| {
+        let log = KeyedBuilder::default()
+            .clock(clock.clone())
+            .capacity(16)
+            .sliding_log::<String>(Policy::per_second(5)?)?;
+        Ok(Rule::new("log", log, key()?)?.cost(cost))
+    })?;
+    // The second rule of a layer is judged as the first: it is named.
+    let err = RateLimitLayer::builder()
+        .rule(Rule::new("fits", gcra()?, Global)?.cost(4))
+        .rule(Rule::new("never", gcra()?, Global)?.cost(9))
+        .build()
+        .unwrap_err();
+    assert_eq!(err, cost_error("never", 9, 4));
+    Ok(())
+}
+
+/// The builder judges the limiter's capacity, not its state: a shared limiter that
+/// is spent now still admits the cost once it refills.
+#[test]
+fn a_spent_shared_limiter_is_no_reason_to_refuse_a_cost() -> TestResult {
+    let clock = ManualClock::new();
+    let limiter = Arc::new(RateLimiter::gcra_with_clock(
+        Policy::per_minute(10)?.with_burst(4)?,
+        clock.clone(),
+    ));
+    assert!(limiter.check_n(4).is_allowed());
+    assert!(!limiter.check_n(1).is_allowed());
+    build_one(Rule::shared("spent", Arc::clone(&limiter), Global)?.cost(4))?;
+    Ok(())
+}
+
+/// A remote limiter and a plan limiter cannot tell their capacity without a key
+/// (a backend answers per request; a plan is the key's): the builder takes them, and
+/// a request that can never fit is answered the never-fits status.
+#[tokio::test]
+async fn remote_and_plan_limiters_are_not_judged_when_built() -> TestResult {
+    use floodgate::keyed::plans::{PlanLimiter, Plans};
+    use floodgate::KeyedBuilder;
+
+    let clock = ManualClock::new();
+    let remote = build_one(Rule::remote("remote", one_per_second(&clock)?, Global)?.cost(2))?;
+    let mut plans = Plans::new();
+    let tiny = plans.insert("tiny", Policy::per_second(1)?);
+    let per_plan = PlanLimiter::new(
+        &plans,
+        move |_: &()| tiny,
+        KeyedBuilder::default().clock(clock.clone()),
+    )?;
+    let plan = build_one(Rule::new("plan", per_plan, Global)?.cost(2))?;
+    for layer in [remote, plan] {
+        let resp = layer.layer(Hello).call(Request::get("/").body(())?).await?;
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(resp.headers().get("retry-after").is_none());
+    }
     Ok(())
 }

@@ -296,18 +296,26 @@ async fn retry_after_rounds_up() -> TestResult {
 
 #[tokio::test]
 async fn a_request_that_never_fits_has_no_retry_after() -> TestResult {
+    use floodgate::keyed::plans::{PlanLimiter, Plans};
+
+    // A cost above the key's plan's burst: the builder refuses such a cost on a
+    // limiter of one policy (ConfigError::Cost), but a plan limiter's plans are the
+    // keys' own, known at each request.
     let clock = ManualClock::new();
-    let policy = Policy::per_second(2)?;
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new(
-                "big",
-                RateLimiter::gcra_with_clock(policy, clock.clone()),
-                Global,
-            )?
-            .cost(3),
-        )
-        .build()?;
+    let mut plans = Plans::new();
+    let tiny = plans.insert("tiny", Policy::per_second(2)?);
+    let big = |never_status| -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+        let limiter = PlanLimiter::new(
+            &plans,
+            move |_: &()| tiny,
+            KeyedBuilder::default().clock(clock.clone()),
+        )?;
+        Ok(RateLimitLayer::builder()
+            .rule(Rule::new("big", limiter, Global)?.cost(3))
+            .never_status(never_status)
+            .build()?)
+    };
+    let layer = big(StatusCode::TOO_MANY_REQUESTS)?;
     let addr = serve(layer.clone(), false).await;
     let r = send(addr, "/", &[]).await;
     assert_eq!(r.status, 429, "{r:?}");
@@ -316,18 +324,7 @@ async fn a_request_that_never_fits_has_no_retry_after() -> TestResult {
     assert_eq!(r.num("x-ratelimit-limit"), 2);
     assert_eq!(layer.stats()[0].denied, 1);
 
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new(
-                "big",
-                RateLimiter::gcra_with_clock(policy, clock.clone()),
-                Global,
-            )?
-            .cost(3),
-        )
-        .never_status(StatusCode::PAYLOAD_TOO_LARGE)
-        .build()?;
-    let addr = serve(layer, false).await;
+    let addr = serve(big(StatusCode::PAYLOAD_TOO_LARGE)?, false).await;
     let r = send(addr, "/", &[]).await;
     assert_eq!((r.status, r.header("retry-after")), (413, None), "{r:?}");
     Ok(())
@@ -689,7 +686,7 @@ async fn bad_input_gets_a_clear_answer() -> TestResult {
         .rule(Rule::new(
             "key",
             keyed::<String>(Policy::per_minute(1)?, &clock),
-            HeaderKey::new("x-api-key")?.max_len(16),
+            HeaderKey::new("x-api-key")?.max_len(16)?,
         )?)
         .build()?;
     let addr = serve(layer, false).await;

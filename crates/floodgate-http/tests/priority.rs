@@ -309,3 +309,32 @@ async fn random_arrivals_and_cancellations_keep_every_bound() -> TestResult {
     }
     Ok(())
 }
+
+/// A cost above the burst, which no slot can hold, is refused when the layer is
+/// built, naming the rule, the cost and the burst; at the burst it is taken.
+#[test]
+fn a_cost_above_the_burst_is_refused_when_built() -> TestResult {
+    let start = Instant::now();
+    let shaper = || -> Result<_, floodgate::PolicyError> {
+        Ok(Shaper::with_clock(
+            Policy::per_second(10)?.with_burst(2)?,
+            TokioClock { start },
+        ))
+    };
+    let err = RateLimitLayer::builder()
+        .priority(PriorityRule::new("smooth", shaper()?, &[1], from_fn(tier))?.cost(3))
+        .build()
+        .expect_err("cost 3 > burst 2");
+    assert_eq!(
+        err,
+        floodgate_http::ConfigError::Cost {
+            rule: "smooth".into(),
+            cost: 3,
+            capacity: 2
+        }
+    );
+    RateLimitLayer::builder()
+        .priority(PriorityRule::new("smooth", shaper()?, &[1], from_fn(tier))?.cost(2))
+        .build()?;
+    Ok(())
+}

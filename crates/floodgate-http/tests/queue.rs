@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{Policy, Shaper};
-use floodgate_http::{HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer};
+use floodgate_http::{ConfigError, HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer};
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -113,21 +113,50 @@ async fn a_cancelled_wait_gives_its_slot_back() -> TestResult {
     Ok(())
 }
 
+/// A cost above the burst, which no slot can hold, is refused when the layer is
+/// built, naming the rule, the cost and the burst.
 #[tokio::test(start_paused = true)]
-async fn a_cost_above_the_burst_never_fits() -> TestResult {
+async fn a_cost_above_the_burst_is_refused_when_built() -> TestResult {
     let start = Instant::now();
-    let layer = RateLimitLayer::builder()
+    let err = RateLimitLayer::builder()
         .queue(QueueRule::shared("smooth", shaper(start)?, Duration::from_secs(10))?.cost(2))
-        .build()?;
-    let resp = layer.layer(Hello).call(Request::new(())).await?;
-    assert_eq!(resp.status(), 429);
-    assert!(resp.headers().get("retry-after").is_none());
+        .build()
+        .expect_err("cost 2 > burst 1");
     assert_eq!(
-        resp.headers()
-            .get("ratelimit-policy")
-            .map(|v| v.to_str().unwrap_or("")),
-        Some(r#""smooth";q=1;w=1"#)
+        err,
+        ConfigError::Cost {
+            rule: "smooth".into(),
+            cost: 2,
+            capacity: 1
+        }
     );
+    let err = RateLimitLayer::builder()
+        .queue_per_key(
+            KeyedQueueRule::new(
+                "per-key",
+                HeaderKey::new("x-api-key")?,
+                per_key(start)?,
+                Duration::from_secs(10),
+            )?
+            .cost(2),
+        )
+        .build()
+        .expect_err("cost 2 > burst 1");
+    assert!(
+        matches!(
+            err,
+            ConfigError::Cost {
+                cost: 2,
+                capacity: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // At the burst it fits.
+    RateLimitLayer::builder()
+        .queue(QueueRule::shared("smooth", shaper(start)?, Duration::from_secs(10))?.cost(1))
+        .build()?;
     Ok(())
 }
 

@@ -15,7 +15,8 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Fields = &'static [(&'static str, &'static str)];
 
 /// A soft `warn` rule that every request exceeds (cost 2 of a burst of 1: its
-/// members read `r=1;t=0`, and it is the legacy trio's pick, remaining 1), a hard
+/// members read `r=1;t=0`, and it is the legacy trio's pick, remaining 1; a remote
+/// rule, as the builder refuses an in-process one whose cost never fits), a hard
 /// `global` rule of 5 a minute, and an upstream answering `status` with `fields`; the headers of
 /// the answer to one request, with the service's fields kept or not.
 async fn answer(
@@ -32,7 +33,7 @@ async fn answer(
     };
     let layer = RateLimitLayer::builder()
         .rule(
-            Rule::new("warn", per_minute(1)?, Global)?
+            Rule::remote("warn", per_minute(1)?, Global)?
                 .cost(2)
                 .strategy(Strategy::Soft),
         )
@@ -243,5 +244,91 @@ async fn a_service_member_that_is_not_structured_field_syntax_is_left_out() -> T
             r#"(a  "b");q=1, ?1, @17, :AQ==:, %"caf%c3%a9", *t/x:y;k, -1.5"#
         )]
     );
+    Ok(())
+}
+
+/// Each kind of bare item is kept only as every RFC 9651 parser reads it (§4.2): a
+/// display string's escapes are two lower-case hex digits and decode to UTF-8; a
+/// byte sequence is base64 with its padding and zero unused bits; a date is an
+/// integer; an integer has at most 15 digits, a decimal at most 12 before its dot
+/// and 3 after. A line with one member that is not is left out whole, its other
+/// members with it.
+#[tokio::test]
+async fn each_kind_of_item_is_kept_only_as_every_parser_reads_it() -> TestResult {
+    // One line each, kept in order.
+    const KEPT: &[&str] = &[
+        r#"%"caf%c3%a9", %"", %"%f0%9f%98%80 %22q%22 a\b 100%25""#,
+        "::, :Zg==:, :Zm8=:, :Zm9v:, :Zm9vYg==:, ://79:",
+        "@0, @-62135596800, @999999999999999",
+        "0, -0, 999999999999999, -999999999999999",
+        "1.0, -0.5, 999999999999.999, -999999999999.999",
+    ];
+    // A valid member, then one that is not: each line is left out whole.
+    const LEFT_OUT: &[&str] = &[
+        // Display strings: upper-case hex, one hex digit, no hex, a UTF-8
+        // sequence cut short, a byte no UTF-8 has, an overlong form, a surrogate.
+        r#"lost, %"caf%C3%A9""#,
+        r#"lost, %"a%2""#,
+        r#"lost, %"a%zz""#,
+        r#"lost, %"caf%c3""#,
+        r#"lost, %"%ff""#,
+        r#"lost, %"%c0%af""#,
+        r#"lost, %"%ed%a0%80""#,
+        // Byte sequences: unpadded, padding short, unused bits set, padding where
+        // no character is missing, a character outside the alphabet.
+        "lost, :Zg:",
+        "lost, :Zg=:",
+        "lost, :Zh==:",
+        "lost, :Zm9=:",
+        "lost, :Zm9v=:",
+        "lost, :Zm9v*A==:",
+        // Dates: a decimal, no digits, 16 digits.
+        "lost, @1.5",
+        "lost, @",
+        "lost, @1000000000000000",
+        // Integers and decimals: 16 digits, a sign alone, 13 digits before the
+        // dot, 4 after, none after, none before, two dots.
+        "lost, 1000000000000000",
+        "lost, -",
+        "lost, 1234567890123.5",
+        "lost, 1.2345",
+        "lost, 1.",
+        "lost, .5",
+        "lost, 1.2.3",
+    ];
+    const FIELDS: Fields = &[
+        ("ratelimit", KEPT[0]),
+        ("ratelimit", LEFT_OUT[0]),
+        ("ratelimit", LEFT_OUT[1]),
+        ("ratelimit", LEFT_OUT[2]),
+        ("ratelimit", LEFT_OUT[3]),
+        ("ratelimit", LEFT_OUT[4]),
+        ("ratelimit", LEFT_OUT[5]),
+        ("ratelimit", LEFT_OUT[6]),
+        ("ratelimit", KEPT[1]),
+        ("ratelimit", LEFT_OUT[7]),
+        ("ratelimit", LEFT_OUT[8]),
+        ("ratelimit", LEFT_OUT[9]),
+        ("ratelimit", LEFT_OUT[10]),
+        ("ratelimit", LEFT_OUT[11]),
+        ("ratelimit", LEFT_OUT[12]),
+        ("ratelimit", KEPT[2]),
+        ("ratelimit", LEFT_OUT[13]),
+        ("ratelimit", LEFT_OUT[14]),
+        ("ratelimit", LEFT_OUT[15]),
+        ("ratelimit", KEPT[3]),
+        ("ratelimit", LEFT_OUT[16]),
+        ("ratelimit", LEFT_OUT[17]),
+        ("ratelimit", KEPT[4]),
+        ("ratelimit", LEFT_OUT[18]),
+        ("ratelimit", LEFT_OUT[19]),
+        ("ratelimit", LEFT_OUT[20]),
+        ("ratelimit", LEFT_OUT[21]),
+        ("ratelimit", LEFT_OUT[22]),
+    ];
+    assert_eq!(FIELDS.len(), KEPT.len() + LEFT_OUT.len());
+    let (_, h) = answer(true, StatusCode::OK, FIELDS).await?;
+    let expected = format!(r#""warn";r=1;t=0, "global";r=4;t=12, {}"#, KEPT.join(", "));
+    assert_eq!(lines(&h, "ratelimit"), [expected.as_str()]);
     Ok(())
 }
