@@ -749,21 +749,20 @@ where
     #[allow(unsafe_code)]
     fn on_entry<R>(&self, word: u64, f: impl FnOnce(&HotEntry<K, C>) -> Option<R>) -> Option<R> {
         let (slot, _) = seal_parts(word);
-        let guard = pin();
+        // Pinned until this returns, after `f` has run.
+        let _guard = pin();
         // Acquire: pairs with the promotion's Release publication of the entry.
         let ptr = self.slots.get(slot)?.load(Ordering::Acquire);
         // SAFETY: a non-null slot pointer came from `Box::into_raw` in `promote`;
         // `demote` unpublishes it before retiring it through the epoch, and this
-        // thread pinned before loading it, so the entry is not freed while `guard`
+        // thread pinned before loading it, so the entry is not freed while `_guard`
         // lives (the limiter's `Drop` frees the rest with `&mut self`: no reader).
         let entry = unsafe { ptr.as_ref() }?;
-        let answer = if seal_word(slot, entry.generation) == word && entry.is_open() {
+        if seal_word(slot, entry.generation) == word && entry.is_open() {
             f(entry)
         } else {
             None
-        };
-        drop(guard);
-        answer
+        }
     }
 
     /// Samples a cold check for detection (see the [module docs](self)).
