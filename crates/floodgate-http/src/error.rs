@@ -76,6 +76,46 @@ pub enum ConfigError {
         /// The most units its limiter admits at once.
         capacity: u64,
     },
+    /// A rule on a plan limiter (`floodgate::keyed::plans::PlanLimiter`) whose cost
+    /// is more than one of its plans ever admits at once (the plan's GCRA burst, its
+    /// window's limit): every user of that plan would be refused every request.
+    /// When several plans fall short, the one of the smallest capacity is named
+    /// ([`Charge::never_fits_plan`](crate::Charge::never_fits_plan)). Raise that
+    /// plan's capacity to at least the cost, or lower the rule's cost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// use floodgate_http::{ConfigError, HeaderKey, RateLimitLayer, Rule};
+    /// let plans = Plans::classic(); // bursts: free 10, pro 100, enterprise 1 000
+    /// let pro = plans.id("pro").unwrap();
+    /// let per_key = PlanLimiter::<String, _>::new(&plans, move |_: &String| pro, KeyedBuilder::default())?;
+    /// let err = RateLimitLayer::builder()
+    ///     .rule(Rule::new("exports", per_key, HeaderKey::new("x-api-key")?)?.cost(50))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     err,
+    ///     ConfigError::PlanCost { rule: "exports".into(), plan: "free".into(), cost: 50, capacity: 10 }
+    /// );
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     r#"rule "exports": cost 50 is more than the 10 units plan "free" admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least 50, or lower the rule's cost"#
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    PlanCost {
+        /// The rule's name.
+        rule: String,
+        /// The plan's name (of the smallest capacity, when several fall short).
+        plan: String,
+        /// The cost given ([`Rule::cost`](crate::Rule::cost)).
+        cost: u32,
+        /// The most units that plan admits at once.
+        capacity: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -123,6 +163,17 @@ impl fmt::Display for ConfigError {
                 write!(
                     f,
                     "rule {rule:?}: cost {cost} is more than the {capacity} units its limiter admits at once, so no request could ever pass"
+                )
+            }
+            ConfigError::PlanCost {
+                rule,
+                plan,
+                cost,
+                capacity,
+            } => {
+                write!(
+                    f,
+                    "rule {rule:?}: cost {cost} is more than the {capacity} units plan {plan:?} admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least {cost}, or lower the rule's cost"
                 )
             }
         }

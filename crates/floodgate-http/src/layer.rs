@@ -165,9 +165,9 @@ pub trait Charge<K: ?Sized> {
     ///
     /// [`RateLimitLayerBuilder::build`] refuses a rule whose cost never fits
     /// ([`ConfigError::Cost`]): it could only ever answer the never-fits status. A
-    /// [`PlanLimiter`] says `None`: its policy is its key's plan's, and it does not
-    /// list its plans, so a key whose plan's burst is below the cost is answered the
-    /// never-fits status at each request instead (see [`Rule::cost`]).
+    /// [`PlanLimiter`]'s policy is its key's plan's: it answers for the plans that
+    /// cannot admit `cost` (the smallest capacity among them), and
+    /// [`never_fits_plan`](Charge::never_fits_plan) names that plan.
     ///
     /// # Examples
     ///
@@ -182,6 +182,40 @@ pub trait Charge<K: ?Sized> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn never_fits(&self, cost: u32) -> Option<u64> {
+        let _ = cost;
+        None
+    }
+
+    /// For a limiter whose policy is its key's plan's ([`PlanLimiter`]), when a
+    /// charge of `cost` units can never be admitted for the keys of some plan, under
+    /// the plans' policies as they are now: that plan's name and the most units it
+    /// admits at once (its GCRA burst, its window's limit). When several plans cannot
+    /// admit `cost`, the one of the smallest capacity (the first in plan order among
+    /// equals). `None` when `cost` fits a fresh key of every plan, or when the
+    /// limiter has no plans (the default).
+    ///
+    /// [`RateLimitLayerBuilder::build`] refuses such a rule
+    /// ([`ConfigError::PlanCost`]): every user of that plan would be refused every
+    /// request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, RateLimiter, Policy};
+    /// use floodgate_http::Charge;
+    /// let plans = Plans::classic(); // bursts: free 10, pro 100, enterprise 1 000
+    /// let free = plans.id("free").unwrap();
+    /// let per_key = PlanLimiter::<String, _>::new(&plans, move |_: &str| free, KeyedBuilder::default())?;
+    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 10), None);
+    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 11), Some(("free".to_owned(), 10)));
+    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 500), Some(("free".to_owned(), 10)));
+    /// assert_eq!(Charge::<str>::never_fits(&per_key, 500), Some(10));
+    /// let global = RateLimiter::gcra(Policy::per_second(10)?.with_burst(5)?);
+    /// assert_eq!(Charge::<()>::never_fits_plan(&global, 6), None); // no plans: see `never_fits`
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn never_fits_plan(&self, cost: u32) -> Option<(String, u64)> {
         let _ = cost;
         None
     }
@@ -291,6 +325,23 @@ where
 {
     charge_per_key!(PlanLimiter);
 
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        self.never_fits_plan(cost).map(|(_, capacity)| capacity)
+    }
+
+    fn never_fits_plan(&self, cost: u32) -> Option<(String, u64)> {
+        let now = self.clock().now();
+        self.plans()
+            .iter()
+            .filter_map(|(_, name, policy)| {
+                // Every plan's policy was accepted by `for_policy` when it was set,
+                // so this is `Some`.
+                let algorithm = A::for_policy(policy).ok()?;
+                Some((name.to_owned(), fresh_never_fits(&algorithm, now, cost)?))
+            })
+            .min_by_key(|(_, capacity)| *capacity)
+    }
+
     fn window_secs(&self, key: &Q) -> Option<u64> {
         let policy = self.policy_of(key);
         // The plan algorithms are sealed: the GCRA (the one whose state means the
@@ -311,6 +362,7 @@ struct InProcess<L, K: ?Sized> {
     peek: fn(&L, &K, u32) -> Decision,
     window: fn(&L, &K) -> Option<u64>,
     never_fits: fn(&L, u32) -> Option<u64>,
+    never_fits_plan: fn(&L, u32) -> Option<(String, u64)>,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -377,6 +429,7 @@ where
             peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
             window: |l: &L, k: &E::Key| l.window_secs(k),
             never_fits: |l: &L, cost| l.never_fits(cost),
+            never_fits_plan: |l: &L, cost| l.never_fits_plan(cost),
         });
         Ok(rule)
     }
@@ -419,15 +472,17 @@ where
     ///
     /// A cost more than the limiter ever admits at once (a GCRA burst, a window's
     /// limit) could only be answered the never-fits status:
-    /// [`build`](RateLimitLayerBuilder::build) refuses such a rule
-    /// ([`ConfigError::Cost`]) when its limiter can tell ([`Charge::never_fits`]) —
-    /// every in-process limiter but a [`PlanLimiter`], whatever the rule's
-    /// [`Strategy`]. A [`PlanLimiter`] (per-plan bursts) and a [`Rule::remote`]
-    /// limiter are not checked: a request the key's plan or the backend can never
-    /// admit is answered the never-fits status
-    /// ([`never_status`](RateLimitLayerBuilder::never_status)). Give a plan rule a
-    /// cost within every plan's burst: above one plan's, that plan's users are
-    /// refused every request.
+    /// [`build`](RateLimitLayerBuilder::build) refuses such a rule, whatever its
+    /// [`Strategy`], on every in-process limiter ([`ConfigError::Cost`],
+    /// [`Charge::never_fits`]). On a [`PlanLimiter`] the cost must fit every plan:
+    /// above one plan's capacity, that plan's users would be refused every request,
+    /// so `build` refuses it naming the plan ([`ConfigError::PlanCost`],
+    /// [`Charge::never_fits_plan`]). Each is judged under the policy as it is at
+    /// `build`. A policy lowered later through a shared handle
+    /// ([`PlanLimiter::set_policy`], [`KeyedSlidingLog::set_policy`]) and a
+    /// [`Rule::remote`] limiter, which is not checked, answer a request that can
+    /// never fit the never-fits status
+    /// ([`never_status`](RateLimitLayerBuilder::never_status)).
     ///
     /// # Examples
     ///
@@ -551,6 +606,13 @@ pub(crate) trait ErasedRule: Send + Sync {
     /// The rule's cost and its limiter's capacity when the cost never fits, for any
     /// key ([`Charge::never_fits`]); `None` when it fits or the rule cannot tell.
     fn never_fits(&self) -> Option<(u32, u64)>;
+
+    /// The rule's cost, and the plan and its capacity when the cost never fits that
+    /// plan's keys ([`Charge::never_fits_plan`]); `None` when it fits every plan or
+    /// the rule has no plans.
+    fn never_fits_plan(&self) -> Option<(u32, String, u64)> {
+        None
+    }
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -639,6 +701,12 @@ where
         let in_process = self.in_process.as_ref()?;
         let capacity = (in_process.never_fits)(&self.limiter, self.cost)?;
         Some((self.cost, capacity))
+    }
+
+    fn never_fits_plan(&self) -> Option<(u32, String, u64)> {
+        let in_process = self.in_process.as_ref()?;
+        let (plan, capacity) = (in_process.never_fits_plan)(&self.limiter, self.cost)?;
+        Some((self.cost, plan, capacity))
     }
 }
 
@@ -1066,7 +1134,8 @@ impl RateLimitLayerBuilder {
     /// [`ConfigError::NeverStatus`] when the never-fits status is not a 4xx or 5xx;
     /// [`ConfigError::Cost`] when a rule's cost is more than its limiter ever admits
     /// at once (see [`Rule::cost`]), judged under the limiter's policy as it is at
-    /// this call.
+    /// this call; [`ConfigError::PlanCost`] when it is more than a [`PlanLimiter`]'s
+    /// plan admits, judged under each plan's policy as it is at this call.
     ///
     /// A layer without rules is valid: it passes every request unchanged and writes
     /// no header.
@@ -1080,6 +1149,14 @@ impl RateLimitLayerBuilder {
             if self.rules[..i].iter().any(|o| o.name == r.name) {
                 return Err(ConfigError::DuplicateRule {
                     name: r.name.as_str().to_owned(),
+                });
+            }
+            if let Some((cost, plan, capacity)) = r.rule.never_fits_plan() {
+                return Err(ConfigError::PlanCost {
+                    rule: r.name.as_str().to_owned(),
+                    plan,
+                    cost,
+                    capacity,
                 });
             }
             if let Some((cost, capacity)) = r.rule.never_fits() {

@@ -13,8 +13,9 @@
 //! * An extractor's length bound of 0 (`HeaderKey`, `RoutePath`, `ForwardedIp`),
 //!   which no key fits under, is refused naming the bound.
 //! * A rule whose cost its in-process limiter can never admit (above a GCRA burst, a
-//!   window's or a log's limit) is refused by `build`, whatever its strategy; a
-//!   remote or a plan limiter, which cannot tell without the key, is not.
+//!   window's or a log's limit) is refused by `build`, whatever its strategy; on a
+//!   plan limiter, a cost above any plan's capacity is refused naming the plan; a
+//!   remote limiter, which cannot tell without a request, is not.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -540,6 +541,29 @@ where
     Ok(())
 }
 
+/// On every strategy, the rule `make(cost)` builds at each cost of `fits` and is
+/// refused at each of `refused` with its error.
+fn judged_on_every_strategy<L, E>(
+    make: impl Fn(u32) -> Result<Rule<L, E>, Box<dyn std::error::Error>>,
+    fits: &[u32],
+    refused: &[(u32, ConfigError)],
+) -> TestResult
+where
+    L: floodgate::AsyncLimit<E::Key> + 'static,
+    E: floodgate_http::KeyExtractor,
+{
+    for strategy in [Strategy::Hard, Strategy::Soft, Strategy::Shadow] {
+        for &cost in fits {
+            build_one(make(cost)?.strategy(strategy))?;
+        }
+        for (cost, error) in refused {
+            let err = build_one(make(*cost)?.strategy(strategy)).expect_err("refused");
+            assert_eq!(&err, error, "{strategy:?}");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn a_cost_no_key_can_ever_pay_is_refused_when_built() -> TestResult {
     use floodgate::{FixedWindow, KeyedBuilder, SlidingWindow};
@@ -557,20 +581,14 @@ fn a_cost_no_key_can_ever_pay_is_refused_when_built() -> TestResult {
             clock.clone(),
         ))
     };
-    for strategy in [Strategy::Hard, Strategy::Soft, Strategy::Shadow] {
-        let rule = |cost| -> Result<_, Box<dyn std::error::Error>> {
-            Ok(Rule::new("burst", gcra()?, Global)?
-                .cost(cost)
-                .strategy(strategy))
-        };
-        build_one(rule(4)?)?;
-        build_one(rule(0)?)?;
-        assert_eq!(build_one(rule(5)?).unwrap_err(), cost_error("burst", 5, 4));
-        assert_eq!(
-            build_one(rule(u32::MAX)?).unwrap_err(),
-            cost_error("burst", u32::MAX, 4)
-        );
-    }
+    judged_on_every_strategy(
+        |cost| Ok(Rule::new("burst", gcra()?, Global)?.cost(cost)),
+        &[4, 0],
+        &[
+            (5, cost_error("burst", 5, 4)),
+            (u32::MAX, cost_error("burst", u32::MAX, 4)),
+        ],
+    )?;
     let err = build_one(Rule::new("burst", gcra()?, Global)?.cost(5)).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -641,28 +659,91 @@ fn a_spent_shared_limiter_is_no_reason_to_refuse_a_cost() -> TestResult {
     Ok(())
 }
 
-/// A remote limiter and a plan limiter cannot tell their capacity without a key
-/// (a backend answers per request; a plan is the key's): the builder takes them, and
-/// a request that can never fit is answered the never-fits status.
-#[tokio::test]
-async fn remote_and_plan_limiters_are_not_judged_when_built() -> TestResult {
-    use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// Plans whose capacities differ under GCRA (the burst) and under a window (the
+/// limit): gold 50 / 50, basic 5 / 60, trial 3 / 10, intro 3 / 20, in that order.
+fn four_plans() -> Result<floodgate::keyed::plans::Plans, floodgate::PolicyError> {
+    let mut plans = floodgate::keyed::plans::Plans::new();
+    plans.insert("gold", Policy::per_second(50)?);
+    plans.insert("basic", Policy::per_minute(60)?.with_burst(5)?);
+    plans.insert("trial", Policy::per_minute(10)?.with_burst(3)?);
+    plans.insert("intro", Policy::per_minute(20)?.with_burst(3)?);
+    Ok(plans)
+}
+
+/// A plan limiter's rule must fit every plan: a cost above one plan's capacity
+/// (its GCRA burst, its window's limit) is refused naming the plan of the smallest
+/// capacity (the first in plan order among equals), whatever the strategy; a cost
+/// within every plan's builds. Plans are judged as they are at `build`.
+#[test]
+fn a_cost_above_one_plans_capacity_is_refused_naming_the_plan() -> TestResult {
+    use floodgate::keyed::plans::PlanLimiter;
     use floodgate::KeyedBuilder;
 
     let clock = ManualClock::new();
-    let remote = build_one(Rule::remote("remote", one_per_second(&clock)?, Global)?.cost(2))?;
-    let mut plans = Plans::new();
-    let tiny = plans.insert("tiny", Policy::per_second(1)?);
-    let per_plan = PlanLimiter::new(
-        &plans,
-        move |_: &()| tiny,
-        KeyedBuilder::default().clock(clock.clone()),
+    let plans = four_plans()?;
+    let gold = plans.id("gold").ok_or("gold")?;
+    let table = || KeyedBuilder::default().clock(clock.clone());
+    let gcra = || PlanLimiter::new(&plans, move |_: &()| gold, table());
+    let plan_error = |plan: &str, cost, capacity| ConfigError::PlanCost {
+        rule: "plan".to_owned(),
+        plan: plan.to_owned(),
+        cost,
+        capacity,
+    };
+    judged_on_every_strategy(
+        |cost| Ok(Rule::new("plan", gcra()?, Global)?.cost(cost)),
+        &[3, 0],
+        &[
+            // Above trial's and intro's burst (3 each): trial, the first of the two.
+            (4, plan_error("trial", 4, 3)),
+            // Above basic's (5) too: still trial, the smallest, not basic, the first.
+            (6, plan_error("trial", 6, 3)),
+            (u32::MAX, plan_error("trial", u32::MAX, 3)),
+        ],
     )?;
-    let plan = build_one(Rule::new("plan", per_plan, Global)?.cost(2))?;
-    for layer in [remote, plan] {
-        let resp = layer.layer(Hello).call(Request::get("/").body(())?).await?;
-        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert!(resp.headers().get("retry-after").is_none());
+    let err = build_one(Rule::new("plan", gcra()?, Global)?.cost(4)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"rule "plan": cost 4 is more than the 3 units plan "trial" admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least 4, or lower the rule's cost"#
+    );
+    // A window plan admits its limit (the burst is not its): trial's 10.
+    let window = |cost| -> Result<_, Box<dyn std::error::Error>> {
+        let limiter = PlanLimiter::fixed_window(&plans, move |_: &()| gold, table())?;
+        Ok(Rule::new("plan", limiter, Global)?.cost(cost))
+    };
+    build_one(window(10)?)?;
+    assert_eq!(
+        build_one(window(11)?).unwrap_err(),
+        plan_error("trial", 11, 10)
+    );
+    assert_eq!(
+        build_one(window(55)?).unwrap_err(),
+        plan_error("trial", 55, 10)
+    );
+    // Judged as the plans are at build: with trial's and intro's bursts raised, a
+    // cost of 6 falls short of basic's burst only.
+    let shared = Arc::new(gcra()?);
+    for raised in ["trial", "intro"] {
+        shared.set_policy(raised, Policy::per_minute(10)?.with_burst(8)?)?;
     }
+    let err = build_one(Rule::shared("plan", Arc::clone(&shared), Global)?.cost(6)).unwrap_err();
+    assert_eq!(err, plan_error("basic", 6, 5));
+    build_one(Rule::shared("plan", shared, Global)?.cost(5))?;
+    Ok(())
+}
+
+/// A remote limiter cannot tell its capacity (a backend answers per request): the
+/// builder takes it, and a request that can never fit is answered the never-fits
+/// status.
+#[tokio::test]
+async fn a_remote_limiter_is_not_judged_when_built() -> TestResult {
+    let clock = ManualClock::new();
+    let remote = build_one(Rule::remote("remote", one_per_second(&clock)?, Global)?.cost(2))?;
+    let resp = remote
+        .layer(Hello)
+        .call(Request::get("/").body(())?)
+        .await?;
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(resp.headers().get("retry-after").is_none());
     Ok(())
 }

@@ -298,22 +298,24 @@ async fn retry_after_rounds_up() -> TestResult {
 async fn a_request_that_never_fits_has_no_retry_after() -> TestResult {
     use floodgate::keyed::plans::{PlanLimiter, Plans};
 
-    // A cost above the key's plan's burst: the builder refuses such a cost on a
-    // limiter of one policy (ConfigError::Cost), but a plan limiter's plans are the
-    // keys' own, known at each request.
+    // A cost above the key's plan's burst: the builder refuses such a cost under
+    // the plans as they are at build (ConfigError::PlanCost), so the plan's burst is
+    // lowered below it afterwards, through the application's handle.
     let clock = ManualClock::new();
     let mut plans = Plans::new();
-    let tiny = plans.insert("tiny", Policy::per_second(2)?);
+    let tiny = plans.insert("tiny", Policy::per_second(3)?);
     let big = |never_status| -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
-        let limiter = PlanLimiter::new(
+        let limiter = Arc::new(PlanLimiter::new(
             &plans,
             move |_: &()| tiny,
             KeyedBuilder::default().clock(clock.clone()),
-        )?;
-        Ok(RateLimitLayer::builder()
-            .rule(Rule::new("big", limiter, Global)?.cost(3))
+        )?);
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::shared("big", Arc::clone(&limiter), Global)?.cost(3))
             .never_status(never_status)
-            .build()?)
+            .build()?;
+        limiter.set_policy("tiny", Policy::per_second(2)?)?;
+        Ok(layer)
     };
     let layer = big(StatusCode::TOO_MANY_REQUESTS)?;
     let addr = serve(layer.clone(), false).await;

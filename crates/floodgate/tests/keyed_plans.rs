@@ -209,6 +209,49 @@ fn changing_a_quota_keeps_every_keys_state() {
     );
 }
 
+/// `plans` lists every plan in plan order with its policy as it is at the call: a
+/// change through `set_policy` (GCRA) or `set_policy_mut` (a window) shows in the
+/// next copy, not in one taken before; the default plan is the table's.
+#[test]
+fn the_plans_a_limiter_lists_are_its_plans_as_they_are_now() {
+    let mut plans = small_plans();
+    plans.set_default("b").unwrap();
+    let b = plans.id("b").unwrap();
+    let gcra =
+        PlanLimiter::<u64, _>::new(&plans, move |_: &u64| b, KeyedBuilder::default()).unwrap();
+    let before = gcra.plans();
+    assert_eq!(before, plans);
+    assert_eq!(before.default_plan(), Some(b));
+    let changed = Policy::per_second(7).unwrap().with_burst(2).unwrap();
+    gcra.set_policy("a", changed).unwrap();
+    let after = gcra.plans();
+    assert_eq!(after.policy(after.id("a").unwrap()), Some(changed));
+    assert_eq!(
+        before.policy(before.id("a").unwrap()),
+        plans.policy(plans.id("a").unwrap())
+    );
+    let names: Vec<_> = after
+        .iter()
+        .map(|(id, name, _)| (id, name.to_owned()))
+        .collect();
+    let expected: Vec<_> = plans
+        .iter()
+        .map(|(id, name, _)| (id, name.to_owned()))
+        .collect();
+    assert_eq!(names, expected);
+
+    let mut window = PlanLimiter::<u64, _, _, _, FixedWindow>::fixed_window(
+        &plans,
+        move |_: &u64| b,
+        KeyedBuilder::default(),
+    )
+    .unwrap();
+    window.set_policy_mut("b", changed).unwrap();
+    let listed = window.plans();
+    assert_eq!(listed.policy(b), Some(changed));
+    assert_eq!(listed.len(), plans.len());
+}
+
 #[test]
 fn quota_changes_race_with_decisions_safely() {
     // Readers never see a torn policy: every decision's limit is one of the two bursts.

@@ -970,6 +970,37 @@ where
         Some(self.cells[id].load())
     }
 
+    /// A copy of the limiter's plans as they are now: every plan's name and id, in
+    /// plan order, with its current policy (after any
+    /// [`set_policy`](PlanLimiter::set_policy)), and the default plan.
+    ///
+    /// The set of plans is fixed when the limiter is built; their policies are not,
+    /// so the copy shows each plan's policy at this call and does not follow later
+    /// changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, Policy};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::<u64, _>::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// assert_eq!(limiter.plans(), plans);
+    /// limiter.set_policy("pro", Policy::per_day(10_000)?.with_burst(5)?)?;
+    /// let bursts: Vec<_> = limiter.plans().iter().map(|(_, name, p)| (name.to_owned(), p.burst())).collect();
+    /// assert_eq!(bursts, [("free".to_owned(), 10), ("pro".to_owned(), 5), ("enterprise".to_owned(), 1_000)]);
+    /// assert_eq!(limiter.plans().default_plan(), Some(free));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plans(&self) -> Plans {
+        Plans {
+            names: self.names.clone(),
+            policies: self.cells.iter().map(|cell| cell.load()).collect(),
+            default: Some(PlanId(self.default as u32)),
+        }
+    }
+
     /// The counters of every table behind the plans, added up.
     ///
     /// # Examples
