@@ -269,6 +269,17 @@ pub(crate) fn stripe_index() -> usize {
     owners::index::<{ owners::STRIPES }>()
 }
 
+/// The calling thread's stripe index as it stands: the index if it has taken one,
+/// else a number past any stripe count (`usize::MAX - 1` before it asks,
+/// [`NO_OWNER`] in its thread-local teardown). A keyed decision's counter reads this
+/// and falls back to [`stripe_index`] only when it is past the stripes, so the hot
+/// path spends one comparison on both cases.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn stripe_index_as_is() -> usize {
+    owners::as_is::<{ owners::STRIPES }>()
+}
+
 #[cfg(not(loom))]
 mod owners {
     use core::cell::Cell;
@@ -336,6 +347,11 @@ mod owners {
     }
 
     #[inline]
+    pub(super) fn as_is<const KIND: usize>() -> usize {
+        INDEX.with(|i| i[KIND].get())
+    }
+
+    #[inline]
     pub(super) fn taken<const KIND: usize>() -> usize {
         match INDEX.with(|i| i[KIND].get()) {
             UNSET => NO_OWNER,
@@ -389,6 +405,12 @@ pub(crate) fn owner_index() -> usize {
 /// Under loom: the model thread's number, as [`owner_index`].
 #[cfg(loom)]
 pub(crate) fn stripe_index() -> usize {
+    owner_index()
+}
+
+/// Under loom: the model thread's number, as [`owner_index`].
+#[cfg(loom)]
+pub(crate) fn stripe_index_as_is() -> usize {
     owner_index()
 }
 

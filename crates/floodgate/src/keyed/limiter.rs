@@ -19,7 +19,7 @@ use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
 use crate::shaping::{Reserve, ShapeError};
-use crate::sync::{stripe_index, AtomicU64, Ordering};
+use crate::sync::{stripe_index, stripe_index_as_is, AtomicU64, Ordering};
 
 /// The key capacity when none is set: 100 000 keys (≈ 3.8 MB for `u64` keys).
 pub const DEFAULT_CAPACITY: usize = 100_000;
@@ -81,10 +81,13 @@ where
     _key: PhantomData<fn(&K)>,
 }
 
-/// Per-thread decision counters (one cache line each).
+/// Per-thread decision counters (one cache line each). `repr(C)`, denials first: the
+/// counter of a decision is at `allowed as usize` words from the start, one
+/// instruction from the flag.
+#[repr(C)]
 struct Stripe {
-    allowed: AtomicU64,
     denied: AtomicU64,
+    allowed: AtomicU64,
 }
 
 /// Decision counters striped by thread (see [`KeyedMetrics`]): stripe `i` belongs
@@ -130,15 +133,33 @@ impl Stripes {
 
     #[inline(always)]
     fn count(&self, allowed: bool) {
+        // A thread that has not asked for an index yet reads as past the stripes too:
+        // one comparison here, the rest in `count_past`.
+        match self.owned.get(stripe_index_as_is()) {
+            Some(stripe) => Stripes::count_owned(stripe, allowed),
+            None => self.count_past(allowed),
+        }
+    }
+
+    /// Counts in this thread's own stripe.
+    #[inline(always)]
+    fn count_owned(stripe: &Stripe, allowed: bool) {
+        // A load and a store, not an RMW: only this thread writes the stripe.
+        let counter = stripe.counter(allowed);
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// [`count`](Stripes::count) for a thread whose index, as it stands, is past the
+    /// stripes: it takes one if it has none yet, and counts in `shared` if that is
+    /// past them too.
+    #[cold]
+    #[inline(never)]
+    fn count_past(&self, allowed: bool) {
         match self.owned.get(stripe_index()) {
-            Some(stripe) => {
-                // A load and a store, not an RMW: only this thread writes the stripe.
-                let counter = stripe.counter(allowed);
-                counter.store(
-                    counter.load(Ordering::Relaxed).wrapping_add(1),
-                    Ordering::Relaxed,
-                );
-            }
+            Some(stripe) => Stripes::count_owned(stripe, allowed),
             None => {
                 self.shared.counter(allowed).fetch_add(1, Ordering::Relaxed);
             }

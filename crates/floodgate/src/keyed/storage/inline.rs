@@ -254,10 +254,10 @@ where
         let bits = self.encoding.bits(key);
         let (shard, hash) = self.set.locate(&bits);
         let (generation, noted) = shard.removals.before_probe::<O, S>();
-        let found = shard.find(hash, bits);
+        let found = shard.probe(hash, bits);
         let now = shard.removals.clamp(now);
-        if let Some((i, seen)) = found {
-            let slot = KeyedSlot::new(&shard.slots[i], bits);
+        if let Some((_, slot, seen)) = found {
+            let slot = KeyedSlot::new(slot, bits);
             let seen = slot.state_of(seen);
             if let Some((decision, charge)) = charge_live(algorithm, &slot, seen, now, cost) {
                 return O::from_parts(decision, charge, bits, generation, noted);
@@ -374,14 +374,22 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<Slot<S>> {
     /// a miss may be spurious while keys move (see the module docs).
     #[inline(always)]
     fn find(&self, hash: u64, key: u64) -> Option<(usize, u128)> {
+        self.probe(hash, key).map(|(i, _, seen)| (i, seen))
+    }
+
+    /// [`find`](Self::find), with the slot itself (a decision CASes it without
+    /// indexing the slots again).
+    #[inline(always)]
+    fn probe(&self, hash: u64, key: u64) -> Option<(usize, &Slot<S>, u128)> {
         let mut i = self.home(hash);
         for _ in 0..self.slots.len() {
-            let slot = self.slots[i].load_now();
-            if state_half(slot) == DEAD {
+            let slot = &self.slots[i];
+            let word = slot.load_now();
+            if state_half(word) == DEAD {
                 return None;
             }
-            if key_half(slot) == key {
-                return Some((i, slot));
+            if key_half(word) == key {
+                return Some((i, slot, word));
             }
             i = self.next(i);
         }
