@@ -161,7 +161,9 @@ pub trait Charge<K: ?Sized> {
     /// When a charge of `cost` units can never be admitted, for any key, under the
     /// limiter's policy as it is now: the most units it admits at once (a GCRA burst,
     /// a window's or a log's limit). `None` when `cost` fits a key that has spent
-    /// nothing, or when the limiter cannot tell without a key (the default).
+    /// nothing, when it is within that capacity (a clock reading so late that no
+    /// schedule can be written is not the configuration's fault), or when the
+    /// limiter cannot tell without a key (the default).
     ///
     /// [`RateLimitLayerBuilder::build`] refuses a rule whose cost never fits
     /// ([`ConfigError::Cost`]): it could only ever answer the never-fits status. A
@@ -222,10 +224,16 @@ pub trait Charge<K: ?Sized> {
 }
 
 /// The capacity `algorithm` reports when `cost` never fits even a fresh state (the
-/// all-zero one, which has spent nothing) at `now`; `None` when it fits.
+/// all-zero one, which has spent nothing) at `now`, being above it; `None` when it
+/// fits. A "never" for a cost within the capacity (a GCRA whose schedule would pass
+/// `u64::MAX` ns, at a clock reading some 584 years on) is the clock's, not the
+/// configuration's: `ConfigError::Cost` would name a cost above a capacity it is not
+/// above, so it is left to the never-fits answer.
 fn fresh_never_fits<A: Algorithm>(algorithm: &A, now: Nanos, cost: u32) -> Option<u64> {
     let (decision, _) = algorithm.decide(bytemuck::Zeroable::zeroed(), now, cost);
-    (!decision.is_allowed() && decision.retry_after().is_none()).then(|| decision.limit())
+    let capacity = decision.limit();
+    (!decision.is_allowed() && decision.retry_after().is_none() && u64::from(cost) > capacity)
+        .then_some(capacity)
 }
 
 impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for RateLimiter<A, C, S> {
