@@ -146,7 +146,7 @@ where
 #[test]
 fn never_fits_matches_a_fresh_limiter_for_every_algorithm() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut cases = 0;
+    let (mut cases, mut windows, mut sliding, mut logs) = (0, 0, 0, 0);
     while cases < 400 {
         let Some(p) = policy(&mut rng) else { continue };
         cases += 1;
@@ -154,9 +154,11 @@ fn never_fits_matches_a_fresh_limiter_for_every_algorithm() {
         global_and_keyed("gcra", || Gcra::new(p), p.burst(), t, &mut rng);
         global_and_keyed("live gcra", || LiveGcra::new(p), p.burst(), t, &mut rng);
         if let Ok(w) = FixedWindow::new(p) {
+            windows += 1;
             global_and_keyed("fixed window", || w, p.limit(), t, &mut rng);
         }
         if let Ok(w) = SlidingWindow::new(p) {
+            sliding += 1;
             global_and_keyed("sliding window", || w, p.limit(), t, &mut rng);
         }
         if let Ok(log) = KeyedBuilder::default()
@@ -164,6 +166,7 @@ fn never_fits_matches_a_fresh_limiter_for_every_algorithm() {
             .capacity(4)
             .sliding_log::<u64>(p)
         {
+            logs += 1;
             for cost in costs(&mut rng, p.limit()) {
                 let got = Charge::<u64>::never_fits(&log, cost);
                 let fresh = never(log.peek(&1, cost));
@@ -171,6 +174,11 @@ fn never_fits_matches_a_fresh_limiter_for_every_algorithm() {
             }
         }
     }
+    // Every kind was tried on a good share of the policies.
+    assert!(
+        windows > 40 && sliding > 40 && logs > 40,
+        "fixed {windows}, sliding {sliding}, logs {logs} of {cases}"
+    );
 }
 
 /// Per plan: `never_fits_plan` names a plan exactly when a fresh key of it is
