@@ -77,11 +77,13 @@ pub enum ConfigError {
         capacity: u64,
     },
     /// A rule on a plan limiter (`floodgate::keyed::plans::PlanLimiter`) whose cost
-    /// is more than one of its plans ever admits at once (the plan's GCRA burst, its
-    /// window's limit): every user of that plan would be refused every request.
-    /// When several plans fall short, the one of the smallest capacity is named
+    /// is more than every one of its plans ever admits at once (each plan's GCRA
+    /// burst, its window's limit): no user of any plan could ever pass. The plan of
+    /// the largest capacity is named
     /// ([`Charge::never_fits_plan`](crate::Charge::never_fits_plan)). Raise that
-    /// plan's capacity to at least the cost, or lower the rule's cost.
+    /// plan's capacity to at least the cost, or lower the rule's cost. A cost above
+    /// only some plans' capacities is not refused: those plans' users are answered
+    /// the never-fits status ("not on your plan").
     ///
     /// # Examples
     ///
@@ -93,23 +95,23 @@ pub enum ConfigError {
     /// let pro = plans.id("pro").unwrap();
     /// let per_key = PlanLimiter::<String, _>::new(&plans, move |_: &String| pro, KeyedBuilder::default())?;
     /// let err = RateLimitLayer::builder()
-    ///     .rule(Rule::new("exports", per_key, HeaderKey::new("x-api-key")?)?.cost(50))
+    ///     .rule(Rule::new("exports", per_key, HeaderKey::new("x-api-key")?)?.cost(5_000))
     ///     .build()
     ///     .unwrap_err();
     /// assert_eq!(
     ///     err,
-    ///     ConfigError::PlanCost { rule: "exports".into(), plan: "free".into(), cost: 50, capacity: 10 }
+    ///     ConfigError::PlanCost { rule: "exports".into(), plan: "enterprise".into(), cost: 5_000, capacity: 1_000 }
     /// );
     /// assert_eq!(
     ///     err.to_string(),
-    ///     r#"rule "exports": cost 50 is more than the 10 units plan "free" admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least 50, or lower the rule's cost"#
+    ///     r#"rule "exports": cost 5000 is more than the 1000 units plan "enterprise" admits at once, and no plan admits more, so no request could ever pass; raise the plan's burst (a window plan's limit) to at least 5000, or lower the rule's cost"#
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     PlanCost {
         /// The rule's name.
         rule: String,
-        /// The plan's name (of the smallest capacity, when several fall short).
+        /// The plan's name (of the largest capacity: the one that comes closest).
         plan: String,
         /// The cost given ([`Rule::cost`](crate::Rule::cost)).
         cost: u32,
@@ -173,7 +175,7 @@ impl fmt::Display for ConfigError {
             } => {
                 write!(
                     f,
-                    "rule {rule:?}: cost {cost} is more than the {capacity} units plan {plan:?} admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least {cost}, or lower the rule's cost"
+                    "rule {rule:?}: cost {cost} is more than the {capacity} units plan {plan:?} admits at once, and no plan admits more, so no request could ever pass; raise the plan's burst (a window plan's limit) to at least {cost}, or lower the rule's cost"
                 )
             }
         }

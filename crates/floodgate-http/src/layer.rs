@@ -167,8 +167,8 @@ pub trait Charge<K: ?Sized> {
     ///
     /// [`RateLimitLayerBuilder::build`] refuses a rule whose cost never fits
     /// ([`ConfigError::Cost`]): it could only ever answer the never-fits status. A
-    /// [`PlanLimiter`]'s policy is its key's plan's: it answers for the plans that
-    /// cannot admit `cost` (the smallest capacity among them), and
+    /// [`PlanLimiter`]'s policy is its key's plan's: it answers when no plan can
+    /// admit `cost` (with the largest capacity among them), and
     /// [`never_fits_plan`](Charge::never_fits_plan) names that plan.
     ///
     /// # Examples
@@ -189,16 +189,19 @@ pub trait Charge<K: ?Sized> {
     }
 
     /// For a limiter whose policy is its key's plan's ([`PlanLimiter`]), when a
-    /// charge of `cost` units can never be admitted for the keys of some plan, under
-    /// the plans' policies as they are now: that plan's name and the most units it
-    /// admits at once (its GCRA burst, its window's limit). When several plans cannot
-    /// admit `cost`, the one of the smallest capacity (the first in plan order among
-    /// equals). `None` when `cost` fits a fresh key of every plan, or when the
-    /// limiter has no plans (the default).
+    /// charge of `cost` units can never be admitted for the keys of any plan, under
+    /// the plans' policies as they are now: the name of the plan that comes closest
+    /// (the largest capacity, the first in plan order among equals) and the most
+    /// units it admits at once (its GCRA burst, its window's limit). `None` when
+    /// `cost` fits a fresh key of at least one plan, or when the limiter has no
+    /// plans (the default).
     ///
     /// [`RateLimitLayerBuilder::build`] refuses such a rule
-    /// ([`ConfigError::PlanCost`]): every user of that plan would be refused every
-    /// request.
+    /// ([`ConfigError::PlanCost`]): no user of any plan could ever pass. A cost
+    /// above only some plans' capacities builds: those plans' users are answered
+    /// the never-fits status (413, or 429 without `Retry-After`), which is how a
+    /// layer says "not on your plan" (an export that only enterprise keys can
+    /// afford); the build cannot tell that from a typo, so it does not refuse it.
     ///
     /// # Examples
     ///
@@ -209,10 +212,13 @@ pub trait Charge<K: ?Sized> {
     /// let plans = Plans::classic(); // bursts: free 10, pro 100, enterprise 1 000
     /// let free = plans.id("free").unwrap();
     /// let per_key = PlanLimiter::<String, _>::new(&plans, move |_: &str| free, KeyedBuilder::default())?;
-    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 10), None);
-    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 11), Some(("free".to_owned(), 10)));
-    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 500), Some(("free".to_owned(), 10)));
-    /// assert_eq!(Charge::<str>::never_fits(&per_key, 500), Some(10));
+    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 500), None); // enterprise admits it
+    /// assert_eq!(Charge::<str>::never_fits_plan(&per_key, 1_000), None);
+    /// assert_eq!(
+    ///     Charge::<str>::never_fits_plan(&per_key, 1_001),
+    ///     Some(("enterprise".to_owned(), 1_000))
+    /// );
+    /// assert_eq!(Charge::<str>::never_fits(&per_key, 1_001), Some(1_000));
     /// let global = RateLimiter::gcra(Policy::per_second(10)?.with_burst(5)?);
     /// assert_eq!(Charge::<()>::never_fits_plan(&global, 6), None); // no plans: see `never_fits`
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -345,9 +351,18 @@ where
                 // Every plan's policy was accepted by `for_policy` when it was set,
                 // so this is `Some`.
                 let algorithm = A::for_policy(policy).ok()?;
-                Some((name.to_owned(), fresh_never_fits(&algorithm, now, cost)?))
+                Some(fresh_never_fits(&algorithm, now, cost).map(|c| (name.to_owned(), c)))
             })
-            .min_by_key(|(_, capacity)| *capacity)
+            // `None` as soon as one plan admits the cost; the largest capacity (the
+            // first among equals) of the plans that all cannot.
+            .try_fold(None::<(String, u64)>, |closest, never| {
+                let (name, capacity) = never?;
+                Some(match closest {
+                    Some(c) if c.1 >= capacity => Some(c),
+                    _ => Some((name, capacity)),
+                })
+            })
+            .flatten()
     }
 
     fn window_secs(&self, key: &Q) -> Option<u64> {
@@ -482,10 +497,11 @@ where
     /// limit) could only be answered the never-fits status:
     /// [`build`](RateLimitLayerBuilder::build) refuses such a rule, whatever its
     /// [`Strategy`], on every in-process limiter ([`ConfigError::Cost`],
-    /// [`Charge::never_fits`]). On a [`PlanLimiter`] the cost must fit every plan:
-    /// above one plan's capacity, that plan's users would be refused every request,
-    /// so `build` refuses it naming the plan ([`ConfigError::PlanCost`],
-    /// [`Charge::never_fits_plan`]). Each is judged under the policy as it is at
+    /// [`Charge::never_fits`]). On a [`PlanLimiter`] the cost must fit at least
+    /// one plan, else no user could pass: `build` refuses it naming the plan that
+    /// comes closest ([`ConfigError::PlanCost`], [`Charge::never_fits_plan`]); a
+    /// cost above only some plans' capacities builds, and those plans' users get
+    /// the never-fits status ("not on your plan"). Each is judged under the policy as it is at
     /// `build`. A policy lowered later through a shared handle
     /// ([`PlanLimiter::set_policy`], [`KeyedSlidingLog::set_policy`]) and a
     /// [`Rule::remote`] limiter, which is not checked, answer a request that can
@@ -1142,8 +1158,9 @@ impl RateLimitLayerBuilder {
     /// [`ConfigError::NeverStatus`] when the never-fits status is not a 4xx or 5xx;
     /// [`ConfigError::Cost`] when a rule's cost is more than its limiter ever admits
     /// at once (see [`Rule::cost`]), judged under the limiter's policy as it is at
-    /// this call; [`ConfigError::PlanCost`] when it is more than a [`PlanLimiter`]'s
-    /// plan admits, judged under each plan's policy as it is at this call.
+    /// this call; [`ConfigError::PlanCost`] when it is more than every one of a
+    /// [`PlanLimiter`]'s plans admits, judged under each plan's policy as it is at
+    /// this call.
     ///
     /// A layer without rules is valid: it passes every request unchanged and writes
     /// no header.

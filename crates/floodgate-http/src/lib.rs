@@ -39,8 +39,8 @@
 //! * A request that can never fit (cost above the capacity) gets no `Retry-After`
 //!   (retrying cannot help) and a body saying so. A rule whose cost its in-process
 //!   limiter can never admit is refused when the layer is built
-//!   ([`ConfigError::Cost`]; on a plan limiter, a cost above any plan's capacity,
-//!   naming the plan: [`ConfigError::PlanCost`]); the answer remains for what the
+//!   ([`ConfigError::Cost`]; on a plan limiter, a cost above every plan's
+//!   capacity, naming the plan that comes closest: [`ConfigError::PlanCost`]); the answer remains for what the
 //!   builder cannot judge (a remote backend, a policy lowered after the build).
 //! * Client IPs behind proxies come from the **rightmost** entries of
 //!   `X-Forwarded-For` / `Forwarded`, and only when the peer is a trusted proxy

@@ -670,12 +670,13 @@ fn four_plans() -> Result<floodgate::keyed::plans::Plans, floodgate::PolicyError
     Ok(plans)
 }
 
-/// A plan limiter's rule must fit every plan: a cost above one plan's capacity
-/// (its GCRA burst, its window's limit) is refused naming the plan of the smallest
-/// capacity (the first in plan order among equals), whatever the strategy; a cost
-/// within every plan's builds. Plans are judged as they are at `build`.
+/// A plan limiter's rule must fit at least one plan: a cost above every plan's
+/// capacity (its GCRA burst, its window's limit) is refused naming the plan of the
+/// largest capacity (the first in plan order among equals), whatever the strategy;
+/// a cost within some plan's builds (the others' users get the never-fits status:
+/// "not on your plan"). Plans are judged as they are at `build`.
 #[test]
-fn a_cost_above_one_plans_capacity_is_refused_naming_the_plan() -> TestResult {
+fn a_cost_above_every_plans_capacity_is_refused_naming_the_closest_plan() -> TestResult {
     use floodgate::keyed::plans::PlanLimiter;
     use floodgate::KeyedBuilder;
 
@@ -692,42 +693,37 @@ fn a_cost_above_one_plans_capacity_is_refused_naming_the_plan() -> TestResult {
     };
     judged_on_every_strategy(
         |cost| Ok(Rule::new("plan", gcra()?, Global)?.cost(cost)),
-        &[3, 0],
+        // Above trial's, intro's and basic's bursts, within gold's: it builds.
+        &[50, 6, 4, 3, 0],
         &[
-            // Above trial's and intro's burst (3 each): trial, the first of the two.
-            (4, plan_error("trial", 4, 3)),
-            // Above basic's (5) too: still trial, the smallest, not basic, the first.
-            (6, plan_error("trial", 6, 3)),
-            (u32::MAX, plan_error("trial", u32::MAX, 3)),
+            // Above every plan's: gold, the largest (not trial, the smallest).
+            (51, plan_error("gold", 51, 50)),
+            (u32::MAX, plan_error("gold", u32::MAX, 50)),
         ],
     )?;
-    let err = build_one(Rule::new("plan", gcra()?, Global)?.cost(4)).unwrap_err();
+    let err = build_one(Rule::new("plan", gcra()?, Global)?.cost(51)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        r#"rule "plan": cost 4 is more than the 3 units plan "trial" admits at once, so no request of that plan could ever pass; raise the plan's burst (a window plan's limit) to at least 4, or lower the rule's cost"#
+        r#"rule "plan": cost 51 is more than the 50 units plan "gold" admits at once, and no plan admits more, so no request could ever pass; raise the plan's burst (a window plan's limit) to at least 51, or lower the rule's cost"#
     );
-    // A window plan admits its limit (the burst is not its): trial's 10.
+    // A window plan admits its limit (the burst is not its): basic's 60 is the
+    // largest, so 55 (above every burst) builds.
     let window = |cost| -> Result<_, Box<dyn std::error::Error>> {
         let limiter = PlanLimiter::fixed_window(&plans, move |_: &()| gold, table())?;
         Ok(Rule::new("plan", limiter, Global)?.cost(cost))
     };
-    build_one(window(10)?)?;
+    build_one(window(60)?)?;
+    build_one(window(55)?)?;
     assert_eq!(
-        build_one(window(11)?).unwrap_err(),
-        plan_error("trial", 11, 10)
+        build_one(window(61)?).unwrap_err(),
+        plan_error("basic", 61, 60)
     );
-    assert_eq!(
-        build_one(window(55)?).unwrap_err(),
-        plan_error("trial", 55, 10)
-    );
-    // Judged as the plans are at build: with trial's and intro's bursts raised, a
-    // cost of 6 falls short of basic's burst only.
+    // Judged as the plans are at build: with gold's burst lowered to basic's 5, a
+    // cost of 6 fits no plan, and of the two at 5, gold comes first.
     let shared = Arc::new(gcra()?);
-    for raised in ["trial", "intro"] {
-        shared.set_policy(raised, Policy::per_minute(10)?.with_burst(8)?)?;
-    }
+    shared.set_policy("gold", Policy::per_second(50)?.with_burst(5)?)?;
     let err = build_one(Rule::shared("plan", Arc::clone(&shared), Global)?.cost(6)).unwrap_err();
-    assert_eq!(err, plan_error("basic", 6, 5));
+    assert_eq!(err, plan_error("gold", 6, 5));
     build_one(Rule::shared("plan", shared, Global)?.cost(5))?;
     Ok(())
 }

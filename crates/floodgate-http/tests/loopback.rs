@@ -298,24 +298,23 @@ async fn retry_after_rounds_up() -> TestResult {
 async fn a_request_that_never_fits_has_no_retry_after() -> TestResult {
     use floodgate::keyed::plans::{PlanLimiter, Plans};
 
-    // A cost above the key's plan's burst: the builder refuses such a cost under
-    // the plans as they are at build (ConfigError::PlanCost), so the plan's burst is
-    // lowered below it afterwards, through the application's handle.
+    // A cost above the key's plan's burst, within another plan's: the layer builds
+    // (some plan admits the cost) and says "not on your plan" to the tiny plan's
+    // keys with the never-fits status.
     let clock = ManualClock::new();
     let mut plans = Plans::new();
-    let tiny = plans.insert("tiny", Policy::per_second(3)?);
+    let tiny = plans.insert("tiny", Policy::per_second(2)?);
+    plans.insert("roomy", Policy::per_second(10)?);
     let big = |never_status| -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
-        let limiter = Arc::new(PlanLimiter::new(
+        let limiter = PlanLimiter::new(
             &plans,
             move |_: &()| tiny,
             KeyedBuilder::default().clock(clock.clone()),
-        )?);
-        let layer = RateLimitLayer::builder()
-            .rule(Rule::shared("big", Arc::clone(&limiter), Global)?.cost(3))
+        )?;
+        Ok(RateLimitLayer::builder()
+            .rule(Rule::new("big", limiter, Global)?.cost(3))
             .never_status(never_status)
-            .build()?;
-        limiter.set_policy("tiny", Policy::per_second(2)?)?;
-        Ok(layer)
+            .build()?)
     };
     let layer = big(StatusCode::TOO_MANY_REQUESTS)?;
     let addr = serve(layer.clone(), false).await;
