@@ -14,8 +14,12 @@
 //! Contenders: the ids of the matrix's hot-key group (`floodgate`, `mutex_twin`,
 //! `textbook`, `governor`, `floor`, `no_write_ceiling`). The harness loop is inlined
 //! into its thread, so no function marks the timed part; the difference of two runs
-//! cancels what both do once (building the limiter, calibrating the clock, inserting
-//! keys, one thread start and one barrier).
+//! cancels most of what both do once (building the limiter, inserting keys, one
+//! thread start and one barrier), but not the clock's calibration, which runs for a
+//! wall-clock time that valgrind stretches by a varying amount: the difference moves
+//! by up to ±6 instructions a decision between two runs of one binary. For a keyed
+//! group, `--toggle-collect='floodgate_bench::matrix::keyed_floodgate::*'` (governor:
+//! `'*check_key'`) counts only inside the limiter call, exactly (benches/README.md).
 //!
 //! Another group of the matrix, with its key count, follows as two more arguments,
 //! e.g. `decision_cost governor 1000000 gcra-keyed-idle 1000000`; keyed groups insert
