@@ -188,20 +188,22 @@ pub trait Charge<K: ?Sized> {
         None
     }
 
-    /// For a limiter whose policy is its key's plan's ([`PlanLimiter`]), when a
-    /// charge of `cost` units can never be admitted for the keys of any plan, under
-    /// the plans' policies as they are now: the name of the plan that comes closest
-    /// (the largest capacity, the first in plan order among equals) and the most
-    /// units it admits at once (its GCRA burst, its window's limit). `None` when
-    /// `cost` fits a fresh key of at least one plan, or when the limiter has no
-    /// plans (the default).
+    /// For a limiter whose policy is its key's plan's ([`PlanLimiter`]), when no
+    /// plan admits a charge of `cost` units (a fresh key of every plan would be
+    /// refused it), under the plans' policies as they are now: the name of the plan
+    /// that comes closest (the largest capacity, the first in plan order among
+    /// equals) and the most units it admits at once (its GCRA burst, its window's
+    /// limit). `None` when `cost` fits a fresh key of at least one plan, or when the
+    /// limiter has no plans (the default).
     ///
     /// [`RateLimitLayerBuilder::build`] refuses such a rule
     /// ([`ConfigError::PlanCost`]): no user of any plan could ever pass. A cost
     /// above only some plans' capacities builds: those plans' users are answered
-    /// the never-fits status (413, or 429 without `Retry-After`), which is how a
-    /// layer says "not on your plan" (an export that only enterprise keys can
-    /// afford); the build cannot tell that from a typo, so it does not refuse it.
+    /// the never-fits status (429 by default, or the one set with
+    /// [`never_status`](RateLimitLayerBuilder::never_status), such as 413; no
+    /// `Retry-After`), which is how a layer says "not on your plan" (an export that
+    /// only enterprise keys can afford); the build cannot tell that from a typo, so
+    /// it does not refuse it.
     ///
     /// # Examples
     ///

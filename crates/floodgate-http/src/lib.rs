@@ -40,8 +40,10 @@
 //!   (retrying cannot help) and a body saying so. A rule whose cost its in-process
 //!   limiter can never admit is refused when the layer is built
 //!   ([`ConfigError::Cost`]; on a plan limiter, a cost above every plan's
-//!   capacity, naming the plan that comes closest: [`ConfigError::PlanCost`]); the answer remains for what the
-//!   builder cannot judge (a remote backend, a policy lowered after the build).
+//!   capacity, naming the plan that comes closest: [`ConfigError::PlanCost`]). The
+//!   answer remains for a plan's keys when the cost is above that plan's capacity
+//!   but another plan admits it ("not on your plan"), and for what the builder
+//!   cannot judge (a remote backend, a policy lowered after the build).
 //! * Client IPs behind proxies come from the **rightmost** entries of
 //!   `X-Forwarded-For` / `Forwarded`, and only when the peer is a trusted proxy
 //!   ([`ForwardedIp`]); a spoofed leftmost value is never used.
