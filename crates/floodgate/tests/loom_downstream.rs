@@ -3,7 +3,7 @@
 //! loom's too, so loom explores the interleavings inside `check` as well as the
 //! proxy's own; the proxy uses the `ManualClock`, which works under loom.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_downstream`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_downstream`
 #![cfg(loom)]
 
 use floodgate::{Gcra, ManualClock, Nanos, Policy, RateLimiter};

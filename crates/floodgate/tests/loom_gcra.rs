@@ -1,7 +1,7 @@
 //! loom models of the GCRA cell: racing threads admit exactly what some sequential
 //! order would, and no update is lost.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_gcra`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_gcra`
 #![cfg(loom)]
 
 use floodgate::reference::ExactGcra;

@@ -4,7 +4,7 @@
 //! and a check that meets a step half-way waits for it rather than spending units
 //! that are not there.
 //!
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_hot`
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_hot`
 #![cfg(loom)]
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! with a decision on the same key, and `remove` / `reset` racing with a check read
 //! earlier or with a refund.
 //!
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed`
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_keyed`
 #![cfg(loom)]
 
 #[macro_use]

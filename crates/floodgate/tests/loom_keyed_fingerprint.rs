@@ -7,7 +7,7 @@
 //! chosen slots (reuse, backward-shift moves) are the inline storage's
 //! (`loom_keyed_compact`): the slot code is the same, only the encoding differs.
 //!
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_keyed_fingerprint`
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_keyed_fingerprint`
 #![cfg(loom)]
 
 #[macro_use]

@@ -4,7 +4,7 @@
 //! (Under loom a thread's owner index is its number in the model: the spawned
 //! threads are 1 and 2.)
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_lease`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_lease`
 #![cfg(loom)]
 
 mod lease_ledger;

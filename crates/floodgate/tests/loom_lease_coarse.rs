@@ -18,7 +18,7 @@
 //! recycled index, is `tests/lease_stale_reading.rs` and the stress test
 //! `tests/lease_coarse_threads.rs`: loom threads keep their index.)
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_lease_coarse`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_lease_coarse`
 #![cfg(loom)]
 
 use std::time::Duration;

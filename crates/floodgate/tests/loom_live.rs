@@ -2,7 +2,7 @@
 //! lets the decision see a mix of the two policies' words (the sequence lock), and a
 //! change racing a charge keeps the charge on the state it wrote.
 //!
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_live`
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_live`
 #![cfg(loom)]
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! lets the refund give back a unit charged after the reset, and a policy change on
 //! the sliding log racing checks never admits beyond either policy's bound.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_runtime`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_runtime`
 #![cfg(loom)]
 
 use floodgate::{

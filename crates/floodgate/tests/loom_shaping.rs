@@ -1,7 +1,7 @@
 //! loom model of the shaper: racing reservations get distinct slots in a sequential
 //! order, and a racing cancellation refunds what the exact model says.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_shaping`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_shaping`
 #![cfg(loom)]
 
 mod linearize;

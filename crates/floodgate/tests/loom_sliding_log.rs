@@ -1,7 +1,7 @@
 //! loom model of the sliding log: racing checks are linearizable against the plain
 //! `Vec` model and the ring never holds more than the limit.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_sliding_log`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_sliding_log`
 #![cfg(loom)]
 
 mod linearize;

@@ -3,7 +3,7 @@
 //! models, no admission is lost, and a composite's refund racing a check gives back
 //! exactly its own charge.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p floodgate --release --test loom_windows`
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_windows`
 #![cfg(loom)]
 
 mod linearize;

@@ -197,20 +197,40 @@ pub fn two_inserts_of_one_key_admit_once<L: Keyed>() {
 }
 
 pub fn lookup_racing_with_insertion_sees_a_whole_entry<L: Keyed>() {
-    loom::model(|| {
-        let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = limiter::<L>(4, &clock);
-        let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.check(&1).is_allowed());
-        // A peek of the same key: fresh (allowed) before the insert, denied after.
-        let peeked = keyed.peek(&1, 1);
-        assert!(t.join().unwrap());
-        // Whatever it saw, it saw one of the two real states.
-        if !peeked.is_allowed() {
-            assert_eq!(peeked.retry_after(), Some(Duration::from_secs(1)));
-        }
-        assert!(!keyed.peek(&1, 1).is_allowed());
-    });
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    // How often the peek saw each state, over every explored schedule: counted
+    // outside loom, so that a model loom explores in one schedule only fails here.
+    // On `Heap` loom ran this model once whatever the bound (the inserter's load
+    // then store of a slot tag hid the race from its search, cf. loom's issue 392):
+    // a yield before the peek makes it explore the insert-first schedules too.
+    let seen = std::sync::Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    for yield_first in [false, true] {
+        let seen = std::sync::Arc::clone(&seen);
+        loom::model(move || {
+            let clock = ManualClock::starting_at(Nanos::from_secs(1));
+            let keyed = limiter::<L>(4, &clock);
+            let other = Arc::clone(&keyed);
+            let t = loom::thread::spawn(move || other.check(&1).is_allowed());
+            if yield_first {
+                loom::thread::yield_now();
+            }
+            // A peek of the same key: fresh (allowed) before the insert, denied after.
+            let peeked = keyed.peek(&1, 1);
+            assert!(t.join().unwrap());
+            // Whatever it saw, it saw one of the two real states.
+            if !peeked.is_allowed() {
+                assert_eq!(peeked.retry_after(), Some(Duration::from_secs(1)));
+            }
+            seen[usize::from(peeked.is_allowed())].fetch_add(1, Relaxed);
+            assert!(!keyed.peek(&1, 1).is_allowed());
+        });
+    }
+    let [denied, allowed] = [seen[0].load(Relaxed), seen[1].load(Relaxed)];
+    assert!(
+        denied > 0 && allowed > 0,
+        "the peek saw the key fresh {allowed} times and inserted {denied} times: \
+         loom did not explore both orders"
+    );
 }
 
 pub fn reclaiming_an_idle_key_loses_no_charge<L: Keyed>() {
