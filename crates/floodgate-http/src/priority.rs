@@ -418,9 +418,7 @@ where
         None
     }
 
-    /// A GCRA schedule never holds more than its burst at once (`n > B`).
     fn never_fits(&self) -> Option<(u32, u64)> {
-        let burst = self.shaper.policy().burst();
-        (u64::from(self.cost) > burst).then_some((self.cost, burst))
+        crate::queue::cost_above_burst(self.cost, &self.shaper.policy())
     }
 }

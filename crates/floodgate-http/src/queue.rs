@@ -214,7 +214,7 @@ where
 }
 
 /// The cost and the burst when a GCRA schedule can never hold `cost` units (`n > B`).
-fn cost_above_burst(cost: u32, policy: &Policy) -> Option<(u32, u64)> {
+pub(crate) fn cost_above_burst(cost: u32, policy: &Policy) -> Option<(u32, u64)> {
     (u64::from(cost) > policy.burst()).then_some((cost, policy.burst()))
 }
 
