@@ -136,6 +136,12 @@ pub trait Charge<K: ?Sized> {
     /// fixed or sliding window plan. `None` (the default): the rule's
     /// configured window ([`Rule::window`], [`Rule::window_of`]), if any, stands.
     ///
+    /// The layer does not call this on its own: it learns the window from the
+    /// charge ([`charge_with_window`](Charge::charge_with_window)) and from the
+    /// refund ([`refund_and_peek`](Charge::refund_and_peek)), whose defaults call
+    /// it. Asked separately, a [`PlanLimiter`] runs its resolver again, which may
+    /// answer another plan than the one that charged.
+    ///
     /// # Examples
     ///
     /// ```
@@ -156,6 +162,63 @@ pub trait Charge<K: ?Sized> {
     fn window_secs(&self, key: &K) -> Option<u64> {
         let _ = key;
         None
+    }
+
+    /// [`charge`](Charge::charge), with the window `w` to advertise for this charge
+    /// ([`window_secs`](Charge::window_secs)): what the layer calls, once per request.
+    /// The default charges, then asks `window_secs`. A [`PlanLimiter`] answers both
+    /// from one run of its resolver: the window is that of the plan that charged
+    /// ([`PlanLimiter::charge_plan`]), even when the resolver answers another plan a
+    /// moment later (an upgrade mid-request).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// use floodgate_http::Charge;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let calls = AtomicU32::new(0);
+    /// let resolver = |_: &str| if calls.fetch_add(1, Ordering::Relaxed) % 2 == 0 { free } else { pro };
+    /// let per_key = PlanLimiter::<String, _>::new(&plans, resolver, KeyedBuilder::default())?;
+    /// let (decision, _receipt, window) = Charge::<str>::charge_with_window(&per_key, "k", 1);
+    /// assert_eq!(calls.load(Ordering::Relaxed), 1);
+    /// // free: burst 10 over 8 640 s.
+    /// assert_eq!((decision.limit(), window), (10, Some(8_640)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn charge_with_window(&self, key: &K, cost: u32) -> (Decision, Receipt, Option<u64>) {
+        let (decision, receipt) = self.charge(key, cost);
+        (decision, receipt, self.window_secs(key))
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds
+    /// ([`refund`](Charge::refund)), then reports where that charge was taken as it
+    /// now is ([`peek`](Charge::peek) at cost 0) with the window `w` to advertise
+    /// with it: what the layer shows for a rule whose charge it gave back. The
+    /// default refunds, peeks and asks [`window_secs`](Charge::window_secs). A
+    /// [`PlanLimiter`] gives back and peeks in the plan whose table issued the
+    /// receipt, under that plan's policy as it now is, without running its resolver
+    /// ([`PlanLimiter::receipt_plan`]); only a receipt no table of it issued (another
+    /// limiter's, or one voided by [`PlanLimiter::set_policy_mut`], which the layer
+    /// never holds) gives back nothing and shows the plan the resolver answers now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// use floodgate_http::Charge;
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// let (_, receipt) = Charge::<()>::charge(&limiter, &(), 1);
+    /// let (after, window) = Charge::<()>::refund_and_peek(&limiter, &(), receipt);
+    /// assert_eq!((after.remaining(), window), (1, None));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund_and_peek(&self, key: &K, receipt: Receipt) -> (Decision, Option<u64>) {
+        let _ = self.refund(key, receipt);
+        (self.peek(key, 0), self.window_secs(key))
     }
 
     /// When a charge of `cost` units can never be admitted, for any key, under the
@@ -312,6 +375,14 @@ where
 /// `RateLimit-Policy` member advertises the window `w` of the request's key's plan
 /// ([`Charge::window_secs`]) unless the rule was given one ([`Rule::window`]).
 ///
+/// The layer runs the resolver once per request: the charge reports the plan it
+/// was decided under ([`Charge::charge_with_window`], [`PlanLimiter::charge_plan`]),
+/// so the window and the `RateLimit` / `X-RateLimit-*` figures all describe that
+/// plan, even when the resolver answers another one a moment later. A charge the
+/// layer gives back (a later rule denied the request) is refunded and shown in the
+/// plan that took it, found from its receipt with no further run
+/// ([`Charge::refund_and_peek`]).
+///
 /// # Examples
 ///
 /// ```
@@ -368,24 +439,49 @@ where
     }
 
     fn window_secs(&self, key: &Q) -> Option<u64> {
-        let policy = self.policy_of(key);
-        // The plan algorithms are sealed: the GCRA (the one whose state means the
-        // same under every policy) refills over `B·T`; a fixed or sliding window
-        // counts the plan's limit over its period.
-        Some(if A::POLICY_FREE_STATE {
-            window_secs(&policy)
-        } else {
-            duration_window_secs(policy.period())
-        })
+        Some(plan_window_secs::<A>(&self.policy_of(key)))
+    }
+
+    fn charge_with_window(&self, key: &Q, cost: u32) -> (Decision, Receipt, Option<u64>) {
+        let (charged, receipt) = PlanLimiter::charge_plan(self, key, cost);
+        let window = plan_window_secs::<A>(&charged.policy);
+        (charged.decision, receipt, Some(window))
+    }
+
+    fn refund_and_peek(&self, key: &Q, receipt: Receipt) -> (Decision, Option<u64>) {
+        let after = match self.receipt_plan(&receipt) {
+            Some(plan) => {
+                let _ = self.refund_in(plan, key, receipt);
+                self.peek_in(plan, key, 0)
+            }
+            // No table issued it: it gives back nothing anywhere.
+            None => self.peek_plan(key, 0),
+        };
+        (after.decision, Some(plan_window_secs::<A>(&after.policy)))
     }
 }
 
+/// The window `w` of a plan's `policy`. The plan algorithms are sealed: the GCRA
+/// (the one whose state means the same under every policy) refills over `B·T`; a
+/// fixed or sliding window counts the plan's limit over its period.
+fn plan_window_secs<A: PlanAlgorithm>(policy: &Policy) -> u64 {
+    if A::POLICY_FREE_STATE {
+        window_secs(policy)
+    } else {
+        duration_window_secs(policy.period())
+    }
+}
+
+/// A charge's decision and receipt, with the window `w` to advertise beside it
+/// ([`Charge::charge_with_window`]).
+type ChargeWithWindow = (Decision, Receipt, Option<u64>);
+
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
-    charge: fn(&L, &K, u32) -> (Decision, Receipt),
-    refund: fn(&L, &K, Receipt) -> bool,
-    peek: fn(&L, &K, u32) -> Decision,
-    window: fn(&L, &K) -> Option<u64>,
+    /// [`Charge::charge_with_window`].
+    charge: fn(&L, &K, u32) -> ChargeWithWindow,
+    /// [`Charge::refund_and_peek`].
+    refund: fn(&L, &K, Receipt) -> (Decision, Option<u64>),
     never_fits: fn(&L, u32) -> Option<u64>,
     never_fits_plan: fn(&L, u32) -> Option<(String, u64)>,
 }
@@ -449,10 +545,8 @@ where
     {
         let mut rule = Rule::remote_shared(name, limiter, extractor)?;
         rule.in_process = Some(InProcess {
-            charge: |l: &L, k: &E::Key, cost| l.charge(k, cost),
-            refund: |l: &L, k: &E::Key, receipt| l.refund(k, receipt),
-            peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
-            window: |l: &L, k: &E::Key| l.window_secs(k),
+            charge: |l: &L, k: &E::Key, cost| l.charge_with_window(k, cost),
+            refund: |l: &L, k: &E::Key, receipt| l.refund_and_peek(k, receipt),
             never_fits: |l: &L, cost| l.never_fits(cost),
             never_fits_plan: |l: &L, cost| l.never_fits_plan(cost),
         });
@@ -598,8 +692,8 @@ pub(crate) struct Started<'a> {
     /// The key could not be extracted (the check, if any, runs on the fallback key).
     pub(crate) key_error: Option<KeyError>,
     pub(crate) partition_key: Option<[u8; 16]>,
-    /// The window `w` the limiter advertises for this request's key
-    /// ([`Charge::window_secs`]), if it knows one.
+    /// The window `w` the limiter advertises for this request's key, learned from
+    /// its charge ([`Charge::charge_with_window`]), if it knows one.
     pub(crate) window: Option<u64>,
     /// `None` when the request is to be rejected for its key. An in-process rule's
     /// check carries the receipt of its charge.
@@ -628,6 +722,17 @@ pub(crate) trait ErasedRule: Send + Sync {
     /// the rule's state after the refund (a peek at cost 0) for the headers, when it
     /// can tell.
     fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision>;
+
+    /// [`refund`](ErasedRule::refund), with the window `w` to show beside the state
+    /// after it when the refund tells one ([`Charge::refund_and_peek`]: a plan
+    /// limiter's is the plan that charged); `None` keeps the window shown.
+    fn refund_with_window(
+        &self,
+        parts: &Parts,
+        receipt: Receipt,
+    ) -> Option<(Decision, Option<u64>)> {
+        self.refund(parts, receipt).map(|after| (after, None))
+    }
 
     /// The rule's cost and its limiter's capacity when the cost never fits, for any
     /// key ([`Charge::never_fits`]); `None` when it fits or the rule cannot tell.
@@ -672,14 +777,13 @@ where
         let partition_key = hasher.map(|h| h.hash(key_ref));
         let limiter = &*self.limiter;
         let cost = self.cost;
-        let window = self
-            .in_process
-            .as_ref()
-            .and_then(|in_process| (in_process.window)(limiter, key_ref));
+        let mut window = None;
         let check: BoxFuture<'a, _> = match &self.in_process {
-            // In process: decide now, keeping the receipt for a refund.
+            // In process: decide now, keeping the receipt for a refund, and learn the
+            // window from the same look at the key (one run of a plan resolver).
             Some(in_process) => {
-                let (decision, receipt) = (in_process.charge)(limiter, key_ref, cost);
+                let (decision, receipt, w) = (in_process.charge)(limiter, key_ref, cost);
+                window = w;
                 Box::pin(core::future::ready(Ok(Check {
                     decision,
                     receipt: Some(receipt),
@@ -710,15 +814,22 @@ where
     }
 
     fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        self.refund_with_window(parts, receipt)
+            .map(|(after, _)| after)
+    }
+
+    fn refund_with_window(
+        &self,
+        parts: &Parts,
+        receipt: Receipt,
+    ) -> Option<(Decision, Option<u64>)> {
         let in_process = self.in_process.as_ref()?;
         let limiter = &*self.limiter;
-        let refund_and_peek = |key: &E::Key| {
-            let _ = (in_process.refund)(limiter, key, receipt);
-            (in_process.peek)(limiter, key, 0)
-        };
         match (self.extractor.extract(parts), &self.on_missing) {
-            (Ok(key), _) => Some(refund_and_peek(&key)),
-            (Err(_), OnMissingKey::Fallback(key)) => Some(refund_and_peek(key)),
+            (Ok(key), _) => Some((in_process.refund)(limiter, &key, receipt)),
+            (Err(_), OnMissingKey::Fallback(key)) => {
+                Some((in_process.refund)(limiter, key, receipt))
+            }
             (Err(_), OnMissingKey::Reject) => None,
         }
     }
@@ -1618,9 +1729,13 @@ impl Held<'_> {
     /// its refund.
     fn give_back(&mut self, shown: &mut [Shown]) {
         for (j, receipt) in self.receipts.drain(..) {
-            if let Some(after) = self.shared.rules[j].rule.refund(self.parts, receipt) {
+            let entry = &self.shared.rules[j];
+            if let Some((after, window)) = entry.rule.refund_with_window(self.parts, receipt) {
                 for s in shown.iter_mut().filter(|s| s.rule == j) {
                     s.decision = after;
+                    // The window of the state after the refund (a plan's: the plan
+                    // that charged, its policy now), unless the rule has its own.
+                    s.window = entry.window.or(window).or(s.window);
                 }
             }
         }

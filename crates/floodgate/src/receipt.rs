@@ -70,6 +70,11 @@ impl Receipt {
         }
     }
 
+    /// Whether `owner` issued this receipt (whatever its key, charged or not).
+    pub(crate) fn is_from(&self, owner: Owner) -> bool {
+        self.owner == owner.0
+    }
+
     /// The charge, if this receipt is `owner`'s for `key` and holds one.
     pub(crate) fn charge_for<S: bytemuck::Pod>(
         &self,

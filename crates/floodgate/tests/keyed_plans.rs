@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans, PlansError};
+use floodgate::keyed::Heap;
 use floodgate::{
     DurationError, FixedWindow, Gcra, KeyedBuilder, ManualClock, Nanos, Policy, PolicyError,
     RateLimiter, SlidingWindow, Storage,
@@ -599,4 +600,109 @@ fn a_plan_the_algorithm_cannot_run_is_named_in_the_error() {
     ));
     assert_eq!(limiter.policy("fine"), Some(Policy::per_second(5).unwrap()));
     assert_eq!(limiter.peek(&1, 0).remaining(), 3);
+}
+
+/// Charges key 9 four times under a resolver that answers the other plan (small,
+/// then large) on every call: each charge runs the resolver once and reports the
+/// plan it charged under, its policy, and a receipt that names that plan without
+/// running it again.
+fn charge_plan_reports_the_plan_that_charged<A: PlanAlgorithm>()
+where
+    Heap: Storage<u64, A::State>,
+{
+    let (clock, plans, _, _) = two_plans_and_a_switch();
+    let ids: Vec<PlanId> = plans.iter().map(|(id, _, _)| id).collect();
+    let calls = Arc::new(AtomicU32::new(0));
+    let resolver = {
+        let (calls, ids) = (Arc::clone(&calls), ids.clone());
+        move |_: &u64| ids[(calls.fetch_add(1, Ordering::Relaxed) % 2) as usize]
+    };
+    let limiter: PlanLimiter<u64, _, ManualClock, Heap, A> =
+        PlanLimiter::new_in(&plans, resolver, KeyedBuilder::default().clock(clock)).unwrap();
+    // small admits 2 a minute, large 4: each plan's table counts down on its own.
+    for (n, remaining) in [1, 3, 0, 2].into_iter().enumerate() {
+        let (charged, receipt) = limiter.charge_plan(&9, 1);
+        assert_eq!(calls.load(Ordering::Relaxed), n as u32 + 1, "charge {n}");
+        let plan = ids[n % 2];
+        assert_eq!(charged.plan, plan, "charge {n}");
+        assert_eq!(Some(charged.policy), plans.policy(plan), "charge {n}");
+        assert_eq!(
+            charged.decision.limit(),
+            charged.policy.limit(),
+            "charge {n}"
+        );
+        assert_eq!(charged.decision.remaining(), remaining, "charge {n}");
+        assert_eq!(limiter.receipt_plan(&receipt), Some(plan), "charge {n}");
+    }
+    // `peek_plan` too: one run, and the plan it answered (small again).
+    let now = limiter.peek_plan(&9, 0);
+    assert_eq!(calls.load(Ordering::Relaxed), 5);
+    assert_eq!((now.plan, now.decision.remaining()), (ids[0], 0));
+    assert_eq!(limiter.receipt_plan(&limiter.charge(&9, 0).1), Some(ids[1]));
+}
+
+#[test]
+fn charge_plan_runs_the_resolver_once_and_reports_the_plan_that_charged() {
+    charge_plan_reports_the_plan_that_charged::<Gcra>();
+    charge_plan_reports_the_plan_that_charged::<FixedWindow>();
+    charge_plan_reports_the_plan_that_charged::<SlidingWindow>();
+}
+
+/// A charge taken in `large` before the key moved to `small` is given back in
+/// `large` by `refund_in` with the plan its receipt names (`refund`, which asks
+/// the resolver, looks in `small` and gives back nothing).
+fn a_receipt_is_refunded_in_the_plan_that_charged<A: PlanAlgorithm>()
+where
+    Heap: Storage<u64, A::State>,
+{
+    let (clock, plans, current, resolver) = two_plans_and_a_switch();
+    let (small, large) = (plans.id("small").unwrap(), plans.id("large").unwrap());
+    let limiter: PlanLimiter<u64, _, ManualClock, Heap, A> = PlanLimiter::new_in(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .unwrap();
+    current.store(1, Ordering::Relaxed);
+    let (_, first) = limiter.charge(&9, 1);
+    let (_, second) = limiter.charge(&9, 2);
+    assert_eq!(limiter.peek_in(large, &9, 0).decision.remaining(), 1);
+    current.store(0, Ordering::Relaxed);
+    assert!(!limiter.refund(&9, first));
+    assert_eq!(limiter.receipt_plan(&second), Some(large));
+    assert!(limiter.refund_in(large, &9, second));
+    let in_large = limiter.peek_in(large, &9, 0);
+    assert_eq!((in_large.plan, in_large.decision.remaining()), (large, 3));
+    assert_eq!(Some(in_large.policy), plans.policy(large));
+    // small's table never saw the key.
+    assert_eq!(limiter.peek_in(small, &9, 0).decision.remaining(), 2);
+    // Another limiter's receipt names no plan here.
+    let other: PlanLimiter<u64, _, ManualClock, Heap, A> = PlanLimiter::new_in(
+        &plans,
+        move |_: &u64| small,
+        KeyedBuilder::default().clock(clock),
+    )
+    .unwrap();
+    assert_eq!(limiter.receipt_plan(&other.charge(&9, 1).1), None);
+}
+
+#[test]
+fn a_receipt_names_its_plan_and_is_refunded_there_after_the_key_moved() {
+    a_receipt_is_refunded_in_the_plan_that_charged::<Gcra>();
+    a_receipt_is_refunded_in_the_plan_that_charged::<FixedWindow>();
+    a_receipt_is_refunded_in_the_plan_that_charged::<SlidingWindow>();
+}
+
+#[test]
+fn a_window_plans_rewrite_voids_its_receipts_plan() {
+    let (clock, plans, _, resolver) = two_plans_and_a_switch();
+    let mut limiter =
+        PlanLimiter::fixed_window(&plans, resolver, KeyedBuilder::default().clock(clock)).unwrap();
+    let (_, receipt) = limiter.charge(&9, 1);
+    assert_eq!(limiter.receipt_plan(&receipt), plans.id("small"));
+    // Another period: the table is rewritten and its receipts give back nothing.
+    limiter
+        .set_policy_mut("small", Policy::per_hour(2).unwrap())
+        .unwrap();
+    assert_eq!(limiter.receipt_plan(&receipt), None);
 }

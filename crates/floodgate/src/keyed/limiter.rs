@@ -1277,6 +1277,14 @@ where
         self.owner = Owner::new();
     }
 
+    /// Whether this limiter issued `receipt` (and no [`set_algorithm`] has voided it
+    /// since), whatever its key: a refund of it here may give something back.
+    ///
+    /// [`set_algorithm`]: KeyedLimiter::set_algorithm
+    pub(crate) fn issued(&self, receipt: &Receipt) -> bool {
+        receipt.is_from(self.owner)
+    }
+
     #[inline(always)]
     pub(crate) fn count(&self, allowed: bool) {
         self.stripes.count(allowed);

@@ -409,6 +409,36 @@ impl PlanAlgorithm for SlidingWindow {
     }
 }
 
+/// A decision of a [`PlanLimiter`] with the plan it was made under and that plan's
+/// policy as the decision read it ([`charge_plan`](PlanLimiter::charge_plan),
+/// [`peek_in`](PlanLimiter::peek_in)): what a caller advertises next to the decision
+/// (a rate-limit header's window) describes the same plan, with no second call to
+/// the resolver that might answer another plan.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::keyed::plans::{PlanLimiter, Plans};
+/// use floodgate::KeyedBuilder;
+/// let plans = Plans::classic();
+/// let pro = plans.id("pro").unwrap();
+/// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
+/// let (charged, _receipt) = limiter.charge_plan(&7, 1);
+/// assert_eq!((charged.plan, charged.policy), (pro, plans.policy(pro).unwrap()));
+/// assert_eq!(charged.decision.limit(), 100);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PlanDecision {
+    /// The decision.
+    pub decision: Decision,
+    /// The plan it was made under (the default plan for an id the resolver made up).
+    pub plan: PlanId,
+    /// The plan's policy the decision was made under.
+    pub policy: Policy,
+}
+
 /// A keyed limiter whose policy depends on the key's plan, running GCRA (the
 /// default), a fixed window or a sliding window counter ([`PlanAlgorithm`]).
 ///
@@ -620,6 +650,21 @@ where
             None
         };
         (&self.tables[plan], algorithm)
+    }
+
+    /// Plan `plan`'s table, the algorithm a decision in it runs (as in
+    /// [`route`](PlanLimiter::route)) and the plan's policy that algorithm has: for a
+    /// policy-free state the one it was built from, read once; otherwise the table's,
+    /// which the cell matches (both change together, under `&mut`).
+    fn in_plan(&self, plan: usize) -> (&KeyedLimiter<K, A, C, S>, Option<A>, Policy) {
+        let policy = self.cells[plan].load();
+        let algorithm = if A::POLICY_FREE_STATE {
+            // Accepted by `for_policy` when it was stored: `Some`.
+            A::for_policy(policy).ok()
+        } else {
+            None
+        };
+        (&self.tables[plan], algorithm, policy)
     }
 
     /// The policy of `key`'s plan, as it is now (what the key's next decision is made
@@ -849,6 +894,202 @@ where
             key,
             receipt,
         )
+    }
+
+    /// [`charge`](PlanLimiter::charge), reporting the plan it charged under and that
+    /// plan's policy as the decision read it ([`PlanDecision`]). The resolver runs
+    /// once: a caller that advertises the policy (a rate-limit header's window) next
+    /// to the decision describes the plan that charged, even when the resolver
+    /// answers another plan a moment later (an upgrade mid-request). Calling
+    /// [`policy_of`](PlanLimiter::policy_of) besides would run it twice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let calls = AtomicU32::new(0);
+    /// // Every call answers the other plan: an upgrade racing every request.
+    /// let resolver = |_: &u64| if calls.fetch_add(1, Ordering::Relaxed) % 2 == 0 { free } else { pro };
+    /// let limiter = PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?;
+    /// let (charged, receipt) = limiter.charge_plan(&7, 1);
+    /// assert_eq!(calls.load(Ordering::Relaxed), 1);
+    /// assert_eq!(charged.plan, free);
+    /// assert_eq!(charged.decision.limit(), charged.policy.burst()); // free's burst, 10
+    /// assert_eq!(limiter.receipt_plan(&receipt), Some(free));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge_plan<Q>(&self, key: &Q, cost: u32) -> (PlanDecision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
+        self.charge_plan_at(key, self.clock().now(), cost)
+    }
+
+    /// [`charge_plan`](PlanLimiter::charge_plan) at an instant the caller read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::{KeyedBuilder, Nanos};
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::fixed_window(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// let (charged, _receipt) = limiter.charge_plan_at(&7, Nanos::from_secs(1), 100);
+    /// assert_eq!(charged.decision.remaining(), 0);
+    /// assert_eq!(charged.policy.limit(), 100); // 100 a day
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge_plan_at<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (PlanDecision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
+        let plan = self.index((self.resolver)(key));
+        let (table, algorithm, policy) = self.in_plan(plan);
+        let (decision, receipt) = table.charge_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            now,
+            cost,
+        );
+        let plan = PlanId(plan as u32);
+        (
+            PlanDecision {
+                decision,
+                plan,
+                policy,
+            },
+            receipt,
+        )
+    }
+
+    /// [`peek`](PlanLimiter::peek), reporting the plan it was decided under and that
+    /// plan's policy as the decision read it ([`PlanDecision`]), from one run of the
+    /// resolver.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let free = plans.id("free").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// let now = limiter.peek_plan(&7, 0);
+    /// assert_eq!((now.plan, now.decision.remaining()), (free, 10));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_plan<Q>(&self, key: &Q, cost: u32) -> PlanDecision
+    where
+        Q: Lookup<K> + ?Sized,
+        R: Fn(&Q) -> PlanId,
+    {
+        self.peek_in((self.resolver)(key), key, cost)
+    }
+
+    /// The plan whose table issued `receipt`: the plan its charge was decided under,
+    /// told without running the resolver. `None` for a receipt of another limiter,
+    /// or one voided by a rewrite of its plan's table
+    /// ([`set_policy_mut`](PlanLimiter::set_policy_mut) on a window plan), which
+    /// gives back nothing anywhere.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let pro = plans.id("pro").unwrap();
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
+    /// let other = PlanLimiter::<u64, _>::new(&plans, move |_: &u64| pro, KeyedBuilder::default())?;
+    /// let (_, receipt) = limiter.charge(&7, 1);
+    /// assert_eq!(limiter.receipt_plan(&receipt), Some(pro));
+    /// assert_eq!(other.receipt_plan(&receipt), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn receipt_plan(&self, receipt: &Receipt) -> Option<PlanId> {
+        self.tables
+            .iter()
+            .position(|table| table.issued(receipt))
+            .map(|plan| PlanId(plan as u32))
+    }
+
+    /// [`refund`](PlanLimiter::refund) in plan `plan`'s table, without running the
+    /// resolver: with [`receipt_plan`](PlanLimiter::receipt_plan), a charge is given
+    /// back in the table that took it, even after the key moved to another plan.
+    /// An id not in the plans means the default plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let upgraded = AtomicBool::new(false);
+    /// let resolver = |_: &u64| if upgraded.load(Ordering::Relaxed) { pro } else { free };
+    /// let limiter = PlanLimiter::new(&plans, resolver, KeyedBuilder::default())?;
+    /// let (_, receipt) = limiter.charge(&7, 10);
+    /// upgraded.store(true, Ordering::Relaxed);
+    /// let plan = limiter.receipt_plan(&receipt).unwrap();
+    /// assert!(limiter.refund_in(plan, &7, receipt)); // back in free's table
+    /// assert_eq!(limiter.peek_in(free, &7, 0).decision.remaining(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund_in<Q>(&self, plan: PlanId, key: &Q, receipt: Receipt) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let (table, algorithm, _) = self.in_plan(self.index(plan));
+        table.refund_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            receipt,
+        )
+    }
+
+    /// What a charge of `cost` for `key` would decide now under plan `plan` (its
+    /// table, its policy now), without running the resolver; writes nothing,
+    /// inserts nothing. An id not in the plans means the default plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::keyed::plans::{PlanLimiter, Plans};
+    /// use floodgate::KeyedBuilder;
+    /// let plans = Plans::classic();
+    /// let (free, pro) = (plans.id("free").unwrap(), plans.id("pro").unwrap());
+    /// let limiter = PlanLimiter::new(&plans, move |_: &u64| free, KeyedBuilder::default())?;
+    /// assert!(limiter.check(&7).is_allowed());
+    /// assert_eq!(limiter.peek_in(free, &7, 0).decision.remaining(), 9);
+    /// let in_pro = limiter.peek_in(pro, &7, 0); // pro's table has no entry for 7
+    /// assert_eq!((in_pro.plan, in_pro.decision.remaining()), (pro, 100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_in<Q>(&self, plan: PlanId, key: &Q, cost: u32) -> PlanDecision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let plan = self.index(plan);
+        let (table, algorithm, policy) = self.in_plan(plan);
+        let decision = table.peek_with(
+            algorithm.as_ref().unwrap_or(table.algorithm()),
+            key,
+            self.clock().now(),
+            cost,
+        );
+        PlanDecision {
+            decision,
+            plan: PlanId(plan as u32),
+            policy,
+        }
     }
 
     /// Deletes `key`'s entries, whatever its plan, and returns whether it had one:
