@@ -649,6 +649,13 @@ impl<C: Clock> LeasedGcra<C> {
         })
     }
 
+    /// Whether the central word is closed ([`close_central`](Self::close_central)).
+    /// A closed word is final (a refill it denies writes nothing), so by coherence a
+    /// thread that read it closed reads it closed here too, whatever the ordering.
+    pub(crate) fn is_central_closed(&self) -> bool {
+        self.central.load(Ordering::Relaxed).tat().as_u64() == u64::MAX
+    }
+
     /// Whether nothing is owed: the central schedule is idle at `now` and no shard
     /// holds an unexpired lease.
     pub(crate) fn is_idle(&self, now: Nanos) -> bool {

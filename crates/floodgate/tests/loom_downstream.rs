@@ -6,6 +6,9 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_downstream`
 #![cfg(loom)]
 
+mod loom_seen;
+use loom_seen::Seen;
+
 use floodgate::{Gcra, ManualClock, Nanos, Policy, RateLimiter};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -32,7 +35,9 @@ impl Gateway {
 
 #[test]
 fn gateway_forwards_exactly_the_burst() {
-    loom::model(|| {
+    let seen = Seen::new(&["spawned thread forwarded", "main thread forwarded"]);
+    let s = seen.clone();
+    loom::model(move || {
         let policy = Policy::per_minute(1).unwrap().with_burst(1).unwrap();
         let gateway = Arc::new(Gateway {
             limiter: RateLimiter::gcra_with_clock(
@@ -53,5 +58,7 @@ fn gateway_forwards_exactly_the_burst() {
         assert_eq!(statuses, [200, 429]);
         assert_eq!(gateway.forwarded.load(Ordering::Relaxed), 1);
         assert_eq!(gateway.rejected.load(Ordering::Relaxed), 1);
+        s.saw_if(mine == 200, 1, 0);
     });
+    seen.assert_each("gateway_forwards_exactly_the_burst");
 }

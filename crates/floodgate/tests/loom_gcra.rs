@@ -4,6 +4,9 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_gcra`
 #![cfg(loom)]
 
+mod loom_seen;
+use loom_seen::Seen;
+
 use floodgate::reference::ExactGcra;
 use floodgate::{Clock, Decision, Gcra, ManualClock, Nanos, Policy, RateLimiter};
 use loom::sync::Arc;
@@ -52,7 +55,9 @@ fn some_sequential_order_matches(burst: u64, ops: &[(u64, u32)], observed: &[Dec
 
 #[test]
 fn three_threads_race_for_two_units() {
-    loom::model(|| {
+    let seen = Seen::new(&["thread 0 denied", "thread 1 denied", "thread 2 denied"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::new(10 * T));
         let lim = Arc::new(limiter(2, clock));
         let handles: Vec<_> = (0..3)
@@ -71,12 +76,16 @@ fn three_threads_race_for_two_units() {
             some_sequential_order_matches(2, &ops, &decisions),
             "{decisions:?}"
         );
+        s.saw(decisions.iter().position(|d| !d.is_allowed()).unwrap());
     });
+    seen.assert_each("three_threads_race_for_two_units");
 }
 
 #[test]
 fn mixed_costs_linearize() {
-    loom::model(|| {
+    let seen = Seen::new(&["thread 0 admitted", "thread 1 admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::new(10 * T));
         let lim = Arc::new(limiter(3, clock));
         let costs = [2u32, 2];
@@ -97,12 +106,16 @@ fn mixed_costs_linearize() {
             "{decisions:?}"
         );
         assert_eq!(lim.state().tat(), Nanos::new(13 * T));
+        s.saw_if(decisions[0].is_allowed(), 0, 1);
     });
+    seen.assert_each("mixed_costs_linearize");
 }
 
 #[test]
 fn a_moving_clock_never_moves_the_state_back() {
-    loom::model(|| {
+    let seen = Seen::new(&["one admission", "two admissions"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::new(10 * T));
         let lim = Arc::new(limiter(1, clock.clone()));
         let ticker = {
@@ -125,7 +138,9 @@ fn a_moving_clock_never_moves_the_state_back() {
         let tat = lim.state().tat().as_u64();
         assert!(tat >= 10 * T + admitted as u64 * T, "tat {tat}");
         assert!(tat <= 12 * T);
+        s.saw(admitted - 1);
     });
+    seen.assert_each("a_moving_clock_never_moves_the_state_back");
 }
 
 /// The review's GCRA over-admission: a composite charges at t = 0 (booking [0, 1 s)),
@@ -136,7 +151,9 @@ fn a_moving_clock_never_moves_the_state_back() {
 #[test]
 fn a_refund_never_erases_a_later_booking() {
     use floodgate::keyed::composite::check_all;
-    loom::model(|| {
+    let seen = Seen::new(&["the direct check denied", "the direct check admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::new();
         let shared = Arc::new(limiter(1, clock.clone()));
         // Exhausted for the whole model: one per day.
@@ -160,5 +177,7 @@ fn a_refund_never_erases_a_later_booking() {
         assert_eq!(clock.now(), Nanos::from_secs(5));
         let after = shared.check().is_allowed();
         assert_eq!(u32::from(direct) + u32::from(after), 1);
+        s.saw(usize::from(direct));
     });
+    seen.assert_each("a_refund_never_erases_a_later_booking");
 }

@@ -8,6 +8,7 @@
 
 #[macro_use]
 mod loom_keyed_models;
+mod loom_seen;
 
 use floodgate::{Gcra, KeyedLimiter, ManualClock};
 

@@ -11,6 +11,9 @@
 
 #[macro_use]
 mod loom_keyed_models;
+mod loom_seen;
+
+use loom_seen::Seen;
 
 use std::sync::Arc;
 
@@ -35,6 +38,8 @@ fn a_reused_slot_never_applies_one_keys_cas_to_another() {
     // (TAT 2 s). A reader that compared only the state word would now charge B.
     const A: u64 = 1;
     let b = (2..).find(|&k| home(k, 2) == home(A, 2)).unwrap();
+    let seen = Seen::new(&["A decided before B evicted it", "A came back, B reclaimed"]);
+    let s = seen.clone();
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let keyed = Arc::new(Compact::build(1, &clock));
@@ -49,8 +54,11 @@ fn a_reused_slot_never_applies_one_keys_cas_to_another() {
         // decision would have left B at TAT 3 s: denied here.
         assert!(keyed.peek_at(&b, Nanos::from_secs(2), 1).is_allowed());
         // A is evicted once in every order (before or after its charge).
-        assert_eq!(keyed.metrics().evicted, 1);
+        let m = keyed.metrics();
+        assert_eq!(m.evicted, 1);
+        s.saw_if(m.reclaimed > 0, 1, 0);
     });
+    seen.assert_each("a_reused_slot_never_applies_one_keys_cas_to_another");
 }
 
 #[test]
@@ -101,6 +109,11 @@ fn a_refund_racing_with_slot_reuse_never_lands_on_another_key() {
     // once the shard removed a key): it gives A's unit back or nothing, never B's.
     const A: u64 = 1;
     let b = (2..).find(|&k| home(k, 2) == home(A, 2)).unwrap();
+    let seen = Seen::new(&[
+        "refund after the eviction (nothing back)",
+        "refund before it",
+    ]);
+    let s = seen.clone();
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let keyed = Arc::new(Compact::build(1, &clock));
@@ -119,5 +132,7 @@ fn a_refund_racing_with_slot_reuse_never_lands_on_another_key() {
         let m = keyed.metrics();
         assert_eq!(m.reclaimed + m.evicted, 1);
         assert!(!refunded || m.reclaimed == 1);
+        s.saw(usize::from(refunded));
     });
+    seen.assert_each("a_refund_racing_with_slot_reuse_never_lands_on_another_key");
 }

@@ -12,6 +12,7 @@
 
 #[macro_use]
 mod loom_keyed_models;
+mod loom_seen;
 
 use floodgate::{Fingerprint, Gcra, KeyedLimiter, ManualClock};
 

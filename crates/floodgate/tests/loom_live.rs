@@ -5,6 +5,9 @@
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_live`
 #![cfg(loom)]
 
+mod loom_seen;
+use loom_seen::Seen;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +23,9 @@ fn policy(limit: u64, burst: u64) -> Policy {
 /// (10, 100 ms) under the other; any mix of their words reports neither.
 #[test]
 fn a_change_racing_a_decision_shows_one_whole_policy() {
-    loom::model(|| {
+    let seen = Seen::new(&["old policy", "new policy"]);
+    let s = seen.clone();
+    loom::model(move || {
         let live = Arc::new(LiveGcra::new(policy(1, 1)));
         let writer = {
             let live = Arc::clone(&live);
@@ -34,13 +39,17 @@ fn a_change_racing_a_decision_shows_one_whole_policy() {
         );
         writer.join().unwrap();
         assert_eq!(live.policy(), policy(10, 10));
+        s.saw_if(seen.0 == 10, 1, 0);
     });
+    seen.assert_each("a_change_racing_a_decision_shows_one_whole_policy");
 }
 
 /// Two changes racing: the last one to take the update lock wins, whole.
 #[test]
 fn racing_changes_leave_one_of_them_whole() {
-    loom::model(|| {
+    let seen = Seen::new(&["the main thread's change won", "the spawned thread's won"]);
+    let s = seen.clone();
+    loom::model(move || {
         let live = Arc::new(LiveGcra::new(policy(1, 1)));
         let other = {
             let live = Arc::clone(&live);
@@ -50,14 +59,18 @@ fn racing_changes_leave_one_of_them_whole() {
         other.join().unwrap();
         let now = live.policy();
         assert!(now == policy(10, 10) || now == policy(5, 2), "{now:?}");
+        s.saw_if(now == policy(10, 10), 1, 0);
     });
+    seen.assert_each("racing_changes_leave_one_of_them_whole");
 }
 
 /// A check racing a change admits under one policy or the other: with burst 1 at
 /// 1/s before and burst 2 after, two checks at one instant admit 1 or 2, never more.
 #[test]
 fn checks_racing_a_change_admit_within_the_larger_policy() {
-    loom::model(|| {
+    let seen = Seen::new(&["one admitted (change late)", "two admitted (change first)"]);
+    let s = seen.clone();
+    loom::model(move || {
         let limiter = Arc::new(RateLimiter::with_clock(
             LiveGcra::new(policy(1, 1)),
             ManualClock::starting_at(Nanos::from_secs(5)),
@@ -75,5 +88,7 @@ fn checks_racing_a_change_admit_within_the_larger_policy() {
         // The state holds exactly what was admitted: under the new burst of 2,
         // another unit fits now if and only if one was left.
         assert_eq!(limiter.check().is_allowed(), admitted < 2);
+        s.saw(admitted as usize - 1);
     });
+    seen.assert_each("checks_racing_a_change_admit_within_the_larger_policy");
 }

@@ -19,6 +19,9 @@
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 CARGO_TARGET_DIR=target/loom cargo test -p floodgate --release --test loom_refund_ledger`
 #![cfg(loom)]
 
+mod loom_seen;
+use loom_seen::Seen;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,7 +100,9 @@ fn others_alone(burst: u64, kept: &[Nanos], now: Nanos) -> u64 {
 /// the same for B.
 fn another_keys_refund_takes_nothing<St: Storage<u64, GcraState> + 'static>() {
     const BURST: u64 = 1;
-    loom::model(|| {
+    let seen = Seen::new(&["the owner charged A first", "the third party did"]);
+    let s = seen.clone();
+    loom::model(move || {
         let (a, b) = (1u64, 2u64);
         let clock = ManualClock::starting_at(T0);
         let keyed = one_shard::<St>(BURST, 4, &clock);
@@ -132,7 +137,9 @@ fn another_keys_refund_takes_nothing<St: Storage<u64, GcraState> + 'static>() {
             "A admitted {admitted}: its burst {BURST} plus the unit its refund gave back ({refunded})"
         );
         assert_eq!(drain(&keyed, b), BURST, "B's unit came back whole, once");
+        s.saw_if(charged, 0, 1);
     });
+    seen.assert_each("another_keys_refund_takes_nothing");
 }
 
 #[test]

@@ -5,6 +5,9 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_runtime`
 #![cfg(loom)]
 
+mod loom_seen;
+use loom_seen::Seen;
+
 use floodgate::{
     Algorithm, FixedWindow, Gcra, LockedRateLimiter, ManualClock, Nanos, Policy, RateLimiter,
     SlidingLog, StateCell,
@@ -16,7 +19,7 @@ use std::time::Duration;
 /// A limiter of capacity 1, a receipt for its only unit; one thread refunds it while
 /// another resets and takes the unit again. The unit taken after the reset must
 /// still be held at the end: the refund may only give back the pre-reset charge.
-fn reset_racing_refund<A, S>(limiter: RateLimiter<A, ManualClock, S>)
+fn reset_racing_refund<A, S>(limiter: RateLimiter<A, ManualClock, S>) -> bool
 where
     A: Algorithm + 'static,
     S: StateCell<A::State> + 'static,
@@ -36,12 +39,18 @@ where
             limiter.check_n_at(now, 1)
         })
     };
-    let _ = refunder.join().unwrap();
+    let refunded = refunder.join().unwrap();
     let after_reset = resetter.join().unwrap();
     // Fresh after the reset (or refunded before it): the check is admitted.
     assert!(after_reset.is_allowed());
     // ...and its unit is never given back by the older receipt.
     assert!(!limiter.peek_at(now, 1).is_allowed());
+    refunded
+}
+
+/// The outcomes of [`reset_racing_refund`]: whether the refund gave its unit back.
+fn refund_outcomes() -> Seen {
+    Seen::new(&["refund after the reset (nothing back)", "refund before it"])
 }
 
 fn clock() -> ManualClock {
@@ -50,33 +59,48 @@ fn clock() -> ManualClock {
 
 #[test]
 fn reset_racing_a_gcra_refund() {
-    loom::model(|| {
+    let seen = refund_outcomes();
+    let s = seen.clone();
+    loom::model(move || {
         let policy = Policy::per_second(1).unwrap();
-        reset_racing_refund(RateLimiter::with_clock(Gcra::new(policy), clock()));
+        let refunded = reset_racing_refund(RateLimiter::with_clock(Gcra::new(policy), clock()));
+        s.saw(usize::from(refunded));
     });
+    seen.assert_each("reset_racing_a_gcra_refund");
 }
 
 #[test]
 fn reset_racing_a_fixed_window_refund() {
-    loom::model(|| {
+    let seen = refund_outcomes();
+    let s = seen.clone();
+    loom::model(move || {
         let fw = FixedWindow::new(Policy::per_second(1).unwrap()).unwrap();
-        reset_racing_refund(RateLimiter::with_clock(fw, clock()));
+        s.saw(usize::from(reset_racing_refund(RateLimiter::with_clock(
+            fw,
+            clock(),
+        ))));
     });
+    seen.assert_each("reset_racing_a_fixed_window_refund");
 }
 
 #[test]
 fn reset_racing_a_refund_on_the_mutex_twin() {
-    loom::model(|| {
+    let seen = refund_outcomes();
+    let s = seen.clone();
+    loom::model(move || {
         let policy = Policy::per_second(1).unwrap();
         let twin: LockedRateLimiter<Gcra, ManualClock> =
             RateLimiter::locked_with_clock(Gcra::new(policy), clock());
-        reset_racing_refund(twin);
+        s.saw(usize::from(reset_racing_refund(twin)));
     });
+    seen.assert_each("reset_racing_a_refund_on_the_mutex_twin");
 }
 
 #[test]
 fn sliding_log_policy_change_racing_checks() {
-    loom::model(|| {
+    let seen = Seen::new(&["one admitted (change first)", "two admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let log = Arc::new(SlidingLog::with_clock(
             Policy::new(2, Duration::from_secs(1)).unwrap(),
             clock(),
@@ -102,5 +126,7 @@ fn sliding_log_policy_change_racing_checks() {
         // Under the new limit of 1, whatever was admitted fills it.
         assert!(!log.peek_at(now, 1).is_allowed());
         assert_eq!(log.peek_at(now, 0).remaining(), 0);
+        s.saw(admitted - 1);
     });
+    seen.assert_each("sliding_log_policy_change_racing_checks");
 }

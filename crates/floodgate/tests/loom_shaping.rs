@@ -5,6 +5,9 @@
 #![cfg(loom)]
 
 mod linearize;
+mod loom_seen;
+
+use loom_seen::Seen;
 
 use floodgate::reference::ExactShaper;
 use floodgate::{ManualClock, Nanos, Policy, Shaper};
@@ -23,7 +26,9 @@ enum Op {
 
 #[test]
 fn reservations_and_a_cancel_race() {
-    loom::model(|| {
+    let seen = Seen::new(&["cancel refused", "cancel freed the slot"]);
+    let s = seen.clone();
+    loom::model(move || {
         let policy = Policy::new(1, Duration::from_nanos(T)).unwrap();
         let shaper = Arc::new(Shaper::with_clock(policy, ManualClock::new()));
         let max = Duration::from_nanos(10 * T);
@@ -65,5 +70,7 @@ fn reservations_and_a_cancel_race() {
             }),
             "{observed:?}"
         );
+        s.saw(observed[2].unwrap() as usize);
     });
+    seen.assert_each("reservations_and_a_cancel_race");
 }

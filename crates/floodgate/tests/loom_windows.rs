@@ -7,6 +7,9 @@
 #![cfg(loom)]
 
 mod linearize;
+mod loom_seen;
+
+use loom_seen::Seen;
 
 use floodgate::keyed::composite::check_all;
 use floodgate::reference::{ExactFixedWindow, ExactSlidingWindow};
@@ -80,25 +83,36 @@ fn policy(limit: u64) -> Policy {
 
 #[test]
 fn fixed_window_three_threads_race_for_two_units() {
-    loom::model(|| {
+    let seen = Seen::new(&["thread 0 denied", "thread 1 denied", "thread 2 denied"]);
+    let s = seen.clone();
+    loom::model(move || {
         let (fw, decisions, state) = fixed_window_race(2, &[(5 * P + 1, 1); 3]);
         assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 2);
         assert_eq!(fw.count_of(state), 2);
+        s.saw(decisions.iter().position(|d| !d.is_allowed()).unwrap());
     });
+    seen.assert_each("fixed_window_three_threads_race_for_two_units");
 }
 
 #[test]
 fn fixed_window_an_earlier_window_races_a_later_one() {
-    loom::model(|| {
+    let seen = Seen::new(&["window 5's check first", "window 6's first"]);
+    let s = seen.clone();
+    loom::model(move || {
         // Window 6 and window 5 (a late reading): whatever wins, the state stays in 6.
-        let (fw, _, state) = fixed_window_race(2, &[(6 * P, 2), (5 * P + 500, 1)]);
+        let (fw, decisions, state) = fixed_window_race(2, &[(6 * P, 2), (5 * P + 500, 1)]);
         assert_eq!(fw.window_of(state), 6);
+        // Window 5's check is admitted only if it ran first.
+        s.saw_if(decisions[1].is_allowed(), 0, 1);
     });
+    seen.assert_each("fixed_window_an_earlier_window_races_a_later_one");
 }
 
 #[test]
 fn sliding_window_races_across_an_edge() {
-    loom::model(|| {
+    let seen = Seen::new(&["window 5's check denied", "window 5's check admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let sw = SlidingWindow::new(policy(3)).unwrap();
         // Two units in window 5, then a thread in window 6 and one still in window 5.
         let lim = RateLimiter::with_clock(sw, ManualClock::new());
@@ -116,7 +130,9 @@ fn sliding_window_races_across_an_edge() {
             &decisions,
             ExactSlidingWindow::check
         ));
+        s.saw(usize::from(decisions[1].is_allowed()));
     });
+    seen.assert_each("sliding_window_races_across_an_edge");
 }
 
 #[test]
@@ -151,7 +167,9 @@ fn fixed_window_refund_races_a_check() {
 /// L = 1, window 6 admits one request in every interleaving.
 #[test]
 fn a_refund_never_gives_back_a_later_windows_unit() {
-    loom::model(|| {
+    let seen = Seen::new(&["the direct check denied", "the direct check admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::new(6 * P - 1));
         let fw = FixedWindow::new(policy(1)).unwrap();
         let window = Arc::new(RateLimiter::with_clock(fw, clock.clone()));
@@ -175,5 +193,7 @@ fn a_refund_never_gives_back_a_later_windows_unit() {
         let direct = direct.join().unwrap();
         let after = window.check().is_allowed();
         assert_eq!(u32::from(direct) + u32::from(after), 1);
+        s.saw(usize::from(direct));
     });
+    seen.assert_each("a_refund_never_gives_back_a_later_windows_unit");
 }

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::loom_seen::Seen;
 use floodgate::{
     Decision, Fingerprint, Gcra, GcraState, Heap, Inline, KeyedBuilder, KeyedLimiter, KeyedMetrics,
     ManualClock, Nanos, Policy, Receipt, Storage,
@@ -184,7 +185,9 @@ fn limiter<L: Keyed>(capacity: usize, clock: &ManualClock) -> Arc<L> {
 }
 
 pub fn two_inserts_of_one_key_admit_once<L: Keyed>() {
-    loom::model(|| {
+    let seen = Seen::new(&["spawned thread admitted", "main thread admitted"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let keyed = limiter::<L>(4, &clock);
         let other = Arc::clone(&keyed);
@@ -193,7 +196,9 @@ pub fn two_inserts_of_one_key_admit_once<L: Keyed>() {
         let there = t.join().unwrap();
         assert!(here ^ there, "exactly one admission: {here} {there}");
         assert_eq!(keyed.metrics().live_keys, 1);
+        s.saw_if(here, 1, 0);
     });
+    seen.assert_each("two_inserts_of_one_key_admit_once");
 }
 
 pub fn lookup_racing_with_insertion_sees_a_whole_entry<L: Keyed>() {
@@ -234,7 +239,9 @@ pub fn lookup_racing_with_insertion_sees_a_whole_entry<L: Keyed>() {
 }
 
 pub fn reclaiming_an_idle_key_loses_no_charge<L: Keyed>() {
-    loom::model(|| {
+    let seen = Seen::new(&["check first (nothing reclaimed)", "reclaimed first"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let keyed = limiter::<L>(4, &clock);
         assert!(keyed.check(&1).is_allowed());
@@ -247,11 +254,15 @@ pub fn reclaiming_an_idle_key_loses_no_charge<L: Keyed>() {
         assert!(!keyed.peek(&1, 1).is_allowed());
         assert_eq!(keyed.metrics().live_keys, 1);
         assert!(reclaimed <= 1);
+        s.saw(reclaimed);
     });
+    seen.assert_each("reclaiming_an_idle_key_loses_no_charge");
 }
 
 pub fn a_retired_slot_never_hands_its_state_to_another_key<L: Keyed>() {
-    loom::model(|| {
+    let seen = Seen::new(&["key 1 kept", "key 2 kept"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         // Capacity 1: inserting key 2 must retire key 1 (idle, so reclaimed).
         let keyed = limiter::<L>(1, &clock);
@@ -269,12 +280,17 @@ pub fn a_retired_slot_never_hands_its_state_to_another_key<L: Keyed>() {
         let m = keyed.metrics();
         assert_eq!(m.live_keys, 1);
         // Whichever key is still in the table still holds its own charge.
-        assert!(!keyed.peek(&1, 1).is_allowed() || !keyed.peek(&2, 1).is_allowed());
+        let one_kept = !keyed.peek(&1, 1).is_allowed();
+        assert!(one_kept || !keyed.peek(&2, 1).is_allowed());
+        s.saw_if(one_kept, 0, 1);
     });
+    seen.assert_each("a_retired_slot_never_hands_its_state_to_another_key");
 }
 
 pub fn evicting_a_live_key_racing_with_its_decision<L: Keyed>() {
-    loom::model(|| {
+    let seen = Seen::new(&["key 1 decided before its eviction", "key 1 evicted first"]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         // Capacity 1, key 1 live (booked 1 s ahead): inserting key 2 evicts it.
         let keyed = limiter::<L>(1, &clock);
@@ -295,7 +311,9 @@ pub fn evicting_a_live_key_racing_with_its_decision<L: Keyed>() {
         let m = keyed.metrics();
         assert_eq!(m.live_keys, 1);
         assert!(m.evicted >= 1);
+        s.saw_if(one.is_allowed(), 1, 0);
     });
+    seen.assert_each("evicting_a_live_key_racing_with_its_decision");
 }
 
 /// How a model takes a key out: `remove` or `reset` (the same operation, each
@@ -316,6 +334,8 @@ impl Removal {
 }
 
 pub fn a_removal_racing_a_check_read_earlier<L: Keyed>(how: Removal) {
+    let seen = Seen::new(&["check before the removal", "check after the removal"]);
+    let s = seen.clone();
     loom::model(move || {
         // Key 1 charged at 1 s (TAT 2 s, burst 1). The remover reads 5 s; a check
         // read its clock at 1 s and runs now. Before the removal it is denied (the
@@ -343,10 +363,17 @@ pub fn a_removal_racing_a_check_read_earlier<L: Keyed>(how: Removal) {
             assert!(keyed.peek(&1, 1).is_allowed());
             assert_eq!(m.live_keys, 0);
         }
+        s.saw_if(one.is_allowed(), 1, 0);
     });
+    seen.assert_each("a_removal_racing_a_check_read_earlier");
 }
 
 pub fn a_refund_racing_a_removal_never_lands_on_the_new_state<L: Keyed>(how: Removal) {
+    let seen = Seen::new(&[
+        "refund after the removal (nothing back)",
+        "refund before it",
+    ]);
+    let s = seen.clone();
     loom::model(move || {
         // Key 1 charged with a receipt; the remover removes it and charges it again
         // (a fresh key: admitted). The refund runs meanwhile: before the removal it
@@ -360,11 +387,13 @@ pub fn a_refund_racing_a_removal_never_lands_on_the_new_state<L: Keyed>(how: Rem
         let t = loom::thread::spawn(move || other.refund(&1, receipt));
         assert!(how.apply(&*keyed, &1));
         assert!(keyed.check(&1).is_allowed(), "fresh after the removal");
-        let _refunded = t.join().unwrap();
+        let refunded = t.join().unwrap();
         // The second charge stands in every order.
         assert!(!keyed.peek(&1, 1).is_allowed());
         assert_eq!(keyed.metrics().live_keys, 1);
+        s.saw(usize::from(refunded));
     });
+    seen.assert_each("a_refund_racing_a_removal_never_lands_on_the_new_state");
 }
 
 /// A peek racing a backward-shift removal: `two` sits behind key 1 in its probe

@@ -692,8 +692,13 @@ where
             let hot = self.on_entry(word, |entry| {
                 let decision = entry.leased.check_n_at(judged, cost);
                 // A denial by a central word closed meanwhile (a demotion under way)
-                // is no answer: route the check again.
-                (decision.is_allowed() || entry.is_open()).then_some(decision)
+                // is no answer: route the check again. The word itself says so: the
+                // entry's flag, cleared before the word is closed, may still read
+                // open here (the word's reads are Relaxed and order nothing), and
+                // the denial would reach the caller with a wait to the end of time.
+                let answer =
+                    decision.is_allowed() || (entry.is_open() && !entry.leased.is_central_closed());
+                answer.then_some(decision)
             });
             if let Some(decision) = hot {
                 self.keyed.count(decision.is_allowed());
@@ -735,9 +740,12 @@ where
             let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
-            if let Some(decision) =
-                self.on_entry(word, |entry| Some(entry.leased.peek_at(judged, cost)))
-            {
+            // As in `check_hot`: a denial by a central word a demotion closed after
+            // the entry was seen open is no answer.
+            if let Some(decision) = self.on_entry(word, |entry| {
+                let decision = entry.leased.peek_at(judged, cost);
+                (decision.is_allowed() || !entry.leased.is_central_closed()).then_some(decision)
+            }) {
                 return decision;
             }
             wait(&backoff);
