@@ -87,6 +87,11 @@ impl Receipt {
         })
     }
 
+    /// Whether `owner` issued this receipt.
+    pub(crate) fn is_owners(&self, owner: Owner) -> bool {
+        self.owner == owner.0
+    }
+
     /// The key's shard removal generation at the charge.
     pub(crate) fn generation(&self) -> u64 {
         self.generation
