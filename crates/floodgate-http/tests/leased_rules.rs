@@ -378,3 +378,28 @@ fn a_cost_above_the_burst_is_refused_at_build() -> TestResult {
             .build()
     })
 }
+
+/// A response's remaining for a leased rule is what the core documents for the
+/// mode: on a refill, this shard's lease units plus the central word's remaining;
+/// on a spend from the lease, the units left on it; after a later rule's denial,
+/// the central word's (a peek at cost 0, as `check(0)`).
+#[test]
+fn a_leased_rules_remaining_is_the_modes() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let global = leased(100, 1_000, 10, &clock);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let send = || rt.block_on(layer.layer(Hello).oneshot(request(1)));
+    let r = send()?;
+    assert_eq!(num(&r, "x-ratelimit-remaining"), 90 + 9, "a refill");
+    let r = send()?;
+    assert_eq!(
+        num(&r, "x-ratelimit-remaining"),
+        8,
+        "a spend from the lease"
+    );
+    assert_eq!(global.peek(0).remaining(), 90, "the central word");
+    Ok(())
+}
