@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
-    Algorithm, AsyncLimit, Clock, Decision, KeyedLimiter, KeyedSlidingLog, Lookup, Nanos, Policy,
-    RateLimiter, Receipt, StateCell, Storage,
+    Algorithm, AsyncLimit, Clock, Decision, Gcra, GcraState, HotKeyLimiter, KeyedLimiter,
+    KeyedSlidingLog, LeasedGcra, Lookup, Nanos, Policy, RateLimiter, Receipt, StateCell, Storage,
 };
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -102,8 +102,11 @@ pub enum OnLimiterError {
 ///
 /// Implemented for the in-process limiters: [`KeyedLimiter`] (per key, on every
 /// storage), [`KeyedSlidingLog`] (the exact log per key), [`PlanLimiter`] (per key,
-/// under the key's plan) and [`RateLimiter`] (one limit for every key). A refund gives back only what the
-/// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`). A
+/// under the key's plan), [`RateLimiter`] (one limit for every key), and the
+/// hot-key modes [`LeasedGcra`] (one limit for every key, on per-core leases) and
+/// [`HotKeyLimiter`] (per key, hot keys on leases). A refund gives back only what the
+/// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`; on
+/// a lease, see [`LeasedGcra::refund`]). A
 /// remote backend without refunds is used with [`Rule::remote`].
 ///
 /// # Examples
@@ -325,6 +328,55 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
     }
 }
 
+/// One hot-key limit for every key: a proxy's global limit that scales across cores
+/// (per-core leases of units from one central GCRA word: see [`LeasedGcra`]).
+///
+/// It is the one mode exempt from exact admission: over any interval it admits at
+/// most what the central GCRA allows plus the units out on lease at the interval's
+/// start (at most `shards × lease size` between requests). A refund (a later rule's
+/// denial) gives the units back to the lease they were spent from, only on the
+/// thread that charged them (its shard's only writer), while that lease is still
+/// the shard's and unexpired, and never above the lease size; otherwise it gives
+/// nothing back (the request stays charged: never an admission beyond the bound,
+/// see [`LeasedGcra::refund`]). `peek(0)`, and so a response's remaining, reports
+/// the central word, as `check(0)` does (the units on leases are not in it). A cost
+/// above the burst never fits ([`ConfigError::Cost`] at build).
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{LeasedGcra, Policy};
+/// use floodgate_http::{Global, RateLimitLayer, Rule};
+///
+/// // 100 000 a second for the whole proxy, one lease shard per worker thread.
+/// let global = LeasedGcra::builder(Policy::per_second(100_000)?.with_burst(1_000)?)
+///     .shards(8)
+///     .lease_size(16)
+///     .build()?;
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("global", global, Global)?)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<K: ?Sized, C: Clock> Charge<K> for LeasedGcra<C> {
+    fn charge(&self, _key: &K, cost: u32) -> (Decision, Receipt) {
+        LeasedGcra::charge(self, cost)
+    }
+
+    fn refund(&self, _key: &K, receipt: Receipt) -> bool {
+        LeasedGcra::refund(self, receipt)
+    }
+
+    fn peek(&self, _key: &K, cost: u32) -> Decision {
+        LeasedGcra::peek(self, cost)
+    }
+
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        fresh_never_fits(&Gcra::new(self.policy()), Nanos::ZERO, cost)
+    }
+}
+
 /// The body of a keyed limiter's [`Charge`]: its own methods of the same names.
 macro_rules! charge_per_key {
     ($limiter:ident) => {
@@ -368,6 +420,25 @@ where
         // The log admits at most its limit within a period: "never" is `n > L`.
         let limit = self.policy().limit();
         (u64::from(cost) > limit).then_some(limit)
+    }
+}
+
+/// Per key, with hot keys on per-core leases ([`HotKeyLimiter`]): a cold key is the
+/// keyed table's exact GCRA, and its refunds are the table's; a hot key's charge and
+/// refund are its lease limiter's (see the [`LeasedGcra`] impl above and
+/// [`HotKeyLimiter::refund`]: nothing comes back after the key's demotion or a new
+/// promotion). A cost above the burst never fits ([`ConfigError::Cost`] at build).
+impl<K, Q, C, S> Charge<Q> for HotKeyLimiter<K, C, S>
+where
+    K: core::hash::Hash + Eq + Clone + Send + 'static,
+    Q: Lookup<K> + ?Sized,
+    C: Clock + Clone + 'static,
+    S: Storage<K, GcraState>,
+{
+    charge_per_key!(HotKeyLimiter);
+
+    fn never_fits(&self, cost: u32) -> Option<u64> {
+        fresh_never_fits(&Gcra::new(self.policy()), self.clock().now(), cost)
     }
 }
 
@@ -1038,7 +1109,12 @@ struct Shared {
 ///   held (a phantom denial), never the reverse — no request is admitted beyond any
 ///   single limit. A request whose response future is dropped before it reaches the
 ///   inner service (the client went away while it waited for a queue's slot or a
-///   remote limiter) is given back the same way.
+///   remote limiter) is given back the same way. On the hot-key modes
+///   ([`LeasedGcra`], a hot key of [`HotKeyLimiter`]) a charge comes back only to
+///   the lease it was spent from, on the thread that charged it, while that lease
+///   is unexpired (never above the lease size); otherwise it stays charged — such a
+///   rule may count a request a later rule denied (a conservative loss, never an
+///   admission beyond its bound).
 /// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
 ///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
 ///   the rule most likely to deny (per client) before the shared ones (global), so a

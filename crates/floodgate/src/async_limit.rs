@@ -15,9 +15,11 @@ use crate::algorithm::Algorithm;
 use crate::cell::StateCell;
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::gcra::GcraState;
 use crate::keyed::composite::Identified;
 use crate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
-use crate::keyed::{KeyedLimiter, KeyedSlidingLog, Lookup, Storage};
+use crate::keyed::{HotKeyLimiter, KeyedLimiter, KeyedSlidingLog, Lookup, Storage};
+use crate::lease::LeasedGcra;
 use crate::limiter::RateLimiter;
 
 /// A limit on keys of type `K` that answers through a future.
@@ -29,8 +31,12 @@ use crate::limiter::RateLimiter;
 ///
 /// Implemented by [`KeyedLimiter`] and [`KeyedSlidingLog`] (per key), by
 /// [`PlanLimiter`] (per key, under the key's plan), by [`RateLimiter`] (one limit for
-/// every key: a global limit ignores the key), and by [`Identified`] (a limit whose
-/// decisions carry a [`PolicyId`](crate::PolicyId)).
+/// every key: a global limit ignores the key), by the hot-key modes [`LeasedGcra`]
+/// (one limit for every key) and [`HotKeyLimiter`] (per key), and by [`Identified`]
+/// (a limit whose decisions carry a [`PolicyId`](crate::PolicyId)). On the hot-key
+/// modes `peek_n` allows what `check_n` would on the calling thread's shard, and its
+/// `remaining` is as [`LeasedGcra`]'s module documents for a refill (a cost-0 peek:
+/// the central word's report).
 ///
 /// # Examples
 ///
@@ -89,6 +95,30 @@ macro_rules! ready_per_key {
             cost: u32,
         ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
             ready(Ok($limiter::peek(self, key, cost)))
+        }
+    };
+}
+
+/// The body of an in-process limit for every key's [`AsyncLimit`]: its own `check_n`
+/// and `peek`, the key ignored, answered at once.
+macro_rules! ready_global {
+    ($limiter:ident) => {
+        type Error = Infallible;
+
+        fn check_n(
+            &self,
+            _key: &K,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::check_n(self, cost)))
+        }
+
+        fn peek_n(
+            &self,
+            _key: &K,
+            cost: u32,
+        ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+            ready(Ok($limiter::peek(self, cost)))
         }
     };
 }
@@ -155,23 +185,26 @@ where
     C: Clock,
     S: StateCell<A::State>,
 {
-    type Error = Infallible;
+    ready_global!(RateLimiter);
+}
 
-    fn check_n(
-        &self,
-        _key: &K,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(RateLimiter::check_n(self, cost)))
-    }
+/// One hot-key limit for every key (the key is ignored).
+impl<K: ?Sized, C: Clock> AsyncLimit<K> for LeasedGcra<C>
+where
+    Self: Send + Sync,
+{
+    ready_global!(LeasedGcra);
+}
 
-    fn peek_n(
-        &self,
-        _key: &K,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Infallible>> + Send {
-        ready(Ok(RateLimiter::peek(self, cost)))
-    }
+impl<K, Q, C, S> AsyncLimit<Q> for HotKeyLimiter<K, C, S>
+where
+    K: Hash + Eq + Clone + Send + 'static,
+    Q: Lookup<K> + ?Sized,
+    C: Clock + Clone + 'static,
+    S: Storage<K, GcraState>,
+    Self: Send + Sync,
+{
+    ready_per_key!(HotKeyLimiter);
 }
 
 /// The wrapped limit's answer, labelled with the id.

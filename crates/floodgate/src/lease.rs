@@ -63,6 +63,16 @@
 //! word's for the units this shard is short of. `check(0)` reports the central word
 //! and writes nothing.
 //!
+//! # Receipts and refunds
+//!
+//! [`charge`](LeasedGcra::charge) decides as [`check_n`](LeasedGcra::check_n) does and
+//! hands back a receipt; [`refund`](LeasedGcra::refund) gives its units back to the
+//! lease they were spent from — on the calling thread's shard, while that lease is
+//! unexpired, never above the lease size — or gives nothing back. A refunded charge
+//! is not an admission, and the bound above holds with a charge still refundable
+//! counted as out on lease (see [`refund`](LeasedGcra::refund)). A charge the
+//! central word decided alone holds nothing to give back.
+//!
 //! # Clocks
 //!
 //! Refills read the limiter's clock (`C`, by default the TSC) for the central GCRA
@@ -118,11 +128,13 @@ use core::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
+use crate::algorithm::Charged;
 use crate::cell::update_word;
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
 use crate::policy::Policy;
+use crate::receipt::{Owner, Receipt};
 use crate::sync::{owner_index, owner_index_if_taken, Atomic, AtomicU64, Ordering};
 use crate::Algorithm;
 
@@ -180,12 +192,18 @@ impl Lease {
     /// nothing from it: every unit is admitted at a reading no earlier than the one
     /// it was taken from the central word at (to the tick).
     const fn spendable_units(self, tick: u64, lifetime: u64) -> u32 {
-        // `expires − tick` in 1..=lifetime, in one comparison (wrapping).
-        if self.expires().wrapping_sub(tick).wrapping_sub(1) < lifetime {
+        if self.is_spendable(tick, lifetime) {
             self.units()
         } else {
             0
         }
+    }
+
+    /// Whether a decision at `tick` may spend from this lease (see
+    /// [`spendable_units`](Self::spendable_units)), however many units it holds.
+    const fn is_spendable(self, tick: u64, lifetime: u64) -> bool {
+        // `expires − tick` in 1..=lifetime, in one comparison (wrapping).
+        self.expires().wrapping_sub(tick).wrapping_sub(1) < lifetime
     }
 
     /// Spends `cost` at `tick`, if the lease is spendable then and holds that much.
@@ -523,6 +541,7 @@ impl LeaseBuilder {
             clock,
             expiry,
             origin: 0,
+            owner: Owner::new(),
         };
         limiter.origin = limiter.expiry_nanos().1;
         Ok(limiter)
@@ -546,6 +565,8 @@ pub struct LeasedGcra<C: Clock = DefaultClock> {
     clock: C,
     expiry: Expiry,
     origin: u64,
+    /// The id this limiter's receipts carry.
+    owner: Owner,
 }
 
 impl LeasedGcra {
@@ -591,9 +612,186 @@ impl<C: Clock> LeasedGcra<C> {
     /// [`Expiry::Coarse`]).
     #[inline]
     pub(crate) fn check_n_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.decide(Some(now), self.expiry_nanos_at(now), cost)
+    }
+
+    /// Decides `cost` units as [`check_n`](Self::check_n) does, with the receipt a
+    /// [`refund`](Self::refund) needs.
+    ///
+    /// The receipt holds a charge only when the units came from the calling
+    /// thread's shard lease (a spend, or a refill). A
+    /// decision on the central word alone — a thread that owns no shard, a reading
+    /// no lease can be dated at — and a denial or cost 0 hold none: their refund
+    /// gives nothing back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{LeasedGcra, ManualClock, Policy};
+    ///
+    /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?.with_burst(100)?)
+    ///     .shards(4)
+    ///     .lease_size(10)
+    ///     .build_with_clock(ManualClock::new())?;
+    /// let (decision, receipt) = leased.charge(3);
+    /// assert!(decision.is_allowed() && receipt.is_charged());
+    /// assert_eq!(leased.units_on_lease(), 7);
+    /// assert!(leased.refund(receipt)); // back on this thread's lease
+    /// assert_eq!(leased.units_on_lease(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn charge(&self, cost: u32) -> (Decision, Receipt) {
+        let (now, nanos) = self.expiry_nanos();
+        self.charge_on(now, nanos, cost)
+    }
+
+    /// [`charge`](Self::charge) with a clock reading the caller has taken from this
+    /// limiter's clock (as [`check_n_at`](Self::check_n_at)).
+    #[inline]
+    pub(crate) fn charge_at(&self, now: Nanos, cost: u32) -> (Decision, Receipt) {
+        self.charge_on(Some(now), self.expiry_nanos_at(now), cost)
+    }
+
+    /// A decision as `decide`'s, with its receipt: the lease the charge left in
+    /// the calling thread's shard word (its only writer, so the word read after the
+    /// decision is the one the decision stored).
+    fn charge_on(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> (Decision, Receipt) {
+        let shard = owner_index();
+        let Some(word) = self.shards.get(shard) else {
+            let decision = self.decide_central(now, cost);
+            return (decision, Receipt::new::<Lease>(self.owner, 0, 0, None));
+        };
+        let before = word.load(Ordering::Relaxed);
+        let decision = self.decide_owned(word, now, nanos, cost);
+        let after = word.load(Ordering::Relaxed);
+        // A reading a lease can be dated at is decided on the lease (a spend or a
+        // refill); any other on the central word alone (`refill`).
+        let leased = self.lease_tick(nanos).is_some();
+        let charge = (decision.is_allowed() && cost > 0 && leased).then(|| {
+            let charge = Charged {
+                before,
+                after,
+                at: Nanos::new(nanos),
+                cost,
+            };
+            (charge, 0)
+        });
+        (decision, Receipt::new(self.owner, shard as u64, 0, charge))
+    }
+
+    /// Gives the units of the charge behind `receipt` back to the lease they were
+    /// spent from, if that lease is still the calling thread's shard's and still
+    /// spendable, never taking it above the lease size; returns whether anything
+    /// came back.
+    ///
+    /// Nothing comes back (`false`, conservative: never an admission beyond the
+    /// bound) for a receipt of another limiter, of a charge that took nothing or
+    /// that the central word decided alone, of another shard (a thread that owns
+    /// another index: only a shard's owner writes its word), or whose lease has
+    /// expired or been replaced by a later refill (a refill within the same
+    /// 65.5 µs expiry tick takes the same expiry, and a refund then lands on the
+    /// new lease: still the shard's own units, see below); a receipt is consumed, so
+    /// a charge comes back at most once.
+    ///
+    /// # The bound with refunds
+    ///
+    /// A refunded charge is not an admission. A unit given back is one this shard
+    /// took from the central word and spent; it is spendable again only on this
+    /// shard's unexpired lease, which never holds more than the lease size. So the
+    /// module's bound holds with "units out on lease at `a`" counting, besides the
+    /// units the shards hold, those of charges still refundable at `a` (made
+    /// before `a` from a lease unexpired at `a`, receipt not yet settled): at an
+    /// instant when no receipt is outstanding — a layer between requests — that is
+    /// at most `shards × lease size`, as without refunds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{LeasedGcra, ManualClock, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?.with_burst(100)?)
+    ///     .shards(1)
+    ///     .lease_size(10)
+    ///     .lifetime(Duration::from_millis(1))
+    ///     .build_with_clock(clock.clone())?;
+    /// let (_, receipt) = leased.charge(1);
+    /// clock.advance(Duration::from_millis(2)); // the lease has expired
+    /// assert!(!leased.refund(receipt));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund(&self, receipt: Receipt) -> bool {
+        self.refund_on(self.expiry_nanos().1, receipt)
+    }
+
+    /// [`refund`](Self::refund) at a clock reading the caller has taken from this
+    /// limiter's clock.
+    pub(crate) fn refund_at(&self, now: Nanos, receipt: Receipt) -> bool {
+        self.refund_on(self.expiry_nanos_at(now), receipt)
+    }
+
+    fn refund_on(&self, nanos: u64, receipt: Receipt) -> bool {
+        // A refund takes no owner index: a thread without one owns no shard.
+        let shard = owner_index_if_taken();
+        let Some(word) = self.shards.get(shard) else {
+            return false;
+        };
+        let Some(charge) = receipt.charge_for::<Lease>(self.owner, shard as u64) else {
+            return false;
+        };
+        let Some(tick) = self.lease_tick(nanos) else {
+            return false;
+        };
+        // The caller owns `shard`: it is the word's only writer.
+        let lease = word.load(Ordering::Relaxed);
+        if lease.expires() != charge.after.expires()
+            || !lease.is_spendable(tick, self.lifetime_ticks)
+        {
+            return false;
+        }
+        let units = lease
+            .units()
+            .saturating_add(charge.cost)
+            .min(self.lease_size);
+        if units <= lease.units() {
+            return false;
+        }
+        word.store(Lease::new(units, lease.expires()), Ordering::Relaxed);
+        true
+    }
+
+    /// What [`peek_at`](Self::peek_at) reports now (see the [module docs](self),
+    /// "What a decision reports"): `peek(0)` is the central word's report, as
+    /// `check(0)` is; a positive cost is allowed when this thread's own lease holds
+    /// it, or the central word holds what it is short of. Writes nothing and takes no
+    /// owner index.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{LeasedGcra, ManualClock, Policy};
+    ///
+    /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?.with_burst(100)?)
+    ///     .shards(1)
+    ///     .lease_size(10)
+    ///     .build_with_clock(ManualClock::new())?;
+    /// assert!(leased.check().is_allowed()); // leases 10, spends 1
+    /// assert_eq!(leased.peek(0).remaining(), 90); // the central word
+    /// assert_eq!(leased.peek(0), leased.check_n(0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek(&self, cost: u32) -> Decision {
+        self.peek_at(self.clock.now(), cost)
+    }
+
+    /// The expiry clock's nanoseconds for a reading `now` of the limiter's clock.
+    #[inline(always)]
+    fn expiry_nanos_at(&self, now: Nanos) -> u64 {
         match &self.expiry {
-            Expiry::Fresh => self.decide(Some(now), now.as_u64(), cost),
-            Expiry::Coarse(coarse) => self.decide(Some(now), coarse.nanos(), cost),
+            Expiry::Fresh => now.as_u64(),
+            Expiry::Coarse(coarse) => coarse.nanos(),
         }
     }
 
@@ -601,10 +799,7 @@ impl<C: Clock> LeasedGcra<C> {
     /// allowed when this thread's own shard holds `cost` units, or the central word
     /// holds what it is short of.
     pub(crate) fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
-        let nanos = match &self.expiry {
-            Expiry::Fresh => now.as_u64(),
-            Expiry::Coarse(coarse) => coarse.nanos(),
-        };
+        let nanos = self.expiry_nanos_at(now);
         // A peek takes no owner index: a thread that only reads holds no shard.
         let own = match (
             self.shards.get(owner_index_if_taken()),

@@ -980,9 +980,26 @@ where
         self.settle(c)
     }
 
+    /// [`charge_at`](KeyedLimiter::charge_at), counted by the caller (a hot-key
+    /// limiter counts a check that met a sealed word where it is decided).
+    pub(crate) fn charge_uncounted<Q>(&self, key: &Q, now: Nanos, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let c = self
+            .table
+            .decide::<KeyedCharge<A::State>, Q, A>(&self.algorithm, key, now, cost);
+        self.receipt_of(c)
+    }
+
     /// Counts a keyed charge's decision and writes its receipt.
     fn settle(&self, c: KeyedCharge<A::State>) -> (Decision, Receipt) {
         self.count(c.decision.is_allowed());
+        self.receipt_of(c)
+    }
+
+    /// A keyed charge's decision and receipt (not counted).
+    fn receipt_of(&self, c: KeyedCharge<A::State>) -> (Decision, Receipt) {
         let charge = c.charge.map(|charge| (charge, c.noted));
         (
             c.decision,

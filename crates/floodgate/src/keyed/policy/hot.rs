@@ -51,8 +51,13 @@
 //! before a removal never finds the key's fresh schedule in the past (each removal
 //! forgives at most one burst, hot or cold: [`KeyedLimiter::remove`]). A key with
 //! units out on lease is never idle (its slot is not reused
-//! while they are valid). Refunds and receipts are not offered: the hot-key mode is
-//! the one mode exempt from exact admission.
+//! while they are valid). The hot-key mode is the one mode exempt from exact
+//! admission. [`charge`](HotKeyLimiter::charge) and
+//! [`refund`](HotKeyLimiter::refund) are offered: a cold key's are the keyed
+//! table's (exact); a hot key's give units back only to the lease they were spent
+//! from, while it is unexpired, never above the lease size (see
+//! [`LeasedGcra::refund`]), so the bound holds with a charge still refundable
+//! counted as out on lease.
 //!
 //! # Detection
 //!
@@ -97,6 +102,7 @@ use crate::keyed::limiter::{KeyedBuilder, KeyedError, KeyedLimiter, KeyedMetrics
 use crate::keyed::storage::{table_hasher, Heap, Salt, Storage};
 use crate::lease::{LeaseBuilder, LeaseError, LeasedGcra};
 use crate::policy::Policy;
+use crate::receipt::Receipt;
 use crate::sync::{lock, pin, retire, thread_index, AtomicPtr, AtomicU64, Mutex, Ordering};
 
 /// The most hot keys a limiter holds: fewer than the 8 keys an eviction samples, so
@@ -676,21 +682,55 @@ where
     /// slot's lease limiter at that instant, or (while a promotion or demotion of the
     /// key is half-way) a wait and another routing.
     #[inline(never)]
-    fn check_hot<Q>(
-        &self,
-        mut word: u64,
-        mut judged: Nanos,
-        key: &Q,
-        now: Nanos,
-        cost: u32,
-    ) -> Decision
+    fn check_hot<Q>(&self, word: u64, judged: Nanos, key: &Q, now: Nanos, cost: u32) -> Decision
     where
         Q: Lookup<K> + ?Sized,
     {
+        let hot = |leased: &LeasedGcra<C>, at| (leased.check_n_at(at, cost), ());
+        let cold = || {
+            let decision = self
+                .keyed
+                .decide_uncounted(self.keyed.algorithm(), key, now, cost);
+            (decision, ())
+        };
+        self.route_hot(word, judged, now, hot, cold).0
+    }
+
+    /// [`check_hot`](Self::check_hot) with the receipt of the charge.
+    #[inline(never)]
+    fn charge_hot<Q>(
+        &self,
+        word: u64,
+        judged: Nanos,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+    ) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let hot = |leased: &LeasedGcra<C>, at| leased.charge_at(at, cost);
+        let cold = || self.keyed.charge_uncounted(key, now, cost);
+        self.route_hot(word, judged, now, hot, cold)
+    }
+
+    /// The routing of a decision that met the sealed `word`: `hot` on the slot's
+    /// lease limiter at `judged`, or (while a promotion or demotion of the key is
+    /// half-way) a wait and `cold`, the table's decision again, until one answers.
+    /// Counts the answer.
+    #[inline(always)]
+    fn route_hot<R>(
+        &self,
+        mut word: u64,
+        mut judged: Nanos,
+        now: Nanos,
+        hot: impl Fn(&LeasedGcra<C>, Nanos) -> (Decision, R),
+        cold: impl Fn() -> (Decision, R),
+    ) -> (Decision, R) {
         let backoff = Backoff::new();
         loop {
-            let hot = self.on_entry(word, |entry| {
-                let decision = entry.leased.check_n_at(judged, cost);
+            let decided = self.on_entry(word, |entry| {
+                let (decision, r) = hot(&entry.leased, judged);
                 // A denial by a central word closed meanwhile (a demotion under way)
                 // is no answer: route the check again. The word itself says so: the
                 // entry's flag, cleared before the word is closed, may still read
@@ -698,24 +738,113 @@ where
                 // the denial would reach the caller with a wait to the end of time.
                 let answer =
                     decision.is_allowed() || (entry.is_open() && !entry.leased.is_central_closed());
-                answer.then_some(decision)
+                answer.then_some((decision, r))
             });
-            if let Some(decision) = hot {
+            if let Some((decision, r)) = decided {
                 self.keyed.count(decision.is_allowed());
-                return decision;
+                return (decision, r);
             }
             wait(&backoff);
-            let decision = self
-                .keyed
-                .decide_uncounted(self.keyed.algorithm(), key, now, cost);
+            let (decision, r) = cold();
             match sealed_in(&decision, now) {
                 None => {
                     self.keyed.count(decision.is_allowed());
-                    return decision;
+                    return (decision, r);
                 }
                 Some(again) => (word, judged) = again,
             }
         }
+    }
+
+    /// Decides `cost` units for `key` now, as [`check_n`](Self::check_n), with the
+    /// receipt a [`refund`](Self::refund) needs.
+    ///
+    /// A cold key's receipt is the keyed table's ([`KeyedLimiter::charge`]); a hot
+    /// key's is its lease limiter's ([`LeasedGcra::charge`]: it holds a charge when
+    /// the units came from the calling thread's shard lease).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, ManualClock, Policy};
+    /// let limiter = HotKeyLimiter::<u64, _>::new(
+    ///     Policy::per_second(1)?.with_burst(10)?,
+    ///     KeyedBuilder::default().clock(ManualClock::new()),
+    ///     HotKeys::default().lease_size(4).manual(),
+    /// )?;
+    /// let (_, cold) = limiter.charge(&1, 1);
+    /// assert!(limiter.refund(&1, cold)); // exact, as the keyed table's
+    /// assert!(limiter.promote(&1));
+    /// let (_, hot) = limiter.charge(&1, 1); // leases 4, spends 1
+    /// assert!(limiter.refund(&1, hot)); // back on this thread's lease
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge<Q>(&self, key: &Q, cost: u32) -> (Decision, Receipt)
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let now = self.keyed.clock().now();
+        let (decision, receipt) = self.keyed.charge_uncounted(key, now, cost);
+        match sealed_in(&decision, now) {
+            None => {
+                self.keyed.count(decision.is_allowed());
+                self.sample(key, now);
+                (decision, receipt)
+            }
+            Some((word, judged)) => self.charge_hot(word, judged, key, now, cost),
+        }
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds for `key`;
+    /// returns whether anything came back.
+    ///
+    /// * A receipt of a cold charge: the keyed table's refund
+    ///   ([`KeyedLimiter::refund`], with its refund ledger), while the key is still
+    ///   cold; nothing once it has been promoted (its schedule moved to the lease
+    ///   limiter).
+    /// * A receipt of a hot charge: [`LeasedGcra::refund`] on the key's lease
+    ///   limiter — back to the lease the units were spent from, on the calling
+    ///   thread's shard, while that lease is unexpired, never above the lease size
+    ///   — while the key is still hot under the same promotion. Nothing after a
+    ///   demotion (its schedule, every leased unit in it, went back to the table)
+    ///   or a later promotion (a new lease limiter), from another thread's shard,
+    ///   or for another key.
+    ///
+    /// A refunded hot charge is not an admission, and the hot key's bound holds
+    /// with "units out on lease" counting refundable charges (see
+    /// [`LeasedGcra::refund`], "The bound with refunds").
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, ManualClock, Policy};
+    /// let limiter = HotKeyLimiter::<u64, _>::new(
+    ///     Policy::per_second(1)?.with_burst(10)?,
+    ///     KeyedBuilder::default().clock(ManualClock::new()),
+    ///     HotKeys::default().lease_size(4).manual(),
+    /// )?;
+    /// assert!(limiter.promote(&1));
+    /// let (_, hot) = limiter.charge(&1, 1);
+    /// assert!(limiter.demote(&1));
+    /// assert!(!limiter.refund(&1, hot)); // the lease's units went back in the schedule
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund<Q>(&self, key: &Q, receipt: Receipt) -> bool
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        if self.keyed.issued(&receipt) {
+            return self.keyed.refund(key, receipt);
+        }
+        let now = self.keyed.clock().now();
+        let Some((word, judged)) = sealed_in(
+            &self.keyed.peek_with(self.keyed.algorithm(), key, now, 0),
+            now,
+        ) else {
+            return false;
+        };
+        self.on_entry(word, |entry| Some(entry.leased.refund_at(judged, receipt)))
+            .unwrap_or(false)
     }
 
     /// What a check of `cost` would decide now, writing nothing; for a hot key, this
@@ -1050,6 +1179,21 @@ where
     /// The clock.
     pub fn clock(&self) -> &C {
         self.keyed.clock()
+    }
+
+    /// The policy every key runs (hot keys' central words included).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, Policy};
+    /// let policy = Policy::per_second(5)?;
+    /// let limiter = HotKeyLimiter::<u64>::new(policy, KeyedBuilder::default(), HotKeys::default())?;
+    /// assert_eq!(limiter.policy(), policy);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy(&self) -> Policy {
+        self.gcra.policy()
     }
 }
 

@@ -1,0 +1,405 @@
+//! The hot-key modes as layer rules: `LeasedGcra` (one limit for every key, on
+//! per-core leases) and `HotKeyLimiter` (per key, hot keys on leases) implement
+//! `Charge`.
+//!
+//! * Many threads through the tower service on a `ManualClock`: a leased global rule
+//!   admits at most its documented bound (the central GCRA's allowance plus the
+//!   units out on lease at the start: none), every response carries consistent
+//!   headers, and every unit the central word handed out is admitted, held on a
+//!   lease, or still in the central word — including when a later rule's denials
+//!   refund it.
+//! * A later rule's denial gives the leased rule's charge back to its lease (hot key
+//!   and direct alike); a cold key's comes back as the keyed table's.
+//! * A cost above the burst is refused at build (`ConfigError::Cost`).
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use floodgate::{
+    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, ManualClock, Nanos, Policy,
+    RateLimiter,
+};
+use floodgate_http::{from_fn, ConfigError, Global, KeyError, RateLimitLayer, Rule};
+use http::request::Parts;
+use http::{Request, Response};
+use tower::{Layer, ServiceExt};
+mod common;
+use common::{Hello, TestResult};
+
+type Body = floodgate_http::RateLimitBody<String>;
+type Hot = HotKeyLimiter<u64, ManualClock, Inline>;
+
+fn num(r: &Response<Body>, name: &str) -> u64 {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing or not a number: {:?}", r.headers()))
+}
+
+/// The client named by the `x-client` header (a number).
+fn client(parts: &Parts) -> Result<u64, KeyError> {
+    parts
+        .headers
+        .get("x-client")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::Missing {
+            what: "x-client".into(),
+        })
+}
+
+fn request(client: u64) -> Request<()> {
+    Request::builder()
+        .header("x-client", client.to_string())
+        .body(())
+        .expect("a test request")
+}
+
+fn leased(
+    burst: u64,
+    per_second: u64,
+    lease: u32,
+    clock: &ManualClock,
+) -> Arc<LeasedGcra<ManualClock>> {
+    Arc::new(
+        LeasedGcra::builder(
+            Policy::per_second(per_second)
+                .unwrap()
+                .with_burst(burst)
+                .unwrap(),
+        )
+        .shards(64)
+        .lease_size(lease)
+        .lifetime(Duration::from_secs(3_600))
+        .build_with_clock(clock.clone())
+        .unwrap(),
+    )
+}
+
+/// What each thread saw: 200s, 429s.
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    denied: u64,
+    /// Responses whose headers are wrong, and why.
+    bad: Vec<String>,
+}
+
+/// A limit of `limits`, a remaining within it, the `RateLimit` field; a 200 or a
+/// 429 with `Retry-After` of at least 1 s.
+fn check_headers(r: &Response<Body>, limits: &[u64]) -> Result<(), String> {
+    let h = r.headers();
+    let num = |name: &str| -> Result<u64, String> {
+        h.get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} missing or not a number: {h:?}"))
+    };
+    let limit = num("x-ratelimit-limit")?;
+    let remaining = num("x-ratelimit-remaining")?;
+    if !limits.contains(&limit) || remaining > limit || !h.contains_key("ratelimit") {
+        return Err(format!("limit {limit}, remaining {remaining}: {h:?}"));
+    }
+    match r.status().as_u16() {
+        200 => Ok(()),
+        429 if num("retry-after")? >= 1 => Ok(()),
+        other => Err(format!("status {other}: {h:?}")),
+    }
+}
+
+/// How [`drive`] sends: `threads` threads, `rounds` rounds of `per_round` requests
+/// each, from `clients` clients per thread (request `i` of thread `t` is client
+/// `t × 1 000 + i % clients`), the clock moving `step` between rounds; every
+/// response's `x-ratelimit-limit` is one of `limits`.
+struct Run {
+    threads: u64,
+    rounds: usize,
+    per_round: u64,
+    clients: u64,
+    step: Duration,
+    limits: &'static [u64],
+}
+
+/// Sends [`Run`]'s requests, each thread with a runtime of its own (so each decides
+/// on its own shard), and checks every response's headers: a limit of the run's,
+/// a remaining within it, the `RateLimit` field, a 429's `Retry-After`.
+fn drive(layer: &RateLimitLayer, clock: &ManualClock, run: Run) -> Tally {
+    let Run {
+        threads,
+        rounds,
+        per_round,
+        clients,
+        step,
+        limits,
+    } = run;
+    let between = Arc::new(Barrier::new(threads as usize + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (layer, between) = (layer.clone(), between.clone());
+            thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a runtime");
+                let mut tally = Tally::default();
+                for _ in 0..rounds {
+                    for i in 0..per_round {
+                        let svc = layer.layer(Hello);
+                        let r = rt
+                            .block_on(svc.oneshot(request(t * 1_000 + i % clients)))
+                            .expect("infallible");
+                        // Judged after the run: a panic here would leave the
+                        // others waiting at the barrier.
+                        if let Err(why) = check_headers(&r, limits) {
+                            tally.bad.push(why);
+                        }
+                        match r.status().as_u16() {
+                            200 => tally.passed += 1,
+                            _ => tally.denied += 1,
+                        }
+                    }
+                    between.wait(); // the round is over
+                    between.wait(); // the clock has moved
+                }
+                tally
+            })
+        })
+        .collect();
+    for _ in 0..rounds {
+        between.wait();
+        clock.advance(step);
+        between.wait();
+    }
+    let mut all = Tally::default();
+    for w in workers {
+        let t = w.join().expect("a worker");
+        all.passed += t.passed;
+        all.denied += t.denied;
+        all.bad.extend(t.bad);
+    }
+    assert!(all.bad.is_empty(), "{:?}", all.bad);
+    all
+}
+
+#[test]
+fn a_leased_global_rule_admits_at_most_its_bound_from_many_threads() -> TestResult {
+    const BURST: u64 = 50;
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    // 1 000 a second: 1 unit a millisecond; rounds of 10 ms.
+    let global = leased(BURST, 1_000, 4, &clock);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .build()?;
+    let rounds = 5;
+    let run = Run {
+        threads: 4,
+        rounds,
+        per_round: 40,
+        clients: 1_000,
+        step: Duration::from_millis(10),
+        limits: &[BURST],
+    };
+    let tally = drive(&layer, &clock, run);
+    // Over the run's readings [a, b]: B + ⌊(b − a)/T⌋ + the units out on lease at a
+    // (none: the limiter was fresh). The last step is after the last request.
+    let span_ms = (rounds as u64 - 1) * 10;
+    assert!(
+        tally.passed <= BURST + span_ms,
+        "admitted {} > {} + {span_ms}",
+        tally.passed,
+        BURST
+    );
+    assert!(tally.passed > 0 && tally.denied > 0);
+    assert_eq!(tally.passed + tally.denied, 4 * rounds as u64 * 40);
+    let stats = layer.stats();
+    assert_eq!(stats[0].allowed, tally.passed);
+    Ok(())
+}
+
+/// Every later-rule denial refunds the leased rule: on a standing clock, the
+/// requests passed plus the units held on leases plus the central word's remaining
+/// are at most the burst (a refund creates no unit), and no request passed beyond
+/// the burst.
+#[test]
+fn refunds_of_later_denials_create_no_leased_unit() -> TestResult {
+    const BURST: u64 = 200;
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let global = leased(BURST, 1, 8, &clock);
+    // Each client passes twice; its third request is denied by this later rule.
+    let per_client = KeyedBuilder::new(floodgate::Gcra::new(Policy::per_minute(1)?.with_burst(2)?))
+        .clock(clock.clone())
+        .build::<u64>()?;
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .rule(Rule::new("per-client", per_client, from_fn(client))?)
+        .build()?;
+    // Clients repeat: 30 a thread, three requests each.
+    let run = Run {
+        threads: 4,
+        rounds: 1,
+        per_round: 90,
+        clients: 30,
+        step: Duration::ZERO,
+        limits: &[BURST, 2],
+    };
+    let passed = drive(&layer, &clock, run).passed;
+    let stats = layer.stats();
+    // 4 threads × 30 clients × 2 = 240 would pass the per-client rule: the global
+    // burst of 200 is the binding limit, and the later rule denied some requests
+    // the global rule had charged (refunded).
+    assert!(stats[1].denied > 0, "the later rule denied");
+    let central = global.peek(0).remaining();
+    let held = global.units_held();
+    assert!(passed <= BURST, "passed {passed} > burst {BURST}");
+    assert!(
+        passed + held + central <= BURST,
+        "passed {passed} + held {held} + central {central} > {BURST}: a refund created units"
+    );
+    // Every later denial's unit came back (to a lease never full, never expired):
+    // none was lost either.
+    assert_eq!(
+        passed + held + central,
+        BURST,
+        "passed {passed} + held {held} + central {central}: a refund gave nothing back"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_later_rules_denial_gives_the_leased_charge_back_to_its_lease() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let global = leased(100, 1_000, 10, &clock);
+    let tight = RateLimiter::gcra_with_clock(Policy::per_minute(1)?, clock.clone());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .rule(Rule::new("tight", tight, Global)?)
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let r = rt.block_on(layer.layer(Hello).oneshot(request(1)))?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(global.units_on_lease(), 9);
+    // The leased rule's remaining: on a spend from the lease, the units left on it.
+    assert_eq!(
+        num(&r, "x-ratelimit-remaining"),
+        0,
+        "the least remaining: tight's"
+    );
+    let r = rt.block_on(layer.layer(Hello).oneshot(request(1)))?;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        global.units_on_lease(),
+        9,
+        "the denied request's unit came back"
+    );
+    // The central word is as the first request left it (its lease took 10).
+    assert_eq!(global.peek(0).remaining(), 90);
+    Ok(())
+}
+
+fn hot(clock: &ManualClock) -> Result<Arc<Hot>, Box<dyn std::error::Error>> {
+    Ok(Arc::new(HotKeyLimiter::new_in(
+        Policy::per_second(1)?.with_burst(20)?,
+        KeyedBuilder::default().clock(clock.clone()),
+        HotKeys::default().lease_size(4).lease_shards(64).manual(),
+    )?))
+}
+
+#[test]
+fn a_later_rules_denial_refunds_a_hot_key_to_its_lease_and_a_cold_key_exactly() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let per_client = hot(&clock)?;
+    assert!(per_client.promote(&7));
+    let tight = KeyedBuilder::new(floodgate::Gcra::new(Policy::per_minute(1)?))
+        .clock(clock.clone())
+        .build::<u64>()?;
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared(
+            "per-client",
+            Arc::clone(&per_client),
+            from_fn(client),
+        )?)
+        .rule(Rule::new("tight", tight, from_fn(client))?)
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    for key in [7, 8] {
+        let r = rt.block_on(layer.layer(Hello).oneshot(request(key)))?;
+        assert_eq!(r.status(), 200, "key {key}");
+    }
+    // Hot key 7: a lease of 4, one spent; cold key 8: 19 left.
+    assert_eq!(per_client.peek(&7, 0).remaining(), 16, "the central word");
+    assert_eq!(per_client.peek(&8, 0).remaining(), 19);
+    for key in [7, 8] {
+        let r = rt.block_on(layer.layer(Hello).oneshot(request(key)))?;
+        assert_eq!(r.status(), 429, "key {key}");
+    }
+    assert_eq!(
+        per_client.peek(&8, 0).remaining(),
+        19,
+        "the cold refund is exact"
+    );
+    // The hot refund went back to the lease: three spends without a refill.
+    for _ in 0..3 {
+        assert!(per_client.check(&7).is_allowed());
+    }
+    assert_eq!(per_client.peek(&7, 0).remaining(), 16, "no refill");
+    assert!(per_client.check(&7).is_allowed());
+    assert_eq!(per_client.peek(&7, 0).remaining(), 12, "now a refill");
+    Ok(())
+}
+
+/// `build(capacity)` builds and `build(capacity + 1)` is refused naming both.
+fn refused_above(
+    capacity: u32,
+    build: impl Fn(u32) -> Result<RateLimitLayer, ConfigError>,
+) -> TestResult {
+    build(capacity)?;
+    let err = build(capacity + 1).expect_err("a cost above the burst");
+    assert!(
+        matches!(&err, ConfigError::Cost { cost, capacity: c, .. }
+            if *cost == capacity + 1 && *c == u64::from(capacity)),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_cost_above_the_burst_is_refused_at_build() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    refused_above(5, |cost| {
+        RateLimitLayer::builder()
+            .rule(Rule::shared("global", leased(5, 10, 2, &clock), Global)?.cost(cost))
+            .build()
+    })?;
+    let per_client = hot(&clock)?;
+    refused_above(20, |cost| {
+        RateLimitLayer::builder()
+            .rule(Rule::shared("per-client", Arc::clone(&per_client), from_fn(client))?.cost(cost))
+            .build()
+    })
+}
+
+/// A response's remaining for a leased rule is what the core documents for the
+/// mode: on a refill, this shard's lease units plus the central word's remaining;
+/// on a spend from the lease, the units left on it; after a later rule's denial,
+/// the central word's (a peek at cost 0, as `check(0)`).
+#[test]
+fn a_leased_rules_remaining_is_the_modes() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let global = leased(100, 1_000, 10, &clock);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let send = || rt.block_on(layer.layer(Hello).oneshot(request(1)));
+    let r = send()?;
+    assert_eq!(num(&r, "x-ratelimit-remaining"), 90 + 9, "a refill");
+    let r = send()?;
+    assert_eq!(
+        num(&r, "x-ratelimit-remaining"),
+        8,
+        "a spend from the lease"
+    );
+    assert_eq!(global.peek(0).remaining(), 90, "the central word");
+    Ok(())
+}

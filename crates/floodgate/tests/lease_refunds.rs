@@ -1,0 +1,284 @@
+//! Receipts and refunds of the leased (hot-key) mode: `LeasedGcra::charge`/`refund`
+//! and `HotKeyLimiter::charge`/`refund`. A refund gives units back only to the lease
+//! they were spent from — the calling thread's shard, that lease (its expiry) still
+//! the shard's and unexpired, never above the lease size — or gives nothing back; a
+//! cold key's refund is the keyed table's. Each attack below (an expired or replaced
+//! lease, another shard, another limiter, a demotion or a new promotion, another
+//! key, a receipt of the other mode) gives nothing back, and on a standing clock
+//! every unit the central word handed out stays admitted (net of refunds), held on a
+//! lease, or in the central word: none is created.
+#![cfg(not(loom))]
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use floodgate::{
+    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, ManualClock, Nanos, Policy,
+};
+
+fn leased(burst: u64, lease: u32, shards: usize, clock: &ManualClock) -> LeasedGcra<ManualClock> {
+    LeasedGcra::builder(
+        Policy::per_second(1_000)
+            .unwrap()
+            .with_burst(burst)
+            .unwrap(),
+    )
+    .shards(shards)
+    .lease_size(lease)
+    .lifetime(Duration::from_millis(1))
+    .build_with_clock(clock.clone())
+    .unwrap()
+}
+
+#[test]
+fn a_refund_puts_the_units_back_on_their_lease_never_above_the_lease_size() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = leased(100, 10, 64, &clock);
+    let (d, first) = l.charge(3); // leases 10, spends 3
+    assert!(d.is_allowed() && first.is_charged());
+    let (_, second) = l.charge(2);
+    assert_eq!(l.units_on_lease(), 5);
+    assert!(l.refund(second));
+    assert_eq!(l.units_on_lease(), 7);
+    assert!(l.refund(first));
+    assert_eq!(l.units_on_lease(), 10);
+    // A charge above the lease size takes its units from the central word; its
+    // refund tops the lease up to the lease size and no further.
+    let (_, spent) = l.charge(10); // the lease's 10
+    let (d, big) = l.charge(30); // need 30, the lease is empty: 30 from the central word
+    assert!(d.is_allowed() && big.cost() == 30, "{d:?} {big:?}");
+    assert_eq!(l.units_on_lease(), 0);
+    assert!(l.refund(big));
+    assert_eq!(l.units_on_lease(), 10, "capped at the lease size");
+    // A full lease takes nothing more: nothing comes back.
+    assert!(!l.refund(spent));
+    assert_eq!(l.units_on_lease(), 10);
+    // Conservation on a standing clock: 100 = admitted (net) + held + central.
+    let central = l.peek(0).remaining();
+    let admitted = 10; // `spent`: every other charge above was refunded
+    assert_eq!((central, l.units_held()), (60, 10));
+    assert!(admitted + l.units_held() + central <= 100);
+}
+
+#[test]
+fn nothing_comes_back_to_an_expired_or_replaced_lease() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = leased(100, 4, 64, &clock);
+    let (_, stale) = l.charge(1);
+    clock.advance(Duration::from_millis(2)); // past the 1 ms lifetime
+    let held = l.units_held();
+    assert!(!l.refund(stale), "an expired lease");
+    assert_eq!(l.units_held(), held, "nothing written to the expired lease");
+
+    let (_, old) = l.charge(1); // a new lease of 4
+    let (_, rest) = l.charge(3); // spends it out
+    clock.advance(Duration::from_micros(200)); // a later expiry tick, same lifetime
+    let (d, _) = l.charge(1); // refills: a new lease, a later expiry
+    assert!(d.is_allowed());
+    assert_eq!(l.units_on_lease(), 3);
+    assert!(!l.refund(old), "the lease it was spent from was replaced");
+    assert!(!l.refund(rest));
+    assert_eq!(l.units_on_lease(), 3);
+}
+
+#[test]
+fn another_limiters_receipt_gives_nothing_back() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let a = leased(100, 10, 64, &clock);
+    let b = leased(100, 10, 64, &clock);
+    let (_, from_a) = a.charge(2);
+    let (_, _from_b) = b.charge(2); // same shard, same expiry, 8 left
+    assert!(!b.refund(from_a));
+    assert_eq!(b.units_on_lease(), 8);
+}
+
+#[test]
+fn another_shards_receipt_gives_nothing_back() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = Arc::new(leased(1_000, 10, 64, &clock));
+    let both = Arc::new(Barrier::new(2));
+    let (to_b, from_a) = std::sync::mpsc::channel();
+    let a = {
+        let (l, both) = (l.clone(), both.clone());
+        thread::spawn(move || {
+            assert!(l.owns_shard());
+            let (_, receipt) = l.charge(5);
+            to_b.send(receipt).unwrap();
+            both.wait(); // alive (holding its shard) until B has tried
+        })
+    };
+    let b = {
+        let (l, both) = (l.clone(), both.clone());
+        thread::spawn(move || {
+            assert!(l.owns_shard());
+            let (_, own) = l.charge(1); // its own lease, same expiry as A's
+            assert!(own.is_charged());
+            let receipt = from_a.recv().unwrap();
+            let before = l.units_on_lease();
+            let back = l.refund(receipt);
+            let after = l.units_on_lease();
+            both.wait(); // asserted after the wait: a failure never leaves A waiting
+            (back, before, after)
+        })
+    };
+    a.join().unwrap();
+    let (back, before, after) = b.join().unwrap();
+    assert!(!back, "A's receipt on B's shard");
+    assert_eq!(after, before);
+}
+
+#[test]
+fn a_thread_without_a_shard_decides_exactly_and_refunds_nothing() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = Arc::new(leased(100, 10, 1, &clock));
+    let all = Arc::new(Barrier::new(3));
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let (l, all) = (l.clone(), all.clone());
+            thread::spawn(move || {
+                let owns = l.owns_shard();
+                all.wait(); // three live threads, one shard: at most one owns it
+                let (d, receipt) = l.charge(1);
+                let charged = receipt.is_charged();
+                let back = l.refund(receipt);
+                all.wait(); // asserted after the wait: a failure leaves no thread waiting
+                (owns, d.is_allowed() && charged, back)
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let shardless: Vec<_> = outcomes.iter().filter(|o| !o.0).collect();
+    assert!(shardless.len() >= 2);
+    for (_, charged, back) in shardless {
+        assert!(
+            !charged && !back,
+            "a central decision holds nothing to refund"
+        );
+    }
+}
+
+/// Charges and refunds from many threads on a standing clock create no unit: the
+/// central word handed out the burst, and it is all admitted (net of refunds),
+/// held on leases, or still in the central word.
+#[test]
+fn refunds_from_many_threads_create_no_unit() {
+    const BURST: u64 = 400;
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = Arc::new(
+        LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(BURST).unwrap())
+            .shards(64)
+            .lease_size(8)
+            .lifetime(Duration::from_secs(3_600))
+            .build_with_clock(clock.clone())
+            .unwrap(),
+    );
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let l = l.clone();
+            thread::spawn(move || {
+                let mut admitted = 0u64;
+                for i in 0..500u32 {
+                    let cost = 1 + (i + t) % 5;
+                    let (d, receipt) = l.charge(cost);
+                    if !d.is_allowed() {
+                        continue;
+                    }
+                    // Every third admission is refunded (a later rule's denial).
+                    if i % 3 == 0 && l.refund(receipt) {
+                        continue;
+                    }
+                    admitted += u64::from(cost);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let admitted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let mut l = Arc::try_unwrap(l).expect("every thread has exited");
+    let central = l.check_on(0, 0).remaining();
+    let held = l.units_held();
+    assert!(admitted <= BURST, "admitted {admitted} > burst {BURST}");
+    assert!(
+        admitted + held + central <= BURST,
+        "admitted {admitted} + held {held} + central {central} > {BURST}: a refund created units"
+    );
+}
+
+fn hot_limiter(clock: &ManualClock) -> HotKeyLimiter<u64, ManualClock, Inline> {
+    HotKeyLimiter::new_in(
+        Policy::per_second(1).unwrap().with_burst(20).unwrap(),
+        KeyedBuilder::default().clock(clock.clone()),
+        HotKeys::default()
+            .lease_size(4)
+            .lease_shards(64)
+            .slots(2)
+            .manual(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_cold_keys_refund_is_the_keyed_tables() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let h = hot_limiter(&clock);
+    let (d, receipt) = h.charge(&1, 3);
+    assert!(d.is_allowed() && receipt.is_charged());
+    assert_eq!(h.peek(&1, 0).remaining(), 17);
+    let (_, other) = h.charge(&2, 1);
+    assert!(!h.refund(&1, other), "another key's receipt");
+    assert!(h.refund(&1, receipt));
+    assert_eq!(h.peek(&1, 0).remaining(), 20);
+    // A cold receipt after the key turned hot: its schedule moved; nothing back.
+    let (_, cold) = h.charge(&1, 2);
+    assert!(h.promote(&1));
+    assert!(!h.refund(&1, cold));
+    assert_eq!(h.peek(&1, 0).remaining(), 18);
+}
+
+#[test]
+fn a_hot_keys_refund_goes_back_to_its_lease_under_the_same_promotion_only() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let h = hot_limiter(&clock);
+    assert!(h.promote(&1) && h.promote(&2));
+    let (d, one) = h.charge(&1, 1); // leases 4 of key 1's 20, spends 1
+    assert!(d.is_allowed() && one.is_charged());
+    assert_eq!(h.peek(&1, 0).remaining(), 16, "the central word");
+    let (_, two) = h.charge(&2, 1);
+    assert!(!h.refund(&1, two), "another hot key's receipt");
+    assert!(
+        !h.refund(&3, one_more(&h)),
+        "a cold key given a hot key's receipt"
+    );
+    assert!(h.refund(&1, one));
+    // The lease holds 3 again (one spent by `one_more`): three spends, no refill
+    // (the central word stays at 16).
+    for _ in 0..3 {
+        assert!(h.check(&1).is_allowed());
+    }
+    assert_eq!(h.peek(&1, 0).remaining(), 16);
+
+    // A demotion: every leased unit went back into the table's schedule.
+    let (_, before_demotion) = h.charge(&1, 1); // a new lease of 4, one spent
+    assert!(h.demote(&1));
+    let cold = h.peek(&1, 0).remaining();
+    assert!(!h.refund(&1, before_demotion));
+    assert_eq!(h.peek(&1, 0).remaining(), cold);
+
+    // A new promotion: a new lease limiter; an old receipt gives nothing back.
+    assert!(h.promote(&1));
+    let (_, old) = h.charge(&1, 1);
+    assert!(h.demote(&1) && h.promote(&1));
+    let (_, _new) = h.charge(&1, 1); // same thread, same shard, same expiry
+    let central = h.peek(&1, 0).remaining();
+    assert!(!h.refund(&1, old));
+    assert_eq!(h.peek(&1, 0).remaining(), central);
+    assert_eq!(h.peek(&1, 3), h.peek(&1, 3), "peek writes nothing");
+}
+
+/// A charged receipt of hot key 1.
+fn one_more(h: &HotKeyLimiter<u64, ManualClock, Inline>) -> floodgate::Receipt {
+    let (d, receipt) = h.charge(&1, 1);
+    assert!(d.is_allowed() && receipt.is_charged());
+    receipt
+}
