@@ -91,10 +91,18 @@ fuzz_target!(|data: &[u8]| {
         let mut u = Unstructured::new(&control[1..]);
         let Ok(names) = gen_names(&mut u) else { return };
         let mut u = Unstructured::new(rest);
-        for field in &mut lines {
+        for (f, field) in lines.iter_mut().enumerate() {
             let n = u.int_in_range(0..=MAX_LINES).unwrap_or(0);
+            // The layer's members in this field: one per rule, the soft rule's alone
+            // in `X-RateLimit-Exceeded`.
+            let ours = if f == 2 { 1 } else { names.len() };
             for _ in 0..n {
-                field.push(gen_line(&mut u, &names).unwrap_or_default());
+                let line = if u.ratio(1, 8).unwrap_or(false) {
+                    gen_edge_line(&mut u, ours)
+                } else {
+                    gen_line(&mut u, &names)
+                };
+                field.push(line.unwrap_or_default());
             }
         }
         names
@@ -302,20 +310,38 @@ fn judge(f: usize, names: &[String], service: &[&[u8]], headers: &HeaderMap) {
             );
         }
     }
-    // A short canonical line is kept (unless another choice of lines gives the
-    // same members, e.g. a line whose members are all the layer's).
+    // A canonical line within RFC 9651 §3's sizes is kept exactly when its members
+    // (less those named like the layer's) fit the 1 024 of the merged field after the
+    // members before it (unless another choice of lines gives the same members, e.g.
+    // a line whose members are all the layer's). Above a size a parser may refuse the
+    // field, so the layer leaves the line out: `within_minimums` above.
+    let mut before = ours.len();
     for (i, line) in service.iter().enumerate() {
+        let members = parsed[i].as_ref().map_or(0, Vec::len);
         let Ok(list) = Parser::new(line).parse::<List>() else {
             continue;
         };
         let canonical = !list.is_empty() && list.serialize().is_some_and(|s| s.as_bytes() == *line);
-        let redundant = parsed[i].as_ref().is_some_and(|p| p.is_empty());
-        if canonical && line.len() <= 512 && !redundant {
-            assert!(
-                kept & 1 << i != 0 || kept_elsewhere(&parsed, kept, i),
-                "{field}: {shown:?}: the canonical line {:?} was left out",
-                String::from_utf8_lossy(line)
-            );
+        let redundant = members == 0;
+        if canonical && within_sizes(&list) && !redundant {
+            let fits = before + members <= 1024;
+            let shown_line = String::from_utf8_lossy(line);
+            if fits {
+                assert!(
+                    kept & 1 << i != 0 || kept_elsewhere(&parsed, kept, i),
+                    "{field}: {shown:?}: the canonical line {shown_line:?} ({members} members \
+                     after {before}) was left out",
+                );
+            } else {
+                assert!(
+                    kept & 1 << i == 0,
+                    "{field}: {shown:?}: the line {shown_line:?} ({members} members after \
+                     {before}) was kept past 1 024 members",
+                );
+            }
+        }
+        if kept & 1 << i != 0 {
+            before += members;
         }
     }
 }
@@ -342,6 +368,18 @@ fn byte_sequences(entry: &ListEntry) -> Vec<Vec<u8>> {
 /// most 1 024 members, 256 in an inner list, 256 parameters, 1 024 characters in a
 /// string, 512 in a token, 16 384 octets in a byte sequence.
 fn within_minimums(field: &str, shown: &str, list: &List) {
+    assert!(
+        list.len() <= 1024,
+        "{field}: {shown:?}: more than 1 024 members"
+    );
+    assert!(
+        within_sizes(list),
+        "{field}: {shown:?}: a member past RFC 9651 §3's sizes"
+    );
+}
+
+/// Whether `list` is within RFC 9651 §3's sizes (as [`within_minimums`]).
+fn within_sizes(list: &List) -> bool {
     let bare_ok = |b: &BareItem| match b {
         BareItem::String(s) => s.as_str().len() <= 1024,
         BareItem::Token(t) => t.as_str().len() <= 512,
@@ -350,19 +388,13 @@ fn within_minimums(field: &str, shown: &str, list: &List) {
     };
     let params_ok = |p: &Parameters| p.len() <= 256 && p.values().all(bare_ok);
     let item_ok = |i: &sfv::Item| bare_ok(&i.bare_item) && params_ok(&i.params);
-    assert!(
-        list.len() <= 1024,
-        "{field}: {shown:?}: more than 1 024 members"
-    );
-    for entry in list {
-        let ok = match entry {
+    list.len() <= 1024
+        && list.iter().all(|entry| match entry {
             ListEntry::Item(i) => item_ok(i),
             ListEntry::InnerList(l) => {
                 l.items.len() <= 256 && l.items.iter().all(item_ok) && params_ok(&l.params)
             }
-        };
-        assert!(ok, "{field}: {shown:?}: a member past RFC 9651 §3's sizes");
-    }
+        })
 }
 
 /// Whether the choice `kept` could as well hold line `i`: swapping it for an
@@ -415,6 +447,79 @@ fn gen_line(u: &mut Unstructured<'_>, names: &[String]) -> AResult<Vec<u8>> {
                 _ => out.insert(at, *u.choose(EDIT)?),
             }
         }
+    }
+    Ok(out)
+}
+
+/// A canonical line (as `sfv` writes it) with one of RFC 9651 §3's sizes one below,
+/// at or one above its minimum: a List of 1 024 members, or of as many as the merged
+/// field holds after the layer's `ours`; a byte sequence of 16 384 octets (each of the
+/// three base64 paddings); a string of 1 024 characters (escapes among them); a token
+/// of 512; an inner list of 256; 256 parameters. Sometimes behind a member named like
+/// the layer's (`"warn"`, the generator's names' first) or before a small one.
+fn gen_edge_line(u: &mut Unstructured<'_>, ours: usize) -> AResult<Vec<u8>> {
+    let delta: isize = u.int_in_range(-1..=1)?;
+    let edge = |min: usize| min.saturating_add_signed(delta);
+    let mut out = Vec::new();
+    if u.ratio(1, 4)? {
+        out.extend_from_slice(serialize(sf_string(u.choose(&NAMES)?)).as_bytes());
+        out.extend_from_slice(b", ");
+    }
+    match u.int_in_range(0..=6)? {
+        kind @ (0 | 1) => {
+            let n = if kind == 0 {
+                edge(1024)
+            } else {
+                edge(1024 - ours)
+            };
+            for i in 0..n {
+                if i > 0 {
+                    out.extend_from_slice(b", ");
+                }
+                out.extend_from_slice(i.to_string().as_bytes());
+            }
+        }
+        2 => {
+            let (a, b): (u8, u8) = (u.arbitrary()?, u.arbitrary()?);
+            let octets = (0..edge(16_384))
+                .map(|i| a.wrapping_add(b.wrapping_mul(i as u8)))
+                .collect();
+            out.extend_from_slice(serialize(BareItem::ByteSequence(octets)).as_bytes());
+        }
+        3 => {
+            let pick: &[char] = u.choose(&[&['x'][..], &['"', 'y'], &['\\', ' ', 'z']])?;
+            let s: std::string::String = (0..edge(1024)).map(|i| pick[i % pick.len()]).collect();
+            out.extend_from_slice(
+                serialize(BareItem::String(
+                    sfv::String::from_string(s).unwrap_or_else(|_| unreachable!()),
+                ))
+                .as_bytes(),
+            );
+        }
+        4 => {
+            out.push(b'a');
+            let tail = b"z09!#$%&'*+-.^_`|~:/";
+            out.extend((1..edge(512)).map(|i| tail[i % tail.len()]));
+        }
+        5 => {
+            out.push(b'(');
+            for i in 0..edge(256) {
+                if i > 0 {
+                    out.push(b' ');
+                }
+                out.extend_from_slice(i.to_string().as_bytes());
+            }
+            out.push(b')');
+        }
+        _ => {
+            out.push(b'i');
+            for i in 0..edge(256) {
+                out.extend_from_slice(format!(";k{i}").as_bytes());
+            }
+        }
+    }
+    if u.ratio(1, 4)? {
+        out.extend_from_slice(b", 7");
     }
     Ok(out)
 }

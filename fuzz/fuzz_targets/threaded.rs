@@ -43,6 +43,25 @@
 //! the table's counters (admitted, denied, removed, reclaimed, never evicted) agree
 //! with what the threads saw; live keys stay within `max_keys`.
 //!
+//! **Timed phases.** A mixed phase whose `costs[0] % 4` is 3 spans several instants:
+//! the threads move the shared clock between their operations (forward, and back, by
+//! up to 255 steps of the unit or a 64th of the period, whichever is more; `Refund`
+//! and `RefundElsewhere` do so there, never before the start) and each keeps a
+//! reading of its own (`Remove` takes one), so that a thread's `at` operations read
+//! behind another's later ones, as another core's clock can. Every check, charge and
+//! peek passes its reading explicitly, raised to its shard's R (or R's bound), which
+//! is the instant it is judged at. There are no refunds, removals or reclamations, so
+//! each key's decisions must be *linearisable*: some interleaving of the threads'
+//! operations on the key, each thread's in its own order, applied to the key's model
+//! at the same readings and costs gives every decision exactly (as the core's
+//! transitions promise, being one atomic step each, monotone in their state, for
+//! readings in any order: DESIGN.md's Time and Semantics). The search takes every
+//! operation that leaves the model as it was (a peek, a denial) as soon as it
+//! matches, and branches only on admissions, remembering failed (positions, state)
+//! pairs; where it runs past a budget the key goes unjudged (counted in the stats).
+//! Afterwards a key that admitted units starts over (the interleavings that match may
+//! leave different states); any other must read as its model.
+//!
 //! Every assertion holds under every interleaving: a failure is a bug, never a race of
 //! the target's own.
 #![no_main]
@@ -58,10 +77,11 @@ use arbitrary::Arbitrary;
 use clock::AnyClock;
 use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
 use floodgate::{
-    Algorithm, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedLimiter,
-    KeyedMetrics, KeyedSlidingLog, Nanos, Policy, Receipt, SlidingWindow, Storage,
+    Algorithm, Clock, Decision, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder,
+    KeyedLimiter, KeyedMetrics, KeyedSlidingLog, Nanos, Policy, Receipt, SlidingWindow, Storage,
 };
 use libfuzzer_sys::fuzz_target;
+use std::collections::HashSet;
 use std::sync::Barrier;
 use std::time::Duration;
 
@@ -76,6 +96,8 @@ const MAX_HELD: usize = 32;
 /// The table's capacity: far above the keys, so no shard reaches its share and nothing
 /// is reclaimed or evicted but by `reclaim_idle` and `remove`.
 const CAPACITY: usize = 256;
+/// The most nodes a timed phase's linearisation search visits for one key.
+const SEARCH_BUDGET: usize = 50_000;
 /// Window readings stay within this span of the start: half a year, where an idle
 /// key's window index cannot wrap (see VERIFICATION.md).
 const WINDOW_SPAN: u64 = 182 * 86_400 * 1_000_000_000;
@@ -129,7 +151,8 @@ struct Phase {
     back: bool,
     /// 2, 3 or 4 threads (mod 3).
     threads: u8,
-    /// The cost of key `k` in an exact phase: `costs[k % 4]` (see [`cost_of`]).
+    /// The cost of key `k` in an exact phase: `costs[k % 4]` (see [`cost_of`]); in a
+    /// mixed one, `costs[0] % 4 == 3` makes it *timed*.
     costs: [u8; 4],
 }
 
@@ -318,6 +341,9 @@ struct Setup {
     fresh: Model,
     /// Above any cost one decision can admit (`max(L, B) + 1`).
     most: u32,
+    /// A timed phase's clock step: the unit, or a 64th of the period where that is
+    /// more (255 steps span about 4 periods: moves cross windows and drain buckets).
+    step: u64,
     shards: usize,
 }
 
@@ -340,6 +366,7 @@ fuzz_target!(|input: Input| {
         end: start.saturating_add(WINDOW_SPAN),
         fresh: Model::Log(ExactSlidingLog::new(l, p).expect("a valid policy")),
         most: u32::try_from(l.max(bursty.burst()) + 1).expect("u8 limits"),
+        step: unit.max(p / 64),
         shards: 1 << (input.shards % 4),
     };
     let shards = setup.shards;
@@ -506,6 +533,21 @@ struct KeyPlan {
     phase: usize,
 }
 
+/// A timed phase's clock: the span it moves in and its step (a move is `pick` steps).
+#[derive(Clone, Copy, Debug)]
+struct Timed {
+    lo: u64,
+    hi: u64,
+    step: u64,
+}
+
+impl Timed {
+    /// Whether `phase` is timed (see [`Phase::costs`]).
+    fn of(phase: &Phase) -> bool {
+        !phase.exact && phase.costs[0] % 4 == 3
+    }
+}
+
 /// A receipt a thread keeps: its key, what it charged, whether that was admitted,
 /// and the phase it was taken in.
 struct Held {
@@ -517,7 +559,7 @@ struct Held {
 }
 
 /// What a thread saw.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Event {
     /// A check or a charge.
     Decided {
@@ -541,6 +583,44 @@ enum Event {
         present: bool,
     },
     Reclaimed(usize),
+    /// A timed phase's check, charge (`write`) or peek at an explicit reading.
+    Accessed {
+        key: Key,
+        access: Access,
+    },
+}
+
+/// One operation of a timed phase on a key: the reading it passed (the instant it is
+/// judged at), its cost, whether it writes (a check or charge) and what it got.
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    at: u64,
+    cost: u32,
+    write: bool,
+    got: Decision,
+}
+
+/// A charge whose receipt joins the thread's own (the oldest going first).
+fn charge<T: Table>(
+    table: &T,
+    held: &mut Vec<Held>,
+    key: Key,
+    at: Option<Nanos>,
+    cost: u32,
+    phase: usize,
+) -> Decision {
+    let (got, receipt) = table.charge(key, at, cost);
+    if held.len() == MAX_HELD {
+        held.remove(0);
+    }
+    held.push(Held {
+        key,
+        cost,
+        allowed: got.is_allowed(),
+        receipt,
+        phase,
+    });
+    got
 }
 
 /// One thread's slice of a phase.
@@ -550,7 +630,11 @@ fn worker<T: Table>(
     plans: &[KeyPlan],
     held: &mut Vec<Held>,
     barrier: &Barrier,
+    timed: Option<(&AnyClock, Timed)>,
 ) -> Vec<Event> {
+    if let Some((clock, timed)) = timed {
+        return timed_worker(table, ops, plans, held, barrier, clock, timed);
+    }
     let exact = plans[0].cost.is_some();
     let keys = plans.len();
     let key_of = |byte: u8| usize::from(byte) % keys;
@@ -567,18 +651,7 @@ fn worker<T: Table>(
                 let cost = plans[k].cost.unwrap_or_else(|| cost_of(cost));
                 let key = k as Key;
                 let got = if let Op::Charge { .. } = op {
-                    let (got, receipt) = table.charge(key, reading(k, at), cost);
-                    if held.len() == MAX_HELD {
-                        held.remove(0);
-                    }
-                    held.push(Held {
-                        key,
-                        cost,
-                        allowed: got.is_allowed(),
-                        receipt,
-                        phase: plans[k].phase,
-                    });
-                    got
+                    charge(table, held, key, reading(k, at), cost, plans[k].phase)
                 } else {
                     table.check(key, reading(k, at), cost)
                 };
@@ -655,6 +728,165 @@ fn worker<T: Table>(
     seen
 }
 
+/// One thread's slice of a timed phase: checks, charges and peeks at explicit
+/// readings (a fresh one of the clock, or with `at` the thread's own, older one),
+/// each raised to its key's `plan.at` (its shard's R or R's bound); the clock moved
+/// forward (`Refund`) or back (`RefundElsewhere`) by `pick` steps within the span; a
+/// new reading of its own taken (`Remove`).
+#[allow(clippy::too_many_arguments)]
+fn timed_worker<T: Table>(
+    table: &T,
+    ops: &[Op],
+    plans: &[KeyPlan],
+    held: &mut Vec<Held>,
+    barrier: &Barrier,
+    clock: &AnyClock,
+    timed: Timed,
+) -> Vec<Event> {
+    let keys = plans.len();
+    let key_of = |byte: u8| usize::from(byte) % keys;
+    let mut mine = clock.now().as_u64();
+    let mut seen = Vec::with_capacity(ops.len());
+    barrier.wait();
+    for op in ops {
+        match *op {
+            Op::Check { key, cost, .. } | Op::Charge { key, cost, .. } | Op::Peek { key, cost } => {
+                let k = key_of(key);
+                let at = matches!(op, Op::Check { at: true, .. } | Op::Charge { at: true, .. });
+                let reading = if at { mine } else { clock.now().as_u64() };
+                let reading = reading.max(plans[k].at);
+                let (cost, key, when) = (cost_of(cost), k as Key, Some(Nanos::new(reading)));
+                let (got, write) = match op {
+                    Op::Charge { .. } => {
+                        (charge(table, held, key, when, cost, plans[k].phase), true)
+                    }
+                    Op::Check { .. } => (table.check(key, when, cost), true),
+                    _ => (table.peek(key, when, cost), false),
+                };
+                assert!(
+                    !write || cost > 0 || got.is_allowed(),
+                    "key {key}: a check of cost 0 refused: {got:?}"
+                );
+                if write {
+                    seen.push(Event::Decided { key, cost, got });
+                }
+                let access = Access {
+                    at: reading,
+                    cost,
+                    write,
+                    got,
+                };
+                seen.push(Event::Accessed { key, access });
+            }
+            Op::Refund { pick } | Op::RefundElsewhere { pick, .. } => {
+                let step = u64::from(pick) * timed.step;
+                let now = clock.now().as_u64();
+                let next = if let Op::Refund { .. } = op {
+                    now.saturating_add(step).min(timed.hi)
+                } else {
+                    now.saturating_sub(step).max(timed.lo)
+                };
+                clock.set(Nanos::new(next));
+            }
+            Op::Remove { .. } => mine = clock.now().as_u64(),
+            Op::ReclaimIdle | Op::Yield => std::thread::yield_now(),
+            Op::Phase(_) => unreachable!("phases are split"),
+        }
+    }
+    seen
+}
+
+/// Whether some interleaving of `threads` (each in its own order) applied to `model`
+/// gives every access its decision; `None` where the search ran past its budget.
+/// An access that leaves the model as it was (a peek, a denial, cost 0) is taken as
+/// soon as it matches: whatever order worked with it later works with it now.
+fn linearisable(model: &Model, threads: &[Vec<Access>]) -> Option<bool> {
+    fn apply(model: &mut Model, a: &Access) -> bool {
+        let got = if a.write {
+            model.check(a.at, a.cost)
+        } else {
+            model.peek(a.at, a.cost)
+        };
+        got == a.got
+    }
+    fn search(
+        model: &Model,
+        threads: &[Vec<Access>],
+        pos: &mut Vec<usize>,
+        failed: &mut HashSet<(Vec<usize>, String)>,
+        budget: &mut usize,
+    ) -> Option<bool> {
+        let start = pos.clone();
+        // Take every access that matches and leaves the state as it was.
+        loop {
+            let mut took = false;
+            for t in 0..threads.len() {
+                // A peek, a denial or cost 0 writes nothing, in the models too.
+                while let Some(a) = threads[t]
+                    .get(pos[t])
+                    .filter(|a| !(a.write && a.cost > 0 && a.got.is_allowed()))
+                {
+                    if !apply(&mut model.clone(), a) {
+                        break;
+                    }
+                    pos[t] += 1;
+                    took = true;
+                }
+            }
+            if !took {
+                break;
+            }
+        }
+        let result = 'node: {
+            if (0..threads.len()).all(|t| pos[t] == threads[t].len()) {
+                break 'node Some(true);
+            }
+            let key = (pos.clone(), format!("{model:?}"));
+            if failed.contains(&key) {
+                break 'node Some(false);
+            }
+            if *budget == 0 {
+                break 'node None;
+            }
+            *budget -= 1;
+            let mut unknown = false;
+            for t in 0..threads.len() {
+                let Some(a) = threads[t].get(pos[t]) else {
+                    continue;
+                };
+                let mut next = model.clone();
+                if !apply(&mut next, a) {
+                    continue;
+                }
+                pos[t] += 1;
+                let found = search(&next, threads, pos, failed, budget);
+                pos[t] -= 1;
+                match found {
+                    Some(true) => break 'node Some(true),
+                    None => unknown = true,
+                    Some(false) => {}
+                }
+            }
+            if unknown {
+                None
+            } else {
+                failed.insert(key);
+                Some(false)
+            }
+        };
+        *pos = start;
+        result
+    }
+    let mut budget = SEARCH_BUDGET;
+    search(
+        model,
+        threads,
+        &mut vec![0; threads.len()],
+        &mut HashSet::new(),
+        &mut budget,
+    )
+}
+
 fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
     let mut classes = Classes::probe(table, clock, setup.keys, setup.shards);
     let mut now = setup.start;
@@ -662,7 +894,12 @@ fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
     let mut held: Vec<Vec<Held>> = (0..4).map(|_| Vec::new()).collect();
     // For the stats: exact and mixed phases, phases with a key read explicitly past
     // the clock, and what the threads saw.
+    // Timed phases, and keys a timed phase left unjudged (the search's budget).
     let mut stats = [0u64; 3];
+    let mut timed_stats = [0u64; 2];
+    // `THREADED_TIMED=1`: every phase after the first is timed, so that only the timed
+    // phases' oracle judges what they do (as when showing it catches a mutant).
+    let all_timed = std::env::var_os("THREADED_TIMED").is_some();
     let mut events = [0u64; 5];
     for (index, (phase, slices)) in phases(&input.ops).into_iter().enumerate() {
         let step = u64::from(phase.step) * setup.unit;
@@ -672,9 +909,20 @@ fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
             now.saturating_add(step).min(setup.end)
         };
         clock.set(Nanos::new(now));
+        let timed = (Timed::of(&phase) || all_timed && index > 0).then_some(Timed {
+            lo: setup.start,
+            hi: setup.end,
+            step: setup.step,
+        });
         let plans: Vec<KeyPlan> = (0..setup.keys)
             .map(|k| {
-                let (at, explicit) = classes.judged(k, now);
+                let (at, explicit) = if timed.is_some() {
+                    // The readings' floor: R's bound, every reading at or past it is
+                    // judged where it reads.
+                    (classes.most[classes.of[k]], true)
+                } else {
+                    classes.judged(k, now)
+                };
                 let cost = phase.exact.then(|| cost_of(phase.costs[k % 4]));
                 KeyPlan {
                     at,
@@ -687,20 +935,29 @@ fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
             .collect();
         let (before, _) = table.counters();
         let barrier = Barrier::new(slices.len());
-        let seen: Vec<Event> = std::thread::scope(|s| {
+        let per_thread: Vec<Vec<Event>> = std::thread::scope(|s| {
             let handles: Vec<_> = held
                 .iter_mut()
                 .zip(&slices)
                 .map(|(held, ops)| {
                     let (plans, barrier) = (&plans, &barrier);
-                    s.spawn(move || worker(table, ops, plans, held, barrier))
+                    let timed = timed.map(|t| (clock, t));
+                    s.spawn(move || worker(table, ops, plans, held, barrier, timed))
                 })
                 .collect();
             handles
                 .into_iter()
-                .flat_map(|h| h.join().expect("a worker panicked"))
+                .map(|h| h.join().expect("a worker panicked"))
                 .collect()
         });
+        let began = now;
+        if timed.is_some() {
+            // The threads moved the clock: the phase ends where they left it.
+            now = clock.now().as_u64().clamp(setup.start, setup.end);
+            clock.set(Nanos::new(now));
+            timed_stats[0] += 1;
+        }
+        let seen: Vec<Event> = per_thread.iter().flatten().cloned().collect();
         counters(table, &before, &seen);
         stats[usize::from(!phase.exact)] += 1;
         stats[2] += u64::from(plans.iter().any(|p| p.explicit));
@@ -718,7 +975,39 @@ fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
         for (k, plan) in plans.iter().enumerate() {
             let key = k as Key;
             let model = &mut models[k];
-            if plan.cost.is_some() {
+            if timed.is_some() {
+                let accesses: Vec<Vec<Access>> = per_thread
+                    .iter()
+                    .map(|events| {
+                        events
+                            .iter()
+                            .filter_map(|e| match *e {
+                                Event::Accessed { key: k, access } if k == key => Some(access),
+                                _ => None,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                match linearisable(model, &accesses) {
+                    Some(true) => {}
+                    Some(false) => panic!(
+                        "key {key}: no interleaving of the threads' accesses gives their \
+                         decisions from the model {model:?}: {accesses:#?}"
+                    ),
+                    None => timed_stats[1] += 1,
+                }
+                let wrote = accesses
+                    .iter()
+                    .flatten()
+                    .any(|a| a.write && a.cost > 0 && a.got.is_allowed());
+                if wrote {
+                    dirty.push(key);
+                } else {
+                    // Nothing admitted: the key reads as its model, where the phase began.
+                    let at = began.max(plan.at);
+                    same(table, key, &KeyPlan { at, ..*plan }, model, 1);
+                }
+            } else if plan.cost.is_some() {
                 exact(table, key, plan, model, &seen);
             } else if !mixed(table, key, plan, model, &seen, setup) {
                 dirty.push(key);
@@ -759,7 +1048,8 @@ fn run<T: Table>(table: &T, clock: &AnyClock, input: &Input, setup: &Setup) {
         // What a corpus reaches: `THREADED_STATS=1 threaded -runs=0 corpus/threaded`.
         eprintln!(
             "stats: algorithm {} storage {} keys {} classes {} phases exact/mixed/explicit \
-             {stats:?} admitted/denied/refunded/removed/reclaims {events:?}",
+             {stats:?} admitted/denied/refunded/removed/reclaims {events:?} \
+             timed/unjudged keys {timed_stats:?}",
             input.algorithm % 5,
             input.storage % 3,
             setup.keys,
