@@ -11,12 +11,14 @@
 //! * the rest is the service's lines, each kept whole (less the members named like
 //!   the layer's) or left out whole, in order, and a kept line is one `sfv` parsed;
 //! * the merged field stays within the sizes RFC 9651 §3 has every parser accept
-//!   (1 024 members, 256 in an inner list, 256 parameters, 1 024 characters in a
-//!   string, 512 in a token, 16 384 octets in a byte sequence);
+//!   (1 024 members, 256 in an inner list, 256 parameters, 64 characters in a
+//!   parameter's key, 1 024 characters in a string, 512 in a token, 16 384 octets in
+//!   a byte sequence);
 //! * a kept line writes each byte sequence as RFC 9651 writes it (§4.1.8: `=`
 //!   padding, the unused bits zero);
-//! * conversely, a short line (at most 512 bytes, so within every size of §3) that
-//!   `sfv` parses and serialises back to itself byte for byte is kept.
+//! * conversely, a line within every size of §3 that `sfv` parses and serialises
+//!   back to itself byte for byte is kept, when its members fit the merged field's
+//!   1 024.
 //!
 //! Where `sfv` and the promise part, RFC 9651 rules, and the target says so above:
 //! `sfv` enforces none of §3's sizes (a parser may refuse more), and reads base64
@@ -365,8 +367,9 @@ fn byte_sequences(entry: &ListEntry) -> Vec<Vec<u8>> {
 }
 
 /// RFC 9651 §3's sizes every parser must accept, which `sfv` does not enforce: at
-/// most 1 024 members, 256 in an inner list, 256 parameters, 1 024 characters in a
-/// string, 512 in a token, 16 384 octets in a byte sequence.
+/// most 1 024 members, 256 in an inner list, 256 parameters, 64 characters in a
+/// parameter's key, 1 024 characters in a string, 512 in a token, 16 384 octets in a
+/// byte sequence.
 fn within_minimums(field: &str, shown: &str, list: &List) {
     assert!(
         list.len() <= 1024,
@@ -386,7 +389,9 @@ fn within_sizes(list: &List) -> bool {
         BareItem::ByteSequence(b) => b.len() <= 16_384,
         _ => true,
     };
-    let params_ok = |p: &Parameters| p.len() <= 256 && p.values().all(bare_ok);
+    let params_ok = |p: &Parameters| {
+        p.len() <= 256 && p.keys().all(|k| k.as_str().len() <= 64) && p.values().all(bare_ok)
+    };
     let item_ok = |i: &sfv::Item| bare_ok(&i.bare_item) && params_ok(&i.params);
     list.len() <= 1024
         && list.iter().all(|entry| match entry {
@@ -455,7 +460,7 @@ fn gen_line(u: &mut Unstructured<'_>, names: &[String]) -> AResult<Vec<u8>> {
 /// at or one above its minimum: a List of 1 024 members, or of as many as the merged
 /// field holds after the layer's `ours`; a byte sequence of 16 384 octets (each of the
 /// three base64 paddings); a string of 1 024 characters (escapes among them); a token
-/// of 512; an inner list of 256; 256 parameters. Sometimes behind a member named like
+/// of 512; an inner list of 256; 256 parameters; a parameter key of 64. Sometimes behind a member named like
 /// the layer's (`"warn"`, the generator's names' first) or before a small one.
 fn gen_edge_line(u: &mut Unstructured<'_>, ours: usize) -> AResult<Vec<u8>> {
     let delta: isize = u.int_in_range(-1..=1)?;
@@ -465,7 +470,7 @@ fn gen_edge_line(u: &mut Unstructured<'_>, ours: usize) -> AResult<Vec<u8>> {
         out.extend_from_slice(serialize(sf_string(u.choose(&NAMES)?)).as_bytes());
         out.extend_from_slice(b", ");
     }
-    match u.int_in_range(0..=6)? {
+    match u.int_in_range(0..=7)? {
         kind @ (0 | 1) => {
             let n = if kind == 0 {
                 edge(1024)
@@ -511,10 +516,21 @@ fn gen_edge_line(u: &mut Unstructured<'_>, ours: usize) -> AResult<Vec<u8>> {
             }
             out.push(b')');
         }
-        _ => {
+        6 => {
             out.push(b'i');
             for i in 0..edge(256) {
                 out.extend_from_slice(format!(";k{i}").as_bytes());
+            }
+        }
+        _ => {
+            // A parameter key of 64 characters, on an item or an inner list, bare
+            // or with a value.
+            out.extend_from_slice(if u.arbitrary()? { b"i;" } else { b"(i);" });
+            let tail = b"z09_-.*";
+            out.push(b'k');
+            out.extend((1..edge(64)).map(|i| tail[i % tail.len()]));
+            if u.arbitrary()? {
+                out.extend_from_slice(b"=1");
             }
         }
     }

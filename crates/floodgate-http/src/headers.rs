@@ -601,6 +601,8 @@ const MAX_LIST_MEMBERS: usize = 1024;
 const MAX_INNER_LIST_MEMBERS: usize = 256;
 /// The most parameters on one item or inner list every parser must accept (§3.1.2).
 const MAX_PARAMETERS: usize = 256;
+/// The longest parameter key every parser must accept, in characters (§3.1.2).
+const MAX_KEY_CHARS: usize = 64;
 /// The longest sf-string every parser must accept, in characters (§3.3.3).
 const MAX_STRING_CHARS: usize = 1024;
 /// The longest token every parser must accept, in characters (§3.3.4).
@@ -724,8 +726,9 @@ impl SfCursor<'_> {
             if count > MAX_PARAMETERS || !matches!(self.peek(), Some(b'a'..=b'z' | b'*')) {
                 return false;
             }
+            let key = self.i;
             self.eat_while(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*'));
-            if self.eat(b'=') && !self.bare_item() {
+            if self.i - key > MAX_KEY_CHARS || (self.eat(b'=') && !self.bare_item()) {
                 return false;
             }
         }
@@ -1312,6 +1315,10 @@ mod tests {
             MAX_INNER_LIST_MEMBERS,
         );
         at_and_past(&|n| format!("i{}", ";k".repeat(n)), MAX_PARAMETERS);
+        // A key of 64 characters, bare or with a value, on an item or an inner list.
+        at_and_past(&|n| format!("i;{}", "k".repeat(n)), MAX_KEY_CHARS);
+        at_and_past(&|n| format!("i;a;{}=?1", "k".repeat(n)), MAX_KEY_CHARS);
+        at_and_past(&|n| format!("(i);{}=1", "k".repeat(n)), MAX_KEY_CHARS);
         let members = |n: usize| vec!["m"; n].join(", ");
         assert_eq!(
             list_members(members(MAX_LIST_MEMBERS).as_bytes()).map(|m| m.len()),

@@ -1037,8 +1037,8 @@ impl HeaderOptions {
     ///   integer; an integer of more than 15 digits, a decimal of more than 12
     ///   before its dot or 3 after; or a size past what RFC 9651 §3 has every
     ///   parser accept (1 024 characters in a string, 512 in a token, 16 384 octets
-    ///   in a byte sequence, 256 members in an inner list, 256 parameters, 1 024
-    ///   members in the combined field).
+    ///   in a byte sequence, 256 members in an inner list, 256 parameters, 64
+    ///   characters in a parameter's key, 1 024 members in the combined field).
     /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
     ///   values, never a mix: the service's trio stays, and the layer writes none,
     ///   when the service wrote all three, each once as a whole non-negative integer,
