@@ -9,21 +9,8 @@
 
 mod lease_ledger;
 
-use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
-use lease_ledger::admitted_on_threads;
+use lease_ledger::{admitted_on_threads, limiter};
 use loom::sync::Arc;
-use std::time::Duration;
-
-const T: u64 = 1_000_000_000;
-
-fn limiter(burst: u64, lease: u32, shards: usize) -> LeasedGcra<ManualClock> {
-    LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(burst).unwrap())
-        .shards(shards)
-        .lease_size(lease)
-        .lifetime(Duration::from_secs(3_600))
-        .build_with_clock(ManualClock::starting_at(Nanos::new(10 * T)))
-        .unwrap()
-}
 
 /// Two threads each decide `costs` on their own shard (or the central word); the
 /// clock stands still, so the central word hands out exactly the burst, and every

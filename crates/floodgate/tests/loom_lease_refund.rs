@@ -9,20 +9,11 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p floodgate --release --test loom_lease_refund`
 #![cfg(loom)]
 
-use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
+mod lease_ledger;
+
+use floodgate::{LeasedGcra, ManualClock};
+use lease_ledger::limiter;
 use loom::sync::Arc;
-use std::time::Duration;
-
-const T: u64 = 1_000_000_000;
-
-fn limiter(burst: u64, lease: u32, shards: usize) -> LeasedGcra<ManualClock> {
-    LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(burst).unwrap())
-        .shards(shards)
-        .lease_size(lease)
-        .lifetime(Duration::from_secs(3_600))
-        .build_with_clock(ManualClock::starting_at(Nanos::new(10 * T)))
-        .unwrap()
-}
 
 /// Each thread charges `first` and refunds it, then charges `second` and keeps it;
 /// returns the units the thread kept.

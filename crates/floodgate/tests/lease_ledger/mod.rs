@@ -3,7 +3,20 @@
 //! no unit counted twice, and the module's bound.
 #![allow(dead_code)]
 
-use floodgate::{LeasedGcra, ManualClock};
+use std::time::Duration;
+
+use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
+
+/// A limiter of `burst` at 1/s over `shards` shards of leases of `lease` units that
+/// live an hour, on a manual clock standing at 10 s.
+pub fn limiter(burst: u64, lease: u32, shards: usize) -> LeasedGcra<ManualClock> {
+    LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(burst).unwrap())
+        .shards(shards)
+        .lease_size(lease)
+        .lifetime(Duration::from_secs(3_600))
+        .build_with_clock(ManualClock::starting_at(Nanos::new(10_000_000_000)))
+        .unwrap()
+}
 
 /// A quiescent look at a limiter (no decision in flight).
 #[derive(Clone, Copy, Debug)]
