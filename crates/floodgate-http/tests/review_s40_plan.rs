@@ -365,7 +365,7 @@ fn a_hot_rule_shown_after_a_refund_never_shows_the_closed_word() -> TestResult {
 mod queued {
     use super::*;
     use floodgate::Shaper;
-    use floodgate_http::QueueRule;
+    use floodgate_http::{from_fn, PriorityRule, QueueRule};
     use std::time::Duration;
 
     /// A plan rule under the flipping resolver, then a queue of one slot a minute
@@ -375,6 +375,33 @@ mod queued {
             let shaper = Shaper::with_clock(Policy::per_minute(1)?, clock);
             Ok(builder.queue(QueueRule::new("queue", shaper, max_delay)?))
         })
+    }
+
+    /// A later priority rule whose queues are full (no waiters: the slot is
+    /// taken) refuses the request: the plan's charge goes back to the plan that
+    /// took it, as for any later rule's denial.
+    #[tokio::test]
+    async fn a_priority_rules_refusal_gives_the_plan_charge_back() -> TestResult {
+        let (layer, tiers, calls, [free, pro]) = plan_then(|builder, clock| {
+            let shaper = Shaper::with_clock(Policy::per_minute(1)?, clock);
+            let rule = PriorityRule::new("smooth", shaper, &[0], from_fn(|_: &_| Ok(0)))?;
+            Ok(builder.priority(rule))
+        })?;
+        let mut svc = layer.layer(Hello);
+        let first = send(&mut svc, "k").await?;
+        assert_eq!(
+            (first.status, first.plan),
+            (StatusCode::OK, Some((10, 60, 9)))
+        );
+        for n in 1..4 {
+            let refused = send(&mut svc, "k").await?;
+            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "request {n}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        let k = "k".to_owned();
+        assert_eq!(tiers.peek_in(free, &k, 0).decision.remaining(), 9);
+        assert_eq!(tiers.peek_in(pro, &k, 0).decision.remaining(), 20);
+        Ok(())
     }
 
     /// The queue refuses (its next slot is past the bound): the plan's charge goes
