@@ -393,3 +393,38 @@ fn hot_key_decisions_racing_demotions_on_real_threads_are_true_answers() -> Test
     assert_eq!((m.promotions, m.demotions, m.hot_keys), (1_000, 1_000, 0));
     Ok(())
 }
+
+/// A window plan's charge refunded in its plan after the window rolled over gives
+/// nothing back into the new window: that window still admits only its limit.
+#[test]
+fn a_window_plans_refund_after_the_rollover_frees_nothing_in_the_new_window() -> TestResult {
+    let mut plans = Plans::new();
+    let small = plans.insert("small", Policy::per_minute(5)?);
+    let clock = ManualClock::new();
+    let tiers: Tiers<FixedWindow> = PlanLimiter::new_in(
+        &plans,
+        Box::new(move |_: &u64| small) as Resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )?;
+    let mut old = Vec::new();
+    for _ in 0..5 {
+        let (charged, receipt) = tiers.charge_plan(&1, 1);
+        assert!(charged.decision.is_allowed());
+        old.push(receipt);
+    }
+    clock.advance(Duration::from_secs(60));
+    for n in 0..5 {
+        assert!(tiers.charge_plan(&1, 1).0.decision.is_allowed(), "unit {n}");
+    }
+    for receipt in old {
+        let plan = tiers.receipt_plan(&receipt).ok_or("no plan")?;
+        assert!(!tiers.refund_in(plan, &1, receipt));
+    }
+    let after = tiers.charge_plan(&1, 1).0.decision;
+    assert!(
+        !after.is_allowed(),
+        "a sixth unit in the new window: {after:?}"
+    );
+    assert_eq!(tiers.peek_in(small, &1, 0).decision.remaining(), 0);
+    Ok(())
+}
