@@ -428,3 +428,38 @@ fn a_window_plans_refund_after_the_rollover_frees_nothing_in_the_new_window() ->
     assert_eq!(tiers.peek_in(small, &1, 0).decision.remaining(), 0);
     Ok(())
 }
+
+/// A hot key's clock jumped to the far end of time (past the sealed bit, then to
+/// `u64::MAX` ns): every call answers (no panic, no endless re-routing on a word
+/// mistaken for a closed one), within a generous deadline.
+#[test]
+fn a_hot_key_at_the_end_of_time_answers_every_call() -> TestResult {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let run = || -> TestResult {
+            let clock = ManualClock::new();
+            let limiter = hot_limiter(&clock)?;
+            assert!(limiter.promote(&1));
+            assert!(limiter.check(&1).is_allowed());
+            for at in [1u64 << 62, (1 << 63) - 1, 1 << 63, u64::MAX - 1, u64::MAX] {
+                clock.set(Nanos::new(at));
+                for cost in [0, 1, 10, 11] {
+                    let _ = limiter.check_n(&1, cost);
+                    let _ = limiter.peek(&1, cost);
+                    let (_, receipt) = limiter.charge(&1, cost);
+                    let _ = limiter.refund(&1, receipt);
+                }
+                let _ = limiter.promote(&1);
+                let _ = limiter.demote(&1);
+                let _ = limiter.promote(&2);
+                let _ = limiter.check(&2);
+            }
+            Ok(())
+        };
+        let _ = done.send(run().map_err(|e| e.to_string()));
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .map_err(|_| "a call at the end of time never answered (or panicked)")??;
+    Ok(())
+}
