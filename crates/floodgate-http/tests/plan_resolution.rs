@@ -12,41 +12,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Hello;
-use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
-use floodgate::{
-    AsyncLimit, Decision, Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter, Receipt,
-};
+use common::{tiers, Hello, Tiers};
+use floodgate::keyed::plans::PlanId;
+use floodgate::{AsyncLimit, Decision, Gcra, ManualClock, Policy, RateLimiter, Receipt};
 use floodgate_http::{Charge, Global, HeaderKey, RateLimitLayer, Rule};
 use http::{Request, StatusCode};
 use tower::{Layer, Service};
 
 type Error = Box<dyn std::error::Error>;
 type TestResult = Result<(), Error>;
-
-type Resolver = Box<dyn Fn(&String) -> PlanId + Send + Sync>;
-type Tiers = PlanLimiter<String, Resolver, ManualClock>;
-
-/// `free` 10 a minute (burst 10: `w` = 60 s), `pro` 100 a minute with burst 20
-/// (`w` = 12 s), and a resolver that counts its calls in `calls` and answers
-/// `pick(n)` on call `n` (from 0).
-fn tiers(
-    clock: &ManualClock,
-    calls: &Arc<AtomicU32>,
-    pick: fn(u32, PlanId, PlanId) -> PlanId,
-) -> Result<Tiers, Error> {
-    let mut plans = Plans::new();
-    let free = plans.insert("free", Policy::per_minute(10)?);
-    let pro = plans.insert("pro", Policy::per_minute(100)?.with_burst(20)?);
-    let calls = Arc::clone(calls);
-    let resolver: Resolver =
-        Box::new(move |_: &String| pick(calls.fetch_add(1, Ordering::SeqCst), free, pro));
-    Ok(PlanLimiter::new(
-        &plans,
-        resolver,
-        KeyedBuilder::default().clock(clock.clone()),
-    )?)
-}
 
 /// Always `free`.
 fn always_free(_: u32, free: PlanId, _: PlanId) -> PlanId {

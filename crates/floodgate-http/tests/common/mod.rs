@@ -8,7 +8,13 @@ use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::task::{Context, Poll};
 
-use floodgate::{AsyncLimit, Clock, Decision, Nanos};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
+use floodgate::{
+    AsyncLimit, Clock, Decision, KeyedBuilder, ManualClock, Nanos, Policy, PolicyError,
+};
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::Service;
@@ -44,6 +50,37 @@ impl Clock for TokioClock {
 }
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A plan resolver over `String` keys.
+pub type Resolver = Box<dyn Fn(&String) -> PlanId + Send + Sync>;
+/// The plan limiter of [`tiers`].
+pub type Tiers = PlanLimiter<String, Resolver, ManualClock>;
+
+/// `free` 10 a minute (burst 10: `w` = 60 s), `pro` 100 a minute with burst 20
+/// (`w` = 12 s), and a resolver that counts its calls in `calls` and answers
+/// `pick(n)` on call `n` (from 0).
+pub fn tiers(
+    clock: &ManualClock,
+    calls: &Arc<AtomicU32>,
+    pick: fn(u32, PlanId, PlanId) -> PlanId,
+) -> Result<Tiers, String> {
+    let policy = |p: Result<Policy, PolicyError>| p.map_err(|e| e.to_string());
+    let mut plans = Plans::new();
+    let free = plans.insert("free", policy(Policy::per_minute(10))?);
+    let pro = plans.insert(
+        "pro",
+        policy(Policy::per_minute(100).and_then(|p| p.with_burst(20)))?,
+    );
+    let calls = Arc::clone(calls);
+    let resolver: Resolver =
+        Box::new(move |_: &String| pick(calls.fetch_add(1, Ordering::SeqCst), free, pro));
+    PlanLimiter::new(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )
+    .map_err(|e| e.to_string())
+}
 
 /// A remote limiter whose backend is down: every call fails.
 pub struct Down;

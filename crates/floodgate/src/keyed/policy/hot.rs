@@ -693,7 +693,7 @@ where
                 .decide_uncounted(self.keyed.algorithm(), key, now, cost);
             (decision, ())
         };
-        self.route_hot(word, judged, now, hot, cold).0
+        self.route_hot(word, judged, now, cost, hot, cold).0
     }
 
     /// [`check_hot`](Self::check_hot) with the receipt of the charge.
@@ -711,7 +711,7 @@ where
     {
         let hot = |leased: &LeasedGcra<C>, at| leased.charge_at(at, cost);
         let cold = || self.keyed.charge_uncounted(key, now, cost);
-        self.route_hot(word, judged, now, hot, cold)
+        self.route_hot(word, judged, now, cost, hot, cold)
     }
 
     /// The routing of a decision that met the sealed `word`: `hot` on the slot's
@@ -724,6 +724,7 @@ where
         mut word: u64,
         mut judged: Nanos,
         now: Nanos,
+        cost: u32,
         hot: impl Fn(&LeasedGcra<C>, Nanos) -> (Decision, R),
         cold: impl Fn() -> (Decision, R),
     ) -> (Decision, R) {
@@ -736,8 +737,11 @@ where
                 // entry's flag, cleared before the word is closed, may still read
                 // open here (the word's reads are Relaxed and order nothing), and
                 // the denial would reach the caller with a wait to the end of time.
-                let answer =
-                    decision.is_allowed() || (entry.is_open() && !entry.leased.is_central_closed());
+                // Nor is a cost-0 check's report of the closed word (allowed, with a
+                // reset at the end of time); an admission of units (a lease spend,
+                // or a refill from a word still open) is one.
+                let answer = (decision.is_allowed() && cost > 0)
+                    || (entry.is_open() && !entry.leased.is_central_closed());
                 answer.then_some((decision, r))
             });
             if let Some((decision, r)) = decided {
@@ -869,11 +873,13 @@ where
             let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
-            // As in `check_hot`: a denial by a central word a demotion closed after
-            // the entry was seen open is no answer.
+            // As in `check_hot`: a report of a central word a demotion closed after
+            // the entry was seen open is no answer, allowed or not (a peek reports
+            // the central word's reset, the end of time, even when this thread's
+            // lease holds the cost); it writes nothing, so it routes again.
             if let Some(decision) = self.on_entry(word, |entry| {
                 let decision = entry.leased.peek_at(judged, cost);
-                (decision.is_allowed() || !entry.leased.is_central_closed()).then_some(decision)
+                (!entry.leased.is_central_closed()).then_some(decision)
             }) {
                 return decision;
             }
