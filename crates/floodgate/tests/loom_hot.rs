@@ -155,3 +155,27 @@ fn a_peek_racing_a_demotion_is_a_true_answer() {
         },
     );
 }
+
+/// A cost-0 check and a `peek(0)` racing a demotion: each reports the key's schedule
+/// (reset within the burst of 2 s), never the closed central word's end of time,
+/// which a cost-0 check is *allowed* by (the review's finding: the fix that routed
+/// denials again let these through).
+#[test]
+fn a_cost_0_check_or_peek_racing_a_demotion_reports_the_schedule() {
+    race_a_step(
+        "a_cost_0_check_or_peek_racing_a_demotion_reports_the_schedule",
+        |limiter| {
+            assert!(limiter.promote(&1));
+            assert!(limiter.check(&1).is_allowed());
+        },
+        |limiter| limiter.demote(&1),
+        |limiter| [limiter.check_n(&1, 0), limiter.peek(&1, 0)],
+        |_, reports| {
+            for d in reports {
+                assert!(d.is_allowed(), "cost 0 is always allowed: {d:?}");
+                assert!(d.reset_after() <= Duration::from_secs(2), "{d:?}");
+                assert!(d.remaining() <= 1, "one unit of two is charged: {d:?}");
+            }
+        },
+    );
+}
