@@ -693,7 +693,7 @@ where
                 .decide_uncounted(self.keyed.algorithm(), key, now, cost);
             (decision, ())
         };
-        self.route_hot(word, judged, now, hot, cold).0
+        self.route_hot(word, judged, now, cost, hot, cold).0
     }
 
     /// [`check_hot`](Self::check_hot) with the receipt of the charge.
@@ -711,19 +711,20 @@ where
     {
         let hot = |leased: &LeasedGcra<C>, at| leased.charge_at(at, cost);
         let cold = || self.keyed.charge_uncounted(key, now, cost);
-        self.route_hot(word, judged, now, hot, cold)
+        self.route_hot(word, judged, now, cost, hot, cold)
     }
 
     /// The routing of a decision that met the sealed `word`: `hot` on the slot's
     /// lease limiter at `judged`, or (while a promotion or demotion of the key is
     /// half-way) a wait and `cold`, the table's decision again, until one answers.
-    /// Counts the answer.
+    /// Counts the answer. `cost` is the decision's: a report (cost 0) writes nothing.
     #[inline(always)]
     fn route_hot<R>(
         &self,
         mut word: u64,
         mut judged: Nanos,
         now: Nanos,
+        cost: u32,
         hot: impl Fn(&LeasedGcra<C>, Nanos) -> (Decision, R),
         cold: impl Fn() -> (Decision, R),
     ) -> (Decision, R) {
@@ -736,8 +737,13 @@ where
                 // entry's flag, cleared before the word is closed, may still read
                 // open here (the word's reads are Relaxed and order nothing), and
                 // the denial would reach the caller with a wait to the end of time.
-                let answer =
-                    decision.is_allowed() || (entry.is_open() && !entry.leased.is_central_closed());
+                // Nor is a report (cost 0, nothing written) the closed word gave: its
+                // reset is the end of time. An admission of a positive cost met a
+                // closed word only on this thread's lease (a refill it denies), and
+                // its units are spent: it is the answer.
+                let closed = entry.leased.is_central_closed();
+                let answer = (decision.is_allowed() && (cost > 0 || !closed))
+                    || (entry.is_open() && !closed);
                 answer.then_some((decision, r))
             });
             if let Some((decision, r)) = decided {
@@ -869,11 +875,13 @@ where
             let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
-            // As in `check_hot`: a denial by a central word a demotion closed after
-            // the entry was seen open is no answer.
+            // As in `check_hot`: a peek that met a central word a demotion closed
+            // after the entry was seen open is no answer, allowed or not (it writes
+            // nothing, and an allowed one would report the closed word's reset, the
+            // end of time).
             if let Some(decision) = self.on_entry(word, |entry| {
                 let decision = entry.leased.peek_at(judged, cost);
-                (decision.is_allowed() || !entry.leased.is_central_closed()).then_some(decision)
+                (!entry.leased.is_central_closed()).then_some(decision)
             }) {
                 return decision;
             }
