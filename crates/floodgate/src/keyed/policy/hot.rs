@@ -805,9 +805,10 @@ where
     /// returns whether anything came back.
     ///
     /// * A receipt of a cold charge: the keyed table's refund
-    ///   ([`KeyedLimiter::refund`], with its refund ledger), while the key is still
-    ///   cold; nothing once it has been promoted (its schedule moved to the lease
-    ///   limiter).
+    ///   ([`KeyedLimiter::refund`], with its refund ledger) while the key is cold;
+    ///   nothing while it is hot (its schedule is the lease limiter's). After a
+    ///   demotion the schedule, the charge's booking in it, is the table's again,
+    ///   and so is the refund: the part of the booking still ahead of the clock.
     /// * A receipt of a hot charge: [`LeasedGcra::refund`] on the key's lease
     ///   limiter — back to the lease the units were spent from, on the calling
     ///   thread's shard, while that lease is unexpired, never above the lease size
