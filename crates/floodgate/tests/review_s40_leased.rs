@@ -442,3 +442,49 @@ fn reports_on_a_hot_key_under_demotion_churn_never_read_the_closed_word() {
     churn.join().unwrap();
     assert!(bad.is_empty(), "reports read off a closed word: {bad:?}");
 }
+
+/// `peek` allows exactly what the next `check_n` on the same thread allows
+/// (`AsyncLimit::peek_n` on the hot-key modes: a `LeasedGcra`, a hot and a cold key), on a clock jumping both ways and
+/// before the limiter's origin, whatever the lease holds: costs 0 to past the burst.
+#[test]
+fn a_peek_allows_what_the_next_check_on_this_thread_allows() {
+    const BURST: u64 = 9;
+    for seed in 1..=8u64 {
+        let clock = Arc::new(Jumpy::default());
+        let start = 5 * MS;
+        clock.set(start);
+        let l = leased(per_ms(BURST), 4, MS, Arc::clone(&clock));
+        let h = HotKeyLimiter::<u64, _, Inline>::new_in(
+            per_ms(BURST),
+            KeyedBuilder::default().clock(Arc::clone(&clock)),
+            HotKeys::default()
+                .lease_size(4)
+                .lease_shards(64)
+                .lease_lifetime(Duration::from_millis(1))
+                .manual(),
+        )
+        .unwrap();
+        assert!(h.promote(&0));
+        let mut rng = Rng::new(seed + 2_000);
+        let mut now = start;
+        for step in 0..3_000 {
+            match rng.below(5) {
+                0 => now += rng.below(2 * MS),
+                1 => now = now.saturating_sub(rng.below(MS)),
+                _ => {}
+            }
+            clock.set(now);
+            let cost = rng.below(BURST + 2) as u32;
+            let key = rng.below(2); // key 0 hot, key 1 cold
+            let (peek, check) = match rng.below(2) {
+                0 => (l.peek(cost), l.check_n(cost)),
+                _ => (h.peek(&key, cost), h.check_n(&key, cost)),
+            };
+            assert_eq!(
+                peek.is_allowed(),
+                check.is_allowed(),
+                "seed {seed} step {step}: cost {cost} at {now}: peek {peek:?}, check {check:?}"
+            );
+        }
+    }
+}
