@@ -338,9 +338,14 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 /// thread that charged them (its shard's only writer), while that lease is still
 /// the shard's and unexpired, and never above the lease size; otherwise it gives
 /// nothing back (the request stays charged: never an admission beyond the bound,
-/// see [`LeasedGcra::refund`]). `peek(0)`, and so a response's remaining, reports
-/// the central word, as `check(0)` does (the units on leases are not in it). A cost
-/// above the burst never fits ([`ConfigError::Cost`] at build).
+/// see [`LeasedGcra::refund`]). A response shows the charge's decision as
+/// [`LeasedGcra`] reports it: on a refill, this shard's lease units plus the
+/// central word's remaining; on a spend from the lease, the units left on it (a
+/// lower bound: other shards and the central word may hold more) and, as its reset,
+/// the lease's lifetime left (its quota's own reset may be later). A charge given
+/// back shows `peek(0)`: the central word, as `check(0)` reports it (the units on
+/// leases are not in it). A cost above the burst never fits ([`ConfigError::Cost`]
+/// at build).
 ///
 /// # Examples
 ///

@@ -762,8 +762,8 @@ impl<C: Clock> LeasedGcra<C> {
         true
     }
 
-    /// What [`peek_at`](Self::peek_at) reports now (see the [module docs](self),
-    /// "What a decision reports"): `peek(0)` is the central word's report, as
+    /// What a check of `cost` would decide now (see the [module docs](self), "What a
+    /// decision reports"): `peek(0)` is the central word's report, as
     /// `check(0)` is; a positive cost is allowed when this thread's own lease holds
     /// it, or the central word holds what it is short of. Writes nothing and takes no
     /// owner index.

@@ -717,7 +717,7 @@ where
     /// The routing of a decision that met the sealed `word`: `hot` on the slot's
     /// lease limiter at `judged`, or (while a promotion or demotion of the key is
     /// half-way) a wait and `cold`, the table's decision again, until one answers.
-    /// Counts the answer.
+    /// Counts the answer. `cost` is the decision's: a report (cost 0) writes nothing.
     #[inline(always)]
     fn route_hot<R>(
         &self,
@@ -737,11 +737,13 @@ where
                 // entry's flag, cleared before the word is closed, may still read
                 // open here (the word's reads are Relaxed and order nothing), and
                 // the denial would reach the caller with a wait to the end of time.
-                // Nor is a cost-0 check's report of the closed word (allowed, with a
-                // reset at the end of time); an admission of units (a lease spend,
-                // or a refill from a word still open) is one.
-                let answer = (decision.is_allowed() && cost > 0)
-                    || (entry.is_open() && !entry.leased.is_central_closed());
+                // Nor is a report (cost 0, nothing written) the closed word gave: its
+                // reset is the end of time. An admission of a positive cost met a
+                // closed word only on this thread's lease (a refill it denies), and
+                // its units are spent: it is the answer.
+                let closed = entry.leased.is_central_closed();
+                let answer = (decision.is_allowed() && (cost > 0 || !closed))
+                    || (entry.is_open() && !closed);
                 answer.then_some((decision, r))
             });
             if let Some((decision, r)) = decided {
@@ -803,9 +805,10 @@ where
     /// returns whether anything came back.
     ///
     /// * A receipt of a cold charge: the keyed table's refund
-    ///   ([`KeyedLimiter::refund`], with its refund ledger), while the key is still
-    ///   cold; nothing once it has been promoted (its schedule moved to the lease
-    ///   limiter).
+    ///   ([`KeyedLimiter::refund`], with its refund ledger) while the key is cold;
+    ///   nothing while it is hot (its schedule is the lease limiter's). After a
+    ///   demotion the schedule, the charge's booking in it, is the table's again,
+    ///   and so is the refund: the part of the booking still ahead of the clock.
     /// * A receipt of a hot charge: [`LeasedGcra::refund`] on the key's lease
     ///   limiter — back to the lease the units were spent from, on the calling
     ///   thread's shard, while that lease is unexpired, never above the lease size
@@ -873,10 +876,10 @@ where
             let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
-            // As in `check_hot`: a report of a central word a demotion closed after
-            // the entry was seen open is no answer, allowed or not (a peek reports
-            // the central word's reset, the end of time, even when this thread's
-            // lease holds the cost); it writes nothing, so it routes again.
+            // As in `check_hot`: a peek that met a central word a demotion closed
+            // after the entry was seen open is no answer, allowed or not (it writes
+            // nothing, and an allowed one would report the closed word's reset, the
+            // end of time).
             if let Some(decision) = self.on_entry(word, |entry| {
                 let decision = entry.leased.peek_at(judged, cost);
                 (!entry.leased.is_central_closed()).then_some(decision)
