@@ -9,7 +9,7 @@
 
 mod lease_ledger;
 
-use lease_ledger::{admitted_on_threads, limiter};
+use lease_ledger::{admitted_on_threads, assert_conserved, limiter};
 use loom::sync::Arc;
 
 /// Two threads each decide `costs` on their own shard (or the central word); the
@@ -19,16 +19,8 @@ fn conserve(burst: u64, lease: u32, shards: usize, costs: &'static [u32]) {
     loom::model(move || {
         let lim = Arc::new(limiter(burst, lease, shards));
         let admitted = admitted_on_threads(&lim, &[costs, costs], || {});
-        let mut lim = Arc::try_unwrap(lim).expect("the threads have exited");
-        let central = lim.check_on(0, 0).remaining();
-        let held = lim.units_held();
-        assert!(admitted <= burst, "admitted {admitted} > burst {burst}");
-        assert_eq!(
-            admitted + held + central,
-            burst,
-            "admitted {admitted} + held {held} + central {central}"
-        );
-        assert!(held <= shards as u64 * u64::from(lease));
+        let lim = Arc::try_unwrap(lim).expect("the threads have exited");
+        assert_conserved(lim, admitted, burst, lease, shards);
     });
 }
 

@@ -12,7 +12,7 @@
 mod lease_ledger;
 
 use floodgate::{LeasedGcra, ManualClock};
-use lease_ledger::limiter;
+use lease_ledger::{assert_conserved, limiter};
 use loom::sync::Arc;
 
 /// Each thread charges `first` and refunds it, then charges `second` and keeps it;
@@ -40,16 +40,8 @@ fn conserve(burst: u64, lease: u32, shards: usize) {
             })
             .collect();
         let admitted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-        let mut lim = Arc::try_unwrap(lim).expect("the threads have exited");
-        let central = lim.check_on(0, 0).remaining();
-        let held = lim.units_held();
-        assert!(admitted <= burst, "admitted {admitted} > burst {burst}");
-        assert_eq!(
-            admitted + held + central,
-            burst,
-            "admitted {admitted} + held {held} + central {central}"
-        );
-        assert!(held <= shards as u64 * u64::from(lease));
+        let lim = Arc::try_unwrap(lim).expect("the threads have exited");
+        assert_conserved(lim, admitted, burst, lease, shards);
     });
 }
 

@@ -104,3 +104,24 @@ pub fn admitted_on_threads(
     meanwhile();
     handles.into_iter().map(|h| h.join().unwrap()).sum()
 }
+
+/// On a standing clock, once every deciding thread has exited: the central word
+/// handed out exactly the burst, and every unit is admitted (net of refunds), held
+/// on a lease (at most `shards × lease`), or still in the central word.
+pub fn assert_conserved(
+    mut lim: LeasedGcra<ManualClock>,
+    admitted: u64,
+    burst: u64,
+    lease: u32,
+    shards: usize,
+) {
+    let central = lim.check_on(0, 0).remaining();
+    let held = lim.units_held();
+    assert!(admitted <= burst, "admitted {admitted} > burst {burst}");
+    assert_eq!(
+        admitted + held + central,
+        burst,
+        "admitted {admitted} + held {held} + central {central}"
+    );
+    assert!(held <= shards as u64 * u64::from(lease));
+}
