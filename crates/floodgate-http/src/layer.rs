@@ -338,13 +338,15 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 /// thread that charged them (its shard's only writer), while that lease is still
 /// the shard's and unexpired, and never above the lease size; otherwise it gives
 /// nothing back (the request stays charged: never an admission beyond the bound,
-/// see [`LeasedGcra::refund`]). A response shows the charge's decision as
-/// [`LeasedGcra`] reports it: on a refill, this shard's lease units plus the
-/// central word's remaining; on a spend from the lease, the units left on it (a
-/// lower bound: other shards and the central word may hold more) and, as its reset,
-/// the lease's lifetime left (its quota's own reset may be later). A charge given
-/// back shows `peek(0)`: the central word, as `check(0)` reports it (the units on
-/// leases are not in it). A cost above the burst never fits ([`ConfigError::Cost`]
+/// see [`LeasedGcra::refund`]). An admission's response shows
+/// [`LeasedGcra::report`]: this thread's lease units plus the central word's
+/// remaining (a lower bound: other shards' leases may hold more), with the central
+/// word's reset, the time until its schedule is idle. (A lease spend's own decision
+/// holds only the lease's units and its lifetime left, which a client would read
+/// as its quota resetting in a millisecond, or an hour, whatever the policy.) A
+/// denial shows its decision (the central word's retry for the units this shard is
+/// short of); a charge given back, and `peek(0)`, the report. A cost above the
+/// burst never fits ([`ConfigError::Cost`]
 /// at build).
 ///
 /// # Examples
@@ -366,7 +368,8 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 /// ```
 impl<K: ?Sized, C: Clock> Charge<K> for LeasedGcra<C> {
     fn charge(&self, _key: &K, cost: u32) -> (Decision, Receipt) {
-        LeasedGcra::charge(self, cost)
+        let (decision, receipt) = LeasedGcra::charge(self, cost);
+        (shown(decision, || self.report()), receipt)
     }
 
     fn refund(&self, _key: &K, receipt: Receipt) -> bool {
@@ -374,7 +377,11 @@ impl<K: ?Sized, C: Clock> Charge<K> for LeasedGcra<C> {
     }
 
     fn peek(&self, _key: &K, cost: u32) -> Decision {
-        LeasedGcra::peek(self, cost)
+        if cost == 0 {
+            self.report()
+        } else {
+            LeasedGcra::peek(self, cost)
+        }
     }
 
     fn never_fits(&self, cost: u32) -> Option<u64> {
@@ -432,7 +439,9 @@ where
 /// keyed table's exact GCRA, and its refunds are the table's; a hot key's charge and
 /// refund are its lease limiter's (see the [`LeasedGcra`] impl above and
 /// [`HotKeyLimiter::refund`]: nothing comes back after the key's demotion or a new
-/// promotion). A cost above the burst never fits ([`ConfigError::Cost`] at build).
+/// promotion). An admission's response, a charge given back and `peek(0)` show
+/// [`HotKeyLimiter::report`] (for a hot key its lease limiter's report, as above).
+/// A cost above the burst never fits ([`ConfigError::Cost`] at build).
 impl<K, Q, C, S> Charge<Q> for HotKeyLimiter<K, C, S>
 where
     K: core::hash::Hash + Eq + Clone + Send + 'static,
@@ -440,11 +449,45 @@ where
     C: Clock + Clone + 'static,
     S: Storage<K, GcraState>,
 {
-    charge_per_key!(HotKeyLimiter);
+    fn charge(&self, key: &Q, cost: u32) -> (Decision, Receipt) {
+        let (decision, receipt) = HotKeyLimiter::charge(self, key, cost);
+        (shown(decision, || self.report(key)), receipt)
+    }
+
+    fn refund(&self, key: &Q, receipt: Receipt) -> bool {
+        HotKeyLimiter::refund(self, key, receipt)
+    }
+
+    fn peek(&self, key: &Q, cost: u32) -> Decision {
+        if cost == 0 {
+            self.report(key)
+        } else {
+            HotKeyLimiter::peek(self, key, cost)
+        }
+    }
 
     fn never_fits(&self, cost: u32) -> Option<u64> {
         fresh_never_fits(&Gcra::new(self.policy()), self.clock().now(), cost)
     }
+}
+
+/// What a hot-key mode's response shows for an admission: its `report` (this
+/// thread's lease units plus the central word's remaining, the central word's
+/// reset) where a lease spend's own decision holds only the lease's units and
+/// lifetime; a denial as decided.
+fn shown(decision: Decision, report: impl FnOnce() -> Decision) -> Decision {
+    if !decision.is_allowed() {
+        return decision;
+    }
+    let report = report();
+    Decision::new(
+        true,
+        decision.limit(),
+        report.remaining(),
+        report.reset_after(),
+        None,
+    )
+    .with_policy(decision.policy())
 }
 
 /// Per API key under its plan: a [`PlanLimiter`] is a rule of its own. Its

@@ -379,12 +379,13 @@ fn a_cost_above_the_burst_is_refused_at_build() -> TestResult {
     })
 }
 
-/// A response's remaining for a leased rule is what the core documents for the
-/// mode: on a refill, this shard's lease units plus the central word's remaining;
-/// on a spend from the lease, the units left on it; after a later rule's denial,
-/// the central word's (a peek at cost 0, as `check(0)`).
+/// A leased rule's admission shows the whole limit as this thread sees it
+/// (`LeasedGcra::report`): its lease units plus the central word's remaining, and
+/// the central word's reset — after a refill and after a spend from the lease
+/// alike, never the spend's own view (the lease's units, and its lifetime of an
+/// hour as the reset).
 #[test]
-fn a_leased_rules_remaining_is_the_modes() -> TestResult {
+fn a_leased_rules_response_shows_the_whole_limit() -> TestResult {
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
     let global = leased(100, 1_000, 10, &clock);
     let layer = RateLimitLayer::builder()
@@ -397,9 +398,56 @@ fn a_leased_rules_remaining_is_the_modes() -> TestResult {
     let r = send()?;
     assert_eq!(
         num(&r, "x-ratelimit-remaining"),
-        8,
+        90 + 8,
         "a spend from the lease"
     );
+    // The central word's schedule: 10 units at 1 ms, idle in 10 ms (1 s rounded up),
+    // not the lease's hour.
+    assert_eq!(global.peek(0).reset_after_secs(), 1);
+    assert_eq!(num(&r, "x-ratelimit-reset"), 1, "{:?}", r.headers());
+    let field = r.headers()["ratelimit"].to_str()?;
+    assert!(field.contains("r=98") && field.contains("t=1"), "{field}");
     assert_eq!(global.peek(0).remaining(), 90, "the central word");
+    assert_eq!(
+        global.report().remaining(),
+        98,
+        "the lease's 8 and the central 90"
+    );
+    Ok(())
+}
+
+/// A hot-key rule's admission shows the key's whole limit (`HotKeyLimiter::report`):
+/// after a spend from the lease, the lease's units plus the key's central word and
+/// the central word's reset (not the lease's lifetime left, a millisecond by default), as a cold key's
+/// response shows its own schedule.
+#[test]
+fn a_hot_key_rules_response_shows_the_keys_whole_limit() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let per_client = hot(&clock)?;
+    assert!(per_client.promote(&7));
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared(
+            "per-client",
+            Arc::clone(&per_client),
+            from_fn(client),
+        )?)
+        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let send = |c| rt.block_on(layer.layer(Hello).oneshot(request(c)));
+    let r = send(7)?;
+    assert_eq!(num(&r, "x-ratelimit-remaining"), 16 + 3, "a refill of 4");
+    let r = send(7)?;
+    assert_eq!(
+        num(&r, "x-ratelimit-remaining"),
+        16 + 2,
+        "a spend from the lease"
+    );
+    // 4 units at 1 s each booked on the key's central word: idle in 4 s.
+    assert_eq!(num(&r, "x-ratelimit-reset"), 4, "{:?}", r.headers());
+    assert_eq!(per_client.report(&7).remaining(), 18);
+    // A cold key shows its own schedule: 19 left, idle in 1 s.
+    let r = send(8)?;
+    assert_eq!(num(&r, "x-ratelimit-remaining"), 19);
+    assert_eq!(num(&r, "x-ratelimit-reset"), 1);
     Ok(())
 }

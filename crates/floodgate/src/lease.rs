@@ -61,7 +61,9 @@
 //! the central word's remaining. `reset_after` on a lease spend is the lease's remaining
 //! lifetime; otherwise the central word's. `retry_after` on a denial is the central
 //! word's for the units this shard is short of. `check(0)` reports the central word
-//! and writes nothing.
+//! and writes nothing; [`report`](LeasedGcra::report) is a refill's view at cost 0
+//! (this shard's lease units plus the central word's remaining, the central word's
+//! reset), what floodgate-http shows a client.
 //!
 //! # Receipts and refunds
 //!
@@ -786,6 +788,61 @@ impl<C: Clock> LeasedGcra<C> {
         self.peek_at(self.clock.now(), cost)
     }
 
+    /// What this thread could spend now, as one report (writes nothing, takes no
+    /// owner index): the units of its own unexpired lease plus the central word's
+    /// remaining, at most the burst, with the central word's reset — the report a
+    /// refill makes, at cost 0. Where a lease spend reports only its lease's units
+    /// and lifetime (fast: no shared read), this is the view of the whole limit a
+    /// client is shown (floodgate-http's leased rules): never more than this thread
+    /// could be admitted at once, and the time until the central schedule is idle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{LeasedGcra, ManualClock, Policy};
+    ///
+    /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?.with_burst(100)?)
+    ///     .shards(1)
+    ///     .lease_size(10)
+    ///     .build_with_clock(ManualClock::new())?;
+    /// let spend = leased.check_n(2); // leases 10, spends 2
+    /// assert!(leased.check().is_allowed()); // a spend: the lease's 7 left
+    /// assert_eq!(leased.check_n(0).remaining(), 90); // the central word
+    /// assert_eq!(leased.report().remaining(), 97); // 7 on this lease + 90
+    /// assert_eq!(leased.report().reset_after(), leased.peek(0).reset_after());
+    /// # let _ = spend;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn report(&self) -> Decision {
+        self.report_at(self.clock.now())
+    }
+
+    /// [`report`](Self::report) at a reading of the limiter's clock.
+    pub(crate) fn report_at(&self, now: Nanos) -> Decision {
+        let own = self.own_units(self.expiry_nanos_at(now));
+        let central = self.peek_at(now, 0);
+        let remaining = central
+            .remaining()
+            .saturating_add(u64::from(own))
+            .min(self.gcra.policy().burst());
+        Decision::allow(central.limit(), remaining, 1, central.reset_after_nanos())
+    }
+
+    /// The units this thread's own lease holds, spendable at the expiry clock's
+    /// `nanos` (0 for a thread that owns no shard, or a reading no lease can be
+    /// dated at). Takes no owner index.
+    fn own_units(&self, nanos: u64) -> u32 {
+        match (
+            self.shards.get(owner_index_if_taken()),
+            self.lease_tick(nanos),
+        ) {
+            (Some(word), Some(tick)) => word
+                .load(Ordering::Relaxed)
+                .spendable_units(tick, self.lifetime_ticks),
+            _ => 0,
+        }
+    }
+
     /// The expiry clock's nanoseconds for a reading `now` of the limiter's clock.
     #[inline(always)]
     fn expiry_nanos_at(&self, now: Nanos) -> u64 {
@@ -799,17 +856,8 @@ impl<C: Clock> LeasedGcra<C> {
     /// allowed when this thread's own shard holds `cost` units, or the central word
     /// holds what it is short of.
     pub(crate) fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
-        let nanos = self.expiry_nanos_at(now);
         // A peek takes no owner index: a thread that only reads holds no shard.
-        let own = match (
-            self.shards.get(owner_index_if_taken()),
-            self.lease_tick(nanos),
-        ) {
-            (Some(word), Some(tick)) => word
-                .load(Ordering::Relaxed)
-                .spendable_units(tick, self.lifetime_ticks),
-            _ => 0,
-        };
+        let own = self.own_units(self.expiry_nanos_at(now));
         let burst = self.gcra.policy().burst();
         let central = self.central.load(Ordering::Relaxed);
         if cost == 0 || u64::from(cost) > burst {

@@ -869,6 +869,48 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
+        self.read_routed(key, cost, |leased, judged| leased.peek_at(judged, cost))
+    }
+
+    /// What `key` shows a client now, writing nothing: a cold key's state (its
+    /// `peek(key, 0)`), a hot key's [`LeasedGcra::report`] — this thread's lease
+    /// units plus the key's central word, with the central word's reset — where a
+    /// lease spend reports only its lease's units and lifetime. floodgate-http shows
+    /// it for a hot-key rule's admissions.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, ManualClock, Policy};
+    /// let limiter = HotKeyLimiter::<u64, _>::new(
+    ///     Policy::per_second(1)?.with_burst(10)?,
+    ///     KeyedBuilder::default().clock(ManualClock::new()),
+    ///     HotKeys::default().lease_size(4).manual(),
+    /// )?;
+    /// assert!(limiter.promote(&1));
+    /// assert!(limiter.check(&1).is_allowed()); // leases 4, spends 1
+    /// assert_eq!(limiter.check(&1).remaining(), 2); // a spend: the lease's units
+    /// assert_eq!(limiter.report(&1).remaining(), 8); // 2 on the lease + 6
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn report<Q>(&self, key: &Q) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.read_routed(key, 0, |leased, judged| leased.report_at(judged))
+    }
+
+    /// A read of `key` that writes nothing: the table's `peek` at `cost` for a cold
+    /// key, `hot` on its lease limiter at the judged instant for a hot one.
+    fn read_routed<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        hot: impl Fn(&LeasedGcra<C>, Nanos) -> Decision,
+    ) -> Decision
+    where
+        Q: Lookup<K> + ?Sized,
+    {
         let now = self.keyed.clock().now();
         let backoff = Backoff::new();
         loop {
@@ -876,12 +918,12 @@ where
             let Some((word, judged)) = sealed_in(&decision, now) else {
                 return decision;
             };
-            // As in `check_hot`: a peek that met a central word a demotion closed
+            // As in `check_hot`: a read that met a central word a demotion closed
             // after the entry was seen open is no answer, allowed or not (it writes
             // nothing, and an allowed one would report the closed word's reset, the
             // end of time).
             if let Some(decision) = self.on_entry(word, |entry| {
-                let decision = entry.leased.peek_at(judged, cost);
+                let decision = hot(&entry.leased, judged);
                 (!entry.leased.is_central_closed()).then_some(decision)
             }) {
                 return decision;
