@@ -79,3 +79,88 @@ fn an_nginx_line_whose_basic_auth_user_holds_a_space_is_replayed() {
         text(&output.stderr)
     );
 }
+
+/// A trace key is any run of non-whitespace UTF-8, so it may hold ESC and other
+/// control characters; the summary's "top denied keys" printed them raw, so a key
+/// such as `a\x1b[2J` (from a trace built from client-sent API keys) cleared or
+/// rewrote the user's terminal, and a key with an invisible character (U+200B)
+/// looked exactly like another key. Now a key that `{:?}` would escape (a control
+/// or invisible character, a `"` or a `\`) is shown quoted and escaped; other keys
+/// are shown as before. Mutation that fails it: printing `key` instead of
+/// `shown_key(key)` in `Summary::render`.
+#[test]
+fn the_summary_shows_keys_with_control_characters_escaped() {
+    let trace = "0 a\x1b[2Jb\n0 a\x1b[2Jb\n0 a\u{200b}b\n0 a\u{200b}b\n0 ab\n0 ab\n0 \"q\n0 \"q\n";
+    let output = replay(&GCRA_1_PER_S, trace.as_bytes());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(!out.contains('\x1b'), "{out:?}");
+    assert!(!out.contains('\u{200b}'), "{out:?}");
+    let top: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("top denied keys"))
+        .skip(1)
+        .map(|l| l.trim_start())
+        .collect();
+    // Ties by key: the keys as they are, not as shown.
+    assert_eq!(
+        top,
+        [
+            r#"1  "\"q""#,
+            r#"1  "a\u{1b}[2Jb""#,
+            "1  ab",
+            r#"1  "a\u{200b}b""#,
+        ]
+    );
+}
+
+/// Times that go backwards are counted at the latest time seen (the engine's clock
+/// never runs backwards), which changes the decisions: two traces concatenated
+/// unsorted put the whole second one at the first one's end, and the summary showed
+/// the resulting denials with no word that the input was out of order. Now a note
+/// on stderr says how many lines were moved and which was first (exit status 0,
+/// stdout unchanged); an input in order prints nothing there. Mutation that fails
+/// it: not counting a line whose time is earlier than `latest`.
+#[test]
+fn times_out_of_order_are_reported_on_stderr() {
+    for jsonl in [false, true] {
+        let mut args = GCRA_1_PER_S.to_vec();
+        if jsonl {
+            args.push("--jsonl");
+        }
+        let output = replay(&args, b"5 a\n6 b\n4.5 a\n# note\n6 c\n3 d\n7 e\n");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        assert_eq!(
+            text(&output.stderr),
+            "floodgate: note: 2 lines had a time earlier than a line before them (the \
+             first: line 3); each was counted at the latest time before it, as the \
+             limiter's clock never runs backwards: sort the input by time to replay \
+             it as recorded\n"
+        );
+        let sorted = replay(&args, b"5 a\n6 b\n6 c\n7 e\n");
+        assert!(sorted.status.success());
+        assert_eq!(text(&sorted.stderr), "");
+    }
+}
+
+/// The reader caps a line at 1 MiB (without its line end): a line one byte over it
+/// ending in `\r\n` was refused, the same line ending in `\n` was read. Now both are
+/// refused; a line exactly at the cap is read with either ending. Mutation that
+/// fails it: checking the length only for a line with no `\n` read.
+#[test]
+fn a_line_one_byte_over_the_cap_is_refused_with_either_line_end() {
+    const CAP: usize = 1 << 20;
+    for end in ["\n", "\r\n"] {
+        let over = format!("0 {}{end}", "k".repeat(CAP - 1));
+        let output = replay(&GCRA_1_PER_S, over.as_bytes());
+        assert_eq!(output.status.code(), Some(2), "{end:?}");
+        assert!(
+            text(&output.stderr).starts_with("floodgate: line 1: line longer than 1048576 bytes"),
+            "{end:?}: {}",
+            text(&output.stderr)
+        );
+        let at_cap = format!("0 {}{end}", "k".repeat(CAP - 2));
+        let output = replay(&GCRA_1_PER_S, at_cap.as_bytes());
+        assert!(output.status.success(), "{end:?}: {}", text(&output.stderr));
+    }
+}
