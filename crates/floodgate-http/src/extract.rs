@@ -185,6 +185,28 @@ pub fn default_peer_lookup(ext: &Extensions) -> Option<IpAddr> {
 /// assert_eq!(g.group(ip("192.0.2.7")), ip("192.0.2.0"));
 /// # Ok::<(), floodgate_http::ConfigError>(())
 /// ```
+///
+/// # With inline storage
+///
+/// The grouped key is kept as it is on [`Heap`](floodgate::Heap) storage (the
+/// default) and, up to the documented collision odds, on
+/// [`Fingerprint`](floodgate::Fingerprint) storage. On [`Inline`](floodgate::Inline)
+/// storage (`build_inline`) an `IpAddr` key keeps only 63 bits of an IPv6 address
+/// ([`InlineKey`](floodgate::InlineKey) for `IpAddr`), so IPv6 clients share a key
+/// per /63 **whatever the grouping**: two adjacent /64s — two hosts, by the default's
+/// own reasoning — are one bucket, and a client in one can spend the other's. For
+/// a /64 grouping or a finer one, keep `IpAddr` keys on heap or fingerprint storage.
+///
+/// ```
+/// use floodgate::InlineKey;
+/// use floodgate_http::IpGrouping;
+/// use std::net::IpAddr;
+/// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+/// let g = IpGrouping::default();
+/// let (a, b) = (g.group(ip("2001:db8::1")), g.group(ip("2001:db8:0:1::1")));
+/// assert_ne!(a, b); // two /64s: two keys
+/// assert_eq!(a.to_bits(), b.to_bits()); // one inline key
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpGrouping {
     v4: u8,

@@ -14,6 +14,13 @@
 //! `$request_time` and the like to the combined format. nginx escapes `"` inside
 //! quoted fields as `\x22`, so a quoted field ends at the next `"`. Blank lines are
 //! skipped; nginx writes no comments, so `#` has no special meaning.
+//!
+//! `$remote_user` is the user name of the request's Basic credentials, which any
+//! client may send: nginx logs it unquoted, with its spaces and brackets as sent (it
+//! escapes only `"`, `\` and bytes outside printable ASCII). So it runs up to the
+//! last ` [` before the line's first `"` (which opens `"$request"`), and
+//! `$time_local` is the `[…]` there: a user name such as `john doe`, or one holding a
+//! `[…]` time of its own, neither stops the replay nor chooses the time read.
 
 use super::{LineError, Request};
 
@@ -48,7 +55,7 @@ pub fn parse_nginx_line(line: &str) -> Result<Option<Request<'_>>, LineError> {
     let mut cursor = Cursor { rest: line };
     let addr = cursor.word("$remote_addr")?;
     cursor.word("the `-` after $remote_addr")?;
-    cursor.word("$remote_user")?;
+    cursor.remote_user()?;
     let time_local = cursor.delimited('[', ']', "[$time_local]")?;
     let time = parse_time_local(time_local)?;
     cursor.delimited('"', '"', "\"$request\"")?;
@@ -97,6 +104,23 @@ impl<'a> Cursor<'a> {
         }
         self.rest = rest;
         Ok(word)
+    }
+
+    /// `$remote_user`, which may hold spaces and brackets (see the module docs): up
+    /// to the last ` [` before the first `"`; without one, a word (what follows is
+    /// then no `[$time_local]`, and the next field says so).
+    fn remote_user(&mut self) -> Result<&'a str, LineError> {
+        self.skip_separator();
+        let head = self.rest.find('"').map_or(self.rest, |q| &self.rest[..q]);
+        match head.rfind(" [") {
+            // `rest` starts with no space, so the user name is not empty.
+            Some(end) if end > 0 => {
+                let (user, rest) = self.rest.split_at(end);
+                self.rest = rest;
+                Ok(user.trim_end_matches(' '))
+            }
+            _ => self.word("$remote_user"),
+        }
     }
 
     /// `open … close`, returning what is between.
@@ -263,6 +287,19 @@ mod tests {
         let line = r#"2001:db8::1 - - [01/Jan/1970:00:00:01 +0000] "GET /?q=\x22x\x22 HTTP/1.1" 429 0 "-" "curl/8.0" "10.0.0.9" 0.001"#;
         let r = parse_nginx_line(line).unwrap().unwrap();
         assert_eq!((r.key, r.time), ("2001:db8::1", NANOS_PER_SEC));
+    }
+
+    #[test]
+    fn a_remote_user_with_spaces_and_brackets_is_no_field_boundary() {
+        let line = r#"192.0.2.1 - a [01/Jan/2500:00:00:00 +0000] b [01/Jan/1970:00:00:02 +0000] "GET / HTTP/1.1" 401 0 "-" "-""#;
+        let r = parse_nginx_line(line).unwrap().unwrap();
+        assert_eq!((r.key, r.time), ("192.0.2.1", 2 * NANOS_PER_SEC));
+        let line =
+            r#"192.0.2.1 - john doe [01/Jan/1970:00:00:03 +0000] "GET / HTTP/1.1" 401 0 "-" "-""#;
+        assert_eq!(
+            parse_nginx_line(line).unwrap().unwrap().time,
+            3 * NANOS_PER_SEC
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! [`MAX_LINE_BYTES`]); memory grows with the number of distinct keys — their limiter
 //! states and, for the summary, their denial counts — never with the length of the
 //! input. Times that go backwards are clamped to the latest time seen, as the
-//! engine's clock never runs backwards, and the clamped time is the one reported.
+//! engine's clock never runs backwards, and the clamped time is the one reported;
+//! how many lines were moved, and the first of them, is noted on stderr at the end
+//! ([`OutOfOrder`]), since it changes the decisions.
 //!
 //! On a bad line the run stops: the message names the line number and the text, the
 //! JSON lines already written stay valid (each is written whole), and no summary is
@@ -14,6 +16,7 @@ mod engine;
 #[cfg(feature = "redis")]
 mod redis;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -75,19 +78,47 @@ fn parser_for(format: InputFormat) -> LineParser {
     }
 }
 
+/// The lines whose time was earlier than a line before them, each decided at the
+/// latest time seen before it instead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OutOfOrder {
+    /// How many.
+    pub(crate) lines: u64,
+    /// The first one's line number.
+    pub(crate) first: Option<u64>,
+}
+
+impl OutOfOrder {
+    /// The note printed on stderr after a run, when any line was moved.
+    pub(crate) fn note(&self) -> Option<String> {
+        let first = self.first?;
+        let lines = match self.lines {
+            1 => "1 line".to_owned(),
+            n => format!("{n} lines"),
+        };
+        Some(format!(
+            "note: {lines} had a time earlier than a line before them (the first: line \
+             {first}); each was counted at the latest time before it, as the limiter's \
+             clock never runs backwards: sort the input by time to replay it as recorded"
+        ))
+    }
+}
+
 /// Streams `input` through `engine`, calling `observe(request, now, decision)` for
-/// each request in input order, where `now` is the (clamped) time the engine used.
+/// each request in input order, where `now` is the (clamped) time the engine used;
+/// returns the lines whose time was clamped.
 pub(crate) fn replay<R: Read>(
     input: R,
     format: InputFormat,
     engine: &mut dyn ReplayEngine,
     mut observe: impl FnMut(&Request<'_>, u64, &Decision) -> io::Result<()>,
-) -> Result<(), ReplayError> {
+) -> Result<OutOfOrder, ReplayError> {
     let parse = parser_for(format);
     let mut input = BufReader::with_capacity(64 * 1024, input);
     let mut buf = Vec::with_capacity(256);
     let mut latest = 0u64;
     let mut line_no = 0u64;
+    let mut out_of_order = OutOfOrder::default();
     loop {
         buf.clear();
         let read = (&mut input)
@@ -95,7 +126,7 @@ pub(crate) fn replay<R: Read>(
             .read_until(b'\n', &mut buf)
             .map_err(ReplayError::Read)?;
         if read == 0 {
-            return Ok(());
+            return Ok(out_of_order);
         }
         line_no += 1;
         let bad = |error: LineError, bytes: &[u8]| ReplayError::Input {
@@ -106,7 +137,9 @@ pub(crate) fn replay<R: Read>(
         let mut bytes = buf.as_slice();
         if let Some(rest) = bytes.strip_suffix(b"\n") {
             bytes = rest.strip_suffix(b"\r").unwrap_or(rest);
-        } else if bytes.len() > MAX_LINE_BYTES {
+        }
+        // Whichever way the line ends (or does not), the cap counts its text alone.
+        if bytes.len() > MAX_LINE_BYTES {
             let prefix = &bytes[..200.min(bytes.len())];
             return Err(bad(
                 LineError::new(format_args!("line longer than {MAX_LINE_BYTES} bytes")),
@@ -118,6 +151,10 @@ pub(crate) fn replay<R: Read>(
         let Some(request) = parse(text).map_err(|e| bad(e, bytes))? else {
             continue;
         };
+        if request.time < latest {
+            out_of_order.lines += 1;
+            out_of_order.first.get_or_insert(line_no);
+        }
         latest = latest.max(request.time);
         let decision = engine
             .check(request.key, Nanos::new(latest), request.cost)
@@ -257,10 +294,24 @@ impl Summary {
         } else {
             writeln!(out, "top denied keys (most denials first, ties by key)")?;
             for (key, count) in top {
-                writeln!(out, "  {count:>12}  {key}")?;
+                writeln!(out, "  {count:>12}  {}", shown_key(key))?;
             }
         }
         Ok(())
+    }
+}
+
+/// A key as the summary shows it: as it is, or quoted and escaped as `{:?}` writes
+/// it when that would escape any of its characters — a control character (ESC
+/// would drive the reader's terminal), an invisible one (U+200B would make two keys
+/// look alike), a `"` or a `\`. A key shown unquoted is therefore the key itself.
+fn shown_key(key: &str) -> Cow<'_, str> {
+    let debug = format!("{key:?}");
+    // `{:?}` adds the two quotes, and each escape lengthens the text.
+    if debug.len() == key.len() + 2 {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(debug)
     }
 }
 
@@ -296,19 +347,19 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
         replay(input, args.format, &mut *engine, |request, now, d| {
             write_json_line(&mut out, request, now, d)
         })
-        .map(|()| None)
+        .map(|out_of_order| (None, out_of_order))
     } else {
         let mut summary = Summary::default();
         replay(input, args.format, &mut *engine, |request, now, d| {
             summary.record(request.key, now, d);
             Ok(())
         })
-        .map(|()| Some(summary))
+        .map(|out_of_order| (Some(summary), out_of_order))
     };
     // Flush what was printed before reporting anything: those lines stay valid.
     let flushed = out.flush();
-    let summary = match result {
-        Ok(summary) => summary,
+    let (summary, out_of_order) = match result {
+        Ok(done) => done,
         Err(ReplayError::Write(e)) => return Err(Failure::output(e)),
         Err(e @ ReplayError::Input { .. }) => {
             return Err(flushed.map_or_else(Failure::output, |()| Failure::usage(e.to_string())))
@@ -329,6 +380,9 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
             .render(&spec, args.format, &mut out)
             .and_then(|()| out.flush())
             .map_err(Failure::output)?;
+    }
+    if let Some(note) = out_of_order.note() {
+        eprintln!("floodgate: {note}");
     }
     Ok(())
 }
@@ -370,7 +424,7 @@ mod tests {
         }
     }
 
-    fn jsonl(input: &str) -> (String, Result<(), ReplayError>) {
+    fn jsonl(input: &str) -> (String, Result<OutOfOrder, ReplayError>) {
         let mut engine = engine_for(&spec()).unwrap();
         let mut out = Vec::new();
         let result = replay(
@@ -385,7 +439,14 @@ mod tests {
     #[test]
     fn json_lines_are_exact() {
         let (out, result) = jsonl("0 a\r\n0 a\n0.25 a\n# note\n\n0.5 a 3\n0.1 \"b\\ 0\n");
-        result.unwrap();
+        // The last line's 0.1 s is counted at 0.5 s, and said so.
+        assert_eq!(
+            result.unwrap(),
+            OutOfOrder {
+                lines: 1,
+                first: Some(7)
+            }
+        );
         let want = [
             r#"{"t": 0.000000000, "key": "a", "cost": 1, "allowed": true, "limit": 2, "remaining": 1, "reset_after": 0.500000000, "retry_after": 0.000000000}"#,
             r#"{"t": 0.000000000, "key": "a", "cost": 1, "allowed": true, "limit": 2, "remaining": 0, "reset_after": 1.000000000, "retry_after": 0.000000000}"#,

@@ -1,0 +1,166 @@
+//! Session 41's review of what `floodgate replay` reads: hostile and unusual input,
+//! through the built binary. Each test is named after what a user saw before its fix.
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `floodgate replay <args> FILE`, the file (one per call) holding `input`: a file,
+/// not a pipe, as the binary stops reading at a bad line.
+fn replay(args: &[&str], input: &[u8]) -> Output {
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let name = format!("review-s41-{}.input", CALLS.fetch_add(1, Ordering::Relaxed));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&file, input).expect("the input file is written");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+    command.arg("replay").args(args).arg(&file);
+    command.output().expect("the floodgate binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).expect("the output is UTF-8")
+}
+
+const GCRA_1_PER_S: [&str; 6] = ["--algorithm", "gcra", "--limit", "1", "--per", "1s"];
+
+/// The user name of HTTP Basic credentials is the client's choice, and nginx logs it
+/// as `$remote_user` unquoted, spaces and brackets as sent (it escapes only `"`, `\`
+/// and bytes outside printable ASCII). One request carrying `Authorization: Basic`
+/// for the user `john doe` stopped `replay --format nginx` of the whole log with
+/// "missing [$time_local]" (exit 2, no summary): any client could make a day's log
+/// impossible to replay. Now `$remote_user` runs to the last ` [` before the line's
+/// first `"`, so the time read is nginx's own, even when the user name holds a
+/// well-formed `[...]` time of its own. Mutation that fails it: reading
+/// `$remote_user` as one space-free word again (`cursor.word("$remote_user")`).
+#[test]
+fn an_nginx_line_whose_basic_auth_user_holds_a_space_is_replayed() {
+    let log = concat!(
+        r#"203.0.113.7 - john doe [01/May/2024:12:00:00 +0000] "GET / HTTP/1.1" 401 0 "-" "curl/8.5.0""#,
+        "\n",
+        r#"203.0.113.7 - a [01/Jan/2500:00:00:00 +0000] b [01/May/2024:12:00:00 +0000] "GET / HTTP/1.1" 401 0 "-" "curl/8.5.0""#,
+        "\n",
+        r#"198.51.100.2 -   x  [01/May/2024:12:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "-""#,
+        "\n",
+    );
+    let mut args = GCRA_1_PER_S.to_vec();
+    args.extend(["--format", "nginx", "--jsonl"]);
+    let output = replay(&args, log.as_bytes());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let lines: Vec<serde_json::Value> = text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object a line"))
+        .collect();
+    let seen: Vec<(&str, f64, bool)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap(),
+                l["t"].as_f64().unwrap(),
+                l["allowed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    // 2024-05-01T12:00:00Z is 1714564800 s after the epoch; the year 2500 in the
+    // second line's user name is never the time read.
+    assert_eq!(
+        seen,
+        [
+            ("203.0.113.7", 1_714_564_800.0, true),
+            ("203.0.113.7", 1_714_564_800.0, false),
+            ("198.51.100.2", 1_714_564_801.0, true),
+        ]
+    );
+    // A line that is not combined is still refused, naming what is missing.
+    let bad = r#"203.0.113.7 - john doe 01/May/2024:12:00:00 +0000 "GET / HTTP/1.1" 200 0 "-" "-""#;
+    let output = replay(&args, bad.as_bytes());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("line 1: missing [$time_local]"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+/// A trace key is any run of non-whitespace UTF-8, so it may hold ESC and other
+/// control characters; the summary's "top denied keys" printed them raw, so a key
+/// such as `a\x1b[2J` (from a trace built from client-sent API keys) cleared or
+/// rewrote the user's terminal, and a key with an invisible character (U+200B)
+/// looked exactly like another key. Now a key that `{:?}` would escape (a control
+/// or invisible character, a `"` or a `\`) is shown quoted and escaped; other keys
+/// are shown as before. Mutation that fails it: printing `key` instead of
+/// `shown_key(key)` in `Summary::render`.
+#[test]
+fn the_summary_shows_keys_with_control_characters_escaped() {
+    let trace = "0 a\x1b[2Jb\n0 a\x1b[2Jb\n0 a\u{200b}b\n0 a\u{200b}b\n0 ab\n0 ab\n0 \"q\n0 \"q\n";
+    let output = replay(&GCRA_1_PER_S, trace.as_bytes());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(!out.contains('\x1b'), "{out:?}");
+    assert!(!out.contains('\u{200b}'), "{out:?}");
+    let top: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("top denied keys"))
+        .skip(1)
+        .map(|l| l.trim_start())
+        .collect();
+    // Ties by key: the keys as they are, not as shown.
+    assert_eq!(
+        top,
+        [
+            r#"1  "\"q""#,
+            r#"1  "a\u{1b}[2Jb""#,
+            "1  ab",
+            r#"1  "a\u{200b}b""#,
+        ]
+    );
+}
+
+/// Times that go backwards are counted at the latest time seen (the engine's clock
+/// never runs backwards), which changes the decisions: two traces concatenated
+/// unsorted put the whole second one at the first one's end, and the summary showed
+/// the resulting denials with no word that the input was out of order. Now a note
+/// on stderr says how many lines were moved and which was first (exit status 0,
+/// stdout unchanged); an input in order prints nothing there. Mutation that fails
+/// it: not counting a line whose time is earlier than `latest`.
+#[test]
+fn times_out_of_order_are_reported_on_stderr() {
+    for jsonl in [false, true] {
+        let mut args = GCRA_1_PER_S.to_vec();
+        if jsonl {
+            args.push("--jsonl");
+        }
+        let output = replay(&args, b"5 a\n6 b\n4.5 a\n# note\n6 c\n3 d\n7 e\n");
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        assert_eq!(
+            text(&output.stderr),
+            "floodgate: note: 2 lines had a time earlier than a line before them (the \
+             first: line 3); each was counted at the latest time before it, as the \
+             limiter's clock never runs backwards: sort the input by time to replay \
+             it as recorded\n"
+        );
+        let sorted = replay(&args, b"5 a\n6 b\n6 c\n7 e\n");
+        assert!(sorted.status.success());
+        assert_eq!(text(&sorted.stderr), "");
+    }
+}
+
+/// The reader caps a line at 1 MiB (without its line end): a line one byte over it
+/// ending in `\r\n` was refused, the same line ending in `\n` was read. Now both are
+/// refused; a line exactly at the cap is read with either ending. Mutation that
+/// fails it: checking the length only for a line with no `\n` read.
+#[test]
+fn a_line_one_byte_over_the_cap_is_refused_with_either_line_end() {
+    const CAP: usize = 1 << 20;
+    for end in ["\n", "\r\n"] {
+        let over = format!("0 {}{end}", "k".repeat(CAP - 1));
+        let output = replay(&GCRA_1_PER_S, over.as_bytes());
+        assert_eq!(output.status.code(), Some(2), "{end:?}");
+        assert!(
+            text(&output.stderr).starts_with("floodgate: line 1: line longer than 1048576 bytes"),
+            "{end:?}: {}",
+            text(&output.stderr)
+        );
+        let at_cap = format!("0 {}{end}", "k".repeat(CAP - 2));
+        let output = replay(&GCRA_1_PER_S, at_cap.as_bytes());
+        assert!(output.status.success(), "{end:?}: {}", text(&output.stderr));
+    }
+}
