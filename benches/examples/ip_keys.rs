@@ -7,7 +7,8 @@
 //!
 //! Arguments: addresses (capacity = addresses, as the README sizes a table), decisions
 //! per timed round, rounds. Half the addresses are IPv4, half IPv6 in distinct /63
-//! networks (an `IpAddr` key groups IPv6 by /63, governor keys the whole address; one
+//! networks (an `IpAddr` key groups IPv6 by /64 — by /63 before stop 41, hence the
+//! spacing, kept so that figures compare —, governor keys the whole address; one
 //! host per network makes both see the same clients). Every address is checked once before
 //! timing; each round then visits them in a scrambled order (precomputed), the contenders alternating
 //! round by round. The policy is the matrix's idle one (10^9 per second, burst 1000):
@@ -24,7 +25,8 @@ use floodgate::{Gcra, KeyedBuilder, Policy};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Client `i`: IPv4 for even `i`, an IPv6 host in its own /63 for odd `i`.
+/// Client `i`: IPv4 for even `i`, an IPv6 host in its own /63 (so its own /64) for
+/// odd `i`.
 fn address(i: u64) -> IpAddr {
     if i % 2 == 0 {
         IpAddr::V4(Ipv4Addr::from(0x0A00_0000 | (i / 2) as u32))

@@ -191,11 +191,11 @@ pub fn default_peer_lookup(ext: &Extensions) -> Option<IpAddr> {
 /// The grouped key is kept as it is on [`Heap`](floodgate::Heap) storage (the
 /// default) and, up to the documented collision odds, on
 /// [`Fingerprint`](floodgate::Fingerprint) storage. On [`Inline`](floodgate::Inline)
-/// storage (`build_inline`) an `IpAddr` key keeps only 63 bits of an IPv6 address
+/// storage (`build_inline`) an `IpAddr` key keeps an IPv6 address's /64 prefix
 /// ([`InlineKey`](floodgate::InlineKey) for `IpAddr`), so IPv6 clients share a key
-/// per /63 **whatever the grouping**: two adjacent /64s — two hosts, by the default's
-/// own reasoning — are one bucket, and a client in one can spend the other's. For
-/// a /64 grouping or a finer one, keep `IpAddr` keys on heap or fingerprint storage.
+/// per /64 **whatever the grouping**: the default /64 and any coarser grouping are
+/// kept as they are, a finer one (a `/v6` over 64, up to /128) is one bucket per /64.
+/// For a grouping finer than /64, keep `IpAddr` keys on heap or fingerprint storage.
 ///
 /// ```
 /// use floodgate::InlineKey;
@@ -204,8 +204,12 @@ pub fn default_peer_lookup(ext: &Extensions) -> Option<IpAddr> {
 /// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
 /// let g = IpGrouping::default();
 /// let (a, b) = (g.group(ip("2001:db8::1")), g.group(ip("2001:db8:0:1::1")));
-/// assert_ne!(a, b); // two /64s: two keys
-/// assert_eq!(a.to_bits(), b.to_bits()); // one inline key
+/// assert_ne!(a.to_bits(), b.to_bits()); // two /64s: two inline keys
+/// let g = IpGrouping::default().v6_prefix(128)?;
+/// let (a, b) = (g.group(ip("2001:db8::1")), g.group(ip("2001:db8::2")));
+/// assert_ne!(a, b); // two hosts: two keys
+/// assert_eq!(a.to_bits(), b.to_bits()); // one /64: one inline key
+/// # Ok::<(), floodgate_http::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IpGrouping {

@@ -152,9 +152,6 @@ impl<const N: usize> InlineKey for [u8; N] {
     }
 }
 
-/// Bit 63 of an [`IpAddr`]'s encoding: set for IPv6, clear for IPv4.
-const V6_TAG: u64 = 1 << 63;
-
 /// An IPv4 address, exactly: its 32 bits.
 impl InlineKey for Ipv4Addr {
     #[inline(always)]
@@ -163,15 +160,21 @@ impl InlineKey for Ipv4Addr {
     }
 }
 
-/// An IP address from a dual-stack socket: IPv4 exactly, IPv6 by its /63 prefix.
+/// An IP address from a dual-stack socket: IPv4 exactly, IPv6 by its /64 prefix.
 ///
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address
 /// ([`IpAddr::to_canonical`]), so IPv4 clients on a dual-stack socket keep their own
-/// keys. The encoding is injective across the two families: bit 63 tells them
-/// apart (clear: the IPv4 address in the low 32 bits; set: the top 63 bits of the
-/// IPv6 address in the low 63). That leaves 63 bits for IPv6, so an `IpAddr` key
-/// groups IPv6 clients by /63 (two adjacent /64s share a key); key an IPv6-only
-/// listener on [`Ipv6Prefix`] for /64 (or any prefix of at most 64 bits).
+/// keys. An IPv6 address is its /64 prefix (its top 64 bits: one host usually holds a
+/// whole /64, and adjacent /64s are often other customers'), an IPv4 address its 32
+/// bits — the /64 prefix `0:0:a.b:c.d::` it would have inside `::/32`. So the
+/// encoding tells the two families apart for every address a client can connect
+/// from: only IPv6 addresses inside `::/32` share keys with IPv4 ones (`::/32` lies
+/// in `::/8`, reserved by the IETF: the unspecified `::`, the loopback `::1`, the
+/// deprecated IPv4-compatible `::a.b.c.d`, whose /64 prefix is `::` like the
+/// loopback's, so they all share the key of `0.0.0.0`, itself never a source
+/// address). No 64-bit encoding can hold every IPv4 address and every /64 apart;
+/// this one gives the addresses no client can have to the collision. Key an
+/// IPv6-only listener on [`Ipv6Prefix`] for another prefix length (at most 64 bits).
 ///
 /// # Examples
 ///
@@ -183,7 +186,9 @@ impl InlineKey for Ipv4Addr {
 /// assert_eq!(v4.to_bits(), mapped.to_bits()); // the same client
 /// let a: IpAddr = "2001:db8::1".parse()?;
 /// let b: IpAddr = "2001:db8::2".parse()?;
+/// let next: IpAddr = "2001:db8:0:1::1".parse()?;
 /// assert_eq!(a.to_bits(), b.to_bits()); // one /64: one key
+/// assert_ne!(a.to_bits(), next.to_bits()); // the adjacent /64: another
 /// assert_ne!(a.to_bits(), v4.to_bits());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -192,7 +197,7 @@ impl InlineKey for IpAddr {
     fn to_bits(&self) -> u64 {
         match self.to_canonical() {
             IpAddr::V4(v4) => u64::from(u32::from(v4)),
-            IpAddr::V6(v6) => V6_TAG | ((u128::from(v6) >> 65) as u64),
+            IpAddr::V6(v6) => (u128::from(v6) >> 64) as u64,
         }
     }
 }
@@ -314,22 +319,69 @@ mod tests {
     }
 
     #[test]
-    fn ip_encoding_is_injective_across_families() {
-        // Every IPv4 address has bit 63 clear, every IPv6 one has it set.
+    fn ip_encoding_tells_the_families_apart_outside_the_reserved_range() {
+        // IPv4: the 32 bits, exactly.
         for v4 in ["0.0.0.0", "255.255.255.255", "10.0.0.1", "192.0.2.7"] {
-            assert_eq!(ip(v4).to_bits() & V6_TAG, 0, "{v4}");
             assert_eq!(ip(v4).to_bits() >> 32, 0, "{v4}");
         }
-        for v6 in ["::", "::1", "::a00:1", "2001:db8::1", "ffff:ffff::1"] {
-            assert_ne!(ip(v6).to_bits() & V6_TAG, 0, "{v6}");
+        // IPv6 outside `::/32` (every address a client can connect from): the top
+        // 32 bits of its encoding are not all zero, so it is no IPv4 address's.
+        for v6 in [
+            "2001:db8::1",
+            "ffff:ffff::1",
+            "fe80::1",
+            "fc00::1",
+            "64:ff9b::c000:207",
+            "0:1::1",
+        ] {
+            assert_ne!(ip(v6).to_bits() >> 32, 0, "{v6}");
         }
-        // `::a00:1` (IPv4-compatible, not mapped) is IPv6, not 10.0.0.1.
-        assert_ne!(ip("::a00:1").to_bits(), ip("10.0.0.1").to_bits());
-        assert_ne!(ip("::").to_bits(), ip("0.0.0.0").to_bits());
-        // Distinct IPv4 addresses, distinct /63s: distinct keys.
+        // NAT64's embedding of 192.0.2.7 is another key than 192.0.2.7 itself.
+        assert_ne!(ip("64:ff9b::c000:207").to_bits(), ip("192.0.2.7").to_bits());
+        // Inside `::/32` (reserved): the unspecified, the loopback and the
+        // IPv4-compatible addresses share the /64 `::`, the key of 0.0.0.0.
+        for v6 in ["::", "::1", "::a00:1"] {
+            assert_eq!(ip(v6).to_bits(), ip("0.0.0.0").to_bits(), "{v6}");
+        }
+        // Distinct IPv4 addresses, distinct /64s: distinct keys.
         assert_ne!(ip("10.0.0.1").to_bits(), ip("10.0.0.2").to_bits());
-        assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db8:0:2::").to_bits());
+        assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db8:0:1::").to_bits());
         assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db9::").to_bits());
+    }
+
+    #[test]
+    fn distinct_ipv4_addresses_and_ipv6_networks_never_share_a_key() {
+        // splitmix64: pseudo-random IPv4 addresses and IPv6 /64s outside `::/32`.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        // Each round: a /64 outside `::/32`, a host in it and one in the adjacent
+        // /64, and the IPv4 addresses that are the /64's own halves — the likeliest
+        // collisions of a 64-bit encoding.
+        let mut seen = std::collections::HashMap::new();
+        for _ in 0..20_000 {
+            let net = next() | (1 << 40); // top 32 bits never all zero
+            let host = next() | 1;
+            let v6 =
+                |net: u64| IpAddr::V6(Ipv6Addr::from((u128::from(net) << 64) | u128::from(host)));
+            let v4 = |bits: u64| IpAddr::V4(Ipv4Addr::from(bits as u32));
+            let clients = [
+                (v6(net), (1u128 << 64) | u128::from(net)),
+                (v6(net ^ 1), (1u128 << 64) | u128::from(net ^ 1)),
+                (v4(net >> 32), u128::from(net >> 32)),
+                (v4(net), u128::from(net as u32)),
+            ];
+            for (addr, group) in clients {
+                if let Some(other) = seen.insert(addr.to_bits(), group) {
+                    assert_eq!(other, group, "{addr} shares a key with another client");
+                }
+            }
+        }
     }
 
     #[test]
@@ -355,8 +407,11 @@ mod tests {
         assert_eq!(Ipv6Prefix::with_len(a, 64).unwrap(), Ipv6Prefix::new(a));
         assert_eq!(Ipv6Prefix::with_len(a, 0).unwrap().bits(), 0);
         assert_eq!(Ipv6Prefix::with_len(a, 65), Err(PrefixTooLong { len: 65 }));
-        // An `IpAddr` key groups by /63: the /64s 2n and 2n+1 share it.
-        assert_eq!(
+        // An `IpAddr` key groups by /64, as `Ipv6Prefix::new`: the /64s 0 and 1
+        // are two keys.
+        assert_eq!(IpAddr::V6(a).to_bits(), IpAddr::V6(b).to_bits());
+        assert_eq!(IpAddr::V6(a).to_bits(), Ipv6Prefix::new(a).to_bits());
+        assert_ne!(
             IpAddr::V6(a).to_bits(),
             IpAddr::V6("2001:db8:0:0::9".parse().unwrap()).to_bits()
         );
