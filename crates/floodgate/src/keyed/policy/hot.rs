@@ -65,8 +65,8 @@
 //! from, while it is unexpired, never above the lease size (see
 //! [`LeasedGcra::refund`]), so the bound holds with a charge still refundable
 //! counted as out on lease. A hot refund that a demotion overtakes (its units
-//! would land on a lease whose central word the demotion has closed: no one
-//! spends that lease again) answers `false`.
+//! land on the lease after the demotion closed its central word and counted
+//! them spent) takes them back off the lease and answers `false`.
 //!
 //! # Detection
 //!
@@ -455,17 +455,13 @@ impl<K, C: Clock> HotEntry<K, C> {
     }
 
     /// A hot charge's refund on this entry, the key's open entry when the caller
-    /// saw it: the units back on this thread's lease, and `true` only if that lease was
-    /// still the key's when they landed. A demotion may close the entry's central
-    /// word between the caller's look and the lease's store; after the close the
-    /// key's schedule (every unit leased counted as spent) is the table's and the
-    /// lease is spent by no one, so units stored there came back to nobody: the
-    /// answer is `false`. The central word closed is final, so reading it after the
-    /// store tells the two apart: read open, the units landed before the close (in
-    /// the central word's order) and are the lease's, which a later demotion counts
-    /// as spent as it does every unit out on lease.
+    /// saw it: the units back on this thread's lease while the key is hot. A
+    /// demotion may close the entry's central word between the caller's look and
+    /// the lease's store; after the close the key's schedule (every unit leased
+    /// counted as spent) is the table's, so the units are taken back off the lease
+    /// and the answer is `false` ([`LeasedGcra::refund_unless_closed_at`]).
     fn refund(&self, judged: Nanos, receipt: Receipt) -> bool {
-        self.leased.refund_at(judged, receipt) && !self.leased.is_central_closed()
+        self.leased.refund_unless_closed_at(judged, receipt)
     }
 }
 
@@ -842,9 +838,10 @@ where
     ///   or a later promotion (a new lease limiter), from another thread's shard,
     ///   or for another key. A refund a demotion overtakes — it found the key hot,
     ///   and its units reach the lease after the demotion closed the lease
-    ///   limiter's central word — answers `false`: the lease is no one's any more.
-    ///   `true` means the units reached the lease while the key was hot (a later
-    ///   demotion counts them spent, as it does every unit out on lease).
+    ///   limiter's central word, which counted them spent — takes them back off
+    ///   the lease (no check spends them) and answers `false`. `true` means the
+    ///   units reached the lease while the key was hot (a later demotion counts
+    ///   them spent, as it does every unit out on lease).
     ///
     /// A refunded hot charge is not an admission, and the hot key's bound holds
     /// with "units out on lease" counting refundable charges (see
@@ -1582,9 +1579,9 @@ mod tests {
     }
 
     /// A refund that looked at the hot key before a demotion and stores its units
-    /// on the lease after it: the lease is no one's now (the key's schedule, every
-    /// leased unit counted as spent, is the table's), so the refund reports
-    /// `false`; before the demotion, the same refund reports `true`.
+    /// on the lease after it: the key's schedule, every leased unit counted as
+    /// spent, is the table's now, so the refund takes its units back off the lease
+    /// and reports `false`; before the demotion, the same refund reports `true`.
     #[test]
     fn a_refund_landing_after_a_demotion_reports_false() {
         let (limiter, clock) = watched(10, 4);
@@ -1598,11 +1595,20 @@ mod tests {
                 if demoted {
                     assert!(limiter.demote(&1));
                 }
-                Some(entry.refund(now, receipt))
+                let given = entry.refund(now, receipt);
+                if demoted {
+                    assert!(!given, "a refund the demotion overtook answered true");
+                    // Taken back: the lease holds its 3 units, not 4, so a check
+                    // still on its way to the closed lease cannot spend the unit.
+                    let d = entry.leased.check_n_at(now, 4);
+                    assert!(!d.is_allowed(), "a refund answered false spent: {d:?}");
+                }
+                Some(given)
             });
             assert_eq!(given, Some(!demoted), "demoted: {demoted}");
         }
-        // The charge and the 3 units left on its lease are in the table's schedule.
+        // The lease's 4 units (the second charge, 3 left on the lease) are in the
+        // table's schedule, as every unit leased is.
         assert_eq!(limiter.peek(&1, 0).remaining(), 6);
     }
 
