@@ -1530,31 +1530,36 @@ mod tests {
         })
     }
 
-    /// A check that waited out a promotion decides at a reading taken after the
-    /// wait: others' admissions at the clock's new time leave it a wait within the
-    /// burst (2 s), not the burst plus the 10 s the clock moved (11 s, decided at
-    /// the reading it took first).
+    /// A check (or a peek) that waited out a promotion decides at a reading taken
+    /// after the wait: others' admissions at the clock's new time leave it a wait
+    /// within the burst (2 s), not the burst plus the 10 s the clock moved (11 s,
+    /// decided at the reading it took first).
     #[test]
     fn a_check_that_waited_decides_at_a_fresh_reading() {
-        let (limiter, clock) = watched(2, 1);
-        assert!(limiter.promote(&1));
-        let d = a_check_that_waits(
-            &limiter,
-            &clock,
-            || (),
-            |entry| {
-                let later = clock.clock.advance(Duration::from_secs(10));
-                // Another thread's admissions, at the clock's new time: the burst.
-                assert!(entry.leased.check_n_at(later, 2).is_allowed());
-            },
-            || limiter.check(&1),
-        );
-        assert!(!d.is_allowed(), "the burst is spent: {d:?}");
-        let wait = d.retry_after().unwrap();
-        assert!(
-            wait <= Duration::from_secs(2),
-            "a wait past the burst: {d:?}"
-        );
+        type Hot = HotKeyLimiter<u64, Watched, Inline>;
+        let check: fn(&Hot) -> Decision = |limiter| limiter.check(&1);
+        let peek: fn(&Hot) -> Decision = |limiter| limiter.peek(&1, 1);
+        for (name, decide) in [("check", check), ("peek", peek)] {
+            let (limiter, clock) = watched(2, 1);
+            assert!(limiter.promote(&1));
+            let d = a_check_that_waits(
+                &limiter,
+                &clock,
+                || (),
+                |entry| {
+                    let later = clock.clock.advance(Duration::from_secs(10));
+                    // Another thread's admissions, at the clock's new time: the burst.
+                    assert!(entry.leased.check_n_at(later, 2).is_allowed());
+                },
+                || decide(&limiter),
+            );
+            assert!(!d.is_allowed(), "{name}: the burst is spent: {d:?}");
+            let wait = d.retry_after().unwrap();
+            assert!(
+                wait <= Duration::from_secs(2),
+                "{name}: a wait past the burst: {d:?}"
+            );
+        }
     }
 
     /// A check that waited out a promotion spends its lease only if the lease is
