@@ -33,10 +33,20 @@ use crate::limiter::RateLimiter;
 /// [`PlanLimiter`] (per key, under the key's plan), by [`RateLimiter`] (one limit for
 /// every key: a global limit ignores the key), by the hot-key modes [`LeasedGcra`]
 /// (one limit for every key) and [`HotKeyLimiter`] (per key), and by [`Identified`]
-/// (a limit whose decisions carry a [`PolicyId`](crate::PolicyId)). On the hot-key
-/// modes `peek_n` allows what `check_n` would on the calling thread's shard, and its
-/// `remaining` is as [`LeasedGcra`]'s module documents for a refill (a cost-0 peek:
-/// the central word's report).
+/// (a limit whose decisions carry a [`PolicyId`](crate::PolicyId)).
+///
+/// On the hot-key modes `peek_n` is the limiter's own `peek`
+/// ([`LeasedGcra::peek`], [`HotKeyLimiter::peek`]), decision for decision: it
+/// allows what `check_n` would on the calling thread's shard, and a denial, a cost
+/// of 0 (the central word's report) and a cost above the burst report as
+/// `check_n`'s. An allowed `remaining` is this thread's lease units plus what the
+/// central word keeps after the part of the cost the lease does not cover, where
+/// `check_n` reports its own view: a lease spend only the lease's units left, a
+/// refill its lease units plus the central word's after the refill. So an allowed
+/// peek's `remaining` exceeds the refill's by the lease units the cost would use:
+/// a peek is answered from the lease as it stands, the check's view depends on
+/// which path it takes. (A cost-0 `peek_n` is the central word's report alone;
+/// [`LeasedGcra::report`] and [`HotKeyLimiter::report`] add this thread's lease.)
 ///
 /// # Examples
 ///

@@ -1128,6 +1128,26 @@ impl<C: Clock> LeasedGcra<C> {
     pub fn policy(&self) -> Policy {
         self.gcra.policy()
     }
+
+    /// [`refund_at`](Self::refund_at) for a limiter whose central word a
+    /// [`HotKeyLimiter`](crate::HotKeyLimiter) demotion may close meanwhile: if the
+    /// word reads closed once the refund is done, the units are taken back off the
+    /// calling thread's lease (its only writer, so nothing was spent in between)
+    /// and the answer is `false`: the demotion counted them spent, and no check may
+    /// spend them now. The closed word is final, so a refund that reads it open
+    /// came back before the close, and its units are the lease's like any others.
+    pub(crate) fn refund_unless_closed_at(&self, now: Nanos, receipt: Receipt) -> bool {
+        let own = self.shards.get(owner_index_if_taken());
+        let before = own.map(|word| word.load(Ordering::Relaxed));
+        let given = self.refund_at(now, receipt);
+        if !given || !self.is_central_closed() {
+            return given;
+        }
+        if let (Some(word), Some(before)) = (own, before) {
+            word.store(before, Ordering::Relaxed);
+        }
+        false
+    }
 }
 
 impl<C: Clock> core::fmt::Debug for LeasedGcra<C> {

@@ -3,7 +3,8 @@
 //! schedule with one CAS; the demotion closes the central word before it unseals),
 //! a check that meets a step half-way waits for it rather than spending units
 //! that are not there, and a check or peek racing a demotion never answers with the
-//! closed central word's denial (a wait to the end of time). Each model fails
+//! closed central word's denial (a wait to the end of time), and a refund racing a
+//! demotion never lets the charge and later checks pass the schedule. Each model fails
 //! unless loom reached every order of the checks and the step (`loom_seen`).
 //!
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_hot`
@@ -178,4 +179,62 @@ fn a_cost_0_check_or_peek_racing_a_demotion_reports_the_schedule() {
             }
         },
     );
+}
+
+/// A hot charge refunded while a demotion races it: the charge, its refund and two
+/// checks never admit beyond the key's schedule (burst 2, the clock still; a
+/// refunded charge is not an admission, a refund answered `false` leaves the
+/// charge standing), and the table the demotion hands the schedule to holds no
+/// more than is left. Seen failing (admitted 3) with a refund the demotion
+/// overtook answering `false` without taking its units back off the lease: a
+/// check still on its way spent them. The refund's answers are counted too:
+/// given back, not given though the key read hot just before, not given with the
+/// key cold. (The interleaving where the refund answered `true` for units the
+/// demotion had already counted spent is `hot.rs`'s unit test
+/// `a_refund_landing_after_a_demotion_reports_false`: this model's outcomes
+/// cannot tell it from a refund that came back just before the demotion.)
+#[test]
+fn a_refund_racing_a_demotion_never_admits_beyond_the_schedule() {
+    race_a_step(
+        "a_refund_racing_a_demotion_never_admits_beyond_the_schedule",
+        |limiter| assert!(limiter.promote(&1)),
+        |limiter| limiter.demote(&1),
+        |limiter| {
+            let (d, receipt) = limiter.charge(&1, 1);
+            let hot = limiter.is_hot(&1);
+            let refunded = limiter.refund(&1, receipt);
+            assert!(d.is_allowed() || !refunded, "a denial refunded: {d:?}");
+            refund_answers().saw(match (refunded, hot) {
+                (true, _) => 0,
+                (false, true) => 1,
+                (false, false) => 2,
+            });
+            (
+                u32::from(d.is_allowed()),
+                u32::from(refunded),
+                two_checks(limiter),
+            )
+        },
+        |limiter, (charged, refunded, checked)| {
+            let admitted = charged + checked - refunded;
+            assert!(admitted <= 2, "admitted {admitted}");
+            assert!(!limiter.is_hot(&1));
+            assert!(limiter.peek(&1, 0).remaining() <= u64::from(2 - admitted));
+        },
+    );
+    refund_answers().assert_each("a_refund_racing_a_demotion: the refund's answers");
+}
+
+/// The refund model's answers, over every execution: given back; not, though the
+/// key read hot just before the refund (the demotion overtook it); not, the key
+/// read cold.
+fn refund_answers() -> &'static Seen {
+    static ANSWERS: std::sync::OnceLock<Seen> = std::sync::OnceLock::new();
+    ANSWERS.get_or_init(|| {
+        Seen::new(&[
+            "given back",
+            "not given, the key hot just before",
+            "not given, the key cold",
+        ])
+    })
 }

@@ -36,7 +36,9 @@
 //!
 //! A check that meets a key between two of these steps waits (spinning, then
 //! yielding) until the thread taking them finishes: a promoting thread descheduled
-//! mid-way holds that key's checks for as long. Entries are found
+//! mid-way holds that key's checks for as long. Each retry after a wait reads the
+//! clock again (only a check that waited pays for it), so the check is decided at
+//! a reading taken after its last wait, not at the one it took first. Entries are found
 //! through an epoch-protected pointer and checked against the word's generation,
 //! so a check never spends another key's units.
 //!
@@ -49,7 +51,12 @@
 //! lifetime. A hot key's check is judged at the instant the table judges a cold
 //! key's: `max(reading, the shard's latest removal instant)`, so a reading taken
 //! before a removal never finds the key's fresh schedule in the past (each removal
-//! forgives at most one burst, hot or cold: [`KeyedLimiter::remove`]). A key with
+//! forgives at most one burst, hot or cold: [`KeyedLimiter::remove`]). A check
+//! that waited out a promotion or demotion is judged so at a reading taken after
+//! its last wait: it spends a lease only if the lease is unexpired there, and a
+//! denial's wait is the schedule's at that reading — within the burst, plus only
+//! what the clock moved between that reading and the latest admission (as for
+//! any check), not what it moved during the wait. A key with
 //! units out on lease is never idle (its slot is not reused
 //! while they are valid). The hot-key mode is the one mode exempt from exact
 //! admission. [`charge`](HotKeyLimiter::charge) and
@@ -57,7 +64,9 @@
 //! table's (exact); a hot key's give units back only to the lease they were spent
 //! from, while it is unexpired, never above the lease size (see
 //! [`LeasedGcra::refund`]), so the bound holds with a charge still refundable
-//! counted as out on lease.
+//! counted as out on lease. A hot refund that a demotion overtakes (its units
+//! land on the lease after the demotion closed its central word and counted
+//! them spent) takes them back off the lease and answers `false`.
 //!
 //! # Detection
 //!
@@ -444,6 +453,16 @@ impl<K, C: Clock> HotEntry<K, C> {
         // central word, so a check that sees it open sees the key's schedule there.
         self.open.load(Ordering::Acquire) == 1
     }
+
+    /// A hot charge's refund on this entry, the key's open entry when the caller
+    /// saw it: the units back on this thread's lease while the key is hot. A
+    /// demotion may close the entry's central word between the caller's look and
+    /// the lease's store; after the close the key's schedule (every unit leased
+    /// counted as spent) is the table's, so the units are taken back off the lease
+    /// and the answer is `false` ([`LeasedGcra::refund_unless_closed_at`]).
+    fn refund(&self, judged: Nanos, receipt: Receipt) -> bool {
+        self.leased.refund_unless_closed_at(judged, receipt)
+    }
 }
 
 /// A hot slot: the published entry, or null.
@@ -687,7 +706,7 @@ where
         Q: Lookup<K> + ?Sized,
     {
         let hot = |leased: &LeasedGcra<C>, at| (leased.check_n_at(at, cost), ());
-        let cold = || {
+        let cold = |now| {
             let decision = self
                 .keyed
                 .decide_uncounted(self.keyed.algorithm(), key, now, cost);
@@ -710,23 +729,24 @@ where
         Q: Lookup<K> + ?Sized,
     {
         let hot = |leased: &LeasedGcra<C>, at| leased.charge_at(at, cost);
-        let cold = || self.keyed.charge_uncounted(key, now, cost);
+        let cold = |now| self.keyed.charge_uncounted(key, now, cost);
         self.route_hot(word, judged, now, cost, hot, cold)
     }
 
     /// The routing of a decision that met the sealed `word`: `hot` on the slot's
     /// lease limiter at `judged`, or (while a promotion or demotion of the key is
-    /// half-way) a wait and `cold`, the table's decision again, until one answers.
-    /// Counts the answer. `cost` is the decision's: a report (cost 0) writes nothing.
+    /// half-way) a wait and `cold`, the table's decision again at a fresh reading of
+    /// the clock, until one answers. Counts the answer. `cost` is the decision's: a
+    /// report (cost 0) writes nothing.
     #[inline(always)]
     fn route_hot<R>(
         &self,
         mut word: u64,
         mut judged: Nanos,
-        now: Nanos,
+        mut now: Nanos,
         cost: u32,
         hot: impl Fn(&LeasedGcra<C>, Nanos) -> (Decision, R),
-        cold: impl Fn() -> (Decision, R),
+        cold: impl Fn(Nanos) -> (Decision, R),
     ) -> (Decision, R) {
         let backoff = Backoff::new();
         loop {
@@ -751,7 +771,8 @@ where
                 return (decision, r);
             }
             wait(&backoff);
-            let (decision, r) = cold();
+            now = self.reading_after_wait(now);
+            let (decision, r) = cold(now);
             match sealed_in(&decision, now) {
                 None => {
                     self.keyed.count(decision.is_allowed());
@@ -815,7 +836,12 @@ where
     ///   — while the key is still hot under the same promotion. Nothing after a
     ///   demotion (its schedule, every leased unit in it, went back to the table)
     ///   or a later promotion (a new lease limiter), from another thread's shard,
-    ///   or for another key.
+    ///   or for another key. A refund a demotion overtakes — it found the key hot,
+    ///   and its units reach the lease after the demotion closed the lease
+    ///   limiter's central word, which counted them spent — takes them back off
+    ///   the lease (no check spends them) and answers `false`. `true` means the
+    ///   units reached the lease while the key was hot (a later demotion counts
+    ///   them spent, as it does every unit out on lease).
     ///
     /// A refunded hot charge is not an admission, and the hot key's bound holds
     /// with "units out on lease" counting refundable charges (see
@@ -850,12 +876,18 @@ where
         ) else {
             return false;
         };
-        self.on_entry(word, |entry| Some(entry.leased.refund_at(judged, receipt)))
+        self.on_entry(word, |entry| Some(entry.refund(judged, receipt)))
             .unwrap_or(false)
     }
 
     /// What a check of `cost` would decide now, writing nothing; for a hot key, this
-    /// thread's lease and the key's central word.
+    /// thread's lease and the key's central word ([`LeasedGcra::peek`]: allowed
+    /// as the check would be; `remaining` this thread's lease units plus what the
+    /// central word keeps after the part of the cost the lease does not cover, where
+    /// the check itself reports a lease spend's units left, or a refill's lease
+    /// units plus the central word's after it). [`AsyncLimit::peek_n`] answers this.
+    ///
+    /// [`AsyncLimit::peek_n`]: crate::AsyncLimit::peek_n
     ///
     /// # Examples
     ///
@@ -911,7 +943,7 @@ where
     where
         Q: Lookup<K> + ?Sized,
     {
-        let now = self.keyed.clock().now();
+        let mut now = self.keyed.clock().now();
         let backoff = Backoff::new();
         loop {
             let decision = self.keyed.peek_with(self.keyed.algorithm(), key, now, cost);
@@ -929,7 +961,19 @@ where
                 return decision;
             }
             wait(&backoff);
+            now = self.reading_after_wait(now);
         }
+    }
+
+    /// The reading a decision that waited out a promotion or demotion is decided at
+    /// next: the clock read again (never before `before`, the reading it waited
+    /// at). Only a wait pays for it. A decision at the reading taken before the
+    /// wait would judge a schedule other threads moved meanwhile as if no time had
+    /// passed: a denial's wait longer than the burst by the clock's movement, and
+    /// a lease that expired during the wait spent once more.
+    #[cold]
+    fn reading_after_wait(&self, before: Nanos) -> Nanos {
+        self.keyed.clock().now().max(before)
     }
 
     /// Runs `f` on the open entry `word` names; `None` when there is none open under
@@ -1389,6 +1433,188 @@ mod tests {
         assert_eq!(hot.promotions - hot.demotions, hot.hot_keys);
         // Entries still published are freed when the limiter drops.
         assert!(limiter.promote(&7) || hot.hot_keys == 2);
+    }
+
+    /// A clock another thread moves, counting this limiter's reads of it.
+    #[derive(Clone)]
+    struct Watched {
+        clock: ManualClock,
+        reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl Clock for Watched {
+        fn now(&self) -> Nanos {
+            let now = self.clock.now();
+            // Counted after the reading: a thread that sees the count sees a
+            // reading taken.
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            now
+        }
+    }
+
+    /// Burst `burst` at 1/s, `lease` units a lease, a lease shard for every thread
+    /// a test runs, the clock at 10 s.
+    fn watched(burst: u64, lease: u32) -> (HotKeyLimiter<u64, Watched, Inline>, Watched) {
+        let clock = Watched {
+            clock: ManualClock::starting_at(Nanos::from_secs(10)),
+            reads: Default::default(),
+        };
+        let limiter = HotKeyLimiter::new_in(
+            Policy::per_second(1).unwrap().with_burst(burst).unwrap(),
+            KeyedBuilder::default()
+                .capacity(64)
+                .shards(1)
+                .clock(clock.clone()),
+            HotKeys::default()
+                .manual()
+                .slots(1)
+                .lease_shards(64)
+                .lease_size(lease),
+        )
+        .unwrap();
+        (limiter, clock)
+    }
+
+    /// The entry of the hot key 1 (slot 0), open or not.
+    #[allow(unsafe_code)]
+    fn entry_of<C: Clock + Clone + 'static>(
+        limiter: &HotKeyLimiter<u64, C, Inline>,
+    ) -> &HotEntry<u64, C> {
+        let ptr = limiter.slots[0].load(Ordering::Acquire);
+        // SAFETY: published by the test's promotion, and these tests never demote
+        // it: it lives until the limiter drops, after the borrow ends.
+        unsafe { ptr.as_ref() }.expect("key 1 is hot")
+    }
+
+    /// On another thread, `first`, then `check`, which meets key 1 half-way
+    /// through a promotion (its entry published, not yet open); once that thread
+    /// has read the clock for `check`, `meanwhile` runs here, then the entry
+    /// opens. The check's decision.
+    fn a_check_that_waits(
+        limiter: &HotKeyLimiter<u64, Watched, Inline>,
+        clock: &Watched,
+        first: impl FnOnce() + Send,
+        meanwhile: impl FnOnce(&HotEntry<u64, Watched>),
+        check: impl FnOnce() -> Decision + Send,
+    ) -> Decision {
+        use std::sync::atomic::Ordering::SeqCst;
+        let entry = entry_of(limiter);
+        let (first_done, closed) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| {
+                first();
+                first_done.wait();
+                closed.wait();
+                check()
+            });
+            first_done.wait();
+            entry.open.store(0, Ordering::Release);
+            let read = clock.reads.load(SeqCst);
+            closed.wait();
+            while clock.reads.load(SeqCst) == read {
+                std::thread::yield_now();
+            }
+            meanwhile(entry);
+            // The entry opens once the check has read the clock again, after
+            // `meanwhile` (or, if it never reads it again, after a while): every
+            // reading it can decide at then is `meanwhile`'s or later.
+            let read = clock.reads.load(SeqCst);
+            for _ in 0..100_000 {
+                if clock.reads.load(SeqCst) != read {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            entry.open.store(1, Ordering::Release);
+            waiting.join().unwrap()
+        })
+    }
+
+    /// A check (or a peek) that waited out a promotion decides at a reading taken
+    /// after the wait: others' admissions at the clock's new time leave it a wait
+    /// within the burst (2 s), not the burst plus the 10 s the clock moved (11 s,
+    /// decided at the reading it took first).
+    #[test]
+    fn a_check_that_waited_decides_at_a_fresh_reading() {
+        type Hot = HotKeyLimiter<u64, Watched, Inline>;
+        let check: fn(&Hot) -> Decision = |limiter| limiter.check(&1);
+        let peek: fn(&Hot) -> Decision = |limiter| limiter.peek(&1, 1);
+        for (name, decide) in [("check", check), ("peek", peek)] {
+            let (limiter, clock) = watched(2, 1);
+            assert!(limiter.promote(&1));
+            let d = a_check_that_waits(
+                &limiter,
+                &clock,
+                || (),
+                |entry| {
+                    let later = clock.clock.advance(Duration::from_secs(10));
+                    // Another thread's admissions, at the clock's new time: the burst.
+                    assert!(entry.leased.check_n_at(later, 2).is_allowed());
+                },
+                || decide(&limiter),
+            );
+            assert!(!d.is_allowed(), "{name}: the burst is spent: {d:?}");
+            let wait = d.retry_after().unwrap();
+            assert!(
+                wait <= Duration::from_secs(2),
+                "{name}: a wait past the burst: {d:?}"
+            );
+        }
+    }
+
+    /// A check that waited out a promotion spends its lease only if the lease is
+    /// unexpired at the reading it decides at, taken after the wait: a lease that
+    /// expired during the wait (1 ms lifetime, the clock moved 10 ms) is not spent.
+    #[test]
+    fn a_check_that_waited_spends_no_lease_that_expired_meanwhile() {
+        let (limiter, clock) = watched(3, 3);
+        assert!(limiter.promote(&1));
+        let d = a_check_that_waits(
+            &limiter,
+            &clock,
+            // The thread's first check leases the whole burst: 2 units left on its
+            // lease, none in the central word.
+            || assert!(limiter.check(&1).is_allowed()),
+            |_| {
+                clock.clock.advance(Duration::from_millis(10));
+            },
+            || limiter.check(&1),
+        );
+        assert!(!d.is_allowed(), "an expired lease spent: {d:?}");
+    }
+
+    /// A refund that looked at the hot key before a demotion and stores its units
+    /// on the lease after it: the key's schedule, every leased unit counted as
+    /// spent, is the table's now, so the refund takes its units back off the lease
+    /// and reports `false`; before the demotion, the same refund reports `true`.
+    #[test]
+    fn a_refund_landing_after_a_demotion_reports_false() {
+        let (limiter, clock) = watched(10, 4);
+        for demoted in [false, true] {
+            assert!(limiter.promote(&1));
+            let (d, receipt) = limiter.charge(&1, 1);
+            assert!(d.is_allowed() && receipt.is_charged(), "{d:?}");
+            let now = clock.now();
+            let word = limiter.sealed_word(&1, now).unwrap();
+            let given = limiter.on_entry(word, |entry| {
+                if demoted {
+                    assert!(limiter.demote(&1));
+                }
+                let given = entry.refund(now, receipt);
+                if demoted {
+                    assert!(!given, "a refund the demotion overtook answered true");
+                    // Taken back: the lease holds its 3 units, not 4, so a check
+                    // still on its way to the closed lease cannot spend the unit.
+                    let d = entry.leased.check_n_at(now, 4);
+                    assert!(!d.is_allowed(), "a refund answered false spent: {d:?}");
+                }
+                Some(given)
+            });
+            assert_eq!(given, Some(!demoted), "demoted: {demoted}");
+        }
+        // The lease's 4 units (the second charge, 3 left on the lease) are in the
+        // table's schedule, as every unit leased is.
+        assert_eq!(limiter.peek(&1, 0).remaining(), 6);
     }
 
     #[test]
