@@ -312,7 +312,8 @@ impl AlgorithmName {
 pub(crate) enum InputFormat {
     /// `<time> <key> [<cost>]`, time in decimal seconds from 0.
     Trace,
-    /// nginx `combined` access log; key = client address, time = [$time_local].
+    /// nginx `combined` access log; key = client address as the HTTP layer groups
+    /// it (IPv6 per /64 by default), time = [$time_local].
     Nginx,
 }
 
