@@ -102,8 +102,9 @@ pub(crate) struct ReplayArgs {
     /// Units admitted per period.
     #[arg(long, value_name = "N")]
     pub(crate) limit: u64,
-    /// The period, e.g. `500ms`, `1s`, `1m`, `5m`, `1h`, `24h`, `1d`.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// The period, e.g. `500ms`, `1s`, `1m`, `5m`, `1h`, `24h`, `1d`: whole numbers
+    /// (`1500ms`, not `1.5s`).
+    #[arg(long, value_parser = parse_whole_duration, value_name = "DURATION")]
     pub(crate) per: Duration,
     /// Capacity (gcra, token-bucket, leaky-bucket only; default: --limit).
     #[arg(long, value_name = "B")]
@@ -111,6 +112,14 @@ pub(crate) struct ReplayArgs {
     /// The input format.
     #[arg(long, value_enum, default_value_t = InputFormat::Trace)]
     pub(crate) format: InputFormat,
+    /// With `--format nginx`: IPv6 clients share a key per /N (0 to 128; default 64,
+    /// floodgate-http's default grouping, as one host usually holds a whole /64).
+    #[arg(long, value_parser = parse_ipv6_prefix, value_name = "N")]
+    pub(crate) ipv6_prefix: Option<u8>,
+    /// With `--format nginx`: IPv4 clients share a key per /N (0 to 32; default 32,
+    /// each address its own, floodgate-http's default grouping).
+    #[arg(long, value_parser = parse_ipv4_prefix, value_name = "N")]
+    pub(crate) ipv4_prefix: Option<u8>,
     /// One JSON object per request instead of a summary.
     #[arg(long)]
     pub(crate) jsonl: bool,
@@ -122,9 +131,12 @@ pub(crate) struct ReplayArgs {
     pub(crate) redis: Option<String>,
     /// The Redis key prefix (with --redis). Default: a fresh prefix per run,
     /// `floodgate:replay:<pid>-<nanoseconds since the epoch>:`, so runs never share
-    /// state; give one to continue a run's keys.
+    /// state; give one to continue a run's keys (the run names its prefix on stderr).
+    /// The replay's keys keep no TTL: delete them when done. Refused: an empty
+    /// prefix and floodgate-redis's default `floodgate:`, where live limiters keep
+    /// their state.
     #[cfg(feature = "redis")]
-    #[arg(long, value_name = "P", requires = "redis")]
+    #[arg(long, value_name = "P", requires = "redis", value_parser = parse_redis_prefix)]
     pub(crate) prefix: Option<String>,
     /// The input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE")]
@@ -134,12 +146,81 @@ pub(crate) struct ReplayArgs {
 /// `--duration`: a duration above zero (a budget of 0 would measure every run at the
 /// floor, as if a budget had been given).
 fn parse_budget(text: &str) -> Result<Duration, String> {
-    match parse_duration(text).map_err(|e| e.to_string())? {
+    match parse_whole_duration(text)? {
         Duration::ZERO => {
             Err("a measuring time of 0 measures nothing; give more than 0".to_owned())
         }
         budget => Ok(budget),
     }
+}
+
+/// A duration as [`parse_duration`] reads it; a fraction (`1.5s`), which it refuses
+/// as a number without a unit, is refused saying so, with the whole number of a
+/// smaller unit to write instead where there is one (`1500ms`).
+pub(crate) fn parse_whole_duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|error| match fraction(text) {
+        None => error.to_string(),
+        Some((written, Some(whole))) => {
+            format!("fractional values are not accepted: write {whole} for {written}")
+        }
+        Some((written, None)) => format!(
+            "fractional values are not accepted ({written}): write a whole number of a \
+             smaller unit, e.g. 1500ms for 1.5s"
+        ),
+    })
+}
+
+/// The first `<digits>.<digits><unit>` (or with `,`) in `text`: as written, and as
+/// the whole number of the largest unit that holds it exactly, if one does.
+fn fraction(text: &str) -> Option<(&str, Option<String>)> {
+    const UNITS: [(&str, u128); 8] = [
+        ("w", 7 * 86_400 * 1_000_000_000),
+        ("d", 86_400 * 1_000_000_000),
+        ("h", 3_600 * 1_000_000_000),
+        ("m", 60 * 1_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+        ("ns", 1),
+    ];
+    let bytes = text.as_bytes();
+    let point = (1..bytes.len().saturating_sub(1)).find(|&i| {
+        matches!(bytes[i], b'.' | b',')
+            && bytes[i - 1].is_ascii_digit()
+            && bytes[i + 1].is_ascii_digit()
+    })?;
+    let start = text[..point]
+        .trim_end_matches(|c: char| c.is_ascii_digit())
+        .len();
+    let after = &text[point + 1..];
+    let frac_len = after
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(after.len());
+    // The parser takes spaces between a number and its unit.
+    let spaced = &text[point + 1 + frac_len..];
+    let unit_start = point + 1 + frac_len + (spaced.len() - spaced.trim_start().len());
+    let unit_len = text[unit_start..]
+        .find(|c: char| !c.is_alphabetic())
+        .unwrap_or(text.len() - unit_start);
+    let written = &text[start..unit_start + unit_len];
+    let unit = text[unit_start..unit_start + unit_len].replace('µ', "u");
+    let whole = (|| {
+        let per_unit = UNITS.iter().find(|(name, _)| *name == unit)?.1;
+        let int: u128 = text[start..point].parse().ok()?;
+        let frac: u128 = after[..frac_len].parse().ok()?;
+        let scale = 10u128.checked_pow(u32::try_from(frac_len).ok()?)?;
+        let frac_nanos = frac.checked_mul(per_unit)?;
+        if frac_nanos % scale != 0 {
+            return None;
+        }
+        let nanos = int.checked_mul(per_unit)?.checked_add(frac_nanos / scale)?;
+        if nanos == 0 {
+            return Some("0s".to_owned());
+        }
+        let (name, size) = UNITS.iter().find(|(_, size)| nanos % size == 0)?;
+        Some(format!("{}{name}", nanos / size))
+    })();
+    Some((written, whole))
 }
 
 /// `--repeats`: 1 to [`MAX_REPEATS`] (fewer than [`MIN_REPEATS`] run as many).
@@ -151,6 +232,46 @@ fn parse_repeats(text: &str) -> Result<NonZeroUsize, String> {
         return Err(format!("at most {MAX_REPEATS}"));
     }
     Ok(repeats)
+}
+
+/// `--prefix`: not one that shares its keys with live data.
+#[cfg(feature = "redis")]
+fn parse_redis_prefix(text: &str) -> Result<String, String> {
+    let why = match text {
+        "" => "an empty prefix writes the replay's keys among the database's other keys",
+        "floodgate:" => {
+            "`floodgate:` is floodgate-redis's default prefix, where live limiters keep their state"
+        }
+        _ => return Ok(text.to_owned()),
+    };
+    Err(format!(
+        "{why}, and they keep no TTL: give a prefix of the replay's own (e.g. \
+         `floodgate:replay:mine:`), or leave --prefix out for a fresh one"
+    ))
+}
+
+/// `--ipv6-prefix`: a prefix length (floodgate-http's `IpGrouping` checks its range
+/// when the replay starts).
+fn parse_ipv6_prefix(text: &str) -> Result<u8, String> {
+    prefix_length(text, "0 to 128, e.g. 64")
+}
+
+/// `--ipv4-prefix`: a prefix length (checked as `--ipv6-prefix` is).
+fn parse_ipv4_prefix(text: &str) -> Result<u8, String> {
+    prefix_length(text, "0 to 32, e.g. 24")
+}
+
+/// A prefix length in decimal, `/` optional (`64`, `/64`).
+fn prefix_length(text: &str, range: &str) -> Result<u8, String> {
+    let digits = text.strip_prefix('/').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "expected a prefix length, a whole number from {range}"
+        ));
+    }
+    digits
+        .parse::<u8>()
+        .map_err(|_| format!("the prefix length {digits} is out of range: from {range}"))
 }
 
 /// Every algorithm name `replay` accepts (and later `bench` may filter on).
@@ -191,7 +312,8 @@ impl AlgorithmName {
 pub(crate) enum InputFormat {
     /// `<time> <key> [<cost>]`, time in decimal seconds from 0.
     Trace,
-    /// nginx `combined` access log; key = client address, time = [$time_local].
+    /// nginx `combined` access log; key = client address as the HTTP layer groups
+    /// it (IPv6 per /64 by default), time = [$time_local].
     Nginx,
 }
 
@@ -203,6 +325,73 @@ mod tests {
     #[test]
     fn arguments_are_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn fractions_say_what_to_write() {
+        let message = |text: &str| parse_whole_duration(text).unwrap_err();
+        assert_eq!(
+            message("1.5s"),
+            "fractional values are not accepted: write 1500ms for 1.5s"
+        );
+        assert_eq!(
+            message("0.25m"),
+            "fractional values are not accepted: write 15s for 0.25m"
+        );
+        assert_eq!(
+            message("1h 2,5m"),
+            "fractional values are not accepted: write 150s for 2,5m"
+        );
+        assert_eq!(
+            message("1.5µs"),
+            "fractional values are not accepted: write 1500ns for 1.5µs"
+        );
+        // No whole number of nanoseconds, no unit, an unknown unit: the general advice.
+        for (text, written) in [
+            ("1.0000000001s", "1.0000000001s"),
+            ("1.5", "1.5"),
+            ("2.5x", "2.5x"),
+        ] {
+            assert_eq!(
+                message(text),
+                format!(
+                    "fractional values are not accepted ({written}): write a whole number \
+                     of a smaller unit, e.g. 1500ms for 1.5s"
+                ),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            message("1.5 h"),
+            "fractional values are not accepted: write 90m for 1.5 h"
+        );
+        assert_eq!(
+            message("0.0s"),
+            "fractional values are not accepted: write 0s for 0.0s"
+        );
+        // Other errors and durations are the parser's own.
+        assert_eq!(
+            parse_whole_duration("1500ms"),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            message("10"),
+            floodgate::DurationError::MissingUnit { at: 2 }.to_string()
+        );
+        assert_eq!(
+            message(".5s"),
+            parse_duration(".5s").unwrap_err().to_string()
+        );
+        for text in [
+            "\u{0}",
+            "1.\u{1F600}",
+            "µ1.5s",
+            "\u{1F600}1.5s",
+            "9.99999999999999999999999999999999999999999d",
+            "1.5s.5",
+        ] {
+            assert!(parse_whole_duration(text).is_err(), "{text:?}");
+        }
     }
 
     #[test]

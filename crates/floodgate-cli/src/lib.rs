@@ -10,7 +10,8 @@
 //! * [`seconds`] — exact decimal seconds ↔ integer nanoseconds.
 //!
 //! Durations (`--per`, `--duration`) use the core crate's [`floodgate::parse_duration`],
-//! the same parser as the TOML plans.
+//! the same parser as the TOML plans (the command's message for a fraction such as
+//! `1.5s` says that fractions are not accepted and what to write).
 //!
 //! Every parser returns a value or a typed error for any input; none panics.
 //!

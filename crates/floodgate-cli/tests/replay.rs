@@ -272,7 +272,8 @@ fn nginx_log_sample() {
             "203.0.113.7",
             "203.0.113.7",
             "203.0.113.7",
-            "2001:db8::42",
+            // Grouped as floodgate-http's layer groups it: per /64.
+            "2001:db8::/64",
             "198.51.100.2",
             "203.0.113.7",
             "203.0.113.7"
@@ -305,6 +306,7 @@ fn nginx_log_sample() {
         stdout(&output),
         "\
 policy          gcra 2 per 1s, burst 2
+key             client address: IPv4 each address, IPv6 per /64 (IPv4-mapped IPv6 as IPv4)
 requests        7 (cost-0 lines included)
 allowed         6
 denied          1 (14.29 %)

@@ -164,3 +164,207 @@ fn a_line_one_byte_over_the_cap_is_refused_with_either_line_end() {
         assert!(output.status.success(), "{end:?}: {}", text(&output.stderr));
     }
 }
+
+/// `replay --format nginx --jsonl` over `log` with `extra` arguments: each line's key.
+fn nginx_keys(extra: &[&str], log: &str) -> Vec<String> {
+    let mut args = GCRA_1_PER_S.to_vec();
+    args.extend(["--format", "nginx", "--jsonl"]);
+    args.extend(extra);
+    let output = replay(&args, log.as_bytes());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    text(&output.stdout)
+        .lines()
+        .map(|l| {
+            let line: serde_json::Value = serde_json::from_str(l).expect("one JSON object");
+            line["key"].as_str().expect("a key").to_owned()
+        })
+        .collect()
+}
+
+/// An nginx `combined` line from `addr` at 12:00:00 UTC.
+fn nginx_line(addr: &str) -> String {
+    format!(r#"{addr} - - [01/May/2024:12:00:00 +0000] "GET / HTTP/1.1" 200 1 "-" "-""#) + "\n"
+}
+
+/// The replay is meant to predict the HTTP layer, whose client-address extractors
+/// group IPv6 clients by /64 (`IpGrouping::default()`) and read an IPv4-mapped
+/// address as its IPv4 address; `replay --format nginx` keyed every IPv6 address on
+/// its own, so a client rotating through its /64 (which any host with a /64 can) was
+/// allowed every request in the replay and denied behind the layer. Now the key is
+/// the layer's group, written `2001:db8:1:2::/64`; `--ipv6-prefix` and
+/// `--ipv4-prefix` change the prefixes as `IpGrouping` does, and a key that is no IP
+/// address is kept as written. Mutation that fails it: not applying the grouping
+/// (`replay` leaving `request.key` as parsed).
+#[test]
+fn nginx_ipv6_clients_are_keyed_by_their_64_as_the_layer_keys_them() {
+    let log: String = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2:ffff::9",
+        "2001:db8:1:3::1",
+        "::ffff:192.0.2.7",
+        "192.0.2.7",
+        "192.0.2.8",
+        "unix:",
+    ]
+    .map(nginx_line)
+    .concat();
+    assert_eq!(
+        nginx_keys(&[], &log),
+        [
+            "2001:db8:1:2::/64",
+            "2001:db8:1:2::/64",
+            "2001:db8:1:3::/64",
+            "192.0.2.7",
+            "192.0.2.7",
+            "192.0.2.8",
+            "unix:",
+        ]
+    );
+    // One client rotating through its /64: denied after its first request, as the
+    // layer would deny it.
+    let mut args = GCRA_1_PER_S.to_vec();
+    args.extend(["--format", "nginx"]);
+    let output = replay(&args, log.as_bytes());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(
+        out.contains("\nkey             client address: IPv4 each address, IPv6 per /64 (IPv4-mapped IPv6 as IPv4)\n"),
+        "{out}"
+    );
+    assert!(out.contains("\ndistinct keys   5\n"), "{out}");
+    assert!(out.contains("\n             1  192.0.2.7\n"), "{out}");
+    assert!(
+        out.contains("\n             1  2001:db8:1:2::/64\n"),
+        "{out}"
+    );
+    // Other prefixes, as `IpGrouping::v4_prefix` / `v6_prefix` take them.
+    assert_eq!(
+        nginx_keys(&["--ipv6-prefix", "/128", "--ipv4-prefix", "24"], &log),
+        [
+            "2001:db8:1:2::1",
+            "2001:db8:1:2:ffff::9",
+            "2001:db8:1:3::1",
+            "192.0.2.0/24",
+            "192.0.2.0/24",
+            "192.0.2.0/24",
+            "unix:",
+        ]
+    );
+    assert_eq!(
+        nginx_keys(&["--ipv6-prefix", "48"], &log)[..3],
+        ["2001:db8:1::/48", "2001:db8:1::/48", "2001:db8:1::/48"]
+    );
+}
+
+/// The prefixes are checked as `IpGrouping` checks them, with a clear message and
+/// status 2, and only an nginx log takes them (a trace's keys are used as written).
+/// Mutation that fails it: `address_keys` ignoring
+/// `IpGrouping::v6_prefix`'s error (`.unwrap_or(grouping)`).
+#[test]
+fn address_prefixes_are_refused_out_of_range_or_without_nginx() {
+    let refused = |extra: &[&str], format: &str, want: &str| {
+        let mut args = GCRA_1_PER_S.to_vec();
+        args.extend(["--format", format]);
+        args.extend(extra);
+        let output = replay(&args, b"");
+        let err = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(output.stdout.is_empty(), "{extra:?}");
+    };
+    refused(
+        &["--ipv6-prefix", "129"],
+        "nginx",
+        "ipv6 prefix /129 is longer than /128",
+    );
+    refused(
+        &["--ipv4-prefix", "33"],
+        "nginx",
+        "ipv4 prefix /33 is longer than /32",
+    );
+    refused(
+        &["--ipv6-prefix", "300"],
+        "nginx",
+        "the prefix length 300 is out of range: from 0 to 128, e.g. 64",
+    );
+    refused(
+        &["--ipv4-prefix=-1"],
+        "nginx",
+        "expected a prefix length, a whole number from 0 to 32, e.g. 24",
+    );
+    refused(
+        &["--ipv6-prefix", "64"],
+        "trace",
+        "--ipv6-prefix groups client addresses, which only `--format nginx` has",
+    );
+}
+
+/// `--per 1.5s` was refused with "missing unit at byte 1 of the duration", which
+/// does not say that fractions are not accepted, nor what to write. Now the message
+/// says so and gives the whole number of the largest unit that holds it exactly;
+/// other durations and errors are the parser's. Mutation that fails it:
+/// `parse_whole_duration` returning `error.to_string()` alone.
+#[test]
+fn a_fractional_period_says_fractions_are_not_accepted() {
+    let per = |period: &str| {
+        let args = ["--algorithm", "gcra", "--limit", "1", "--per", period];
+        replay(&args, b"0 a\n")
+    };
+    for (period, want) in [
+        (
+            "1.5s",
+            "fractional values are not accepted: write 1500ms for 1.5s",
+        ),
+        (
+            "0.5m",
+            "fractional values are not accepted: write 30s for 0.5m",
+        ),
+    ] {
+        let output = per(period);
+        let err = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{err}");
+        assert!(err.contains(want), "{period}: {err}");
+    }
+    assert!(per("1500ms").status.success());
+    let err = text(&per("10").stderr);
+    assert!(err.contains("missing unit at byte 2"), "{err}");
+}
+
+/// `replay --redis URL --prefix ""` wrote the replay's keys (the bare client keys,
+/// with no TTL) among the database's other keys, and `--prefix floodgate:` into
+/// floodgate-redis's default namespace, where a live limiter keyed by client address
+/// keeps `floodgate:203.0.113.7`: a dry run that overwrote production state. Both are
+/// refused before connecting (status 2), saying why and what to give instead; other
+/// prefixes are taken. Needs no `redis-server`: nothing listens on port 1. Mutation
+/// that fails it: `parse_redis_prefix` taking `""` (its `"" =>` arm removed).
+#[cfg(feature = "redis")]
+#[test]
+fn an_empty_or_live_redis_prefix_is_refused() {
+    let run = |prefix: &str| {
+        let mut args = GCRA_1_PER_S.to_vec();
+        args.extend(["--redis", "redis://127.0.0.1:1/", "--prefix", prefix]);
+        replay(&args, b"0 a\n")
+    };
+    for (prefix, why) in [
+        ("", "an empty prefix writes the replay's keys among the database's other keys"),
+        (
+            "floodgate:",
+            "`floodgate:` is floodgate-redis's default prefix, where live limiters keep their state",
+        ),
+    ] {
+        let output = run(prefix);
+        let err = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{prefix:?}: {err}");
+        assert!(err.contains(why), "{prefix:?}: {err}");
+        assert!(
+            err.contains("or leave --prefix out for a fresh one"),
+            "{prefix:?}: {err}"
+        );
+        assert!(!err.contains("cannot connect"), "{prefix:?}: {err}");
+        assert!(output.stdout.is_empty());
+    }
+    // A prefix of the replay's own is taken: the run gets as far as connecting.
+    let output = run("floodgate:replay:mine:");
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("cannot connect"));
+}

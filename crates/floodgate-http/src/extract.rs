@@ -349,6 +349,15 @@ impl KeyExtractor for PeerIp {
 
 /// An IP network, `ADDR/PREFIX` or a single `ADDR`.
 ///
+/// Addresses are canonicalized before they are matched (an IPv4-mapped IPv6 address,
+/// `::ffff:a.b.c.d`, is its IPv4 address), and so is a network written in the mapped
+/// form: `::ffff:10.0.0.0/104` is the IPv4 network `10.0.0.0/8` (the prefix less the
+/// 96 bits of `::ffff:0:0/96`), and a mapped address without a prefix is one IPv4
+/// address. A mapped network with a prefix under /96 (`::ffff:0:0/95`, or
+/// `::ffff:10.0.0.0/8`, which in IPv6 is `::/8`) would hold IPv6 addresses outside
+/// the mapped range as well, so it is refused: write the IPv4 network, or the IPv6
+/// one with its own address.
+///
 /// # Examples
 ///
 /// ```
@@ -358,6 +367,8 @@ impl KeyExtractor for PeerIp {
 /// assert!(net.contains("::ffff:10.0.0.1".parse().unwrap()));
 /// assert!(!net.contains("11.0.0.1".parse().unwrap()));
 /// assert!("10.0.0.0/33".parse::<IpNet>().is_err());
+/// assert_eq!("::ffff:10.0.0.0/104".parse::<IpNet>()?, net);
+/// assert!("::ffff:0:0/95".parse::<IpNet>().is_err());
 /// # Ok::<(), floodgate_http::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,11 +406,10 @@ impl FromStr for IpNet {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
         };
-        let addr = addr
+        let written = addr
             .parse::<IpAddr>()
-            .map_err(|_| bad("not an IP address"))?
-            .to_canonical();
-        let (max, too_long) = if addr.is_ipv4() {
+            .map_err(|_| bad("not an IP address"))?;
+        let (max, too_long) = if written.is_ipv4() {
             (
                 32,
                 "the prefix is longer than an IPv4 address (at most /32)",
@@ -420,6 +430,17 @@ impl FromStr for IpNet {
                 .ok()
                 .filter(|p| *p <= max)
                 .ok_or(bad(too_long))?,
+        };
+        // The prefix counts the bits of the address as written; a mapped address
+        // stands for its IPv4 address, whose bits are the last 32 of 128.
+        let addr = written.to_canonical();
+        let prefix = match (written, addr) {
+            (IpAddr::V6(_), IpAddr::V4(_)) => prefix.checked_sub(96).ok_or(bad(
+                "an IPv4-mapped network takes a prefix from /96 to /128 (a shorter one \
+                 also holds IPv6 addresses outside ::ffff:0:0/96): write the IPv4 network \
+                 (::ffff:10.0.0.0/104 is 10.0.0.0/8) or the IPv6 one",
+            ))?,
+            _ => prefix,
         };
         Ok(IpNet { addr, prefix })
     }
@@ -1196,8 +1217,34 @@ mod tests {
         assert!(n.contains(ip("2001:db8::")));
         // IPv4-mapped: matches as IPv4 only.
         assert!(!n.contains(ip("::ffff:1.2.3.4")));
-        let n: IpNet = "::ffff:10.0.0.0/8".parse().unwrap();
+        // Written IPv4-mapped: the IPv4 network of the prefix less 96 (addresses are
+        // canonicalized before they are matched).
+        let n: IpNet = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(n, "10.0.0.0/8".parse().unwrap());
         assert!(n.contains(ip("10.1.1.1")));
+        assert!(n.contains(ip("::ffff:10.255.0.1")));
+        assert!(!n.contains(ip("11.0.0.0")));
+        assert_eq!("::ffff:0:0/96".parse::<IpNet>(), "0.0.0.0/0".parse());
+        assert_eq!("::ffff:192.0.2.9".parse::<IpNet>(), "192.0.2.9/32".parse());
+        assert_eq!("::ffff:192.0.2.9/128".parse::<IpNet>(), "192.0.2.9".parse());
+        // Under /96 the network holds IPv6 addresses outside the mapped range too
+        // (`::ffff:10.0.0.0/8` is `::/8` in IPv6): refused, saying what to write.
+        for straddling in ["::ffff:0:0/95", "::ffff:10.0.0.0/8", "::ffff:10.0.0.0/0"] {
+            assert_eq!(
+                straddling.parse::<IpNet>().unwrap_err().to_string(),
+                format!(
+                    "trusted network {straddling:?}: an IPv4-mapped network takes a prefix \
+                     from /96 to /128 (a shorter one also holds IPv6 addresses outside \
+                     ::ffff:0:0/96): write the IPv4 network (::ffff:10.0.0.0/104 is \
+                     10.0.0.0/8) or the IPv6 one"
+                ),
+            );
+        }
+        // An IPv6 network that merely holds the mapped range is IPv6, as before: it
+        // matches no canonicalized (IPv4) client.
+        let n: IpNet = "::/64".parse().unwrap();
+        assert!(!n.contains(ip("::ffff:10.0.0.1")));
+        assert!(n.contains(ip("::1")));
         for bad in [
             "",
             "/8",
@@ -1205,6 +1252,7 @@ mod tests {
             "10.0.0.0/x",
             "10.0.0.0/33",
             "::/129",
+            "::ffff:10.0.0.0/129",
             "x/1",
         ] {
             let err = bad.parse::<IpNet>().unwrap_err();

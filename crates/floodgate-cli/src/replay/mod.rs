@@ -12,6 +12,7 @@
 //! JSON lines already written stay valid (each is written whole), and no summary is
 //! printed.
 
+mod address;
 mod engine;
 #[cfg(feature = "redis")]
 mod redis;
@@ -23,6 +24,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 
 use floodgate::{Decision, Nanos};
+use floodgate_http::IpGrouping;
 
 use floodgate_cli::input::{self, LineError, Request};
 use floodgate_cli::seconds::Seconds;
@@ -30,6 +32,7 @@ use floodgate_cli::seconds::Seconds;
 use crate::cli::{InputFormat, ReplayArgs};
 use crate::Failure;
 
+pub(crate) use address::AddressKeys;
 pub(crate) use engine::{engine_for, DecideError, PolicySpec, ReplayEngine};
 
 /// The longest line accepted, in bytes (without its line end).
@@ -105,17 +108,20 @@ impl OutOfOrder {
 }
 
 /// Streams `input` through `engine`, calling `observe(request, now, decision)` for
-/// each request in input order, where `now` is the (clamped) time the engine used;
-/// returns the lines whose time was clamped.
+/// each request in input order, where `now` is the (clamped) time the engine used and
+/// the request's key is its client address's group under `addresses` (an nginx log)
+/// or the key as written (`None`); returns the lines whose time was clamped.
 pub(crate) fn replay<R: Read>(
     input: R,
     format: InputFormat,
+    addresses: Option<&AddressKeys>,
     engine: &mut dyn ReplayEngine,
     mut observe: impl FnMut(&Request<'_>, u64, &Decision) -> io::Result<()>,
 ) -> Result<OutOfOrder, ReplayError> {
     let parse = parser_for(format);
     let mut input = BufReader::with_capacity(64 * 1024, input);
     let mut buf = Vec::with_capacity(256);
+    let mut key_buf = String::with_capacity(48);
     let mut latest = 0u64;
     let mut line_no = 0u64;
     let mut out_of_order = OutOfOrder::default();
@@ -148,9 +154,12 @@ pub(crate) fn replay<R: Read>(
         }
         let text = std::str::from_utf8(bytes)
             .map_err(|e| bad(LineError::new(format_args!("not valid UTF-8 ({e})")), bytes))?;
-        let Some(request) = parse(text).map_err(|e| bad(e, bytes))? else {
+        let Some(mut request) = parse(text).map_err(|e| bad(e, bytes))? else {
             continue;
         };
+        if let Some(addresses) = addresses {
+            request.key = addresses.key(request.key, &mut key_buf);
+        }
         if request.time < latest {
             out_of_order.lines += 1;
             out_of_order.first.get_or_insert(line_no);
@@ -256,11 +265,13 @@ impl Summary {
         denied
     }
 
-    /// The summary as printed, for `spec` over input in `format`.
+    /// The summary as printed, for `spec` over input in `format`, keyed by client
+    /// address under `addresses` (an nginx log) or by the keys as written (`None`).
     pub(crate) fn render(
         mut self,
         spec: &PolicySpec,
         format: InputFormat,
+        addresses: Option<&AddressKeys>,
         out: &mut impl Write,
     ) -> io::Result<()> {
         self.close_second();
@@ -270,6 +281,9 @@ impl Summary {
             self.denied as f64 * 100.0 / self.requests as f64
         };
         writeln!(out, "policy          {spec}")?;
+        if let Some(addresses) = addresses {
+            writeln!(out, "key             {}", addresses.describe())?;
+        }
         writeln!(
             out,
             "requests        {} (cost-0 lines included)",
@@ -323,6 +337,7 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
         per: args.per,
         burst: args.burst,
     };
+    let addresses = address_keys(&args)?;
     let mut engine = match redis_engine(&args, &spec)? {
         Some(engine) => engine,
         None => engine_for(&spec).map_err(|e| Failure::usage(e.to_string()))?,
@@ -344,16 +359,26 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = if args.jsonl {
-        replay(input, args.format, &mut *engine, |request, now, d| {
-            write_json_line(&mut out, request, now, d)
-        })
+        replay(
+            input,
+            args.format,
+            addresses.as_ref(),
+            &mut *engine,
+            |request, now, d| write_json_line(&mut out, request, now, d),
+        )
         .map(|out_of_order| (None, out_of_order))
     } else {
         let mut summary = Summary::default();
-        replay(input, args.format, &mut *engine, |request, now, d| {
-            summary.record(request.key, now, d);
-            Ok(())
-        })
+        replay(
+            input,
+            args.format,
+            addresses.as_ref(),
+            &mut *engine,
+            |request, now, d| {
+                summary.record(request.key, now, d);
+                Ok(())
+            },
+        )
         .map(|out_of_order| (Some(summary), out_of_order))
     };
     // Flush what was printed before reporting anything: those lines stay valid.
@@ -377,7 +402,7 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
     flushed.map_err(Failure::output)?;
     if let Some(summary) = summary {
         summary
-            .render(&spec, args.format, &mut out)
+            .render(&spec, args.format, addresses.as_ref(), &mut out)
             .and_then(|()| out.flush())
             .map_err(Failure::output)?;
     }
@@ -385,6 +410,35 @@ pub(crate) fn run(args: ReplayArgs) -> Result<(), Failure> {
         eprintln!("floodgate: {note}");
     }
     Ok(())
+}
+
+/// How an nginx log's client addresses become keys: floodgate-http's default
+/// grouping, with `--ipv4-prefix` and `--ipv6-prefix` applied; `None` for a trace,
+/// whose keys are used as written (and which takes neither option).
+fn address_keys(args: &ReplayArgs) -> Result<Option<AddressKeys>, Failure> {
+    let mut grouping = IpGrouping::default();
+    let prefixes = [
+        ("--ipv4-prefix", args.ipv4_prefix),
+        ("--ipv6-prefix", args.ipv6_prefix),
+    ];
+    if args.format != InputFormat::Nginx {
+        return match prefixes.iter().find(|(_, len)| len.is_some()) {
+            Some((option, _)) => Err(Failure::usage(format!(
+                "{option} groups client addresses, which only `--format nginx` has: a \
+                 trace's keys are used as written"
+            ))),
+            None => Ok(None),
+        };
+    }
+    // `IpGrouping` checks the lengths, as it does for the layer.
+    let bad = |e: floodgate_http::ConfigError| Failure::usage(e.to_string());
+    if let Some(len) = args.ipv4_prefix {
+        grouping = grouping.v4_prefix(len).map_err(bad)?;
+    }
+    if let Some(len) = args.ipv6_prefix {
+        grouping = grouping.v6_prefix(len).map_err(bad)?;
+    }
+    Ok(Some(AddressKeys::new(grouping)))
 }
 
 /// The Redis engine when `--redis` is given.
@@ -396,7 +450,12 @@ fn redis_engine(
     let Some(url) = args.redis.as_deref() else {
         return Ok(None);
     };
-    let engine = redis::RedisEngine::connect(url, args.prefix.clone(), spec)?;
+    let (engine, prefix) = redis::RedisEngine::connect(url, args.prefix.clone(), spec)?;
+    // Said before the first request, so that a run that stops early says it too.
+    eprintln!(
+        "floodgate: replaying through Redis under the key prefix {prefix:?}; the keys \
+         keep no TTL: delete them when done (give --prefix {prefix:?} to continue them)"
+    );
     Ok(Some(Box::new(engine)))
 }
 
@@ -430,6 +489,7 @@ mod tests {
         let result = replay(
             input.as_bytes(),
             InputFormat::Trace,
+            None,
             &mut *engine,
             |r, t, d| write_json_line(&mut out, r, t, d),
         );
@@ -472,9 +532,13 @@ mod tests {
         assert!(message.starts_with("line 2: invalid time"), "{message}");
         let mut engine = engine_for(&spec()).unwrap();
         let invalid_utf8: &[u8] = b"0 a\n1 \xff\n";
-        let err = replay(invalid_utf8, InputFormat::Trace, &mut *engine, |_, _, _| {
-            Ok(())
-        })
+        let err = replay(
+            invalid_utf8,
+            InputFormat::Trace,
+            None,
+            &mut *engine,
+            |_, _, _| Ok(()),
+        )
         .unwrap_err()
         .to_string();
         assert!(err.starts_with("line 2: not valid UTF-8"), "{err}");
@@ -543,6 +607,7 @@ mod tests {
         replay(
             input.as_bytes(),
             InputFormat::Trace,
+            None,
             &mut *engine,
             |r, t, d| {
                 summary.record(r.key, t, d);
@@ -552,7 +617,7 @@ mod tests {
         .unwrap();
         let mut out = Vec::new();
         summary
-            .render(&spec(), InputFormat::Trace, &mut out)
+            .render(&spec(), InputFormat::Trace, None, &mut out)
             .unwrap();
         let out = String::from_utf8(out).unwrap();
         let want = "\

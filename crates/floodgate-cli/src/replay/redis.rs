@@ -26,7 +26,7 @@ pub(crate) struct RedisEngine {
 
 impl RedisEngine {
     /// Connects to `url` and builds the limiter of `spec` under `prefix` (default: a
-    /// fresh one).
+    /// fresh one); returns it with the prefix used.
     ///
     /// # Errors
     ///
@@ -36,7 +36,7 @@ impl RedisEngine {
         url: &str,
         prefix: Option<String>,
         spec: &PolicySpec,
-    ) -> Result<RedisEngine, Failure> {
+    ) -> Result<(RedisEngine, String), Failure> {
         let policy = policy_for(spec).map_err(|e| Failure::usage(e.to_string()))?;
         let algorithm = match spec.algorithm {
             AlgorithmName::Gcra | AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => {
@@ -46,8 +46,9 @@ impl RedisEngine {
             AlgorithmName::SlidingWindow => Algorithm::SlidingWindow,
             AlgorithmName::SlidingLog => Algorithm::SlidingLog,
         };
+        let prefix = prefix.unwrap_or_else(fresh_prefix);
         let builder = RedisLimiter::builder(algorithm, policy)
-            .prefix(prefix.unwrap_or_else(fresh_prefix))
+            .prefix(prefix.clone())
             .timeout(TIMEOUT);
         builder
             .check()
@@ -68,7 +69,7 @@ impl RedisEngine {
         let limiter = builder
             .build(conn)
             .map_err(|e| Failure::usage(format!("--redis: {e}")))?;
-        Ok(RedisEngine { runtime, limiter })
+        Ok((RedisEngine { runtime, limiter }, prefix))
     }
 }
 
