@@ -18,22 +18,12 @@ use std::sync::{mpsc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use floodgate::{LeasedGcra, ManualClock, Nanos, Policy, Receipt};
-use lease_ledger::{assert_accounted, look, Look};
+use floodgate::{LeasedGcra, ManualClock, Nanos, Receipt};
+use lease_ledger::{assert_accounted, limiter_on, look, Look};
 
 /// `burst` at 1 000/s (T = 1 ms), 64 shards of leases of `lease` units living an hour.
 fn leased(burst: u64, lease: u32, clock: &ManualClock) -> LeasedGcra<ManualClock> {
-    LeasedGcra::builder(
-        Policy::per_second(1_000)
-            .unwrap()
-            .with_burst(burst)
-            .unwrap(),
-    )
-    .shards(64)
-    .lease_size(lease)
-    .lifetime(Duration::from_secs(3_600))
-    .build_with_clock(clock.clone())
-    .unwrap()
+    limiter_on(clock, 1_000, burst, lease, 64)
 }
 
 /// Refunds `receipt` on a fresh thread (one that owns no shard).
@@ -242,12 +232,7 @@ fn the_bound_holds_with_four_threads_charging_and_refunding_across_threads() {
 #[test]
 fn a_denials_retry_after_admits_on_another_shard() {
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
-    let mut l = LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(10).unwrap())
-        .shards(4)
-        .lease_size(4)
-        .lifetime(Duration::from_secs(3_600))
-        .build_with_clock(clock.clone())
-        .unwrap();
+    let mut l = limiter_on(&clock, 1, 10, 4, 4); // 10 at 1/s, leases of 4
     assert!(l.check_on(0, 3).is_allowed()); // leases 4: 1 left, central 6
     assert!(l.check_on(1, 3).is_allowed()); // leases 4: 1 left, central 2
     assert!(l.check_on(1, 3).is_allowed()); // 1 + 2 from central: central 0
