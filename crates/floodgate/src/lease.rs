@@ -1399,6 +1399,22 @@ mod tests {
     }
 
     #[test]
+    fn a_central_refund_on_a_closed_word_gives_nothing() {
+        let l = LeasedGcra::builder(policy(10))
+            .shards(4)
+            .lease_size(4)
+            .build_with_clock(ManualClock::new())
+            .unwrap();
+        let (d, receipt) = l.charge(1);
+        assert!(d.is_allowed() && receipt.is_charged());
+        let schedule = l.close_central();
+        assert_eq!(schedule.tat().as_u64(), 4_000_000, "the lease's 4 units");
+        let back = std::thread::scope(|s| s.spawn(|| l.refund(receipt)).join().unwrap());
+        assert!(!back, "a hot key's demotion sealed the word");
+        assert!(l.is_central_closed());
+    }
+
+    #[test]
     fn unspent_units_expire_after_the_lifetime() {
         let clock = ManualClock::new();
         let mut l = LeasedGcra::builder(policy(100))
