@@ -109,7 +109,12 @@
 //!
 //! # Memory ordering
 //!
-//! Both words publish nothing but themselves: every access is `Relaxed`. The central
+//! Both words publish nothing but themselves: every decision's access is `Relaxed`,
+//! but for a refill's CAS on the central word, `Release`, and a refund's to the
+//! central word, an `Acquire` load and an `AcqRel` CAS: a refund whose CAS lands
+//! after a refill's then reads that refill's note of the central refund ledger as
+//! past, as a cell's refund does (see [`refund`](LeasedGcra::refund), "Back to the
+//! central word"; free on x86, where every locked CAS is a full barrier). The central
 //! word is updated through the crate's one CAS loop (a failed CAS hands back the
 //! current value); a shard word by its one writer's plain store. Units move central →
 //! lease by a CAS on the central word followed by a store to the shard word; between
@@ -738,7 +743,7 @@ impl<C: Clock> LeasedGcra<C> {
     ///   none (a task that moved threads between its charge and a later rule's
     ///   denial), or the charging thread once that lease has expired or been
     ///   replaced, or is full — by the rule a plain GCRA refund follows
-    ///   ([`Algorithm::refund`](crate::Algorithm::refund)): only the part of the
+    ///   ([`Algorithm::refund`]): only the part of the
     ///   booking the clock has not reached comes back (see "Back to the central
     ///   word"). Nothing once the clock has passed it, nor while the central word is
     ///   closed (a hot key's demotion sealed it).
