@@ -5,7 +5,8 @@
 //! hands out exactly the burst, and every unit is admitted (net of refunds), held on
 //! a lease, or still in the central word. A refund on a thread that does not own
 //! the charging shard goes to the central word, by a CAS that races the other
-//! threads' refills. (Under loom a thread's owner index is its number in the
+//! threads' refills, and a hot key's demotion: before the demotion closes the
+//! word the unit comes back, after it nothing does. (Under loom a thread's owner index is its number in the
 //! model: the main thread is 0, the spawned threads 1 and 2.)
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p floodgate --release --test loom_lease_refund`
@@ -92,4 +93,49 @@ fn a_cross_thread_refund_to_the_central_word_races_a_refill() {
         assert_conserved(lim, admitted, burst, lease, shards);
     });
     seen.assert_each("a cross-thread refund races a refill");
+}
+
+/// A hot key's cross-thread refund racing its demotion: main charges the hot key
+/// (its shard leases the one unit it spends), then thread 1 demotes the key while
+/// thread 2 refunds the receipt (it owns no lease shard: the central word). The
+/// refund lands before the demotion closes the central word — the unit is back, and
+/// the table takes the schedule without it — or after, and gives nothing: never a
+/// unit given back that the table's schedule still charges, nor one lost after a
+/// `true`. Burst 2 at 1/s on a standing clock.
+#[test]
+fn a_hot_keys_cross_thread_refund_races_its_demotion() {
+    use floodgate::{HotKeyLimiter, HotKeys, KeyedBuilder, Nanos, Policy};
+    let seen = Seen::new(&["the refund came back", "the demotion came first"]);
+    let outcomes = seen.clone();
+    loom::model(move || {
+        let hot = Arc::new(
+            HotKeyLimiter::<u64, ManualClock>::new(
+                Policy::per_second(1).unwrap().with_burst(2).unwrap(),
+                KeyedBuilder::default()
+                    .capacity(64)
+                    .shards(1)
+                    .clock(ManualClock::starting_at(Nanos::from_secs(10))),
+                HotKeys::default().manual().lease_shards(1).lease_size(1),
+            )
+            .unwrap(),
+        );
+        assert!(hot.promote(&1));
+        let (d, receipt) = hot.charge(&1, 1);
+        assert!(d.is_allowed() && receipt.is_charged());
+        let demoter = {
+            let hot = hot.clone();
+            loom::thread::spawn(move || assert!(hot.demote(&1)))
+        };
+        let refunder = {
+            let hot = hot.clone();
+            loom::thread::spawn(move || hot.refund(&1, receipt))
+        };
+        let back = refunder.join().unwrap();
+        demoter.join().unwrap();
+        assert!(!hot.is_hot(&1));
+        let remaining = hot.peek(&1, 0).remaining();
+        assert_eq!(remaining, if back { 2 } else { 1 }, "back {back}");
+        outcomes.saw_if(back, 0, 1);
+    });
+    seen.assert_each("a hot key's cross-thread refund races its demotion");
 }
