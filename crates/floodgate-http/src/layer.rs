@@ -334,18 +334,24 @@ impl<K: ?Sized, A: Algorithm, C: Clock, S: StateCell<A::State>> Charge<K> for Ra
 /// It is the one mode exempt from exact admission: over any interval it admits at
 /// most what the central GCRA allows plus the units out on lease at the interval's
 /// start (at most `shards × lease size` between requests). A refund (a later rule's
-/// denial) gives the units back to the lease they were spent from, only on the
-/// thread that charged them (its shard's only writer), while that lease is still
-/// the shard's and unexpired, and never above the lease size; otherwise it gives
-/// nothing back (the request stays charged: never an admission beyond the bound,
-/// see [`LeasedGcra::refund`]). An admission's response shows
+/// denial) gives the units back to the lease they were spent from when it runs on
+/// the thread that charged them (its shard's only writer) while that lease is still
+/// the shard's and unexpired, never above the lease size; otherwise — the task moved
+/// to another worker thread while a later rule awaited (a remote limiter's round
+/// trip), or the lease expired meanwhile — to the central word: the part of the
+/// refill's booking the clock has not yet reached, as a plain GCRA refund, nothing
+/// once the clock has passed it (never an admission beyond the bound, see
+/// [`LeasedGcra::refund`]). An admission's response shows
 /// [`LeasedGcra::report`]: this thread's lease units plus the central word's
 /// remaining (a lower bound: other shards' leases may hold more), with the central
 /// word's reset, the time until its schedule is idle. (A lease spend's own decision
 /// holds only the lease's units and its lifetime left, which a client would read
 /// as its quota resetting in a millisecond, or an hour, whatever the policy.) A
-/// denial shows its decision (the central word's retry for the units this shard is
-/// short of); a charge given back, and `peek(0)`, the report. A cost above the
+/// denial shows its decision: its `Retry-After` is the central word's wait for the
+/// whole cost, after which a retry is admitted on any thread absent other traffic
+/// (not just this shard's shortfall: this thread's lease may expire first, and the
+/// retry may land on another thread's shard). A charge given back, and `peek(0)`,
+/// show the report. A cost above the
 /// burst never fits ([`ConfigError::Cost`]
 /// at build).
 ///
@@ -1158,11 +1164,12 @@ struct Shared {
 ///   single limit. A request whose response future is dropped before it reaches the
 ///   inner service (the client went away while it waited for a queue's slot or a
 ///   remote limiter) is given back the same way. On the hot-key modes
-///   ([`LeasedGcra`], a hot key of [`HotKeyLimiter`]) a charge comes back only to
-///   the lease it was spent from, on the thread that charged it, while that lease
-///   is unexpired (never above the lease size); otherwise it stays charged — such a
-///   rule may count a request a later rule denied (a conservative loss, never an
-///   admission beyond its bound).
+///   ([`LeasedGcra`], a hot key of [`HotKeyLimiter`]) a charge comes back to the
+///   lease it was spent from, on the thread that charged it, while that lease is
+///   unexpired (never above the lease size); otherwise (the task moved threads, the
+///   lease expired) to the central word, the part of its booking still ahead of the
+///   clock — a charge whose booking the clock has passed stays charged (a
+///   conservative loss, never an admission beyond its bound).
 /// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
 ///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
 ///   the rule most likely to deny (per client) before the shared ones (global), so a

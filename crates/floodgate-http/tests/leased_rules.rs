@@ -11,14 +11,24 @@
 //! * A later rule's denial gives the leased rule's charge back to its lease (hot key
 //!   and direct alike); a cold key's comes back as the keyed table's.
 //! * A cost above the burst is refused at build (`ConfigError::Cost`).
+//! * The request's task on more than one thread: a later remote rule denies after
+//!   the task moved threads (the future polled on one thread until the remote rule
+//!   awaits, finished on another, as a multi-threaded runtime may do), and the
+//!   leased charge comes back to the central word; a client that waits a leased
+//!   denial's `Retry-After` and retries from another thread (another lease shard)
+//!   is admitted.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::Duration;
 
 use floodgate::{
-    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, ManualClock, Nanos, Policy,
-    RateLimiter,
+    AsyncLimit, Decision, HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, ManualClock,
+    Nanos, Policy, RateLimiter,
 };
 use floodgate_http::{from_fn, ConfigError, Global, KeyError, RateLimitLayer, Rule};
 use http::request::Parts;
@@ -28,6 +38,7 @@ mod common;
 use common::{Hello, TestResult};
 
 type Body = floodgate_http::RateLimitBody<String>;
+type Answer = Result<Response<Body>, Infallible>;
 type Hot = HotKeyLimiter<u64, ManualClock, Inline>;
 
 fn num(r: &Response<Body>, name: &str) -> u64 {
@@ -449,5 +460,123 @@ fn a_hot_key_rules_response_shows_the_keys_whole_limit() -> TestResult {
     let r = send(8)?;
     assert_eq!(num(&r, "x-ratelimit-remaining"), 19);
     assert_eq!(num(&r, "x-ratelimit-reset"), 1);
+    Ok(())
+}
+
+/// Pending once (waking its waker), then ready: a remote limiter's round trip.
+struct RoundTrip(bool);
+
+impl Future for RoundTrip {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// A remote limiter that denies every request after one round trip.
+struct DeniesAfterARoundTrip;
+
+impl AsyncLimit<()> for DeniesAfterARoundTrip {
+    type Error = Infallible;
+
+    async fn check_n(&self, _: &(), _: u32) -> Result<Decision, Infallible> {
+        RoundTrip(false).await;
+        let minute = Duration::from_secs(60);
+        Ok(Decision::new(false, 1, 0, minute, Some(minute)))
+    }
+
+    async fn peek_n(&self, _: &(), _: u32) -> Result<Decision, Infallible> {
+        Ok(Decision::new(false, 1, 0, Duration::from_secs(60), None))
+    }
+}
+
+/// Runs `f` on a new thread (its own current-thread runtime where it needs one).
+fn on_another_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    thread::scope(|s| s.spawn(f).join().expect("the thread ran"))
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}
+
+#[test]
+fn a_remote_denial_after_the_task_moved_threads_gives_the_leased_charge_back() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let global = leased(100, 1_000, 10, &clock);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+        .rule(Rule::remote("redis", DeniesAfterARoundTrip, Global)?)
+        .build()?;
+    let mut call: Pin<Box<dyn Future<Output = Answer> + Send>> =
+        Box::pin(layer.layer(Hello).oneshot(Request::new(())));
+    // Thread A: the leased rule charges (its shard leases 10 from the central
+    // word), then the remote rule awaits its round trip.
+    let call = on_another_thread(move || {
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+        call
+    });
+    assert_eq!(global.peek(0).remaining(), 90);
+    assert_eq!(global.units_held(), 9);
+    // Thread B: the remote rule denies; the layer gives the leased charge back.
+    let r = on_another_thread(move || block_on(call))?;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        global.peek(0).remaining(),
+        91,
+        "the denied request's unit is back on the central word"
+    );
+    assert_eq!(global.units_held(), 9, "thread A's lease is untouched");
+    Ok(())
+}
+
+fn retry_after(r: &Response<Body>) -> u64 {
+    r.headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {:?}", r.headers()))
+}
+
+#[test]
+fn a_client_that_waits_the_retry_after_of_a_leased_denial_is_admitted_on_another_thread(
+) -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    // 10 a burst, 1 a second, leases of 4; every request costs 3.
+    let global = leased(10, 1, 4, &clock);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::shared("global", Arc::clone(&global), Global)?.cost(3))
+        .build()?;
+    let call = || block_on(layer.layer(Hello).oneshot(Request::new(())));
+    // This thread leases 4 and spends 3 (1 left); the central word has 6.
+    assert_eq!(call()?.status(), 200);
+    // Another thread leases 4 and spends 3, then spends its 1 and the central 2.
+    let (first, second) = on_another_thread(|| {
+        let first = call().map(|r| r.status().as_u16());
+        (first, call().map(|r| r.status().as_u16()))
+    });
+    assert_eq!((first?, second?), (200, 200));
+    assert_eq!(global.peek(0).remaining(), 0);
+    // This thread holds 1 and is short of 2: denied.
+    let denied = call()?;
+    assert_eq!(denied.status(), 429);
+    let wait = retry_after(&denied);
+    clock.advance(Duration::from_secs(wait));
+    // The client's retry lands on another thread, whose shard holds nothing.
+    let retried = on_another_thread(call)?;
+    assert_eq!(
+        retried.status(),
+        200,
+        "waited the Retry-After of {wait} s shown, denied again"
+    );
     Ok(())
 }

@@ -60,7 +60,12 @@
 //! central word may hold more); on a refill or a denial, this shard's lease units plus
 //! the central word's remaining. `reset_after` on a lease spend is the lease's remaining
 //! lifetime; otherwise the central word's. `retry_after` on a denial is the central
-//! word's for the units this shard is short of. `check(0)` reports the central word
+//! word's wait for the **whole cost**, not just for the units this shard is short of:
+//! this shard's lease may expire first, and the retry may be decided on another
+//! shard holding fewer units (another thread, or no shard at all). After that wait
+//! the central word alone holds the cost, so absent other traffic a retry admits on
+//! any shard. (It can overstate the wait for a retry on this shard while its lease
+//! lives: a conservative promise.) `check(0)` reports the central word
 //! and writes nothing; [`report`](LeasedGcra::report) is a refill's view at cost 0
 //! (this shard's lease units plus the central word's remaining, the central word's
 //! reset), what floodgate-http shows a client.
@@ -70,10 +75,14 @@
 //! [`charge`](LeasedGcra::charge) decides as [`check_n`](LeasedGcra::check_n) does and
 //! hands back a receipt; [`refund`](LeasedGcra::refund) gives its units back to the
 //! lease they were spent from — on the calling thread's shard, while that lease is
-//! unexpired, never above the lease size — or gives nothing back. A refunded charge
-//! is not an admission, and the bound above holds with a charge still refundable
-//! counted as out on lease (see [`refund`](LeasedGcra::refund)). A charge the
-//! central word decided alone holds nothing to give back.
+//! unexpired, never above the lease size — or else, on any thread (a task that moved
+//! threads between its charge and a later rule's denial), to the central word: the
+//! part of the refill's booking the clock has not yet reached, as a plain GCRA
+//! refund gives back, nothing once the clock has passed it or while the central
+//! word is closed. A refunded charge is not an admission, and the bound above holds
+//! with a charge still refundable counted as out on lease (see
+//! [`refund`](LeasedGcra::refund) for both ways back). A charge the central word
+//! decided alone holds nothing to give back.
 //!
 //! # Clocks
 //!
@@ -100,7 +109,12 @@
 //!
 //! # Memory ordering
 //!
-//! Both words publish nothing but themselves: every access is `Relaxed`. The central
+//! Both words publish nothing but themselves: every decision's access is `Relaxed`,
+//! but for a refill's CAS on the central word, `Release`, and a refund's to the
+//! central word, an `Acquire` load and an `AcqRel` CAS: a refund whose CAS lands
+//! after a refill's then reads that refill's note of the central refund ledger as
+//! past, as a cell's refund does (see [`refund`](LeasedGcra::refund), "Back to the
+//! central word"; free on x86, where every locked CAS is a full barrier). The central
 //! word is updated through the crate's one CAS loop (a failed CAS hands back the
 //! current value); a shard word by its one writer's plain store. Units move central →
 //! lease by a CAS on the central word followed by a store to the shard word; between
@@ -131,7 +145,7 @@ use core::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::algorithm::Charged;
-use crate::cell::update_word;
+use crate::cell::{refund_word, update_word, update_word_ordered, RefundLedger};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
@@ -212,6 +226,30 @@ impl Lease {
     fn spend(self, tick: u64, lifetime: u64, cost: u32) -> Option<Lease> {
         let units = self.spendable_units(tick, lifetime);
         (units >= cost).then(|| Lease::new(units - cost, self.expires()))
+    }
+}
+
+/// One shard: its lease word and, for the receipts of the charges spent from it,
+/// where on the central schedule its units were booked. One writer (the thread
+/// owning the shard's index, or a caller holding `&mut`); the lease word comes
+/// first, so a spend addresses it as before.
+struct Shard {
+    lease: Atomic<Lease>,
+    /// The earliest end, on the central schedule, of a refill booking whose units
+    /// the lease may hold (see [`LeasedGcra::refund`], "Back to the central word").
+    booked: AtomicU64,
+    /// The central refund ledger as the refill that made `booked`'s booking noted it
+    /// (before its CAS).
+    noted: AtomicU64,
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            lease: Atomic::new(Lease::default()),
+            booked: AtomicU64::new(0),
+            noted: AtomicU64::new(0),
+        }
     }
 }
 
@@ -533,8 +571,9 @@ impl LeaseBuilder {
             gcra: Gcra::new(self.policy),
             central: CachePadded::new(Atomic::new(GcraState::default())),
             shards: (0..shards)
-                .map(|_| CachePadded::new(Atomic::new(Lease::default())))
+                .map(|_| CachePadded::new(Shard::new()))
                 .collect(),
+            central_refunds: RefundLedger::new(),
             mask: shards - 1,
             lease_size: size,
             lifetime_ticks: ticks,
@@ -554,7 +593,11 @@ impl LeaseBuilder {
 pub struct LeasedGcra<C: Clock = DefaultClock> {
     gcra: Gcra,
     central: CachePadded<Atomic<GcraState>>,
-    shards: Box<[CachePadded<Atomic<Lease>>]>,
+    shards: Box<[CachePadded<Shard>]>,
+    /// What refunds to the central word have given back (see
+    /// [`refund`](LeasedGcra::refund), "Back to the central word"): serialises them,
+    /// and a refill notes it before its CAS.
+    central_refunds: RefundLedger,
     mask: usize,
     lease_size: u32,
     lifetime_ticks: u64,
@@ -656,47 +699,62 @@ impl<C: Clock> LeasedGcra<C> {
     }
 
     /// A decision as `decide`'s, with its receipt: the lease the charge left in
-    /// the calling thread's shard word (its only writer, so the word read after the
-    /// decision is the one the decision stored).
+    /// the calling thread's shard word (its only writer, so the words read after the
+    /// decision are the ones the decision stored), and where that lease's units were
+    /// booked on the central schedule.
+    ///
+    /// The receipt's key is 0 and its generation the shard's number; its charge's
+    /// `before` is the shard's `booked` (the earliest end of a central booking whose
+    /// units the lease may hold), `after` the lease word, and its ledger note the
+    /// shard's `noted` (the central refund ledger as that booking's refill noted
+    /// it): what [`refund`](Self::refund) needs on the shard's lease or, from any
+    /// other thread, on the central word.
     fn charge_on(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> (Decision, Receipt) {
-        let shard = owner_index();
-        let Some(word) = self.shards.get(shard) else {
+        let index = owner_index();
+        let Some(shard) = self.shards.get(index) else {
             let decision = self.decide_central(now, cost);
-            return (decision, Receipt::new::<Lease>(self.owner, 0, 0, None));
+            return (decision, Receipt::new::<u64>(self.owner, 0, 0, None));
         };
-        let before = word.load(Ordering::Relaxed);
-        let decision = self.decide_owned(word, now, nanos, cost);
-        let after = word.load(Ordering::Relaxed);
+        let decision = self.decide_owned(shard, now, nanos, cost);
         // A reading a lease can be dated at is decided on the lease (a spend or a
         // refill); any other on the central word alone (`refill`).
         let leased = self.lease_tick(nanos).is_some();
         let charge = (decision.is_allowed() && cost > 0 && leased).then(|| {
             let charge = Charged {
-                before,
-                after,
+                before: shard.booked.load(Ordering::Relaxed),
+                after: shard.lease.load(Ordering::Relaxed).0,
                 at: Nanos::new(nanos),
                 cost,
             };
-            (charge, 0)
+            (charge, shard.noted.load(Ordering::Relaxed))
         });
-        (decision, Receipt::new(self.owner, shard as u64, 0, charge))
+        (decision, Receipt::new(self.owner, 0, index as u64, charge))
     }
 
-    /// Gives the units of the charge behind `receipt` back to the lease they were
-    /// spent from, if that lease is still the calling thread's shard's and still
-    /// spendable, never taking it above the lease size; returns whether anything
+    /// Gives the units of the charge behind `receipt` back; returns whether anything
     /// came back.
     ///
-    /// Nothing comes back (`false`, conservative: never an admission beyond the
-    /// bound) for a receipt of another limiter, of a charge that took nothing or
-    /// that the central word decided alone, of another shard (a thread that owns
-    /// another index: only a shard's owner writes its word), or whose lease has
-    /// expired or been replaced by a later refill (a refill within the same
-    /// 65.5 µs expiry tick takes the same expiry, and a refund then lands on the
-    /// new lease: still the shard's own units, see below); a receipt is consumed, so
-    /// a charge comes back at most once.
+    /// * **To the lease** they were spent from, when the calling thread owns the
+    ///   charge's shard and that lease is still the shard's and spendable: never
+    ///   above the lease size (a lease refill within the same 65.5 µs expiry tick
+    ///   takes the same expiry, and a refund then lands on the new lease: still the
+    ///   shard's own units, see below).
+    /// * Otherwise **to the central word** — a thread that owns another shard or
+    ///   none (a task that moved threads between its charge and a later rule's
+    ///   denial), or the charging thread once that lease has expired or been
+    ///   replaced, or is full — by the rule a plain GCRA refund follows
+    ///   ([`Algorithm::refund`]): only the part of the
+    ///   booking the clock has not reached comes back (see "Back to the central
+    ///   word"). Nothing once the clock has passed it, nor while the central word is
+    ///   closed (a hot key's demotion sealed it).
     ///
-    /// # The bound with refunds
+    /// Nothing comes back (`false`, conservative: never an admission beyond the
+    /// bound) for a receipt of another limiter (a hot key's later promotion is a new
+    /// limiter), or of a charge that took nothing or that the central word decided
+    /// alone (a thread that owned no shard, a reading no lease can be dated at: it
+    /// is in no lease). A receipt is consumed, so a charge comes back at most once.
+    ///
+    /// # The bound with refunds to the lease
     ///
     /// A refunded charge is not an admission. A unit given back is one this shard
     /// took from the central word and spent; it is spendable again only on this
@@ -707,6 +765,39 @@ impl<C: Clock> LeasedGcra<C> {
     /// instant when no receipt is outstanding — a layer between requests — that is
     /// at most `shards × lease size`, as without refunds.
     ///
+    /// # Back to the central word
+    ///
+    /// A unit spent from a lease and given back to the central word: the lease took
+    /// it from the central word, spent it, and the central word gets it back — as if
+    /// the refill had taken one unit fewer. That history is one the limiter could
+    /// have run (the lease would have held one unit fewer, and every other spend
+    /// still fits), and in it the bound holds as above; so it holds here as long as
+    /// the central word after the refund is no more permissive than that history's.
+    ///
+    /// A refill at reading `r` booked `[s, e)` on the central schedule (`e − s` =
+    /// the units taken × T). Taking `n` units fewer would have booked `[s, e − n·T)`:
+    /// the schedules differ by `n·T` from then on, and that difference shrinks only
+    /// where the smaller schedule fell idle — behind an admission's reading. Every
+    /// later admission (and the refund itself: its reading is taken after it loads
+    /// the central word, and is at least the caller's) reads at most `now`, and the
+    /// real schedule stays at or past `e`, less what other central refunds have
+    /// given back since the refill (at most `shift`, the ledger's growth since the
+    /// refill noted it). So the difference at `now` is at least
+    /// `min(n·T, (e − shift) − now)`: the refund gives back exactly that when it is
+    /// positive — the plain GCRA refund of a charge whose booking was
+    /// `[e − n·T, e)` — and nothing otherwise.
+    ///
+    /// For that the receipt carries `e` and the ledger's note, from the shard at the
+    /// charge. A lease may hold units of earlier bookings (units carried over into a
+    /// refill, a refund into a lease of the same expiry tick): the shard keeps the
+    /// **earliest** end among them and the note of that booking's refill. Judged
+    /// against an earlier end, and with a larger shift, a refund gives back no more
+    /// than against the booking the units came from (conservative; exact when the
+    /// lease's units are all of one booking). Refunds to the central word are
+    /// serialised by the ledger's lock and written with an `AcqRel` CAS; a refill's
+    /// note is read before its `Release` CAS, so a refund that moved a booking is
+    /// never in the booking's note.
+    ///
     /// # Examples
     ///
     /// ```
@@ -715,40 +806,59 @@ impl<C: Clock> LeasedGcra<C> {
     ///
     /// let clock = ManualClock::new();
     /// let leased = LeasedGcra::builder(Policy::per_second(1_000)?.with_burst(100)?)
-    ///     .shards(1)
+    ///     .shards(4)
     ///     .lease_size(10)
     ///     .lifetime(Duration::from_millis(1))
     ///     .build_with_clock(clock.clone())?;
+    /// let (_, receipt) = leased.charge(2); // books 10 units: [0, 10 ms)
+    /// assert_eq!(leased.peek(0).remaining(), 90);
+    /// // On another thread: back to the central word.
+    /// let back = std::thread::scope(|s| s.spawn(|| leased.refund(receipt)).join().unwrap());
+    /// assert!(back);
+    /// assert_eq!(leased.peek(0).remaining(), 92);
+    /// // Once the clock has passed the booking, nothing is the charge's any more.
     /// let (_, receipt) = leased.charge(1);
-    /// clock.advance(Duration::from_millis(2)); // the lease has expired
+    /// clock.advance(Duration::from_millis(20));
     /// assert!(!leased.refund(receipt));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(&self, receipt: Receipt) -> bool {
-        self.refund_on(self.expiry_nanos().1, receipt)
+        let (now, nanos) = self.expiry_nanos();
+        self.refund_on(now, nanos, receipt)
     }
 
     /// [`refund`](Self::refund) at a clock reading the caller has taken from this
     /// limiter's clock.
     pub(crate) fn refund_at(&self, now: Nanos, receipt: Receipt) -> bool {
-        self.refund_on(self.expiry_nanos_at(now), receipt)
+        self.refund_on(Some(now), self.expiry_nanos_at(now), receipt)
     }
 
-    fn refund_on(&self, nanos: u64, receipt: Receipt) -> bool {
-        // A refund takes no owner index: a thread without one owns no shard.
-        let shard = owner_index_if_taken();
-        let Some(word) = self.shards.get(shard) else {
+    /// A refund at the expiry clock's `nanos` (and the limiter clock's `now`, when
+    /// the caller has it): to the lease, else to the central word.
+    fn refund_on(&self, now: Option<Nanos>, nanos: u64, receipt: Receipt) -> bool {
+        let Some(charge) = receipt.charge_for::<u64>(self.owner, 0) else {
             return false;
         };
-        let Some(charge) = receipt.charge_for::<Lease>(self.owner, shard as u64) else {
+        let index = receipt.generation();
+        // A refund takes no owner index: a thread without one owns no shard.
+        if owner_index_if_taken() as u64 == index && self.refund_to_lease(nanos, &charge) {
+            return true;
+        }
+        self.refund_to_central(now, &charge, receipt.noted())
+    }
+
+    /// Puts the charge's units back on the lease they were spent from, if the caller
+    /// owns the charge's shard and that lease is still its and spendable.
+    fn refund_to_lease(&self, nanos: u64, charge: &Charged<u64>) -> bool {
+        let Some(shard) = self.shards.get(owner_index_if_taken()) else {
             return false;
         };
         let Some(tick) = self.lease_tick(nanos) else {
             return false;
         };
-        // The caller owns `shard`: it is the word's only writer.
-        let lease = word.load(Ordering::Relaxed);
-        if lease.expires() != charge.after.expires()
+        // The caller owns the shard: it is the word's only writer.
+        let lease = shard.lease.load(Ordering::Relaxed);
+        if lease.expires() != Lease(charge.after).expires()
             || !lease.is_spendable(tick, self.lifetime_ticks)
         {
             return false;
@@ -760,8 +870,35 @@ impl<C: Clock> LeasedGcra<C> {
         if units <= lease.units() {
             return false;
         }
-        word.store(Lease::new(units, lease.expires()), Ordering::Relaxed);
+        shard
+            .lease
+            .store(Lease::new(units, lease.expires()), Ordering::Relaxed);
         true
+    }
+
+    /// Gives the part of the charge's booking still ahead of the clock back to the
+    /// central word (see [`refund`](Self::refund), "Back to the central word"):
+    /// `charge.before` is the booking's end, `noted` the ledger's note at its refill.
+    #[cold]
+    fn refund_to_central(&self, now: Option<Nanos>, charge: &Charged<u64>, noted: u64) -> bool {
+        let end = charge.before;
+        let span = u64::from(charge.cost).saturating_mul(self.gcra.policy().interval_nanos());
+        let booking = Charged {
+            before: GcraState::from_tat(Nanos::new(end.saturating_sub(span))),
+            after: GcraState::from_tat(Nanos::new(end)),
+            at: Nanos::ZERO,
+            cost: charge.cost,
+        };
+        // The reading is taken after each load of the central word, and is at least
+        // the caller's: every admission the refund sees read no later.
+        let reading = || {
+            let clock = self.clock.now();
+            now.map_or(clock, |now| now.max(clock))
+        };
+        let open = |state: &GcraState| state.tat().as_u64() != u64::MAX;
+        self.central_refunds.refund(noted, |shift| {
+            refund_word(&self.gcra, &*self.central, &booking, shift, reading, open)
+        })
     }
 
     /// What a check of `cost` would decide now (see the [module docs](self), "What a
@@ -836,7 +973,8 @@ impl<C: Clock> LeasedGcra<C> {
             self.shards.get(owner_index_if_taken()),
             self.lease_tick(nanos),
         ) {
-            (Some(word), Some(tick)) => word
+            (Some(shard), Some(tick)) => shard
+                .lease
                 .load(Ordering::Relaxed)
                 .spendable_units(tick, self.lifetime_ticks),
             _ => 0,
@@ -870,10 +1008,12 @@ impl<C: Clock> LeasedGcra<C> {
             .remaining()
             .saturating_add(u64::from(own))
             .min(burst);
-        match decision.retry_after_nanos() {
-            _ if decision.is_allowed() => {
-                Decision::allow(burst, remaining, 1, decision.reset_after_nanos())
-            }
+        if decision.is_allowed() {
+            return Decision::allow(burst, remaining, 1, decision.reset_after_nanos());
+        }
+        // As a refill's denial: the central word's wait for the whole cost.
+        let whole = self.decide_capped(central, now, cost).0;
+        match whole.retry_after_nanos() {
             Some(retry) => Decision::deny(burst, remaining, 1, decision.reset_after_nanos(), retry),
             None => Decision::never(burst, remaining, 1, decision.reset_after_nanos()),
         }
@@ -909,23 +1049,18 @@ impl<C: Clock> LeasedGcra<C> {
     #[inline(always)]
     fn decide(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> Decision {
         match self.shards.get(owner_index()) {
-            Some(word) => self.decide_owned(word, now, nanos, cost),
+            Some(shard) => self.decide_owned(shard, now, nanos, cost),
             None => self.decide_central(now, cost),
         }
     }
 
-    /// A decision on `word`, whose only writer is the caller: the thread owning its
+    /// A decision on `shard`'s lease word, whose only writer is the caller: the thread owning its
     /// index (see [`owner_index`]), or a caller holding `&mut self`. So a spend is a
     /// plain load and store, and no other thread's write can fall between them.
     /// (Other threads only read shard words: `units_on_lease`, `peek_at`.)
     #[inline(always)]
-    fn decide_owned(
-        &self,
-        word: &Atomic<Lease>,
-        now: Option<Nanos>,
-        nanos: u64,
-        cost: u32,
-    ) -> Decision {
+    fn decide_owned(&self, shard: &Shard, now: Option<Nanos>, nanos: u64, cost: u32) -> Decision {
+        let word = &shard.lease;
         // A reading no lease can be dated at (`lease_tick`) takes the slow way, where
         // the central word decides alone and no lease is taken. The spend needs only
         // the origin test: a reading past the dated span holds no lease it could
@@ -948,7 +1083,7 @@ impl<C: Clock> LeasedGcra<C> {
                 );
             }
         }
-        self.refill(word, lease, now, nanos, cost)
+        self.refill(shard, lease, now, nanos, cost)
     }
 
     /// A thread without a shard: the central word decides alone, exactly.
@@ -975,13 +1110,14 @@ impl<C: Clock> LeasedGcra<C> {
         }
     }
 
-    /// The central word's peek and a lease refill of `word` (the slow path; the
-    /// caller is `word`'s only writer and has just read `lease` from it), or, for a
-    /// reading no lease can be dated at, the central word's decision alone.
+    /// The central word's peek and a lease refill of `shard` (the slow path; the
+    /// caller is the shard's only writer and has just read `lease` from its lease
+    /// word), or, for a reading no lease can be dated at, the central word's decision
+    /// alone.
     #[cold]
     fn refill(
         &self,
-        word: &Atomic<Lease>,
+        shard: &Shard,
         lease: Lease,
         now: Option<Nanos>,
         nanos: u64,
@@ -1004,18 +1140,29 @@ impl<C: Clock> LeasedGcra<C> {
         let own = lease.spendable_units(tick, self.lifetime_ticks);
         let need = cost.saturating_sub(own);
         let want = self.lease_size.max(need);
-        let (taken, central) = if need == 0 {
-            (0, None)
+        // Noted before the CAS, which is `Release` so that a central refund whose
+        // CAS lands after it reads this note's past (as a cell's charge: see
+        // `RefundLedger`). Cold path: the spend reads neither.
+        let noted = self.central_refunds.note();
+        let (taken, booked, central) = if need == 0 {
+            (0, 0, None)
         } else {
-            update_word(&*self.central, |state| {
+            update_word_ordered(&*self.central, Ordering::Release, |state| {
                 let available = self.gcra.decide(state, now, 0).0.remaining();
                 if available < u64::from(need) {
-                    return ((0, Some(self.decide_capped(state, now, need).0)), None);
+                    // Denied. The wait shown is for the whole cost, not this
+                    // shard's shortfall: this lease may expire first, and the
+                    // client's retry may be decided on another shard with fewer
+                    // units; after this wait the central word alone holds the cost
+                    // (absent other traffic), so a refill on any shard admits it.
+                    return ((0, 0, Some(self.decide_capped(state, now, cost).0)), None);
                 }
                 let take = u64::from(want).min(available) as u32;
                 match self.decide_capped(state, now, take) {
-                    (decision, None) => ((0, Some(decision)), None),
-                    (decision, next) => ((take, Some(decision)), next),
+                    (decision, None) => ((0, 0, Some(decision)), None),
+                    (decision, Some(next)) => {
+                        ((take, next.tat().as_u64(), Some(decision)), Some(next))
+                    }
                 }
             })
         };
@@ -1035,7 +1182,25 @@ impl<C: Clock> LeasedGcra<C> {
         // guard (a unit dropped is under-admission only).
         let left = (own + taken - cost).min(MAX_LEASE);
         let expires = tick.saturating_add(self.lifetime_ticks);
-        word.store(Lease::new(left, expires), Ordering::Relaxed);
+        if taken > 0 {
+            // Where this booking ends on the central schedule, for the receipts of
+            // charges spent from this lease. A lease that keeps units of an earlier
+            // booking (its own units carried over, or a lease of the same expiry
+            // tick, into which an earlier receipt may still be refunded) keeps the
+            // earliest end and that booking's note: a central refund judged against
+            // it gives back no more than against any booking its units came from.
+            let fresh = own == 0 && lease.expires() != expires;
+            let old = shard.booked.load(Ordering::Relaxed);
+            if fresh || booked < old {
+                shard.booked.store(booked, Ordering::Relaxed);
+            }
+            if fresh {
+                shard.noted.store(noted, Ordering::Relaxed);
+            }
+        }
+        shard
+            .lease
+            .store(Lease::new(left, expires), Ordering::Relaxed);
         let central_remaining = central.map_or(0, |d| d.remaining());
         let reset = central.map_or(self.lifetime_ticks << TICK_SHIFT, |d| d.reset_after_nanos());
         Decision::allow(
@@ -1080,7 +1245,7 @@ impl<C: Clock> LeasedGcra<C> {
         let tick = self.tick(self.expiry_nanos().1);
         self.shards
             .iter()
-            .map(|w| u64::from(w.load(crate::sync::Ordering::Relaxed).valid_units(tick)))
+            .map(|w| u64::from(w.lease.load(Ordering::Relaxed).valid_units(tick)))
             .sum()
     }
 
@@ -1090,7 +1255,7 @@ impl<C: Clock> LeasedGcra<C> {
     pub fn units_held(&self) -> u64 {
         self.shards
             .iter()
-            .map(|w| u64::from(w.load(crate::sync::Ordering::Relaxed).units()))
+            .map(|w| u64::from(w.lease.load(Ordering::Relaxed).units()))
             .sum()
     }
 
@@ -1256,6 +1421,22 @@ mod tests {
         assert_eq!(l.units_on_lease(), 0);
         // A cost above the burst is never admitted.
         assert_eq!(l.check_on(0, 11).retry_after(), None);
+    }
+
+    #[test]
+    fn a_central_refund_on_a_closed_word_gives_nothing() {
+        let l = LeasedGcra::builder(policy(10))
+            .shards(4)
+            .lease_size(4)
+            .build_with_clock(ManualClock::new())
+            .unwrap();
+        let (d, receipt) = l.charge(1);
+        assert!(d.is_allowed() && receipt.is_charged());
+        let schedule = l.close_central();
+        assert_eq!(schedule.tat().as_u64(), 4_000_000, "the lease's 4 units");
+        let back = std::thread::scope(|s| s.spawn(|| l.refund(receipt)).join().unwrap());
+        assert!(!back, "a hot key's demotion sealed the word");
+        assert!(l.is_central_closed());
     }
 
     #[test]

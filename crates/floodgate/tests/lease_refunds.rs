@@ -1,12 +1,12 @@
 //! Receipts and refunds of the leased (hot-key) mode: `LeasedGcra::charge`/`refund`
-//! and `HotKeyLimiter::charge`/`refund`. A refund gives units back only to the lease
+//! and `HotKeyLimiter::charge`/`refund`. A refund gives units back to the lease
 //! they were spent from — the calling thread's shard, that lease (its expiry) still
-//! the shard's and unexpired, never above the lease size — or gives nothing back; a
-//! cold key's refund is the keyed table's. Each attack below (an expired or replaced
-//! lease, another shard, another limiter, a demotion or a new promotion, another
-//! key, a receipt of the other mode) gives nothing back, and on a standing clock
-//! every unit the central word handed out stays admitted (net of refunds), held on a
-//! lease, or in the central word: none is created.
+//! the shard's and unexpired, never above the lease size — or else to the central
+//! word, the part of the booking still ahead of the clock; a cold key's refund is
+//! the keyed table's. Another limiter, a demotion or a new promotion, another key, a
+//! receipt of the other mode, a booking the clock has passed: nothing comes back.
+//! On a standing clock every unit the central word handed out stays admitted (net
+//! of refunds), held on a lease, or in the central word: none is created.
 #![cfg(not(loom))]
 
 use std::sync::{Arc, Barrier};
@@ -51,25 +51,30 @@ fn a_refund_puts_the_units_back_on_their_lease_never_above_the_lease_size() {
     assert_eq!(l.units_on_lease(), 0);
     assert!(l.refund(big));
     assert_eq!(l.units_on_lease(), 10, "capped at the lease size");
-    // A full lease takes nothing more: nothing comes back.
-    assert!(!l.refund(spent));
+    // A full lease takes nothing more: the units go back to the central word (the
+    // clock stands at the booking's start: all of it is still ahead).
+    assert_eq!(l.peek(0).remaining(), 60);
+    assert!(l.refund(spent));
     assert_eq!(l.units_on_lease(), 10);
-    // Conservation on a standing clock: 100 = admitted (net) + held + central.
+    // Conservation on a standing clock: admitted (net) + held + central ≤ 100 (the
+    // 20 units of `big` the capped lease could not take are lost: conservative).
     let central = l.peek(0).remaining();
-    let admitted = 10; // `spent`: every other charge above was refunded
-    assert_eq!((central, l.units_held()), (60, 10));
+    let admitted = 0; // every charge above was refunded
+    assert_eq!((central, l.units_held()), (70, 10));
     assert!(admitted + l.units_held() + central <= 100);
 }
 
 #[test]
-fn nothing_comes_back_to_an_expired_or_replaced_lease() {
+fn an_expired_or_replaced_lease_sends_the_refund_to_the_central_word() {
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
     let l = leased(100, 4, 64, &clock);
-    let (_, stale) = l.charge(1);
+    let (_, stale) = l.charge(1); // books [1 s, 1.004 s) for the lease of 4
     clock.advance(Duration::from_millis(2)); // past the 1 ms lifetime
     let held = l.units_held();
-    assert!(!l.refund(stale), "an expired lease");
+    let central = l.peek(0).remaining();
+    assert!(l.refund(stale), "an expired lease: to the central word");
     assert_eq!(l.units_held(), held, "nothing written to the expired lease");
+    assert_eq!(l.peek(0).remaining(), central + 1);
 
     let (_, old) = l.charge(1); // a new lease of 4
     let (_, rest) = l.charge(3); // spends it out
@@ -77,9 +82,18 @@ fn nothing_comes_back_to_an_expired_or_replaced_lease() {
     let (d, _) = l.charge(1); // refills: a new lease, a later expiry
     assert!(d.is_allowed());
     assert_eq!(l.units_on_lease(), 3);
-    assert!(!l.refund(old), "the lease it was spent from was replaced");
-    assert!(!l.refund(rest));
-    assert_eq!(l.units_on_lease(), 3);
+    let central = l.peek(0).remaining();
+    assert!(
+        l.refund(old),
+        "the lease it was spent from was replaced: to the central word"
+    );
+    assert!(l.refund(rest));
+    assert_eq!(l.units_on_lease(), 3, "the new lease is untouched");
+    assert_eq!(l.peek(0).remaining(), central + 4);
+    // Once the clock has passed the booking, nothing is the charge's any more.
+    let (_, late) = l.charge(1);
+    clock.advance(Duration::from_millis(50));
+    assert!(!l.refund(late));
 }
 
 #[test]
@@ -94,7 +108,7 @@ fn another_limiters_receipt_gives_nothing_back() {
 }
 
 #[test]
-fn another_shards_receipt_gives_nothing_back() {
+fn another_shards_receipt_goes_back_to_the_central_word_not_to_its_lease() {
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
     let l = Arc::new(leased(1_000, 10, 64, &clock));
     let both = Arc::new(Barrier::new(2));
@@ -115,17 +129,18 @@ fn another_shards_receipt_gives_nothing_back() {
             let (_, own) = l.charge(1); // its own lease, same expiry as A's
             assert!(own.is_charged());
             let receipt = from_a.recv().unwrap();
-            let before = l.units_on_lease();
+            let before = (l.units_on_lease(), l.peek(0).remaining());
             let back = l.refund(receipt);
-            let after = l.units_on_lease();
+            let after = (l.units_on_lease(), l.peek(0).remaining());
             both.wait(); // asserted after the wait: a failure never leaves A waiting
             (back, before, after)
         })
     };
     a.join().unwrap();
     let (back, before, after) = b.join().unwrap();
-    assert!(!back, "A's receipt on B's shard");
-    assert_eq!(after, before);
+    assert!(back, "A's receipt on B's shard: to the central word");
+    assert_eq!(after.0, before.0, "B's lease is untouched");
+    assert_eq!(after.1, before.1 + 5, "the central word has A's 5 back");
 }
 
 #[test]

@@ -10,12 +10,30 @@ use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
 /// A limiter of `burst` at 1/s over `shards` shards of leases of `lease` units that
 /// live an hour, on a manual clock standing at 10 s.
 pub fn limiter(burst: u64, lease: u32, shards: usize) -> LeasedGcra<ManualClock> {
-    LeasedGcra::builder(Policy::per_second(1).unwrap().with_burst(burst).unwrap())
-        .shards(shards)
-        .lease_size(lease)
-        .lifetime(Duration::from_secs(3_600))
-        .build_with_clock(ManualClock::starting_at(Nanos::new(10_000_000_000)))
-        .unwrap()
+    let clock = ManualClock::starting_at(Nanos::new(10_000_000_000));
+    limiter_on(&clock, 1, burst, lease, shards)
+}
+
+/// A limiter of `burst` at `per_second`/s over `shards` shards of leases of `lease`
+/// units that live an hour, on `clock`.
+pub fn limiter_on(
+    clock: &ManualClock,
+    per_second: u64,
+    burst: u64,
+    lease: u32,
+    shards: usize,
+) -> LeasedGcra<ManualClock> {
+    LeasedGcra::builder(
+        Policy::per_second(per_second)
+            .unwrap()
+            .with_burst(burst)
+            .unwrap(),
+    )
+    .shards(shards)
+    .lease_size(lease)
+    .lifetime(Duration::from_secs(3_600))
+    .build_with_clock(clock.clone())
+    .unwrap()
 }
 
 /// A quiescent look at a limiter (no decision in flight).
