@@ -827,53 +827,65 @@ impl<C: Clock> LeasedGcra<C> {
         self.refund_on(now, nanos, receipt)
     }
 
-    /// [`refund`](Self::refund) at a clock reading the caller has taken from this
-    /// limiter's clock.
-    pub(crate) fn refund_at(&self, now: Nanos, receipt: Receipt) -> bool {
-        self.refund_on(Some(now), self.expiry_nanos_at(now), receipt)
-    }
-
     /// A refund at the expiry clock's `nanos` (and the limiter clock's `now`, when
     /// the caller has it): to the lease, else to the central word.
     fn refund_on(&self, now: Option<Nanos>, nanos: u64, receipt: Receipt) -> bool {
+        self.refund_unless(now, nanos, receipt, || false)
+    }
+
+    /// [`refund_on`](Self::refund_on), with a lease refund taken back (the lease word
+    /// put back as it was, the answer `false`) when `closed()` reads true once it is
+    /// done: a [`HotKeyLimiter`](crate::HotKeyLimiter) demotion closed the central
+    /// word meanwhile ([`refund_unless_closed_at`](Self::refund_unless_closed_at)).
+    fn refund_unless(
+        &self,
+        now: Option<Nanos>,
+        nanos: u64,
+        receipt: Receipt,
+        closed: impl FnOnce() -> bool,
+    ) -> bool {
         let Some(charge) = receipt.charge_for::<u64>(self.owner, 0) else {
             return false;
         };
         let index = receipt.generation();
         // A refund takes no owner index: a thread without one owns no shard.
-        if owner_index_if_taken() as u64 == index && self.refund_to_lease(nanos, &charge) {
-            return true;
+        if owner_index_if_taken() as u64 == index {
+            if let Some((shard, before)) = self.refund_to_lease(nanos, &charge) {
+                if !closed() {
+                    return true;
+                }
+                // The caller owns the shard: nothing was spent since the store.
+                shard.lease.store(before, Ordering::Relaxed);
+                return false;
+            }
         }
         self.refund_to_central(now, &charge, receipt.noted())
     }
 
     /// Puts the charge's units back on the lease they were spent from, if the caller
     /// owns the charge's shard and that lease is still its and spendable.
-    fn refund_to_lease(&self, nanos: u64, charge: &Charged<u64>) -> bool {
-        let Some(shard) = self.shards.get(owner_index_if_taken()) else {
-            return false;
-        };
-        let Some(tick) = self.lease_tick(nanos) else {
-            return false;
-        };
+    /// Returns the shard and its lease word as it was before, when it did.
+    fn refund_to_lease(&self, nanos: u64, charge: &Charged<u64>) -> Option<(&Shard, Lease)> {
+        let shard: &Shard = self.shards.get(owner_index_if_taken())?;
+        let tick = self.lease_tick(nanos)?;
         // The caller owns the shard: it is the word's only writer.
         let lease = shard.lease.load(Ordering::Relaxed);
         if lease.expires() != Lease(charge.after).expires()
             || !lease.is_spendable(tick, self.lifetime_ticks)
         {
-            return false;
+            return None;
         }
         let units = lease
             .units()
             .saturating_add(charge.cost)
             .min(self.lease_size);
         if units <= lease.units() {
-            return false;
+            return None;
         }
         shard
             .lease
             .store(Lease::new(units, lease.expires()), Ordering::Relaxed);
-        true
+        Some((shard, lease))
     }
 
     /// Gives the part of the charge's booking still ahead of the clock back to the
@@ -1294,24 +1306,21 @@ impl<C: Clock> LeasedGcra<C> {
         self.gcra.policy()
     }
 
-    /// [`refund_at`](Self::refund_at) for a limiter whose central word a
+    /// [`refund`](Self::refund) at a reading `now` of the limiter's clock, for a
+    /// limiter whose central word a
     /// [`HotKeyLimiter`](crate::HotKeyLimiter) demotion may close meanwhile: if the
-    /// word reads closed once the refund is done, the units are taken back off the
-    /// calling thread's lease (its only writer, so nothing was spent in between)
-    /// and the answer is `false`: the demotion counted them spent, and no check may
-    /// spend them now. The closed word is final, so a refund that reads it open
-    /// came back before the close, and its units are the lease's like any others.
+    /// word reads closed once a refund **to the lease** is done, the units are taken
+    /// back off the calling thread's lease (its only writer, so nothing was spent in
+    /// between) and the answer is `false`: the demotion counted them spent, and no
+    /// check may spend them now. The closed word is final, so a refund that reads it
+    /// open came back before the close, and its units are the lease's like any
+    /// others. A refund **to the central word** needs no such step: its CAS fails on
+    /// a closed word (nothing given back, `false`), and one that lands before the
+    /// close is in the schedule the demotion hands to the table (`true`).
     pub(crate) fn refund_unless_closed_at(&self, now: Nanos, receipt: Receipt) -> bool {
-        let own = self.shards.get(owner_index_if_taken());
-        let before = own.map(|word| word.load(Ordering::Relaxed));
-        let given = self.refund_at(now, receipt);
-        if !given || !self.is_central_closed() {
-            return given;
-        }
-        if let (Some(word), Some(before)) = (own, before) {
-            word.store(before, Ordering::Relaxed);
-        }
-        false
+        self.refund_unless(Some(now), self.expiry_nanos_at(now), receipt, || {
+            self.is_central_closed()
+        })
     }
 }
 

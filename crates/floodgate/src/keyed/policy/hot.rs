@@ -61,12 +61,14 @@
 //! while they are valid). The hot-key mode is the one mode exempt from exact
 //! admission. [`charge`](HotKeyLimiter::charge) and
 //! [`refund`](HotKeyLimiter::refund) are offered: a cold key's are the keyed
-//! table's (exact); a hot key's give units back only to the lease they were spent
-//! from, while it is unexpired, never above the lease size (see
-//! [`LeasedGcra::refund`]), so the bound holds with a charge still refundable
-//! counted as out on lease. A hot refund that a demotion overtakes (its units
-//! land on the lease after the demotion closed its central word and counted
-//! them spent) takes them back off the lease and answers `false`.
+//! table's (exact); a hot key's are its lease limiter's: back to the lease the
+//! units were spent from (on the charging thread, while it is unexpired, never above
+//! the lease size), else the part of the charge's booking still ahead of the clock
+//! back to the central word (see [`LeasedGcra::refund`]), so the bound holds with a
+//! charge still refundable counted as out on lease. A hot refund that a demotion
+//! overtakes (its units land on the lease after the demotion closed its central
+//! word and counted them spent) takes them back off the lease and answers `false`;
+//! a refund to the central word gives nothing once the word is closed.
 //!
 //! # Detection
 //!
@@ -832,11 +834,12 @@ where
     ///   and so is the refund: the part of the booking still ahead of the clock.
     /// * A receipt of a hot charge: [`LeasedGcra::refund`] on the key's lease
     ///   limiter — back to the lease the units were spent from, on the calling
-    ///   thread's shard, while that lease is unexpired, never above the lease size
-    ///   — while the key is still hot under the same promotion. Nothing after a
+    ///   thread's shard, while that lease is unexpired, never above the lease size;
+    ///   else (another thread, an expired or replaced lease) the part of the
+    ///   charge's booking still ahead of the clock back to the central word —
+    ///   while the key is still hot under the same promotion. Nothing after a
     ///   demotion (its schedule, every leased unit in it, went back to the table)
-    ///   or a later promotion (a new lease limiter), from another thread's shard,
-    ///   or for another key. A refund a demotion overtakes — it found the key hot,
+    ///   or a later promotion (a new lease limiter), or for another key. A refund a demotion overtakes — it found the key hot,
     ///   and its units reach the lease after the demotion closed the lease
     ///   limiter's central word, which counted them spent — takes them back off
     ///   the lease (no check spends them) and answers `false`. `true` means the
