@@ -39,13 +39,11 @@ use crate::limiter::RateLimiter;
 /// ([`LeasedGcra::peek`], [`HotKeyLimiter::peek`]), decision for decision: it
 /// allows what `check_n` would on the calling thread's shard, and a denial, a cost
 /// of 0 (the central word's report) and a cost above the burst report as
-/// `check_n`'s. An allowed `remaining` is this thread's lease units plus what the
-/// central word keeps after the part of the cost the lease does not cover, where
-/// `check_n` reports its own view: a lease spend only the lease's units left, a
-/// refill its lease units plus the central word's after the refill. So an allowed
-/// peek's `remaining` exceeds the refill's by the lease units the cost would use:
-/// a peek is answered from the lease as it stands, the check's view depends on
-/// which path it takes. (A cost-0 `peek_n` is the central word's report alone;
+/// `check_n`'s. An allowed `remaining` is what the check would leave this thread:
+/// its lease units less the cost, plus what the central word keeps after the part
+/// of the cost the lease does not cover — a refill's view, which `check_n` reports
+/// when it refills; a lease spend reports only the lease's units left (fast: no
+/// shared read). (A cost-0 `peek_n` is the central word's report alone;
 /// [`LeasedGcra::report`] and [`HotKeyLimiter::report`] add this thread's lease.)
 ///
 /// # Examples

@@ -1016,9 +1016,17 @@ impl<C: Clock> LeasedGcra<C> {
         }
         let short = cost.saturating_sub(own);
         let decision = self.decide_capped(central, now, short).0;
+        // Allowed: what the check would leave (the central word's after the units
+        // it is short of, and this lease's after the units it spends); denied: what
+        // is there now (a denial takes nothing).
+        let left_on_lease = if decision.is_allowed() {
+            own.saturating_sub(cost)
+        } else {
+            own
+        };
         let remaining = decision
             .remaining()
-            .saturating_add(u64::from(own))
+            .saturating_add(u64::from(left_on_lease))
             .min(burst);
         if decision.is_allowed() {
             return Decision::allow(burst, remaining, 1, decision.reset_after_nanos());

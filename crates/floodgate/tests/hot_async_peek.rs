@@ -92,13 +92,13 @@ fn peek_n_is_the_sync_peek_on_the_hot_key_modes() {
     }
 }
 
-/// A hot peek's `remaining` is this thread's lease units plus what the central word
-/// keeps after the cost's shortfall (the units the lease does not cover), at most
-/// the burst: what the thread holds, less the shortfall. A check reports its own
-/// view: a lease spend only its lease's units left, a refill its lease's units
-/// plus the central word's after the refill (the peek's less the lease units the
-/// cost used). Exact values, the clock standing still, for `LeasedGcra::peek`, a
-/// hot key's `peek` and both through `peek_n`.
+/// A hot peek's allowed `remaining` is what the check would leave this thread: its
+/// lease units less the cost, plus what the central word keeps after the cost's
+/// shortfall (the units the lease does not cover), at most the burst — a refill's
+/// view. A check reports its own view: a lease spend only its lease's units left, a
+/// refill its lease's units plus the central word's after the refill (the peek's).
+/// Exact values, the clock standing still, for `LeasedGcra::peek`, a hot key's
+/// `peek` and both through `peek_n`.
 #[test]
 fn a_hot_peeks_remaining_is_the_lease_plus_what_the_central_word_keeps() {
     let clock = ManualClock::starting_at(Nanos::from_secs(1));
@@ -116,14 +116,15 @@ fn a_hot_peeks_remaining_is_the_lease_plus_what_the_central_word_keeps() {
         let remaining = |d: Decision| (d.is_allowed(), d.remaining());
         // A refill: leases 4, spends 1; 3 on the lease, 6 in the central word.
         assert_eq!(remaining(check(1)), (true, 9), "{name}");
-        // The lease covers 1: 3 + 6, where the check (a spend) shows its lease's 2.
-        assert_eq!(remaining(peek(1)), (true, 9), "{name}");
-        assert_eq!(remaining(peek_n(1)), (true, 9), "{name}");
+        // The lease covers 1: (3 − 1) + 6, where the check (a spend) shows its
+        // lease's 2.
+        assert_eq!(remaining(peek(1)), (true, 8), "{name}");
+        assert_eq!(remaining(peek_n(1)), (true, 8), "{name}");
         assert_eq!(remaining(check(1)), (true, 2), "{name}");
-        // 5 with 2 on the lease: 2 + (6 − 3), where the check (a refill taking 4)
-        // shows 1 on the lease + 2 in the central word.
-        assert_eq!(remaining(peek(5)), (true, 5), "{name}");
-        assert_eq!(remaining(peek_n(5)), (true, 5), "{name}");
+        // 5 with 2 on the lease: 0 + (6 − 3), as the check (a refill taking 4)
+        // shows: 1 on the lease + 2 in the central word.
+        assert_eq!(remaining(peek(5)), (true, 3), "{name}");
+        assert_eq!(remaining(peek_n(5)), (true, 3), "{name}");
         assert_eq!(remaining(check(5)), (true, 3), "{name}");
         // Denied, nothing written: the peek's and the check's reports are equal.
         assert_eq!(peek(4), check(4), "{name}");

@@ -885,10 +885,10 @@ where
 
     /// What a check of `cost` would decide now, writing nothing; for a hot key, this
     /// thread's lease and the key's central word ([`LeasedGcra::peek`]: allowed
-    /// as the check would be; `remaining` this thread's lease units plus what the
-    /// central word keeps after the part of the cost the lease does not cover, where
-    /// the check itself reports a lease spend's units left, or a refill's lease
-    /// units plus the central word's after it). [`AsyncLimit::peek_n`] answers this.
+    /// as the check would be; an allowed `remaining` what the check would leave this
+    /// thread: its lease units less the cost plus what the central word keeps after
+    /// the part of the cost the lease does not cover — a refill's view, where a lease
+    /// spend reports only its lease's units left). [`AsyncLimit::peek_n`] answers this.
     ///
     /// [`AsyncLimit::peek_n`]: crate::AsyncLimit::peek_n
     ///
