@@ -133,8 +133,8 @@ pub(crate) struct ReplayArgs {
     /// `floodgate:replay:<pid>-<nanoseconds since the epoch>:`, so runs never share
     /// state; give one to continue a run's keys (the run names its prefix on stderr).
     /// The replay's keys keep no TTL: delete them when done. Refused: an empty
-    /// prefix and floodgate-redis's default `floodgate:`, where live limiters keep
-    /// their state.
+    /// prefix, and floodgate-redis's default `floodgate:` or a prefix inside it
+    /// (where live limiters keep their state) other than `floodgate:replay:…`.
     #[cfg(feature = "redis")]
     #[arg(long, value_name = "P", requires = "redis", value_parser = parse_redis_prefix)]
     pub(crate) prefix: Option<String>,
@@ -234,14 +234,24 @@ fn parse_repeats(text: &str) -> Result<NonZeroUsize, String> {
     Ok(repeats)
 }
 
-/// `--prefix`: not one that shares its keys with live data.
+/// `--prefix`: not one that shares its keys with live data: not empty, and not
+/// floodgate-redis's default `floodgate:` nor inside it (a live limiter there keeps
+/// `floodgate:` + its key, so `floodgate:user:` + `42` is the live key `user:42`'s),
+/// except under `floodgate:replay:`, where the replay's fresh prefixes live.
 #[cfg(feature = "redis")]
 fn parse_redis_prefix(text: &str) -> Result<String, String> {
+    const LIVE: &str = "floodgate:";
     let why = match text {
-        "" => "an empty prefix writes the replay's keys among the database's other keys",
-        "floodgate:" => {
+        "" => "an empty prefix writes the replay's keys among the database's other keys".to_owned(),
+        LIVE => {
             "`floodgate:` is floodgate-redis's default prefix, where live limiters keep their state"
+                .to_owned()
         }
+        _ if text.starts_with(LIVE) && !text.starts_with("floodgate:replay:") => format!(
+            "{text:?} is inside floodgate-redis's default prefix `floodgate:`, where live \
+             limiters keep their state as `floodgate:` + their key: this prefix and a replayed \
+             key can spell one of those keys"
+        ),
         _ => return Ok(text.to_owned()),
     };
     Err(format!(
@@ -325,6 +335,27 @@ mod tests {
     #[test]
     fn arguments_are_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// `--prefix floodgate:user:` over a trace keyed `42` wrote `floodgate:user:42`,
+    /// the very key a live floodgate-redis limiter on its default prefix keeps for
+    /// the key `user:42`: only the exact `floodgate:` was refused, not a prefix
+    /// inside that namespace. Refused now, except under `floodgate:replay:`, where
+    /// the replay's own fresh prefixes live.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_prefix_inside_the_live_namespace_is_refused() {
+        for inside in ["floodgate:user:", "floodgate:1", "floodgate:api:per-key:"] {
+            let err = parse_redis_prefix(inside).unwrap_err();
+            assert!(
+                err.contains("inside floodgate-redis's default prefix `floodgate:`"),
+                "{inside}: {err}"
+            );
+            assert!(err.contains("floodgate:replay:"), "{inside}: {err}");
+        }
+        for own in ["floodgate:replay:mine:", "replay:", "floodgate", "x"] {
+            assert_eq!(parse_redis_prefix(own).as_deref(), Ok(own));
+        }
     }
 
     #[test]

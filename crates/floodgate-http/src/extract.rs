@@ -194,7 +194,8 @@ pub fn default_peer_lookup(ext: &Extensions) -> Option<IpAddr> {
 /// storage (`build_inline`) an `IpAddr` key keeps an IPv6 address's /64 prefix
 /// ([`InlineKey`](floodgate::InlineKey) for `IpAddr`), so IPv6 clients share a key
 /// per /64 **whatever the grouping**: the default /64 and any coarser grouping are
-/// kept as they are, a finer one (a `/v6` over 64, up to /128) is one bucket per /64.
+/// kept as they are (down to /0: the IPv4 and IPv6 groups stay apart, as on the
+/// heap), a finer one (a `/v6` over 64, up to /128) is one bucket per /64.
 /// For a grouping finer than /64, keep `IpAddr` keys on heap or fingerprint storage.
 ///
 /// ```
@@ -209,6 +210,9 @@ pub fn default_peer_lookup(ext: &Extensions) -> Option<IpAddr> {
 /// let (a, b) = (g.group(ip("2001:db8::1")), g.group(ip("2001:db8::2")));
 /// assert_ne!(a, b); // two hosts: two keys
 /// assert_eq!(a.to_bits(), b.to_bits()); // one /64: one inline key
+/// let g = IpGrouping::default().v4_prefix(0)?.v6_prefix(0)?;
+/// let (v4, v6) = (g.group(ip("192.0.2.7")), g.group(ip("2001:db8::1")));
+/// assert_ne!(v4.to_bits(), v6.to_bits()); // all IPv4, all IPv6: two inline keys
 /// # Ok::<(), floodgate_http::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

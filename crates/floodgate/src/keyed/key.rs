@@ -160,21 +160,26 @@ impl InlineKey for Ipv4Addr {
     }
 }
 
+/// The top 32 bits of an IPv4 address's [`IpAddr`] encoding: the /32 `ffff:ffff::`,
+/// inside IPv6 multicast (`ff00::/8`), which no client connects from.
+const V4_IN_MULTICAST: u64 = 0xffff_ffff << 32;
+
 /// An IP address from a dual-stack socket: IPv4 exactly, IPv6 by its /64 prefix.
 ///
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is the IPv4 address
 /// ([`IpAddr::to_canonical`]), so IPv4 clients on a dual-stack socket keep their own
 /// keys. An IPv6 address is its /64 prefix (its top 64 bits: one host usually holds a
 /// whole /64, and adjacent /64s are often other customers'), an IPv4 address its 32
-/// bits — the /64 prefix `0:0:a.b:c.d::` it would have inside `::/32`. So the
-/// encoding tells the two families apart for every address a client can connect
-/// from: only IPv6 addresses inside `::/32` share keys with IPv4 ones (`::/32` lies
-/// in `::/8`, reserved by the IETF: the unspecified `::`, the loopback `::1`, the
-/// deprecated IPv4-compatible `::a.b.c.d`, whose /64 prefix is `::` like the
-/// loopback's, so they all share the key of `0.0.0.0`, itself never a source
-/// address). No 64-bit encoding can hold every IPv4 address and every /64 apart;
-/// this one gives the addresses no client can have to the collision. Key an
-/// IPv6-only listener on [`Ipv6Prefix`] for another prefix length (at most 64 bits).
+/// bits under the top 32 bits all set — the /64 prefix `ffff:ffff:a.b:c.d::` it
+/// would have inside `ffff:ffff::/32`. So only IPv6 addresses inside
+/// `ffff:ffff::/32` share keys with IPv4 ones: multicast addresses (`ff00::/8`),
+/// which are never a packet's source, so no client connects from one. No 64-bit
+/// encoding can hold every IPv4 address and every /64 apart; this one gives the
+/// collision to addresses no client has and no grouping yields: the unspecified
+/// `::` and `0.0.0.0` (a fallback key), the loopback `::1`, and the group address
+/// of a coarse IPv6 grouping (`::` for /0: a prefix under /32 clears the last of
+/// the top 32 bits) are keys apart from every IPv4 address's. Key an IPv6-only
+/// listener on [`Ipv6Prefix`] for another prefix length (at most 64 bits).
 ///
 /// # Examples
 ///
@@ -190,13 +195,15 @@ impl InlineKey for Ipv4Addr {
 /// assert_eq!(a.to_bits(), b.to_bits()); // one /64: one key
 /// assert_ne!(a.to_bits(), next.to_bits()); // the adjacent /64: another
 /// assert_ne!(a.to_bits(), v4.to_bits());
+/// let (any_v4, any_v6): (IpAddr, IpAddr) = ("0.0.0.0".parse()?, "::".parse()?);
+/// assert_ne!(any_v4.to_bits(), any_v6.to_bits()); // two keys, as on the heap
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 impl InlineKey for IpAddr {
     #[inline(always)]
     fn to_bits(&self) -> u64 {
         match self.to_canonical() {
-            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V4(v4) => V4_IN_MULTICAST | u64::from(u32::from(v4)),
             IpAddr::V6(v6) => (u128::from(v6) >> 64) as u64,
         }
     }
@@ -319,30 +326,42 @@ mod tests {
     }
 
     #[test]
-    fn ip_encoding_tells_the_families_apart_outside_the_reserved_range() {
-        // IPv4: the 32 bits, exactly.
+    fn ip_encoding_tells_the_families_apart_outside_multicast() {
+        // IPv4: the 32 bits, exactly, under the top 32 bits all set.
         for v4 in ["0.0.0.0", "255.255.255.255", "10.0.0.1", "192.0.2.7"] {
-            assert_eq!(ip(v4).to_bits() >> 32, 0, "{v4}");
+            assert_eq!(ip(v4).to_bits() >> 32, 0xffff_ffff, "{v4}");
+            assert_eq!(
+                ip(v4).to_bits() as u32,
+                u32::from(v4.parse::<Ipv4Addr>().unwrap())
+            );
         }
-        // IPv6 outside `::/32` (every address a client can connect from): the top
-        // 32 bits of its encoding are not all zero, so it is no IPv4 address's.
+        // IPv6 outside `ffff:ffff::/32` (every address a client can connect from,
+        // and every group address of a grouping under /32): the top 32 bits of its
+        // encoding are not all set, so it is no IPv4 address's.
         for v6 in [
             "2001:db8::1",
-            "ffff:ffff::1",
+            "ff02::1",
             "fe80::1",
             "fc00::1",
             "64:ff9b::c000:207",
             "0:1::1",
+            "::",
+            "::1",
+            "::a00:1",
+            "::ffff:0:a00:1",
         ] {
-            assert_ne!(ip(v6).to_bits() >> 32, 0, "{v6}");
+            assert_ne!(ip(v6).to_bits() >> 32, 0xffff_ffff, "{v6}");
         }
-        // NAT64's embedding of 192.0.2.7 is another key than 192.0.2.7 itself.
+        // NAT64's embedding of 192.0.2.7 is another key than 192.0.2.7 itself, and
+        // the unspecified, loopback and IPv4-compatible addresses (one /64, `::`)
+        // are no IPv4 address's key, `0.0.0.0`'s included.
         assert_ne!(ip("64:ff9b::c000:207").to_bits(), ip("192.0.2.7").to_bits());
-        // Inside `::/32` (reserved): the unspecified, the loopback and the
-        // IPv4-compatible addresses share the /64 `::`, the key of 0.0.0.0.
         for v6 in ["::", "::1", "::a00:1"] {
-            assert_eq!(ip(v6).to_bits(), ip("0.0.0.0").to_bits(), "{v6}");
+            assert_eq!(ip(v6).to_bits(), 0, "{v6}");
+            assert_ne!(ip(v6).to_bits(), ip("0.0.0.0").to_bits(), "{v6}");
         }
+        // Inside `ffff:ffff::/32` (multicast, never a source): the collision.
+        assert_eq!(ip("ffff:ffff:a00:1::").to_bits(), ip("10.0.0.1").to_bits());
         // Distinct IPv4 addresses, distinct /64s: distinct keys.
         assert_ne!(ip("10.0.0.1").to_bits(), ip("10.0.0.2").to_bits());
         assert_ne!(ip("2001:db8::").to_bits(), ip("2001:db8:0:1::").to_bits());
@@ -351,7 +370,8 @@ mod tests {
 
     #[test]
     fn distinct_ipv4_addresses_and_ipv6_networks_never_share_a_key() {
-        // splitmix64: pseudo-random IPv4 addresses and IPv6 /64s outside `::/32`.
+        // splitmix64: pseudo-random IPv4 addresses and IPv6 /64s outside
+        // `ffff:ffff::/32`.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -360,19 +380,26 @@ mod tests {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^ (z >> 31)
         };
-        // Each round: a /64 outside `::/32`, a host in it and one in the adjacent
-        // /64, and the IPv4 addresses that are the /64's own halves — the likeliest
-        // collisions of a 64-bit encoding.
+        // Each round: a /64 outside `ffff:ffff::/32`, a host in it and one in the
+        // adjacent /64, the /64 of its low half inside `::/32` (the loopback's
+        // range), and the IPv4 addresses that are the /64's own halves — the
+        // likeliest collisions of a 64-bit encoding.
         let mut seen = std::collections::HashMap::new();
         for _ in 0..20_000 {
-            let net = next() | (1 << 40); // top 32 bits never all zero
-            let host = next() | 1;
+            let net = next();
+            if net >> 32 == 0xffff_ffff {
+                continue;
+            }
+            // Bit 63 of the host set: never an IPv4-mapped address.
+            let host = next() | (1 << 63);
             let v6 =
                 |net: u64| IpAddr::V6(Ipv6Addr::from((u128::from(net) << 64) | u128::from(host)));
             let v4 = |bits: u64| IpAddr::V4(Ipv4Addr::from(bits as u32));
+            let low = net & 0xffff_ffff;
             let clients = [
                 (v6(net), (1u128 << 64) | u128::from(net)),
                 (v6(net ^ 1), (1u128 << 64) | u128::from(net ^ 1)),
+                (v6(low), (1u128 << 64) | u128::from(low)),
                 (v4(net >> 32), u128::from(net >> 32)),
                 (v4(net), u128::from(net as u32)),
             ];
@@ -389,7 +416,7 @@ mod tests {
         assert_eq!(ip("::ffff:192.0.2.7").to_bits(), ip("192.0.2.7").to_bits());
         assert_eq!(
             IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)).to_bits(),
-            u64::from(u32::from(Ipv4Addr::new(192, 0, 2, 7)))
+            V4_IN_MULTICAST | u64::from(u32::from(Ipv4Addr::new(192, 0, 2, 7)))
         );
     }
 
