@@ -13,7 +13,7 @@
 mod loom_keyed_models;
 mod loom_seen;
 
-use loom_seen::Seen;
+use loom_seen::{Seen, Span, PLACEMENTS};
 
 use std::sync::Arc;
 
@@ -73,6 +73,8 @@ fn a_key_moved_by_backward_shift_keeps_every_charge() {
     // LOOM_MAX_PREEMPTIONS says (CI's 4 is more).
     let mut model = loom::model::Builder::new();
     model.preemption_bound = Some(model.preemption_bound.map_or(3, |b| b.max(3)));
+    let seen = Seen::new(PLACEMENTS);
+    let s = seen.clone();
     model.check(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let gcra = Gcra::new(Policy::per_second(1).unwrap().with_burst(2).unwrap());
@@ -88,17 +90,26 @@ fn a_key_moved_by_backward_shift_keeps_every_charge() {
         assert!(keyed.check_n_at(&1, Nanos::new(0), 1).is_allowed());
         assert!(keyed.check_n_at(&two, Nanos::from_secs(1), 1).is_allowed());
         let other = Arc::clone(&keyed);
+        let span = Arc::new(Span::default());
+        let marks = Arc::clone(&span);
         let t = loom::thread::spawn(move || {
-            other.check_n_at(&two, Nanos::from_secs(1), 1).is_allowed()
+            let before = marks.mark();
+            let allowed = other.check_n_at(&two, Nanos::from_secs(1), 1).is_allowed();
+            (allowed, Span::placement(before, marks.mark()))
         });
         // Reclaims key 1 (idle), shifting whatever follows it.
+        span.begin();
         let reclaimed = keyed.reclaim_idle();
-        assert!(t.join().unwrap(), "burst 2: the second charge admits");
+        span.end();
+        let (allowed, placement) = t.join().unwrap();
+        assert!(allowed, "burst 2: the second charge admits");
+        s.saw(placement);
         assert_eq!(reclaimed, 1);
         // Both charges of `two` stand: a third is denied at 1 s.
         assert!(!keyed.peek_at(&two, Nanos::from_secs(1), 1).is_allowed());
         assert_eq!(keyed.metrics().live_keys, 1);
     });
+    seen.assert_each("a_key_moved_by_backward_shift_keeps_every_charge");
 }
 
 #[test]

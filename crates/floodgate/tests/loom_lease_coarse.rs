@@ -24,11 +24,13 @@
 use std::time::Duration;
 
 mod lease_ledger;
+mod loom_seen;
 
 use floodgate::lease::{CoarseClock, Expiry};
 use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
 use lease_ledger::{admitted_on_threads, assert_accounted, look};
 use loom::sync::Arc;
+use loom_seen::Kinds;
 
 /// One unit a second.
 const T: u64 = 1_000_000_000;
@@ -52,6 +54,11 @@ struct Model {
     refill_moves: u64,
     /// The costs thread 1 and thread 2 decide, in order.
     costs: [&'static [u32]; 2],
+    /// How many distinct ends (admitted, and the look at `b`) loom's executions reach
+    /// at CI's bound (`LOOM_MAX_PREEMPTIONS=4`): each tells apart orders of the
+    /// threads' refills, spends and readings against the upkeep, and fewer mean loom
+    /// ran fewer orders.
+    ends: usize,
 }
 
 /// The models' common ground: thread 1's lease of 2, taken at tick 0 with one unit
@@ -66,9 +73,12 @@ const BASE: Model = Model {
     upkeep: &[LIFETIME_TICKS],
     refill_moves: 0,
     costs: [&[1, 1], &[1]],
+    ends: 2,
 };
 
-fn run(m: &'static Model) {
+fn run(name: &str, m: &'static Model) {
+    let ends = Kinds::default();
+    let seen = ends.clone();
     loom::model(move || {
         let coarse = CoarseClock::new();
         let refill = ManualClock::starting_at(Nanos::new(10 * T));
@@ -102,7 +112,9 @@ fn run(m: &'static Model) {
         let mut lim = Arc::try_unwrap(lim).expect("the threads have exited");
         let b = look(&mut lim);
         assert_accounted(&lim, (a, b), admitted, m.refill_moves, a.on_lease, "[a, b]");
+        seen.saw((admitted, b));
     });
+    ends.assert_at_least(name, m.ends);
 }
 
 /// Thread 1's lease has expired at `a` (held, not on lease); the upkeep moves on
@@ -112,9 +124,13 @@ fn an_expired_lease_is_never_spent_whatever_tick_a_thread_reads() {
     static M: Model = Model {
         tick_at_a: LIFETIME_TICKS,
         upkeep: &[LIFETIME_TICKS + 1],
+        ends: 2,
         ..BASE
     };
-    run(&M);
+    run(
+        "an_expired_lease_is_never_spent_whatever_tick_a_thread_reads",
+        &M,
+    );
 }
 
 /// Thread 1's lease is in its last tick at `a`; the upkeep expires it while thread 1
@@ -125,9 +141,10 @@ fn a_lease_expiring_while_its_owner_spends_it() {
     static M: Model = Model {
         burst: 4,
         costs: [&[1, 1], &[1, 1]],
+        ends: 4,
         ..BASE
     };
-    run(&M);
+    run("a_lease_expiring_while_its_owner_spends_it", &M);
 }
 
 /// The refill clock moves one T while the upkeep expires thread 1's lease: each
@@ -138,9 +155,10 @@ fn expiry_racing_a_refill_across_a_moving_refill_clock() {
     static M: Model = Model {
         pre_lease: Some(2),
         refill_moves: 1,
+        ends: 3,
         ..BASE
     };
-    run(&M);
+    run("expiry_racing_a_refill_across_a_moving_refill_clock", &M);
 }
 
 /// A cost above what thread 1's lease holds counts its own units first, at whichever
@@ -150,9 +168,13 @@ fn a_cost_above_the_lease_counts_own_units_at_the_reading_it_sees() {
     static M: Model = Model {
         burst: 4,
         costs: [&[2], &[1, 1]],
+        ends: 3,
         ..BASE
     };
-    run(&M);
+    run(
+        "a_cost_above_the_lease_counts_own_units_at_the_reading_it_sees",
+        &M,
+    );
 }
 
 /// With two shards, thread 2 (index 2) decides on the central word alone at the
@@ -163,7 +185,8 @@ fn a_thread_past_the_shard_count_beside_a_coarse_owner() {
         shards: 2,
         refill_moves: 1,
         costs: [&[1, 1], &[1, 1]],
+        ends: 7,
         ..BASE
     };
-    run(&M);
+    run("a_thread_past_the_shard_count_beside_a_coarse_owner", &M);
 }

@@ -168,14 +168,22 @@ fn another_keys_refund_takes_nothing_fingerprint() {
 /// that no longer holds that refund taken as if it did), it would give back a unit
 /// the clock had already used, and A would admit more than its kept charge alone
 /// allows.
-fn a_refund_racing_a_charge_note<St: Storage<u64, GcraState> + 'static>(between: u64) {
+fn a_refund_racing_a_charge_note<St: Storage<u64, GcraState> + 'static>(model: &str, between: u64) {
     const BURST: u64 = 2;
+    let seen = Seen::new(&[
+        "second's note and CAS before first's refund",
+        "second's note before first's refund, its CAS after",
+        "second's note and CAS after first's refund",
+        "second's note after first's refund, its CAS before",
+    ]);
+    let s = seen.clone();
     loom::model(move || {
         let a = 1u64;
         let clock = ManualClock::starting_at(T0);
         let keyed = one_shard::<St>(BURST, 4 + between as usize, &clock);
         let (decision, first) = keyed.charge(&a, 1);
         assert!(decision.is_allowed());
+        let first_noted = noted(&first);
         // The charge on the spawned thread: the order that matters (its CAS, then
         // the whole refund, then anything it reads after its CAS) is then two
         // preemptions away; with the refund spawned it took three (past the bound
@@ -187,6 +195,16 @@ fn a_refund_racing_a_charge_note<St: Storage<u64, GcraState> + 'static>(between:
         assert!(keyed.refund(&a, first), "first's refund follows it at once");
         let (decision, second) = charger.join().unwrap();
         assert!(decision.is_allowed(), "the burst holds both");
+        // Before first's refund, second's note is first's and its CAS took A's last
+        // unit; after it, the note counts the refund and a unit was left.
+        let note_before = noted(&second) == first_noted;
+        let cas_before = decision.remaining() == 0;
+        s.saw(match (note_before, cas_before) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, false) => 2,
+            (false, true) => 3,
+        });
         for other in 100..100 + between {
             let (decision, receipt) = keyed.charge(&other, 1);
             assert!(decision.is_allowed());
@@ -207,34 +225,57 @@ fn a_refund_racing_a_charge_note<St: Storage<u64, GcraState> + 'static>(between:
         );
         assert_eq!(more, bound, "nothing else was charged");
     });
+    // The last cannot happen: the note is read before the charge's CAS, and the
+    // refund moves the ledger after its own CAS.
+    seen.assert_each_of(model, &[0, 1, 2]);
+}
+
+/// The refund ledger as `receipt`'s charge noted it (its `Debug` shows the private
+/// field; a model tells with it whether a racing refund came before the note).
+fn noted(receipt: &floodgate::Receipt) -> u64 {
+    let shown = format!("{receipt:?}");
+    shown
+        .split_once("noted: ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or_else(|| panic!("a receipt's Debug shows what it noted: {shown}"))
 }
 
 #[test]
 fn a_refund_racing_a_charge_note_heap() {
-    a_refund_racing_a_charge_note::<Heap>(0);
+    a_refund_racing_a_charge_note::<Heap>("a_refund_racing_a_charge_note_heap", 0);
 }
 
 #[test]
 fn a_refund_racing_a_charge_note_inline() {
-    a_refund_racing_a_charge_note::<Inline>(0);
+    a_refund_racing_a_charge_note::<Inline>("a_refund_racing_a_charge_note_inline", 0);
 }
 
 #[test]
 fn a_refund_racing_a_charge_note_fingerprint() {
-    a_refund_racing_a_charge_note::<Fingerprint>(0);
+    a_refund_racing_a_charge_note::<Fingerprint>("a_refund_racing_a_charge_note_fingerprint", 0);
 }
 
 #[test]
 fn a_record_overflowed_since_the_note_takes_the_whole_shard_heap() {
-    a_refund_racing_a_charge_note::<Heap>(RECORD);
+    a_refund_racing_a_charge_note::<Heap>(
+        "a_record_overflowed_since_the_note_takes_the_whole_shard_heap",
+        RECORD,
+    );
 }
 
 #[test]
 fn a_record_overflowed_since_the_note_takes_the_whole_shard_inline() {
-    a_refund_racing_a_charge_note::<Inline>(RECORD);
+    a_refund_racing_a_charge_note::<Inline>(
+        "a_record_overflowed_since_the_note_takes_the_whole_shard_inline",
+        RECORD,
+    );
 }
 
 #[test]
 fn a_record_overflowed_since_the_note_takes_the_whole_shard_fingerprint() {
-    a_refund_racing_a_charge_note::<Fingerprint>(RECORD);
+    a_refund_racing_a_charge_note::<Fingerprint>(
+        "a_record_overflowed_since_the_note_takes_the_whole_shard_fingerprint",
+        RECORD,
+    );
 }

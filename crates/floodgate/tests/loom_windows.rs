@@ -137,7 +137,12 @@ fn sliding_window_races_across_an_edge() {
 
 #[test]
 fn fixed_window_refund_races_a_check() {
-    loom::model(|| {
+    let seen = Seen::new(&[
+        "the check between the charge and its refund",
+        "the check before the charge or after the refund",
+    ]);
+    let s = seen.clone();
+    loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::new(5 * P + 1));
         let fw = FixedWindow::new(policy(3)).unwrap();
         let window = Arc::new(RateLimiter::with_clock(fw, clock.clone()));
@@ -155,10 +160,15 @@ fn fixed_window_refund_races_a_check() {
         assert!(!composite.join().unwrap().is_allowed());
         // 1 + 2 ≤ 3: the check fits beside the held charge, and the refund (a CAS on
         // the same word) never erases it: the window holds exactly the check's units.
-        assert!(direct.join().unwrap().is_allowed());
+        let direct = direct.join().unwrap();
+        assert!(direct.is_allowed());
         assert_eq!(fw.count_of(window.state()), 2);
         assert_eq!(fw.window_of(window.state()), 5);
+        // Beside the held charge the check took the window's last unit; beside none,
+        // one was left.
+        s.saw_if(direct.remaining() == 0, 0, 1);
     });
+    seen.assert_each("fixed_window_refund_races_a_check");
 }
 
 /// The review's over-admission: a composite charges window 5 at its last instant,

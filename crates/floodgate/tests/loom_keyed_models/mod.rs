@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::loom_seen::Seen;
+use crate::loom_seen::{Seen, Span, PLACEMENTS};
 use floodgate::{
     Decision, Fingerprint, Gcra, GcraState, Heap, Inline, KeyedBuilder, KeyedLimiter, KeyedMetrics,
     ManualClock, Nanos, Policy, Receipt, Storage,
@@ -407,6 +407,8 @@ where
     let two = (2..)
         .find(|&k| home::<St>(k, 3) == home::<St>(1, 3))
         .unwrap();
+    let seen = Seen::new(PLACEMENTS);
+    let s = seen.clone();
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
         let keyed = limiter::<KeyedLimiter<u64, Gcra, ManualClock, St>>(2, &clock);
@@ -414,9 +416,19 @@ where
         assert!(keyed.check_n_at(&1, Nanos::new(0), 1).is_allowed());
         assert!(keyed.check_n_at(&two, Nanos::from_secs(1), 1).is_allowed());
         let other = Arc::clone(&keyed);
-        let t = loom::thread::spawn(move || other.peek_at(&two, Nanos::from_secs(1), 1));
+        let span = Arc::new(Span::default());
+        let marks = Arc::clone(&span);
+        let t = loom::thread::spawn(move || {
+            let before = marks.mark();
+            let peeked = other.peek_at(&two, Nanos::from_secs(1), 1);
+            (peeked, Span::placement(before, marks.mark()))
+        });
+        span.begin();
         assert_eq!(keyed.reclaim_idle(), 1);
-        let peeked = t.join().unwrap();
+        span.end();
+        let (peeked, placement) = t.join().unwrap();
         assert!(!peeked.is_allowed(), "peek missed a live key: {peeked:?}");
+        s.saw(placement);
     });
+    seen.assert_each("a_peek_behind_a_key_being_removed_still_finds_its_key");
 }
