@@ -1,0 +1,199 @@
+//! Session 41 review of leased refunds to the central word (`LeasedGcra::refund`,
+//! "Back to the central word"), on a refill clock (a [`ManualClock`]) and a coarse
+//! expiry clock driven by hand (`CoarseClock::with_clock` over quanta's mock), the
+//! two apart, as `tests/lease_coarse.rs` drives them.
+//!
+//! * A refund to the lease of a charge whose lease an owner's stale reading dated
+//!   again (a refill at a tick behind a later refill's, then a refund there) put
+//!   units of a booking the clock had passed into a lease judged against a later
+//!   booking: a charge of them, refunded on another thread, gave that later
+//!   booking's tail back to the central word — a refund whose own booking had
+//!   passed gave back units. The lease refund now lowers the shard's `booked` to
+//!   the receipt's booking end (and keeps the older ledger note).
+//! * With an expiry clock that steps back (or a thread that has not seen the
+//!   coarse clock's newest tick), a receipt of a lease expired at `a` can still go
+//!   back to that lease and be spent again: the bound needs every outstanding
+//!   receipt's charge counted as out at `a`, not only those of leases unexpired at
+//!   `a` (the module docs said the latter).
+#![cfg(not(loom))]
+
+mod common;
+mod lease_ledger;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use common::lease_builder;
+use floodgate::lease::{CoarseClock, Expiry};
+use floodgate::{LeasedGcra, ManualClock, Nanos, Receipt};
+
+/// An expiry tick: a lease is dated to one (2^16 ns).
+const TICK: u64 = 1 << 16;
+/// Expiry ticks in about a second: far past a lease's 15.
+const SECOND: i64 = 15_259;
+
+/// A limiter of `burst` at 1 000/s (T = 1 ms), leases of 10 living 1 ms (15 expiry
+/// ticks) over 64 shards (the test thread owns one), on a refill clock and a mocked
+/// expiry clock standing at tick 10 past the limiter's origin.
+struct Rig {
+    /// The expiry clock's hand.
+    coarse: Arc<quanta::Mock>,
+    refill: ManualClock,
+    limiter: LeasedGcra<ManualClock>,
+}
+
+impl Rig {
+    fn at_tick_10(burst: u64) -> Rig {
+        let (quanta_clock, coarse) = quanta::Clock::mock();
+        coarse.increment(5_000);
+        let refill = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let limiter = lease_builder(burst, 10, 64, Duration::from_millis(1))
+            .build_with(
+                refill.clone(),
+                Expiry::Coarse(CoarseClock::with_clock(quanta_clock)),
+            )
+            .unwrap();
+        assert!(limiter.owns_shard());
+        coarse.increment(10 * TICK);
+        Rig {
+            coarse,
+            refill,
+            limiter,
+        }
+    }
+
+    /// Moves the expiry clock `ticks` ticks on (back, if negative).
+    fn ticks(&self, ticks: i64) {
+        let by = ticks.unsigned_abs() * TICK;
+        if ticks < 0 {
+            self.coarse.decrement(by);
+        } else {
+            self.coarse.increment(by);
+        }
+    }
+}
+
+/// Refunds `receipt` on a fresh thread (one that owns no shard): to the central word.
+fn refund_elsewhere(l: &LeasedGcra<ManualClock>, receipt: Receipt) -> bool {
+    thread::scope(|s| s.spawn(|| l.refund(receipt)).join().unwrap())
+}
+
+/// The central word's remaining (nothing written).
+fn central(l: &LeasedGcra<ManualClock>) -> u64 {
+    l.peek(0).remaining()
+}
+
+/// Charges `cost` from this thread's lease and refunds it on another thread (to the
+/// central word): nothing comes back, and the central word is as it was.
+fn charge_and_refund_elsewhere_gives_nothing(l: &LeasedGcra<ManualClock>, cost: u32, why: &str) {
+    let (d, receipt) = l.charge(cost);
+    assert!(d.is_allowed() && receipt.is_charged(), "{d:?}");
+    let before = central(l);
+    let back = refund_elsewhere(l, receipt);
+    assert_eq!((back, central(l)), (false, before), "{why}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "quanta executes CPUID")]
+fn a_refund_whose_booking_has_passed_gives_nothing_back_after_a_refill_at_an_older_tick() {
+    let rig = Rig::at_tick_10(30);
+    let l = &rig.limiter;
+    // Tick 10: a lease of 10 booked [S, S + 10 ms), all spent by `first`.
+    let (d, first) = l.charge(10);
+    assert!(d.is_allowed() && first.is_charged());
+    // The refill clock passes that booking; tick 11: a new lease, booked
+    // [S + 20, S + 30 ms), spent whole (its receipt kept: an admission).
+    rig.refill.advance(Duration::from_millis(20));
+    rig.ticks(1);
+    let (d, _second) = l.charge(10);
+    assert!(d.is_allowed());
+    // A reading at tick 10 again (an owner's stale reading, or the expiry clock
+    // stepping back): the tick-11 lease is not spendable there, so a refill dates
+    // a new lease at tick 10 — `first`'s expiry — booked [S + 30, S + 40 ms).
+    rig.ticks(-1);
+    let (d, _third) = l.charge(10);
+    assert!(d.is_allowed());
+    assert_eq!(central(l), 10, "20 ms booked ahead of S + 20 ms: 30 − 20");
+    // `first` goes back to that lease (same expiry tick): its 10 units, of a
+    // booking the refill clock passed 10 ms ago.
+    assert!(l.refund(first));
+    assert_eq!(l.units_on_lease(), 10);
+    // A charge of them, refunded on another thread: to the central word. Its units
+    // came from the passed booking, so nothing of theirs is ahead of the clock.
+    charge_and_refund_elsewhere_gives_nothing(
+        l,
+        10,
+        "a refund of units whose booking has passed gave the later booking's tail back",
+    );
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "quanta executes CPUID")]
+fn a_receipt_of_an_expired_lease_refunded_at_a_stale_reading_is_spent_again() {
+    let burst = 10;
+    let rig = Rig::at_tick_10(burst);
+    let l = &rig.limiter;
+    // Tick 10: the whole burst on lease, spent by one charge.
+    let (d, receipt) = l.charge(10);
+    assert!(d.is_allowed() && receipt.is_charged());
+    // `a`: the expiry clock has passed the lease, the refill clock its booking. The
+    // shards hold nothing; the one receipt outstanding is of an expired lease.
+    rig.ticks(SECOND);
+    rig.refill.advance(Duration::from_millis(10));
+    let (held_at_a, on_lease_at_a) = (l.units_held(), l.units_on_lease());
+    assert_eq!((held_at_a, on_lease_at_a, central(l)), (0, 0, burst));
+    // The expiry clock steps back to tick 10 (or: a thread that has not seen the
+    // newer ticks): the lease reads unexpired, and the receipt goes back to it.
+    rig.ticks(-SECOND);
+    assert!(l.refund(receipt), "back to the lease it was spent from");
+    let mut admitted = 0;
+    if l.check_n(10).is_allowed() {
+        admitted += 10;
+    }
+    // And the central word's burst, at the same refill reading.
+    rig.ticks(SECOND);
+    if l.check_n(10).is_allowed() {
+        admitted += 10;
+    }
+    // The bound as the module docs read it before: units the shards hold at `a`,
+    // and charges refundable at `a` from a lease unexpired at `a` (none).
+    let documented = burst + held_at_a;
+    assert!(
+        admitted > documented,
+        "the attack no longer admits past the old reading: {admitted}"
+    );
+    // The bound with every receipt outstanding at `a` counted as out (10 units).
+    assert!(admitted <= burst + held_at_a + 10, "admitted {admitted}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "quanta executes CPUID")]
+fn a_refund_judged_against_its_bookings_ledger_note_after_a_refill_at_an_older_tick() {
+    let rig = Rig::at_tick_10(30);
+    let l = &rig.limiter;
+    // Tick 10: a lease of 10 booked [S, S + 10 ms), spent by two charges of 5.
+    let (_, kept) = l.charge(5);
+    let (_, early) = l.charge(5);
+    assert!(kept.is_charged() && early.is_charged());
+    // `early` back to the central word: the booking moves down 5 ms, to
+    // [S, S + 5 ms) — the ledger's shift.
+    assert!(refund_elsewhere(l, early));
+    assert_eq!(central(l), 25);
+    // 6 ms on, the moved booking has passed. Tick 11: a new lease; then tick 10
+    // again (a stale reading): a lease of `kept`'s expiry tick, dated anew, its
+    // booking noted after `early`'s refund.
+    rig.refill.advance(Duration::from_millis(6));
+    rig.ticks(1);
+    assert!(l.charge(10).0.is_allowed());
+    rig.ticks(-1);
+    assert!(l.charge(10).0.is_allowed());
+    // `kept` back to that lease, spent again, refunded on another thread: its
+    // booking (moved to end at S + 5 ms) has passed, whatever the new lease's note.
+    assert!(l.refund(kept));
+    charge_and_refund_elsewhere_gives_nothing(
+        l,
+        5,
+        "judged without the shift of the refund that moved its booking",
+    );
+}
