@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use common::lease_builder;
 use floodgate::lease::{CoarseClock, Expiry};
-use floodgate::{LeasedGcra, ManualClock, Nanos, Receipt};
+use floodgate::{Clock, LeasedGcra, ManualClock, Nanos, Receipt};
 
 /// An expiry tick: a lease is dated to one (2^16 ns).
 const TICK: u64 = 1 << 16;
@@ -82,6 +82,16 @@ fn refund_elsewhere(l: &LeasedGcra<ManualClock>, receipt: Receipt) -> bool {
 /// The central word's remaining (nothing written).
 fn central(l: &LeasedGcra<ManualClock>) -> u64 {
     l.peek(0).remaining()
+}
+
+/// Refunds `receipt` on this thread: its cost if anything came back, else 0.
+fn refunded(l: &LeasedGcra<ManualClock>, receipt: Receipt) -> u64 {
+    let cost = receipt.cost();
+    if l.refund(receipt) {
+        u64::from(cost)
+    } else {
+        0
+    }
 }
 
 /// Charges `cost` from this thread's lease and refunds it on another thread (to the
@@ -196,4 +206,133 @@ fn a_refund_judged_against_its_bookings_ledger_note_after_a_refill_at_an_older_t
         5,
         "judged without the shift of the refund that moved its booking",
     );
+}
+
+/// Four threads charge on a manual clock whose leases live one expiry tick; at `a`
+/// every lease has expired, and the central schedule is still ahead (a deficit) or,
+/// with `pass`, passed too. Each thread then refunds half its pre-`a` receipts
+/// itself, one a decision, and hands the rest to the next thread, which refunds
+/// them at once — all to the central word (their leases expired: not "out on
+/// lease at `a`") — while all keep charging and refunding their own receipts. With
+/// a deficit the pre-`a` refunds give units back, yet together no more than the
+/// deficit; passed, none. Either way the bound `B + ⌊(b − a)/T⌋ +` units on lease
+/// at `a` holds. Returns the units the pre-`a` refunds gave back.
+fn expired_receipts_against_the_bound(pass: bool) -> u64 {
+    use std::sync::{mpsc, Barrier, Mutex};
+    const THREADS: usize = 4;
+    const PRE_ROUNDS: u64 = 100;
+    const PRE_STEP: Duration = Duration::from_micros(100);
+    const ROUNDS: u64 = 50;
+    const STEP: Duration = Duration::from_micros(20);
+    let burst = 40;
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = lease_builder(burst, 4, 64, Duration::from_micros(70))
+        .build_with_clock(clock.clone())
+        .unwrap();
+    let all = Barrier::new(THREADS);
+    let at_a = Mutex::new(None);
+    // A ring: thread i sends to thread i + 1.
+    let (mut senders, receivers): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| mpsc::channel::<Receipt>()).unzip();
+    senders.rotate_left(1);
+    let ring = senders.into_iter().zip(receivers);
+    let (admitted, before_a_back) = thread::scope(|s| {
+        let (l, clock, all, at_a) = (&l, &clock, &all, &at_a);
+        let mut handles = Vec::new();
+        for (i, (to_next, from_prev)) in ring.enumerate() {
+            handles.push(s.spawn(move || {
+                let cost_of = |round: u64| 1 + ((round as u32 + i as u32 * 7) % 3);
+                // Before `a`: charges kept, their receipts for the next thread.
+                let mut early = Vec::new();
+                for round in 0..PRE_ROUNDS {
+                    // 40 ms of charges (twice the burst): leases of many expiry
+                    // ticks, bookings judged apart, most passed by `a`.
+                    clock.advance(PRE_STEP);
+                    let (d, receipt) = l.charge(cost_of(round));
+                    if d.is_allowed() {
+                        early.push(receipt);
+                    }
+                }
+                // Every other receipt to the next thread; the rest this thread
+                // refunds itself (its leases expired: to the central word too).
+                let mut own = Vec::new();
+                for (n, receipt) in early.into_iter().enumerate() {
+                    if n % 2 == 0 {
+                        let _ = to_next.send(receipt);
+                    } else {
+                        own.push(receipt);
+                    }
+                }
+                all.wait();
+                if i == 0 {
+                    // Every lease expires (two ticks on); the schedule, booked
+                    // up to the burst ahead, is passed only with `pass`.
+                    let passed = if pass { 50_000 } else { 140 };
+                    clock.advance(Duration::from_micros(passed));
+                    *at_a.lock().unwrap() =
+                        Some((l.peek(0).remaining(), l.units_on_lease(), clock.now()));
+                }
+                all.wait();
+                let mut early: Vec<Receipt> = from_prev.try_iter().collect();
+                let (mut net, mut back) = (0i64, 0u64);
+                let mut held = std::collections::VecDeque::new();
+                for round in 0..ROUNDS {
+                    if round == 5 {
+                        // No thread is more than 5 rounds on: the clock is
+                        // at most 0.4 ms past `a`.
+                        all.wait();
+                    }
+                    if round == i as u64 {
+                        // While the others charge on the deficit.
+                        back += early.drain(..).map(|r| refunded(l, r)).sum::<u64>();
+                    }
+                    if let Some(receipt) = own.pop() {
+                        back += refunded(l, receipt);
+                    }
+                    clock.advance(STEP);
+                    let cost = cost_of(round);
+                    let (d, receipt) = l.charge(cost);
+                    if d.is_allowed() {
+                        net += i64::from(cost);
+                        if round % 3 == 0 {
+                            held.push_back(receipt);
+                        }
+                    }
+                    if held.len() > 2 {
+                        let oldest = held.pop_front().expect("non-empty");
+                        net -= refunded(l, oldest) as i64;
+                    }
+                }
+                (net, back)
+            }));
+        }
+        let each: Vec<(i64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        (
+            each.iter().map(|e| e.0).sum::<i64>(),
+            each.iter().map(|e| e.1).sum::<u64>(),
+        )
+    });
+    let (central_at_a, on_lease_at_a, a) = at_a.into_inner().unwrap().expect("looked");
+    let admitted = u64::try_from(admitted).expect("net admissions are not negative");
+    let refills = (clock.now().as_u64() - a.as_u64()) / 1_000_000;
+    assert!(
+        admitted <= burst + refills + on_lease_at_a,
+        "admitted {admitted} past B {burst} + {refills} T + {on_lease_at_a} on lease at a"
+    );
+    assert!(
+        admitted <= central_at_a + refills + on_lease_at_a + before_a_back,
+        "admitted {admitted}: central at a {central_at_a}, pre-a refunds {before_a_back}"
+    );
+    before_a_back
+}
+
+#[test]
+fn refunds_of_expired_leases_charges_give_back_no_more_than_the_deficit_at_a() {
+    let back = expired_receipts_against_the_bound(false);
+    assert!(back > 0, "no pre-a refund gave anything back");
+}
+
+#[test]
+fn refunds_of_expired_leases_charges_give_nothing_back_once_their_bookings_passed() {
+    assert_eq!(expired_receipts_against_the_bound(true), 0);
 }
