@@ -336,3 +336,54 @@ fn refunds_of_expired_leases_charges_give_back_no_more_than_the_deficit_at_a() {
 fn refunds_of_expired_leases_charges_give_nothing_back_once_their_bookings_passed() {
     assert_eq!(expired_receipts_against_the_bound(true), 0);
 }
+
+/// Readings at the end of time: a limiter built there dates its leases from its
+/// origin, so it leases; the central schedule cannot pass `u64::MAX`. Charges,
+/// refunds to the lease and to the central word neither panic nor give back more
+/// than was charged, and the central word never reports more than the burst.
+#[test]
+fn readings_at_the_end_of_time_neither_panic_nor_give_back_more_than_charged() {
+    for start in [u64::MAX - 5_000_000, u64::MAX - 1, u64::MAX] {
+        let clock = ManualClock::starting_at(Nanos::new(start));
+        let l = lease_builder(10, 4, 64, Duration::from_secs(1))
+            .build_with_clock(clock.clone())
+            .unwrap();
+        let mut admitted = 0u64;
+        let mut receipts = Vec::new();
+        for cost in [1, 3, 4, 2, 5, 1] {
+            let (d, receipt) = l.charge(cost);
+            if d.is_allowed() {
+                admitted += u64::from(cost);
+            }
+            receipts.push(receipt);
+        }
+        let on_lease = l.units_on_lease();
+        assert!(
+            admitted + on_lease <= 10,
+            "{start}: {admitted} + {on_lease}"
+        );
+        let before = central(&l);
+        let (mut back_elsewhere, mut charged_elsewhere) = (0, 0);
+        for (n, receipt) in receipts.into_iter().enumerate() {
+            if n % 2 == 0 {
+                charged_elsewhere += u64::from(receipt.cost() * u32::from(receipt.is_charged()));
+                if refund_elsewhere(&l, receipt) {
+                    back_elsewhere += 1;
+                }
+            } else {
+                let _ = l.refund(receipt);
+            }
+        }
+        let after = central(&l);
+        assert!(after <= 10, "{start}: central {after}");
+        assert!(
+            after - before <= charged_elsewhere,
+            "{start}: the central word gained {} for {charged_elsewhere} charged ({back_elsewhere} back)",
+            after - before
+        );
+        assert!(l.units_on_lease() <= 4);
+        clock.advance(Duration::from_secs(10));
+        let _ = l.charge(1);
+        let _ = l.peek(3);
+    }
+}
