@@ -97,13 +97,16 @@
 //! of its own, and the two clocks may disagree either way about how much time has
 //! passed. Should it ever step back, a lease it had seen expire can be spent again:
 //! the bound then holds with every unit the shards hold (expired or not) counted as
-//! out on lease at `a` — still at most `shards × lease size`.
+//! out on lease at `a` — still at most `shards × lease size` — and, with receipts,
+//! every charge whose receipt is outstanding at `a` (it may go back to a lease
+//! the clock had seen expire: see [`refund`](LeasedGcra::refund)).
 //!
 //! "Out on lease at `a`" is read at an instant when no decision is in flight. With
 //! the coarse clock, a thread that has not yet seen the upkeep thread's newest tick
 //! may still spend a lease that tick has expired: such a lease counts as out on
-//! lease at `a` (read the bound with every unit the shards hold, as for a clock that
-//! steps back — still at most `shards × lease size`); only the under-admission's
+//! lease at `a` (read the bound with every unit the shards hold and every receipt
+//! outstanding, as for a clock that steps back — at most `shards × lease size`
+//! when no receipt is outstanding); only the under-admission's
 //! "one lease lifetime" stretches by the staleness above.
 //! (Loom models: `tests/loom_lease_coarse.rs`.)
 //!
@@ -763,7 +766,12 @@ impl<C: Clock> LeasedGcra<C> {
     /// units the shards hold, those of charges still refundable at `a` (made
     /// before `a` from a lease unexpired at `a`, receipt not yet settled): at an
     /// instant when no receipt is outstanding — a layer between requests — that is
-    /// at most `shards × lease size`, as without refunds.
+    /// at most `shards × lease size`, as without refunds. Where the expiry clock
+    /// may step back, or a thread may not yet have seen the coarse clock's newest
+    /// tick (see the [module docs](self), "Clocks"), a receipt of a lease expired
+    /// at `a` can still go back to it and be spent again: count every receipt
+    /// outstanding at `a` (of a lease expired or not), as every unit the shards
+    /// hold is counted there.
     ///
     /// # Back to the central word
     ///
@@ -789,14 +797,34 @@ impl<C: Clock> LeasedGcra<C> {
     ///
     /// For that the receipt carries `e` and the ledger's note, from the shard at the
     /// charge. A lease may hold units of earlier bookings (units carried over into a
-    /// refill, a refund into a lease of the same expiry tick): the shard keeps the
-    /// **earliest** end among them and the note of that booking's refill. Judged
-    /// against an earlier end, and with a larger shift, a refund gives back no more
-    /// than against the booking the units came from (conservative; exact when the
-    /// lease's units are all of one booking). Refunds to the central word are
-    /// serialised by the ledger's lock and written with an `AcqRel` CAS; a refill's
-    /// note is read before its `Release` CAS, so a refund that moved a booking is
-    /// never in the booking's note.
+    /// refill, a refund into a lease of the same expiry tick — which a refill at a
+    /// reading behind a later refill's, an owner's stale reading or a coarse
+    /// clock's, may have dated anew with a later booking): the shard keeps the
+    /// **earliest** end among them and the **oldest** note (a refill carrying
+    /// units keeps the shard's; a refund to the lease lowers both to its
+    /// receipt's). Judged against an earlier end, and with a larger shift, a refund
+    /// gives back no more than against the booking the units came from
+    /// (conservative; exact when the lease's units are all of one booking).
+    /// Refunds to the central word are serialised by the ledger's lock and written
+    /// with an `AcqRel` CAS; a refill's note is read before its `Release` CAS, so
+    /// a refund that moved a booking is never in the booking's note.
+    ///
+    /// The "history the limiter could have run" above is the argument for giving
+    /// back *only* the part still ahead; the bound itself rests on less. `e` is
+    /// the central word's TAT after a refill's CAS, and from then on the TAT is at
+    /// least `e − shift` (admissions only raise it; every central refund that
+    /// lowered it since is in the shift). A central refund gives back at most its
+    /// charge's cost, and never lowers the TAT below its reading: its
+    /// `(e − shift) − now` is at most the TAT's lead over `now` less what central
+    /// refunds gave back since — so the central refunds after `a` of charges made
+    /// before `a` give back, together, at most the central word's deficit at `a`
+    /// (`TAT − a`, the units it is short of the burst), and the central word hands
+    /// out at most `B + ⌊(b − a)/T⌋` in `[a, b]` plus the costs of the charges
+    /// made in `[a, b]` and refunded to it (which are not admissions). That holds
+    /// for any `e` and note taken from a refill's CAS and before it, which is why a
+    /// booking judged too late (the stale-reading case above, before the lease
+    /// refund lowered the shard's words) gave back units of a passed booking but
+    /// no admission beyond the bound.
     ///
     /// # Examples
     ///
@@ -850,7 +878,7 @@ impl<C: Clock> LeasedGcra<C> {
         let index = receipt.generation();
         // A refund takes no owner index: a thread without one owns no shard.
         if owner_index_if_taken() as u64 == index {
-            if let Some((shard, before)) = self.refund_to_lease(nanos, &charge) {
+            if let Some((shard, before)) = self.refund_to_lease(nanos, &charge, receipt.noted()) {
                 if !closed() {
                     return true;
                 }
@@ -865,7 +893,19 @@ impl<C: Clock> LeasedGcra<C> {
     /// Puts the charge's units back on the lease they were spent from, if the caller
     /// owns the charge's shard and that lease is still its and spendable.
     /// Returns the shard and its lease word as it was before, when it did.
-    fn refund_to_lease(&self, nanos: u64, charge: &Charged<u64>) -> Option<(&Shard, Lease)> {
+    ///
+    /// The lease then holds units of the charge's booking (ending at or after
+    /// `charge.before`, noted at or after `noted`), so the shard's `booked` and
+    /// `noted` are lowered to the receipt's where those are earlier: a lease of the
+    /// same expiry tick may have been dated again, by a refill at a reading behind a
+    /// later refill's, with a later booking (see [`refund`](Self::refund), "Back to
+    /// the central word").
+    fn refund_to_lease(
+        &self,
+        nanos: u64,
+        charge: &Charged<u64>,
+        noted: u64,
+    ) -> Option<(&Shard, Lease)> {
         let shard: &Shard = self.shards.get(owner_index_if_taken())?;
         let tick = self.lease_tick(nanos)?;
         // The caller owns the shard: it is the word's only writer.
@@ -885,6 +925,17 @@ impl<C: Clock> LeasedGcra<C> {
         shard
             .lease
             .store(Lease::new(units, lease.expires()), Ordering::Relaxed);
+        // The caller owns the shard: it is the only writer of these words too. Lowered
+        // for good, even if a demotion takes the units back (`refund_unless`): an
+        // earlier end and an older note only give back less.
+        if charge.before < shard.booked.load(Ordering::Relaxed) {
+            shard.booked.store(charge.before, Ordering::Relaxed);
+        }
+        let total = self.central_refunds.note();
+        let since = |note: u64| total.wrapping_sub(note);
+        if since(noted) > since(shard.noted.load(Ordering::Relaxed)) {
+            shard.noted.store(noted, Ordering::Relaxed);
+        }
         Some((shard, lease))
     }
 
