@@ -9,7 +9,11 @@
 //! word the unit comes back, after it nothing does. (Under loom a thread's owner index is its number in the
 //! model: the main thread is 0, the spawned threads 1 and 2.)
 //!
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p floodgate --release --test loom_lease_refund`
+//! Each model fails unless loom reached every outcome it is about (`loom_seen`): the
+//! two charge-refund-charge models, whose accounts leave no trace of the order, place
+//! thread 2's charge and its refund against thread 1's refill with a `Span`.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_lease_refund`
 #![cfg(loom)]
 
 mod lease_ledger;
@@ -18,16 +22,25 @@ mod loom_seen;
 use floodgate::{LeasedGcra, ManualClock};
 use lease_ledger::{assert_conserved, limiter};
 use loom::sync::Arc;
-use loom_seen::Seen;
+use loom_seen::{Seen, Span};
 
 /// Each thread charges `first` and refunds it, then charges `second` and keeps it;
-/// returns the units the thread kept.
-fn charge_refund_charge(lim: &LeasedGcra<ManualClock>, first: u32, second: u32) -> u64 {
+/// returns the units the thread kept. `at(0)`, `at(1)` and `at(2)` run just before
+/// the first charge, just after it and just after the refund.
+fn charge_refund_charge(
+    lim: &LeasedGcra<ManualClock>,
+    first: u32,
+    second: u32,
+    mut at: impl FnMut(usize),
+) -> u64 {
+    at(0);
     let (d, receipt) = lim.charge(first);
+    at(1);
     let mut kept = if d.is_allowed() { u64::from(first) } else { 0 };
     if lim.refund(receipt) {
         kept -= u64::from(first);
     }
+    at(2);
     let (d, _) = lim.charge(second);
     if d.is_allowed() {
         kept += u64::from(second);
@@ -35,29 +48,69 @@ fn charge_refund_charge(lim: &LeasedGcra<ManualClock>, first: u32, second: u32) 
     kept
 }
 
-fn conserve(burst: u64, lease: u32, shards: usize) {
+/// Where thread 2's first charge and its refund fell against thread 1's first
+/// charge (the refill that leases it units from the central word): outcome `p` for
+/// the charge, `3 + p` for the refund, `p` an index into `loom_seen::PLACEMENTS`.
+const AGAINST_THE_REFILL: &[&str] = &[
+    "thread 2 charged all before thread 1's refill",
+    "thread 2 charged across thread 1's refill",
+    "thread 2 charged all after thread 1's refill",
+    "thread 2 refunded all before thread 1's refill",
+    "thread 2 refunded across thread 1's refill",
+    "thread 2 refunded all after thread 1's refill",
+];
+
+/// Threads 1 and 2 charge, refund and charge again; thread 1's first charge is
+/// marked by a [`Span`] that thread 2 reads around its own charge and refund, and
+/// the model fails unless loom ran thread 2's charge and its refund all before
+/// thread 1's refill, across it and all after it.
+fn conserve(name: &str, burst: u64, lease: u32, shards: usize) {
+    let seen = Seen::new(AGAINST_THE_REFILL);
+    let placed = seen.clone();
     loom::model(move || {
         let lim = Arc::new(limiter(burst, lease, shards));
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let lim = lim.clone();
-                loom::thread::spawn(move || charge_refund_charge(&lim, 1, 1))
+        let span = Arc::new(Span::default());
+        let first = {
+            let (lim, span) = (lim.clone(), span.clone());
+            loom::thread::spawn(move || {
+                charge_refund_charge(&lim, 1, 1, |at| match at {
+                    0 => span.begin(),
+                    1 => span.end(),
+                    _ => {}
+                })
             })
-            .collect();
-        let admitted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        };
+        let second = {
+            let (lim, span) = (lim.clone(), span.clone());
+            loom::thread::spawn(move || {
+                let mut marks = [0; 3];
+                let kept = charge_refund_charge(&lim, 1, 1, |at| marks[at] = span.mark());
+                (kept, marks)
+            })
+        };
+        let (kept, marks) = second.join().unwrap();
+        let admitted = first.join().unwrap() + kept;
+        placed.saw(Span::placement(marks[0], marks[1]));
+        placed.saw(3 + Span::placement(marks[1], marks[2]));
         let lim = Arc::try_unwrap(lim).expect("the threads have exited");
         assert_conserved(lim, admitted, burst, lease, shards);
     });
+    seen.assert_each(name);
 }
 
 #[test]
 fn two_owners_charge_refund_and_charge_again() {
-    conserve(3, 2, 4);
+    conserve("two_owners_charge_refund_and_charge_again", 3, 2, 4);
 }
 
 #[test]
 fn an_owner_refunds_beside_a_thread_past_the_shard_count() {
-    conserve(3, 2, 2);
+    conserve(
+        "an_owner_refunds_beside_a_thread_past_the_shard_count",
+        3,
+        2,
+        2,
+    );
 }
 
 /// A refund on a thread that does not own the charging shard goes to the central
