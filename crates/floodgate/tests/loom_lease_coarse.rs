@@ -28,9 +28,9 @@ mod loom_seen;
 
 use floodgate::lease::{CoarseClock, Expiry};
 use floodgate::{LeasedGcra, ManualClock, Nanos, Policy};
-use lease_ledger::{admitted_on_threads, assert_accounted, look};
+use lease_ledger::{admitted_on_threads_marked, assert_accounted, look};
 use loom::sync::Arc;
-use loom_seen::Kinds;
+use loom_seen::{Kinds, Seen, Span};
 
 /// One unit a second.
 const T: u64 = 1_000_000_000;
@@ -59,7 +59,22 @@ struct Model {
     /// threads' refills, spends and readings against the upkeep, and fewer mean loom
     /// ran fewer orders.
     ends: usize,
+    /// Whether the model is about where the upkeep falls against thread 1 (the
+    /// owner of the pre-taken lease): a [`Span`] around the upkeep, read by thread 1
+    /// around its decisions, and the model fails unless loom ran thread 1's
+    /// decisions all before the upkeep, across it, and all after it. (Thread 2 reads
+    /// no mark: each read is one more step in loom's search, and thread 2 holds no
+    /// lease whose expiry its reading decides.)
+    place_upkeep: bool,
 }
+
+/// Where the upkeep fell against thread 1's decisions (indexed as
+/// `loom_seen::PLACEMENTS`).
+const UPKEEP_PLACEMENTS: &[&str] = &[
+    "thread 1 decided all before the upkeep",
+    "thread 1 decided across the upkeep",
+    "thread 1 decided all after the upkeep",
+];
 
 /// The models' common ground: thread 1's lease of 2, taken at tick 0 with one unit
 /// left, is in its last tick at `a`, and the upkeep expires it while the threads
@@ -74,11 +89,14 @@ const BASE: Model = Model {
     refill_moves: 0,
     costs: [&[1, 1], &[1]],
     ends: 2,
+    place_upkeep: false,
 };
 
 fn run(name: &str, m: &'static Model) {
     let ends = Kinds::default();
     let seen = ends.clone();
+    let placements = Seen::new(UPKEEP_PLACEMENTS);
+    let placed = placements.clone();
     loom::model(move || {
         let coarse = CoarseClock::new();
         let refill = ManualClock::starting_at(Nanos::new(10 * T));
@@ -100,9 +118,21 @@ fn run(name: &str, m: &'static Model) {
 
         let lim = Arc::new(lim);
         // The main thread is the upkeep thread, and moves the refill clock.
-        let admitted = admitted_on_threads(&lim, &m.costs, || {
+        let span = m.place_upkeep.then(|| Arc::new(Span::default()));
+        let marks = span.clone();
+        let mark = move |thread| match &marks {
+            Some(span) if thread == 0 => span.mark(),
+            _ => 0,
+        };
+        let (admitted, read) = admitted_on_threads_marked(&lim, &m.costs, mark, || {
+            if let Some(span) = &span {
+                span.begin();
+            }
             for &tick in m.upkeep {
                 coarse.upkeep(tick * TICK);
+            }
+            if let Some(span) = &span {
+                span.end();
             }
             for _ in 0..m.refill_moves {
                 refill.advance(Duration::from_nanos(T));
@@ -113,18 +143,29 @@ fn run(name: &str, m: &'static Model) {
         let b = look(&mut lim);
         assert_accounted(&lim, (a, b), admitted, m.refill_moves, a.on_lease, "[a, b]");
         seen.saw((admitted, b));
+        if m.place_upkeep {
+            let (before, after) = read[0];
+            placed.saw(Span::placement(before, after));
+        }
     });
     ends.assert_at_least(name, m.ends);
+    if m.place_upkeep {
+        placements.assert_each(name);
+    }
 }
 
 /// Thread 1's lease has expired at `a` (held, not on lease); the upkeep moves on
-/// while both threads decide: neither reading, however old, spends it.
+/// while both threads decide: neither reading, however old, spends it. The ends do
+/// not show where the upkeep fell (no reading spends the lease), so the model
+/// places it: thread 1 (the lease's owner) decides all before the upkeep, across
+/// it, and all after it in some execution.
 #[test]
 fn an_expired_lease_is_never_spent_whatever_tick_a_thread_reads() {
     static M: Model = Model {
         tick_at_a: LIFETIME_TICKS,
         upkeep: &[LIFETIME_TICKS + 1],
         ends: 2,
+        place_upkeep: true,
         ..BASE
     };
     run(

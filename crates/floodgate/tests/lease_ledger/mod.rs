@@ -106,21 +106,51 @@ pub fn admitted_on_threads(
     costs: &[&'static [u32]],
     meanwhile: impl FnOnce(),
 ) -> u64 {
+    admitted_on_threads_marked(limiter, costs, |_| 0, meanwhile).0
+}
+
+/// [`admitted_on_threads`], with the deciding thread of `costs[i]` reading `mark(i)`
+/// just before its first decision and just after its last (a `loom_seen::Span`'s
+/// mark, say, that `meanwhile` moves around a step of its own; a constant for a
+/// thread whose placement the model does not ask, which adds no step to loom's
+/// search): the units admitted, and each thread's two readings, in the order of
+/// `costs`.
+#[cfg(loom)]
+pub fn admitted_on_threads_marked<M>(
+    limiter: &loom::sync::Arc<LeasedGcra<ManualClock>>,
+    costs: &[&'static [u32]],
+    mark: M,
+    meanwhile: impl FnOnce(),
+) -> (u64, Vec<(u8, u8)>)
+where
+    M: Fn(usize) -> u8 + Clone + Send + 'static,
+{
     let handles: Vec<_> = costs
         .iter()
-        .map(|&costs| {
+        .enumerate()
+        .map(|(i, &costs)| {
             let limiter = loom::sync::Arc::clone(limiter);
+            let mark = mark.clone();
             loom::thread::spawn(move || {
-                costs
+                let before = mark(i);
+                let admitted = costs
                     .iter()
                     .filter(|&&c| limiter.check_n(c).is_allowed())
                     .map(|&c| u64::from(c))
-                    .sum::<u64>()
+                    .sum::<u64>();
+                (admitted, (before, mark(i)))
             })
         })
         .collect();
     meanwhile();
-    handles.into_iter().map(|h| h.join().unwrap()).sum()
+    let mut admitted = 0;
+    let mut marks = Vec::with_capacity(handles.len());
+    for h in handles {
+        let (units, read) = h.join().unwrap();
+        admitted += units;
+        marks.push(read);
+    }
+    (admitted, marks)
 }
 
 /// On a standing clock, once every deciding thread has exited: the central word
