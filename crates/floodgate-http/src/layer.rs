@@ -609,6 +609,10 @@ struct InProcess<L, K: ?Sized> {
     refund: fn(&L, &K, Receipt) -> (Decision, Option<u64>),
     never_fits: fn(&L, u32) -> Option<u64>,
     never_fits_plan: fn(&L, u32) -> Option<(String, u64)>,
+    /// [`Charge::peek`].
+    peek: fn(&L, &K, u32) -> Decision,
+    /// [`Charge::window_secs`].
+    window: fn(&L, &K) -> Option<u64>,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -674,6 +678,8 @@ where
             refund: |l: &L, k: &E::Key, receipt| l.refund_and_peek(k, receipt),
             never_fits: |l: &L, cost| l.never_fits(cost),
             never_fits_plan: |l: &L, cost| l.never_fits_plan(cost),
+            peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
+            window: |l: &L, k: &E::Key| l.window_secs(k),
         });
         Ok(rule)
     }
@@ -869,6 +875,26 @@ pub(crate) trait ErasedRule: Send + Sync {
     fn never_fits_plan(&self) -> Option<(u32, String, u64)> {
         None
     }
+
+    /// For a request an earlier rule denied: what this rule would decide for it now,
+    /// writing nothing (an in-process rule's peek at its cost, and at cost 0 for the
+    /// headers); `None` when the rule cannot tell without a charge or a round trip
+    /// (a remote limiter, a queue) or has no key for the request.
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let _ = (parts, hasher);
+        None
+    }
+}
+
+/// A later rule's view of a request an earlier rule denied ([`ErasedRule::peek_later`]).
+pub(crate) struct Peeked {
+    /// The peek at the rule's cost: would it deny too, and for how long.
+    pub(crate) at_cost: Decision,
+    /// The peek at cost 0: the rule's state, for the headers.
+    pub(crate) state: Decision,
+    pub(crate) partition_key: Option<[u8; 16]>,
+    /// The window the limiter knows for the key ([`Charge::window_secs`]).
+    pub(crate) window: Option<u64>,
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -970,6 +996,23 @@ where
         let (plan, capacity) = (in_process.never_fits_plan)(&self.limiter, self.cost)?;
         Some((self.cost, plan, capacity))
     }
+
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let in_process = self.in_process.as_ref()?;
+        let limiter = &*self.limiter;
+        let own = self.extractor.extract(parts);
+        let key = match (&own, &self.on_missing) {
+            (Ok(key), _) => key,
+            (Err(_), OnMissingKey::Fallback(key)) => key,
+            (Err(_), OnMissingKey::Reject) => return None,
+        };
+        Some(Peeked {
+            at_cost: (in_process.peek)(limiter, key, self.cost),
+            state: (in_process.peek)(limiter, key, 0),
+            partition_key: hasher.map(|h| h.hash(key)),
+            window: (in_process.window)(limiter, key),
+        })
+    }
 }
 
 struct RuleEntry {
@@ -1023,8 +1066,9 @@ impl Default for HeaderOptions {
 impl HeaderOptions {
     /// Writes the `X-RateLimit-*` trio with `format` for the reset, or not (`None`).
     ///
-    /// The trio holds one decision: the denying rule's on a 429, else the visible
-    /// rule with the least `remaining` (the longest reset on a tie).
+    /// The trio holds one decision: the denial's on a 429 (the hard rule that holds
+    /// the request back longest: see [`RateLimitLayer`], "How rules combine"), else
+    /// the visible rule with the least `remaining` (the longest reset on a tie).
     pub fn legacy(self, format: Option<ResetFormat>) -> Self {
         HeaderOptions {
             legacy: format,
@@ -1155,6 +1199,17 @@ struct Shared {
 /// works too), and the first **hard** denial stops the walk: the request is answered
 /// 429, and the rules after it are neither charged nor counted. The same holds for
 /// a request rejected for its key (400) or for a failed limiter (503).
+///
+/// The 429 speaks for every hard in-process rule ([`Rule::new`]), as
+/// [`check_all`](floodgate::keyed::composite::check_all) does: the hard in-process
+/// rules after the one that denied are peeked (a look at the request's cost,
+/// charging nothing, on the denial path only); each that would deny the request too
+/// is shown in `RateLimit` as it is (those that would admit it are not shown), and
+/// when one would deny for longer, the 429 is its denial (its `Retry-After`,
+/// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
+/// longest). A client that waits out `Retry-After` is then not denied by a later
+/// rule that was already spent. Later remote rules and queues are not peeked (a
+/// round trip each): their wait is not in the `Retry-After`.
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
 ///   the earlier rules took for the denied request are given back by their receipts, as
@@ -1685,6 +1740,10 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
                     held.give_back(&mut v.shown);
+                    v.shown.push(shown);
+                    // The 429 speaks for the rule that holds the request back longest:
+                    // a later hard rule already spent would deny the retry too.
+                    let (shown, entry) = later_denials(shared, parts, i, shown, &mut v.shown);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
@@ -1708,7 +1767,6 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                         ),
                     };
                     v.reply = Some(Reply { status, text });
-                    v.shown.push(shown);
                     v.denial = Some(shown);
                     return v;
                 }
@@ -1734,6 +1792,51 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     }
     held.keep();
     v
+}
+
+/// After rule `denied` denied a request (`denial`): the hard in-process rules after
+/// it, peeked without a charge ([`ErasedRule::peek_later`]), each that would deny
+/// too shown in `shown` as it is (those that would admit stay out, as before);
+/// returns the denial to answer with — the longest wait of them all
+/// ("never" longest), the first on a tie, as
+/// [`check_all`](floodgate::keyed::composite::check_all) picks — and its rule.
+fn later_denials<'s>(
+    shared: &'s Shared,
+    parts: &Parts,
+    denied: usize,
+    denial: Shown,
+    shown: &mut Vec<Shown>,
+) -> (Shown, &'s RuleEntry) {
+    let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+    let hasher = shared.headers.partition_key.as_ref();
+    let mut longest = denial;
+    for (j, entry) in shared.rules.iter().enumerate().skip(denied + 1) {
+        if entry.strategy != Strategy::Hard {
+            continue;
+        }
+        let Some(peeked) = entry.rule.peek_later(parts, hasher) else {
+            continue;
+        };
+        if peeked.at_cost.is_allowed() {
+            continue;
+        }
+        let window = entry.window.or(peeked.window);
+        shown.push(Shown {
+            rule: j,
+            decision: peeked.state,
+            partition_key: peeked.partition_key,
+            window,
+        });
+        if wait(&peeked.at_cost) > wait(&longest.decision) {
+            longest = Shown {
+                rule: j,
+                decision: peeked.at_cost,
+                partition_key: peeked.partition_key,
+                window,
+            };
+        }
+    }
+    (longest, &shared.rules[longest.rule])
 }
 
 /// One rule's decision for a passed request, as [`RateLimitOutcomes`] keeps it.
