@@ -145,7 +145,12 @@ struct Walk {
 impl Walk {
     fn new(case: Case, seed: u64) -> Result<Walk, Error> {
         let svc = case.layer.layer(Hello);
-        let rt = tokio::runtime::Builder::new_current_thread().build()?;
+        // Tokio's paused clock: a queueing rule's wait for its slot passes at once
+        // (the limiters' clock is the walk's own).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()?;
         Ok(Walk {
             case,
             svc,
@@ -744,4 +749,76 @@ fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> Test
         clock.advance(Duration::from_millis(round * 700));
     }
     Ok(())
+}
+
+/// The queueing rules (feature `queue`): a request waits for its slot up to a bound
+/// (6 s here); a slot further away is a 429 whose `Retry-After` is the wait until
+/// it is within the bound.
+#[cfg(feature = "queue")]
+mod queues {
+    use super::*;
+    use floodgate::Shaper;
+    use floodgate_http::{KeyedQueueRule, QueueRule};
+
+    const BOUND: Duration = Duration::from_secs(6);
+
+    fn p_queue(_: u64) -> Vec<(&'static str, u64, Option<u64>)> {
+        vec![("queue", 5, Some(20))]
+    }
+
+    fn global_queue(clock: ManualClock) -> Result<Case, Error> {
+        let shaper = Shaper::with_clock(five_per_twenty()?, clock.clone());
+        let layer = RateLimitLayer::builder()
+            .queue(QueueRule::new("queue", shaper, BOUND)?)
+            .build()?;
+        Ok(Case::hard("queue", layer, clock, p_queue))
+    }
+
+    fn keyed_queue(clock: ManualClock) -> Result<Case, Error> {
+        let limiter = keyed(Gcra::new(five_per_twenty()?), &clock)?;
+        let layer = RateLimitLayer::builder()
+            .queue_per_key(KeyedQueueRule::new(
+                "queue",
+                from_fn(key_of),
+                limiter,
+                BOUND,
+            )?)
+            .build()?;
+        Ok(Case::hard("keyed queue", layer, clock, p_queue))
+    }
+
+    fn priority(clock: ManualClock) -> Result<Case, Error> {
+        let shaper = Shaper::with_clock(five_per_twenty()?, clock.clone());
+        // Even keys tier 0, odd keys tier 1; two places each.
+        let tier = from_fn(|parts: &Parts| key_of(parts).map(|k| usize::from(k % 2 == 1)));
+        let layer = RateLimitLayer::builder()
+            .priority(floodgate_http::PriorityRule::new(
+                "queue",
+                shaper,
+                &[2, 2],
+                tier,
+            )?)
+            .build()?;
+        // Its bound is in places, not time: a client alone is never refused, only
+        // made to wait, and `remaining` (the shaper's headroom now) is a lower bound.
+        Ok(Case {
+            exact: false,
+            ..Case::hard("priority", layer, clock, p_queue)
+        })
+    }
+
+    #[test]
+    fn a_priority_queue_keeps_its_word() -> TestResult {
+        walk_all(priority, SEEDS)
+    }
+
+    #[test]
+    fn a_global_queue_keeps_its_word() -> TestResult {
+        walk_all(global_queue, SEEDS)
+    }
+
+    #[test]
+    fn a_keyed_queue_keeps_its_word() -> TestResult {
+        walk_all(keyed_queue, SEEDS)
+    }
 }
