@@ -224,6 +224,33 @@ pub trait Charge<K: ?Sized> {
         (self.peek(key, 0), self.window_secs(key))
     }
 
+    /// What a charge of `cost` for `key` would decide now, and the state (a peek at
+    /// cost 0) with the window `w` to advertise beside it, writing nothing: what the
+    /// layer asks of a hard rule after the one that denied a request (see
+    /// [`RateLimitLayer`], "How rules combine"). The default peeks twice and asks
+    /// [`window_secs`](Charge::window_secs). A [`PlanLimiter`] answers all three
+    /// from one run of its resolver, under that plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// use floodgate_http::Charge;
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert!(limiter.check().is_allowed());
+    /// let (at_cost, state, window) = Charge::<()>::peek_with_window(&limiter, &(), 1);
+    /// assert!(!at_cost.is_allowed());
+    /// assert_eq!((state.remaining(), window), (0, None));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn peek_with_window(&self, key: &K, cost: u32) -> (Decision, Decision, Option<u64>) {
+        (
+            self.peek(key, cost),
+            self.peek(key, 0),
+            self.window_secs(key),
+        )
+    }
+
     /// When a charge of `cost` units can never be admitted, for any key, under the
     /// limiter's policy as it is now: the most units it admits at once (a GCRA burst,
     /// a window's or a log's limit). `None` when `cost` fits a key that has spent
@@ -584,6 +611,13 @@ where
         };
         (after.decision, Some(plan_window_secs::<A>(&after.policy)))
     }
+
+    fn peek_with_window(&self, key: &Q, cost: u32) -> (Decision, Decision, Option<u64>) {
+        let at_cost = self.peek_plan(key, cost);
+        let state = self.peek_in(at_cost.plan, key, 0);
+        let window = plan_window_secs::<A>(&state.policy);
+        (at_cost.decision, state.decision, Some(window))
+    }
 }
 
 /// The window `w` of a plan's `policy`. The plan algorithms are sealed: the GCRA
@@ -601,6 +635,10 @@ fn plan_window_secs<A: PlanAlgorithm>(policy: &Policy) -> u64 {
 /// ([`Charge::charge_with_window`]).
 type ChargeWithWindow = (Decision, Receipt, Option<u64>);
 
+/// A peek at a charge and at the state, with the window `w` beside the state
+/// ([`Charge::peek_with_window`]).
+type PeekWithWindow = (Decision, Decision, Option<u64>);
+
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
     /// [`Charge::charge_with_window`].
@@ -609,10 +647,8 @@ struct InProcess<L, K: ?Sized> {
     refund: fn(&L, &K, Receipt) -> (Decision, Option<u64>),
     never_fits: fn(&L, u32) -> Option<u64>,
     never_fits_plan: fn(&L, u32) -> Option<(String, u64)>,
-    /// [`Charge::peek`].
-    peek: fn(&L, &K, u32) -> Decision,
-    /// [`Charge::window_secs`].
-    window: fn(&L, &K) -> Option<u64>,
+    /// [`Charge::peek_with_window`].
+    peek: fn(&L, &K, u32) -> PeekWithWindow,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -678,8 +714,7 @@ where
             refund: |l: &L, k: &E::Key, receipt| l.refund_and_peek(k, receipt),
             never_fits: |l: &L, cost| l.never_fits(cost),
             never_fits_plan: |l: &L, cost| l.never_fits_plan(cost),
-            peek: |l: &L, k: &E::Key, cost| l.peek(k, cost),
-            window: |l: &L, k: &E::Key| l.window_secs(k),
+            peek: |l: &L, k: &E::Key, cost| l.peek_with_window(k, cost),
         });
         Ok(rule)
     }
@@ -1006,11 +1041,12 @@ where
             (Err(_), OnMissingKey::Fallback(key)) => key,
             (Err(_), OnMissingKey::Reject) => return None,
         };
+        let (at_cost, state, window) = (in_process.peek)(limiter, key, self.cost);
         Some(Peeked {
-            at_cost: (in_process.peek)(limiter, key, self.cost),
-            state: (in_process.peek)(limiter, key, 0),
+            at_cost,
+            state,
             partition_key: hasher.map(|h| h.hash(key)),
-            window: (in_process.window)(limiter, key),
+            window,
         })
     }
 }

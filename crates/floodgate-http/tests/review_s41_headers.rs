@@ -822,3 +822,51 @@ mod queues {
         walk_all(keyed_queue, SEEDS)
     }
 }
+
+/// The peek at a later plan rule (for a 429's `Retry-After`) keeps the plan rule's
+/// promise of one resolver run per request, and shows the plan it peeked.
+#[test]
+fn a_plan_rule_peeked_after_a_denial_runs_its_resolver_once() -> TestResult {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut plans = Plans::new();
+    let free = plans.insert("free", Policy::new(2, Duration::from_secs(60))?);
+    let counted = Arc::clone(&calls);
+    let resolver = move |_: &u64| -> PlanId {
+        counted.fetch_add(1, Ordering::SeqCst);
+        free
+    };
+    let plan = PlanLimiter::new(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )?;
+    // The first rule: one a second per key.
+    let first = keyed(Gcra::new(Policy::per_second(1)?), &clock)?;
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("first", first, from_fn(key_of))?)
+        .rule(Rule::new("plan", plan, from_fn(key_of))?)
+        .build()?;
+    let case = Case::hard("first then plan", layer, clock, |_| {
+        vec![("first", 1, None), ("plan", 2, Some(60))]
+    });
+    let mut walk = Walk::new(case, 0)?;
+    // Two seconds apart: both rules admit, the plan's two units are spent.
+    assert!(walk.send(1)?.0);
+    walk.advance(Duration::from_secs(2));
+    assert!(walk.send(1)?.0);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // "first" denies (1 s); the plan would deny for 28 s (T = 30 s: its units were
+    // spent at 0 s and 2 s, the next is free at 30 s).
+    let (admitted, seen) = walk.send(1)?;
+    assert!(!admitted);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "one run for the denied request"
+    );
+    assert_eq!(seen.retry_after, Some(28), "{seen:?}");
+    Ok(())
+}
