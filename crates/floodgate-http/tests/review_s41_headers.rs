@@ -695,20 +695,10 @@ fn a_429s_retry_after_waited_out_is_not_denied_by_a_later_rule_already_spent() -
     Ok(())
 }
 
-/// The leased global rule's `Retry-After` is the central word's wait for the whole
-/// cost: a denial seen on one thread, waited out, is admitted on any other thread
-/// (here a fresh one each round), while four threads' leases were taken before it.
-#[test]
-fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> TestResult {
-    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
-    let leased = LeasedGcra::builder(Policy::new(4, Duration::from_secs(8))?)
-        .shards(8)
-        .lease_size(3)
-        .lifetime(Duration::from_secs(3_600))
-        .build_with_clock(clock.clone())?;
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new("leased", leased, Global)?)
-        .build()?;
+/// Four fresh threads send four requests each for key 0 (their leases taken
+/// first), and the last 429's `Retry-After` waited out, a fresh thread's first
+/// request is admitted; six rounds, the clock moved a little more each.
+fn retry_after_is_enough_on_any_thread(layer: &RateLimitLayer, clock: &ManualClock) -> TestResult {
     // Sends `n` requests on a new thread; the last 429's Retry-After.
     let burst_on_new_thread = |n: usize| -> Option<u64> {
         let layer = layer.clone();
@@ -718,8 +708,9 @@ fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> Test
                 .expect("a runtime");
             let mut last = None;
             for _ in 0..n {
+                let req = Request::builder().header("x-key", "0").body(());
                 let resp = rt
-                    .block_on(layer.layer(Hello).oneshot(Request::new(())))
+                    .block_on(layer.layer(Hello).oneshot(req.expect("a request")))
                     .expect("infallible");
                 if resp.status() == 429 {
                     last = resp
@@ -740,7 +731,6 @@ fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> Test
         }
         let s = retry.ok_or("four threads of four requests each saw no 429")?;
         clock.advance(Duration::from_secs(s));
-        // The first request on a fresh thread after the wait.
         assert_eq!(
             burst_on_new_thread(1),
             None,
@@ -749,6 +739,43 @@ fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> Test
         clock.advance(Duration::from_millis(round * 700));
     }
     Ok(())
+}
+
+/// 4 per 8 s: waits of seconds, so a `Retry-After` one second short is not enough.
+fn four_per_eight() -> Result<Policy, Error> {
+    Ok(Policy::new(4, Duration::from_secs(8))?)
+}
+
+/// The leased global rule's `Retry-After` is the central word's wait for the whole
+/// cost: a denial seen on one thread, waited out, is admitted on any other thread.
+#[test]
+fn a_leased_rules_retry_after_waited_out_is_admitted_on_another_thread() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let leased = LeasedGcra::builder(four_per_eight()?)
+        .shards(8)
+        .lease_size(3)
+        .lifetime(Duration::from_secs(3_600))
+        .build_with_clock(clock.clone())?;
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("leased", leased, Global)?)
+        .build()?;
+    retry_after_is_enough_on_any_thread(&layer, &clock)
+}
+
+/// The same for a hot key of a `HotKeyLimiter` (its lease limiter's central word).
+#[test]
+fn a_hot_keys_retry_after_waited_out_is_admitted_on_another_thread() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let hot = HotKeyLimiter::<u64, ManualClock>::new_in(
+        four_per_eight()?,
+        KeyedBuilder::default().clock(clock.clone()),
+        HotKeys::default().lease_size(3).lease_shards(8).manual(),
+    )?;
+    assert!(hot.promote(&0));
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("hot", hot, from_fn(key_of))?)
+        .build()?;
+    retry_after_is_enough_on_any_thread(&layer, &clock)
 }
 
 /// The queueing rules (feature `queue`): a request waits for its slot up to a bound
