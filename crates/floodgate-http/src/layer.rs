@@ -224,6 +224,33 @@ pub trait Charge<K: ?Sized> {
         (self.peek(key, 0), self.window_secs(key))
     }
 
+    /// What a charge of `cost` for `key` would decide now, and the state (a peek at
+    /// cost 0) with the window `w` to advertise beside it, writing nothing: what the
+    /// layer asks of a hard rule after the one that denied a request (see
+    /// [`RateLimitLayer`], "How rules combine"). The default peeks twice and asks
+    /// [`window_secs`](Charge::window_secs). A [`PlanLimiter`] answers all three
+    /// from one run of its resolver, under that plan.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, RateLimiter};
+    /// use floodgate_http::Charge;
+    /// let limiter = RateLimiter::gcra_with_clock(Policy::per_second(1)?, ManualClock::new());
+    /// assert!(limiter.check().is_allowed());
+    /// let (at_cost, state, window) = Charge::<()>::peek_with_window(&limiter, &(), 1);
+    /// assert!(!at_cost.is_allowed());
+    /// assert_eq!((state.remaining(), window), (0, None));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn peek_with_window(&self, key: &K, cost: u32) -> (Decision, Decision, Option<u64>) {
+        (
+            self.peek(key, cost),
+            self.peek(key, 0),
+            self.window_secs(key),
+        )
+    }
+
     /// When a charge of `cost` units can never be admitted, for any key, under the
     /// limiter's policy as it is now: the most units it admits at once (a GCRA burst,
     /// a window's or a log's limit). `None` when `cost` fits a key that has spent
@@ -584,6 +611,13 @@ where
         };
         (after.decision, Some(plan_window_secs::<A>(&after.policy)))
     }
+
+    fn peek_with_window(&self, key: &Q, cost: u32) -> (Decision, Decision, Option<u64>) {
+        let at_cost = self.peek_plan(key, cost);
+        let state = self.peek_in(at_cost.plan, key, 0);
+        let window = plan_window_secs::<A>(&state.policy);
+        (at_cost.decision, state.decision, Some(window))
+    }
 }
 
 /// The window `w` of a plan's `policy`. The plan algorithms are sealed: the GCRA
@@ -601,6 +635,10 @@ fn plan_window_secs<A: PlanAlgorithm>(policy: &Policy) -> u64 {
 /// ([`Charge::charge_with_window`]).
 type ChargeWithWindow = (Decision, Receipt, Option<u64>);
 
+/// A peek at a charge and at the state, with the window `w` beside the state
+/// ([`Charge::peek_with_window`]).
+type PeekWithWindow = (Decision, Decision, Option<u64>);
+
 /// How an in-process rule charges, refunds and peeks (its limiter's [`Charge`]).
 struct InProcess<L, K: ?Sized> {
     /// [`Charge::charge_with_window`].
@@ -609,6 +647,8 @@ struct InProcess<L, K: ?Sized> {
     refund: fn(&L, &K, Receipt) -> (Decision, Option<u64>),
     never_fits: fn(&L, u32) -> Option<u64>,
     never_fits_plan: fn(&L, u32) -> Option<(String, u64)>,
+    /// [`Charge::peek_with_window`].
+    peek: fn(&L, &K, u32) -> PeekWithWindow,
 }
 
 /// One limit applied to every request: a name (its policy id in the headers), a
@@ -674,6 +714,7 @@ where
             refund: |l: &L, k: &E::Key, receipt| l.refund_and_peek(k, receipt),
             never_fits: |l: &L, cost| l.never_fits(cost),
             never_fits_plan: |l: &L, cost| l.never_fits_plan(cost),
+            peek: |l: &L, k: &E::Key, cost| l.peek_with_window(k, cost),
         });
         Ok(rule)
     }
@@ -869,6 +910,26 @@ pub(crate) trait ErasedRule: Send + Sync {
     fn never_fits_plan(&self) -> Option<(u32, String, u64)> {
         None
     }
+
+    /// For a request an earlier rule denied: what this rule would decide for it now,
+    /// writing nothing (an in-process rule's peek at its cost, and at cost 0 for the
+    /// headers); `None` when the rule cannot tell without a charge or a round trip
+    /// (a remote limiter, a queue) or has no key for the request.
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let _ = (parts, hasher);
+        None
+    }
+}
+
+/// A later rule's view of a request an earlier rule denied ([`ErasedRule::peek_later`]).
+pub(crate) struct Peeked {
+    /// The peek at the rule's cost: would it deny too, and for how long.
+    pub(crate) at_cost: Decision,
+    /// The peek at cost 0: the rule's state, for the headers.
+    pub(crate) state: Decision,
+    pub(crate) partition_key: Option<[u8; 16]>,
+    /// The window the limiter knows for the key ([`Charge::window_secs`]).
+    pub(crate) window: Option<u64>,
 }
 
 impl<L, E> ErasedRule for Rule<L, E>
@@ -970,6 +1031,24 @@ where
         let (plan, capacity) = (in_process.never_fits_plan)(&self.limiter, self.cost)?;
         Some((self.cost, plan, capacity))
     }
+
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let in_process = self.in_process.as_ref()?;
+        let limiter = &*self.limiter;
+        let own = self.extractor.extract(parts);
+        let key = match (&own, &self.on_missing) {
+            (Ok(key), _) => key,
+            (Err(_), OnMissingKey::Fallback(key)) => key,
+            (Err(_), OnMissingKey::Reject) => return None,
+        };
+        let (at_cost, state, window) = (in_process.peek)(limiter, key, self.cost);
+        Some(Peeked {
+            at_cost,
+            state,
+            partition_key: hasher.map(|h| h.hash(key)),
+            window,
+        })
+    }
 }
 
 struct RuleEntry {
@@ -1023,8 +1102,9 @@ impl Default for HeaderOptions {
 impl HeaderOptions {
     /// Writes the `X-RateLimit-*` trio with `format` for the reset, or not (`None`).
     ///
-    /// The trio holds one decision: the denying rule's on a 429, else the visible
-    /// rule with the least `remaining` (the longest reset on a tie).
+    /// The trio holds one decision: the denial's on a 429 (the hard rule that holds
+    /// the request back longest: see [`RateLimitLayer`], "How rules combine"), else
+    /// the visible rule with the least `remaining` (the longest reset on a tie).
     pub fn legacy(self, format: Option<ResetFormat>) -> Self {
         HeaderOptions {
             legacy: format,
@@ -1155,6 +1235,17 @@ struct Shared {
 /// works too), and the first **hard** denial stops the walk: the request is answered
 /// 429, and the rules after it are neither charged nor counted. The same holds for
 /// a request rejected for its key (400) or for a failed limiter (503).
+///
+/// The 429 speaks for every hard in-process rule ([`Rule::new`]), as
+/// [`check_all`](floodgate::keyed::composite::check_all) does: the hard in-process
+/// rules after the one that denied are peeked (a look at the request's cost,
+/// charging nothing, on the denial path only); each that would deny the request too
+/// is shown in `RateLimit` as it is (those that would admit it are not shown), and
+/// when one would deny for longer, the 429 is its denial (its `Retry-After`,
+/// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
+/// longest). A client that waits out `Retry-After` is then not denied by a later
+/// rule that was already spent. Later remote rules and queues are not peeked (a
+/// round trip each): their wait is not in the `Retry-After`.
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
 ///   the earlier rules took for the denied request are given back by their receipts, as
@@ -1685,6 +1776,10 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
                     held.give_back(&mut v.shown);
+                    v.shown.push(shown);
+                    // The 429 speaks for the rule that holds the request back longest:
+                    // a later hard rule already spent would deny the retry too.
+                    let (shown, entry) = later_denials(shared, parts, i, shown, &mut v.shown);
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
@@ -1708,7 +1803,6 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                         ),
                     };
                     v.reply = Some(Reply { status, text });
-                    v.shown.push(shown);
                     v.denial = Some(shown);
                     return v;
                 }
@@ -1734,6 +1828,51 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
     }
     held.keep();
     v
+}
+
+/// After rule `denied` denied a request (`denial`): the hard in-process rules after
+/// it, peeked without a charge ([`ErasedRule::peek_later`]), each that would deny
+/// too shown in `shown` as it is (those that would admit stay out, as before);
+/// returns the denial to answer with — the longest wait of them all
+/// ("never" longest), the first on a tie, as
+/// [`check_all`](floodgate::keyed::composite::check_all) picks — and its rule.
+fn later_denials<'s>(
+    shared: &'s Shared,
+    parts: &Parts,
+    denied: usize,
+    denial: Shown,
+    shown: &mut Vec<Shown>,
+) -> (Shown, &'s RuleEntry) {
+    let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
+    let hasher = shared.headers.partition_key.as_ref();
+    let mut longest = denial;
+    for (j, entry) in shared.rules.iter().enumerate().skip(denied + 1) {
+        if entry.strategy != Strategy::Hard {
+            continue;
+        }
+        let Some(peeked) = entry.rule.peek_later(parts, hasher) else {
+            continue;
+        };
+        if peeked.at_cost.is_allowed() {
+            continue;
+        }
+        let window = entry.window.or(peeked.window);
+        shown.push(Shown {
+            rule: j,
+            decision: peeked.state,
+            partition_key: peeked.partition_key,
+            window,
+        });
+        if wait(&peeked.at_cost) > wait(&longest.decision) {
+            longest = Shown {
+                rule: j,
+                decision: peeked.at_cost,
+                partition_key: peeked.partition_key,
+                window,
+            };
+        }
+    }
+    (longest, &shared.rules[longest.rule])
 }
 
 /// One rule's decision for a passed request, as [`RateLimitOutcomes`] keeps it.
