@@ -75,7 +75,8 @@
 //! [`charge`](LeasedGcra::charge) decides as [`check_n`](LeasedGcra::check_n) does and
 //! hands back a receipt; [`refund`](LeasedGcra::refund) gives its units back to the
 //! lease they were spent from — on the calling thread's shard, while that lease is
-//! unexpired, never above the lease size — or else, on any thread (a task that moved
+//! unexpired, never above the lease size (what the lease has no room for goes to
+//! the central word) — or else, on any thread (a task that moved
 //! threads between its charge and a later rule's denial), to the central word: the
 //! part of the refill's booking the clock has not yet reached, as a plain GCRA
 //! refund gives back, nothing once the clock has passed it or while the central
@@ -741,7 +742,9 @@ impl<C: Clock> LeasedGcra<C> {
     ///   charge's shard and that lease is still the shard's and spendable: never
     ///   above the lease size (a lease refill within the same 65.5 µs expiry tick
     ///   takes the same expiry, and a refund then lands on the new lease: still the
-    ///   shard's own units, see below).
+    ///   shard's own units, see below). The units a lease has no room for go to the
+    ///   central word, as the refund of a charge of that many units of the same
+    ///   booking (see "A full lease").
     /// * Otherwise **to the central word** — a thread that owns another shard or
     ///   none (a task that moved threads between its charge and a later rule's
     ///   denial), or the charging thread once that lease has expired or been
@@ -826,6 +829,28 @@ impl<C: Clock> LeasedGcra<C> {
     /// refund lowered the shard's words) gave back units of a passed booking but
     /// no admission beyond the bound.
     ///
+    /// # A full lease
+    ///
+    /// A charge of `n` units refunded to a lease with room for `k < n` puts `k` on
+    /// the lease and gives the other `n − k` to the central word, judged against
+    /// the same booking end `e` and ledger note as the whole charge would be, with
+    /// the span `(n − k)·T`: the booking `[e − (n − k)·T, e)`, its **last**
+    /// `n − k` units. That is the refund of a charge of `n − k` units spent from the
+    /// same lease (every charge from a lease carries the shard's `e` and note,
+    /// whatever its cost), so it gives back no more than one, by the arguments
+    /// above; the `k` on the lease are a refund of a charge of `k` to a lease with
+    /// room for them. Together they are the two refunds of a charge of `n` split in
+    /// two, which the central word cannot tell from a charge of `k` and one of
+    /// `n − k`. Why the last units and not `[e − n·T, e − k·T)`: the units kept on
+    /// the lease stay booked on the central schedule, so from the central word's
+    /// side the history is the refill taking `n − k` fewer units, which ends its
+    /// booking `(n − k)·T` earlier — the same "as if the refill had taken fewer"
+    /// as a whole charge's refund, whose span is also the booking's last units
+    /// whatever units the charge spent. The bound holds for any booking end taken
+    /// from a refill's CAS (the paragraph above), so this choice moves precision,
+    /// not the bound. The central part's outcome does not change the answer: the
+    /// lease took units, so `refund` returns `true`.
+    ///
     /// # Examples
     ///
     /// ```
@@ -878,21 +903,36 @@ impl<C: Clock> LeasedGcra<C> {
         let index = receipt.generation();
         // A refund takes no owner index: a thread without one owns no shard.
         if owner_index_if_taken() as u64 == index {
-            if let Some((shard, before)) = self.refund_to_lease(nanos, &charge, receipt.noted()) {
-                if !closed() {
-                    return true;
+            if let Some((shard, before, rest)) =
+                self.refund_to_lease(nanos, &charge, receipt.noted())
+            {
+                if closed() {
+                    // The caller owns the shard: nothing was spent since the store.
+                    // The rest would fail its CAS on the closed word: not tried.
+                    shard.lease.store(before, Ordering::Relaxed);
+                    return false;
                 }
-                // The caller owns the shard: nothing was spent since the store.
-                shard.lease.store(before, Ordering::Relaxed);
-                return false;
+                if rest > 0 {
+                    // The lease was filled to its size: the rest goes to the central
+                    // word as the refund of a charge of `rest` units of the same
+                    // booking — its last `rest` units (see `refund`, "A full
+                    // lease"). Units came back either way.
+                    let rest = Charged {
+                        cost: rest,
+                        ..charge
+                    };
+                    self.refund_to_central(now, &rest, receipt.noted());
+                }
+                return true;
             }
         }
         self.refund_to_central(now, &charge, receipt.noted())
     }
 
     /// Puts the charge's units back on the lease they were spent from, if the caller
-    /// owns the charge's shard and that lease is still its and spendable.
-    /// Returns the shard and its lease word as it was before, when it did.
+    /// owns the charge's shard and that lease is still its and spendable, up to the
+    /// lease size. Returns the shard, its lease word as it was before and the units
+    /// the lease had no room for (for the central word), when it took any.
     ///
     /// The lease then holds units of the charge's booking (ending at or after
     /// `charge.before`, noted at or after `noted`), so the shard's `booked` and
@@ -905,7 +945,7 @@ impl<C: Clock> LeasedGcra<C> {
         nanos: u64,
         charge: &Charged<u64>,
         noted: u64,
-    ) -> Option<(&Shard, Lease)> {
+    ) -> Option<(&Shard, Lease, u32)> {
         let shard: &Shard = self.shards.get(owner_index_if_taken())?;
         let tick = self.lease_tick(nanos)?;
         // The caller owns the shard: it is the word's only writer.
@@ -922,6 +962,7 @@ impl<C: Clock> LeasedGcra<C> {
         if units <= lease.units() {
             return None;
         }
+        let rest = charge.cost - (units - lease.units());
         shard
             .lease
             .store(Lease::new(units, lease.expires()), Ordering::Relaxed);
@@ -936,7 +977,7 @@ impl<C: Clock> LeasedGcra<C> {
         if since(noted) > since(shard.noted.load(Ordering::Relaxed)) {
             shard.noted.store(noted, Ordering::Relaxed);
         }
-        Some((shard, lease))
+        Some((shard, lease, rest))
     }
 
     /// Gives the part of the charge's booking still ahead of the clock back to the
