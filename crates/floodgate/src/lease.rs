@@ -236,15 +236,25 @@ impl Lease {
 /// One shard: its lease word and, for the receipts of the charges spent from it,
 /// where on the central schedule its units were booked. One writer (the thread
 /// owning the shard's index, or a caller holding `&mut`); the lease word comes
-/// first, so a spend addresses it as before.
+/// first, so a spend addresses it as before (a spend touches no other field).
 struct Shard {
     lease: Atomic<Lease>,
     /// The earliest end, on the central schedule, of a refill booking whose units
     /// the lease may hold (see [`LeasedGcra::refund`], "Back to the central word").
     booked: AtomicU64,
     /// The central refund ledger as the refill that made `booked`'s booking noted it
-    /// (before its CAS).
+    /// (before its CAS), or an older note.
     noted: AtomicU64,
+    /// The lease word a refill that spent units carried over from an earlier
+    /// booking left (0: none, or a refund to the lease has since changed the
+    /// lease's units): a charge that leaves this word is that refill's own, whose
+    /// units span both bookings, and is judged against `spanned_booked`.
+    spanned: AtomicU64,
+    /// For the refill's own charge when it spent carried units: the earliest end of
+    /// a booking among them and the new one.
+    spanned_booked: AtomicU64,
+    /// The ledger note that goes with `spanned_booked` (the older one).
+    spanned_noted: AtomicU64,
 }
 
 impl Shard {
@@ -253,6 +263,9 @@ impl Shard {
             lease: Atomic::new(Lease::default()),
             booked: AtomicU64::new(0),
             noted: AtomicU64::new(0),
+            spanned: AtomicU64::new(0),
+            spanned_booked: AtomicU64::new(0),
+            spanned_noted: AtomicU64::new(0),
         }
     }
 }
@@ -711,8 +724,10 @@ impl<C: Clock> LeasedGcra<C> {
     /// `before` is the shard's `booked` (the earliest end of a central booking whose
     /// units the lease may hold), `after` the lease word, and its ledger note the
     /// shard's `noted` (the central refund ledger as that booking's refill noted
-    /// it): what [`refund`](Self::refund) needs on the shard's lease or, from any
-    /// other thread, on the central word.
+    /// it) — or, for a refill's own charge that spent carried units (the lease word
+    /// is the one that refill left, `spanned`), `spanned_booked` and
+    /// `spanned_noted`: what [`refund`](Self::refund) needs on the shard's lease
+    /// or, from any other thread, on the central word.
     fn charge_on(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> (Decision, Receipt) {
         let index = owner_index();
         let Some(shard) = self.shards.get(index) else {
@@ -724,13 +739,21 @@ impl<C: Clock> LeasedGcra<C> {
         // refill); any other on the central word alone (`refill`).
         let leased = self.lease_tick(nanos).is_some();
         let charge = (decision.is_allowed() && cost > 0 && leased).then(|| {
+            let after = shard.lease.load(Ordering::Relaxed).0;
+            // A refill that spent carried units: its own charge spans both bookings
+            // (a later charge's units are all of the newer one).
+            let (booked, noted) = if after == shard.spanned.load(Ordering::Relaxed) {
+                (&shard.spanned_booked, &shard.spanned_noted)
+            } else {
+                (&shard.booked, &shard.noted)
+            };
             let charge = Charged {
-                before: shard.booked.load(Ordering::Relaxed),
-                after: shard.lease.load(Ordering::Relaxed).0,
+                before: booked.load(Ordering::Relaxed),
+                after,
                 at: Nanos::new(nanos),
                 cost,
             };
-            (charge, shard.noted.load(Ordering::Relaxed))
+            (charge, noted.load(Ordering::Relaxed))
         });
         (decision, Receipt::new(self.owner, 0, index as u64, charge))
     }
@@ -799,15 +822,33 @@ impl<C: Clock> LeasedGcra<C> {
     /// `[e − n·T, e)` — and nothing otherwise.
     ///
     /// For that the receipt carries `e` and the ledger's note, from the shard at the
-    /// charge. A lease may hold units of earlier bookings (units carried over into a
-    /// refill, a refund into a lease of the same expiry tick — which a refill at a
-    /// reading behind a later refill's, an owner's stale reading or a coarse
-    /// clock's, may have dated anew with a later booking): the shard keeps the
-    /// **earliest** end among them and the **oldest** note (a refill carrying
-    /// units keeps the shard's; a refund to the lease lowers both to its
-    /// receipt's). Judged against an earlier end, and with a larger shift, a refund
-    /// gives back no more than against the booking the units came from
-    /// (conservative; exact when the lease's units are all of one booking).
+    /// charge. The shard keeps, for its lease's units, the **earliest** end of a
+    /// booking among those they came from and the **oldest** note:
+    ///
+    /// * A refill books `[s, e)` and its charge spends the lease's own spendable
+    ///   units (fewer than its cost, or it would have been a spend) **first**, so
+    ///   the units it leaves are all of its own booking: the shard takes `e` and
+    ///   the refill's note, and a later charge from that lease is judged against
+    ///   them, however many units the lease carried over. (The units are
+    ///   fungible: which ones a charge "spent" is a choice, and this one makes a
+    ///   refill that took `n` fewer a history that fits every later spend, since
+    ///   the lease then held at least `n` of its units.)
+    /// * The refill's own charge spent the carried units and some of the new
+    ///   booking: it is judged against the earliest end among the carried units'
+    ///   bookings and the new one, with the older note (the shard keeps these apart,
+    ///   matched by the lease word the refill left, which no later charge leaves
+    ///   unless a refund to the lease put units back; such a refund clears the
+    ///   match). Conservative: with its whole cost against the new end it would
+    ///   reach before `s`, into bookings another shard may have made in between.
+    /// * A refund to the lease puts a receipt's units back, perhaps of an earlier
+    ///   booking (a lease of the same expiry tick — which a refill at a reading
+    ///   behind a later refill's, an owner's stale reading or a coarse clock's, may
+    ///   have dated anew with a later booking): it lowers the shard's end and note
+    ///   to its receipt's where those are earlier.
+    ///
+    /// Judged against an earlier end, and with a larger shift, a refund gives back
+    /// no more than against the booking the units came from (conservative; exact
+    /// when the lease's units are all of one booking).
     /// Refunds to the central word are serialised by the ledger's lock and written
     /// with an `AcqRel` CAS; a refill's note is read before its `Release` CAS, so
     /// a refund that moved a booking is never in the booking's note.
@@ -977,6 +1018,9 @@ impl<C: Clock> LeasedGcra<C> {
         if since(noted) > since(shard.noted.load(Ordering::Relaxed)) {
             shard.noted.store(noted, Ordering::Relaxed);
         }
+        // The lease's units are no longer the last refill's alone: a later charge
+        // is judged against the (lowered) `booked`, never `spanned_booked`.
+        shard.spanned.store(0, Ordering::Relaxed);
         Some((shard, lease, rest))
     }
 
@@ -1294,25 +1338,34 @@ impl<C: Clock> LeasedGcra<C> {
         // guard (a unit dropped is under-admission only).
         let left = (own + taken - cost).min(MAX_LEASE);
         let expires = tick.saturating_add(self.lifetime_ticks);
+        let next = Lease::new(left, expires);
         if taken > 0 {
             // Where this booking ends on the central schedule, for the receipts of
-            // charges spent from this lease. A lease that keeps units of an earlier
-            // booking (its own units carried over, or a lease of the same expiry
-            // tick, into which an earlier receipt may still be refunded) keeps the
-            // earliest end and that booking's note: a central refund judged against
-            // it gives back no more than against any booking its units came from.
-            let fresh = own == 0 && lease.expires() != expires;
+            // charges spent from this lease. This charge spends the lease's own
+            // `own < cost` units first, so the units left are all of this booking:
+            // later charges are judged against its end and note. (An earlier
+            // receipt refunded to this lease later — one of the same expiry tick —
+            // lowers both to its own: `refund_to_lease`.) This charge's own units
+            // span the carried ones' bookings and this one: it is judged against
+            // the earliest end among them and the older note (`spanned_*`, matched
+            // by the lease word it leaves).
             let old = shard.booked.load(Ordering::Relaxed);
-            if fresh || booked < old {
-                shard.booked.store(booked, Ordering::Relaxed);
-            }
-            if fresh {
-                shard.noted.store(noted, Ordering::Relaxed);
+            let old_noted = shard.noted.load(Ordering::Relaxed);
+            shard.booked.store(booked, Ordering::Relaxed);
+            shard.noted.store(noted, Ordering::Relaxed);
+            if own > 0 {
+                shard
+                    .spanned_booked
+                    .store(old.min(booked), Ordering::Relaxed);
+                // Older than `noted`: the ledger only grows, and every note the
+                // shard holds was read earlier by its owners.
+                shard.spanned_noted.store(old_noted, Ordering::Relaxed);
+                shard.spanned.store(next.0, Ordering::Relaxed);
+            } else {
+                shard.spanned.store(0, Ordering::Relaxed);
             }
         }
-        shard
-            .lease
-            .store(Lease::new(left, expires), Ordering::Relaxed);
+        shard.lease.store(next, Ordering::Relaxed);
         let central_remaining = central.map_or(0, |d| d.remaining());
         let reset = central.map_or(self.lifetime_ticks << TICK_SHIFT, |d| d.reset_after_nanos());
         Decision::allow(

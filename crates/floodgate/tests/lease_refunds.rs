@@ -51,19 +51,20 @@ fn a_refund_puts_the_units_back_on_their_lease_never_above_the_lease_size() {
     assert_eq!(l.units_on_lease(), 0);
     assert!(l.refund(big));
     assert_eq!(l.units_on_lease(), 10, "capped at the lease size");
-    // The 20 the lease has no room for go to the central word, judged against the
-    // shard's booking end: the same-tick refill of `big` kept the first booking's
-    // end (1.01 s), so the span [0.99 s, 1.01 s) gives back its 10 ms ahead.
-    assert_eq!(l.peek(0).remaining(), 70);
-    // A full lease takes nothing more: `spent` goes to the central word, where the
-    // ledger's shift (the 10 just given back) leaves nothing of its booking ahead.
+    // The 20 the lease has no room for go to the central word, judged against
+    // `big`'s own booking, [1.01 s, 1.04 s): its last 20 units are ahead.
+    assert_eq!(l.peek(0).remaining(), 80);
+    // A full lease takes nothing more: `spent` goes to the central word. Its
+    // booking, [1 s, 1.01 s), was noted before the 20 came back, and a central
+    // refund cannot tell where in the schedule those 20 were: its booking counts
+    // as moved down by them (the ledger's shift), behind the clock.
     assert!(!l.refund(spent));
     assert_eq!(l.units_on_lease(), 10);
-    // Conservation on a standing clock: admitted (net) + held + central ≤ 100 (20
-    // of the 40 refunded are lost: conservative, the older booking end).
+    // Conservation on a standing clock: admitted (net) + held + central ≤ 100 (the
+    // 10 of `spent` are lost: conservative, the ledger's shift).
     let central = l.peek(0).remaining();
     let admitted = 0; // every charge above was refunded
-    assert_eq!((central, l.units_held()), (70, 10));
+    assert_eq!((central, l.units_held()), (80, 10));
     assert!(admitted + l.units_held() + central <= 100);
 }
 
