@@ -138,6 +138,44 @@ fn a_refund_whose_booking_has_passed_gives_nothing_back_after_a_refill_at_an_old
     );
 }
 
+/// A refill that spends carried units leaves a lease word its own charge is known
+/// by (judged against the carried units' booking, the earlier end). A refund to the
+/// lease that puts units of an older booking back clears that: a later charge that
+/// leaves the same word is judged against the lowered end, not the refill's.
+#[test]
+#[cfg_attr(miri, ignore = "quanta executes CPUID")]
+fn a_charge_leaving_a_carrying_refills_word_after_a_lease_refund_is_judged_against_the_older_booking(
+) {
+    let rig = Rig::at_tick_10(100);
+    let l = &rig.limiter;
+    // Tick 10: a lease of 10 booked [S, S + 10 ms), all spent by `first`.
+    let (d, first) = l.charge(10);
+    assert!(d.is_allowed() && first.is_charged());
+    // The refill clock passes that booking; tick 11: a lease booked
+    // [S + 20, S + 30 ms), spent whole.
+    rig.refill.advance(Duration::from_millis(20));
+    rig.ticks(1);
+    assert!(l.charge(10).0.is_allowed());
+    // A reading at tick 10 again: a lease at `first`'s expiry tick, booked
+    // [S + 30, S + 40 ms), 2 left; then a refill that carries those 2 (same tick,
+    // same expiry), booked [S + 40, S + 50 ms), 9 left.
+    rig.ticks(-1);
+    assert!(l.charge(8).0.is_allowed());
+    assert!(l.charge(3).0.is_allowed());
+    assert_eq!((l.units_on_lease(), central(l)), (9, 70));
+    // `first` goes back to that lease: 1 unit of room (the other 9 to the central
+    // word, where its booking has passed: nothing).
+    assert!(l.refund(first));
+    assert_eq!((l.units_on_lease(), central(l)), (10, 70));
+    // A charge of 1 leaves the lease word the carrying refill left; the lease holds
+    // a unit of `first`'s passed booking, so nothing of it is ahead of the clock.
+    charge_and_refund_elsewhere_gives_nothing(
+        l,
+        1,
+        "a charge after a lease refund was judged as the carrying refill's own",
+    );
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "quanta executes CPUID")]
 fn a_receipt_of_an_expired_lease_refunded_at_a_stale_reading_is_spent_again() {
