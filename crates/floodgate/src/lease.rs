@@ -75,7 +75,8 @@
 //! [`charge`](LeasedGcra::charge) decides as [`check_n`](LeasedGcra::check_n) does and
 //! hands back a receipt; [`refund`](LeasedGcra::refund) gives its units back to the
 //! lease they were spent from — on the calling thread's shard, while that lease is
-//! unexpired, never above the lease size — or else, on any thread (a task that moved
+//! unexpired, never above the lease size (what the lease has no room for goes to
+//! the central word) — or else, on any thread (a task that moved
 //! threads between its charge and a later rule's denial), to the central word: the
 //! part of the refill's booking the clock has not yet reached, as a plain GCRA
 //! refund gives back, nothing once the clock has passed it or while the central
@@ -235,15 +236,25 @@ impl Lease {
 /// One shard: its lease word and, for the receipts of the charges spent from it,
 /// where on the central schedule its units were booked. One writer (the thread
 /// owning the shard's index, or a caller holding `&mut`); the lease word comes
-/// first, so a spend addresses it as before.
+/// first, so a spend addresses it as before (a spend touches no other field).
 struct Shard {
     lease: Atomic<Lease>,
     /// The earliest end, on the central schedule, of a refill booking whose units
     /// the lease may hold (see [`LeasedGcra::refund`], "Back to the central word").
     booked: AtomicU64,
     /// The central refund ledger as the refill that made `booked`'s booking noted it
-    /// (before its CAS).
+    /// (before its CAS), or an older note.
     noted: AtomicU64,
+    /// The lease word a refill that spent units carried over from an earlier
+    /// booking left (0: none, or a refund to the lease has since changed the
+    /// lease's units): a charge that leaves this word is that refill's own, whose
+    /// units span both bookings, and is judged against `spanned_booked`.
+    spanned: AtomicU64,
+    /// For the refill's own charge when it spent carried units: the earliest end of
+    /// a booking among them and the new one.
+    spanned_booked: AtomicU64,
+    /// The ledger note that goes with `spanned_booked` (the older one).
+    spanned_noted: AtomicU64,
 }
 
 impl Shard {
@@ -252,6 +263,9 @@ impl Shard {
             lease: Atomic::new(Lease::default()),
             booked: AtomicU64::new(0),
             noted: AtomicU64::new(0),
+            spanned: AtomicU64::new(0),
+            spanned_booked: AtomicU64::new(0),
+            spanned_noted: AtomicU64::new(0),
         }
     }
 }
@@ -710,8 +724,10 @@ impl<C: Clock> LeasedGcra<C> {
     /// `before` is the shard's `booked` (the earliest end of a central booking whose
     /// units the lease may hold), `after` the lease word, and its ledger note the
     /// shard's `noted` (the central refund ledger as that booking's refill noted
-    /// it): what [`refund`](Self::refund) needs on the shard's lease or, from any
-    /// other thread, on the central word.
+    /// it) — or, for a refill's own charge that spent carried units (the lease word
+    /// is the one that refill left, `spanned`), `spanned_booked` and
+    /// `spanned_noted`: what [`refund`](Self::refund) needs on the shard's lease
+    /// or, from any other thread, on the central word.
     fn charge_on(&self, now: Option<Nanos>, nanos: u64, cost: u32) -> (Decision, Receipt) {
         let index = owner_index();
         let Some(shard) = self.shards.get(index) else {
@@ -723,13 +739,21 @@ impl<C: Clock> LeasedGcra<C> {
         // refill); any other on the central word alone (`refill`).
         let leased = self.lease_tick(nanos).is_some();
         let charge = (decision.is_allowed() && cost > 0 && leased).then(|| {
+            let after = shard.lease.load(Ordering::Relaxed).0;
+            // A refill that spent carried units: its own charge spans both bookings
+            // (a later charge's units are all of the newer one).
+            let (booked, noted) = if after == shard.spanned.load(Ordering::Relaxed) {
+                (&shard.spanned_booked, &shard.spanned_noted)
+            } else {
+                (&shard.booked, &shard.noted)
+            };
             let charge = Charged {
-                before: shard.booked.load(Ordering::Relaxed),
-                after: shard.lease.load(Ordering::Relaxed).0,
+                before: booked.load(Ordering::Relaxed),
+                after,
                 at: Nanos::new(nanos),
                 cost,
             };
-            (charge, shard.noted.load(Ordering::Relaxed))
+            (charge, noted.load(Ordering::Relaxed))
         });
         (decision, Receipt::new(self.owner, 0, index as u64, charge))
     }
@@ -741,7 +765,9 @@ impl<C: Clock> LeasedGcra<C> {
     ///   charge's shard and that lease is still the shard's and spendable: never
     ///   above the lease size (a lease refill within the same 65.5 µs expiry tick
     ///   takes the same expiry, and a refund then lands on the new lease: still the
-    ///   shard's own units, see below).
+    ///   shard's own units, see below). The units a lease has no room for go to the
+    ///   central word, as the refund of a charge of that many units of the same
+    ///   booking (see "A full lease").
     /// * Otherwise **to the central word** — a thread that owns another shard or
     ///   none (a task that moved threads between its charge and a later rule's
     ///   denial), or the charging thread once that lease has expired or been
@@ -796,15 +822,33 @@ impl<C: Clock> LeasedGcra<C> {
     /// `[e − n·T, e)` — and nothing otherwise.
     ///
     /// For that the receipt carries `e` and the ledger's note, from the shard at the
-    /// charge. A lease may hold units of earlier bookings (units carried over into a
-    /// refill, a refund into a lease of the same expiry tick — which a refill at a
-    /// reading behind a later refill's, an owner's stale reading or a coarse
-    /// clock's, may have dated anew with a later booking): the shard keeps the
-    /// **earliest** end among them and the **oldest** note (a refill carrying
-    /// units keeps the shard's; a refund to the lease lowers both to its
-    /// receipt's). Judged against an earlier end, and with a larger shift, a refund
-    /// gives back no more than against the booking the units came from
-    /// (conservative; exact when the lease's units are all of one booking).
+    /// charge. The shard keeps, for its lease's units, the **earliest** end of a
+    /// booking among those they came from and the **oldest** note:
+    ///
+    /// * A refill books `[s, e)` and its charge spends the lease's own spendable
+    ///   units (fewer than its cost, or it would have been a spend) **first**, so
+    ///   the units it leaves are all of its own booking: the shard takes `e` and
+    ///   the refill's note, and a later charge from that lease is judged against
+    ///   them, however many units the lease carried over. (The units are
+    ///   fungible: which ones a charge "spent" is a choice, and this one makes a
+    ///   refill that took `n` fewer a history that fits every later spend, since
+    ///   the lease then held at least `n` of its units.)
+    /// * The refill's own charge spent the carried units and some of the new
+    ///   booking: it is judged against the earliest end among the carried units'
+    ///   bookings and the new one, with the older note (the shard keeps these apart,
+    ///   matched by the lease word the refill left, which no later charge leaves
+    ///   unless a refund to the lease put units back; such a refund clears the
+    ///   match). Conservative: with its whole cost against the new end it would
+    ///   reach before `s`, into bookings another shard may have made in between.
+    /// * A refund to the lease puts a receipt's units back, perhaps of an earlier
+    ///   booking (a lease of the same expiry tick — which a refill at a reading
+    ///   behind a later refill's, an owner's stale reading or a coarse clock's, may
+    ///   have dated anew with a later booking): it lowers the shard's end and note
+    ///   to its receipt's where those are earlier.
+    ///
+    /// Judged against an earlier end, and with a larger shift, a refund gives back
+    /// no more than against the booking the units came from (conservative; exact
+    /// when the lease's units are all of one booking).
     /// Refunds to the central word are serialised by the ledger's lock and written
     /// with an `AcqRel` CAS; a refill's note is read before its `Release` CAS, so
     /// a refund that moved a booking is never in the booking's note.
@@ -825,6 +869,28 @@ impl<C: Clock> LeasedGcra<C> {
     /// booking judged too late (the stale-reading case above, before the lease
     /// refund lowered the shard's words) gave back units of a passed booking but
     /// no admission beyond the bound.
+    ///
+    /// # A full lease
+    ///
+    /// A charge of `n` units refunded to a lease with room for `k < n` puts `k` on
+    /// the lease and gives the other `n − k` to the central word, judged against
+    /// the same booking end `e` and ledger note as the whole charge would be, with
+    /// the span `(n − k)·T`: the booking `[e − (n − k)·T, e)`, its **last**
+    /// `n − k` units. That is the refund of a charge of `n − k` units spent from the
+    /// same lease (every charge from a lease carries the shard's `e` and note,
+    /// whatever its cost), so it gives back no more than one, by the arguments
+    /// above; the `k` on the lease are a refund of a charge of `k` to a lease with
+    /// room for them. Together they are the two refunds of a charge of `n` split in
+    /// two, which the central word cannot tell from a charge of `k` and one of
+    /// `n − k`. Why the last units and not `[e − n·T, e − k·T)`: the units kept on
+    /// the lease stay booked on the central schedule, so from the central word's
+    /// side the history is the refill taking `n − k` fewer units, which ends its
+    /// booking `(n − k)·T` earlier — the same "as if the refill had taken fewer"
+    /// as a whole charge's refund, whose span is also the booking's last units
+    /// whatever units the charge spent. The bound holds for any booking end taken
+    /// from a refill's CAS (the paragraph above), so this choice moves precision,
+    /// not the bound. The central part's outcome does not change the answer: the
+    /// lease took units, so `refund` returns `true`.
     ///
     /// # Examples
     ///
@@ -878,21 +944,36 @@ impl<C: Clock> LeasedGcra<C> {
         let index = receipt.generation();
         // A refund takes no owner index: a thread without one owns no shard.
         if owner_index_if_taken() as u64 == index {
-            if let Some((shard, before)) = self.refund_to_lease(nanos, &charge, receipt.noted()) {
-                if !closed() {
-                    return true;
+            if let Some((shard, before, rest)) =
+                self.refund_to_lease(nanos, &charge, receipt.noted())
+            {
+                if closed() {
+                    // The caller owns the shard: nothing was spent since the store.
+                    // The rest would fail its CAS on the closed word: not tried.
+                    shard.lease.store(before, Ordering::Relaxed);
+                    return false;
                 }
-                // The caller owns the shard: nothing was spent since the store.
-                shard.lease.store(before, Ordering::Relaxed);
-                return false;
+                if rest > 0 {
+                    // The lease was filled to its size: the rest goes to the central
+                    // word as the refund of a charge of `rest` units of the same
+                    // booking — its last `rest` units (see `refund`, "A full
+                    // lease"). Units came back either way.
+                    let rest = Charged {
+                        cost: rest,
+                        ..charge
+                    };
+                    self.refund_to_central(now, &rest, receipt.noted());
+                }
+                return true;
             }
         }
         self.refund_to_central(now, &charge, receipt.noted())
     }
 
     /// Puts the charge's units back on the lease they were spent from, if the caller
-    /// owns the charge's shard and that lease is still its and spendable.
-    /// Returns the shard and its lease word as it was before, when it did.
+    /// owns the charge's shard and that lease is still its and spendable, up to the
+    /// lease size. Returns the shard, its lease word as it was before and the units
+    /// the lease had no room for (for the central word), when it took any.
     ///
     /// The lease then holds units of the charge's booking (ending at or after
     /// `charge.before`, noted at or after `noted`), so the shard's `booked` and
@@ -905,7 +986,7 @@ impl<C: Clock> LeasedGcra<C> {
         nanos: u64,
         charge: &Charged<u64>,
         noted: u64,
-    ) -> Option<(&Shard, Lease)> {
+    ) -> Option<(&Shard, Lease, u32)> {
         let shard: &Shard = self.shards.get(owner_index_if_taken())?;
         let tick = self.lease_tick(nanos)?;
         // The caller owns the shard: it is the word's only writer.
@@ -922,6 +1003,7 @@ impl<C: Clock> LeasedGcra<C> {
         if units <= lease.units() {
             return None;
         }
+        let rest = charge.cost - (units - lease.units());
         shard
             .lease
             .store(Lease::new(units, lease.expires()), Ordering::Relaxed);
@@ -936,7 +1018,10 @@ impl<C: Clock> LeasedGcra<C> {
         if since(noted) > since(shard.noted.load(Ordering::Relaxed)) {
             shard.noted.store(noted, Ordering::Relaxed);
         }
-        Some((shard, lease))
+        // The lease's units are no longer the last refill's alone: a later charge
+        // is judged against the (lowered) `booked`, never `spanned_booked`.
+        shard.spanned.store(0, Ordering::Relaxed);
+        Some((shard, lease, rest))
     }
 
     /// Gives the part of the charge's booking still ahead of the clock back to the
@@ -1253,25 +1338,34 @@ impl<C: Clock> LeasedGcra<C> {
         // guard (a unit dropped is under-admission only).
         let left = (own + taken - cost).min(MAX_LEASE);
         let expires = tick.saturating_add(self.lifetime_ticks);
+        let next = Lease::new(left, expires);
         if taken > 0 {
             // Where this booking ends on the central schedule, for the receipts of
-            // charges spent from this lease. A lease that keeps units of an earlier
-            // booking (its own units carried over, or a lease of the same expiry
-            // tick, into which an earlier receipt may still be refunded) keeps the
-            // earliest end and that booking's note: a central refund judged against
-            // it gives back no more than against any booking its units came from.
-            let fresh = own == 0 && lease.expires() != expires;
+            // charges spent from this lease. This charge spends the lease's own
+            // `own < cost` units first, so the units left are all of this booking:
+            // later charges are judged against its end and note. (An earlier
+            // receipt refunded to this lease later — one of the same expiry tick —
+            // lowers both to its own: `refund_to_lease`.) This charge's own units
+            // span the carried ones' bookings and this one: it is judged against
+            // the earliest end among them and the older note (`spanned_*`, matched
+            // by the lease word it leaves).
             let old = shard.booked.load(Ordering::Relaxed);
-            if fresh || booked < old {
-                shard.booked.store(booked, Ordering::Relaxed);
-            }
-            if fresh {
-                shard.noted.store(noted, Ordering::Relaxed);
+            let old_noted = shard.noted.load(Ordering::Relaxed);
+            shard.booked.store(booked, Ordering::Relaxed);
+            shard.noted.store(noted, Ordering::Relaxed);
+            if own > 0 {
+                shard
+                    .spanned_booked
+                    .store(old.min(booked), Ordering::Relaxed);
+                // Older than `noted`: the ledger only grows, and every note the
+                // shard holds was read earlier by its owners.
+                shard.spanned_noted.store(old_noted, Ordering::Relaxed);
+                shard.spanned.store(next.0, Ordering::Relaxed);
+            } else {
+                shard.spanned.store(0, Ordering::Relaxed);
             }
         }
-        shard
-            .lease
-            .store(Lease::new(left, expires), Ordering::Relaxed);
+        shard.lease.store(next, Ordering::Relaxed);
         let central_remaining = central.map_or(0, |d| d.remaining());
         let reset = central.map_or(self.lifetime_ticks << TICK_SHIFT, |d| d.reset_after_nanos());
         Decision::allow(

@@ -116,6 +116,65 @@ fn a_lease_refilled_in_the_same_tick_keeps_the_earlier_booking() {
     assert_eq!(l.peek(0).remaining(), 97); // [5, 8) ms ahead
 }
 
+/// A refill that carries units over (the lease's own still spendable, fewer than
+/// the cost) spends them first: the units it leaves are all of its own booking, so
+/// a later charge from that lease is judged against that booking's end, not the
+/// older one the carried units came from.
+#[test]
+fn a_charge_after_a_refill_that_carried_units_over_is_judged_against_the_new_booking() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = leased(100, 10, &clock);
+    let (_, first) = l.charge(8); // books [0, 10) ms past 1 s; 2 left on the lease
+    clock.set(Nanos::new(1_020_000_000)); // that booking has passed
+    let (d, refill) = l.charge(3); // spends the 2 carried, books [20, 30) ms
+    assert!(d.is_allowed());
+    assert_eq!((l.units_on_lease(), l.peek(0).remaining()), (9, 90));
+    let (_, later) = l.charge(4);
+    assert!(
+        refund_elsewhere(&l, later),
+        "its units are the new booking's, all still ahead"
+    );
+    assert_eq!(l.peek(0).remaining(), 94, "[26, 30) ms came back");
+    // The refill's own charge spent the 2 carried units of the passed booking: it
+    // is judged against that booking's end (conservative: its 1 unit of the new
+    // booking does not come back).
+    assert!(!refund_elsewhere(&l, refill));
+    assert!(!refund_elsewhere(&l, first));
+    assert_eq!(l.peek(0).remaining(), 94);
+    assert_eq!(l.units_on_lease(), 5);
+}
+
+/// The refill's own charge, when it spends carried units, spans two bookings with
+/// another shard's between them: judged against the new booking's end with its
+/// whole cost it would give back part of the other shard's booking. It is judged
+/// against the earlier end.
+#[test]
+fn a_refills_own_charge_of_carried_units_gives_back_no_other_shards_booking() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let l = leased(100, 4, &clock);
+    let (_, _first) = l.charge(3); // books [0, 4) ms past 1 s; 1 left on the lease
+    thread::scope(|s| {
+        s.spawn(|| {
+            let (d, _) = l.charge(1); // another shard books [4, 8) ms
+            assert!(d.is_allowed());
+        });
+    });
+    clock.set(Nanos::new(1_005_000_000));
+    // Spends the carried unit and 5 new ones: the refill takes its need, 5,
+    // booking [8, 13) ms; this lease is left empty (the other shard holds 3).
+    let (d, spanning) = l.charge(6);
+    assert!(d.is_allowed());
+    assert_eq!((l.units_on_lease(), l.peek(0).remaining()), (3, 92));
+    refund_elsewhere(&l, spanning);
+    let back = l.peek(0).remaining() - 92;
+    assert!(
+        back <= 5,
+        "{back} back: more than this refill's booking, part of [4, 8) ms"
+    );
+    // Judged against the carried unit's booking, [0, 4) ms, which has passed.
+    assert_eq!(back, 0);
+}
+
 /// Four threads charge and hand their receipts to the next thread, which refunds
 /// them (on the central word: it does not own the charging shard). Phase 1's
 /// receipts are refunded in the middle of phase 2 (the schedule busy again, the

@@ -51,17 +51,73 @@ fn a_refund_puts_the_units_back_on_their_lease_never_above_the_lease_size() {
     assert_eq!(l.units_on_lease(), 0);
     assert!(l.refund(big));
     assert_eq!(l.units_on_lease(), 10, "capped at the lease size");
-    // A full lease takes nothing more: the units go back to the central word (the
-    // clock stands at the booking's start: all of it is still ahead).
-    assert_eq!(l.peek(0).remaining(), 60);
-    assert!(l.refund(spent));
+    // The 20 the lease has no room for go to the central word, judged against
+    // `big`'s own booking, [1.01 s, 1.04 s): its last 20 units are ahead.
+    assert_eq!(l.peek(0).remaining(), 80);
+    // A full lease takes nothing more: `spent` goes to the central word. Its
+    // booking, [1 s, 1.01 s), was noted before the 20 came back, and a central
+    // refund cannot tell where in the schedule those 20 were: its booking counts
+    // as moved down by them (the ledger's shift), behind the clock.
+    assert!(!l.refund(spent));
     assert_eq!(l.units_on_lease(), 10);
     // Conservation on a standing clock: admitted (net) + held + central ≤ 100 (the
-    // 20 units of `big` the capped lease could not take are lost: conservative).
+    // 10 of `spent` are lost: conservative, the ledger's shift).
     let central = l.peek(0).remaining();
     let admitted = 0; // every charge above was refunded
-    assert_eq!((central, l.units_held()), (70, 10));
+    assert_eq!((central, l.units_held()), (80, 10));
     assert!(admitted + l.units_held() + central <= 100);
+}
+
+/// A charge above the room left on its lease: the lease is filled to its size and
+/// the rest goes to the central word, as the refund of a charge of that many units
+/// of the same booking — its last units, the part of the booking that ends last.
+#[test]
+fn what_a_full_lease_has_no_room_for_goes_to_the_central_word() {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1));
+    let lease_living_an_hour = || {
+        LeasedGcra::builder(Policy::per_second(1_000).unwrap().with_burst(100).unwrap())
+            .shards(64)
+            .lease_size(10)
+            .lifetime(Duration::from_secs(3_600))
+            .build_with_clock(clock.clone())
+            .unwrap()
+    };
+    // A standing clock: the lease takes 10 of the 30, the central word the other
+    // 20 (all of the booking is still ahead). Nothing is lost: admitted 0 + held
+    // 10 + central 90 = the burst.
+    let l = lease_living_an_hour();
+    let (d, big) = l.charge(30); // books [1 s, 1.03 s); the lease is left empty
+    assert!(d.is_allowed() && big.cost() == 30, "{d:?} {big:?}");
+    assert_eq!((l.units_on_lease(), l.peek(0).remaining()), (0, 70));
+    assert!(l.refund(big));
+    assert_eq!(l.units_on_lease(), 10, "the lease up to its size");
+    assert_eq!(
+        l.peek(0).remaining(),
+        90,
+        "the other 20 to the central word"
+    );
+    assert_eq!(l.units_held() + l.peek(0).remaining(), 100);
+
+    // 25 ms on, 5 ms of the booking are ahead. The 20 are the booking's last 20
+    // units, [1.01 s, 1.03 s): its 5 ms ahead come back and the schedule is idle
+    // (the booking's first 20, [1 s, 1.02 s), would have given nothing). This is
+    // the history of a refill that took 10 units, not 30, with no charge: its
+    // booking [1 s, 1.01 s) passed, the lease holds 10.
+    let l = lease_living_an_hour();
+    let (_, big) = l.charge(30);
+    clock.advance(Duration::from_millis(25));
+    assert_eq!(l.peek(0).remaining(), 95);
+    assert!(l.refund(big));
+    assert_eq!(l.units_on_lease(), 10);
+    assert_eq!(l.peek(0).remaining(), 100, "the 5 ms still ahead came back");
+    assert_eq!(l.peek(0).reset_after(), Duration::ZERO);
+
+    // Once the clock has passed the booking, only the lease's part comes back.
+    let l = lease_living_an_hour();
+    let (_, big) = l.charge(30);
+    clock.advance(Duration::from_millis(40));
+    assert!(l.refund(big));
+    assert_eq!((l.units_on_lease(), l.peek(0).remaining()), (10, 100));
 }
 
 #[test]

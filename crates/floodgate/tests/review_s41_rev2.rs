@@ -63,6 +63,23 @@ impl Rig {
         }
     }
 
+    /// Tick 10: a lease of 10 booked [S, S + 10 ms), all spent by the charge whose
+    /// receipt this returns; then the refill clock passes that booking and, at tick
+    /// 11, a new lease booked [S + 20, S + 30 ms) is spent whole (its receipt kept:
+    /// an admission); then the expiry clock reads tick 10 again (an owner's stale
+    /// reading, or the expiry clock stepping back): the tick-11 lease is not
+    /// spendable there, so the next refill dates a lease at the first's expiry.
+    fn a_passed_booking_then_back_to_its_tick(&self) -> Receipt {
+        let l = &self.limiter;
+        let (d, first) = l.charge(10);
+        assert!(d.is_allowed() && first.is_charged());
+        self.refill.advance(Duration::from_millis(20));
+        self.ticks(1);
+        assert!(l.charge(10).0.is_allowed());
+        self.ticks(-1);
+        first
+    }
+
     /// Moves the expiry clock `ticks` ticks on (back, if negative).
     fn ticks(&self, ticks: i64) {
         let by = ticks.unsigned_abs() * TICK;
@@ -109,19 +126,9 @@ fn charge_and_refund_elsewhere_gives_nothing(l: &LeasedGcra<ManualClock>, cost: 
 fn a_refund_whose_booking_has_passed_gives_nothing_back_after_a_refill_at_an_older_tick() {
     let rig = Rig::at_tick_10(30);
     let l = &rig.limiter;
-    // Tick 10: a lease of 10 booked [S, S + 10 ms), all spent by `first`.
-    let (d, first) = l.charge(10);
-    assert!(d.is_allowed() && first.is_charged());
-    // The refill clock passes that booking; tick 11: a new lease, booked
-    // [S + 20, S + 30 ms), spent whole (its receipt kept: an admission).
-    rig.refill.advance(Duration::from_millis(20));
-    rig.ticks(1);
-    let (d, _second) = l.charge(10);
-    assert!(d.is_allowed());
-    // A reading at tick 10 again (an owner's stale reading, or the expiry clock
-    // stepping back): the tick-11 lease is not spendable there, so a refill dates
-    // a new lease at tick 10 — `first`'s expiry — booked [S + 30, S + 40 ms).
-    rig.ticks(-1);
+    // `first` spent a lease booked [S, S + 10 ms); at tick 10 again, a refill
+    // dates a new lease at `first`'s expiry, booked [S + 30, S + 40 ms).
+    let first = rig.a_passed_booking_then_back_to_its_tick();
     let (d, _third) = l.charge(10);
     assert!(d.is_allowed());
     assert_eq!(central(l), 10, "20 ms booked ahead of S + 20 ms: 30 − 20");
@@ -135,6 +142,36 @@ fn a_refund_whose_booking_has_passed_gives_nothing_back_after_a_refill_at_an_old
         l,
         10,
         "a refund of units whose booking has passed gave the later booking's tail back",
+    );
+}
+
+/// A refill that spends carried units leaves a lease word its own charge is known
+/// by (judged against the carried units' booking, the earlier end). A refund to the
+/// lease that puts units of an older booking back clears that: a later charge that
+/// leaves the same word is judged against the lowered end, not the refill's.
+#[test]
+#[cfg_attr(miri, ignore = "quanta executes CPUID")]
+fn a_charge_leaving_a_carrying_refills_word_after_a_lease_refund_is_judged_against_the_older_booking(
+) {
+    let rig = Rig::at_tick_10(100);
+    let l = &rig.limiter;
+    // `first` spent a lease booked [S, S + 10 ms); at tick 10 again, a lease at
+    // `first`'s expiry tick, booked [S + 30, S + 40 ms), 2 left; then a refill that
+    // carries those 2 (same tick, same expiry), booked [S + 40, S + 50 ms), 9 left.
+    let first = rig.a_passed_booking_then_back_to_its_tick();
+    assert!(l.charge(8).0.is_allowed());
+    assert!(l.charge(3).0.is_allowed());
+    assert_eq!((l.units_on_lease(), central(l)), (9, 70));
+    // `first` goes back to that lease: 1 unit of room (the other 9 to the central
+    // word, where its booking has passed: nothing).
+    assert!(l.refund(first));
+    assert_eq!((l.units_on_lease(), central(l)), (10, 70));
+    // A charge of 1 leaves the lease word the carrying refill left; the lease holds
+    // a unit of `first`'s passed booking, so nothing of it is ahead of the clock.
+    charge_and_refund_elsewhere_gives_nothing(
+        l,
+        1,
+        "a charge after a lease refund was judged as the carrying refill's own",
     );
 }
 
