@@ -1538,6 +1538,10 @@ mod tests {
     /// within the burst (2 s), not the burst plus the 10 s the clock moved (11 s,
     /// decided at the reading it took first).
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
     fn a_check_that_waited_decides_at_a_fresh_reading() {
         type Hot = HotKeyLimiter<u64, Watched, Inline>;
         let check: fn(&Hot) -> Decision = |limiter| limiter.check(&1);
@@ -1569,6 +1573,10 @@ mod tests {
     /// unexpired at the reading it decides at, taken after the wait: a lease that
     /// expired during the wait (1 ms lifetime, the clock moved 10 ms) is not spent.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
     fn a_check_that_waited_spends_no_lease_that_expired_meanwhile() {
         let (limiter, clock) = watched(3, 3);
         assert!(limiter.promote(&1));
@@ -1591,6 +1599,10 @@ mod tests {
     /// spent, is the table's now, so the refund takes its units back off the lease
     /// and reports `false`; before the demotion, the same refund reports `true`.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"
+    )]
     fn a_refund_landing_after_a_demotion_reports_false() {
         let (limiter, clock) = watched(10, 4);
         for demoted in [false, true] {
