@@ -326,3 +326,61 @@ fn a_url_that_does_not_parse_is_a_usage_error_and_no_server_a_runtime_one() {
     assert_eq!(status, Some(1), "{stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");
 }
+
+/// The README and `--prefix`'s help: "With `--redis`, the run names its key prefix
+/// on stderr; the replay's keys keep no TTL (the replayed clock is not the
+/// server's)". For each algorithm, the prefix the run names on stderr is the one
+/// its keys are under (and only they: a second run names another), and every key
+/// has no TTL. Mutation that fails it: floodgate-redis's given-time prologue with
+/// `local EXPIRE = true` (the production scripts' TTL on the replay's keys).
+#[test]
+fn the_run_names_its_prefix_and_its_keys_keep_no_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    let mut con = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the test's redis-server");
+    let mut named = Vec::new();
+    for algorithm in ["gcra", "fixed-window", "sliding-window", "sliding-log"] {
+        let args = [
+            "--algorithm",
+            algorithm,
+            "--limit",
+            "2",
+            "--per",
+            "1s",
+            "--redis",
+            &url,
+        ];
+        let output = replay(&args, "0 a\n0.5 b\n0.5 b\n");
+        let err = text(&output.stderr);
+        assert!(output.status.success(), "{algorithm}: {err}");
+        // `… under the key prefix "floodgate:replay:…:"; the keys keep no TTL …`
+        let start = err.find("key prefix \"").expect("the prefix named") + "key prefix \"".len();
+        let prefix = &err[start..start + err[start..].find('"').expect("quoted")];
+        assert!(
+            prefix.starts_with("floodgate:replay:"),
+            "{algorithm}: {err}"
+        );
+        assert!(err.contains("keep no TTL"), "{algorithm}: {err}");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut con)
+            .expect("KEYS");
+        assert!(
+            keys.iter().any(|k| k.starts_with(&format!("{prefix}a")))
+                && keys.iter().any(|k| k.starts_with(&format!("{prefix}b"))),
+            "{algorithm}: {keys:?}"
+        );
+        for key in &keys {
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut con).expect("PTTL");
+            assert_eq!(ttl, -1, "{algorithm}: {key} has a TTL");
+        }
+        named.push(prefix.to_owned());
+    }
+    named.sort();
+    named.dedup();
+    assert_eq!(named.len(), 4, "a fresh prefix per run: {named:?}");
+}
