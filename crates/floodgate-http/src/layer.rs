@@ -1783,10 +1783,10 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
-                        retry_after_secs = ?decision.retry_after_secs(),
+                        retry_after_secs = ?shown.decision.retry_after_secs(),
                         "request denied"
                     );
-                    let (status, text) = match decision.retry_after_secs() {
+                    let (status, text) = match shown.decision.retry_after_secs() {
                         Some(secs) => (
                             StatusCode::TOO_MANY_REQUESTS,
                             format!(

@@ -96,12 +96,9 @@ async fn a_429_speaks_for_the_later_rule_that_denies_longest() -> TestResult {
 /// The 429's body names the rule that holds the request back longest, and the
 /// wait it states must be that rule's: the one in `Retry-After`.
 ///
-/// FALSE today: the body names "later" but states "first"'s wait
-/// (`rate limit "later" exceeded; retry after 1 s` beside `Retry-After: 9`):
-/// `RateLimitLayer`'s denial path formats the text from the first denial's
-/// `decision`, not from the one `later_denials` returns (layer.rs, another
-/// helper's file).
-#[ignore = "bug in layer.rs (not this helper's file): a 429's body states the first denial's wait beside the later rule's name and Retry-After"]
+/// Found false by the session-42 claims audit (the body named "later" but stated
+/// "first"'s wait, `retry after 1 s` beside `Retry-After: 9`): the denial path
+/// formatted the text from the first denial's decision; fixed.
 #[tokio::test]
 async fn a_429s_body_states_the_wait_of_the_rule_it_names() -> TestResult {
     let denied = the_third_of_three_rules().await?;
@@ -118,11 +115,9 @@ async fn a_429s_body_states_the_wait_of_the_rule_it_names() -> TestResult {
 /// wait) makes the answer its never-fits answer: the never status set on the
 /// builder, no `Retry-After`, a body naming it as one that can never be admitted.
 ///
-/// FALSE today: the status is 429 and the body says `rate limit "plans"
-/// exceeded; retry after 1 s` — a wait beside no `Retry-After`, for a request
-/// that waiting cannot help (layer.rs formats the status and text from the first
-/// denial's decision).
-#[ignore = "bug in layer.rs (not this helper's file): a later rule's \"never\" answers 429 with the first denial's wait in the body"]
+/// Found false by the session-42 claims audit (429 and `rate limit "plans"
+/// exceeded; retry after 1 s`, a wait beside no `Retry-After`, for a request
+/// waiting cannot help); fixed with the row above.
 #[tokio::test]
 async fn a_later_rule_that_can_never_admit_answers_the_never_status() -> TestResult {
     let clock = ManualClock::new();
