@@ -1,0 +1,474 @@
+//! Adversarial review (session 42): requests that cost more than one unit, in every
+//! header a client paces itself by, and the queueing rules' headers.
+//!
+//! * **Cost n, a walk** (every in-process rule kind, seeded): each rule charges `n`
+//!   units per request, and a twin layer charges the same limiters 1 unit. A
+//!   `Retry-After: s` waited out admits the same cost-`n` request (and, exact, 1 s
+//!   less does not); `remaining r` counts **units**: `r` cost-1 requests pass (the
+//!   `r + 1`th does not, exact), and `⌊r / n⌋` cost-`n` requests (the next does not);
+//!   after the longest `t`, `⌊q / n⌋` cost-`n` requests pass.
+//! * **Never**: a later rule the cost never fits makes the 429 "never" (no
+//!   `Retry-After`), not the earlier rule's wait, which could never work.
+//! * **Crowds** (multi-thread runtime, the clock standing): the least `remaining` an
+//!   admitted response showed is what the limiters then admit.
+//! * **Queues** (feature `queue`): a queued admission's headers speak of the instant
+//!   it is answered, not of the instant it joined the queue (found here: they spoke
+//!   of the latter, and claimed units other waiters had taken since).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::{
+    FixedWindow, Gcra, HotKeyLimiter, HotKeys, KeyedBuilder, LeasedGcra, ManualClock, Nanos,
+    Policy, RateLimiter, SlidingWindow,
+};
+use floodgate_http::{from_fn, Charge, Global, RateLimitLayer, RateLimitService, Rule};
+use http::Request;
+use tower::{Layer, ServiceExt};
+mod common;
+use common::{even_free_odd_pro, key_of, keyed, Hello, Rng, TestResult};
+
+type Error = Box<dyn std::error::Error>;
+
+/// Every rule here charges this many units per request (its twin 1).
+const COST: u32 = 3;
+
+/// What a response told the client.
+#[derive(Debug, Clone)]
+struct Seen {
+    status: u16,
+    retry_after: Option<u64>,
+    remaining: Option<u64>,
+    /// The largest `RateLimit` `t`.
+    reset: u64,
+    /// The least `RateLimit-Policy` `q`, and how many members it had.
+    quota: Option<u64>,
+    members: usize,
+}
+
+/// The integer parameter `key` of every member of a List field.
+fn params(field: &str, key: &str) -> Vec<u64> {
+    field
+        .split(", ")
+        .filter_map(|m| {
+            m.split(';').skip(1).find_map(|p| {
+                let (k, v) = p.split_once('=')?;
+                (k == key).then(|| v.parse().ok()).flatten()
+            })
+        })
+        .collect()
+}
+
+/// Sends one request on `svc`: what it was told.
+async fn send(svc: &RateLimitService<Hello>, key: u64) -> Result<Seen, Error> {
+    let req = Request::builder()
+        .header("x-key", key.to_string())
+        .body(())?;
+    let resp = svc.clone().oneshot(req).await?;
+    let h = resp.headers();
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let num = |name: &str| text(name).parse::<u64>().ok();
+    let quotas = params(text("ratelimit-policy"), "q");
+    Ok(Seen {
+        status: resp.status().as_u16(),
+        retry_after: num("retry-after"),
+        remaining: num("x-ratelimit-remaining"),
+        reset: params(text("ratelimit"), "t")
+            .into_iter()
+            .max()
+            .unwrap_or(0),
+        quota: quotas.iter().copied().min(),
+        members: quotas.len(),
+    })
+}
+
+/// One rule set under test, twice: charging [`COST`] and charging 1 unit.
+struct Case {
+    name: &'static str,
+    costly: RateLimitLayer,
+    single: RateLimitLayer,
+    clock: ManualClock,
+    keys: u64,
+    /// `remaining` and `Retry-After` are exact, else lower and upper bounds.
+    exact: bool,
+    /// How many rules a response lists when it lists them all.
+    rules: usize,
+}
+
+impl Case {
+    /// The case whose layer `layer(cost)` builds, at [`COST`] and at 1.
+    fn twin(
+        name: &'static str,
+        clock: ManualClock,
+        (keys, rules): (u64, usize),
+        exact: bool,
+        layer: impl Fn(u32) -> Result<RateLimitLayer, Error>,
+    ) -> Result<Case, Error> {
+        Ok(Case {
+            name,
+            costly: layer(COST)?,
+            single: layer(1)?,
+            clock,
+            keys,
+            exact,
+            rules,
+        })
+    }
+}
+
+/// A hard rule charging `cost` on a shared in-process limiter.
+fn rule<L>(
+    name: &str,
+    limiter: &Arc<L>,
+    cost: u32,
+) -> Result<Rule<L, impl floodgate_http::KeyExtractor<Key = u64>>, Error>
+where
+    L: Charge<u64> + floodgate::AsyncLimit<u64> + Send + Sync + 'static,
+{
+    Ok(Rule::shared(name, Arc::clone(limiter), from_fn(key_of))?.cost(cost))
+}
+
+/// One rule on `limiter`, its layer at [`COST`] and its twin at 1.
+fn one<L>(name: &'static str, limiter: L, clock: ManualClock, exact: bool) -> Result<Case, Error>
+where
+    L: Charge<u64> + floodgate::AsyncLimit<u64> + Send + Sync + 'static,
+{
+    let limiter = Arc::new(limiter);
+    Case::twin(name, clock, (2, 1), exact, |cost| {
+        Ok(RateLimitLayer::builder()
+            .rule(rule("r", &limiter, cost)?)
+            .build()?)
+    })
+}
+
+struct Walk {
+    case: Case,
+    costly: RateLimitService<Hello>,
+    single: RateLimitService<Hello>,
+    rt: tokio::runtime::Runtime,
+    trace: Vec<String>,
+    seed: u64,
+}
+
+impl Walk {
+    fn fail(&self, what: String) -> Error {
+        let tail: Vec<&String> = self.trace.iter().rev().take(12).collect();
+        format!(
+            "[{}] seed {}: {what}\n  last steps (newest first): {tail:#?}",
+            self.case.name, self.seed
+        )
+        .into()
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.case.clock.advance(d);
+        self.trace.push(format!("advance {d:?}"));
+    }
+
+    /// Sends a request of cost [`COST`] (`costly`) or 1: admitted, and what it told.
+    fn send(&mut self, key: u64, costly: bool) -> Result<(bool, Seen), Error> {
+        let svc = if costly { &self.costly } else { &self.single };
+        let seen = self.rt.block_on(send(svc, key))?;
+        self.trace.push(format!(
+            "cost {} key {key}: {seen:?}",
+            if costly { COST } else { 1 }
+        ));
+        match (seen.status, seen.retry_after) {
+            (200, None) => {}
+            (429, Some(s)) if s >= 1 => {}
+            _ => return Err(self.fail(format!("a bad answer: {seen:?}"))),
+        }
+        Ok((seen.status == 200, seen))
+    }
+
+    /// `Retry-After: s` waited out admits the same cost-n request; exact, 1 s less
+    /// does not.
+    fn probe_retry(&mut self, key: u64, s: u64) -> Result<(), Error> {
+        if self.case.exact && s >= 2 {
+            self.advance(Duration::from_secs(s - 1));
+            if self.send(key, true)?.0 {
+                return Err(self.fail(format!("Retry-After: {s}, admitted 1 s before")));
+            }
+            self.advance(Duration::from_secs(1));
+        } else {
+            self.advance(Duration::from_secs(s));
+        }
+        let (admitted, seen) = self.send(key, true)?;
+        if !admitted {
+            return Err(self.fail(format!(
+                "Retry-After: {s} waited out, the cost-{COST} request denied again: {seen:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `r` units: `count` requests of the given cost pass, the clock standing, and
+    /// (exact) the next does not.
+    fn probe_count(&mut self, key: u64, count: u64, costly: bool, what: &str) -> Result<(), Error> {
+        for i in 0..count {
+            let (admitted, seen) = self.send(key, costly)?;
+            if !admitted {
+                return Err(self.fail(format!(
+                    "{what}: request {} of {count} denied: {seen:?}",
+                    i + 1
+                )));
+            }
+        }
+        if self.case.exact && self.send(key, costly)?.0 {
+            return Err(self.fail(format!("{what}: request {} admitted too", count + 1)));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, steps: usize) -> Result<(), Error> {
+        let mut rng = Rng(self.seed);
+        for _ in 0..steps {
+            if rng.below(4) == 0 {
+                let ms = rng.below(4_000);
+                self.advance(Duration::from_millis(ms));
+                continue;
+            }
+            let key = rng.below(self.case.keys);
+            let (admitted, seen) = self.send(key, true)?;
+            let r = seen
+                .remaining
+                .ok_or_else(|| self.fail("no X-RateLimit-Remaining".into()))?;
+            let n = u64::from(COST);
+            match rng.below(6) {
+                0 | 1 if !admitted => {
+                    let s = seen.retry_after.unwrap_or(0);
+                    self.probe_retry(key, s)?;
+                }
+                2 => self.probe_count(key, r, false, &format!("Remaining: {r} units, cost 1"))?,
+                3 => self.probe_count(
+                    key,
+                    r / n,
+                    true,
+                    &format!("Remaining: {r} units, cost {COST}"),
+                )?,
+                4 => {
+                    // After the longest reset, the least quota, in cost-n requests
+                    // (when the response listed every rule; else one).
+                    let q = match seen.quota {
+                        Some(q) if seen.members == self.case.rules => q / n,
+                        _ => 1,
+                    };
+                    self.advance(Duration::from_secs(seen.reset));
+                    for i in 0..q {
+                        let (admitted, again) = self.send(key, true)?;
+                        if !admitted {
+                            return Err(self.fail(format!(
+                                "{} s after reset, cost-{COST} request {} of {q} denied: {again:?}",
+                                seen.reset,
+                                i + 1
+                            )));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn walk_all(make: fn(ManualClock) -> Result<Case, Error>) -> TestResult {
+    const SEEDS: u64 = 24;
+    let mut failures = Vec::new();
+    for seed in 1..=SEEDS {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let case = make(clock)?;
+        let mut walk = Walk {
+            costly: case.costly.layer(Hello),
+            single: case.single.layer(Hello),
+            case,
+            rt: tokio::runtime::Builder::new_current_thread().build()?,
+            trace: Vec::new(),
+            seed,
+        };
+        if let Err(e) = walk.run(300) {
+            failures.push(e);
+        }
+    }
+    match failures.first() {
+        Some(first) => Err(format!(
+            "{} of {SEEDS} seeds broke a promise; the first:\n{first}",
+            failures.len()
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// 7 per 14 s (burst 7): T = 2 s; 7 units hold two cost-3 requests and one unit over.
+fn seven_per_fourteen() -> Result<Policy, Error> {
+    Ok(Policy::new(7, Duration::from_secs(14))?)
+}
+
+fn gcra_global(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = RateLimiter::gcra_with_clock(seven_per_fourteen()?, clock.clone());
+    one("gcra global", limiter, clock, true)
+}
+
+fn gcra_keyed(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = keyed(Gcra::new(seven_per_fourteen()?), &clock)?;
+    one("gcra keyed", limiter, clock, true)
+}
+
+fn token_bucket(clock: ManualClock) -> Result<Case, Error> {
+    // 8 tokens, 2 more every 3 s.
+    let limiter = keyed(Gcra::token_bucket(8, 2, Duration::from_secs(3))?, &clock)?;
+    one("token bucket", limiter, clock, true)
+}
+
+fn fixed_window(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = keyed(FixedWindow::new(seven_per_fourteen()?)?, &clock)?;
+    one("fixed window", limiter, clock, true)
+}
+
+fn sliding_window(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = keyed(SlidingWindow::new(seven_per_fourteen()?)?, &clock)?;
+    one("sliding window", limiter, clock, true)
+}
+
+fn sliding_log(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = KeyedBuilder::default()
+        .clock(clock.clone())
+        .sliding_log::<u64>(seven_per_fourteen()?)?;
+    one("sliding log", limiter, clock, true)
+}
+
+fn plans(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = even_free_odd_pro(
+        &clock,
+        seven_per_fourteen()?,
+        Policy::per_second(3)?.with_burst(10)?,
+    )?;
+    one("plans", limiter, clock, true)
+}
+
+fn leased(clock: ManualClock) -> Result<Case, Error> {
+    // Lease units 2: a cost-3 request never fits one lease.
+    let limiter = LeasedGcra::builder(seven_per_fourteen()?)
+        .shards(4)
+        .lease_size(2)
+        .lifetime(Duration::from_secs(3_600))
+        .build_with_clock(clock.clone())?;
+    let limiter = Arc::new(limiter);
+    Case::twin("leased", clock, (1, 1), false, |cost| {
+        Ok(RateLimitLayer::builder()
+            .rule(Rule::shared("r", Arc::clone(&limiter), Global)?.cost(cost))
+            .build()?)
+    })
+}
+
+fn hot(clock: ManualClock) -> Result<Case, Error> {
+    let limiter = HotKeyLimiter::<u64, ManualClock>::new_in(
+        seven_per_fourteen()?,
+        KeyedBuilder::default().clock(clock.clone()),
+        HotKeys::default().lease_size(2).lease_shards(64).manual(),
+    )?;
+    // Key 0 hot, key 1 cold.
+    assert!(limiter.promote(&0));
+    one("hot", limiter, clock, false)
+}
+
+/// Per key GCRA, then a global fixed window (12 per 10 s), both at the same cost.
+fn composite(clock: ManualClock) -> Result<Case, Error> {
+    let per_key = Arc::new(keyed(Gcra::new(seven_per_fourteen()?), &clock)?);
+    let global = Arc::new(RateLimiter::fixed_window_with_clock(
+        Policy::new(12, Duration::from_secs(10))?,
+        clock.clone(),
+    )?);
+    Case::twin("composite", clock, (3, 2), true, |cost| {
+        Ok(RateLimitLayer::builder()
+            .rule(rule("per-key", &per_key, cost)?)
+            .rule(Rule::shared("global", Arc::clone(&global), Global)?.cost(cost))
+            .build()?)
+    })
+}
+
+#[test]
+fn cost_n_gcra_global_keeps_its_word_in_units() -> TestResult {
+    walk_all(gcra_global)
+}
+
+#[test]
+fn cost_n_gcra_per_key_keeps_its_word_in_units() -> TestResult {
+    walk_all(gcra_keyed)
+}
+
+#[test]
+fn cost_n_token_bucket_keeps_its_word_in_units() -> TestResult {
+    walk_all(token_bucket)
+}
+
+#[test]
+fn cost_n_fixed_window_keeps_its_word_in_units() -> TestResult {
+    walk_all(fixed_window)
+}
+
+#[test]
+fn cost_n_sliding_window_keeps_its_word_in_units() -> TestResult {
+    walk_all(sliding_window)
+}
+
+#[test]
+fn cost_n_sliding_log_keeps_its_word_in_units() -> TestResult {
+    walk_all(sliding_log)
+}
+
+#[test]
+fn cost_n_plans_keep_their_word_in_units() -> TestResult {
+    walk_all(plans)
+}
+
+#[test]
+fn cost_n_leased_rule_keeps_its_bounds() -> TestResult {
+    walk_all(leased)
+}
+
+#[test]
+fn cost_n_hot_key_rule_keeps_its_bounds() -> TestResult {
+    walk_all(hot)
+}
+
+#[test]
+fn cost_n_on_two_rules_keeps_its_word_in_units() -> TestResult {
+    walk_all(composite)
+}
+
+/// Found by the walk (two rules): at cost 3, the per-key rule denied with no unit
+/// left and the global window, which holds the request back longer, with 1 unit
+/// left; the 429's trio was the global's, `X-RateLimit-Remaining: 1`, and the one
+/// cost-1 request a client sent on that word was denied by the per-key rule.
+#[test]
+fn a_429s_remaining_is_the_least_of_the_rules_it_shows() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let per_key = Arc::new(keyed(
+        Gcra::new(Policy::new(3, Duration::from_secs(3))?),
+        &clock,
+    )?);
+    let global = Arc::new(RateLimiter::fixed_window_with_clock(
+        Policy::new(4, Duration::from_secs(60))?,
+        clock.clone(),
+    )?);
+    let layer = |cost| -> Result<RateLimitService<Hello>, Error> {
+        Ok(RateLimitLayer::builder()
+            .rule(rule("per-key", &per_key, cost)?)
+            .rule(Rule::shared("global", Arc::clone(&global), Global)?.cost(cost))
+            .build()?
+            .layer(Hello))
+    };
+    let (costly, single) = (layer(COST)?, layer(1)?);
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    assert_eq!(rt.block_on(send(&costly, 0))?.status, 200);
+    // The per-key rule has 0 units, the window 1; the window's wait is the longer.
+    let seen = rt.block_on(send(&costly, 0))?;
+    assert_eq!(seen.status, 429, "{seen:?}");
+    assert!(seen.retry_after.is_some_and(|s| s > 3), "{seen:?}");
+    assert_eq!(seen.remaining, Some(0), "{seen:?}");
+    // And 0 is the truth: a cost-1 request is denied too.
+    assert_eq!(rt.block_on(send(&single, 0))?.status, 429);
+    Ok(())
+}
