@@ -11,6 +11,12 @@
 //! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
 //! timeout layer fired) gives its units back ([`Shaper::cancel`]).
 //!
+//! An admission's `remaining` counts the units that could still be reserved within
+//! `max_delay` (at most the burst), and its reset is the time until the schedule is
+//! idle; a request that waited is told them as they are when its slot comes (the
+//! requests that joined the queue behind it have taken theirs by then), not as they
+//! were when it joined.
+//!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
 //! ([`DefaultClock`](floodgate::DefaultClock)); the tests drive both from Tokio's
 //! paused clock. The runtime needs its time driver (`#[tokio::main]` has it).
@@ -20,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{
-    Clock, Decision, Gcra, GcraState, KeyedLimiter, Policy, Receipt, ShapeError, Shaper, StateCell,
-    Storage,
+    Clock, Decision, Gcra, GcraState, KeyedLimiter, Nanos, Policy, Receipt, ShapeError, Shaper,
+    StateCell, Storage,
 };
 use http::request::Parts;
 
@@ -179,7 +185,7 @@ where
         let check = Box::pin(async move {
             match self.shaper.reserve(self.cost, self.max_delay) {
                 Ok(reservation) => {
-                    let decision = reservation.decision();
+                    let mut decision = reservation.decision();
                     let delay = reservation.delay();
                     let queued = !delay.is_zero();
                     if queued {
@@ -188,6 +194,9 @@ where
                             reservation: Some(reservation),
                         };
                         wait_for_slot(delay, pending).await;
+                        let now = self.shaper.clock().now();
+                        let booked = self.shaper.state().tat().saturating_since(now);
+                        decision = at_slot(&self.shaper.policy(), self.max_delay, booked);
                     }
                     // The slot has passed: there is nothing a receipt could give back.
                     checked(decision, queued)
@@ -211,6 +220,22 @@ where
     fn never_fits(&self) -> Option<(u32, u64)> {
         cost_above_burst(self.cost, &self.shaper.policy())
     }
+}
+
+/// A queued admission's decision when its slot has come: the units that could still
+/// be reserved within `max_delay` now, as a reservation's own decision counts them
+/// at the instant it is made, with `booked` (`TAT − now`: this request's slot and
+/// those reserved after it) as the reset. The reservation's decision is not: it was
+/// made when the request joined the queue, and the requests that joined after it
+/// have since taken units it counted.
+fn at_slot(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
+    let interval = policy.interval_nanos().max(1);
+    let bound = policy
+        .burst()
+        .saturating_mul(interval)
+        .saturating_add(Nanos::from_duration(max_delay).as_u64());
+    let remaining = (bound.saturating_sub(booked.as_u64()) / interval).min(policy.burst());
+    Decision::new(true, policy.burst(), remaining, booked.as_duration(), None)
 }
 
 /// The cost and the burst when a GCRA schedule can never hold `cost` units (`n > B`).
@@ -378,7 +403,7 @@ where
         let partition_key = hasher.map(|h| h.hash(&key));
         let check = Box::pin(async move {
             match self.limiter.reserve(&key, self.cost, self.max_delay) {
-                Ok((decision, delay, receipt)) => {
+                Ok((mut decision, delay, receipt)) => {
                     let queued = !delay.is_zero();
                     if queued {
                         let pending = RefundOnDrop {
@@ -387,6 +412,10 @@ where
                             receipt: Some(receipt),
                         };
                         wait_for_slot(delay, pending).await;
+                        // A peek at cost 0: its reset is the key's TAT − now.
+                        let booked = self.limiter.peek(&key, 0).reset_after();
+                        let policy = self.limiter.algorithm().policy();
+                        decision = at_slot(&policy, self.max_delay, Nanos::from_duration(booked));
                     }
                     checked(decision, queued)
                 }

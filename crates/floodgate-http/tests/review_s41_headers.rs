@@ -28,7 +28,6 @@ use floodgate::{
 use floodgate_http::{
     from_fn, Global, HeaderOptions, RateLimitLayer, RateLimitService, Rule, Strategy,
 };
-use http::request::Parts;
 use http::Request;
 use tower::{Layer, ServiceExt};
 mod common;
@@ -772,7 +771,8 @@ mod queues {
     fn priority(clock: ManualClock) -> Result<Case, Error> {
         let shaper = Shaper::with_clock(five_per_twenty()?, clock.clone());
         // Even keys tier 0, odd keys tier 1; two places each.
-        let tier = from_fn(|parts: &Parts| key_of(parts).map(|k| usize::from(k % 2 == 1)));
+        let tier =
+            from_fn(|parts: &http::request::Parts| key_of(parts).map(|k| usize::from(k % 2 == 1)));
         let layer = RateLimitLayer::builder()
             .priority(floodgate_http::PriorityRule::new(
                 "queue",
