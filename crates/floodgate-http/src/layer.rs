@@ -1784,13 +1784,16 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     // The 429 speaks for the rule that holds the request back longest:
                     // a later hard rule already spent would deny the retry too.
                     let (shown, entry) = later_denials(shared, parts, i, shown, &mut v.shown);
+                    // The answer is the longest denial's: its status and body as well
+                    // as its `Retry-After` ("never" when a later rule never fits).
+                    let answered = shown.decision;
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
-                        retry_after_secs = ?decision.retry_after_secs(),
+                        retry_after_secs = ?answered.retry_after_secs(),
                         "request denied"
                     );
-                    let (status, text) = match decision.retry_after_secs() {
+                    let (status, text) = match answered.retry_after_secs() {
                         Some(secs) => (
                             StatusCode::TOO_MANY_REQUESTS,
                             format!(
