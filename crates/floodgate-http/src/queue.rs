@@ -11,11 +11,11 @@
 //! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
 //! timeout layer fired) gives its units back ([`Shaper::cancel`]).
 //!
-//! An admission's `remaining` counts the units that could still be reserved within
-//! `max_delay` (at most the burst), and its reset is the time until the schedule is
-//! idle; a request that waited is told them as they are when its slot comes (the
-//! requests that joined the queue behind it have taken theirs by then), not as they
-//! were when it joined.
+//! An answer's `remaining` (an admission's or a refusal's) counts the units that
+//! could still be reserved within `max_delay` (at most the burst), and its reset is
+//! the time until the schedule is idle; a request that waited is told them as they
+//! are when its slot comes (the requests that joined the queue behind it have taken
+//! theirs by then), not as they were when it joined.
 //!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
 //! ([`DefaultClock`](floodgate::DefaultClock)); the tests drive both from Tokio's
@@ -111,23 +111,11 @@ where
         QueueRule { cost, ..self }
     }
 
-    /// The refusal as a [`Decision`], for the headers: GCRA's denial numbers at `now`.
-    fn refusal(&self, error: ShapeError) -> Decision {
-        let policy: Policy = self.shaper.policy();
+    /// The schedule now ([`schedule_now`]): the units reservable within `max_delay`.
+    fn schedule(&self) -> Decision {
         let now = self.shaper.clock().now();
-        let tat = self.shaper.state().tat();
-        let tolerance = policy.burst().saturating_mul(policy.interval_nanos());
-        let headroom = now
-            .as_u64()
-            .saturating_add(tolerance)
-            .saturating_sub(tat.as_u64());
-        let remaining = headroom / policy.interval_nanos().max(1);
-        let reset = tat.saturating_since(now).as_duration();
-        let retry = match error {
-            ShapeError::TooLong { retry_after } => Some(retry_after),
-            _ => None,
-        };
-        Decision::new(false, policy.burst(), remaining, reset, retry)
+        let booked = self.shaper.state().tat().saturating_since(now);
+        schedule_now(&self.shaper.policy(), self.max_delay, booked)
     }
 }
 
@@ -194,14 +182,12 @@ where
                             reservation: Some(reservation),
                         };
                         wait_for_slot(delay, pending).await;
-                        let now = self.shaper.clock().now();
-                        let booked = self.shaper.state().tat().saturating_since(now);
-                        decision = at_slot(&self.shaper.policy(), self.max_delay, booked);
+                        decision = self.schedule();
                     }
                     // The slot has passed: there is nothing a receipt could give back.
                     checked(decision, queued)
                 }
-                Err(e) => checked(self.refusal(e), false),
+                Err(e) => checked(refused(self.schedule(), e), false),
             }
         });
         Started {
@@ -222,13 +208,14 @@ where
     }
 }
 
-/// A queued admission's decision when its slot has come: the units that could still
-/// be reserved within `max_delay` now, as a reservation's own decision counts them
-/// at the instant it is made, with `booked` (`TAT − now`: this request's slot and
-/// those reserved after it) as the reset. The reservation's decision is not: it was
-/// made when the request joined the queue, and the requests that joined after it
-/// have since taken units it counted.
-fn at_slot(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
+/// A queueing rule's schedule as it is now, `booked` (`TAT − now`) ahead, as an
+/// admission: `remaining` the units that could still be reserved within `max_delay`
+/// (at most the burst), as a reservation's own decision counts them when it is
+/// made; the reset `booked`. A request that waited is answered with it when its
+/// slot comes (its reservation's decision was made when it joined the queue, and
+/// the requests that joined after it have since taken units it counted), and a
+/// refusal counts its units the same way.
+fn schedule_now(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
     let interval = policy.interval_nanos().max(1);
     let bound = policy
         .burst()
@@ -236,6 +223,21 @@ fn at_slot(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
         .saturating_add(Nanos::from_duration(max_delay).as_u64());
     let remaining = (bound.saturating_sub(booked.as_u64()) / interval).min(policy.burst());
     Decision::new(true, policy.burst(), remaining, booked.as_duration(), None)
+}
+
+/// `schedule` as the refusal of a reservation that failed with `error`.
+fn refused(schedule: Decision, error: ShapeError) -> Decision {
+    let retry = match error {
+        ShapeError::TooLong { retry_after } => Some(retry_after),
+        _ => None,
+    };
+    Decision::new(
+        false,
+        schedule.limit(),
+        schedule.remaining(),
+        schedule.reset_after(),
+        retry,
+    )
 }
 
 /// The cost and the burst when a GCRA schedule can never hold `cost` units (`n > B`).
@@ -343,6 +345,14 @@ where
     pub fn cost(self, cost: u32) -> Self {
         KeyedQueueRule { cost, ..self }
     }
+
+    /// `key`'s schedule now ([`schedule_now`]): a peek at cost 0, whose reset is the
+    /// key's `TAT − now`.
+    fn schedule(&self, key: &E::Key) -> Decision {
+        let booked = self.limiter.peek(key, 0).reset_after();
+        let policy = self.limiter.algorithm().policy();
+        schedule_now(&policy, self.max_delay, Nanos::from_duration(booked))
+    }
 }
 
 /// Gives a keyed reservation's units back unless the wait completed.
@@ -412,30 +422,13 @@ where
                             receipt: Some(receipt),
                         };
                         wait_for_slot(delay, pending).await;
-                        // A peek at cost 0: its reset is the key's TAT − now.
-                        let booked = self.limiter.peek(&key, 0).reset_after();
-                        let policy = self.limiter.algorithm().policy();
-                        decision = at_slot(&policy, self.max_delay, Nanos::from_duration(booked));
+                        decision = self.schedule(&key);
                     }
                     checked(decision, queued)
                 }
-                Err(e) => {
-                    // The key's GCRA numbers now, with the reservation's own wait:
-                    // when the same reservation would fit within `max_delay`.
-                    let now = self.limiter.peek(&key, self.cost);
-                    let retry = match e {
-                        ShapeError::TooLong { retry_after } => Some(retry_after),
-                        _ => None,
-                    };
-                    let refusal = Decision::new(
-                        false,
-                        now.limit(),
-                        now.remaining(),
-                        now.reset_after(),
-                        retry,
-                    );
-                    checked(refusal, false)
-                }
+                // The key's schedule now, with the reservation's own wait: when the
+                // same reservation would fit within `max_delay`.
+                Err(e) => checked(refused(self.schedule(&key), e), false),
             }
         });
         Started {

@@ -282,7 +282,12 @@ fn walk_all(make: fn(ManualClock) -> Result<Case, Error>) -> TestResult {
             costly: case.costly.layer(Hello),
             single: case.single.layer(Hello),
             case,
-            rt: tokio::runtime::Builder::new_current_thread().build()?,
+            // Tokio's paused clock: a queueing rule's wait for its slot passes at
+            // once (the limiters' clock is the walk's own).
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()?,
             trace: Vec::new(),
             seed,
         };
@@ -775,5 +780,63 @@ mod queues {
             );
         }
         Ok(())
+    }
+
+    /// The queueing rules in the cost-n walk, on the walk's clock: a wait for a slot
+    /// passes at once on Tokio's paused clock while the walk's clock stands, so a
+    /// queued admission is answered at the instant it was sent. The bound is one
+    /// slot (2 s), so `remaining` (units reservable within it) stays within the
+    /// burst and is exact.
+    fn walk_queue(clock: ManualClock) -> Result<Case, Error> {
+        let shaper = Arc::new(Shaper::with_clock(seven_per_fourteen()?, clock.clone()));
+        Case::twin("queue", clock, (1, 1), true, |cost| {
+            let rule = QueueRule::shared("r", Arc::clone(&shaper), Duration::from_secs(2))?;
+            Ok(RateLimitLayer::builder().queue(rule.cost(cost)).build()?)
+        })
+    }
+
+    fn walk_keyed_queue(clock: ManualClock) -> Result<Case, Error> {
+        let limiter = Arc::new(keyed(Gcra::new(seven_per_fourteen()?), &clock)?);
+        Case::twin("keyed queue", clock, (2, 1), true, |cost| {
+            let rule = KeyedQueueRule::shared(
+                "r",
+                from_fn(key_of),
+                Arc::clone(&limiter),
+                Duration::from_secs(2),
+            )?;
+            Ok(RateLimitLayer::builder()
+                .queue_per_key(rule.cost(cost))
+                .build()?)
+        })
+    }
+
+    /// Two places per tier; its `remaining` is the shaper's headroom now (a lower
+    /// bound: a request that finds others waiting queues behind them).
+    fn walk_priority(clock: ManualClock) -> Result<Case, Error> {
+        let shaper = Arc::new(Shaper::with_clock(seven_per_fourteen()?, clock.clone()));
+        Case::twin("priority", clock, (2, 1), false, |cost| {
+            let tier =
+                from_fn(|parts: &http::request::Parts| key_of(parts).map(|k| usize::from(k == 1)));
+            let rule =
+                floodgate_http::PriorityRule::shared("r", Arc::clone(&shaper), &[2, 2], tier)?;
+            Ok(RateLimitLayer::builder()
+                .priority(rule.cost(cost))
+                .build()?)
+        })
+    }
+
+    #[test]
+    fn cost_n_queue_keeps_its_word_in_units() -> TestResult {
+        walk_all(walk_queue)
+    }
+
+    #[test]
+    fn cost_n_keyed_queue_keeps_its_word_in_units() -> TestResult {
+        walk_all(walk_keyed_queue)
+    }
+
+    #[test]
+    fn cost_n_priority_queue_keeps_its_bounds() -> TestResult {
+        walk_all(walk_priority)
     }
 }
