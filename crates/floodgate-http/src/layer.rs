@@ -1176,9 +1176,10 @@ impl HeaderOptions {
     ///   parser accept (1 024 characters in a string, 512 in a token, 16 384 octets
     ///   in a byte sequence, 256 members in an inner list, 256 parameters, 64
     ///   characters in a parameter's key, 1 024 members in the combined field).
-    /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
-    ///   values, never a mix: the service's trio stays, and the layer writes none,
-    ///   when the service wrote all three, each once as a whole non-negative integer,
+    /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio is always the service's or the
+    ///   layer's, never a mix of the two: the service's trio stays, and the layer
+    ///   writes none, when the service wrote all three, each once as a whole
+    ///   non-negative integer,
     ///   and its `Remaining` is less than the layer's; otherwise the layer's trio
     ///   replaces whatever part of one the service wrote. (The reset is not
     ///   compared: the service may count it in another format.)
