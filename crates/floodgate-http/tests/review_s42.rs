@@ -839,4 +839,96 @@ mod queues {
     fn cost_n_priority_queue_keeps_its_bounds() -> TestResult {
         walk_all(walk_priority)
     }
+
+    /// 96 requests at cost 2, one every 0.5 ms, on a 4-worker runtime and the
+    /// production clock, a third of them given up after 0–20 ms (the client went
+    /// away mid-queue), through the
+    /// queue and the priority queue: the calls that reach the inner service, read on
+    /// the shaper's clock as they are made, never outrun the schedule (the `k`th by
+    /// `t` holds `2k ≤ B + (t − start) / T`), whoever left the queue.
+    #[test]
+    fn cost_n_crowds_on_many_threads_never_outrun_the_schedule() -> TestResult {
+        use floodgate::{Clock, DefaultClock};
+        use std::sync::Mutex;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()?;
+        for rule in ["queue", "priority"] {
+            // 200 a second (T = 5 ms), burst 4, cost 2.
+            let policy = Policy::per_second(200)?.with_burst(4)?;
+            let clock = DefaultClock::new();
+            let shaper = Shaper::with_clock(policy, clock);
+            let calls = Arc::new(Mutex::new(Vec::new()));
+            let record = Arc::clone(&calls);
+            let inner = tower::service_fn(move |_: Request<()>| {
+                let at = clock.now().as_u64();
+                record.lock().map(|mut c| c.push(at)).ok();
+                async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+            });
+            let layer = if rule == "queue" {
+                let rule = QueueRule::new("q", shaper, Duration::from_millis(40))?;
+                RateLimitLayer::builder().queue(rule.cost(2)).build()?
+            } else {
+                let tier = from_fn(|parts: &http::request::Parts| {
+                    key_of(parts).map(|k| usize::from(k == 1))
+                });
+                let rule = floodgate_http::PriorityRule::new("q", shaper, &[6, 6], tier)?;
+                RateLimitLayer::builder().priority(rule.cost(2)).build()?
+            };
+            let svc = layer.layer(inner);
+            let start = clock.now().as_u64();
+            let mut rng = Rng(42);
+            let outcomes: Vec<Option<u16>> = rt.block_on(async {
+                let tasks: Vec<_> = (0..96u64)
+                    .map(|i| {
+                        let svc = svc.clone();
+                        let give_up = (i % 3 == 0).then(|| Duration::from_millis(rng.below(20)));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_micros(500 * i)).await;
+                            let req = Request::builder()
+                                .header("x-key", (i % 2).to_string())
+                                .body(())
+                                .map_err(|e| e.to_string())?;
+                            let call = svc.oneshot(req);
+                            let resp = match give_up {
+                                Some(d) => match tokio::time::timeout(d, call).await {
+                                    Ok(resp) => resp.map_err(|e| e.to_string())?,
+                                    Err(_) => return Ok(None),
+                                },
+                                None => call.await.map_err(|e| e.to_string())?,
+                            };
+                            Ok::<_, String>(Some(resp.status().as_u16()))
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await??);
+                }
+                Ok::<_, Error>(out)
+            })?;
+            assert!(
+                outcomes.iter().flatten().all(|s| [200, 429].contains(s)),
+                "{rule}: {outcomes:?}"
+            );
+            assert!(
+                outcomes.contains(&None),
+                "{rule}: someone gave up: {outcomes:?}"
+            );
+            let mut times = calls.lock().map_err(|e| e.to_string())?.clone();
+            times.sort_unstable();
+            assert!(times.len() > 4, "{rule}: {times:?}");
+            let interval = policy.interval_nanos();
+            for (k, t) in (1u64..).zip(&times) {
+                let admits = policy.burst() + (t - start) / interval;
+                assert!(
+                    2 * k <= admits,
+                    "{rule}: {k} requests of cost 2 reached the service {} µs after the start; the schedule holds {admits} units",
+                    (t - start) / 1_000
+                );
+            }
+        }
+        Ok(())
+    }
 }
