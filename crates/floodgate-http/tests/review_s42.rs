@@ -931,4 +931,49 @@ mod queues {
         }
         Ok(())
     }
+
+    /// The priority rule's `remaining` after a late wake-up: its shaper's clock runs
+    /// 5 s ahead of the waiter's 1 s sleep (a busy runtime), so when the holder is
+    /// answered the shaper has headroom (2 units) that the one still waiting will
+    /// take first. The answer says 2; the 2 requests its client then sends are both
+    /// admitted (one at once, one after a wait): a lower bound in the "admitted,
+    /// possibly after a wait" sense.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_priority_wake_up_claims_no_more_than_is_admitted() -> TestResult {
+        let start = Instant::now();
+        let clock = ManualClock::new();
+        let shaper = Shaper::with_clock(Policy::per_second(1)?.with_burst(2)?, clock.clone());
+        let tier =
+            from_fn(|parts: &http::request::Parts| key_of(parts).map(|k| usize::from(k == 1)));
+        let svc = RateLimitLayer::builder()
+            .priority(floodgate_http::PriorityRule::new(
+                "tiers",
+                shaper,
+                &[2],
+                tier,
+            )?)
+            .build()?
+            .layer(Hello);
+        let _a1 = arrive(&svc, 0, start).await;
+        let _a2 = arrive(&svc, 0, start).await;
+        let holder = arrive(&svc, 0, start).await; // sleeps 1 s for its slot
+        let waiter = arrive(&svc, 0, start).await;
+        clock.advance(Duration::from_secs(5));
+        let (answer, _) = holder.await??;
+        assert_eq!(
+            (answer.status, answer.remaining),
+            (200, Some(2)),
+            "{answer:?}"
+        );
+        let mut sent = Vec::new();
+        for _ in 0..answer.remaining.unwrap_or(0) {
+            sent.push(arrive(&svc, 0, start).await);
+        }
+        for t in sent {
+            let (seen, _) = t.await??;
+            assert_eq!(seen.status, 200, "{seen:?}");
+        }
+        assert_eq!(waiter.await??.0.status, 200);
+        Ok(())
+    }
 }
