@@ -1105,6 +1105,9 @@ impl HeaderOptions {
     /// The trio holds one decision: the denial's on a 429 (the hard rule that holds
     /// the request back longest: see [`RateLimitLayer`], "How rules combine"), else
     /// the visible rule with the least `remaining` (the longest reset on a tie).
+    /// On a 429 its `Remaining` is the least of the rules that deny the request: a
+    /// rule whose cost is above 1 denies with up to cost − 1 units left, which
+    /// another denying rule may not have (`remaining` counts units, not requests).
     pub fn legacy(self, format: Option<ResetFormat>) -> Self {
         HeaderOptions {
             legacy: format,
@@ -1173,9 +1176,10 @@ impl HeaderOptions {
     ///   parser accept (1 024 characters in a string, 512 in a token, 16 384 octets
     ///   in a byte sequence, 256 members in an inner list, 256 parameters, 64
     ///   characters in a parameter's key, 1 024 members in the combined field).
-    /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio always holds one limit's three
-    ///   values, never a mix: the service's trio stays, and the layer writes none,
-    ///   when the service wrote all three, each once as a whole non-negative integer,
+    /// * The `X-RateLimit-Limit/-Remaining/-Reset` trio is always the service's or the
+    ///   layer's, never a mix of the two: the service's trio stays, and the layer
+    ///   writes none, when the service wrote all three, each once as a whole
+    ///   non-negative integer,
     ///   and its `Remaining` is less than the layer's; otherwise the layer's trio
     ///   replaces whatever part of one the service wrote. (The reset is not
     ///   compared: the service may count it in another format.)
@@ -1243,8 +1247,9 @@ struct Shared {
 /// is shown in `RateLimit` as it is (those that would admit it are not shown), and
 /// when one would deny for longer, the 429 is its denial (its `Retry-After`,
 /// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
-/// longest). A client that waits out `Retry-After` is then not denied by a later
-/// rule that was already spent. Later remote rules and queues are not peeked (a
+/// longest; its `X-RateLimit-Remaining` the least of the rules that deny). A client
+/// that waits out `Retry-After` is then not denied by a later rule that was already
+/// spent. Later remote rules and queues are not peeked (a
 /// round trip each): their wait is not in the `Retry-After`.
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
@@ -1780,13 +1785,16 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     // The 429 speaks for the rule that holds the request back longest:
                     // a later hard rule already spent would deny the retry too.
                     let (shown, entry) = later_denials(shared, parts, i, shown, &mut v.shown);
+                    // The answer is the longest denial's: its status and body as well
+                    // as its `Retry-After` ("never" when a later rule never fits).
+                    let answered = shown.decision;
                     #[cfg(feature = "tracing")]
                     tracing::info!(
                         rule = %entry.name,
-                        retry_after_secs = ?shown.decision.retry_after_secs(),
+                        retry_after_secs = ?answered.retry_after_secs(),
                         "request denied"
                     );
-                    let (status, text) = match shown.decision.retry_after_secs() {
+                    let (status, text) = match answered.retry_after_secs() {
                         Some(secs) => (
                             StatusCode::TOO_MANY_REQUESTS,
                             format!(
@@ -1835,7 +1843,9 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
 /// too shown in `shown` as it is (those that would admit stay out, as before);
 /// returns the denial to answer with — the longest wait of them all
 /// ("never" longest), the first on a tie, as
-/// [`check_all`](floodgate::keyed::composite::check_all) picks — and its rule.
+/// [`check_all`](floodgate::keyed::composite::check_all) picks, with the least
+/// `remaining` of the rules that deny (at a cost above 1 a rule denies with up to
+/// cost − 1 units left, which another denying rule may not have) — and its rule.
 fn later_denials<'s>(
     shared: &'s Shared,
     parts: &Parts,
@@ -1845,6 +1855,7 @@ fn later_denials<'s>(
 ) -> (Shown, &'s RuleEntry) {
     let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
     let hasher = shared.headers.partition_key.as_ref();
+    let mut least = denial.decision.remaining();
     let mut longest = denial;
     for (j, entry) in shared.rules.iter().enumerate().skip(denied + 1) {
         if entry.strategy != Strategy::Hard {
@@ -1857,6 +1868,7 @@ fn later_denials<'s>(
             continue;
         }
         let window = entry.window.or(peeked.window);
+        least = least.min(peeked.state.remaining());
         shown.push(Shown {
             rule: j,
             decision: peeked.state,
@@ -1871,6 +1883,10 @@ fn later_denials<'s>(
                 window,
             };
         }
+    }
+    let d = longest.decision;
+    if least < d.remaining() {
+        longest.decision = Decision::new(false, d.limit(), least, d.reset_after(), d.retry_after());
     }
     (longest, &shared.rules[longest.rule])
 }

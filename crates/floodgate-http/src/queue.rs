@@ -11,6 +11,12 @@
 //! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
 //! timeout layer fired) gives its units back ([`Shaper::cancel`]).
 //!
+//! An answer's `remaining` (an admission's or a refusal's) counts the units that
+//! could still be reserved within `max_delay` (at most the burst), and its reset is
+//! the time until the schedule is idle; a request that waited is told them as they
+//! are when its slot comes (the requests that joined the queue behind it have taken
+//! theirs by then), not as they were when it joined.
+//!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
 //! ([`DefaultClock`](floodgate::DefaultClock)); the tests drive both from Tokio's
 //! paused clock. The runtime needs its time driver (`#[tokio::main]` has it).
@@ -20,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{
-    Clock, Decision, Gcra, GcraState, KeyedLimiter, Policy, Receipt, ShapeError, Shaper, StateCell,
-    Storage,
+    Clock, Decision, Gcra, GcraState, KeyedLimiter, Nanos, Policy, Receipt, ShapeError, Shaper,
+    StateCell, Storage,
 };
 use http::request::Parts;
 
@@ -105,23 +111,11 @@ where
         QueueRule { cost, ..self }
     }
 
-    /// The refusal as a [`Decision`], for the headers: GCRA's denial numbers at `now`.
-    fn refusal(&self, error: ShapeError) -> Decision {
-        let policy: Policy = self.shaper.policy();
+    /// The schedule now ([`schedule_now`]): the units reservable within `max_delay`.
+    fn schedule(&self) -> Decision {
         let now = self.shaper.clock().now();
-        let tat = self.shaper.state().tat();
-        let tolerance = policy.burst().saturating_mul(policy.interval_nanos());
-        let headroom = now
-            .as_u64()
-            .saturating_add(tolerance)
-            .saturating_sub(tat.as_u64());
-        let remaining = headroom / policy.interval_nanos().max(1);
-        let reset = tat.saturating_since(now).as_duration();
-        let retry = match error {
-            ShapeError::TooLong { retry_after } => Some(retry_after),
-            _ => None,
-        };
-        Decision::new(false, policy.burst(), remaining, reset, retry)
+        let booked = self.shaper.state().tat().saturating_since(now);
+        schedule_now(&self.shaper.policy(), self.max_delay, booked)
     }
 }
 
@@ -179,7 +173,7 @@ where
         let check = Box::pin(async move {
             match self.shaper.reserve(self.cost, self.max_delay) {
                 Ok(reservation) => {
-                    let decision = reservation.decision();
+                    let mut decision = reservation.decision();
                     let delay = reservation.delay();
                     let queued = !delay.is_zero();
                     if queued {
@@ -188,11 +182,12 @@ where
                             reservation: Some(reservation),
                         };
                         wait_for_slot(delay, pending).await;
+                        decision = self.schedule();
                     }
                     // The slot has passed: there is nothing a receipt could give back.
                     checked(decision, queued)
                 }
-                Err(e) => checked(self.refusal(e), false),
+                Err(e) => checked(refused(self.schedule(), e), false),
             }
         });
         Started {
@@ -211,6 +206,38 @@ where
     fn never_fits(&self) -> Option<(u32, u64)> {
         cost_above_burst(self.cost, &self.shaper.policy())
     }
+}
+
+/// A queueing rule's schedule as it is now, `booked` (`TAT − now`) ahead, as an
+/// admission: `remaining` the units that could still be reserved within `max_delay`
+/// (at most the burst), as a reservation's own decision counts them when it is
+/// made; the reset `booked`. A request that waited is answered with it when its
+/// slot comes (its reservation's decision was made when it joined the queue, and
+/// the requests that joined after it have since taken units it counted), and a
+/// refusal counts its units the same way.
+fn schedule_now(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
+    let interval = policy.interval_nanos().max(1);
+    let bound = policy
+        .burst()
+        .saturating_mul(interval)
+        .saturating_add(Nanos::from_duration(max_delay).as_u64());
+    let remaining = (bound.saturating_sub(booked.as_u64()) / interval).min(policy.burst());
+    Decision::new(true, policy.burst(), remaining, booked.as_duration(), None)
+}
+
+/// `schedule` as the refusal of a reservation that failed with `error`.
+fn refused(schedule: Decision, error: ShapeError) -> Decision {
+    let retry = match error {
+        ShapeError::TooLong { retry_after } => Some(retry_after),
+        _ => None,
+    };
+    Decision::new(
+        false,
+        schedule.limit(),
+        schedule.remaining(),
+        schedule.reset_after(),
+        retry,
+    )
 }
 
 /// The cost and the burst when a GCRA schedule can never hold `cost` units (`n > B`).
@@ -318,6 +345,14 @@ where
     pub fn cost(self, cost: u32) -> Self {
         KeyedQueueRule { cost, ..self }
     }
+
+    /// `key`'s schedule now ([`schedule_now`]): a peek at cost 0, whose reset is the
+    /// key's `TAT − now`.
+    fn schedule(&self, key: &E::Key) -> Decision {
+        let booked = self.limiter.peek(key, 0).reset_after();
+        let policy = self.limiter.algorithm().policy();
+        schedule_now(&policy, self.max_delay, Nanos::from_duration(booked))
+    }
 }
 
 /// Gives a keyed reservation's units back unless the wait completed.
@@ -378,7 +413,7 @@ where
         let partition_key = hasher.map(|h| h.hash(&key));
         let check = Box::pin(async move {
             match self.limiter.reserve(&key, self.cost, self.max_delay) {
-                Ok((decision, delay, receipt)) => {
+                Ok((mut decision, delay, receipt)) => {
                     let queued = !delay.is_zero();
                     if queued {
                         let pending = RefundOnDrop {
@@ -387,26 +422,13 @@ where
                             receipt: Some(receipt),
                         };
                         wait_for_slot(delay, pending).await;
+                        decision = self.schedule(&key);
                     }
                     checked(decision, queued)
                 }
-                Err(e) => {
-                    // The key's GCRA numbers now, with the reservation's own wait:
-                    // when the same reservation would fit within `max_delay`.
-                    let now = self.limiter.peek(&key, self.cost);
-                    let retry = match e {
-                        ShapeError::TooLong { retry_after } => Some(retry_after),
-                        _ => None,
-                    };
-                    let refusal = Decision::new(
-                        false,
-                        now.limit(),
-                        now.remaining(),
-                        now.reset_after(),
-                        retry,
-                    );
-                    checked(refusal, false)
-                }
+                // The key's schedule now, with the reservation's own wait: when the
+                // same reservation would fit within `max_delay`.
+                Err(e) => checked(refused(self.schedule(&key), e), false),
             }
         });
         Started {

@@ -23,47 +23,20 @@ use std::time::Duration;
 
 use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{
-    Gcra, HotKeyLimiter, HotKeys, KeyedBuilder, KeyedLimiter, LeasedGcra, ManualClock, Nanos,
-    Policy, RateLimiter,
+    Gcra, HotKeyLimiter, HotKeys, KeyedBuilder, LeasedGcra, ManualClock, Nanos, Policy, RateLimiter,
 };
 use floodgate_http::{
-    from_fn, Global, HeaderOptions, KeyError, RateLimitLayer, RateLimitService, Rule, Strategy,
+    from_fn, Global, HeaderOptions, RateLimitLayer, RateLimitService, Rule, Strategy,
 };
-use http::request::Parts;
 use http::Request;
 use tower::{Layer, ServiceExt};
 mod common;
-use common::{Hello, TestResult};
+use common::{even_free_odd_pro, key_of, keyed, Hello, Rng, TestResult};
 
 type Error = Box<dyn std::error::Error>;
 
 /// The `RateLimit-Policy` members (name, `q`, `w`) a response for a key must carry.
 type Members = fn(u64) -> Vec<(&'static str, u64, Option<u64>)>;
-
-/// The request's key: the `x-key` header.
-fn key_of(parts: &Parts) -> Result<u64, KeyError> {
-    parts
-        .headers
-        .get("x-key")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or(KeyError::Missing {
-            what: "x-key".into(),
-        })
-}
-
-/// SplitMix64: a seeded, reproducible stream.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n
-    }
-}
 
 /// What a response told the client.
 #[derive(Debug, Clone)]
@@ -382,15 +355,6 @@ fn walk_all(make: fn(ManualClock) -> Result<Case, Error>, seeds: u64) -> TestRes
     Ok(())
 }
 
-fn keyed<A: floodgate::Algorithm>(
-    algorithm: A,
-    clock: &ManualClock,
-) -> Result<KeyedLimiter<u64, A, ManualClock>, Error> {
-    Ok(KeyedBuilder::new(algorithm)
-        .clock(clock.clone())
-        .build::<u64>()?)
-}
-
 fn one_rule<L>(
     name: &'static str,
     limiter: L,
@@ -474,20 +438,10 @@ fn p_plans(key: u64) -> Vec<(&'static str, u64, Option<u64>)> {
 }
 
 fn plans(clock: ManualClock) -> Result<Case, Error> {
-    let mut plans = Plans::new();
-    let free = plans.insert("free", five_per_twenty()?);
-    let pro = plans.insert("pro", Policy::per_second(3)?.with_burst(6)?);
-    let resolver = move |k: &u64| -> PlanId {
-        if k % 2 == 0 {
-            free
-        } else {
-            pro
-        }
-    };
-    let limiter = PlanLimiter::new(
-        &plans,
-        resolver,
-        KeyedBuilder::default().clock(clock.clone()),
+    let limiter = even_free_odd_pro(
+        &clock,
+        five_per_twenty()?,
+        Policy::per_second(3)?.with_burst(6)?,
     )?;
     one_rule("plan", limiter, clock, 4, p_plans)
 }
@@ -817,7 +771,8 @@ mod queues {
     fn priority(clock: ManualClock) -> Result<Case, Error> {
         let shaper = Shaper::with_clock(five_per_twenty()?, clock.clone());
         // Even keys tier 0, odd keys tier 1; two places each.
-        let tier = from_fn(|parts: &Parts| key_of(parts).map(|k| usize::from(k % 2 == 1)));
+        let tier =
+            from_fn(|parts: &http::request::Parts| key_of(parts).map(|k| usize::from(k % 2 == 1)));
         let layer = RateLimitLayer::builder()
             .priority(floodgate_http::PriorityRule::new(
                 "queue",

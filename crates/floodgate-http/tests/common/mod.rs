@@ -15,6 +15,8 @@ use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{
     AsyncLimit, Clock, Decision, KeyedBuilder, ManualClock, Nanos, Policy, PolicyError,
 };
+use floodgate_http::KeyError;
+use http::request::Parts;
 use http::{Request, Response};
 use tokio::time::Instant;
 use tower::Service;
@@ -111,4 +113,60 @@ impl AsyncLimit<()> for Down {
     fn peek_n(&self, _: &(), _: u32) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
         ready(Err(Unreachable))
     }
+}
+
+/// The request's key: the `x-key` header.
+pub fn key_of(parts: &Parts) -> Result<u64, KeyError> {
+    parts
+        .headers
+        .get("x-key")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::Missing {
+            what: "x-key".into(),
+        })
+}
+
+/// SplitMix64: a seeded, reproducible stream.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+/// The plan limiter of [`even_free_odd_pro`].
+pub type EvenOdd = PlanLimiter<u64, Box<dyn Fn(&u64) -> PlanId + Send + Sync>, ManualClock>;
+
+/// A plan limiter on `clock`: even keys on plan `free`, odd keys on plan `pro`.
+pub fn even_free_odd_pro(
+    clock: &ManualClock,
+    free: Policy,
+    pro: Policy,
+) -> Result<EvenOdd, Box<dyn std::error::Error>> {
+    let mut plans = Plans::new();
+    let free = plans.insert("free", free);
+    let pro = plans.insert("pro", pro);
+    let resolver: Box<dyn Fn(&u64) -> PlanId + Send + Sync> =
+        Box::new(move |k: &u64| if k % 2 == 0 { free } else { pro });
+    Ok(PlanLimiter::new(
+        &plans,
+        resolver,
+        KeyedBuilder::default().clock(clock.clone()),
+    )?)
+}
+
+/// A keyed limiter over `u64` keys running `algorithm` on `clock`.
+pub fn keyed<A: floodgate::Algorithm>(
+    algorithm: A,
+    clock: &ManualClock,
+) -> Result<floodgate::KeyedLimiter<u64, A, ManualClock>, Box<dyn std::error::Error>> {
+    Ok(KeyedBuilder::new(algorithm)
+        .clock(clock.clone())
+        .build::<u64>()?)
 }
