@@ -128,6 +128,91 @@ pub(crate) fn given_time(shape: Shape) -> Script {
     Script::new(&source(GIVEN_TIME, shape))
 }
 
+/// The driver of a GCRA charge: the one-limit driver's transition, its receipt (the
+/// booking's start and end and the refund ledger the charge saw) after the reply's
+/// five fields when it wrote.
+const CHARGE_GCRA: &str = "\
+local r = gcra(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))
+if r.err or not RECEIPT then return r end
+r[6], r[7], r[8] = RECEIPT[1], RECEIPT[2], RECEIPT[3]
+return r
+";
+
+/// The driver of a GCRA refund: the receipt's three numbers, then T and B.
+const REFUND_GCRA: &str = "\
+local a = {}
+for i = 1, 5 do
+  a[i] = tonumber(ARG[i])
+  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then
+    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')
+  end
+end
+return gcra_refund(KEYS[1], a[1], a[2], a[3], a[4], a[5])
+";
+
+/// The scripts that charge with a receipt and refund it, for an algorithm that has
+/// a sound refund (GCRA); `None` for the others.
+pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Script)> {
+    let prologue = match prologue {
+        Prologue::Server => SERVER_TIME,
+        Prologue::Given => GIVEN_TIME,
+    };
+    match shape {
+        Shape::Single(Algorithm::Gcra) => Some((
+            Script::new(&[prologue, COMMON, GCRA, CHARGE_GCRA].concat()),
+            Script::new(&[prologue, COMMON, GCRA, REFUND_GCRA].concat()),
+        )),
+        _ => None,
+    }
+}
+
+/// Where a script's time comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Prologue {
+    /// The server's `TIME`.
+    Server,
+    /// The first argument.
+    Given,
+}
+
+/// A charge's reply: the decision, and the receipt's numbers when it wrote.
+pub(crate) fn charged(reply: &Value) -> Result<(Decision, Option<[u64; 3]>), RedisLimitError> {
+    let malformed = |detail: &str| RedisLimitError::MalformedReply {
+        detail: format!("{detail}: {reply:?}"),
+    };
+    match reply {
+        Value::Array(items) if items.len() == 8 => {
+            let d = decision(&Value::Array(items[..5].to_vec()))?;
+            let mut receipt = [0_u64; 3];
+            for (slot, item) in receipt.iter_mut().zip(&items[5..]) {
+                match item {
+                    Value::Int(i) => {
+                        *slot = u64::try_from(*i).map_err(|_| malformed("a negative receipt"))?;
+                    }
+                    _ => return Err(malformed("a receipt field is not an integer")),
+                }
+            }
+            if !d.is_allowed() {
+                return Err(malformed("a receipt for a denial"));
+            }
+            Ok((d, Some(receipt)))
+        }
+        _ => Ok((decision(reply)?, None)),
+    }
+}
+
+/// A refund's reply: what it gave back (GCRA: microseconds of schedule).
+pub(crate) fn given_back(reply: &Value) -> Result<u64, RedisLimitError> {
+    match reply {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| RedisLimitError::MalformedReply {
+            detail: format!("a negative refund: {reply:?}"),
+        }),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not a refund: {reply:?}"),
+        }),
+    }
+}
+
 /// The most times one script run is sent: the first, then once per refusal.
 const SENDS: usize = 5;
 
@@ -325,7 +410,15 @@ mod tests {
             Algorithm::SlidingWindow,
             Algorithm::SlidingLog,
         ] {
-            let body = [COMMON, transition(a), single(a), MULTI].concat();
+            let body = [
+                COMMON,
+                transition(a),
+                single(a),
+                MULTI,
+                CHARGE_GCRA,
+                REFUND_GCRA,
+            ]
+            .concat();
             assert!(
                 !body.contains("ARGV"),
                 "{a:?} must read its arguments as ARG"

@@ -67,6 +67,10 @@ end
 -- does was written by someone else, and the sums on it would leave the exact range.
 local EXACT = 9007199254740992
 
+-- What a charge took, for a refund (set by a transition that wrote; see the
+-- charge drivers in script.rs): the numbers a refund of the algorithm needs.
+local RECEIPT = false
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end
