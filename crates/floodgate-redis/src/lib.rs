@@ -152,6 +152,13 @@
 //!   gave back (a ledger in the key), is given back as far as it is still ahead of
 //!   the server's now; units booked after it that are still ahead of
 //!   `now + B·T` stay spent. A refund never gives back more than its charge took.
+//! * **Fixed window, sliding window** (one limit): the in-process
+//!   [`floodgate::FixedWindow`] and [`floodgate::SlidingWindow`] refunds: the
+//!   charge's units come off the count of the current window (the sliding window's
+//!   `cur`; its previous window's count is never touched) while the key's state is
+//!   still the charge's window of this period (at most the cost, never below 0);
+//!   once the state has moved on to a later window (or another period's state is
+//!   there, a rolling deploy), nothing.
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
@@ -159,15 +166,18 @@
 //!   conservative loss, never a second refund).
 //! * A refund does not clear the key's entry in the local denial cache: a cost denied
 //!   there stays denied until its wait has passed, even where the refund made room.
-//! * **Fixed window, sliding window, sliding log, several limits**: no refund
-//!   (`charge_n` is a plain check with no receipt; the charge stays taken). A window
-//!   refund would need a record of its receipts in the window's state as GCRA's has;
-//!   not built yet.
-//! * **State**: a GCRA key that has had a refund holds
-//!   `TAT:ledger:latest TAT:floor:receipts` instead of the bare TAT (charges keep it,
-//!   and it expires when the latest TAT has passed). A version of this crate from
-//!   before refunds reads it as a malformed state: upgrade every replica before any
-//!   of them refunds.
+//! * **Sliding log, several limits**: no refund (`charge_n` is a plain check with no
+//!   receipt; the charge stays taken). Not built yet: the log would have to remove
+//!   the charge's member and rewrite the running totals of every later one; several
+//!   limits would refund each limit, all or nothing, in one script.
+//! * **State**: a key that has had a refund holds the refund ledger, a floor and
+//!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
+//!   (it then expires when the latest TAT has passed), the fixed window
+//!   `window:count:period:ledger:floor:receipts`, the sliding window
+//!   `window:prev:cur:period:ledger:floor:receipts` — and every later write keeps
+//!   them.
+//!   A version of this crate from before refunds reads such a key as a malformed
+//!   state: upgrade every replica before any of them refunds.
 //!
 //! ## Replay
 //!
@@ -826,7 +836,8 @@ impl<C: Connection> RedisLimiter<C> {
 
     /// [`check_n`](RedisLimiter::check_n), with a receipt that
     /// [`refund`](RedisLimiter::refund) can give back: `Some` for an admission of
-    /// cost ≥ 1 that Redis decided on a limiter with refunds (one GCRA limit);
+    /// cost ≥ 1 that Redis decided on a limiter with refunds (one GCRA, fixed
+    /// window or sliding window limit);
     /// `None` for a denial, a cost of 0, a cached or fallback verdict, and on the
     /// other algorithms and on several limits (see the crate docs, "Refunds"), whose
     /// charge is a plain [`check_n`](RedisLimiter::check_n).
@@ -862,7 +873,11 @@ impl<C: Connection> RedisLimiter<C> {
             match outcome {
                 Ok((d, proof)) => Ok((
                     Verdict::Decided(d),
-                    proof.map(|proof| RedisReceipt { key: first, proof }),
+                    proof.map(|proof| RedisReceipt {
+                        key: first,
+                        algorithm: self.limits[0].algorithm,
+                        proof,
+                    }),
                 )),
                 Err(e) => self.verdict(Err(e)).map(|v| (v, None)),
             }
@@ -914,7 +929,14 @@ impl<C: Connection> RedisLimiter<C> {
             .send_script(charge, keys, cost, true, Some(now_micros))
             .await?;
         let (d, proof) = script::charged(&reply)?;
-        Ok((d, proof.map(|proof| RedisReceipt { key: first, proof })))
+        Ok((
+            d,
+            proof.map(|proof| RedisReceipt {
+                key: first,
+                algorithm: self.limits[0].algorithm,
+                proof,
+            }),
+        ))
     }
 
     /// [`refund`](RedisLimiter::refund) at a given time, as
@@ -942,6 +964,9 @@ impl<C: Connection> RedisLimiter<C> {
         let (Some((_, refund)), [one]) = (scripts, self.limits.as_slice()) else {
             return Ok(false);
         };
+        if receipt.algorithm != one.algorithm {
+            return Ok(false);
+        }
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(refund.get_hash()).arg(1).arg(&receipt.key);
         if let Some(now) = now_micros {
@@ -950,10 +975,10 @@ impl<C: Connection> RedisLimiter<C> {
             }
             evalsha.arg(now);
         }
-        evalsha
-            .arg(&receipt.proof[..])
-            .arg(one.params[0])
-            .arg(one.params[1]);
+        evalsha.arg(&receipt.proof[..]).arg(one.params[0]);
+        if one.algorithm == Algorithm::Gcra {
+            evalsha.arg(one.params[1]);
+        }
         let reply = self.send_timed(refund, &evalsha).await?;
         script::given_back(&reply).map(|back| back > 0)
     }
@@ -1118,8 +1143,12 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisReceipt {
     key: String,
-    /// GCRA: the booking's start and end (TAT) and the ledger, in microseconds.
-    proof: [u64; 3],
+    /// The algorithm that charged: another's refund script gives nothing for it.
+    algorithm: Algorithm,
+    /// What the charge script returned for its refund (GCRA: the booking's start
+    /// and end and the ledger, in microseconds; the windows: the window, the
+    /// current count after the charge, the ledger and the cost).
+    proof: Vec<u64>,
 }
 
 /// The limiter behind floodgate's async limit trait, so a layer written for the
@@ -1139,10 +1168,10 @@ pub struct RedisReceipt {
 /// A key type without `Display`, such as the layer's `Global` extractor's `()`, is no
 /// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
 ///
-/// A one-limit GCRA limiter refunds ([`RedisLimiter::charge_n`],
-/// [`RedisLimiter::refund`]): behind the layer, its charge is given back when a later
-/// rule denies the request. The other algorithms and several limits keep the
-/// trait's defaults: a plain check, no refund.
+/// A one-limit GCRA, fixed window or sliding window limiter refunds
+/// ([`RedisLimiter::charge_n`], [`RedisLimiter::refund`]): behind the layer, its
+/// charge is given back when a later rule denies the request. The sliding log and
+/// several limits keep the trait's defaults: a plain check, no refund.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 

@@ -128,42 +128,73 @@ pub(crate) fn given_time(shape: Shape) -> Script {
     Script::new(&source(GIVEN_TIME, shape))
 }
 
-/// The driver of a GCRA charge: the one-limit driver's transition, its receipt (the
-/// booking's start and end and the refund ledger the charge saw) after the reply's
-/// five fields when it wrote.
-const CHARGE_GCRA: &str = "\
-local r = gcra(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))
-if r.err or not RECEIPT then return r end
-r[6], r[7], r[8] = RECEIPT[1], RECEIPT[2], RECEIPT[3]
-return r
-";
+/// The driver of a charge with a receipt: the one-limit driver's transition, then
+/// the receipt's numbers (`RECEIPT`, set by a transition that wrote) after the
+/// reply's five fields.
+macro_rules! charge_driver {
+    ($name:ident, $function:literal) => {
+        const $name: &str = concat!(
+            "local r = ",
+            $function,
+            "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n",
+            "if r.err or not RECEIPT then return r end\n",
+            "for i = 1, #RECEIPT do r[5 + i] = RECEIPT[i] end\n",
+            "return r\n"
+        );
+    };
+}
+charge_driver!(CHARGE_GCRA, "gcra");
+charge_driver!(CHARGE_FIXED_WINDOW, "fixed_window");
+charge_driver!(CHARGE_SLIDING_WINDOW, "sliding_window");
 
-/// The driver of a GCRA refund: the receipt's three numbers, then T and B.
-const REFUND_GCRA: &str = "\
-local a = {}
-for i = 1, 5 do
-  a[i] = tonumber(ARG[i])
-  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then
-    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')
-  end
-end
-return gcra_refund(KEYS[1], a[1], a[2], a[3], a[4], a[5])
-";
+/// The driver of a refund: `$args` whole numbers below 2^53 (the receipt's, then
+/// the limit's parameters) passed to the refund function.
+macro_rules! refund_driver {
+    ($name:ident, $function:literal, $args:literal) => {
+        const $name: &str = concat!(
+            "local a = {}\n",
+            "for i = 1, ",
+            $args,
+            " do\n",
+            "  a[i] = tonumber(ARG[i])\n",
+            "  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then\n",
+            "    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')\n",
+            "  end\n",
+            "end\n",
+            "return ",
+            $function,
+            "(KEYS[1], unpack(a))\n"
+        );
+    };
+}
+// GCRA: start, end, ledger; T, B.
+refund_driver!(REFUND_GCRA, "gcra_refund", "5");
+// Fixed window: window, count after, ledger, cost; P (the limit L is not needed).
+refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "5");
+// Sliding window: window, current count after, ledger, cost; P.
+refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "5");
 
 /// The scripts that charge with a receipt and refund it, for an algorithm that has
-/// a sound refund (GCRA); `None` for the others.
+/// a sound refund (GCRA, the fixed and sliding windows); `None` for the others.
 pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Script)> {
     let prologue = match prologue {
         Prologue::Server => SERVER_TIME,
         Prologue::Given => GIVEN_TIME,
     };
-    match shape {
-        Shape::Single(Algorithm::Gcra) => Some((
-            Script::new(&[prologue, COMMON, GCRA, CHARGE_GCRA].concat()),
-            Script::new(&[prologue, COMMON, GCRA, REFUND_GCRA].concat()),
-        )),
-        _ => None,
-    }
+    let (transition, charge, refund) = match shape {
+        Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
+        Shape::Single(Algorithm::FixedWindow) => {
+            (FIXED_WINDOW, CHARGE_FIXED_WINDOW, REFUND_FIXED_WINDOW)
+        }
+        Shape::Single(Algorithm::SlidingWindow) => {
+            (SLIDING_WINDOW, CHARGE_SLIDING_WINDOW, REFUND_SLIDING_WINDOW)
+        }
+        _ => return None,
+    };
+    Some((
+        Script::new(&[prologue, COMMON, transition, charge].concat()),
+        Script::new(&[prologue, COMMON, transition, refund].concat()),
+    ))
 }
 
 /// Where a script's time comes from.
@@ -176,22 +207,20 @@ pub(crate) enum Prologue {
 }
 
 /// A charge's reply: the decision, and the receipt's numbers when it wrote.
-pub(crate) fn charged(reply: &Value) -> Result<(Decision, Option<[u64; 3]>), RedisLimitError> {
+pub(crate) fn charged(reply: &Value) -> Result<(Decision, Option<Vec<u64>>), RedisLimitError> {
     let malformed = |detail: &str| RedisLimitError::MalformedReply {
         detail: format!("{detail}: {reply:?}"),
     };
     match reply {
-        Value::Array(items) if items.len() == 8 => {
+        Value::Array(items) if items.len() > 5 => {
             let d = decision(&Value::Array(items[..5].to_vec()))?;
-            let mut receipt = [0_u64; 3];
-            for (slot, item) in receipt.iter_mut().zip(&items[5..]) {
-                match item {
-                    Value::Int(i) => {
-                        *slot = u64::try_from(*i).map_err(|_| malformed("a negative receipt"))?;
-                    }
-                    _ => return Err(malformed("a receipt field is not an integer")),
-                }
-            }
+            let receipt = items[5..]
+                .iter()
+                .map(|item| match item {
+                    Value::Int(i) => u64::try_from(*i).map_err(|_| malformed("a negative receipt")),
+                    _ => Err(malformed("a receipt field is not an integer")),
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
             if !d.is_allowed() {
                 return Err(malformed("a receipt for a denial"));
             }
@@ -417,6 +446,10 @@ mod tests {
                 MULTI,
                 CHARGE_GCRA,
                 REFUND_GCRA,
+                CHARGE_FIXED_WINDOW,
+                REFUND_FIXED_WINDOW,
+                CHARGE_SLIDING_WINDOW,
+                REFUND_SLIDING_WINDOW,
             ]
             .concat();
             assert!(

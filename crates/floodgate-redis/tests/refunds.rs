@@ -26,16 +26,77 @@ async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> 
         .unwrap()
 }
 
+/// A decision in whole microseconds, its durations rounded up as the scripts report
+/// them (only the sliding window's in-process waits fall between microseconds).
+fn micros(d: floodgate::Decision) -> (bool, u64, u64, u128, Option<u128>) {
+    let up = |t: Duration| t.as_nanos().div_ceil(1_000);
+    let (reset, retry) = (up(d.reset_after()), d.retry_after().map(up));
+    (d.is_allowed(), d.limit(), d.remaining(), reset, retry)
+}
+
 /// A number below `n` from a seeded generator: the trace is the same on every run.
 fn below(rng: &mut TestRng, n: u64) -> u64 {
     rng.next_u64() % n
 }
 
-/// Random charges, refunds (in any order, a few outstanding at once) and waits,
-/// replayed on Redis's script and on the in-process GCRA at the same instants:
-/// every decision and every refund's answer is the same, so Redis gives back
-/// exactly what the in-process refund does — the booking still ahead of now,
-/// moved down by the refunds made since the charge, never more.
+/// Random charges, refunds (in any order, a few outstanding at once) and waits on
+/// one key, replayed on Redis's scripts and on the in-process limiter at the same
+/// instants: every decision and every refund's answer is the same, and each
+/// receipt sent a second time gives nothing more.
+async fn replay_against_in_process<A: floodgate::Algorithm>(
+    remote: &RedisLimiter,
+    local: &RateLimiter<A, ManualClock>,
+    clock: &ManualClock,
+    seed: u64,
+) {
+    let key = format!("trace{seed}");
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
+    let mut now_us = 1_000_000_u64;
+    let mut held = Vec::new();
+    let (mut refunded, mut given) = (0, 0);
+    for step in 0..300 {
+        clock.set(Nanos::new(now_us * 1_000));
+        let op = below(&mut rng, 10);
+        if op < 5 || held.is_empty() {
+            let cost = 1 + below(&mut rng, 2) as u32;
+            let (d, r) = local.charge(cost);
+            let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
+            assert_eq!(
+                micros(rd),
+                micros(d),
+                "seed {seed} step {step}: charge {cost}"
+            );
+            assert_eq!(rr.is_some(), r.is_charged(), "seed {seed} step {step}");
+            if let Some(rr) = rr {
+                if held.len() < 4 {
+                    held.push((r, rr));
+                }
+            }
+        } else if op < 8 {
+            let (r, rr) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
+            let back = local.refund(r);
+            let rback = remote.refund_at_micros(&rr, now_us).await.unwrap();
+            assert_eq!(rback, back, "seed {seed} step {step}: refund");
+            refunded += 1;
+            given += usize::from(back);
+            // Sent again (a lost reply, another replica): nothing more.
+            assert!(!remote.refund_at_micros(&rr, now_us).await.unwrap());
+        } else {
+            now_us += below(&mut rng, 150_000);
+            clock.set(Nanos::new(now_us * 1_000));
+        }
+        let d = local.peek(0);
+        let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
+        assert_eq!(micros(rd), micros(d), "seed {seed} step {step}: state");
+    }
+    assert!(
+        refunded > 20 && given > 10,
+        "seed {seed}: {given}/{refunded}"
+    );
+}
+
+/// GCRA: Redis gives back exactly what the in-process refund does — the booking
+/// still ahead of now, moved down by the refunds made since the charge.
 #[test]
 fn gcra_refunds_give_back_what_the_in_process_refunds_give_back() {
     let Some(server) = RedisServer::start() else {
@@ -46,48 +107,27 @@ fn gcra_refunds_give_back_what_the_in_process_refunds_give_back() {
         let policy = Policy::per_second(10).unwrap().with_burst(4).unwrap();
         let remote = limiter(&server, Algorithm::Gcra, policy).await;
         for seed in 1..=12_u64 {
-            let key = format!("trace{seed}");
             let clock = ManualClock::new();
             let local = RateLimiter::gcra_with_clock(policy, clock.clone());
-            let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
-            let mut now_us = 1_000_000_u64;
-            let mut held = Vec::new();
-            let (mut refunded, mut given) = (0, 0);
-            for step in 0..300 {
-                clock.set(Nanos::new(now_us * 1_000));
-                let op = below(&mut rng, 10);
-                if op < 5 || held.is_empty() {
-                    let cost = 1 + below(&mut rng, 2) as u32;
-                    let (d, r) = local.charge(cost);
-                    let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
-                    assert_eq!(rd, d, "seed {seed} step {step}: charge {cost}");
-                    assert_eq!(rr.is_some(), r.is_charged(), "seed {seed} step {step}");
-                    if let Some(rr) = rr {
-                        if held.len() < 4 {
-                            held.push((r, rr));
-                        }
-                    }
-                } else if op < 8 {
-                    let (r, rr) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
-                    let back = local.refund(r);
-                    let rback = remote.refund_at_micros(&rr, now_us).await.unwrap();
-                    assert_eq!(rback, back, "seed {seed} step {step}: refund");
-                    refunded += 1;
-                    given += usize::from(back);
-                    // Sent again (a lost reply, another replica): nothing more.
-                    assert!(!remote.refund_at_micros(&rr, now_us).await.unwrap());
-                } else {
-                    now_us += below(&mut rng, 150_000);
-                    clock.set(Nanos::new(now_us * 1_000));
-                }
-                let d = local.peek(0);
-                let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
-                assert_eq!(rd, d, "seed {seed} step {step}: state");
-            }
-            assert!(
-                refunded > 20 && given > 10,
-                "seed {seed}: {given}/{refunded}"
-            );
+            replay_against_in_process(&remote, &local, &clock, seed).await;
+        }
+    });
+}
+
+/// The fixed window: the charge's units back while its window lasts, none after.
+#[test]
+fn fixed_window_refunds_give_back_what_the_in_process_refunds_give_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 4 per 400 ms windows, passed in steps of up to 150 ms.
+        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+        let remote = limiter(&server, Algorithm::FixedWindow, policy).await;
+        for seed in 1..=12_u64 {
+            let clock = ManualClock::new();
+            let local = RateLimiter::fixed_window_with_clock(policy, clock.clone()).unwrap();
+            replay_against_in_process(&remote, &local, &clock, seed).await;
         }
     });
 }
@@ -166,20 +206,34 @@ fn a_receipt_refunded_before_the_last_eight_refunds_gives_nothing_again() {
     });
 }
 
-/// The other algorithms have no refund in Redis: their charge carries no receipt
-/// and is a plain check.
+/// The sliding window counter: the current window's count, while its window lasts.
 #[test]
-fn the_window_and_log_limiters_charge_without_a_receipt() {
+fn sliding_window_refunds_give_back_what_the_in_process_refunds_give_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 4 per 400 ms windows, passed in steps of up to 150 ms.
+        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+        let remote = limiter(&server, Algorithm::SlidingWindow, policy).await;
+        for seed in 1..=12_u64 {
+            let clock = ManualClock::new();
+            let local = RateLimiter::sliding_window_with_clock(policy, clock.clone()).unwrap();
+            replay_against_in_process(&remote, &local, &clock, seed).await;
+        }
+    });
+}
+
+/// The sliding log has no refund in Redis: its charge carries no receipt and is a
+/// plain check.
+#[test]
+fn the_sliding_log_charges_without_a_receipt() {
     let Some(server) = RedisServer::start() else {
         return;
     };
     runtime().block_on(async {
         let policy = Policy::per_hour(3).unwrap();
-        for algorithm in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::SlidingLog,
-        ] {
+        for algorithm in [Algorithm::SlidingLog] {
             let l = limiter(&server, algorithm, policy).await;
             let key = format!("{algorithm:?}");
             let (v, r) = l.charge_n(&key, 1).await.unwrap();
@@ -190,61 +244,111 @@ fn the_window_and_log_limiters_charge_without_a_receipt() {
 }
 
 /// Two replicas charge one key concurrently and give back about half their
-/// admissions, each refund sent twice (once by each replica, concurrently): the
-/// admissions kept never exceed the burst (B = 6 per hour: the clock gives no unit
-/// back during the test), and each receipt gives back at most once.
+/// admissions, each refund sent twice (once by each replica, concurrently), on
+/// GCRA and both windows: the admissions kept never exceed the limit (6, all
+/// at one instant: no unit comes back by the clock), and each receipt gives back
+/// at most once.
 #[test]
 fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    const NOW: u64 = 7_000_000_000;
     runtime().block_on(async {
         let policy = Policy::per_hour(6).unwrap();
-        let a = Arc::new(limiter(&server, Algorithm::Gcra, policy).await);
-        let b = Arc::new(limiter(&server, Algorithm::Gcra, policy).await);
-        let admitted = Arc::new(AtomicU64::new(0));
-        let refunded = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for worker in 0..8_u64 {
-            let (own, other) = if worker % 2 == 0 {
-                (Arc::clone(&a), Arc::clone(&b))
-            } else {
-                (Arc::clone(&b), Arc::clone(&a))
-            };
-            let (admitted, refunded) = (Arc::clone(&admitted), Arc::clone(&refunded));
-            tasks.push(tokio::spawn(async move {
-                for i in 0..60_u64 {
-                    let (v, receipt) = own.charge_n("shared", 1).await.unwrap();
-                    if !v.decision().is_allowed() {
-                        continue;
-                    }
-                    admitted.fetch_add(1, Ordering::SeqCst);
-                    let receipt: RedisReceipt = receipt.unwrap();
-                    if (i + worker) % 2 == 0 {
-                        let (x, y) = tokio::join!(own.refund(&receipt), other.refund(&receipt));
-                        let (x, y) = (x.unwrap(), y.unwrap());
-                        assert!(!(x && y), "a receipt gave back twice");
-                        if x || y {
-                            refunded.fetch_add(1, Ordering::SeqCst);
+        for algorithm in [
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ] {
+            let key = format!("shared-{algorithm:?}");
+            let a = Arc::new(limiter(&server, algorithm, policy).await);
+            let b = Arc::new(limiter(&server, algorithm, policy).await);
+            let admitted = Arc::new(AtomicU64::new(0));
+            let refunded = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::new();
+            for worker in 0..8_u64 {
+                let (own, other) = if worker % 2 == 0 {
+                    (Arc::clone(&a), Arc::clone(&b))
+                } else {
+                    (Arc::clone(&b), Arc::clone(&a))
+                };
+                let (admitted, refunded) = (Arc::clone(&admitted), Arc::clone(&refunded));
+                let key = key.clone();
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..60_u64 {
+                        let (d, receipt) = own.charge_n_at_micros(&key, 1, NOW).await.unwrap();
+                        if !d.is_allowed() {
+                            continue;
+                        }
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        let receipt: RedisReceipt = receipt.unwrap();
+                        if (i + worker) % 2 == 0 {
+                            let (x, y) = tokio::join!(
+                                own.refund_at_micros(&receipt, NOW),
+                                other.refund_at_micros(&receipt, NOW)
+                            );
+                            let (x, y) = (x.unwrap(), y.unwrap());
+                            assert!(!(x && y), "a receipt gave back twice");
+                            if x || y {
+                                refunded.fetch_add(1, Ordering::SeqCst);
+                            }
                         }
                     }
-                }
-            }));
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let (admitted, refunded) = (
+                admitted.load(Ordering::SeqCst),
+                refunded.load(Ordering::SeqCst),
+            );
+            assert!(
+                admitted <= 6 + refunded,
+                "{algorithm:?}: {admitted} admitted, {refunded} given back: beyond the limit of 6"
+            );
+            assert!(
+                refunded > 0 && admitted > 6,
+                "{algorithm:?}: {admitted} admitted, {refunded} given back"
+            );
         }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let (admitted, refunded) = (
-            admitted.load(Ordering::SeqCst),
-            refunded.load(Ordering::SeqCst),
-        );
-        assert!(
-            admitted <= 6 + refunded,
-            "{admitted} admitted, {refunded} given back: beyond the burst of 6"
-        );
-        assert!(
-            refunded > 0 && admitted > 6,
-            "{admitted} admitted, {refunded} given back"
+    });
+}
+
+/// The fixed window: a charge of 2 given back restores exactly 2 admissions in its
+/// window, once, whichever replica sends it; in the next window it gives nothing.
+#[test]
+fn a_fixed_window_refund_restores_its_charge_once_and_only_in_its_window() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 5 per 10 s windows; 3 s into window 100.
+        let policy = Policy::new(5, Duration::from_secs(10)).unwrap();
+        let a = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let b = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let t = 1_003_000_000;
+        assert!(a.check_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        let r = a.charge_n_at_micros("f", 2, t).await.unwrap().1.unwrap();
+        let last = b.charge_n_at_micros("f", 2, t).await.unwrap().1.unwrap();
+        assert!(!a.peek_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        let (x, y) = tokio::join!(a.refund_at_micros(&r, t), b.refund_at_micros(&r, t));
+        assert!(x.unwrap() ^ y.unwrap(), "exactly one gives back");
+        assert_eq!(a.peek_n_at_micros("f", 0, t).await.unwrap().remaining(), 2);
+        assert!(b.check_n_at_micros("f", 2, t).await.unwrap().is_allowed());
+        assert!(!a.check_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        // Window 101: the receipt of window 100 gives nothing.
+        let next = t + 10_000_000;
+        assert!(a
+            .check_n_at_micros("f", 1, next)
+            .await
+            .unwrap()
+            .is_allowed());
+        assert!(!a.refund_at_micros(&last, next).await.unwrap());
+        assert_eq!(
+            a.peek_n_at_micros("f", 0, next).await.unwrap().remaining(),
+            4
         );
     });
 }
@@ -271,5 +375,42 @@ fn a_refund_over_a_malformed_record_fails_and_writes_nothing() {
         assert!(e.contains("malformed") && e.contains("refunds:m"), "{e}");
         let after: String = server.cmd(&["GET", "refunds:m"]);
         assert_eq!(after, bad);
+        // A fixed window state: its refund fields too, for a charge and a refund.
+        let fw = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let (_, r) = fw.charge_n_at_micros("mw", 1, 1_000_000).await.unwrap();
+        let r = r.unwrap();
+        for bad in ["1:1:1000000:0:0:7/", "1:1:1000000:zz"] {
+            let _: () = server.cmd(&["SET", "refunds:mw", bad]);
+            let e = fw.refund_at_micros(&r, 1_000_000).await.unwrap_err();
+            assert!(e.to_string().contains("malformed"), "{bad}: {e}");
+            let after: String = server.cmd(&["GET", "refunds:mw"]);
+            assert_eq!(after, bad);
+        }
+        // Fields that are no refund fields fail a charge too (the records
+        // themselves are read by refunds only).
+        let e = fw.check_n_at_micros("mw", 1, 1_000_000).await.unwrap_err();
+        assert!(e.to_string().contains("malformed"), "{e}");
+    });
+}
+
+/// A fixed window state that holds fewer units than the charge took (its count
+/// lowered behind the limiter's back — in a rolling deploy, another period's
+/// write): the refund gives back what is there, never a count below 0.
+#[test]
+fn a_fixed_window_refund_never_takes_the_count_below_zero() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let policy = Policy::new(5, Duration::from_secs(10)).unwrap();
+        let l = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let t = 1_003_000_000;
+        let r = l.charge_n_at_micros("z", 2, t).await.unwrap().1.unwrap();
+        let _: () = server.cmd(&["SET", "refunds:z", "100:1:10000000"]);
+        assert!(l.refund_at_micros(&r, t).await.unwrap());
+        let d = l.peek_n_at_micros("z", 0, t).await.unwrap();
+        assert_eq!(d.remaining(), 5);
+        let state: String = server.cmd(&["GET", "refunds:z"]);
+        assert!(state.starts_with("100:0:10000000:"), "{state}");
     });
 }

@@ -61,10 +61,6 @@ local function gcra(key, n, write, t, b)
   return reply(false, b, remaining_at(tat), tat - now, new_tat - limit_at)
 end
 
--- How many refunds a GCRA state remembers: a receipt older than all of them (its
--- ledger below the floor) gives back nothing.
-local GCRA_REFUNDS_KEPT = 8
-
 -- Gives back the part of a charge's booking [start, e) still ahead of now, as the
 -- in-process GCRA refund: the refunds made since the charge (the ledger, the sum
 -- of all schedule given back, less `noted`, the ledger the charge saw) may have
@@ -77,18 +73,10 @@ local function gcra_refund(key, start, e, noted, t, b)
   local st, err = gcra_read(key)
   if err then return err end
   if not st then return 0 end
-  local ids = {}
-  if st.ids and st.ids ~= '' then
-    for x in string.gmatch(st.ids .. ',', '([^,]*),') do
-      if not string.match(x, '^%d+/%d+$') then return malformed(key, 'a refund record is not noted/end') end
-      ids[#ids + 1] = x
-    end
-  end
+  local ids, bad = refund_ids(key, st.ids)
+  if bad then return bad end
   local id = fmt(noted) .. '/' .. fmt(e)
-  if noted > st.ledger or noted < st.floor then return 0 end
-  for i = 1, #ids do
-    if ids[i] == id then return 0 end
-  end
+  if not refundable(ids, id, noted, st.ledger, st.floor) then return 0 end
   local shift = st.ledger - noted
   local s0 = start - shift
   if s0 < 0 then s0 = 0 end
@@ -105,13 +93,8 @@ local function gcra_refund(key, start, e, noted, t, b)
   if back <= 0 then return 0 end
   local tat = st.tat - back
   if tat < 0 then tat = 0 end
-  local floor = st.floor
-  ids[#ids + 1] = id
-  if #ids > GCRA_REFUNDS_KEPT then
-    local oldest = tonumber(string.match(table.remove(ids, 1), '^(%d+)/'))
-    if oldest + 1 > floor then floor = oldest + 1 end
-  end
+  local kept, floor = record_refund(ids, id, st.floor)
   set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
-    fmt(floor) .. ':' .. table.concat(ids, ','), st.hi - now)
+    fmt(floor) .. ':' .. kept, st.hi - now)
   return back
 end
