@@ -1321,8 +1321,8 @@ struct Shared {
 ///   path only, all at once, each within its limiter's own timeout (a Redis
 ///   limiter's). A refund that fails is counted in the rule's `errors` (and logged
 ///   with feature `tracing`) and changes nothing else: the answer stays the same. A
-///   limit without refunds (the trait's default: a Redis sliding log or multi-limit
-///   limiter) keeps its charge, and so does every remote rule when the
+///   limit without refunds (the trait's default: a Redis sliding log) keeps its
+///   charge, and so does every remote rule when the
 ///   response future is dropped before the answer (nothing awaits a refund then). Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.

@@ -166,10 +166,17 @@
 //!   conservative loss, never a second refund).
 //! * A refund does not clear the key's entry in the local denial cache: a cost denied
 //!   there stays denied until its wait has passed, even where the refund made room.
-//! * **Sliding log, several limits**: no refund (`charge_n` is a plain check with no
-//!   receipt; the charge stays taken). Not built yet: the log would have to remove
-//!   the charge's member and rewrite the running totals of every later one; several
-//!   limits would refund each limit, all or nothing, in one script.
+//! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
+//!   nothing, and so is its refund: one script run gives back every limit's part by
+//!   that limit's rule above (each once), after checking every argument. A state
+//!   found malformed part-way fails the run after the parts before it were given
+//!   back (only a key written by something else is malformed).
+//! * **Sliding log**: no refund (`charge_n` is a plain check with no receipt; the
+//!   charge stays taken; in a multi-limit charge its part stays taken). Not built
+//!   yet: the log would have to remove the charge's member and rewrite the running
+//!   totals of every later one.
+//! * A receipt names its limiter (the prefix and the limits): another limiter gives
+//!   nothing back for it.
 //! * **State**: a key that has had a refund holds the refund ledger, a floor and
 //!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
 //!   (it then expires when the latest TAT has passed), the fixed window
@@ -836,11 +843,11 @@ impl<C: Connection> RedisLimiter<C> {
 
     /// [`check_n`](RedisLimiter::check_n), with a receipt that
     /// [`refund`](RedisLimiter::refund) can give back: `Some` for an admission of
-    /// cost ≥ 1 that Redis decided on a limiter with refunds (one GCRA, fixed
-    /// window or sliding window limit);
+    /// cost ≥ 1 that Redis decided on a limiter with refunds (every one but a lone
+    /// sliding log);
     /// `None` for a denial, a cost of 0, a cached or fallback verdict, and on the
-    /// other algorithms and on several limits (see the crate docs, "Refunds"), whose
-    /// charge is a plain [`check_n`](RedisLimiter::check_n).
+    /// sliding log (see the crate docs, "Refunds"), whose charge is a plain
+    /// [`check_n`](RedisLimiter::check_n).
     ///
     /// # Errors
     ///
@@ -863,22 +870,12 @@ impl<C: Connection> RedisLimiter<C> {
                 }
             }
             let first = keys.first().cloned().unwrap_or_default();
-            let outcome = self
-                .send_script(charge, keys, cost, true, None)
-                .await
-                .and_then(|reply| script::charged(&reply));
+            let outcome = self.charge_with_receipt(charge, keys, cost, None).await;
             if let (Some(cache), Ok((d, _))) = (&self.deny_cache, &outcome) {
                 cache.record(&first, cost, sent, *d);
             }
             match outcome {
-                Ok((d, proof)) => Ok((
-                    Verdict::Decided(d),
-                    proof.map(|proof| RedisReceipt {
-                        key: first,
-                        algorithm: self.limits[0].algorithm,
-                        proof,
-                    }),
-                )),
+                Ok((d, receipt)) => Ok((Verdict::Decided(d), receipt)),
                 Err(e) => self.verdict(Err(e)).map(|v| (v, None)),
             }
         }
@@ -924,19 +921,50 @@ impl<C: Connection> RedisLimiter<C> {
                 .await
                 .map(|d| (d, None));
         };
-        let first = keys.first().cloned().unwrap_or_default();
+        self.charge_with_receipt(charge, keys, cost, Some(now_micros))
+            .await
+    }
+
+    /// One run of a charge script that returns receipts: the decision (several
+    /// limits: the tightest), and the receipt of every limit that wrote one.
+    async fn charge_with_receipt(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        cost: u32,
+        now_micros: Option<u64>,
+    ) -> Result<(Decision, Option<RedisReceipt>), RedisLimitError> {
+        // Several limits: `write` 2 asks the multi-limit script for the receipts.
+        let mode = if self.limits.len() == 1 { 1 } else { 2 };
         let reply = self
-            .send_script(charge, keys, cost, true, Some(now_micros))
+            .send_script(script, keys.clone(), cost, mode, now_micros)
             .await?;
-        let (d, proof) = script::charged(&reply)?;
-        Ok((
-            d,
-            proof.map(|proof| RedisReceipt {
-                key: first,
-                algorithm: self.limits[0].algorithm,
-                proof,
-            }),
-        ))
+        let each = match self.limits.len() {
+            1 => vec![script::charged(&reply)?],
+            n => script::charged_each(&reply, n)?,
+        };
+        let decisions: Vec<Decision> = each.iter().map(|(d, _)| *d).collect();
+        let decision = tightest(&decisions).ok_or_else(|| RedisLimitError::MalformedReply {
+            detail: "no decision".to_owned(),
+        })?;
+        let parts: Vec<ReceiptPart> = each
+            .into_iter()
+            .zip(keys)
+            .enumerate()
+            .filter_map(|(limit, ((_, proof), key))| {
+                Some(ReceiptPart {
+                    limit,
+                    key,
+                    algorithm: self.limits.get(limit)?.algorithm,
+                    proof: proof?,
+                })
+            })
+            .collect();
+        let receipt = (decision.is_allowed() && !parts.is_empty()).then(|| RedisReceipt {
+            issuer: self.issuer(),
+            parts,
+        });
+        Ok((decision, receipt))
     }
 
     /// [`refund`](RedisLimiter::refund) at a given time, as
@@ -954,6 +982,16 @@ impl<C: Connection> RedisLimiter<C> {
             .await
     }
 
+    /// What a receipt names its issuer by: the prefix and the limits.
+    fn issuer(&self) -> (String, Vec<(Algorithm, [u64; 2])>) {
+        let limits = self
+            .limits
+            .iter()
+            .map(|l| (l.algorithm, l.params))
+            .collect();
+        (self.prefix.clone(), limits)
+    }
+
     /// One refund script run under the timeout.
     async fn refund_on(
         &self,
@@ -961,26 +999,52 @@ impl<C: Connection> RedisLimiter<C> {
         receipt: &RedisReceipt,
         now_micros: Option<u64>,
     ) -> Result<bool, RedisLimitError> {
-        let (Some((_, refund)), [one]) = (scripts, self.limits.as_slice()) else {
+        let Some((_, refund)) = scripts else {
             return Ok(false);
         };
-        if receipt.algorithm != one.algorithm {
+        if receipt.issuer != self.issuer() {
             return Ok(false);
         }
+        // Each part must be of one of this limiter's limits, as it charged.
+        let limits: Option<Vec<&Limit>> = receipt
+            .parts
+            .iter()
+            .map(|part| {
+                self.limits
+                    .get(part.limit)
+                    .filter(|l| l.algorithm == part.algorithm)
+            })
+            .collect();
+        let Some(limits) = limits.filter(|l| !l.is_empty()) else {
+            return Ok(false);
+        };
         let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(refund.get_hash()).arg(1).arg(&receipt.key);
+        evalsha.arg(refund.get_hash()).arg(receipt.parts.len());
+        for part in &receipt.parts {
+            evalsha.arg(&part.key);
+        }
         if let Some(now) = now_micros {
             if now > MAX_NOW_MICROS {
                 return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
             }
             evalsha.arg(now);
         }
-        evalsha.arg(&receipt.proof[..]).arg(one.params[0]);
-        if one.algorithm == Algorithm::Gcra {
-            evalsha.arg(one.params[1]);
+        let several = self.limits.len() > 1;
+        for (part, limit) in receipt.parts.iter().zip(limits) {
+            if several {
+                evalsha.arg(script::code(limit.algorithm));
+            }
+            evalsha.arg(&part.proof[..]).arg(limit.params[0]);
+            if limit.algorithm == Algorithm::Gcra {
+                evalsha.arg(limit.params[1]);
+            }
         }
         let reply = self.send_timed(refund, &evalsha).await?;
-        script::given_back(&reply).map(|back| back > 0)
+        if several {
+            script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
+        } else {
+            script::given_back(&reply).map(|back| back > 0)
+        }
     }
 
     /// A production decision: the denial cache, else one script run, under the
@@ -1026,7 +1090,7 @@ impl<C: Connection> RedisLimiter<C> {
         now_micros: Option<u64>,
     ) -> Result<Decision, RedisLimitError> {
         let reply = self
-            .send_script(script, keys, cost, write, now_micros)
+            .send_script(script, keys, cost, u8::from(write), now_micros)
             .await?;
         match self.limits.len() {
             1 => script::decision(&reply),
@@ -1038,13 +1102,14 @@ impl<C: Connection> RedisLimiter<C> {
         }
     }
 
-    /// One run of a deciding script under the timeout: its reply.
+    /// One run of a deciding script under the timeout: its reply. `write`: 0 a
+    /// peek, 1 a check, 2 a multi-limit check that returns receipts.
     async fn send_script(
         &self,
         script: &Script,
         keys: Vec<String>,
         cost: u32,
-        write: bool,
+        write: u8,
         now_micros: Option<u64>,
     ) -> Result<redis::Value, RedisLimitError> {
         let mut evalsha = redis::cmd("EVALSHA");
@@ -1055,7 +1120,7 @@ impl<C: Connection> RedisLimiter<C> {
             }
             evalsha.arg(now);
         }
-        evalsha.arg(cost).arg(u8::from(write));
+        evalsha.arg(cost).arg(write);
         match self.limits.as_slice() {
             [one] => {
                 evalsha.arg(one.params[0]).arg(one.params[1]);
@@ -1142,8 +1207,21 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// receipt and gives a charge back once, whoever sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisReceipt {
+    /// The issuing limiter's prefix and limits: a limiter of another prefix or other
+    /// limits gives nothing back for it.
+    issuer: (String, Vec<(Algorithm, [u64; 2])>),
+    /// One per limit that charged with a receipt (all of a multi-limit charge's but
+    /// the sliding log's).
+    parts: Vec<ReceiptPart>,
+}
+
+/// What one limit's charge took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ReceiptPart {
+    /// The limit's index in the limiter.
+    limit: usize,
     key: String,
-    /// The algorithm that charged: another's refund script gives nothing for it.
+    /// The algorithm that charged: another's refund gives nothing for it.
     algorithm: Algorithm,
     /// What the charge script returned for its refund (GCRA: the booking's start
     /// and end and the ledger, in microseconds; the windows: the window, the
@@ -1168,10 +1246,10 @@ pub struct RedisReceipt {
 /// A key type without `Display`, such as the layer's `Global` extractor's `()`, is no
 /// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
 ///
-/// A one-limit GCRA, fixed window or sliding window limiter refunds
-/// ([`RedisLimiter::charge_n`], [`RedisLimiter::refund`]): behind the layer, its
-/// charge is given back when a later rule denies the request. The sliding log and
-/// several limits keep the trait's defaults: a plain check, no refund.
+/// A limiter refunds ([`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; GCRA,
+/// both windows and several limits): behind the layer, its charge is given back
+/// when a later rule denies the request. A lone sliding log keeps the trait's
+/// defaults: a plain check, no refund.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 
@@ -1216,9 +1294,12 @@ impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
         key: &K,
         receipt: AsyncReceipt,
     ) -> impl Future<Output = Result<bool, RedisLimitError>> + Send {
-        let proof = receipt
-            .into_inner::<RedisReceipt>()
-            .filter(|r| self.redis_keys(key).first() == Some(&r.key));
+        let keys = self.redis_keys(key);
+        let proof = receipt.into_inner::<RedisReceipt>().filter(|r| {
+            r.parts
+                .iter()
+                .all(|part| keys.get(part.limit) == Some(&part.key))
+        });
         async move {
             match proof {
                 Some(r) => RedisLimiter::refund(self, &r).await,

@@ -29,6 +29,7 @@ const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 const MULTI: &str = include_str!("lua/multi.lua");
+const MULTI_REFUND: &str = include_str!("lua/multi_refund.lua");
 
 /// Server time: `TIME` (seconds, microseconds) as microseconds since the epoch,
 /// about 1.8·10^15 in 2026 and exact in a double until 2^53 µs (the year 2255).
@@ -175,12 +176,30 @@ refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "5");
 refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "5");
 
 /// The scripts that charge with a receipt and refund it, for an algorithm that has
-/// a sound refund (GCRA, the fixed and sliding windows); `None` for the others.
+/// a sound refund (GCRA, the fixed and sliding windows) and for several limits (the
+/// multi-limit script, whose charges return receipts when `write` is 2, and a
+/// refund of each limit that has one); `None` for the sliding log.
 pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Script)> {
     let prologue = match prologue {
         Prologue::Server => SERVER_TIME,
         Prologue::Given => GIVEN_TIME,
     };
+    if let Shape::Multi = shape {
+        return Some((
+            Script::new(&source(prologue, shape)),
+            Script::new(
+                &[
+                    prologue,
+                    COMMON,
+                    GCRA,
+                    FIXED_WINDOW,
+                    SLIDING_WINDOW,
+                    MULTI_REFUND,
+                ]
+                .concat(),
+            ),
+        ));
+    }
     let (transition, charge, refund) = match shape {
         Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
         Shape::Single(Algorithm::FixedWindow) => {
@@ -206,8 +225,11 @@ pub(crate) enum Prologue {
     Given,
 }
 
+/// One limit's charge: the decision, and the receipt's numbers when it wrote.
+pub(crate) type Charged = (Decision, Option<Vec<u64>>);
+
 /// A charge's reply: the decision, and the receipt's numbers when it wrote.
-pub(crate) fn charged(reply: &Value) -> Result<(Decision, Option<Vec<u64>>), RedisLimitError> {
+pub(crate) fn charged(reply: &Value) -> Result<Charged, RedisLimitError> {
     let malformed = |detail: &str| RedisLimitError::MalformedReply {
         detail: format!("{detail}: {reply:?}"),
     };
@@ -227,6 +249,27 @@ pub(crate) fn charged(reply: &Value) -> Result<(Decision, Option<Vec<u64>>), Red
             Ok((d, Some(receipt)))
         }
         _ => Ok((decision(reply)?, None)),
+    }
+}
+
+/// A multi-limit charge's reply: each limit's decision, and its receipt's numbers
+/// when it wrote one.
+pub(crate) fn charged_each(reply: &Value, limits: usize) -> Result<Vec<Charged>, RedisLimitError> {
+    match reply {
+        Value::Array(items) if items.len() == limits => items.iter().map(charged).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not {limits} decisions: {reply:?}"),
+        }),
+    }
+}
+
+/// A multi-limit refund's reply: what each limit gave back.
+pub(crate) fn given_back_each(reply: &Value) -> Result<Vec<u64>, RedisLimitError> {
+    match reply {
+        Value::Array(items) => items.iter().map(given_back).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not a multi-limit refund: {reply:?}"),
+        }),
     }
 }
 
@@ -450,6 +493,7 @@ mod tests {
                 REFUND_FIXED_WINDOW,
                 CHARGE_SLIDING_WINDOW,
                 REFUND_SLIDING_WINDOW,
+                MULTI_REFUND,
             ]
             .concat();
             assert!(

@@ -17,8 +17,15 @@ use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
 async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> RedisLimiter {
+    built(server, RedisLimiter::builder(algorithm, policy)).await
+}
+
+async fn built(
+    server: &RedisServer,
+    builder: floodgate_redis::RedisLimiterBuilder,
+) -> RedisLimiter {
     let conn = floodgate_redis::connect(&server.url()).await.unwrap();
-    RedisLimiter::builder(algorithm, policy)
+    builder
         .prefix("refunds:")
         .timeout(Duration::from_secs(5))
         .on_failure(OnFailure::Error)
@@ -256,14 +263,19 @@ fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
     const NOW: u64 = 7_000_000_000;
     runtime().block_on(async {
         let policy = Policy::per_hour(6).unwrap();
-        for algorithm in [
-            Algorithm::Gcra,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
+        let builder = |a| RedisLimiter::builder(a, policy);
+        // Several limits: the fixed window's 6 binds, GCRA's 7 does not.
+        let several = RedisLimiter::builder(Algorithm::Gcra, policy.with_burst(7).unwrap())
+            .and(Algorithm::FixedWindow, policy);
+        for (algorithm, builder) in [
+            ("gcra", builder(Algorithm::Gcra)),
+            ("fixed", builder(Algorithm::FixedWindow)),
+            ("sliding", builder(Algorithm::SlidingWindow)),
+            ("several", several),
         ] {
-            let key = format!("shared-{algorithm:?}");
-            let a = Arc::new(limiter(&server, algorithm, policy).await);
-            let b = Arc::new(limiter(&server, algorithm, policy).await);
+            let key = format!("shared-{algorithm}");
+            let a = Arc::new(built(&server, builder.clone()).await);
+            let b = Arc::new(built(&server, builder).await);
             let admitted = Arc::new(AtomicU64::new(0));
             let refunded = Arc::new(AtomicU64::new(0));
             let mut tasks = Vec::new();
@@ -350,6 +362,44 @@ fn a_fixed_window_refund_restores_its_charge_once_and_only_in_its_window() {
             a.peek_n_at_micros("f", 0, next).await.unwrap().remaining(),
             4
         );
+    });
+}
+
+/// Several limits (GCRA, burst 3, and a fixed window of 4): a charge given back is
+/// given back on every limit it charged, at once and once.
+#[test]
+fn a_multi_limit_refund_gives_back_every_limit_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let gcra = Policy::per_hour(1).unwrap().with_burst(3).unwrap();
+        let window = Policy::new(4, Duration::from_secs(10)).unwrap();
+        let builder =
+            RedisLimiter::builder(Algorithm::Gcra, gcra).and(Algorithm::FixedWindow, window);
+        let a = built(&server, builder.clone()).await;
+        let b = built(&server, builder).await;
+        let t = 2_003_000_000;
+        assert!(a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        let r = a.charge_n_at_micros("m", 2, t).await.unwrap().1.unwrap();
+        assert!(!a.peek_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        let (x, y) = tokio::join!(a.refund_at_micros(&r, t), b.refund_at_micros(&r, t));
+        assert!(x.unwrap() ^ y.unwrap(), "exactly one gives back");
+        // GCRA 2 left, the window 3: the tightest is 2.
+        assert_eq!(a.peek_n_at_micros("m", 0, t).await.unwrap().remaining(), 2);
+        // Two more: the window counts 3 + 2 = 5 > 4 unless it was given back too.
+        assert!(b.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        assert!(a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        assert!(!a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        // A single-limit limiter's receipt is no receipt here.
+        let single = limiter(&server, Algorithm::Gcra, gcra).await;
+        let other = single
+            .charge_n_at_micros("s", 1, t)
+            .await
+            .unwrap()
+            .1
+            .unwrap();
+        assert!(!a.refund_at_micros(&other, t).await.unwrap());
     });
 }
 
