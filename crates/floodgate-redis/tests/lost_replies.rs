@@ -138,14 +138,20 @@ fn lose_one_reply<C: Connection>(
     spent(rt, &build(), "k")
 }
 
-#[test]
-fn a_lost_reply_is_charged_once_on_one_server() {
+/// A proxy in front of a fresh server of its own; `None` where none can run.
+fn proxied_server() -> Option<(Proxy, RedisServer)> {
     let upstream = Arc::new(AtomicU16::new(0));
     let proxy = Proxy::start(Arc::clone(&upstream));
-    let Some(server) = RedisServer::start() else {
+    let server = RedisServer::start()?;
+    upstream.store(server.port(), Ordering::SeqCst);
+    Some((proxy, server))
+}
+
+#[test]
+fn a_lost_reply_is_charged_once_on_one_server() {
+    let Some((proxy, _server)) = proxied_server() else {
         return;
     };
-    upstream.store(server.port(), Ordering::SeqCst);
     let rt = runtime();
     let url = proxy.url();
     let connect = || rt.block_on(floodgate_redis::connect(&url)).unwrap();
@@ -207,12 +213,9 @@ fn a_lost_reply_is_charged_once_on_a_cluster() {
 /// receipt is recognised as refunded and gives nothing more.
 #[test]
 fn a_refund_whose_reply_is_lost_gives_back_once_when_sent_again() {
-    let upstream = Arc::new(AtomicU16::new(0));
-    let proxy = Proxy::start(Arc::clone(&upstream));
-    let Some(server) = RedisServer::start() else {
+    let Some((proxy, _server)) = proxied_server() else {
         return;
     };
-    upstream.store(server.port(), Ordering::SeqCst);
     let rt = runtime();
     let url = proxy.url();
     let build = || {
