@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
-    Algorithm, AsyncLimit, Clock, Decision, Gcra, GcraState, HotKeyLimiter, KeyedLimiter,
-    KeyedSlidingLog, LeasedGcra, Lookup, Nanos, Policy, RateLimiter, Receipt, StateCell, Storage,
+    Algorithm, AsyncLimit, AsyncReceipt, Clock, Decision, Gcra, GcraState, HotKeyLimiter,
+    KeyedLimiter, KeyedSlidingLog, LeasedGcra, Lookup, Nanos, Policy, RateLimiter, Receipt,
+    StateCell, Storage,
 };
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -107,7 +108,8 @@ pub enum OnLimiterError {
 /// [`HotKeyLimiter`] (per key, hot keys on leases). A refund gives back only what the
 /// receipt proves is still the charge's own (see `floodgate::Algorithm::refund`; on
 /// a lease, see [`LeasedGcra::refund`]). A
-/// remote backend without refunds is used with [`Rule::remote`].
+/// remote backend is used with [`Rule::remote`] (its refunds, if any, are
+/// [`AsyncLimit::refund`]'s).
 ///
 /// # Examples
 ///
@@ -719,8 +721,10 @@ where
         Ok(rule)
     }
 
-    /// A rule on a limiter that cannot give units back (a remote backend): when a
-    /// later rule denies the request, this rule's charge stays taken.
+    /// A rule on a remote limiter (Redis): checked with [`AsyncLimit::charge_n`], and
+    /// when a later rule denies the request its charge is given back with
+    /// [`AsyncLimit::refund`] — for a limit without refunds (the default) it stays
+    /// taken. See [`RateLimitLayer`], "How rules combine".
     ///
     /// # Errors
     ///
@@ -866,11 +870,19 @@ pub(crate) struct Started<'a> {
     pub(crate) check: Option<BoxFuture<'a, Checked>>,
 }
 
+/// What a rule's charge took, for its refund when a later rule denies.
+pub(crate) enum RuleReceipt {
+    /// An in-process limiter's ([`Charge`]).
+    InProcess(Receipt),
+    /// A remote limiter's ([`AsyncLimit::charge_n`]).
+    Remote(AsyncReceipt),
+}
+
 /// A rule's decision for one request.
 pub(crate) struct Check {
     pub(crate) decision: Decision,
-    /// For an in-process charge, what a refund needs.
-    pub(crate) receipt: Option<Receipt>,
+    /// For a charge that can be given back, what its refund needs.
+    pub(crate) receipt: Option<RuleReceipt>,
     /// The request waited in a queue for its slot (and was admitted).
     pub(crate) queued: bool,
 }
@@ -888,6 +900,18 @@ pub(crate) trait ErasedRule: Send + Sync {
     /// the rule's state after the refund (a peek at cost 0) for the headers, when it
     /// can tell.
     fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision>;
+
+    /// Gives back a remote charge ([`AsyncLimit::refund`]) that `start` took for
+    /// this request, the key extracted again; `None` when the rule has none to give
+    /// back. The future ends within the limiter's own timeout (a Redis limiter's).
+    fn refund_remote<'a>(
+        &'a self,
+        parts: &Parts,
+        receipt: AsyncReceipt,
+    ) -> Option<BoxFuture<'a, Result<bool, String>>> {
+        let _ = (parts, receipt);
+        None
+    }
 
     /// [`refund`](ErasedRule::refund), with the window `w` to show beside the state
     /// after it when the refund tells one ([`Charge::refund_and_peek`]: a plan
@@ -972,7 +996,7 @@ where
                 window = w;
                 Box::pin(core::future::ready(Ok(Check {
                     decision,
-                    receipt: Some(receipt),
+                    receipt: Some(RuleReceipt::InProcess(receipt)),
                     queued: false,
                 })))
             }
@@ -981,11 +1005,13 @@ where
                     Key::Own(k) => k,
                     Key::Fallback(k) => *k,
                 };
-                let decision = limiter.check_n(key, cost).await;
-                decision
-                    .map(|decision| Check {
+                // With a receipt, given back if a later rule denies (a limit
+                // without refunds returns an empty one: a plain check).
+                let charged = limiter.charge_n(key, cost).await;
+                charged
+                    .map(|(decision, receipt)| Check {
                         decision,
-                        receipt: None,
+                        receipt: Some(RuleReceipt::Remote(receipt)),
                         queued: false,
                     })
                     .map_err(|e| e.to_string())
@@ -1018,6 +1044,33 @@ where
             }
             (Err(_), OnMissingKey::Reject) => None,
         }
+    }
+
+    fn refund_remote<'a>(
+        &'a self,
+        parts: &Parts,
+        receipt: AsyncReceipt,
+    ) -> Option<BoxFuture<'a, Result<bool, String>>> {
+        if self.in_process.is_some() || !receipt.is_charged() {
+            return None;
+        }
+        let limiter = &*self.limiter;
+        let refund: BoxFuture<'a, _> = match (self.extractor.extract(parts), &self.on_missing) {
+            (Ok(key), _) => Box::pin(async move {
+                limiter
+                    .refund(&key, receipt)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+            (Err(_), OnMissingKey::Fallback(key)) => Box::pin(async move {
+                limiter
+                    .refund(key, receipt)
+                    .await
+                    .map_err(|e| e.to_string())
+            }),
+            (Err(_), OnMissingKey::Reject) => return None,
+        };
+        Some(refund)
     }
 
     fn never_fits(&self) -> Option<(u32, u64)> {
@@ -1266,9 +1319,17 @@ struct Shared {
 ///   lease expired) to the central word, the part of its booking still ahead of the
 ///   clock — a charge whose booking the clock has passed stays charged (a
 ///   conservative loss, never an admission beyond its bound).
-/// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial; the
-///   earlier rules keep their charge (the [`AsyncLimit`] trait has no refund). Put
-///   the rule most likely to deny (per client) before the shared ones (global), so a
+/// * **Remote limiters** ([`Rule::remote`]): in order, stop at the first denial. An
+///   earlier remote rule charges with a receipt ([`AsyncLimit::charge_n`]) and, when
+///   a later rule rejects the request (429, 400, 503), is given back by it
+///   ([`AsyncLimit::refund`]): one more round trip per such rule, on the rejection
+///   path only, all at once, each within its limiter's own timeout (a Redis
+///   limiter's). A refund that fails is counted in the rule's `errors` (and logged
+///   with feature `tracing`) and changes nothing else: the answer stays the same. A
+///   limit without refunds (the trait's default: a Redis sliding log) keeps its
+///   charge, and so does every remote rule when the
+///   response future is dropped before the answer (nothing awaits a refund then). Put the
+///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
 ///   the hard rules' when a later hard rule denies. A queueing rule
@@ -1280,7 +1341,7 @@ struct Shared {
 /// Counters count an admission that was later refunded as allowed. The headers of a
 /// denied request show an earlier in-process rule as it is after the refund (a peek
 /// at cost 0: its `remaining` no longer counts this request); a remote rule as of
-/// its check (it kept the charge).
+/// its check (no round trip is spent to show it after a refund).
 ///
 /// # Responses
 ///
@@ -1710,6 +1771,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
         shared,
         parts,
         receipts: Vec::new(),
+        remote: Vec::new(),
     };
     for (i, entry) in shared.rules.iter().enumerate() {
         let started = entry.rule.start(parts, hasher);
@@ -1725,6 +1787,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                     text,
                 });
                 held.give_back(&mut v.shown);
+                held.give_back_remote().await;
                 return v;
             }
         }
@@ -1749,6 +1812,7 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
                             text,
                         });
                         held.give_back(&mut v.shown);
+                        held.give_back_remote().await;
                         return v;
                     }
                     _ => continue,
@@ -1773,14 +1837,17 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
             if queued {
                 entry.counters.bump(Count::Queued);
             }
-            if let Some(receipt) = receipt.filter(Receipt::is_charged) {
-                held.receipts.push((i, receipt));
+            match receipt {
+                Some(RuleReceipt::InProcess(r)) if r.is_charged() => held.receipts.push((i, r)),
+                Some(RuleReceipt::Remote(r)) if r.is_charged() => held.remote.push((i, r)),
+                _ => {}
             }
         } else {
             match entry.strategy {
                 Strategy::Hard => {
                     entry.counters.bump(Count::Denied);
                     held.give_back(&mut v.shown);
+                    held.give_back_remote().await;
                     v.shown.push(shown);
                     // The 429 speaks for the rule that holds the request back longest:
                     // a later hard rule already spent would deny the retry too.
@@ -2008,6 +2075,9 @@ struct Held<'a> {
     shared: &'a Shared,
     parts: &'a Parts,
     receipts: Vec<(usize, Receipt)>,
+    /// The remote rules' receipts ([`AsyncLimit::charge_n`]): given back, on a
+    /// rejection only, by [`give_back_remote`](Held::give_back_remote).
+    remote: Vec<(usize, AsyncReceipt)>,
 }
 
 impl Held<'_> {
@@ -2027,9 +2097,51 @@ impl Held<'_> {
         }
     }
 
+    /// Gives every remote charge back ([`AsyncLimit::refund`]), the round trips at
+    /// once, each within its limiter's own timeout. A refund that fails is counted
+    /// in its rule's `errors` (and logged with feature `tracing`); it changes
+    /// nothing else in the answer.
+    async fn give_back_remote(&mut self) {
+        let mut refunds: Vec<(usize, BoxFuture<'_, Result<bool, String>>)> = Vec::new();
+        for (j, receipt) in self.remote.drain(..) {
+            let rule = &self.shared.rules[j].rule;
+            if let Some(refund) = rule.refund_remote(self.parts, receipt) {
+                refunds.push((j, refund));
+            }
+        }
+        let mut done = vec![false; refunds.len()];
+        core::future::poll_fn(|cx| {
+            let mut pending = false;
+            for ((j, refund), done) in refunds.iter_mut().zip(done.iter_mut()) {
+                if *done {
+                    continue;
+                }
+                match refund.as_mut().poll(cx) {
+                    Poll::Pending => pending = true,
+                    Poll::Ready(outcome) => {
+                        *done = true;
+                        if let Err(_error) = outcome {
+                            let entry = &self.shared.rules[*j];
+                            entry.counters.bump(Count::Error);
+                            #[cfg(feature = "tracing")]
+                            tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
+                        }
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+    }
+
     /// The request goes on to the inner service: every charge stays taken.
     fn keep(mut self) {
         self.receipts.clear();
+        self.remote.clear();
     }
 }
 

@@ -27,7 +27,8 @@ use crate::headers::PolicyName;
 /// * `bad_key` — requests whose key could not be extracted (rejected with 400, or
 ///   counted against the fallback bucket; for a priority rule, a missing tier or one
 ///   beyond the configured tiers, served as tier 0);
-/// * `errors` — decisions the limiter could not make (a backend error).
+/// * `errors` — decisions the limiter could not make (a backend error), and refunds
+///   of a remote rule's charge it could not make (the answer is unchanged).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RuleStats {

@@ -901,12 +901,13 @@ async fn in_process_rules_are_all_or_nothing_remote_ones_keep_their_charge() -> 
     assert_eq!(send(addr, "/", &[]).await.status, 429);
     let r = send(addr, "/", &[]).await;
     assert_eq!(r.status, 429);
-    // A remote rule keeps its charge, and its numbers show it.
+    // A remote rule without refunds (the trait's defaults) keeps its charge, and
+    // its numbers show it.
     assert_eq!(
         r.header("ratelimit"),
         Some(r#""global";r=997;t=1, "client";r=0;t=60"#)
     );
-    // In order, stop at the first denial: the remote rule keeps every charge.
+    // In order, stop at the first denial: that remote rule keeps every charge.
     assert_eq!(remote.peek(0).remaining(), 997);
 
     // A request rejected for a later rule's key is charged nowhere either.

@@ -138,11 +138,60 @@
 //! one may fit, and a larger one waits longer than the cached wait); "never" is not
 //! cached; the cache holds a bounded number of keys.
 //!
+//! ## Refunds
+//!
+//! [`RedisLimiter::charge_n`] charges as [`check_n`](RedisLimiter::check_n) does
+//! and returns a [`RedisReceipt`]; [`RedisLimiter::refund`] gives back what that
+//! charge still provably holds, in one script run on the server's time, atomic with
+//! every other call on the key. floodgate-http's layer uses them (through
+//! [`AsyncLimit::charge_n`] and [`AsyncLimit::refund`]) to give a remote rule's
+//! charge back when a later rule denies the request.
+//!
+//! * **GCRA** (one limit): the in-process [`floodgate::Gcra`] refund. The charge's
+//!   booking, moved down by at most the schedule that refunds made since the charge
+//!   gave back (a ledger in the key), is given back as far as it is still ahead of
+//!   the server's now; units booked after it that are still ahead of
+//!   `now + B·T` stay spent. A refund never gives back more than its charge took.
+//! * **Fixed window, sliding window** (one limit): the in-process
+//!   [`floodgate::FixedWindow`] and [`floodgate::SlidingWindow`] refunds: the
+//!   charge's units come off the count of the current window (the sliding window's
+//!   `cur`; its previous window's count is never touched) while the key's state is
+//!   still the charge's window of this period (at most the cost, never below 0);
+//!   once the state has moved on to a later window (or another period's state is
+//!   there, a rolling deploy), nothing.
+//! * **Once**: a receipt is recorded when its refund gives something back, so sending
+//!   it again — a refund whose reply was lost, sent again, or the same receipt from
+//!   two replicas at once — gives back nothing more. A key remembers its last 8
+//!   refunds; a receipt whose charge came before all of them gives back nothing (a
+//!   conservative loss, never a second refund).
+//! * A refund does not clear the key's entry in the local denial cache: a cost denied
+//!   there stays denied until its wait has passed, even where the refund made room.
+//! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
+//!   nothing, and so is its refund: one script run gives back every limit's part by
+//!   that limit's rule above (each once), after checking every argument. A state
+//!   found malformed part-way fails the run after the parts before it were given
+//!   back (only a key written by something else is malformed).
+//! * **Sliding log**: no refund (`charge_n` is a plain check with no receipt; the
+//!   charge stays taken; in a multi-limit charge its part stays taken). Not built
+//!   yet: the log would have to remove the charge's member and rewrite the running
+//!   totals of every later one.
+//! * A receipt names its limiter (the prefix and the limits): another limiter gives
+//!   nothing back for it.
+//! * **State**: a key that has had a refund holds the refund ledger, a floor and
+//!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
+//!   (it then expires when the latest TAT has passed), the fixed window
+//!   `window:count:period:ledger:floor:receipts`, the sliding window
+//!   `window:prev:cur:period:ledger:floor:receipts` — and every later write keeps
+//!   them.
+//!   A version of this crate from before refunds reads such a key as a malformed
+//!   state: upgrade every replica before any of them refunds.
+//!
 //! ## Replay
 //!
-//! [`RedisLimiter::check_n_at_micros`] and [`RedisLimiter::peek_n_at_micros`] run a
-//! second script built from the same transition source that takes the time as an
-//! argument and sets no TTL: for simulation and the conformance tests. The production
+//! [`RedisLimiter::check_n_at_micros`] and [`RedisLimiter::peek_n_at_micros`] (and
+//! [`RedisLimiter::charge_n_at_micros`], [`RedisLimiter::refund_at_micros`]) run
+//! scripts built from the same transition source that take the time as an
+//! argument and set no TTL: for simulation and the conformance tests. The production
 //! script never accepts a time from a client.
 
 #![deny(unsafe_code)]
@@ -158,11 +207,11 @@ use core::time::Duration;
 use std::time::Instant;
 
 use deny_cache::DenyCache;
-use floodgate::{AsyncLimit, Decision, Policy};
+use floodgate::{AsyncLimit, AsyncReceipt, Decision, Policy};
 use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::Script;
-use script::Shape;
+use script::{Prologue, Shape};
 
 pub use error::{ConfigError, RedisLimitError};
 /// The `redis` crate this one is built on, so that its types ([`redis::RedisError`],
@@ -535,6 +584,8 @@ impl RedisLimiterBuilder {
             limits,
             script: script::server_time(shape),
             replay: script::given_time(shape),
+            refunds: script::refunds(Prologue::Server, shape),
+            replay_refunds: script::refunds(Prologue::Given, shape),
             prefix: self.prefix,
             timeout: self.timeout,
             on_failure: self.on_failure,
@@ -630,6 +681,10 @@ pub struct RedisLimiter<C = ConnectionManager> {
     deny_cache: Option<DenyCache>,
     script: Script,
     replay: Script,
+    /// The charge and refund scripts, server time, where the shape has a refund.
+    refunds: Option<(Script, Script)>,
+    /// The same on the caller's time (replay).
+    replay_refunds: Option<(Script, Script)>,
 }
 
 impl<C> core::fmt::Debug for RedisLimiter<C> {
@@ -786,6 +841,212 @@ impl<C: Connection> RedisLimiter<C> {
             .await
     }
 
+    /// [`check_n`](RedisLimiter::check_n), with a receipt that
+    /// [`refund`](RedisLimiter::refund) can give back: `Some` for an admission of
+    /// cost ≥ 1 that Redis decided on a limiter with refunds (every one but a lone
+    /// sliding log);
+    /// `None` for a denial, a cost of 0, a cached or fallback verdict, and on the
+    /// sliding log (see the crate docs, "Refunds"), whose charge is a plain
+    /// [`check_n`](RedisLimiter::check_n).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n`](RedisLimiter::check_n).
+    pub fn charge_n<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<(Verdict, Option<RedisReceipt>), RedisLimitError>> + Send + '_
+    {
+        let keys = self.redis_keys(key);
+        async move {
+            let Some((charge, _)) = &self.refunds else {
+                return self.decide(keys, cost, true).await.map(|v| (v, None));
+            };
+            let sent = Instant::now();
+            if let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) {
+                if let Some(d) = cache.lookup(first, cost, sent) {
+                    return Ok((Verdict::Cached(d), None));
+                }
+            }
+            let first = keys.first().cloned().unwrap_or_default();
+            let outcome = self.charge_with_receipt(charge, keys, cost, None).await;
+            if let (Some(cache), Ok((d, _))) = (&self.deny_cache, &outcome) {
+                cache.record(&first, cost, sent, *d);
+            }
+            match outcome {
+                Ok((d, receipt)) => Ok((Verdict::Decided(d), receipt)),
+                Err(e) => self.verdict(Err(e)).map(|v| (v, None)),
+            }
+        }
+    }
+
+    /// Gives back what the charge behind `receipt` still provably holds, in one
+    /// script run on the server's time: GCRA gives back the part of the charge's
+    /// booking still ahead of the server's now, less what units booked after it
+    /// still hold, as the in-process [`floodgate::Gcra`] refund does. Returns
+    /// whether anything came back.
+    ///
+    /// Safe to send again (after a timeout, from another replica): the server
+    /// records each refund by its receipt and gives a charge back at most once. It
+    /// remembers the last 8 refunds of a key; a receipt charged before all of
+    /// them gives back nothing (a conservative loss).
+    ///
+    /// # Errors
+    ///
+    /// Why Redis did not answer (a timeout, a lost connection: the refund may then
+    /// have been made or not), whatever the failure policy: a refund has no
+    /// fallback.
+    pub async fn refund(&self, receipt: &RedisReceipt) -> Result<bool, RedisLimitError> {
+        self.refund_on(self.refunds.as_ref(), receipt, None).await
+    }
+
+    /// [`charge_n`](RedisLimiter::charge_n) at a given time, as
+    /// [`check_n_at_micros`](RedisLimiter::check_n_at_micros): for simulation and
+    /// tests.
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    pub async fn charge_n_at_micros<K: Display + ?Sized>(
+        &self,
+        key: &K,
+        cost: u32,
+        now_micros: u64,
+    ) -> Result<(Decision, Option<RedisReceipt>), RedisLimitError> {
+        let keys = self.redis_keys(key);
+        let Some((charge, _)) = &self.replay_refunds else {
+            return self
+                .run(&self.replay, keys, cost, true, Some(now_micros))
+                .await
+                .map(|d| (d, None));
+        };
+        self.charge_with_receipt(charge, keys, cost, Some(now_micros))
+            .await
+    }
+
+    /// One run of a charge script that returns receipts: the decision (several
+    /// limits: the tightest), and the receipt of every limit that wrote one.
+    async fn charge_with_receipt(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        cost: u32,
+        now_micros: Option<u64>,
+    ) -> Result<(Decision, Option<RedisReceipt>), RedisLimitError> {
+        // Several limits: `write` 2 asks the multi-limit script for the receipts.
+        let mode = if self.limits.len() == 1 { 1 } else { 2 };
+        let reply = self
+            .send_script(script, keys.clone(), cost, mode, now_micros)
+            .await?;
+        let each = match self.limits.len() {
+            1 => vec![script::charged(&reply)?],
+            n => script::charged_each(&reply, n)?,
+        };
+        let decisions: Vec<Decision> = each.iter().map(|(d, _)| *d).collect();
+        let decision = tightest(&decisions).ok_or_else(|| RedisLimitError::MalformedReply {
+            detail: "no decision".to_owned(),
+        })?;
+        let parts: Vec<ReceiptPart> = each
+            .into_iter()
+            .zip(keys)
+            .enumerate()
+            .filter_map(|(limit, ((_, proof), key))| {
+                Some(ReceiptPart {
+                    limit,
+                    key,
+                    algorithm: self.limits.get(limit)?.algorithm,
+                    proof: proof?,
+                })
+            })
+            .collect();
+        let receipt = (decision.is_allowed() && !parts.is_empty()).then(|| RedisReceipt {
+            issuer: self.issuer(),
+            parts,
+        });
+        Ok((decision, receipt))
+    }
+
+    /// [`refund`](RedisLimiter::refund) at a given time, as
+    /// [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    ///
+    /// # Errors
+    ///
+    /// As [`check_n_at_micros`](RedisLimiter::check_n_at_micros).
+    pub async fn refund_at_micros(
+        &self,
+        receipt: &RedisReceipt,
+        now_micros: u64,
+    ) -> Result<bool, RedisLimitError> {
+        self.refund_on(self.replay_refunds.as_ref(), receipt, Some(now_micros))
+            .await
+    }
+
+    /// What a receipt names its issuer by: the prefix and the limits.
+    fn issuer(&self) -> (String, Vec<(Algorithm, [u64; 2])>) {
+        let limits = self
+            .limits
+            .iter()
+            .map(|l| (l.algorithm, l.params))
+            .collect();
+        (self.prefix.clone(), limits)
+    }
+
+    /// One refund script run under the timeout.
+    async fn refund_on(
+        &self,
+        scripts: Option<&(Script, Script)>,
+        receipt: &RedisReceipt,
+        now_micros: Option<u64>,
+    ) -> Result<bool, RedisLimitError> {
+        let Some((_, refund)) = scripts else {
+            return Ok(false);
+        };
+        if receipt.issuer != self.issuer() {
+            return Ok(false);
+        }
+        // Each part must be of one of this limiter's limits, as it charged.
+        let limits: Option<Vec<&Limit>> = receipt
+            .parts
+            .iter()
+            .map(|part| {
+                self.limits
+                    .get(part.limit)
+                    .filter(|l| l.algorithm == part.algorithm)
+            })
+            .collect();
+        let Some(limits) = limits.filter(|l| !l.is_empty()) else {
+            return Ok(false);
+        };
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(refund.get_hash()).arg(receipt.parts.len());
+        for part in &receipt.parts {
+            evalsha.arg(&part.key);
+        }
+        if let Some(now) = now_micros {
+            if now > MAX_NOW_MICROS {
+                return Err(RedisLimitError::TimeOutOfRange { now_micros: now });
+            }
+            evalsha.arg(now);
+        }
+        let several = self.limits.len() > 1;
+        for (part, limit) in receipt.parts.iter().zip(limits) {
+            if several {
+                evalsha.arg(script::code(limit.algorithm));
+            }
+            evalsha.arg(&part.proof[..]).arg(limit.params[0]);
+            if limit.algorithm == Algorithm::Gcra {
+                evalsha.arg(limit.params[1]);
+            }
+        }
+        let reply = self.send_timed(refund, &evalsha).await?;
+        if several {
+            script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
+        } else {
+            script::given_back(&reply).map(|back| back > 0)
+        }
+    }
+
     /// A production decision: the denial cache, else one script run, under the
     /// failure policy.
     async fn decide(
@@ -819,7 +1080,7 @@ impl<C: Connection> RedisLimiter<C> {
         self.deny_cache.as_ref().map_or(0, DenyCache::len)
     }
 
-    /// One script run under the timeout.
+    /// One script run under the timeout, its reply a decision.
     async fn run(
         &self,
         script: &Script,
@@ -828,6 +1089,29 @@ impl<C: Connection> RedisLimiter<C> {
         write: bool,
         now_micros: Option<u64>,
     ) -> Result<Decision, RedisLimitError> {
+        let reply = self
+            .send_script(script, keys, cost, u8::from(write), now_micros)
+            .await?;
+        match self.limits.len() {
+            1 => script::decision(&reply),
+            n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {
+                RedisLimitError::MalformedReply {
+                    detail: "no decision".to_owned(),
+                }
+            }),
+        }
+    }
+
+    /// One run of a deciding script under the timeout: its reply. `write`: 0 a
+    /// peek, 1 a check, 2 a multi-limit check that returns receipts.
+    async fn send_script(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        cost: u32,
+        write: u8,
+        now_micros: Option<u64>,
+    ) -> Result<redis::Value, RedisLimitError> {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(script.get_hash()).arg(keys.len()).arg(keys);
         if let Some(now) = now_micros {
@@ -836,7 +1120,7 @@ impl<C: Connection> RedisLimiter<C> {
             }
             evalsha.arg(now);
         }
-        evalsha.arg(cost).arg(u8::from(write));
+        evalsha.arg(cost).arg(write);
         match self.limits.as_slice() {
             [one] => {
                 evalsha.arg(one.params[0]).arg(one.params[1]);
@@ -850,22 +1134,21 @@ impl<C: Connection> RedisLimiter<C> {
                 }
             }
         }
+        self.send_timed(script, &evalsha).await
+    }
+
+    /// `evalsha` of `script`, sent until Redis runs it, under the timeout.
+    async fn send_timed(
+        &self,
+        script: &Script,
+        evalsha: &redis::Cmd,
+    ) -> Result<redis::Value, RedisLimitError> {
         let mut conn = self.conn.clone();
-        let sent = script::send(&mut conn, script, &evalsha);
-        let reply: redis::Value = match tokio::time::timeout(self.timeout, sent).await {
-            Ok(reply) => reply?,
-            Err(_) => {
-                return Err(RedisLimitError::Timeout {
-                    after: self.timeout,
-                })
-            }
-        };
-        match self.limits.len() {
-            1 => script::decision(&reply),
-            n => tightest(&script::decisions(&reply, n)?).ok_or_else(|| {
-                RedisLimitError::MalformedReply {
-                    detail: "no decision".to_owned(),
-                }
+        let sent = script::send(&mut conn, script, evalsha);
+        match tokio::time::timeout(self.timeout, sent).await {
+            Ok(reply) => Ok(reply?),
+            Err(_) => Err(RedisLimitError::Timeout {
+                after: self.timeout,
             }),
         }
     }
@@ -915,6 +1198,37 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
         .reduce(|best, d| if wait(&d) > wait(&best) { d } else { best })
 }
 
+/// Proof of one charge in Redis ([`RedisLimiter::charge_n`]), for
+/// [`RedisLimiter::refund`]: the key, the charge's booking and the refund ledger it
+/// saw, all as the server wrote them.
+///
+/// It may be sent more than once (a refund whose reply was lost, sent again; two
+/// replicas refunding the same charge): the server records each refund by its
+/// receipt and gives a charge back once, whoever sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisReceipt {
+    /// The issuing limiter's prefix and limits: a limiter of another prefix or other
+    /// limits gives nothing back for it.
+    issuer: (String, Vec<(Algorithm, [u64; 2])>),
+    /// One per limit that charged with a receipt (all of a multi-limit charge's but
+    /// the sliding log's).
+    parts: Vec<ReceiptPart>,
+}
+
+/// What one limit's charge took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ReceiptPart {
+    /// The limit's index in the limiter.
+    limit: usize,
+    key: String,
+    /// The algorithm that charged: another's refund gives nothing for it.
+    algorithm: Algorithm,
+    /// What the charge script returned for its refund (GCRA: the booking's start
+    /// and end and the ledger, in microseconds; the windows: the window, the
+    /// current count after the charge, the ledger and the cost).
+    proof: Vec<u64>,
+}
+
 /// The limiter behind floodgate's async limit trait, so a layer written for the
 /// in-process limiters (HTTP) runs on Redis unchanged.
 ///
@@ -931,6 +1245,11 @@ fn tightest(decisions: &[Decision]) -> Option<Decision> {
 /// closed with 503, or skip the rule) and count each failure in the rule's `errors`.
 /// A key type without `Display`, such as the layer's `Global` extractor's `()`, is no
 /// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
+///
+/// A limiter refunds ([`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; GCRA,
+/// both windows and several limits): behind the layer, its charge is given back
+/// when a later rule denies the request. A lone sliding log keeps the trait's
+/// defaults: a plain check, no refund.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 
@@ -950,6 +1269,43 @@ impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     ) -> impl Future<Output = Result<Decision, RedisLimitError>> + Send {
         let verdict = RedisLimiter::peek_n(self, key, cost);
         async move { verdict.await.map(|v| v.decision()) }
+    }
+
+    /// [`RedisLimiter::charge_n`]: the receipt holds a [`RedisReceipt`] when Redis
+    /// charged with one.
+    fn charge_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<(Decision, AsyncReceipt), RedisLimitError>> + Send {
+        let charged = RedisLimiter::charge_n(self, key, cost);
+        async move {
+            let (verdict, receipt) = charged.await?;
+            let receipt = receipt.map_or_else(AsyncReceipt::none, AsyncReceipt::new);
+            Ok((verdict.decision(), receipt))
+        }
+    }
+
+    /// [`RedisLimiter::refund`] of the receipt's [`RedisReceipt`]; a receipt without
+    /// one, or of another key, gives back nothing. The key must be the one charged:
+    /// the receipt names its Redis key, and a refund for another gives nothing.
+    fn refund(
+        &self,
+        key: &K,
+        receipt: AsyncReceipt,
+    ) -> impl Future<Output = Result<bool, RedisLimitError>> + Send {
+        let keys = self.redis_keys(key);
+        let proof = receipt.into_inner::<RedisReceipt>().filter(|r| {
+            r.parts
+                .iter()
+                .all(|part| keys.get(part.limit) == Some(&part.key))
+        });
+        async move {
+            match proof {
+                Some(r) => RedisLimiter::refund(self, &r).await,
+                None => Ok(false),
+            }
+        }
     }
 }
 

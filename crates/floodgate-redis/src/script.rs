@@ -29,6 +29,7 @@ const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
 const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 const MULTI: &str = include_str!("lua/multi.lua");
+const MULTI_REFUND: &str = include_str!("lua/multi_refund.lua");
 
 /// Server time: `TIME` (seconds, microseconds) as microseconds since the epoch,
 /// about 1.8·10^15 in 2026 and exact in a double until 2^53 µs (the year 2255).
@@ -126,6 +127,162 @@ pub(crate) fn server_time(shape: Shape) -> Script {
 /// The replay script: the same transitions, time from the caller.
 pub(crate) fn given_time(shape: Shape) -> Script {
     Script::new(&source(GIVEN_TIME, shape))
+}
+
+/// The driver of a charge with a receipt: the one-limit driver's transition, then
+/// the receipt's numbers (`RECEIPT`, set by a transition that wrote) after the
+/// reply's five fields.
+macro_rules! charge_driver {
+    ($name:ident, $function:literal) => {
+        const $name: &str = concat!(
+            "local r = ",
+            $function,
+            "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n",
+            "if r.err or not RECEIPT then return r end\n",
+            "for i = 1, #RECEIPT do r[5 + i] = RECEIPT[i] end\n",
+            "return r\n"
+        );
+    };
+}
+charge_driver!(CHARGE_GCRA, "gcra");
+charge_driver!(CHARGE_FIXED_WINDOW, "fixed_window");
+charge_driver!(CHARGE_SLIDING_WINDOW, "sliding_window");
+
+/// The driver of a refund: `$args` whole numbers below 2^53 (the receipt's, then
+/// the limit's parameters) passed to the refund function.
+macro_rules! refund_driver {
+    ($name:ident, $function:literal, $args:literal) => {
+        const $name: &str = concat!(
+            "local a = {}\n",
+            "for i = 1, ",
+            $args,
+            " do\n",
+            "  a[i] = tonumber(ARG[i])\n",
+            "  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then\n",
+            "    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')\n",
+            "  end\n",
+            "end\n",
+            "return ",
+            $function,
+            "(KEYS[1], unpack(a))\n"
+        );
+    };
+}
+// GCRA: start, end, ledger; T, B.
+refund_driver!(REFUND_GCRA, "gcra_refund", "5");
+// Fixed window: window, count after, ledger, cost; P (the limit L is not needed).
+refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "5");
+// Sliding window: window, current count after, ledger, cost; P.
+refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "5");
+
+/// The scripts that charge with a receipt and refund it, for an algorithm that has
+/// a sound refund (GCRA, the fixed and sliding windows) and for several limits (the
+/// multi-limit script, whose charges return receipts when `write` is 2, and a
+/// refund of each limit that has one); `None` for the sliding log.
+pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Script)> {
+    let prologue = match prologue {
+        Prologue::Server => SERVER_TIME,
+        Prologue::Given => GIVEN_TIME,
+    };
+    if let Shape::Multi = shape {
+        return Some((
+            Script::new(&source(prologue, shape)),
+            Script::new(
+                &[
+                    prologue,
+                    COMMON,
+                    GCRA,
+                    FIXED_WINDOW,
+                    SLIDING_WINDOW,
+                    MULTI_REFUND,
+                ]
+                .concat(),
+            ),
+        ));
+    }
+    let (transition, charge, refund) = match shape {
+        Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
+        Shape::Single(Algorithm::FixedWindow) => {
+            (FIXED_WINDOW, CHARGE_FIXED_WINDOW, REFUND_FIXED_WINDOW)
+        }
+        Shape::Single(Algorithm::SlidingWindow) => {
+            (SLIDING_WINDOW, CHARGE_SLIDING_WINDOW, REFUND_SLIDING_WINDOW)
+        }
+        _ => return None,
+    };
+    Some((
+        Script::new(&[prologue, COMMON, transition, charge].concat()),
+        Script::new(&[prologue, COMMON, transition, refund].concat()),
+    ))
+}
+
+/// Where a script's time comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Prologue {
+    /// The server's `TIME`.
+    Server,
+    /// The first argument.
+    Given,
+}
+
+/// One limit's charge: the decision, and the receipt's numbers when it wrote.
+pub(crate) type Charged = (Decision, Option<Vec<u64>>);
+
+/// A charge's reply: the decision, and the receipt's numbers when it wrote.
+pub(crate) fn charged(reply: &Value) -> Result<Charged, RedisLimitError> {
+    let malformed = |detail: &str| RedisLimitError::MalformedReply {
+        detail: format!("{detail}: {reply:?}"),
+    };
+    match reply {
+        Value::Array(items) if items.len() > 5 => {
+            let d = decision(&Value::Array(items[..5].to_vec()))?;
+            let receipt = items[5..]
+                .iter()
+                .map(|item| match item {
+                    Value::Int(i) => u64::try_from(*i).map_err(|_| malformed("a negative receipt")),
+                    _ => Err(malformed("a receipt field is not an integer")),
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            if !d.is_allowed() {
+                return Err(malformed("a receipt for a denial"));
+            }
+            Ok((d, Some(receipt)))
+        }
+        _ => Ok((decision(reply)?, None)),
+    }
+}
+
+/// A multi-limit charge's reply: each limit's decision, and its receipt's numbers
+/// when it wrote one.
+pub(crate) fn charged_each(reply: &Value, limits: usize) -> Result<Vec<Charged>, RedisLimitError> {
+    match reply {
+        Value::Array(items) if items.len() == limits => items.iter().map(charged).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not {limits} decisions: {reply:?}"),
+        }),
+    }
+}
+
+/// A multi-limit refund's reply: what each limit gave back.
+pub(crate) fn given_back_each(reply: &Value) -> Result<Vec<u64>, RedisLimitError> {
+    match reply {
+        Value::Array(items) => items.iter().map(given_back).collect(),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not a multi-limit refund: {reply:?}"),
+        }),
+    }
+}
+
+/// A refund's reply: what it gave back (GCRA: microseconds of schedule).
+pub(crate) fn given_back(reply: &Value) -> Result<u64, RedisLimitError> {
+    match reply {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| RedisLimitError::MalformedReply {
+            detail: format!("a negative refund: {reply:?}"),
+        }),
+        _ => Err(RedisLimitError::MalformedReply {
+            detail: format!("not a refund: {reply:?}"),
+        }),
+    }
 }
 
 /// The most times one script run is sent: the first, then once per refusal.
@@ -325,7 +482,20 @@ mod tests {
             Algorithm::SlidingWindow,
             Algorithm::SlidingLog,
         ] {
-            let body = [COMMON, transition(a), single(a), MULTI].concat();
+            let body = [
+                COMMON,
+                transition(a),
+                single(a),
+                MULTI,
+                CHARGE_GCRA,
+                REFUND_GCRA,
+                CHARGE_FIXED_WINDOW,
+                REFUND_FIXED_WINDOW,
+                CHARGE_SLIDING_WINDOW,
+                REFUND_SLIDING_WINDOW,
+                MULTI_REFUND,
+            ]
+            .concat();
             assert!(
                 !body.contains("ARGV"),
                 "{a:?} must read its arguments as ARG"

@@ -138,14 +138,20 @@ fn lose_one_reply<C: Connection>(
     spent(rt, &build(), "k")
 }
 
-#[test]
-fn a_lost_reply_is_charged_once_on_one_server() {
+/// A proxy in front of a fresh server of its own; `None` where none can run.
+fn proxied_server() -> Option<(Proxy, RedisServer)> {
     let upstream = Arc::new(AtomicU16::new(0));
     let proxy = Proxy::start(Arc::clone(&upstream));
-    let Some(server) = RedisServer::start() else {
+    let server = RedisServer::start()?;
+    upstream.store(server.port(), Ordering::SeqCst);
+    Some((proxy, server))
+}
+
+#[test]
+fn a_lost_reply_is_charged_once_on_one_server() {
+    let Some((proxy, _server)) = proxied_server() else {
         return;
     };
-    upstream.store(server.port(), Ordering::SeqCst);
     let rt = runtime();
     let url = proxy.url();
     let connect = || rt.block_on(floodgate_redis::connect(&url)).unwrap();
@@ -200,4 +206,59 @@ fn a_lost_reply_is_charged_once_on_a_cluster() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(spent, 1, "one check of cost 1 spent {spent} units");
+}
+
+/// A refund whose reply is lost after Redis ran it, sent again: the server gives
+/// the charge back once (session 42). Sent again over the reconnected limiter, the
+/// receipt is recognised as refunded and gives nothing more.
+#[test]
+fn a_refund_whose_reply_is_lost_gives_back_once_when_sent_again() {
+    let Some((proxy, _server)) = proxied_server() else {
+        return;
+    };
+    let rt = runtime();
+    let url = proxy.url();
+    let build = || {
+        let conn = rt.block_on(floodgate_redis::connect(&url)).unwrap();
+        RedisLimiter::builder(Algorithm::Gcra, policy())
+            .prefix("test:")
+            .timeout(Duration::from_secs(5))
+            .on_failure(OnFailure::Error)
+            .build(conn)
+            .unwrap()
+    };
+    let limiter = build();
+    // Both scripts loaded first: the lost reply is a refund's that ran.
+    let (_, warm) = rt.block_on(limiter.charge_n("warm-up", 1)).unwrap();
+    assert!(rt.block_on(limiter.refund(&warm.unwrap())).unwrap());
+    // Two units on "k"; the second's booking lies ahead of the clock.
+    assert!(rt
+        .block_on(limiter.check_n("k", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    let (_, r) = rt.block_on(limiter.charge_n("k", 1)).unwrap();
+    let r = r.unwrap();
+    assert_eq!(spent(&rt, &limiter, "k"), 2);
+    proxy.armed.store(true, Ordering::SeqCst);
+    let lost = rt.block_on(limiter.refund(&r));
+    assert_eq!(
+        proxy.dropped.load(Ordering::SeqCst),
+        1,
+        "not dropped: {lost:?}"
+    );
+    assert_eq!(spent(&rt, &build(), "k"), 1, "the refund ran");
+    // Sent again (the limiter reconnects): nothing more comes back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match rt.block_on(limiter.refund(&r)) {
+            Ok(again) => break again,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no refund answered: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert!(!again);
+    assert_eq!(spent(&rt, &build(), "k"), 1);
 }

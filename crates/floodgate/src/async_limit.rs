@@ -6,8 +6,10 @@
 //! says whether a backend can fail; the in-process limiters use
 //! [`Infallible`](core::convert::Infallible).
 
+use core::any::Any;
 use core::borrow::Borrow;
 use core::convert::Infallible;
+use core::fmt;
 use core::future::{ready, Future};
 use core::hash::Hash;
 
@@ -81,6 +83,100 @@ pub trait AsyncLimit<K: ?Sized>: Send + Sync {
         key: &K,
         cost: u32,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+
+    /// [`check_n`](AsyncLimit::check_n), with an [`AsyncReceipt`] that
+    /// [`refund`](AsyncLimit::refund) can give back.
+    ///
+    /// The default checks and returns an empty receipt ([`AsyncReceipt::none`]): a
+    /// limit that cannot refund keeps every charge. A limit that can (a Redis
+    /// limiter) returns a charged receipt for an admission of cost ≥ 1; a denial or a
+    /// cost of 0 took nothing and its receipt is empty.
+    fn charge_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<(Decision, AsyncReceipt), Self::Error>> + Send {
+        let decided = self.check_n(key, cost);
+        async move { decided.await.map(|d| (d, AsyncReceipt::none())) }
+    }
+
+    /// Gives back what the charge behind `receipt` (from
+    /// [`charge_n`](AsyncLimit::charge_n) on the same `key`) still provably holds,
+    /// under the rule of the in-process [`Receipt`](crate::Receipt) refunds: only the
+    /// charge's own units, never another request's, at most once. Returns whether
+    /// anything came back.
+    ///
+    /// The default gives back nothing (`Ok(false)`): a limit without refunds.
+    ///
+    /// # Errors
+    ///
+    /// Why the refund could not be made (a lost connection, a timeout); the charge
+    /// may then still be held.
+    fn refund(
+        &self,
+        key: &K,
+        receipt: AsyncReceipt,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        let _ = (key, receipt);
+        ready(Ok(false))
+    }
+}
+
+/// Proof of one charge made by [`AsyncLimit::charge_n`], for
+/// [`AsyncLimit::refund`]: opaque, its content the issuing limit's own.
+///
+/// A refund consumes its receipt (it is neither `Clone` nor `Copy`), so a charge is
+/// given back at most once through it; a receipt another limit issued gives back
+/// nothing there.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::AsyncReceipt;
+/// let empty = AsyncReceipt::none();
+/// assert!(!empty.is_charged());
+/// let charged = AsyncReceipt::new(7_u64);
+/// assert!(charged.is_charged());
+/// assert_eq!(charged.into_inner::<u64>(), Some(7));
+/// ```
+#[must_use = "a receipt that is dropped cannot refund its charge"]
+pub struct AsyncReceipt {
+    charge: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl AsyncReceipt {
+    /// A receipt of nothing: a denial, a cost of 0, or a limit without refunds.
+    pub fn none() -> AsyncReceipt {
+        AsyncReceipt { charge: None }
+    }
+
+    /// A receipt holding `charge`, the issuing limit's own proof.
+    pub fn new<T: Any + Send + Sync>(charge: T) -> AsyncReceipt {
+        AsyncReceipt {
+            charge: Some(Box::new(charge)),
+        }
+    }
+
+    /// Whether the receipt holds a charge.
+    pub fn is_charged(&self) -> bool {
+        self.charge.is_some()
+    }
+
+    /// The proof, if it is a `T` (the issuing limit's type); `None` for an empty
+    /// receipt or one of another type.
+    pub fn into_inner<T: Any>(self) -> Option<T> {
+        self.charge
+            .and_then(|c| (c as Box<dyn Any>).downcast::<T>().ok())
+            .map(|c| *c)
+    }
+}
+
+impl fmt::Debug for AsyncReceipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AsyncReceipt")
+            .field("charged", &self.is_charged())
+            .finish()
+    }
 }
 
 /// The body of an in-process keyed limiter's [`AsyncLimit`]: its own `check_n` and
@@ -240,6 +336,23 @@ where
         let (id, decided) = (self.id(), self.get_ref().peek_n(key, cost));
         async move { decided.await.map(|d| d.with_policy(id)) }
     }
+
+    fn charge_n(
+        &self,
+        key: &K,
+        cost: u32,
+    ) -> impl Future<Output = Result<(Decision, AsyncReceipt), L::Error>> + Send {
+        let (id, charged) = (self.id(), self.get_ref().charge_n(key, cost));
+        async move { charged.await.map(|(d, r)| (d.with_policy(id), r)) }
+    }
+
+    fn refund(
+        &self,
+        key: &K,
+        receipt: AsyncReceipt,
+    ) -> impl Future<Output = Result<bool, L::Error>> + Send {
+        self.get_ref().refund(key, receipt)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -273,5 +386,22 @@ mod tests {
         assert_eq!((d.is_allowed(), d.policy()), (false, id));
         let d = ready_now(AsyncLimit::check_n(labelled.get_ref(), &2, 1)).unwrap();
         assert_eq!(d.policy(), PolicyId::UNSET);
+    }
+
+    #[test]
+    fn a_limit_without_refunds_charges_with_an_empty_receipt_and_gives_nothing_back() {
+        let keyed = crate::KeyedBuilder::new(crate::Gcra::new(Policy::per_second(1).unwrap()))
+            .clock(ManualClock::new())
+            .build_inline::<u64>()
+            .unwrap();
+        let labelled = Identified::new(PolicyId::new(4), keyed);
+        let (d, receipt) = ready_now(AsyncLimit::charge_n(&labelled, &1, 1)).unwrap();
+        assert_eq!((d.is_allowed(), d.policy()), (true, PolicyId::new(4)));
+        assert!(!receipt.is_charged());
+        // The default refund keeps the charge: the key stays spent.
+        assert!(!ready_now(AsyncLimit::refund(&labelled, &1, receipt)).unwrap());
+        assert!(!ready_now(labelled.peek_n(&1, 1)).unwrap().is_allowed());
+        // A receipt of another type is no proof here.
+        assert_eq!(AsyncReceipt::new(1_u32).into_inner::<u64>(), None);
     }
 }

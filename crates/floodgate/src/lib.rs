@@ -85,7 +85,7 @@ pub mod waiting;
 pub mod window;
 
 pub use algorithm::{Algorithm, Charged};
-pub use async_limit::AsyncLimit;
+pub use async_limit::{AsyncLimit, AsyncReceipt};
 pub use cell::{AtomicCell, LockedCell, StateCell};
 pub use clock::{Clock, DefaultClock, ManualClock, Nanos, StdClock};
 pub use decision::{Decision, PolicyId};

@@ -67,8 +67,112 @@ end
 -- does was written by someone else, and the sums on it would leave the exact range.
 local EXACT = 9007199254740992
 
+-- What a charge took, for a refund (set by a transition that wrote; see the
+-- charge drivers in script.rs): the numbers a refund of the algorithm needs.
+local RECEIPT = false
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
+end
+
+-- Refund records: the ids of the receipts refunded on a key, "noted/..." each
+-- (noted: the key's refund ledger when the receipt's charge was made), comma-
+-- separated, the oldest first. A list of them, or nil and an error reply.
+local function refund_ids(key, ids)
+  local list = {}
+  if not ids or ids == '' then return list end
+  for x in string.gmatch(ids .. ',', '([^,]*),') do
+    if not string.match(x, '^%d+/%d+[%d/]*$') then
+      return nil, malformed(key, 'a refund record is not noted/...')
+    end
+    list[#list + 1] = x
+  end
+  return list
+end
+
+-- How many refunds a key remembers: a receipt whose ledger is below the floor (it
+-- was charged before every refund remembered) gives back nothing.
+local REFUNDS_KEPT = 8
+
+-- Whether receipt `id` charged at ledger `noted` may still refund, against the
+-- state's ledger, floor and records.
+local function refundable(list, id, noted, ledger, floor)
+  if noted > ledger or noted < floor then return false end
+  for i = 1, #list do
+    if list[i] == id then return false end
+  end
+  return true
+end
+
+-- Records `id` in `list`; returns the records as stored and the floor, raised
+-- past the oldest one when it is forgotten.
+local function record_refund(list, id, floor)
+  list[#list + 1] = id
+  if #list > REFUNDS_KEPT then
+    local oldest = tonumber(string.match(table.remove(list, 1), '^(%d+)/'))
+    if oldest + 1 > floor then floor = oldest + 1 end
+  end
+  return table.concat(list, ','), floor
+end
+
+-- The refund fields after a window state's numbers: `rest` is '' (no refund yet)
+-- or ":ledger:floor:ids". Returns `rest` as it is and the ledger, or nil and an
+-- error reply.
+local function window_refund_fields(key, rest)
+  if rest == '' then return '', 0 end
+  local ledger, floor = string.match(rest, '^:(%d+):(%d+):[%d/,]*$')
+  if not ledger or tonumber(ledger) >= EXACT or tonumber(floor) >= EXACT then
+    return nil, malformed(key, 'not a window state with refund fields')
+  end
+  return rest, tonumber(ledger)
+end
+
+-- Gives back the units of a charge of `n` counted in field `at` of a window state
+-- of `width` numbers (the window first, the period last) at `key`, charged in
+-- window `cw` of period `p` (the count after it `after`, the ledger it saw
+-- `noted`), as the in-process windows do: only while the state is still that window
+-- of this period (once a later decision moved it on, the count given back is one no
+-- decision reads again), at most `n`, never below 0. Once per receipt: the ledger
+-- (units given back on the key), the floor and the records. Returns the units
+-- given back.
+local function window_refund(key, width, at, cw, after, noted, n, p)
+  local stored = redis.call('GET', key)
+  if not stored then return 0 end
+  local nums, rest = {}, stored
+  for i = 1, width do
+    local x
+    x, rest = string.match(rest, i == 1 and '^(%d+)(.*)$' or '^:(%d+)(.*)$')
+    if not x or tonumber(x) >= EXACT then return malformed(key, 'not a window state') end
+    nums[i] = tonumber(x)
+  end
+  local ledger, floor, ids = 0, 0, ''
+  if rest ~= '' then
+    ledger, floor, ids = string.match(rest, '^:(%d+):(%d+):([%d/,]*)$')
+    if not ledger then return malformed(key, 'not a window state with refund fields') end
+    ledger, floor = tonumber(ledger), tonumber(floor)
+    if ledger >= EXACT or floor >= EXACT then return malformed(key, 'a number past 2^53') end
+  end
+  local list, bad = refund_ids(key, ids)
+  if bad then return bad end
+  if nums[width] ~= p or nums[1] ~= cw then return 0 end
+  local id = fmt(noted) .. '/' .. fmt(p) .. '/' .. fmt(cw) .. '/' .. fmt(after)
+  if not refundable(list, id, noted, ledger, floor) then return 0 end
+  local back = n
+  if nums[at] < back then back = nums[at] end
+  if back <= 0 then return 0 end
+  nums[at] = nums[at] - back
+  local kept, new_floor = record_refund(list, id, floor)
+  for i = 1, width do nums[i] = fmt(nums[i]) end
+  local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
+    fmt(new_floor) .. ':' .. kept
+  -- The key's time to live as it was (it may be another period's, longer).
+  local left = EXPIRE and redis.call('PTTL', key) or -1
+  if left > 0 then
+    redis.call('SET', key, value, 'PX', left)
+  else
+    redis.call('SET', key, value)
+  end
+  return back
 end
 
 -- Past 2^52 us (the year 2112) the sums below could leave the exact range.

@@ -1,12 +1,21 @@
 -- Fixed window. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:count:P", window = floor(now / P).
+-- State: "window:count:P", window = floor(now / P); after a refund
+-- "window:count:P:ledger:floor:ids" (see fixed_window_refund), which every later
+-- write keeps, in any window and under any period, while the key lives.
 local function fixed_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local count = 0
   local keep = 0
+  -- The refund fields, kept as they are: '' before any refund.
+  local refunds = ''
+  local ledger = 0
   local stored = redis.call('GET', key)
   if stored then
-    local sw, sc, sp = string.match(stored, '^(%d+):(%d+):(%d+)$')
+    local sw, sc, sp, rest = string.match(stored, '^(%d+):(%d+):(%d+)(.*)$')
+    if rest then
+      refunds, ledger = window_refund_fields(key, rest)
+      if not refunds then return ledger end
+    end
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
     if sp == 0 then return malformed(key, 'period 0') end
@@ -35,9 +44,16 @@ local function fixed_window(key, n, write, p, l)
   end
   if count + n <= l then
     if write then
-      set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p), reset, keep)
+      set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p) .. refunds, reset, keep)
+      -- The window and period, the count after the charge, the ledger it saw.
+      RECEIPT = { w, count + n, ledger, n }
     end
     return reply(true, l, l - count - n, reset, 0)
   end
   return reply(false, l, l - count, reset, reset)
+end
+
+-- The fixed window's refund: the count (field 2 of 3), as `window_refund` says.
+local function fixed_window_refund(key, cw, after, noted, n, p)
+  return window_refund(key, 3, 2, cw, after, noted, n, p)
 end

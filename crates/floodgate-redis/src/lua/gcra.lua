@@ -1,14 +1,44 @@
 -- GCRA. Arguments: key, cost n, write, T (emission interval, us), B (burst).
--- State: the theoretical arrival time (TAT) in microseconds, a string.
-local function gcra(key, n, write, t, b)
-  local tat = now
+-- State: the theoretical arrival time (TAT) in microseconds, a string; after a
+-- refund "TAT:ledger:hi:floor:ids" (see gcra_refund), which charges keep.
+
+-- The state at `key`: nil when absent, else { tat, ledger, hi, floor, ids }; or an
+-- error reply for a value no script writes.
+local function gcra_read(key)
   local stored = redis.call('GET', key)
-  if stored then
-    local s = string.match(stored, '^%d+$') and tonumber(stored)
-    if not s or s >= EXACT then return malformed(key, 'not a whole number below 2^53') end
-    -- A server clock that reads earlier never moves the state back: tat = max(TAT, now).
-    if s > tat then tat = s end
+  if not stored then return nil end
+  local s, l, h, f, ids = stored, '0', stored, '0', false
+  if not string.match(stored, '^%d+$') then
+    s, l, h, f, ids = string.match(stored, '^(%d+):(%d+):(%d+):(%d+):([%d/,]*)$')
+    if not s then return nil, malformed(key, 'not a whole number below 2^53') end
   end
+  s, l, h, f = tonumber(s), tonumber(l), tonumber(h), tonumber(f)
+  if not s or s >= EXACT or l >= EXACT or h >= EXACT or f >= EXACT then
+    return nil, malformed(key, 'not a whole number below 2^53')
+  end
+  return { tat = s, ledger = l, hi = h, floor = f, ids = ids }
+end
+
+-- Writes TAT `tat` over the state `st` (nil: none): the plain form while no
+-- refund was made, else the refund fields kept and the key alive until `hi`, the
+-- latest TAT ever written, has passed (every receipt's booking ends by then).
+local function gcra_write(key, st, tat)
+  if not st or not st.ids then
+    set_state(key, fmt(tat), tat - now)
+    return
+  end
+  local hi = st.hi
+  if tat > hi then hi = tat end
+  set_state(key, fmt(tat) .. ':' .. fmt(st.ledger) .. ':' .. fmt(hi) .. ':' ..
+    fmt(st.floor) .. ':' .. st.ids, hi - now)
+end
+
+local function gcra(key, n, write, t, b)
+  local st, err = gcra_read(key)
+  if err then return err end
+  local tat = now
+  -- A server clock that reads earlier never moves the state back: tat = max(TAT, now).
+  if st and st.tat > tat then tat = st.tat end
   local limit_at = now + b * t
   local function remaining_at(x)
     return fdiv(limit_at - x, t)
@@ -21,8 +51,50 @@ local function gcra(key, n, write, t, b)
   end
   local new_tat = tat + n * t
   if new_tat <= limit_at then
-    if write then set_state(key, fmt(new_tat), new_tat - now) end
+    if write then
+      gcra_write(key, st, new_tat)
+      -- The charge's booking [tat, new_tat) and the refund ledger it saw.
+      RECEIPT = { tat, new_tat, st and st.ledger or 0 }
+    end
     return reply(true, b, remaining_at(new_tat), new_tat - now, 0)
   end
   return reply(false, b, remaining_at(tat), tat - now, new_tat - limit_at)
+end
+
+-- Gives back the part of a charge's booking [start, e) still ahead of now, as the
+-- in-process GCRA refund: the refunds made since the charge (the ledger, the sum
+-- of all schedule given back, less `noted`, the ledger the charge saw) may have
+-- moved the booking down by at most that `shift`; units booked after it and still
+-- ahead of now + B*T stay spent. Each refund is recorded by its receipt's id
+-- (noted/e, unique on the key: between two refunds every charge raises the TAT),
+-- so a receipt refunds once however often it is sent. Returns the microseconds of
+-- schedule given back (0: nothing).
+local function gcra_refund(key, start, e, noted, t, b)
+  local st, err = gcra_read(key)
+  if err then return err end
+  if not st then return 0 end
+  local ids, bad = refund_ids(key, st.ids)
+  if bad then return bad end
+  local id = fmt(noted) .. '/' .. fmt(e)
+  if not refundable(ids, id, noted, st.ledger, st.floor) then return 0 end
+  local shift = st.ledger - noted
+  local s0 = start - shift
+  if s0 < 0 then s0 = 0 end
+  local e0 = e - shift
+  if e0 < 0 then e0 = 0 end
+  if now > s0 then s0 = now end
+  local own = e0 - s0
+  if own <= 0 then return 0 end
+  local passed = now + b * t - shift
+  if passed < e0 then passed = e0 end
+  local ahead = st.tat - passed
+  if ahead < 0 then ahead = 0 end
+  local back = own - ahead
+  if back <= 0 then return 0 end
+  local tat = st.tat - back
+  if tat < 0 then tat = 0 end
+  local kept, floor = record_refund(ids, id, st.floor)
+  set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
+    fmt(floor) .. ':' .. kept, st.hi - now)
+  return back
 end

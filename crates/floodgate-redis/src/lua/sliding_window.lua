@@ -1,12 +1,21 @@
 -- Sliding window counter. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:prev:cur:P" (prev = the count of window - 1).
+-- State: "window:prev:cur:P" (prev = the count of window - 1); after a refund
+-- "window:prev:cur:P:ledger:floor:ids" (see sliding_window_refund), which every
+-- later write keeps.
 local function sliding_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local prev, cur = 0, 0
   local keep = 0
+  -- The refund fields, kept as they are: '' before any refund.
+  local refunds = ''
+  local ledger = 0
   local stored = redis.call('GET', key)
   if stored then
-    local sw, sp, sc, speriod = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)$')
+    local sw, sp, sc, speriod, rest = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)(.*)$')
+    if rest then
+      refunds, ledger = window_refund_fields(key, rest)
+      if not refunds then return ledger end
+    end
     sw, sp, sc, speriod = tonumber(sw), tonumber(sp), tonumber(sc), tonumber(speriod)
     if not sw or not sp or not sc or not speriod then
       return malformed(key, 'not window:prev:cur:period')
@@ -77,8 +86,10 @@ local function sliding_window(key, n, write, p, l)
   end
   if estimate + n <= l then
     if write then
-      local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p)
+      local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p) .. refunds
       set_window_state(key, state, reset(cur + n), keep)
+      -- The window, the current count after the charge, the ledger it saw, the cost.
+      RECEIPT = { w, cur + n, ledger, n }
     end
     return reply(true, l, l - estimate - n, reset(cur + n), 0)
   end
@@ -106,4 +117,10 @@ local function sliding_window(key, n, write, p, l)
     end
   end
   return reply(false, l, l - estimate, reset(cur), retry_at - now)
+end
+
+-- The sliding window's refund: the current count (field 3 of 4), as
+-- `window_refund` says; the previous window's count is never touched.
+local function sliding_window_refund(key, cw, after, noted, n, p)
+  return window_refund(key, 4, 3, cw, after, noted, n, p)
 end

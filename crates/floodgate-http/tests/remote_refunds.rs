@@ -1,0 +1,197 @@
+//! Session 42: a remote rule's charge is given back when a later hard rule denies
+//! the request, as an in-process rule's is — a client that a global rule turned
+//! away keeps its per-user budget in Redis.
+
+use std::convert::Infallible;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use floodgate::{Policy, RateLimiter};
+use floodgate_http::{from_fn, Global, RateLimitLayer, Rule};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use http::{Request, Response, StatusCode};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// A `redis-server` on a free loopback port, killed on drop; `None` (after a loud
+/// line) where none is installed, unless `FLOODGATE_REQUIRE_REDIS=1`.
+struct Redis(Child, u16);
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        let installed = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !installed {
+            assert!(
+                std::env::var("FLOODGATE_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "FLOODGATE_REQUIRE_REDIS=1 but redis-server is not on PATH"
+            );
+            eprintln!("SKIPPED: redis-server is not on PATH; this test did not run");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Redis(child, port))
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.1)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn user(parts: &http::request::Parts) -> Result<String, floodgate_http::KeyError> {
+    Ok(parts
+        .headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("anon")
+        .to_owned())
+}
+
+/// A remote per-user rule (GCRA in Redis, 3 an hour), then an in-process global
+/// rule that is spent: every request is turned away by the global rule, and each
+/// time the user's charge in Redis is given back — afterwards the user's budget is
+/// whole. One request the global rule admits is charged in both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_denial_gives_the_remote_charge_back() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let conn = floodgate_redis::connect(&redis.url()).await.unwrap();
+    let per_user = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(3).unwrap())
+        .prefix("layer:")
+        .timeout(Duration::from_secs(2))
+        .on_failure(OnFailure::Error)
+        .build(conn)
+        .unwrap();
+    let per_user = std::sync::Arc::new(per_user);
+    let global = RateLimiter::gcra(Policy::per_hour(1).unwrap());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::remote_shared("per-user", per_user.clone(), from_fn(user)).unwrap())
+        .rule(Rule::new("global", global, Global).unwrap())
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(()))
+    }));
+    let send = |who: &'static str| Request::get("/").header("x-user", who).body(()).unwrap();
+
+    // The global unit goes to "a": charged in both.
+    let r = svc.ready().await.unwrap().call(send("a")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let left = |d: floodgate::Decision| d.remaining();
+    let a = per_user.peek_n("a", 0).await.unwrap().decision();
+    assert_eq!(left(a), 2);
+
+    // "b" is turned away by the global rule five times (more than its own 3).
+    for _ in 0..5 {
+        let r = svc.ready().await.unwrap().call(send("b")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let b = per_user.peek_n("b", 0).await.unwrap().decision();
+    assert_eq!(left(b), 3, "b's per-user budget must be untouched");
+    assert_eq!(layer.stats()[0].errors, 0);
+    // And "a" was charged once, by the admitted request only.
+    let a = per_user.peek_n("a", 0).await.unwrap().decision();
+    assert_eq!(left(a), 2);
+    drop(redis);
+}
+
+/// A remote limit that admits with a receipt and whose refunds always fail.
+struct RefundsFail;
+
+impl floodgate::AsyncLimit<String> for RefundsFail {
+    type Error = String;
+
+    async fn check_n(&self, _key: &String, cost: u32) -> Result<floodgate::Decision, String> {
+        Ok(floodgate::Decision::new(
+            true,
+            9,
+            9 - u64::from(cost),
+            Duration::ZERO,
+            None,
+        ))
+    }
+
+    async fn peek_n(&self, key: &String, cost: u32) -> Result<floodgate::Decision, String> {
+        self.check_n(key, cost).await
+    }
+
+    async fn charge_n(
+        &self,
+        key: &String,
+        cost: u32,
+    ) -> Result<(floodgate::Decision, floodgate::AsyncReceipt), String> {
+        let d = self.check_n(key, cost).await?;
+        Ok((d, floodgate::AsyncReceipt::new(())))
+    }
+
+    async fn refund(
+        &self,
+        _key: &String,
+        _receipt: floodgate::AsyncReceipt,
+    ) -> Result<bool, String> {
+        Err("the backend is down".to_owned())
+    }
+}
+
+/// A refund that fails is counted in the remote rule's `errors` and changes
+/// nothing else: the request is still answered 429 by the rule that denied it.
+#[tokio::test]
+async fn a_failed_refund_is_counted_and_the_denial_stands() {
+    let global = RateLimiter::gcra(Policy::per_hour(1).unwrap());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::remote("per-user", RefundsFail, from_fn(user)).unwrap())
+        .rule(Rule::new("global", global, Global).unwrap())
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(()))
+    }));
+    let send = || Request::get("/").header("x-user", "c").body(()).unwrap();
+    assert_eq!(
+        svc.ready()
+            .await
+            .unwrap()
+            .call(send())
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let r = svc.ready().await.unwrap().call(send()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().contains_key("retry-after"));
+    let stats = layer.stats();
+    assert_eq!((stats[0].allowed, stats[0].errors), (2, 1));
+    assert_eq!((stats[1].allowed, stats[1].denied), (1, 1));
+}

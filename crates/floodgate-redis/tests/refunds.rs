@@ -1,0 +1,466 @@
+//! Refunds in Redis (session 42): a GCRA charge taken with a receipt
+//! ([`RedisLimiter::charge_n`]) is given back by [`RedisLimiter::refund`] as the
+//! in-process GCRA refund gives it back, at most once however often (and by
+//! whichever replica) the receipt is sent, and never so that more is admitted than
+//! the limit.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{runtime, RedisServer};
+use floodgate::{AsyncLimit, ManualClock, Nanos, Policy, RateLimiter};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisReceipt};
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> RedisLimiter {
+    built(server, RedisLimiter::builder(algorithm, policy)).await
+}
+
+async fn built(
+    server: &RedisServer,
+    builder: floodgate_redis::RedisLimiterBuilder,
+) -> RedisLimiter {
+    let conn = floodgate_redis::connect(&server.url()).await.unwrap();
+    builder
+        .prefix("refunds:")
+        .timeout(Duration::from_secs(5))
+        .on_failure(OnFailure::Error)
+        .build(conn)
+        .unwrap()
+}
+
+/// A decision in whole microseconds, its durations rounded up as the scripts report
+/// them (only the sliding window's in-process waits fall between microseconds).
+fn micros(d: floodgate::Decision) -> (bool, u64, u64, u128, Option<u128>) {
+    let up = |t: Duration| t.as_nanos().div_ceil(1_000);
+    let (reset, retry) = (up(d.reset_after()), d.retry_after().map(up));
+    (d.is_allowed(), d.limit(), d.remaining(), reset, retry)
+}
+
+/// A number below `n` from a seeded generator: the trace is the same on every run.
+fn below(rng: &mut TestRng, n: u64) -> u64 {
+    rng.next_u64() % n
+}
+
+/// Random charges, refunds (in any order, a few outstanding at once) and waits on
+/// one key, replayed on Redis's scripts and on the in-process limiter at the same
+/// instants: every decision and every refund's answer is the same, and each
+/// receipt sent a second time gives nothing more.
+async fn replay_against_in_process<A: floodgate::Algorithm>(
+    remote: &RedisLimiter,
+    local: &RateLimiter<A, ManualClock>,
+    clock: &ManualClock,
+    seed: u64,
+) {
+    let key = format!("trace{seed}");
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
+    let mut now_us = 1_000_000_u64;
+    let mut held = Vec::new();
+    let (mut refunded, mut given) = (0, 0);
+    for step in 0..300 {
+        clock.set(Nanos::new(now_us * 1_000));
+        let op = below(&mut rng, 10);
+        if op < 5 || held.is_empty() {
+            let cost = 1 + below(&mut rng, 2) as u32;
+            let (d, r) = local.charge(cost);
+            let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
+            assert_eq!(
+                micros(rd),
+                micros(d),
+                "seed {seed} step {step}: charge {cost}"
+            );
+            assert_eq!(rr.is_some(), r.is_charged(), "seed {seed} step {step}");
+            if let Some(rr) = rr {
+                if held.len() < 4 {
+                    held.push((r, rr));
+                }
+            }
+        } else if op < 8 {
+            let (r, rr) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
+            let back = local.refund(r);
+            let rback = remote.refund_at_micros(&rr, now_us).await.unwrap();
+            assert_eq!(rback, back, "seed {seed} step {step}: refund");
+            refunded += 1;
+            given += usize::from(back);
+            // Sent again (a lost reply, another replica): nothing more.
+            assert!(!remote.refund_at_micros(&rr, now_us).await.unwrap());
+        } else {
+            now_us += below(&mut rng, 150_000);
+            clock.set(Nanos::new(now_us * 1_000));
+        }
+        let d = local.peek(0);
+        let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
+        assert_eq!(micros(rd), micros(d), "seed {seed} step {step}: state");
+    }
+    assert!(
+        refunded > 20 && given > 10,
+        "seed {seed}: {given}/{refunded}"
+    );
+}
+
+/// GCRA: Redis gives back exactly what the in-process refund does — the booking
+/// still ahead of now, moved down by the refunds made since the charge.
+#[test]
+fn gcra_refunds_give_back_what_the_in_process_refunds_give_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // T = 100 ms, B = 4: a 400 ms schedule, passed in steps of up to 150 ms.
+        let policy = Policy::per_second(10).unwrap().with_burst(4).unwrap();
+        let remote = limiter(&server, Algorithm::Gcra, policy).await;
+        for seed in 1..=12_u64 {
+            let clock = ManualClock::new();
+            let local = RateLimiter::gcra_with_clock(policy, clock.clone());
+            replay_against_in_process(&remote, &local, &clock, seed).await;
+        }
+    });
+}
+
+/// The fixed window: the charge's units back while its window lasts, none after.
+#[test]
+fn fixed_window_refunds_give_back_what_the_in_process_refunds_give_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 4 per 400 ms windows, passed in steps of up to 150 ms.
+        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+        let remote = limiter(&server, Algorithm::FixedWindow, policy).await;
+        for seed in 1..=12_u64 {
+            let clock = ManualClock::new();
+            let local = RateLimiter::fixed_window_with_clock(policy, clock.clone()).unwrap();
+            replay_against_in_process(&remote, &local, &clock, seed).await;
+        }
+    });
+}
+
+/// A charge of 2 given back restores exactly 2 admissions, and the receipt sent a
+/// second time — by the same replica or another, at once — gives nothing more.
+#[test]
+fn a_refund_restores_its_charge_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // B = 5 per hour: no unit comes back by the clock during the test.
+        let policy = Policy::per_hour(5).unwrap();
+        let a = limiter(&server, Algorithm::Gcra, policy).await;
+        let b = limiter(&server, Algorithm::Gcra, policy).await;
+        // A unit first: the charge given back is booked ahead of the clock.
+        assert!(a.check_n("u", 1).await.unwrap().decision().is_allowed());
+        let (v, receipt) = a.charge_n("u", 2).await.unwrap();
+        assert!(v.decision().is_allowed());
+        let receipt = receipt.expect("an admission of cost 2 has a receipt");
+        let (v, _) = a.charge_n("u", 2).await.unwrap();
+        assert_eq!(v.decision().remaining(), 0);
+        assert!(!a.peek_n("u", 1).await.unwrap().decision().is_allowed());
+        let (first, again) = tokio::join!(a.refund(&receipt), b.refund(&receipt));
+        assert!(first.unwrap() ^ again.unwrap(), "exactly one gives back");
+        assert!(!a.refund(&receipt).await.unwrap());
+        // Exactly the 2 units: 2 admissions, then a denial.
+        assert_eq!(a.peek_n("u", 0).await.unwrap().decision().remaining(), 2);
+        assert!(b.check_n("u", 1).await.unwrap().decision().is_allowed());
+        assert!(a.check_n("u", 1).await.unwrap().decision().is_allowed());
+        assert!(!b.check_n("u", 1).await.unwrap().decision().is_allowed());
+        // A denial and a cost of 0 take nothing and carry no receipt.
+        assert!(a.charge_n("u", 1).await.unwrap().1.is_none());
+        assert!(a.charge_n("u", 0).await.unwrap().1.is_none());
+        // Through the async trait: the receipt of another key gives nothing.
+        let (d, r) = AsyncLimit::charge_n(&a, "w", 1).await.unwrap();
+        assert!(d.is_allowed() && r.is_charged());
+        assert!(!AsyncLimit::refund(&a, "u", r).await.unwrap());
+        let (_, r) = AsyncLimit::charge_n(&a, "w", 1).await.unwrap();
+        assert!(AsyncLimit::refund(&a, "w", r).await.unwrap());
+        assert_eq!(a.peek_n("w", 0).await.unwrap().decision().remaining(), 4);
+    });
+}
+
+/// A key remembers its last 8 refunds: a receipt refunded before them is refused
+/// by the ledger floor, not given back a second time (its booking, moved down by
+/// the 8 refunds since, would otherwise still lie ahead of the clock).
+#[test]
+fn a_receipt_refunded_before_the_last_eight_refunds_gives_nothing_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // T = 100 ms, B = 20, all at one instant.
+        let policy = Policy::per_second(10).unwrap().with_burst(20).unwrap();
+        let l = limiter(&server, Algorithm::Gcra, policy).await;
+        let t0 = 5_000_000;
+        for _ in 0..10 {
+            assert!(l.check_n_at_micros("k", 1, t0).await.unwrap().is_allowed());
+        }
+        let (_, r) = l.charge_n_at_micros("k", 1, t0).await.unwrap();
+        let r = r.unwrap();
+        let mut later = Vec::new();
+        for _ in 0..8 {
+            later.push(l.charge_n_at_micros("k", 1, t0).await.unwrap().1.unwrap());
+        }
+        assert!(l.refund_at_micros(&r, t0).await.unwrap());
+        for x in &later {
+            assert!(l.refund_at_micros(x, t0).await.unwrap());
+        }
+        let left = |d: floodgate::Decision| d.remaining();
+        assert_eq!(left(l.peek_n_at_micros("k", 0, t0).await.unwrap()), 10);
+        assert!(!l.refund_at_micros(&r, t0).await.unwrap());
+        assert_eq!(left(l.peek_n_at_micros("k", 0, t0).await.unwrap()), 10);
+    });
+}
+
+/// The sliding window counter: the current window's count, while its window lasts.
+#[test]
+fn sliding_window_refunds_give_back_what_the_in_process_refunds_give_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 4 per 400 ms windows, passed in steps of up to 150 ms.
+        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+        let remote = limiter(&server, Algorithm::SlidingWindow, policy).await;
+        for seed in 1..=12_u64 {
+            let clock = ManualClock::new();
+            let local = RateLimiter::sliding_window_with_clock(policy, clock.clone()).unwrap();
+            replay_against_in_process(&remote, &local, &clock, seed).await;
+        }
+    });
+}
+
+/// The sliding log has no refund in Redis: its charge carries no receipt and is a
+/// plain check.
+#[test]
+fn the_sliding_log_charges_without_a_receipt() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let policy = Policy::per_hour(3).unwrap();
+        for algorithm in [Algorithm::SlidingLog] {
+            let l = limiter(&server, algorithm, policy).await;
+            let key = format!("{algorithm:?}");
+            let (v, r) = l.charge_n(&key, 1).await.unwrap();
+            assert!(v.decision().is_allowed() && r.is_none(), "{algorithm:?}");
+            assert_eq!(l.peek_n(&key, 0).await.unwrap().decision().remaining(), 2);
+        }
+    });
+}
+
+/// Two replicas charge one key concurrently and give back about half their
+/// admissions, each refund sent twice (once by each replica, concurrently), on
+/// GCRA and both windows: the admissions kept never exceed the limit (6, all
+/// at one instant: no unit comes back by the clock), and each receipt gives back
+/// at most once.
+#[test]
+fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    const NOW: u64 = 7_000_000_000;
+    runtime().block_on(async {
+        let policy = Policy::per_hour(6).unwrap();
+        let builder = |a| RedisLimiter::builder(a, policy);
+        // Several limits: the fixed window's 6 binds, GCRA's 7 does not.
+        let several = RedisLimiter::builder(Algorithm::Gcra, policy.with_burst(7).unwrap())
+            .and(Algorithm::FixedWindow, policy);
+        for (algorithm, builder) in [
+            ("gcra", builder(Algorithm::Gcra)),
+            ("fixed", builder(Algorithm::FixedWindow)),
+            ("sliding", builder(Algorithm::SlidingWindow)),
+            ("several", several),
+        ] {
+            let key = format!("shared-{algorithm}");
+            let a = Arc::new(built(&server, builder.clone()).await);
+            let b = Arc::new(built(&server, builder).await);
+            let admitted = Arc::new(AtomicU64::new(0));
+            let refunded = Arc::new(AtomicU64::new(0));
+            let mut tasks = Vec::new();
+            for worker in 0..8_u64 {
+                let (own, other) = if worker % 2 == 0 {
+                    (Arc::clone(&a), Arc::clone(&b))
+                } else {
+                    (Arc::clone(&b), Arc::clone(&a))
+                };
+                let (admitted, refunded) = (Arc::clone(&admitted), Arc::clone(&refunded));
+                let key = key.clone();
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..60_u64 {
+                        let (d, receipt) = own.charge_n_at_micros(&key, 1, NOW).await.unwrap();
+                        if !d.is_allowed() {
+                            continue;
+                        }
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        let receipt: RedisReceipt = receipt.unwrap();
+                        if (i + worker) % 2 == 0 {
+                            let (x, y) = tokio::join!(
+                                own.refund_at_micros(&receipt, NOW),
+                                other.refund_at_micros(&receipt, NOW)
+                            );
+                            let (x, y) = (x.unwrap(), y.unwrap());
+                            assert!(!(x && y), "a receipt gave back twice");
+                            if x || y {
+                                refunded.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let (admitted, refunded) = (
+                admitted.load(Ordering::SeqCst),
+                refunded.load(Ordering::SeqCst),
+            );
+            assert!(
+                admitted <= 6 + refunded,
+                "{algorithm:?}: {admitted} admitted, {refunded} given back: beyond the limit of 6"
+            );
+            assert!(
+                refunded > 0 && admitted > 6,
+                "{algorithm:?}: {admitted} admitted, {refunded} given back"
+            );
+        }
+    });
+}
+
+/// The fixed window: a charge of 2 given back restores exactly 2 admissions in its
+/// window, once, whichever replica sends it; in the next window it gives nothing.
+#[test]
+fn a_fixed_window_refund_restores_its_charge_once_and_only_in_its_window() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // 5 per 10 s windows; 3 s into window 100.
+        let policy = Policy::new(5, Duration::from_secs(10)).unwrap();
+        let a = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let b = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let t = 1_003_000_000;
+        assert!(a.check_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        let r = a.charge_n_at_micros("f", 2, t).await.unwrap().1.unwrap();
+        let last = b.charge_n_at_micros("f", 2, t).await.unwrap().1.unwrap();
+        assert!(!a.peek_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        let (x, y) = tokio::join!(a.refund_at_micros(&r, t), b.refund_at_micros(&r, t));
+        assert!(x.unwrap() ^ y.unwrap(), "exactly one gives back");
+        assert_eq!(a.peek_n_at_micros("f", 0, t).await.unwrap().remaining(), 2);
+        assert!(b.check_n_at_micros("f", 2, t).await.unwrap().is_allowed());
+        assert!(!a.check_n_at_micros("f", 1, t).await.unwrap().is_allowed());
+        // Window 101: the receipt of window 100 gives nothing.
+        let next = t + 10_000_000;
+        assert!(a
+            .check_n_at_micros("f", 1, next)
+            .await
+            .unwrap()
+            .is_allowed());
+        assert!(!a.refund_at_micros(&last, next).await.unwrap());
+        assert_eq!(
+            a.peek_n_at_micros("f", 0, next).await.unwrap().remaining(),
+            4
+        );
+    });
+}
+
+/// Several limits (GCRA, burst 3, and a fixed window of 4): a charge given back is
+/// given back on every limit it charged, at once and once.
+#[test]
+fn a_multi_limit_refund_gives_back_every_limit_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let gcra = Policy::per_hour(1).unwrap().with_burst(3).unwrap();
+        let window = Policy::new(4, Duration::from_secs(10)).unwrap();
+        let builder =
+            RedisLimiter::builder(Algorithm::Gcra, gcra).and(Algorithm::FixedWindow, window);
+        let a = built(&server, builder.clone()).await;
+        let b = built(&server, builder).await;
+        let t = 2_003_000_000;
+        assert!(a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        let r = a.charge_n_at_micros("m", 2, t).await.unwrap().1.unwrap();
+        assert!(!a.peek_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        let (x, y) = tokio::join!(a.refund_at_micros(&r, t), b.refund_at_micros(&r, t));
+        assert!(x.unwrap() ^ y.unwrap(), "exactly one gives back");
+        // GCRA 2 left, the window 3: the tightest is 2.
+        assert_eq!(a.peek_n_at_micros("m", 0, t).await.unwrap().remaining(), 2);
+        // Two more: the window counts 3 + 2 = 5 > 4 unless it was given back too.
+        assert!(b.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        assert!(a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        assert!(!a.check_n_at_micros("m", 1, t).await.unwrap().is_allowed());
+        // A single-limit limiter's receipt is no receipt here.
+        let single = limiter(&server, Algorithm::Gcra, gcra).await;
+        let other = single
+            .charge_n_at_micros("s", 1, t)
+            .await
+            .unwrap()
+            .1
+            .unwrap();
+        assert!(!a.refund_at_micros(&other, t).await.unwrap());
+    });
+}
+
+/// A refund record that no script writes is a malformed state: the refund fails
+/// with an error naming the key and writes nothing.
+#[test]
+fn a_refund_over_a_malformed_record_fails_and_writes_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let policy = Policy::per_second(10).unwrap();
+        let l = limiter(&server, Algorithm::Gcra, policy).await;
+        let (_, r) = l.charge_n_at_micros("m", 1, 1_000_000).await.unwrap();
+        let r = r.unwrap();
+        let bad = "1100000:0:1100000:0:7/";
+        let _: () = server.cmd(&["SET", "refunds:m", bad]);
+        let e = l
+            .refund_at_micros(&r, 1_000_000)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("malformed") && e.contains("refunds:m"), "{e}");
+        let after: String = server.cmd(&["GET", "refunds:m"]);
+        assert_eq!(after, bad);
+        // A fixed window state: its refund fields too, for a charge and a refund.
+        let fw = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let (_, r) = fw.charge_n_at_micros("mw", 1, 1_000_000).await.unwrap();
+        let r = r.unwrap();
+        for bad in ["1:1:1000000:0:0:7/", "1:1:1000000:zz"] {
+            let _: () = server.cmd(&["SET", "refunds:mw", bad]);
+            let e = fw.refund_at_micros(&r, 1_000_000).await.unwrap_err();
+            assert!(e.to_string().contains("malformed"), "{bad}: {e}");
+            let after: String = server.cmd(&["GET", "refunds:mw"]);
+            assert_eq!(after, bad);
+        }
+        // Fields that are no refund fields fail a charge too (the records
+        // themselves are read by refunds only).
+        let e = fw.check_n_at_micros("mw", 1, 1_000_000).await.unwrap_err();
+        assert!(e.to_string().contains("malformed"), "{e}");
+    });
+}
+
+/// A fixed window state that holds fewer units than the charge took (its count
+/// lowered behind the limiter's back — in a rolling deploy, another period's
+/// write): the refund gives back what is there, never a count below 0.
+#[test]
+fn a_fixed_window_refund_never_takes_the_count_below_zero() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let policy = Policy::new(5, Duration::from_secs(10)).unwrap();
+        let l = limiter(&server, Algorithm::FixedWindow, policy).await;
+        let t = 1_003_000_000;
+        let r = l.charge_n_at_micros("z", 2, t).await.unwrap().1.unwrap();
+        let _: () = server.cmd(&["SET", "refunds:z", "100:1:10000000"]);
+        assert!(l.refund_at_micros(&r, t).await.unwrap());
+        let d = l.peek_n_at_micros("z", 0, t).await.unwrap();
+        assert_eq!(d.remaining(), 5);
+        let state: String = server.cmd(&["GET", "refunds:z"]);
+        assert!(state.starts_with("100:0:10000000:"), "{state}");
+    });
+}
