@@ -928,6 +928,12 @@ pub trait Outcome<S>: Sized {
         generation: u64,
         noted: u64,
     ) -> Self;
+
+    /// The outcome from a whole [`KeyedCharge`] (the locked path's answer).
+    #[inline(always)]
+    fn from_charge(c: KeyedCharge<S>) -> Self {
+        Self::from_parts(c.decision, c.charge, c.tag, c.generation, c.noted)
+    }
 }
 
 impl<S> Outcome<S> for Decision {
