@@ -58,7 +58,7 @@ use core::marker::PhantomData;
 
 use super::{
     charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, table_hasher,
-    KeyTable, Outcome, Retired, Salt, Shard, ShardSet, Slots, Writer,
+    KeyTable, KeyedCharge, Outcome, Retired, Salt, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{failure_of, update_word, CasWord};
@@ -263,7 +263,13 @@ where
                 return O::from_parts(decision, charge, bits, generation, noted);
             }
         }
-        shard.check_locked(algorithm, hash, bits, now, cost)
+        // The locked path answers with every part a receipt needs, whatever `O`
+        // keeps: an answer larger than `O` is copied out of, never written in
+        // place, so the fast path above builds its decision in registers (when the
+        // locked path wrote `O` itself, the fast path stored every field of its
+        // decision to the memory that call writes: BENCHMARKS.md, "The decision
+        // in registers").
+        O::from_charge(shard.check_locked(algorithm, hash, bits, now, cost))
     }
 
     #[inline]
@@ -380,10 +386,15 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<Slot<S>> {
     /// [`find`](Self::find), with the slot itself (a decision CASes it without
     /// indexing the slots again).
     #[inline(always)]
+    #[allow(unsafe_code)]
     fn probe(&self, hash: u64, key: u64) -> Option<(usize, &Slot<S>, u128)> {
         let mut i = self.home(hash);
         for _ in 0..self.slots.len() {
-            let slot = &self.slots[i];
+            debug_assert!(i < self.slots.len());
+            // SAFETY: `i < slots.len()`: the loop runs only when there is a slot, `home`
+            // is `(spread · len) >> 64` with `spread < 2^64`, so below `len`, and `next`
+            // wraps to 0 at `len`.
+            let slot = unsafe { self.slots.get_unchecked(i) };
             let word = slot.load_now();
             if state_half(word) == DEAD {
                 return None;
@@ -398,9 +409,15 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<Slot<S>> {
 
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<O, A>(&self, algorithm: &A, hash: u64, key: u64, now: Nanos, cost: u32) -> O
+    fn check_locked<A>(
+        &self,
+        algorithm: &A,
+        hash: u64,
+        key: u64,
+        now: Nanos,
+        cost: u32,
+    ) -> KeyedCharge<S>
     where
-        O: Outcome<S>,
         A: Algorithm<State = S> + ?Sized,
     {
         // Under the lock nothing moves and no key is retired: a hit stays `key`'s.

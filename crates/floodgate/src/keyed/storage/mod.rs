@@ -810,6 +810,11 @@ impl<T: Slots> ShardSet<T> {
         seed: Option<u64>,
         make: impl Fn(usize, &ahash::RandomState) -> (Box<[T]>, T::Extra),
     ) -> Self {
+        // `locate` indexes the shards unchecked on this: 2^shard_bits shards.
+        assert!(
+            shards.is_power_of_two(),
+            "{shards} shards: not a power of two"
+        );
         let (share, slots) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
         let hasher = table_hasher(seed, Salt::Table);
@@ -836,9 +841,16 @@ impl<T: Slots> ShardSet<T> {
 
     /// The shard of `key` and the key's hash.
     #[inline(always)]
+    #[allow(unsafe_code)]
     pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<T>, u64) {
         let hash = self.hasher.hash_one(key);
-        (&self.shards[shard_index(hash, self.shard_bits)], hash)
+        let i = shard_index(hash, self.shard_bits);
+        debug_assert!(i < self.shards.len());
+        // SAFETY: `new` builds 2^shard_bits shards (it asserts their number is a power
+        // of two, and `shards` is never replaced), and `shard_index` keeps the top
+        // `shard_bits` bits of a 63-bit value: `i < 2^shard_bits`, in bounds.
+        let shard = unsafe { self.shards.get_unchecked(i) };
+        (shard, hash)
     }
 
     /// Number of shards.
@@ -928,6 +940,12 @@ pub trait Outcome<S>: Sized {
         generation: u64,
         noted: u64,
     ) -> Self;
+
+    /// The outcome from a whole [`KeyedCharge`] (the locked path's answer).
+    #[inline(always)]
+    fn from_charge(c: KeyedCharge<S>) -> Self {
+        Self::from_parts(c.decision, c.charge, c.tag, c.generation, c.noted)
+    }
 }
 
 impl<S> Outcome<S> for Decision {
