@@ -26,7 +26,7 @@ use floodgate_http::{from_fn, Charge, Global, RateLimitLayer, RateLimitService, 
 use http::Request;
 use tower::{Layer, ServiceExt};
 mod common;
-use common::{even_free_odd_pro, key_of, keyed, Hello, Rng, TestResult};
+use common::{even_free_odd_pro, key_of, keyed, send_key, Hello, Rng, TestResult};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -61,16 +61,12 @@ fn params(field: &str, key: &str) -> Vec<u64> {
 
 /// Sends one request on `svc`: what it was told.
 async fn send(svc: &RateLimitService<Hello>, key: u64) -> Result<Seen, Error> {
-    let req = Request::builder()
-        .header("x-key", key.to_string())
-        .body(())?;
-    let resp = svc.clone().oneshot(req).await?;
-    let h = resp.headers();
+    let (status, h) = send_key(svc, key).await?;
     let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
     let num = |name: &str| text(name).parse::<u64>().ok();
     let quotas = params(text("ratelimit-policy"), "q");
     Ok(Seen {
-        status: resp.status().as_u16(),
+        status,
         retry_after: num("retry-after"),
         remaining: num("x-ratelimit-remaining"),
         reset: params(text("ratelimit"), "t")
