@@ -9,6 +9,11 @@
 //!
 //! * **The trio and the members**: a 429's trio is the longest denial's `Limit` and
 //!   reset with the least `Remaining`; each `RateLimit` member stays its own rule's.
+//! * **Found here**: the least was taken over the *denying* rules only. A hard rule
+//!   the request passed can hold fewer units: an earlier remote rule keeps the charge
+//!   it took (even at one cost for every rule), and a hard rule charging less than
+//!   the denying one admits with fewer units than the denier has left. The 429 said
+//!   `Remaining: 2` where the twin's first request was denied.
 //! * Soft and shadow rules spent to 0 never lower it (they do not block).
 //! * **Queues**: a refusal's `remaining` is exact in units (it counts the wait bound,
 //!   as an admission does); an unbounded wait on a day-long slot answers without
@@ -168,6 +173,68 @@ fn a_429s_trio_takes_the_least_and_each_member_stays_its_own() -> TestResult {
     assert_eq!(seen.member("a").map(|m| m.0), Some(own(&a)), "{seen:?}");
     assert_eq!(seen.member("b"), Some((own(&b), 45)), "{seen:?}");
     assert_eq!(own(&b), 1);
+    Ok(())
+}
+
+/// Found here: an earlier **remote** rule keeps the charge it took for a request a
+/// later in-process rule denies. `r` (remote, 3 per 3 s) admits the request with its
+/// last 3 units; `a` (in-process, 5 per 50 s, 2 units left) denies it. The 429 said
+/// `X-RateLimit-Remaining: 2` (the least of the rules that *deny*), and the twin's
+/// first request was denied by `r`, which had 0.
+#[test]
+fn a_429s_remaining_counts_an_earlier_remote_rules_kept_charge() -> TestResult {
+    let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+    let (r, a) = (gcra(3, 3, &clock)?, gcra(5, 50, &clock)?);
+    let layer = |cost: u32| -> Result<RateLimitService<Hello>, Error> {
+        Ok(RateLimitLayer::builder()
+            .rule(Rule::remote_shared("r", Arc::clone(&r), Global)?.cost(cost))
+            .rule(hard("a", &a, cost)?)
+            .build()?
+            .layer(Hello))
+    };
+    let (svc, twin) = (layer(3)?, layer(1)?);
+    assert_eq!(block_on(send(&svc, 0))??.status, 200);
+    // `r` is full again, `a` still has 2 units.
+    clock.advance(Duration::from_secs(3));
+    let seen = block_on(send(&svc, 0))??;
+    assert_eq!(seen.status, 429, "{seen:?}");
+    assert_eq!(seen.member("a").map(|m| m.0), Some(2), "{seen:?}");
+    assert_eq!(seen.member("r").map(|m| m.0), Some(0), "{seen:?}");
+    assert_eq!(seen.remaining, Some(0), "{seen:?}");
+    holds(&twin, &seen)
+}
+
+/// Found here: rules at different costs. `cheap` (cost 1) has 1 unit, `dear`
+/// (cost 4) has 3: `cheap` admits the request and `dear` denies it, and the 429
+/// said `Remaining: 3` — the twin's second request was denied by `cheap`. The
+/// same with `cheap` after `dear` (peeked: it would admit, so it was left out).
+#[test]
+fn a_429s_remaining_counts_a_cheaper_hard_rule_that_would_admit() -> TestResult {
+    for cheap_first in [true, false] {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let (cheap, dear) = (gcra(5, 5, &clock)?, gcra(8, 8, &clock)?);
+        spend(&cheap, 4)?;
+        spend(&dear, 5)?;
+        let layer = |c: u32, d: u32| -> Result<RateLimitService<Hello>, Error> {
+            let (c, d) = (hard("cheap", &cheap, c)?, hard("dear", &dear, d)?);
+            let b = RateLimitLayer::builder();
+            let b = if cheap_first {
+                b.rule(c).rule(d)
+            } else {
+                b.rule(d).rule(c)
+            };
+            Ok(b.build()?.layer(Hello))
+        };
+        let (svc, twin) = (layer(1, 4)?, layer(1, 1)?);
+        let seen = block_on(send(&svc, 0))??;
+        assert_eq!(seen.status, 429, "cheap first: {cheap_first}; {seen:?}");
+        assert_eq!(
+            seen.remaining,
+            Some(1),
+            "cheap first: {cheap_first}; {seen:?}"
+        );
+        holds(&twin, &seen).map_err(|e| format!("cheap first: {cheap_first}: {e}"))?;
+    }
     Ok(())
 }
 
