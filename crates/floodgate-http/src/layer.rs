@@ -1158,9 +1158,11 @@ impl HeaderOptions {
     /// The trio holds one decision: the denial's on a 429 (the hard rule that holds
     /// the request back longest: see [`RateLimitLayer`], "How rules combine"), else
     /// the visible rule with the least `remaining` (the longest reset on a tie).
-    /// On a 429 its `Remaining` is the least of the rules that deny the request: a
-    /// rule whose cost is above 1 denies with up to cost − 1 units left, which
-    /// another denying rule may not have (`remaining` counts units, not requests).
+    /// On a 429 its `Remaining` is the least of the hard rules the request met
+    /// (those before the denial as they are after the refund, a remote one with the
+    /// charge it kept; the denial; the in-process ones after it, peeked): a rule
+    /// whose cost is above 1 denies with up to cost − 1 units left, which another
+    /// rule may not have (`remaining` counts units, not requests).
     pub fn legacy(self, format: Option<ResetFormat>) -> Self {
         HeaderOptions {
             legacy: format,
@@ -1300,7 +1302,8 @@ struct Shared {
 /// is shown in `RateLimit` as it is (those that would admit it are not shown), and
 /// when one would deny for longer, the 429 is its denial (its `Retry-After`,
 /// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
-/// longest; its `X-RateLimit-Remaining` the least of the rules that deny). A client
+/// longest; its `X-RateLimit-Remaining` the least of the hard rules the request
+/// met, those peeked included, whether or not they deny). A client
 /// that waits out `Retry-After` is then not denied by a later rule that was already
 /// spent. Later remote rules and queues are not peeked (a
 /// round trip each): their wait is not in the `Retry-After`.
@@ -1911,8 +1914,10 @@ async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
 /// returns the denial to answer with — the longest wait of them all
 /// ("never" longest), the first on a tie, as
 /// [`check_all`](floodgate::keyed::composite::check_all) picks, with the least
-/// `remaining` of the rules that deny (at a cost above 1 a rule denies with up to
-/// cost − 1 units left, which another denying rule may not have) — and its rule.
+/// `remaining` of the hard rules the request met (the earlier ones in `shown` as
+/// they now are, the denial, and every later one peeked, admitting or not: at a
+/// cost above 1 a rule denies with up to cost − 1 units left, which another rule
+/// may not have) — and its rule.
 fn later_denials<'s>(
     shared: &'s Shared,
     parts: &Parts,
@@ -1922,7 +1927,15 @@ fn later_denials<'s>(
 ) -> (Shown, &'s RuleEntry) {
     let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
     let hasher = shared.headers.partition_key.as_ref();
-    let mut least = denial.decision.remaining();
+    // The least `remaining` of every hard rule the request met, not only of those
+    // that deny: an earlier remote rule kept its charge, and a rule charging less
+    // than the denier may admit with fewer units than the denier has left.
+    let mut least = shown
+        .iter()
+        .filter(|s| shared.rules[s.rule].strategy == Strategy::Hard)
+        .fold(denial.decision.remaining(), |least, s| {
+            least.min(s.decision.remaining())
+        });
     let mut longest = denial;
     for (j, entry) in shared.rules.iter().enumerate().skip(denied + 1) {
         if entry.strategy != Strategy::Hard {
@@ -1931,11 +1944,11 @@ fn later_denials<'s>(
         let Some(peeked) = entry.rule.peek_later(parts, hasher) else {
             continue;
         };
+        least = least.min(peeked.state.remaining());
         if peeked.at_cost.is_allowed() {
             continue;
         }
         let window = entry.window.or(peeked.window);
-        least = least.min(peeked.state.remaining());
         shown.push(Shown {
             rule: j,
             decision: peeked.state,

@@ -15,11 +15,11 @@ use floodgate::keyed::plans::{PlanId, PlanLimiter, Plans};
 use floodgate::{
     AsyncLimit, Clock, Decision, KeyedBuilder, ManualClock, Nanos, Policy, PolicyError,
 };
-use floodgate_http::KeyError;
+use floodgate_http::{KeyError, RateLimitService};
 use http::request::Parts;
 use http::{Request, Response};
 use tokio::time::Instant;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 /// An inner service that answers every request `200 ok`, whatever its body.
 #[derive(Clone)]
@@ -169,4 +169,16 @@ pub fn keyed<A: floodgate::Algorithm>(
     Ok(KeyedBuilder::new(algorithm)
         .clock(clock.clone())
         .build::<u64>()?)
+}
+
+/// Sends one request with `x-key: key` through `svc`: its status and headers.
+pub async fn send_key(
+    svc: &RateLimitService<Hello>,
+    key: u64,
+) -> Result<(u16, http::HeaderMap), Box<dyn std::error::Error>> {
+    let req = Request::builder()
+        .header("x-key", key.to_string())
+        .body(())?;
+    let resp = svc.clone().oneshot(req).await?;
+    Ok((resp.status().as_u16(), resp.headers().clone()))
 }
