@@ -723,8 +723,9 @@ where
 
     /// A rule on a remote limiter (Redis): checked with [`AsyncLimit::charge_n`], and
     /// when a later rule denies the request its charge is given back with
-    /// [`AsyncLimit::refund`] — for a limit without refunds (the default) it stays
-    /// taken. See [`RateLimitLayer`], "How rules combine".
+    /// [`AsyncLimit::refund`] — for a limit without refunds (the trait's default; a
+    /// Redis limiter unless built with `RedisLimiterBuilder::refunds(true)`) it stays
+    /// taken, with no refund round trip. See [`RateLimitLayer`], "How rules combine".
     ///
     /// # Errors
     ///
@@ -1329,8 +1330,10 @@ struct Shared {
 ///   path only, all at once, each within its limiter's own timeout (a Redis
 ///   limiter's). A refund that fails is counted in the rule's `errors` (and logged
 ///   with feature `tracing`) and changes nothing else: the answer stays the same. A
-///   limit without refunds (the trait's default: a Redis sliding log) keeps its
-///   charge, and so does every remote rule when the
+///   limit without refunds (the trait's default: a Redis limiter unless built with
+///   `RedisLimiterBuilder::refunds(true)`, which is opt-in until every replica reads
+///   the refund state; a Redis sliding log) keeps its charge, with no round trip
+///   for a refund, and so does every remote rule when the
 ///   response future is dropped before the answer (nothing awaits a refund then). Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.

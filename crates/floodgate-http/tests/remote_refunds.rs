@@ -5,11 +5,12 @@
 use std::convert::Infallible;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::{Policy, RateLimiter};
 use floodgate_http::{from_fn, Global, RateLimitLayer, Rule};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use floodgate_redis::{Algorithm, ConnectionManager, OnFailure, RedisLimiter};
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -77,6 +78,49 @@ fn user(parts: &http::request::Parts) -> Result<String, floodgate_http::KeyError
         .to_owned())
 }
 
+/// The per-user limit of the tests below: GCRA in Redis, `limit` an hour, under
+/// `layer:`, refunds `on` or off.
+fn per_user_limit(conn: ConnectionManager, limit: u64, on: bool) -> Arc<RedisLimiter> {
+    let limiter = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(limit).unwrap())
+        .refunds(on)
+        .prefix("layer:")
+        .timeout(Duration::from_secs(2))
+        .on_failure(OnFailure::Error)
+        .build(conn)
+        .unwrap();
+    Arc::new(limiter)
+}
+
+/// A remote rule on `per_user` keyed on `x-user`, then an in-process global rule of
+/// 1 an hour: the second request, whoever sends it, is turned away by the global
+/// rule after the per-user one charged.
+fn per_user_then_global(per_user: &Arc<RedisLimiter>) -> RateLimitLayer {
+    let global = RateLimiter::gcra(Policy::per_hour(1).unwrap());
+    RateLimitLayer::builder()
+        .rule(Rule::remote_shared("per-user", Arc::clone(per_user), from_fn(user)).unwrap())
+        .rule(Rule::new("global", global, Global).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// A request from user `who`.
+fn send(who: &str) -> Request<()> {
+    Request::get("/").header("x-user", who).body(()).unwrap()
+}
+
+/// `layer`'s service over an empty 200, after one request from "a": the global unit
+/// goes to "a", charged in both rules (and the scripts are loaded).
+async fn global_spent_on_a(
+    layer: &RateLimitLayer,
+) -> impl Service<Request<()>, Response = Response<impl Sized>, Error = Infallible> {
+    let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(()))
+    }));
+    let r = svc.ready().await.unwrap().call(send("a")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    svc
+}
+
 /// A remote per-user rule (GCRA in Redis, 3 an hour), then an in-process global
 /// rule that is spent: every request is turned away by the global rule, and each
 /// time the user's charge in Redis is given back — afterwards the user's budget is
@@ -87,27 +131,9 @@ async fn a_later_denial_gives_the_remote_charge_back() {
         return;
     };
     let conn = floodgate_redis::connect(&redis.url()).await.unwrap();
-    let per_user = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(3).unwrap())
-        .prefix("layer:")
-        .timeout(Duration::from_secs(2))
-        .on_failure(OnFailure::Error)
-        .build(conn)
-        .unwrap();
-    let per_user = std::sync::Arc::new(per_user);
-    let global = RateLimiter::gcra(Policy::per_hour(1).unwrap());
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::remote_shared("per-user", per_user.clone(), from_fn(user)).unwrap())
-        .rule(Rule::new("global", global, Global).unwrap())
-        .build()
-        .unwrap();
-    let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
-        Ok::<_, Infallible>(Response::new(()))
-    }));
-    let send = |who: &'static str| Request::get("/").header("x-user", who).body(()).unwrap();
-
-    // The global unit goes to "a": charged in both.
-    let r = svc.ready().await.unwrap().call(send("a")).await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    let per_user = per_user_limit(conn, 3, true);
+    let layer = per_user_then_global(&per_user);
+    let mut svc = global_spent_on_a(&layer).await;
     let left = |d: floodgate::Decision| d.remaining();
     let a = per_user.peek_n("a", 0).await.unwrap().decision();
     assert_eq!(left(a), 2);
@@ -123,6 +149,60 @@ async fn a_later_denial_gives_the_remote_charge_back() {
     // And "a" was charged once, by the admitted request only.
     let a = per_user.peek_n("a", 0).await.unwrap().decision();
     assert_eq!(left(a), 2);
+    drop(redis);
+}
+
+/// How many times Redis ran a script by its SHA1 (`EVALSHA`) since the last
+/// `CONFIG RESETSTAT`: one per charge, one per refund.
+async fn script_runs(conn: &mut ConnectionManager) -> u64 {
+    let info: String = floodgate_redis::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Refunds are opt-in (`RedisLimiterBuilder::refunds`, off by default): with them
+/// off, the same layer as above keeps the remote charge of each request the global
+/// rule turns away, makes no refund round trip for it (one script run per request,
+/// counted by Redis), and leaves the user's key in the plain state every version
+/// reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_refunds_off_a_later_denial_keeps_the_remote_charge_without_a_round_trip() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let mut conn = floodgate_redis::connect(&redis.url()).await.unwrap();
+    let per_user = per_user_limit(conn.clone(), 10, false);
+    let layer = per_user_then_global(&per_user);
+    let mut svc = global_spent_on_a(&layer).await;
+    let _: () = floodgate_redis::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let r = svc.ready().await.unwrap().call(send("b")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        script_runs(&mut conn).await,
+        5,
+        "one charge each, no refund"
+    );
+    let b = per_user.peek_n("b", 0).await.unwrap().decision();
+    assert_eq!(b.remaining(), 5, "b's charges stay taken");
+    assert_eq!(layer.stats()[0].errors, 0);
+    let raw: String = floodgate_redis::redis::cmd("GET")
+        .arg(per_user.redis_keys("b"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(raw.bytes().all(|c| c.is_ascii_digit()), "{raw}");
     drop(redis);
 }
 
@@ -177,18 +257,17 @@ async fn a_failed_refund_is_counted_and_the_denial_stands() {
     let mut svc = layer.layer(service_fn(|_req: Request<()>| async {
         Ok::<_, Infallible>(Response::new(()))
     }));
-    let send = || Request::get("/").header("x-user", "c").body(()).unwrap();
     assert_eq!(
         svc.ready()
             .await
             .unwrap()
-            .call(send())
+            .call(send("c"))
             .await
             .unwrap()
             .status(),
         StatusCode::OK
     );
-    let r = svc.ready().await.unwrap().call(send()).await.unwrap();
+    let r = svc.ready().await.unwrap().call(send("c")).await.unwrap();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(r.headers().contains_key("retry-after"));
     let stats = layer.stats();

@@ -140,12 +140,19 @@
 //!
 //! ## Refunds
 //!
-//! [`RedisLimiter::charge_n`] charges as [`check_n`](RedisLimiter::check_n) does
-//! and returns a [`RedisReceipt`]; [`RedisLimiter::refund`] gives back what that
-//! charge still provably holds, in one script run on the server's time, atomic with
-//! every other call on the key. floodgate-http's layer uses them (through
-//! [`AsyncLimit::charge_n`] and [`AsyncLimit::refund`]) to give a remote rule's
-//! charge back when a later rule denies the request.
+//! **Opt-in** ([`RedisLimiterBuilder::refunds`], default off): turn them on once
+//! every replica runs a version that reads the refund state (**State**, below).
+//! With refunds on, [`RedisLimiter::charge_n`] charges as
+//! [`check_n`](RedisLimiter::check_n) does and returns a [`RedisReceipt`];
+//! [`RedisLimiter::refund`] gives back what that charge still provably holds, in one
+//! script run on the server's time, atomic with every other call on the key.
+//! floodgate-http's layer uses them (through [`AsyncLimit::charge_n`] and
+//! [`AsyncLimit::refund`]) to give a remote rule's charge back when a later rule
+//! denies the request. With refunds off, `charge_n` is a plain `check_n` with no
+//! receipt, a refund gives nothing back without a round trip (the layer makes none),
+//! and every key keeps the plain state that every version reads (GCRA `TAT`, the
+//! fixed window `window:count:period`, the sliding window
+//! `window:prev:cur:period`).
 //!
 //! * **GCRA** (one limit): the in-process [`floodgate::Gcra`] refund. The charge's
 //!   booking, moved down by at most the schedule that refunds made since the charge
@@ -177,14 +184,17 @@
 //!   totals of every later one.
 //! * A receipt names its limiter (the prefix and the limits): another limiter gives
 //!   nothing back for it.
-//! * **State**: a key that has had a refund holds the refund ledger, a floor and
-//!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
-//!   (it then expires when the latest TAT has passed), the fixed window
+//! * **State** (refunds on): a key that has had a refund holds the refund ledger, a
+//!   floor and the last receipts after its state — GCRA
+//!   `TAT:ledger:latest TAT:floor:receipts` (it then expires when the latest TAT
+//!   has passed), the fixed window
 //!   `window:count:period:ledger:floor:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:receipts` — and every later write keeps
 //!   them.
 //!   A version of this crate from before refunds reads such a key as a malformed
-//!   state: upgrade every replica before any of them refunds.
+//!   state (an error; under [`OnFailure::Open`], an admission): upgrade every
+//!   replica first, then turn refunds on. A limiter with refunds off still reads
+//!   and keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay
 //!
@@ -443,6 +453,7 @@ pub struct RedisLimiterBuilder {
     timeout: Duration,
     on_failure: OnFailure,
     deny_cache: usize,
+    refunds: bool,
 }
 
 impl RedisLimiterBuilder {
@@ -493,6 +504,38 @@ impl RedisLimiterBuilder {
     /// held with its name: where callers choose keys, bound their length too.
     pub fn deny_cache(mut self, keys: usize) -> Self {
         self.deny_cache = keys;
+        self
+    }
+
+    /// Turns remote refunds on (default `false`: off): [`RedisLimiter::charge_n`]
+    /// then charges with a receipt that [`RedisLimiter::refund`] gives back (see the
+    /// crate docs, "Refunds"), and behind floodgate-http's layer a remote rule's
+    /// charge is given back when a later rule denies the request.
+    ///
+    /// **Turn on once every replica runs a version that reads the refund state.** A
+    /// key that has had a refund stores its state in a longer form (the crate docs,
+    /// "Refunds", **State**), which a version of this crate from before refunds reads
+    /// as a malformed state: during a rolling deploy, an older replica would fail
+    /// every call on such a key (under [`OnFailure::Open`], admit it). With refunds
+    /// off, `charge_n` is a plain [`check_n`](RedisLimiter::check_n) whose receipt
+    /// gives nothing back, `refund` gives nothing back without a round trip, and no
+    /// key leaves the plain form that every version reads. Turning them off again
+    /// undoes nothing: a key that had a refund keeps the longer form (every write
+    /// keeps it) until it expires, so downgrade no replica to a version from before
+    /// refunds until then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// // Every replica reads the refund state: give charges back.
+    /// let b = RedisLimiter::builder(Algorithm::Gcra, floodgate::Policy::per_second(5)?)
+    ///     .refunds(true);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn refunds(mut self, on: bool) -> Self {
+        self.refunds = on;
         self
     }
 
@@ -578,14 +621,23 @@ impl RedisLimiterBuilder {
             _ => Shape::Multi,
         };
         let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
+        // Off: no charge script with receipts and no refund script, so `charge_n` is
+        // `check_n` and no key ever holds the refund fields.
+        let refunds = |prologue| {
+            if self.refunds {
+                script::refunds(prologue, shape)
+            } else {
+                None
+            }
+        };
         Ok(RedisLimiter {
             conn,
             capacity,
             limits,
             script: script::server_time(shape),
             replay: script::given_time(shape),
-            refunds: script::refunds(Prologue::Server, shape),
-            replay_refunds: script::refunds(Prologue::Given, shape),
+            refunds: refunds(Prologue::Server),
+            replay_refunds: refunds(Prologue::Given),
             prefix: self.prefix,
             timeout: self.timeout,
             on_failure: self.on_failure,
@@ -700,7 +752,8 @@ impl<C> core::fmt::Debug for RedisLimiter<C> {
 
 impl RedisLimiter {
     /// A builder for `algorithm` under `policy`, with the defaults: prefix
-    /// `"floodgate:"`, timeout [`DEFAULT_TIMEOUT`], [`OnFailure::Open`].
+    /// `"floodgate:"`, timeout [`DEFAULT_TIMEOUT`], [`OnFailure::Open`], no denial
+    /// cache, refunds off.
     ///
     /// # Examples
     ///
@@ -717,6 +770,7 @@ impl RedisLimiter {
             timeout: DEFAULT_TIMEOUT,
             on_failure: OnFailure::Open,
             deny_cache: 0,
+            refunds: false,
         }
     }
 }
@@ -843,11 +897,11 @@ impl<C: Connection> RedisLimiter<C> {
 
     /// [`check_n`](RedisLimiter::check_n), with a receipt that
     /// [`refund`](RedisLimiter::refund) can give back: `Some` for an admission of
-    /// cost ≥ 1 that Redis decided on a limiter with refunds (every one but a lone
-    /// sliding log);
-    /// `None` for a denial, a cost of 0, a cached or fallback verdict, and on the
-    /// sliding log (see the crate docs, "Refunds"), whose charge is a plain
-    /// [`check_n`](RedisLimiter::check_n).
+    /// cost ≥ 1 that Redis decided on a limiter with refunds turned on
+    /// ([`RedisLimiterBuilder::refunds`]; every shape but a lone sliding log);
+    /// `None` for a denial, a cost of 0, a cached or fallback verdict, on a limiter
+    /// with refunds off and on the sliding log (see the crate docs, "Refunds"),
+    /// whose charge is a plain [`check_n`](RedisLimiter::check_n).
     ///
     /// # Errors
     ///
@@ -885,7 +939,8 @@ impl<C: Connection> RedisLimiter<C> {
     /// script run on the server's time: GCRA gives back the part of the charge's
     /// booking still ahead of the server's now, less what units booked after it
     /// still hold, as the in-process [`floodgate::Gcra`] refund does. Returns
-    /// whether anything came back.
+    /// whether anything came back: `false`, without a round trip, on a limiter with
+    /// refunds off ([`RedisLimiterBuilder::refunds`]).
     ///
     /// Safe to send again (after a timeout, from another replica): the server
     /// records each refund by its receipt and gives a charge back at most once. It
@@ -1246,10 +1301,12 @@ struct ReceiptPart {
 /// A key type without `Display`, such as the layer's `Global` extractor's `()`, is no
 /// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
 ///
-/// A limiter refunds ([`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; GCRA,
-/// both windows and several limits): behind the layer, its charge is given back
-/// when a later rule denies the request. A lone sliding log keeps the trait's
-/// defaults: a plain check, no refund.
+/// A limiter with refunds turned on ([`RedisLimiterBuilder::refunds`];
+/// [`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; GCRA, both windows and
+/// several limits) refunds: behind the layer, its charge is given back when a later
+/// rule denies the request. With refunds off (the default), and on a lone sliding
+/// log, it keeps the trait's defaults: a plain check, an empty receipt, no refund
+/// and no round trip for one.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 

@@ -221,6 +221,7 @@ fn a_refund_whose_reply_is_lost_gives_back_once_when_sent_again() {
     let build = || {
         let conn = rt.block_on(floodgate_redis::connect(&url)).unwrap();
         RedisLimiter::builder(Algorithm::Gcra, policy())
+            .refunds(true)
             .prefix("test:")
             .timeout(Duration::from_secs(5))
             .on_failure(OnFailure::Error)

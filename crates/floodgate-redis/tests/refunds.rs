@@ -20,7 +20,16 @@ async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> 
     built(server, RedisLimiter::builder(algorithm, policy)).await
 }
 
+/// A limiter with refunds turned on ([`RedisLimiterBuilder::refunds`]).
 async fn built(
+    server: &RedisServer,
+    builder: floodgate_redis::RedisLimiterBuilder,
+) -> RedisLimiter {
+    connected(server, builder.refunds(true)).await
+}
+
+/// `builder` as it is (refunds off unless it turned them on), on `server`.
+async fn connected(
     server: &RedisServer,
     builder: floodgate_redis::RedisLimiterBuilder,
 ) -> RedisLimiter {
@@ -462,5 +471,85 @@ fn a_fixed_window_refund_never_takes_the_count_below_zero() {
         assert_eq!(d.remaining(), 5);
         let state: String = server.cmd(&["GET", "refunds:z"]);
         assert!(state.starts_with("100:0:10000000:"), "{state}");
+    });
+}
+
+/// Whether `value` is a state in the plain form that a version of this crate from
+/// before refunds reads: `fields` whole numbers joined by `:` (GCRA `TAT`, the fixed
+/// window `window:count:P`, the sliding window `window:prev:cur:P`), no refund fields.
+fn plain(value: &str, fields: usize) -> bool {
+    let parts: Vec<&str> = value.split(':').collect();
+    parts.len() == fields
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Refunds are off by default (a rolling deploy may still run replicas that read
+/// the refund state as malformed): `charge_n` is a plain check with no receipt,
+/// a refund gives nothing back — not even a receipt of a limiter with refunds on —
+/// and every key charged and "refunded" stays in the plain form, read raw from
+/// Redis. The same receipt then refunded by that limiter does write the refund
+/// fields, which `plain` tells apart.
+#[test]
+fn with_refunds_off_a_charged_and_refunded_key_stays_in_the_plain_form() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let policy = Policy::per_hour(5).unwrap();
+        let several =
+            RedisLimiter::builder(Algorithm::Gcra, policy).and(Algorithm::FixedWindow, policy);
+        for (name, builder, fields) in [
+            (
+                "gcra",
+                RedisLimiter::builder(Algorithm::Gcra, policy),
+                vec![1],
+            ),
+            (
+                "fixed",
+                RedisLimiter::builder(Algorithm::FixedWindow, policy),
+                vec![3],
+            ),
+            (
+                "sliding",
+                RedisLimiter::builder(Algorithm::SlidingWindow, policy),
+                vec![4],
+            ),
+            ("several", several, vec![1, 3]),
+        ] {
+            let off = connected(&server, builder.clone()).await;
+            let on = built(&server, builder).await;
+            let key = format!("off-{name}");
+            let raw = || {
+                off.redis_keys(&key)
+                    .iter()
+                    .map(|k| server.cmd::<String>(&["GET", k]))
+                    .collect::<Vec<String>>()
+            };
+            let all_plain = |values: &[String]| {
+                values.len() == fields.len()
+                    && values.iter().zip(&fields).all(|(v, &n)| plain(v, n))
+            };
+            let (v, r) = off.charge_n(&key, 1).await.unwrap();
+            assert!(v.decision().is_allowed() && r.is_none(), "{name}: {r:?}");
+            let (d, r) = AsyncLimit::charge_n(&off, key.as_str(), 1).await.unwrap();
+            assert!(d.is_allowed() && !r.is_charged(), "{name}");
+            assert!(!AsyncLimit::refund(&off, key.as_str(), r).await.unwrap());
+            // A receipt of a limiter with refunds on (same prefix and limits).
+            let (_, receipt) = on.charge_n(&key, 1).await.unwrap();
+            let receipt = receipt.expect("refunds on: a receipt");
+            assert!(!off.refund(&receipt).await.unwrap(), "{name}");
+            let left = off.peek_n(&key, 0).await.unwrap().decision().remaining();
+            assert_eq!(left, 2, "{name}: nothing given back");
+            assert!(all_plain(&raw()), "{name}: {:?}", raw());
+            // The replay path too: no receipt.
+            let replay = format!("{key}-replay");
+            let (d, r) = off.charge_n_at_micros(&replay, 1, 1_000_000).await.unwrap();
+            assert!(d.is_allowed() && r.is_none(), "{name}: {r:?}");
+            // Refunded by the limiter with refunds on: the refund fields appear.
+            assert!(on.refund(&receipt).await.unwrap(), "{name}");
+            assert!(!all_plain(&raw()), "{name}: {:?}", raw());
+        }
     });
 }

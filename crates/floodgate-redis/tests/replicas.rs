@@ -529,8 +529,8 @@ fn a_later_rules_denial_gives_the_earlier_remote_rules_charge_back() {
     let replicas = |global_first: bool, prefix: &str| {
         let global_prefix = format!("{prefix}global:");
         let client_prefix = format!("{prefix}client:");
-        let global = replica_builder(Algorithm::Gcra, global_policy, &global_prefix);
-        let client = replica_builder(Algorithm::Gcra, client_policy, &client_prefix);
+        let global = replica_builder(Algorithm::Gcra, global_policy, &global_prefix).refunds(true);
+        let client = replica_builder(Algorithm::Gcra, client_policy, &client_prefix).refunds(true);
         let replicas = [0, 1].map(|_| {
             let global = build_prefixed(&rt, &server, global.clone());
             let global = Rule::remote("global", global, everyone()).expect("a rule name");

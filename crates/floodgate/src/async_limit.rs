@@ -89,8 +89,8 @@ pub trait AsyncLimit<K: ?Sized>: Send + Sync {
     ///
     /// The default checks and returns an empty receipt ([`AsyncReceipt::none`]): a
     /// limit that cannot refund keeps every charge. A limit that can (a Redis
-    /// limiter) returns a charged receipt for an admission of cost ≥ 1; a denial or a
-    /// cost of 0 took nothing and its receipt is empty.
+    /// limiter with refunds turned on) returns a charged receipt for an admission of
+    /// cost ≥ 1; a denial or a cost of 0 took nothing and its receipt is empty.
     fn charge_n(
         &self,
         key: &K,
