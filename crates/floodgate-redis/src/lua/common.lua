@@ -160,6 +160,9 @@ local function window_refund(key, width, at, cw, after, noted, n, p)
   local back = n
   if nums[at] < back then back = nums[at] end
   if back <= 0 then return 0 end
+  -- A ledger past 2^53 would leave the key malformed for every later call: such a
+  -- refund gives nothing (a conservative loss, as the floor's).
+  if ledger + back >= EXACT then return 0 end
   nums[at] = nums[at] - back
   local kept, new_floor = record_refund(list, id, floor)
   for i = 1, width do nums[i] = fmt(nums[i]) end

@@ -91,6 +91,9 @@ local function gcra_refund(key, start, e, noted, t, b)
   if ahead < 0 then ahead = 0 end
   local back = own - ahead
   if back <= 0 then return 0 end
+  -- A ledger past 2^53 would leave the key malformed for every later call: such a
+  -- refund gives nothing (a conservative loss, as the floor's).
+  if st.ledger + back >= EXACT then return 0 end
   local tat = st.tat - back
   if tat < 0 then tat = 0 end
   local kept, floor = record_refund(ids, id, st.floor)
