@@ -158,7 +158,8 @@
 //!   `cur`; its previous window's count is never touched) while the key's state is
 //!   still the charge's window of this period (at most the cost, never below 0);
 //!   once the state has moved on to a later window (or another period's state is
-//!   there, a rolling deploy), nothing.
+//!   there, a rolling deploy), nothing; nor once another period has written the
+//!   key since the charge, even where the state is the charge's window again.
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
@@ -177,7 +178,8 @@
 //!   totals of every later one.
 //! * A receipt names its limiter (the prefix and the limits): another limiter gives
 //!   nothing back for it.
-//! * **State**: a key that has had a refund holds the refund ledger, a floor and
+//! * **State**: a key that has had a refund (a window key: or a charge with a
+//!   receipt over another period's state) holds the refund ledger, a floor and
 //!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
 //!   (it then expires when the latest TAT has passed), the fixed window
 //!   `window:count:period:ledger:floor:receipts`, the sliding window

@@ -135,6 +135,7 @@ pub(crate) fn given_time(shape: Shape) -> Script {
 macro_rules! charge_driver {
     ($name:ident, $function:literal) => {
         const $name: &str = concat!(
+            "ISSUING = true\n",
             "local r = ",
             $function,
             "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n",

@@ -266,3 +266,73 @@ fn a_receipt_of_a_lost_key_gives_nothing_back_on_its_successor() {
         }
     });
 }
+
+/// A rolling deploy with two window periods on one key: a 10 s window charges
+/// with a receipt, a 1 s window's writes carry its units and then roll them off
+/// (its own windows end), and the 10 s window charges again on what the 1 s one
+/// counted. The state is the receipt's window of its period again, but holds none
+/// of its units: the receipt gives nothing back (before the fix it took back the
+/// other charges' units — and its own charge's id, window/count, could be the
+/// receipt of a later charge, which then never refunded).
+#[test]
+fn a_receipt_gives_nothing_once_another_period_wrote_the_key() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let s = Duration::from_secs;
+    let pairs = [Algorithm::FixedWindow, Algorithm::SlidingWindow].map(|a| {
+        let long = limiter(&rt, &server, a, Policy::new(10, s(10)).unwrap());
+        let short = limiter(&rt, &server, a, Policy::new(10, s(1)).unwrap());
+        (format!("{a:?}"), long, short)
+    });
+    // Several limits: both of each limiter's limits of one period.
+    let several = |p: Policy| {
+        let b = RedisLimiter::builder(Algorithm::FixedWindow, p).and(Algorithm::SlidingWindow, p);
+        common::build(&rt, &server, b.on_failure(OnFailure::Error))
+    };
+    let multi = (
+        "several".to_owned(),
+        several(Policy::new(10, s(10)).unwrap()),
+        several(Policy::new(10, s(1)).unwrap()),
+    );
+    rt.block_on(async {
+        let t1 = 100_500_000_u64;
+        for (algorithm, long, short) in pairs.into_iter().chain([multi]) {
+            let key = format!("roll{algorithm:?}");
+            let (_, r) = long.charge_n_at_micros(&key, 3, t1).await.unwrap();
+            let r = r.unwrap();
+            for at in [t1 + 100_000, t1 + 1_000_000, t1 + 2_000_000] {
+                assert!(short
+                    .check_n_at_micros(&key, 1, at)
+                    .await
+                    .unwrap()
+                    .is_allowed());
+            }
+            let at = t1 + 2_100_000;
+            for _ in 0..2 {
+                assert!(long
+                    .charge_n_at_micros(&key, 1, at)
+                    .await
+                    .unwrap()
+                    .0
+                    .is_allowed());
+            }
+            let before = long
+                .peek_n_at_micros(&key, 0, at)
+                .await
+                .unwrap()
+                .remaining();
+            assert!(
+                !long.refund_at_micros(&r, at).await.unwrap(),
+                "{algorithm:?}"
+            );
+            let after = long
+                .peek_n_at_micros(&key, 0, at)
+                .await
+                .unwrap()
+                .remaining();
+            assert_eq!(before, after, "{algorithm:?}");
+        }
+    });
+}

@@ -71,6 +71,10 @@ local EXACT = 9007199254740992
 -- charge drivers in script.rs): the numbers a refund of the algorithm needs.
 local RECEIPT = false
 
+-- Whether this run charges with receipts (set by the charge drivers): its writes
+-- over another period's window state then reset the refund fields.
+local ISSUING = false
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end
@@ -125,6 +129,21 @@ local function window_refund_fields(key, rest)
     return nil, malformed(key, 'not a window state with refund fields')
   end
   return rest, tonumber(ledger)
+end
+
+-- The refund fields of a window state written over one of another period (a
+-- rolling deploy): its count was rebuilt from the other period's, which may have
+-- dropped the units of a receipt charged before (its own windows ended) while the
+-- state comes back to that receipt's window and period, its count then made of
+-- other charges. The ledger moves on by one and the floor to it: every receipt
+-- charged before refunds nothing (a conservative loss), and none of them shares an
+-- id with a charge after. Done where the state has refund fields or this run
+-- issues receipts, so a key of no refund keeps the form an older version reads.
+-- Returns the fields and the ledger.
+local function window_fields_after_switch(refunds, ledger)
+  if refunds == '' and not ISSUING then return refunds, ledger end
+  if ledger + 1 < EXACT then ledger = ledger + 1 end
+  return ':' .. fmt(ledger) .. ':' .. fmt(ledger) .. ':', ledger
 end
 
 -- Gives back the units of a charge of `n` counted in field `at` of a window state

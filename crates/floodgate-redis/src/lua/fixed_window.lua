@@ -31,6 +31,7 @@ local function fixed_window(key, n, write, p, l)
       w = sw
       count = sc
     elseif sp ~= p then
+      refunds, ledger = window_fields_after_switch(refunds, ledger)
       if (sw + 1) * sp > w * p then count = sc end
       keep = (fdiv(now, sp) + 1) * sp - now
     end

@@ -37,6 +37,7 @@ local function sliding_window(key, n, write, p, l)
     elseif speriod == p and sw == w - 1 then
       prev = sc
     elseif speriod ~= p then
+      refunds, ledger = window_fields_after_switch(refunds, ledger)
       local here = w * p
       for _, part in ipairs({ { sp, sw * speriod }, { sc, (sw + 1) * speriod } }) do
         if part[2] > here then
