@@ -336,3 +336,32 @@ fn a_receipt_gives_nothing_once_another_period_wrote_the_key() {
         }
     });
 }
+
+/// A hand-written GCRA state whose latest TAT lies below its TAT (no script
+/// writes one: every write keeps the latest TAT at least the TAT) is malformed: a
+/// refund over it fails and writes nothing. Before the fix the refund set the
+/// key's time to live from that latest TAT — a millisecond — and the key, with
+/// every unit it held, was gone: all of B admitted again.
+#[test]
+fn a_refund_over_a_latest_tat_below_the_tat_fails_and_keeps_the_key() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let g = limiter(&rt, &server, Algorithm::Gcra, Policy::per_hour(5).unwrap());
+    rt.block_on(async {
+        let (_, r) = g.charge_n("h", 1).await.unwrap();
+        let r = r.unwrap();
+        for _ in 0..4 {
+            assert!(g.check_n("h", 1).await.unwrap().decision().is_allowed());
+        }
+        let tat: String = server.cmd(&["GET", "test:h"]);
+        let bad = format!("{tat}:0:1:0:");
+        let _: () = server.cmd(&["SET", "test:h", &bad, "EX", "3600"]);
+        let e = g.refund(&r).await.unwrap_err().to_string();
+        assert!(e.contains("malformed") && e.contains("test:h"), "{e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let after: String = server.cmd(&["GET", "test:h"]);
+        assert_eq!(after, bad);
+    });
+}

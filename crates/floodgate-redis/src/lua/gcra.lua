@@ -16,6 +16,8 @@ local function gcra_read(key)
   if not s or s >= EXACT or l >= EXACT or h >= EXACT or f >= EXACT then
     return nil, malformed(key, 'not a whole number below 2^53')
   end
+  -- Every write keeps the latest TAT at least the TAT; the key lives until it.
+  if h < s then return nil, malformed(key, 'a latest TAT below the TAT') end
   return { tat = s, ledger = l, hi = h, floor = f, ids = ids }
 end
 
