@@ -178,15 +178,18 @@
 //!   totals of every later one.
 //! * A receipt names its limiter (the prefix and the limits): another limiter gives
 //!   nothing back for it.
-//! * **State**: a key that has had a refund (a window key: or a charge with a
-//!   receipt over another period's state) holds the refund ledger, a floor and
-//!   the last receipts after its state — GCRA `TAT:ledger:latest TAT:floor:receipts`
-//!   (it then expires when the latest TAT has passed), the fixed window
-//!   `window:count:period:ledger:floor:receipts`, the sliding window
-//!   `window:prev:cur:period:ledger:floor:receipts` — and every later write keeps
-//!   them.
+//! * **State**: a key charged with a receipt holds the refund ledger, a floor, the
+//!   key's incarnation and the last receipts after its state — GCRA
+//!   `TAT:ledger:latest TAT:floor:incarnation:receipts` (it then expires when the
+//!   latest TAT has passed), the fixed window
+//!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
+//!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
+//!   write keeps them. The incarnation is the server time of the first charge with
+//!   a receipt on the key: a key lost and created again (evicted, a write lost in a
+//!   failover) gets another, and a receipt of the lost key gives nothing back on
+//!   it.
 //!   A version of this crate from before refunds reads such a key as a malformed
-//!   state: upgrade every replica before any of them refunds.
+//!   state: upgrade every replica before any of them charges with receipts.
 //!
 //! ## Replay
 //!
@@ -1227,7 +1230,8 @@ struct ReceiptPart {
     algorithm: Algorithm,
     /// What the charge script returned for its refund (GCRA: the booking's start
     /// and end and the ledger, in microseconds; the windows: the window, the
-    /// current count after the charge, the ledger and the cost).
+    /// current count after the charge, the ledger and the cost; then the key's
+    /// incarnation).
     proof: Vec<u64>,
 }
 

@@ -456,7 +456,11 @@ fn a_fixed_window_refund_never_takes_the_count_below_zero() {
         let l = limiter(&server, Algorithm::FixedWindow, policy).await;
         let t = 1_003_000_000;
         let r = l.charge_n_at_micros("z", 2, t).await.unwrap().1.unwrap();
-        let _: () = server.cmd(&["SET", "refunds:z", "100:1:10000000"]);
+        // The count lowered to 1, the refund fields (the key's incarnation) kept.
+        let state: String = server.cmd(&["GET", "refunds:z"]);
+        let lowered = state.replacen("100:2:", "100:1:", 1);
+        assert_ne!(state, lowered);
+        let _: () = server.cmd(&["SET", "refunds:z", &lowered]);
         assert!(l.refund_at_micros(&r, t).await.unwrap());
         let d = l.peek_n_at_micros("z", 0, t).await.unwrap();
         assert_eq!(d.remaining(), 5);

@@ -57,7 +57,7 @@ fn a_refund_never_carries_the_ledger_past_the_exact_range() {
     rt.block_on(async {
         let t0 = 1_000_000_u64;
         let ledger = EXACT - 50;
-        let state = format!("{t0}:{ledger}:{t0}:0:1/1");
+        let state = format!("{t0}:{ledger}:{t0}:0:5:1/1");
         let _: () = server.cmd(&["SET", "test:g", &state]);
         let (d, r) = g.charge_n_at_micros("g", 1, t0).await.unwrap();
         assert!(d.is_allowed());
@@ -68,8 +68,8 @@ fn a_refund_never_carries_the_ledger_past_the_exact_range() {
 
         // The windows: their ledger sums units.
         let states = [
-            ("f", format!("1:0:1000000:{}:0:1/1/1/1", EXACT - 1)),
-            ("s", format!("1:0:0:1000000:{}:0:1/1/1/1", EXACT - 1)),
+            ("f", format!("1:0:1000000:{}:0:5:1/1/1/1", EXACT - 1)),
+            ("s", format!("1:0:0:1000000:{}:0:5:1/1/1/1", EXACT - 1)),
         ];
         for ((algorithm, l), (key, state)) in windows.iter().zip(states) {
             let _: () = server.cmd(&["SET", &format!("test:{key}"), &state]);
@@ -226,11 +226,10 @@ fn many_interleaved_refunds_give_each_charge_back_at_most_once() {
 
 /// A key lost between a charge and its refund (evicted under memory pressure, or a
 /// write lost in a failover) and charged afresh by others: the old receipt must
-/// give back nothing — the new key holds none of its units. Today it gives back
-/// units that other callers' charges took: a known defect (see VERIFICATION.md,
-/// session 42), shown here.
+/// give back nothing — the new key holds none of its units (the key's incarnation
+/// differs). Before the fix it gave back units that other callers' charges took
+/// (GCRA 2, the windows 3 beyond B).
 #[test]
-#[ignore = "known defect (session 42 review): a receipt refunds into a re-created key"]
 fn a_receipt_of_a_lost_key_gives_nothing_back_on_its_successor() {
     let Some(server) = RedisServer::start() else {
         return;
@@ -355,8 +354,11 @@ fn a_refund_over_a_latest_tat_below_the_tat_fails_and_keeps_the_key() {
         for _ in 0..4 {
             assert!(g.check_n("h", 1).await.unwrap().decision().is_allowed());
         }
-        let tat: String = server.cmd(&["GET", "test:h"]);
-        let bad = format!("{tat}:0:1:0:");
+        // TAT:ledger:latest TAT:floor:incarnation:records, the latest TAT 1.
+        let state: String = server.cmd(&["GET", "test:h"]);
+        let mut fields: Vec<&str> = state.split(':').collect();
+        fields[2] = "1";
+        let bad = fields.join(":");
         let _: () = server.cmd(&["SET", "test:h", &bad, "EX", "3600"]);
         let e = g.refund(&r).await.unwrap_err().to_string();
         assert!(e.contains("malformed") && e.contains("test:h"), "{e}");
