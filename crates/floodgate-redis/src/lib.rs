@@ -165,7 +165,8 @@
 //!   `cur`; its previous window's count is never touched) while the key's state is
 //!   still the charge's window of this period (at most the cost, never below 0);
 //!   once the state has moved on to a later window (or another period's state is
-//!   there, a rolling deploy), nothing.
+//!   there, a rolling deploy), nothing; nor once another period has written the
+//!   key since the charge, even where the state is the charge's window again.
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
@@ -184,13 +185,16 @@
 //!   totals of every later one.
 //! * A receipt names its limiter (the prefix and the limits): another limiter gives
 //!   nothing back for it.
-//! * **State** (refunds on): a key that has had a refund holds the refund ledger, a
-//!   floor and the last receipts after its state — GCRA
-//!   `TAT:ledger:latest TAT:floor:receipts` (it then expires when the latest TAT
-//!   has passed), the fixed window
-//!   `window:count:period:ledger:floor:receipts`, the sliding window
-//!   `window:prev:cur:period:ledger:floor:receipts` — and every later write keeps
-//!   them.
+//! * **State** (refunds on): a key charged with a receipt holds the refund ledger, a
+//!   floor, the key's incarnation and the last receipts after its state — GCRA
+//!   `TAT:ledger:latest TAT:floor:incarnation:receipts` (it then expires when the
+//!   latest TAT has passed), the fixed window
+//!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
+//!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
+//!   write keeps them. The incarnation is the server time of the first charge with
+//!   a receipt on the key: a key lost and created again (evicted, a write lost in a
+//!   failover) gets another, and a receipt of the lost key gives nothing back on
+//!   it.
 //!   A version of this crate from before refunds reads such a key as a malformed
 //!   state (an error; under [`OnFailure::Open`], an admission): upgrade every
 //!   replica first, then turn refunds on. A limiter with refunds off still reads
@@ -513,14 +517,14 @@ impl RedisLimiterBuilder {
     /// charge is given back when a later rule denies the request.
     ///
     /// **Turn on once every replica runs a version that reads the refund state.** A
-    /// key that has had a refund stores its state in a longer form (the crate docs,
+    /// key charged with a receipt stores its state in a longer form (the crate docs,
     /// "Refunds", **State**), which a version of this crate from before refunds reads
     /// as a malformed state: during a rolling deploy, an older replica would fail
     /// every call on such a key (under [`OnFailure::Open`], admit it). With refunds
     /// off, `charge_n` is a plain [`check_n`](RedisLimiter::check_n) whose receipt
     /// gives nothing back, `refund` gives nothing back without a round trip, and no
     /// key leaves the plain form that every version reads. Turning them off again
-    /// undoes nothing: a key that had a refund keeps the longer form (every write
+    /// undoes nothing: a key charged with a receipt keeps the longer form (every write
     /// keeps it) until it expires, so downgrade no replica to a version from before
     /// refunds until then.
     ///
@@ -1280,7 +1284,8 @@ struct ReceiptPart {
     algorithm: Algorithm,
     /// What the charge script returned for its refund (GCRA: the booking's start
     /// and end and the ledger, in microseconds; the windows: the window, the
-    /// current count after the charge, the ledger and the cost).
+    /// current count after the charge, the ledger and the cost; then the key's
+    /// incarnation).
     proof: Vec<u64>,
 }
 

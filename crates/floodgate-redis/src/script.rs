@@ -135,6 +135,7 @@ pub(crate) fn given_time(shape: Shape) -> Script {
 macro_rules! charge_driver {
     ($name:ident, $function:literal) => {
         const $name: &str = concat!(
+            "ISSUING = true\n",
             "local r = ",
             $function,
             "(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))\n",
@@ -168,12 +169,13 @@ macro_rules! refund_driver {
         );
     };
 }
-// GCRA: start, end, ledger; T, B.
-refund_driver!(REFUND_GCRA, "gcra_refund", "5");
-// Fixed window: window, count after, ledger, cost; P (the limit L is not needed).
-refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "5");
-// Sliding window: window, current count after, ledger, cost; P.
-refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "5");
+// GCRA: start, end, ledger, incarnation; T, B.
+refund_driver!(REFUND_GCRA, "gcra_refund", "6");
+// Fixed window: window, count after, ledger, cost, incarnation; P (the limit L is
+// not needed).
+refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "6");
+// Sliding window: window, current count after, ledger, cost, incarnation; P.
+refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "6");
 
 /// The scripts that charge with a receipt and refund it, for an algorithm that has
 /// a sound refund (GCRA, the fixed and sliding windows) and for several limits (the

@@ -465,7 +465,11 @@ fn a_fixed_window_refund_never_takes_the_count_below_zero() {
         let l = limiter(&server, Algorithm::FixedWindow, policy).await;
         let t = 1_003_000_000;
         let r = l.charge_n_at_micros("z", 2, t).await.unwrap().1.unwrap();
-        let _: () = server.cmd(&["SET", "refunds:z", "100:1:10000000"]);
+        // The count lowered to 1, the refund fields (the key's incarnation) kept.
+        let state: String = server.cmd(&["GET", "refunds:z"]);
+        let lowered = state.replacen("100:2:", "100:1:", 1);
+        assert_ne!(state, lowered);
+        let _: () = server.cmd(&["SET", "refunds:z", &lowered]);
         assert!(l.refund_at_micros(&r, t).await.unwrap());
         let d = l.peek_n_at_micros("z", 0, t).await.unwrap();
         assert_eq!(d.remaining(), 5);
@@ -489,8 +493,8 @@ fn plain(value: &str, fields: usize) -> bool {
 /// the refund state as malformed): `charge_n` is a plain check with no receipt,
 /// a refund gives nothing back — not even a receipt of a limiter with refunds on —
 /// and every key charged and "refunded" stays in the plain form, read raw from
-/// Redis. The same receipt then refunded by that limiter does write the refund
-/// fields, which `plain` tells apart.
+/// Redis. A charge of the limiter with refunds on writes the refund fields (which
+/// `plain` tells apart), and its refund gives the unit back.
 #[test]
 fn with_refunds_off_a_charged_and_refunded_key_stays_in_the_plain_form() {
     let Some(server) = RedisServer::start() else {
@@ -536,20 +540,24 @@ fn with_refunds_off_a_charged_and_refunded_key_stays_in_the_plain_form() {
             let (d, r) = AsyncLimit::charge_n(&off, key.as_str(), 1).await.unwrap();
             assert!(d.is_allowed() && !r.is_charged(), "{name}");
             assert!(!AsyncLimit::refund(&off, key.as_str(), r).await.unwrap());
-            // A receipt of a limiter with refunds on (same prefix and limits).
+            // Charged and "refunded" with refunds off: the plain form.
+            assert!(all_plain(&raw()), "{name}: {:?}", raw());
+            // A receipt of a limiter with refunds on (same prefix and limits): its
+            // charge writes the refund fields (the key's incarnation).
             let (_, receipt) = on.charge_n(&key, 1).await.unwrap();
             let receipt = receipt.expect("refunds on: a receipt");
+            assert!(!all_plain(&raw()), "{name}: {:?}", raw());
             assert!(!off.refund(&receipt).await.unwrap(), "{name}");
             let left = off.peek_n(&key, 0).await.unwrap().decision().remaining();
             assert_eq!(left, 2, "{name}: nothing given back");
-            assert!(all_plain(&raw()), "{name}: {:?}", raw());
             // The replay path too: no receipt.
             let replay = format!("{key}-replay");
             let (d, r) = off.charge_n_at_micros(&replay, 1, 1_000_000).await.unwrap();
             assert!(d.is_allowed() && r.is_none(), "{name}: {r:?}");
-            // Refunded by the limiter with refunds on: the refund fields appear.
+            // Refunded by the limiter with refunds on: given back.
             assert!(on.refund(&receipt).await.unwrap(), "{name}");
-            assert!(!all_plain(&raw()), "{name}: {:?}", raw());
+            let left = off.peek_n(&key, 0).await.unwrap().decision().remaining();
+            assert_eq!(left, 3, "{name}: given back by the limiter with refunds on");
         }
     });
 }

@@ -71,6 +71,10 @@ local EXACT = 9007199254740992
 -- charge drivers in script.rs): the numbers a refund of the algorithm needs.
 local RECEIPT = false
 
+-- Whether this run charges with receipts (set by the charge drivers): its writes
+-- over another period's window state then reset the refund fields.
+local ISSUING = false
+
 local function malformed(key, what)
   return redis.error_reply('floodgate: malformed state at key ' .. key .. ': ' .. what)
 end
@@ -115,27 +119,61 @@ local function record_refund(list, id, floor)
   return table.concat(list, ','), floor
 end
 
--- The refund fields after a window state's numbers: `rest` is '' (no refund yet)
--- or ":ledger:floor:ids". Returns `rest` as it is and the ledger, or nil and an
--- error reply.
+-- A key's incarnation for its receipts: the server time (+1, never 0) of the
+-- first charge with receipts on it, kept by every later write while the key lives.
+-- A key lost (evicted, a write lost in a failover) and created again gets another
+-- one, so a receipt of the lost key refunds nothing on its successor; a state of
+-- no refund fields is incarnation 0, which no receipt names.
+local function incarnation()
+  return now + 1
+end
+
+-- The refund fields after a window state's numbers: `rest` is '' (no refund
+-- fields) or ":ledger:floor:incarnation:ids". Returns the fields to write (those
+-- of an incarnation of its own when this run issues receipts on a state without
+-- them), the ledger and the incarnation; or nil and an error reply.
 local function window_refund_fields(key, rest)
-  if rest == '' then return '', 0 end
-  local ledger, floor = string.match(rest, '^:(%d+):(%d+):[%d/,]*$')
-  if not ledger or tonumber(ledger) >= EXACT or tonumber(floor) >= EXACT then
+  if rest == '' then
+    if ISSUING then
+      local born = incarnation()
+      return ':0:0:' .. fmt(born) .. ':', 0, born
+    end
+    return '', 0, 0
+  end
+  local ledger, floor, born = string.match(rest, '^:(%d+):(%d+):(%d+):[%d/,]*$')
+  if not ledger or tonumber(ledger) >= EXACT or tonumber(floor) >= EXACT or
+    tonumber(born) >= EXACT then
     return nil, malformed(key, 'not a window state with refund fields')
   end
-  return rest, tonumber(ledger)
+  return rest, tonumber(ledger), tonumber(born)
+end
+
+-- The refund fields of a window state written over one of another period (a
+-- rolling deploy): its count was rebuilt from the other period's, which may have
+-- dropped the units of a receipt charged before (its own windows ended) while the
+-- state comes back to that receipt's window and period, its count then made of
+-- other charges. The ledger moves on by one and the floor to it: every receipt
+-- charged before refunds nothing (a conservative loss), and none of them shares an
+-- id with a charge after. Done where the state has refund fields (a run that
+-- issues receipts gives a state without them its own, see window_refund_fields),
+-- so a key of no refund keeps the form an older version reads. Returns the fields
+-- and the ledger.
+local function window_fields_after_switch(refunds, ledger, born)
+  if refunds == '' then return refunds, ledger end
+  if ledger + 1 < EXACT then ledger = ledger + 1 end
+  return ':' .. fmt(ledger) .. ':' .. fmt(ledger) .. ':' .. fmt(born) .. ':', ledger
 end
 
 -- Gives back the units of a charge of `n` counted in field `at` of a window state
 -- of `width` numbers (the window first, the period last) at `key`, charged in
 -- window `cw` of period `p` (the count after it `after`, the ledger it saw
--- `noted`), as the in-process windows do: only while the state is still that window
--- of this period (once a later decision moved it on, the count given back is one no
--- decision reads again), at most `n`, never below 0. Once per receipt: the ledger
+-- `noted`) in incarnation `born`, as the in-process windows do: only while the
+-- state is still that window of this period and that incarnation of the key (once
+-- a later decision moved it on, the count given back is one no decision reads
+-- again), at most `n`, never below 0. Once per receipt: the ledger
 -- (units given back on the key), the floor and the records. Returns the units
 -- given back.
-local function window_refund(key, width, at, cw, after, noted, n, p)
+local function window_refund(key, width, at, cw, after, noted, n, born, p)
   local stored = redis.call('GET', key)
   if not stored then return 0 end
   local nums, rest = {}, stored
@@ -145,26 +183,31 @@ local function window_refund(key, width, at, cw, after, noted, n, p)
     if not x or tonumber(x) >= EXACT then return malformed(key, 'not a window state') end
     nums[i] = tonumber(x)
   end
-  local ledger, floor, ids = 0, 0, ''
+  local ledger, floor, incarnation_here, ids = 0, 0, 0, ''
   if rest ~= '' then
-    ledger, floor, ids = string.match(rest, '^:(%d+):(%d+):([%d/,]*)$')
+    ledger, floor, incarnation_here, ids = string.match(rest, '^:(%d+):(%d+):(%d+):([%d/,]*)$')
     if not ledger then return malformed(key, 'not a window state with refund fields') end
-    ledger, floor = tonumber(ledger), tonumber(floor)
-    if ledger >= EXACT or floor >= EXACT then return malformed(key, 'a number past 2^53') end
+    ledger, floor, incarnation_here = tonumber(ledger), tonumber(floor), tonumber(incarnation_here)
+    if ledger >= EXACT or floor >= EXACT or incarnation_here >= EXACT then
+      return malformed(key, 'a number past 2^53')
+    end
   end
   local list, bad = refund_ids(key, ids)
   if bad then return bad end
-  if nums[width] ~= p or nums[1] ~= cw then return 0 end
+  if nums[width] ~= p or nums[1] ~= cw or incarnation_here ~= born then return 0 end
   local id = fmt(noted) .. '/' .. fmt(p) .. '/' .. fmt(cw) .. '/' .. fmt(after)
   if not refundable(list, id, noted, ledger, floor) then return 0 end
   local back = n
   if nums[at] < back then back = nums[at] end
   if back <= 0 then return 0 end
+  -- A ledger past 2^53 would leave the key malformed for every later call: such a
+  -- refund gives nothing (a conservative loss, as the floor's).
+  if ledger + back >= EXACT then return 0 end
   nums[at] = nums[at] - back
   local kept, new_floor = record_refund(list, id, floor)
   for i = 1, width do nums[i] = fmt(nums[i]) end
   local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
-    fmt(new_floor) .. ':' .. kept
+    fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept
   -- The key's time to live as it was (it may be another period's, longer).
   local left = EXPIRE and redis.call('PTTL', key) or -1
   if left > 0 then

@@ -1,19 +1,21 @@
 -- Fixed window. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:count:P", window = floor(now / P); after a refund
--- "window:count:P:ledger:floor:ids" (see fixed_window_refund), which every later
--- write keeps, in any window and under any period, while the key lives.
+-- State: "window:count:P", window = floor(now / P); after a charge with receipts
+-- "window:count:P:ledger:floor:incarnation:ids" (see window_refund_fields and
+-- fixed_window_refund), which every later write keeps, in any window and under
+-- any period, while the key lives.
 local function fixed_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local count = 0
   local keep = 0
-  -- The refund fields, kept as they are: '' before any refund.
+  -- The refund fields, kept as they are: '' before any charge with receipts.
   local refunds = ''
   local ledger = 0
+  local born = 0
   local stored = redis.call('GET', key)
   if stored then
     local sw, sc, sp, rest = string.match(stored, '^(%d+):(%d+):(%d+)(.*)$')
     if rest then
-      refunds, ledger = window_refund_fields(key, rest)
+      refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
     end
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
@@ -31,10 +33,12 @@ local function fixed_window(key, n, write, p, l)
       w = sw
       count = sc
     elseif sp ~= p then
+      refunds, ledger = window_fields_after_switch(refunds, ledger, born)
       if (sw + 1) * sp > w * p then count = sc end
       keep = (fdiv(now, sp) + 1) * sp - now
     end
   end
+  if not stored then refunds, ledger, born = window_refund_fields(key, '') end
   local reset = (w + 1) * p - now
   if n > l then
     return reply(false, l, l - count, reset, -1)
@@ -45,8 +49,9 @@ local function fixed_window(key, n, write, p, l)
   if count + n <= l then
     if write then
       set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p) .. refunds, reset, keep)
-      -- The window and period, the count after the charge, the ledger it saw.
-      RECEIPT = { w, count + n, ledger, n }
+      -- The window, the count after the charge, the ledger it saw, the cost, the
+      -- key's incarnation.
+      RECEIPT = { w, count + n, ledger, n, born }
     end
     return reply(true, l, l - count - n, reset, 0)
   end
@@ -54,6 +59,6 @@ local function fixed_window(key, n, write, p, l)
 end
 
 -- The fixed window's refund: the count (field 2 of 3), as `window_refund` says.
-local function fixed_window_refund(key, cw, after, noted, n, p)
-  return window_refund(key, 3, 2, cw, after, noted, n, p)
+local function fixed_window_refund(key, cw, after, noted, n, born, p)
+  return window_refund(key, 3, 2, cw, after, noted, n, born, p)
 end

@@ -8,6 +8,7 @@ local transitions = { gcra, fixed_window, sliding_window, sliding_log }
 local n = tonumber(ARG[1])
 local write = ARG[2] == '1' or ARG[2] == '2'
 local receipts = ARG[2] == '2'
+ISSUING = receipts
 local function run(i, charge)
   local j = 3 + (i - 1) * 3
   local transition = transitions[tonumber(ARG[j])]

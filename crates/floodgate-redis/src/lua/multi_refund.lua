@@ -1,11 +1,11 @@
--- Refunds of a multi-limit charge, in one run: for each key in KEYS, six whole
+-- Refunds of a multi-limit charge, in one run: for each key in KEYS, seven whole
 -- numbers in ARG: the algorithm (1 GCRA, 2 fixed window, 3 sliding window) and the
--- five its refund takes (the receipt's numbers, then the limit's parameters). Every
+-- six its refund takes (the receipt's numbers, then the limit's parameters). Every
 -- argument is checked before any refund is made; each limit then gives back what
 -- its own refund rule allows, once per receipt. Returns what each gave back.
 local refunds = { gcra_refund, fixed_window_refund, sliding_window_refund }
-if #ARG ~= 6 * #KEYS then
-  return redis.error_reply('floodgate: a multi-limit refund takes 6 arguments per key')
+if #ARG ~= 7 * #KEYS then
+  return redis.error_reply('floodgate: a multi-limit refund takes 7 arguments per key')
 end
 local a = {}
 for i = 1, #ARG do
@@ -15,14 +15,14 @@ for i = 1, #ARG do
   end
 end
 for i = 1, #KEYS do
-  if not refunds[a[6 * i - 5]] then
-    return redis.error_reply('floodgate: no refund for algorithm ' .. tostring(a[6 * i - 5]))
+  if not refunds[a[7 * i - 6]] then
+    return redis.error_reply('floodgate: no refund for algorithm ' .. tostring(a[7 * i - 6]))
   end
 end
 local backs = {}
 for i = 1, #KEYS do
-  local j = 6 * i - 5
-  local back = refunds[a[j]](KEYS[i], a[j + 1], a[j + 2], a[j + 3], a[j + 4], a[j + 5])
+  local j = 7 * i - 6
+  local back = refunds[a[j]](KEYS[i], a[j + 1], a[j + 2], a[j + 3], a[j + 4], a[j + 5], a[j + 6])
   if type(back) == 'table' then return back end
   backs[i] = back
 end

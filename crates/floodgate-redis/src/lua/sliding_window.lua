@@ -1,19 +1,20 @@
 -- Sliding window counter. Arguments: key, cost n, write, P (period, us), L (limit).
--- State: "window:prev:cur:P" (prev = the count of window - 1); after a refund
--- "window:prev:cur:P:ledger:floor:ids" (see sliding_window_refund), which every
--- later write keeps.
+-- State: "window:prev:cur:P" (prev = the count of window - 1); after a charge
+-- with receipts "window:prev:cur:P:ledger:floor:incarnation:ids" (see
+-- window_refund_fields and sliding_window_refund), which every later write keeps.
 local function sliding_window(key, n, write, p, l)
   local w = fdiv(now, p)
   local prev, cur = 0, 0
   local keep = 0
-  -- The refund fields, kept as they are: '' before any refund.
+  -- The refund fields, kept as they are: '' before any charge with receipts.
   local refunds = ''
   local ledger = 0
+  local born = 0
   local stored = redis.call('GET', key)
   if stored then
     local sw, sp, sc, speriod, rest = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)(.*)$')
     if rest then
-      refunds, ledger = window_refund_fields(key, rest)
+      refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
     end
     sw, sp, sc, speriod = tonumber(sw), tonumber(sp), tonumber(sc), tonumber(speriod)
@@ -37,6 +38,7 @@ local function sliding_window(key, n, write, p, l)
     elseif speriod == p and sw == w - 1 then
       prev = sc
     elseif speriod ~= p then
+      refunds, ledger = window_fields_after_switch(refunds, ledger, born)
       local here = w * p
       for _, part in ipairs({ { sp, sw * speriod }, { sc, (sw + 1) * speriod } }) do
         if part[2] > here then
@@ -67,6 +69,7 @@ local function sliding_window(key, n, write, p, l)
       keep = (fdiv(now, speriod) + 2) * speriod - now
     end
   end
+  if not stored then refunds, ledger, born = window_refund_fields(key, '') end
   local start = w * p
   local at = now
   if start > at then at = start end
@@ -88,8 +91,9 @@ local function sliding_window(key, n, write, p, l)
     if write then
       local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p) .. refunds
       set_window_state(key, state, reset(cur + n), keep)
-      -- The window, the current count after the charge, the ledger it saw, the cost.
-      RECEIPT = { w, cur + n, ledger, n }
+      -- The window, the current count after the charge, the ledger it saw, the cost,
+      -- the key's incarnation.
+      RECEIPT = { w, cur + n, ledger, n, born }
     end
     return reply(true, l, l - estimate - n, reset(cur + n), 0)
   end
@@ -121,6 +125,6 @@ end
 
 -- The sliding window's refund: the current count (field 3 of 4), as
 -- `window_refund` says; the previous window's count is never touched.
-local function sliding_window_refund(key, cw, after, noted, n, p)
-  return window_refund(key, 4, 3, cw, after, noted, n, p)
+local function sliding_window_refund(key, cw, after, noted, n, born, p)
+  return window_refund(key, 4, 3, cw, after, noted, n, born, p)
 end
