@@ -46,8 +46,8 @@ use core::hash::Hash;
 use core::ptr;
 
 use super::{
-    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable, Outcome,
-    Retired, Shard, ShardSet, Slots, Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable,
+    KeyedCharge, Outcome, Retired, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{update_word, CasWord};
@@ -130,7 +130,10 @@ where
                 return O::from_parts(decision, charge, tag, generation, noted);
             }
         }
-        shard.check_locked(algorithm, tag, key, now, cost, &guard)
+        // The locked path answers with a whole `KeyedCharge`, which `O` is copied out
+        // of, so the fast path above builds its decision in registers (as on the
+        // inline storage: BENCHMARKS.md, "The decision in registers").
+        O::from_charge(shard.check_locked(algorithm, tag, key, now, cost, &guard))
     }
 
     fn refund<Q, A>(
@@ -249,7 +252,7 @@ where
 
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<O, Q, A>(
+    fn check_locked<Q, A>(
         &self,
         algorithm: &A,
         tag: u64,
@@ -257,9 +260,8 @@ where
         now: Nanos,
         cost: u32,
         guard: &Guard,
-    ) -> O
+    ) -> KeyedCharge<S>
     where
-        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
