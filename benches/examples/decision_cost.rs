@@ -23,11 +23,15 @@
 //!
 //! Another group of the matrix, with its key count, follows as two more arguments,
 //! e.g. `decision_cost governor 1000000 gcra-keyed-idle 1000000`; keyed groups insert
-//! their keys before the run too (add `--cache-sim=yes` for the cache misses).
+//! their keys before the run too (add `--cache-sim=yes` for the cache misses). A keyed
+//! group also takes floodgate on its other storages (the group's `floodgate` is
+//! `Inline`): `floodgate_heap`, `floodgate_heap_string`, `floodgate_fingerprint`,
+//! `floodgate_fingerprint_string` (`matrix::keyed_storages`; count the string ones
+//! inside the call with `--toggle-collect='floodgate_bench::matrix::keyed_floodgate_string::*'`).
 
 use std::process::ExitCode;
 
-use floodgate_bench::matrix::{groups, Setup, Suite};
+use floodgate_bench::matrix::{groups, keyed_storages, Runner, Setup, Suite};
 use floodgate_bench::Budget;
 
 #[global_allocator]
@@ -47,11 +51,19 @@ fn main() -> ExitCode {
         eprintln!("the matrix has no such group");
         return ExitCode::from(1);
     };
-    let ids: Vec<&str> = hot
+    // The group's contenders, then (a keyed group) floodgate on its other storages.
+    let runs: Vec<(&str, Runner)> = hot
         .contenders
         .iter()
-        .map(|c| c.implementation.id())
+        .map(|c| (c.implementation.id(), c.run))
+        .chain(
+            keyed_storages(&hot.id)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.id, t.build)),
+        )
         .collect();
+    let ids: Vec<&str> = runs.iter().map(|(id, _)| *id).collect();
     let usage = format!(
         "usage: decision_cost <{}> <decisions> [<group> <keys>]",
         ids.join("|")
@@ -60,21 +72,20 @@ fn main() -> ExitCode {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    let (Some(contender), Ok(decisions)) = (
-        hot.contenders
-            .iter()
-            .find(|c| c.implementation.id() == wanted),
+    let (Some((_, run)), Ok(decisions)) = (
+        runs.iter().find(|(id, _)| id == wanted),
         decisions.parse::<u64>(),
     ) else {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    let m = contender.measure(&Setup {
+    let setup = Setup {
         threads: 1,
         keys,
         budget: Budget::Ops(decisions),
         seed: 0,
-    });
+    };
+    let m = run(&setup).run(setup.budget);
     println!(
         "{wanted}: {} decisions, {} admitted, {:?} per decision",
         m.ops,

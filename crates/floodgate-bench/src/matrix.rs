@@ -100,8 +100,8 @@ use floodgate::reference::{
 };
 use floodgate::{
     Algorithm, AtomicCell, Clock, DefaultClock, Fingerprint, FixedWindow, Gcra, GcraState, Heap,
-    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, Policy, RateLimiter, SlidingLog,
-    SlidingWindow, StateCell, Storage,
+    HotKeyLimiter, HotKeys, Inline, KeyedBuilder, KeyedLimiter, LeasedGcra, Policy, RateLimiter,
+    SlidingLog, SlidingWindow, StateCell, Storage,
 };
 
 use crate::harness::{measure, Budget, Measurement};
@@ -669,6 +669,56 @@ pub fn keyed_tables() -> Vec<KeyedTable> {
     tables
 }
 
+/// floodgate's keyed limiter on its other storages for one keyed group (`group` is a
+/// keyed group's id; `None` for any other group), with the group's key policy and key
+/// distribution: `floodgate_heap` (`u64` keys on [`Heap`]), `floodgate_heap_string`
+/// (the same keys as `String`s on [`Heap`], the storage the README gives string
+/// keys), `floodgate_fingerprint` and `floodgate_fingerprint_string` (on
+/// [`Fingerprint`]). The group's own `floodgate` column is [`Inline`]. Not in the
+/// matrix; `decision_cost` counts a decision on each.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate_bench::matrix::{keyed_storages, Setup};
+/// use floodgate_bench::Budget;
+/// let storages = keyed_storages("gcra-keyed-idle").unwrap();
+/// assert_eq!(storages[1].id, "floodgate_heap_string");
+/// let setup = Setup { threads: 1, keys: 10, budget: Budget::Ops(5), seed: 0 };
+/// assert_eq!((storages[1].build)(&setup).run(setup.budget).admitted, 5);
+/// assert!(keyed_storages("gcra").is_none());
+/// ```
+pub fn keyed_storages(group: &str) -> Option<Vec<KeyedTable>> {
+    fn of<const BOOKED: bool, const DIST: usize>() -> Vec<KeyedTable> {
+        let runs: [(&'static str, Runner); 4] = [
+            ("floodgate_heap", keyed_floodgate::<Heap, BOOKED, DIST>),
+            (
+                "floodgate_heap_string",
+                keyed_floodgate_string::<Heap, BOOKED, DIST>,
+            ),
+            (
+                "floodgate_fingerprint",
+                keyed_floodgate::<Fingerprint, BOOKED, DIST>,
+            ),
+            (
+                "floodgate_fingerprint_string",
+                keyed_floodgate_string::<Fingerprint, BOOKED, DIST>,
+            ),
+        ];
+        runs.into_iter()
+            .map(|(id, build)| KeyedTable { id, build })
+            .collect()
+    }
+    Some(match group {
+        "gcra-keyed-booked" => of::<true, UNIFORM>(),
+        "gcra-keyed-idle" | "gcra-keyed-hot" => of::<false, UNIFORM>(),
+        "gcra-keyed-booked-zipf" => of::<true, ZIPF>(),
+        "gcra-keyed-idle-zipf" => of::<false, ZIPF>(),
+        "gcra-keyed-idle-disjoint" => of::<false, DISJOINT>(),
+        _ => return None,
+    })
+}
+
 /// A word-sized algorithm the matrix measures, built for the workload's rate.
 pub trait Workload {
     /// The library type.
@@ -1037,20 +1087,45 @@ fn key_policy(booked: bool) -> KeyPolicy {
 }
 
 /// floodgate's keyed limiter for `u64` keys on storage `S` (the matrix's column:
-/// inline, keys in the slots), sized as the README tells users to size it: capacity
-/// = the number of keys (a table holds its capacity without reclaiming or evicting
-/// any).
+/// inline, keys in the slots), sized by [`keyed_limiter`].
 fn keyed_floodgate<S, const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared
 where
     S: Storage<u64, GcraState> + 'static,
 {
-    let keyed = KeyedBuilder::new(Gcra::new(key_policy(BOOKED).policy()))
-        .capacity(setup.keys.max(1) as usize)
-        .hash_seed(setup.seed)
-        .build_in::<u64, S>()
-        .expect("the benchmark capacity is valid");
+    let keyed = keyed_limiter::<u64, S>(setup, BOOKED);
     keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
         keyed.check(&key).is_allowed()
+    })
+}
+
+/// floodgate's keyed limiter for keys `K` on storage `S`, sized as the README tells
+/// users to size it: capacity = the number of keys (a table holds its capacity without
+/// reclaiming or evicting any).
+fn keyed_limiter<K, S>(setup: &Setup, booked: bool) -> KeyedLimiter<K, Gcra, DefaultClock, S>
+where
+    K: 'static,
+    S: Storage<K, GcraState>,
+{
+    KeyedBuilder::new(Gcra::new(key_policy(booked).policy()))
+        .capacity(setup.keys.max(1) as usize)
+        .hash_seed(setup.seed)
+        .build_in::<K, S>()
+        .expect("the benchmark capacity is valid")
+}
+
+/// [`keyed_floodgate`] with `String` keys (key `n` is `"user:{n}"`, made before the
+/// run): the decision's closure looks the string up by its number in a vector (a bounds
+/// check and two loads) and checks it as a `&str`.
+fn keyed_floodgate_string<S, const BOOKED: bool, const DIST: usize>(setup: &Setup) -> Prepared
+where
+    S: Storage<String, GcraState> + 'static,
+{
+    let keyed = keyed_limiter::<String, S>(setup, BOOKED);
+    let names: Vec<String> = (0..setup.keys.max(1))
+        .map(|n| format!("user:{n}"))
+        .collect();
+    keyed_run(setup, KeyDistribution::ALL[DIST], move |key| {
+        keyed.check(names[key as usize].as_str()).is_allowed()
     })
 }
 

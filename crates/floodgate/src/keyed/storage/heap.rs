@@ -46,8 +46,8 @@ use core::hash::Hash;
 use core::ptr;
 
 use super::{
-    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable, Outcome,
-    Retired, Shard, ShardSet, Slots, Writer,
+    charge_live, dead, decide_unwritten, is_dead, remove_at, shard_set_methods, KeyTable,
+    KeyedCharge, Outcome, Retired, Shard, ShardSet, Slots, Writer,
 };
 use crate::algorithm::{Algorithm, Charged};
 use crate::cell::{update_word, CasWord};
@@ -130,7 +130,10 @@ where
                 return O::from_parts(decision, charge, tag, generation, noted);
             }
         }
-        shard.check_locked(algorithm, tag, key, now, cost, &guard)
+        // The locked path answers with a whole `KeyedCharge`, which `O` is copied out
+        // of, so the fast path above builds its decision in registers (as on the
+        // inline storage: BENCHMARKS.md, "The decision in registers").
+        O::from_charge(shard.check_locked(algorithm, tag, key, now, cost, &guard))
     }
 
     fn refund<Q, A>(
@@ -220,7 +223,11 @@ where
     {
         let mut i = self.home(tag);
         for _ in 0..self.slots.len() {
-            let slot = &self.slots[i];
+            debug_assert!(i < self.slots.len());
+            // SAFETY: `i < slots.len()`: the loop runs only when there is a slot, `home`
+            // is `(spread · len) >> 64` with `spread < 2^64`, so below `len`, and `next`
+            // wraps to 0 at `len` (the slot array is never replaced while `&self` lives).
+            let slot = unsafe { self.slots.get_unchecked(i) };
             // Acquire: pairs with the writer's Release store of the tag, which follows
             // its store of the entry pointer.
             let seen = slot.tag.load(Ordering::Acquire);
@@ -249,7 +256,7 @@ where
 
     /// The write path: find or insert `key` under the shard lock, then decide.
     #[cold]
-    fn check_locked<O, Q, A>(
+    fn check_locked<Q, A>(
         &self,
         algorithm: &A,
         tag: u64,
@@ -257,9 +264,8 @@ where
         now: Nanos,
         cost: u32,
         guard: &Guard,
-    ) -> O
+    ) -> KeyedCharge<S>
     where
-        O: Outcome<S>,
         Q: Lookup<K> + ?Sized,
         A: Algorithm<State = S> + ?Sized,
     {
