@@ -223,11 +223,7 @@ where
     {
         let mut i = self.home(tag);
         for _ in 0..self.slots.len() {
-            debug_assert!(i < self.slots.len());
-            // SAFETY: `i < slots.len()`: the loop runs only when there is a slot, `home`
-            // is `(spread · len) >> 64` with `spread < 2^64`, so below `len`, and `next`
-            // wraps to 0 at `len` (the slot array is never replaced while `&self` lives).
-            let slot = unsafe { self.slots.get_unchecked(i) };
+            let slot = &self.slots[i];
             // Acquire: pairs with the writer's Release store of the tag, which follows
             // its store of the entry pointer.
             let seen = slot.tag.load(Ordering::Acquire);

@@ -386,15 +386,10 @@ impl<S: bytemuck::Pod + Send + Sync> Shard<Slot<S>> {
     /// [`find`](Self::find), with the slot itself (a decision CASes it without
     /// indexing the slots again).
     #[inline(always)]
-    #[allow(unsafe_code)]
     fn probe(&self, hash: u64, key: u64) -> Option<(usize, &Slot<S>, u128)> {
         let mut i = self.home(hash);
         for _ in 0..self.slots.len() {
-            debug_assert!(i < self.slots.len());
-            // SAFETY: `i < slots.len()`: the loop runs only when there is a slot, `home`
-            // is `(spread · len) >> 64` with `spread < 2^64`, so below `len`, and `next`
-            // wraps to 0 at `len`.
-            let slot = unsafe { self.slots.get_unchecked(i) };
+            let slot = &self.slots[i];
             let word = slot.load_now();
             if state_half(word) == DEAD {
                 return None;

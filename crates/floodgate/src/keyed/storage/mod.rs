@@ -810,11 +810,6 @@ impl<T: Slots> ShardSet<T> {
         seed: Option<u64>,
         make: impl Fn(usize, &ahash::RandomState) -> (Box<[T]>, T::Extra),
     ) -> Self {
-        // `locate` indexes the shards unchecked on this: 2^shard_bits shards.
-        assert!(
-            shards.is_power_of_two(),
-            "{shards} shards: not a power of two"
-        );
         let (share, slots) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
         let hasher = table_hasher(seed, Salt::Table);
@@ -841,16 +836,9 @@ impl<T: Slots> ShardSet<T> {
 
     /// The shard of `key` and the key's hash.
     #[inline(always)]
-    #[allow(unsafe_code)]
     pub(crate) fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (&Shard<T>, u64) {
         let hash = self.hasher.hash_one(key);
-        let i = shard_index(hash, self.shard_bits);
-        debug_assert!(i < self.shards.len());
-        // SAFETY: `new` builds 2^shard_bits shards (it asserts their number is a power
-        // of two, and `shards` is never replaced), and `shard_index` keeps the top
-        // `shard_bits` bits of a 63-bit value: `i < 2^shard_bits`, in bounds.
-        let shard = unsafe { self.shards.get_unchecked(i) };
-        (shard, hash)
+        (&self.shards[shard_index(hash, self.shard_bits)], hash)
     }
 
     /// Number of shards.
