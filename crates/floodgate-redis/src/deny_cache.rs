@@ -113,6 +113,11 @@ impl DenyCache {
         );
     }
 
+    /// Drops `key`'s cached denial, if any (a refund made room on it).
+    pub(crate) fn forget(&self, key: &str) {
+        self.lock().entries.remove(key);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.lock().entries.len()
     }

@@ -172,8 +172,9 @@
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
 //!   refunds; a receipt whose charge came before all of them gives back nothing (a
 //!   conservative loss, never a second refund).
-//! * A refund does not clear the key's entry in the local denial cache: a cost denied
-//!   there stays denied until its wait has passed, even where the refund made room.
+//! * A refund that gives something back clears the key's entry in the local denial
+//!   cache: the key's next call goes to Redis, which may admit what the refund made
+//!   room for (another replica's cache keeps its entry until its wait has passed).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
 //!   that limit's rule above (each once), after checking every argument. A state
@@ -998,6 +999,7 @@ impl<C: Connection> RedisLimiter<C> {
         let reply = self
             .send_script(script, keys.clone(), cost, mode, now_micros)
             .await?;
+        let cached_as = keys.first().cloned().unwrap_or_default();
         let each = match self.limits.len() {
             1 => vec![script::charged(&reply)?],
             n => script::charged_each(&reply, n)?,
@@ -1022,6 +1024,7 @@ impl<C: Connection> RedisLimiter<C> {
         let receipt = (decision.is_allowed() && !parts.is_empty()).then(|| RedisReceipt {
             issuer: self.issuer(),
             parts,
+            cached_as,
         });
         Ok((decision, receipt))
     }
@@ -1099,11 +1102,17 @@ impl<C: Connection> RedisLimiter<C> {
             }
         }
         let reply = self.send_timed(refund, &evalsha).await?;
-        if several {
+        let gave = if several {
             script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
         } else {
             script::given_back(&reply).map(|back| back > 0)
+        }?;
+        // What was given back may admit a cost the cache remembers denied: the
+        // next call asks Redis.
+        if let (true, Some(cache)) = (gave, &self.deny_cache) {
+            cache.forget(&receipt.cached_as);
         }
+        Ok(gave)
     }
 
     /// A production decision: the denial cache, else one script run, under the
@@ -1272,6 +1281,9 @@ pub struct RedisReceipt {
     /// One per limit that charged with a receipt (all of a multi-limit charge's but
     /// the sliding log's).
     parts: Vec<ReceiptPart>,
+    /// The key the local denial cache knows the charged key by (its first Redis
+    /// key): a refund that gives something back forgets its cached denial.
+    cached_as: String,
 }
 
 /// What one limit's charge took.

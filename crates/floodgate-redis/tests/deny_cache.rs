@@ -166,3 +166,50 @@ fn a_cached_denial_reports_the_wait_redis_would_for_its_cost() {
         );
     }
 }
+
+/// A refund that gives something back forgets the key's cached denial: the units it
+/// returned admit the cost that was denied, at once, where the cache would have
+/// answered "denied" for the rest of the hour.
+#[test]
+fn a_refund_that_gives_back_forgets_the_cached_denial() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // A burst of 2, one more an hour.
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
+    let conn = rt
+        .block_on(floodgate_redis::connect(&server.url()))
+        .unwrap();
+    let l = RedisLimiter::builder(Algorithm::Gcra, policy)
+        .prefix("test:")
+        .timeout(Duration::from_secs(1))
+        .on_failure(OnFailure::Error)
+        .deny_cache(16)
+        .refunds(true)
+        .build(conn)
+        .unwrap();
+    let (first, _) = rt.block_on(l.charge_n("k", 1)).unwrap();
+    assert!(first.decision().is_allowed());
+    let (second, receipt) = rt.block_on(l.charge_n("k", 1)).unwrap();
+    assert!(second.decision().is_allowed());
+    let denied = rt.block_on(l.check_n("k", 1)).unwrap();
+    assert!(!denied.decision().is_allowed());
+    assert!(rt.block_on(l.check_n("k", 1)).unwrap().is_cached());
+    assert_eq!(l.cached_denials(), 1);
+
+    assert!(rt.block_on(l.refund(&receipt.unwrap())).unwrap());
+    assert_eq!(l.cached_denials(), 0, "the refund forgot the denial");
+    let after = rt.block_on(l.check_n("k", 1)).unwrap();
+    assert!(
+        after.decision().is_allowed() && !after.is_cached(),
+        "{after:?}"
+    );
+    // Spent again: denied, and cached again.
+    assert!(!rt
+        .block_on(l.check_n("k", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    assert_eq!(l.cached_denials(), 1);
+}
