@@ -4,7 +4,10 @@
 //! can tell: both go to Redis.
 //!
 //! Sound because a denial can only get stronger without this process seeing it:
-//! other callers add traffic, and nothing in the API gives units back. The wait is
+//! other callers add traffic. Only a refund gives units back (refunds on): this
+//! process's own refund forgets the key's entry (`DenyCache::forget`); another
+//! replica's refund is not seen, so the entry errs towards denying until its wait
+//! ends, never towards admitting. The wait is
 //! counted from when the request was **sent** (before Redis decided), so a cached
 //! denial ends no later than Redis's own. "Never" (a cost above the capacity) is not
 //! cached: it needs no round trip to be recomputed, and caching it would block the
