@@ -206,11 +206,11 @@
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
 //!   write keeps them. The sliding log's sorted set cannot hold fields beside its
-//!   members: it gets one more member, `refunds:ledger:floor:incarnation:logged:
-//!   receipts` scored `-inf` (`logged`: the latest instant a unit was logged at, as
-//!   far as a refund removed it). Scored `-inf`, it is always rank 0, never the
-//!   newest member while a unit is logged and never in a window, so every read of
-//!   the log members stays exact (the rank search counts it among the members
+//!   members: it gets one more member,
+//!   `refunds:ledger:floor:incarnation:logged:receipts`, scored `-inf` (`logged`:
+//!   the latest instant a unit was logged at, as far as a refund removed it).
+//!   Scored `-inf`, it is always rank 0, never the newest member while a unit is
+//!   logged and never in a window, so every read of the log members stays exact (the rank search counts it among the members
 //!   before the window); it lives and expires with the key, in the key's own slot
 //!   (Redis Cluster: no second key, no hash tag needed); a charge keeps it (its
 //!   trim of the expired members starts above `-inf`). A companion key would have
