@@ -53,7 +53,8 @@
 //!   longer: a policy change, below), so idle keys vanish and a vanished key decides
 //!   as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
-//!   keeps a sorted set with one member per admitted instant.
+//!   keeps a sorted set with one member per admitted instant (and, once charged
+//!   with a receipt, one refund member: **Refunds**, below).
 //! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
 //!   applies the new interval from now on, as in process; the log judges its
 //!   instants by the new period, as long as its key lives (the old period's TTL,
@@ -152,7 +153,8 @@
 //! receipt, a refund gives nothing back without a round trip (the layer makes none),
 //! and every key keeps the plain state that every version reads (GCRA `TAT`, the
 //! fixed window `window:count:period`, the sliding window
-//! `window:prev:cur:period`).
+//! `window:prev:cur:period`, the sliding log exactly its `instant:units:total`
+//! members, read with no more round trips than before).
 //!
 //! * **GCRA** (one limit): the in-process [`floodgate::Gcra`] refund. The charge's
 //!   booking, moved down by at most the schedule that refunds made since the charge
@@ -177,13 +179,24 @@
 //!   room for (another replica's cache keeps its entry until its wait has passed).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
-//!   that limit's rule above (each once), after checking every argument. A state
+//!   that limit's rule above (each once, a sliding log's included), after checking
+//!   every argument. A state
 //!   found malformed part-way fails the run after the parts before it were given
 //!   back (only a key written by something else is malformed).
-//! * **Sliding log**: no refund (`charge_n` is a plain check with no receipt; the
-//!   charge stays taken; in a multi-limit charge its part stays taken). Not built
-//!   yet: the log would have to remove the charge's member and rewrite the running
-//!   totals of every later one.
+//! * **Sliding log** (session 43): the in-process [`floodgate::SlidingLog`]
+//!   refund. The receipt names the instant the charge's units were logged at (with
+//!   several charges merged into one member at that instant, its own units): while
+//!   that instant is still in the window at the server's now (judged, as every
+//!   reading, no earlier than the newest unit logged), the member at it loses the
+//!   charge's units (removed when none is left) and **every later member's running
+//!   total drops by as many** — `O(members after it)` writes, at most the `L` units
+//!   in the window; once the instant has left the window, nothing. All of the
+//!   charge's units or none (units logged at one instant are interchangeable, so
+//!   the log left is the one the other charges would have made). A policy of
+//!   another period on the key (a rolling deploy) needs no ledger bump here: the
+//!   log's instants are exact under any period, a member another period dropped is
+//!   gone (its receipts give nothing), and no member comes back at an instant once
+//!   dropped (readings are judged no earlier than the latest instant logged).
 //! * A receipt names its limiter (the prefix and the limits): another limiter gives
 //!   nothing back for it.
 //! * **State** (refunds on): a key charged with a receipt holds the refund ledger, a
@@ -192,14 +205,30 @@
 //!   latest TAT has passed), the fixed window
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
-//!   write keeps them. The incarnation is the server time of the first charge with
-//!   a receipt on the key: a key lost and created again (evicted, a write lost in a
-//!   failover) gets another, and a receipt of the lost key gives nothing back on
-//!   it.
+//!   write keeps them. The sliding log's sorted set cannot hold fields beside its
+//!   members: it gets one more member,
+//!   `refunds:ledger:floor:incarnation:logged:receipts`, scored `-inf` (`logged`:
+//!   the latest instant a unit was logged at, as far as a refund removed it).
+//!   Scored `-inf`, it is always rank 0, never the newest member while a unit is
+//!   logged and never in a window, so every read of the log members stays exact (the rank search counts it among the members
+//!   before the window); it lives and expires with the key, in the key's own slot
+//!   (Redis Cluster: no second key, no hash tag needed); a charge keeps it (its
+//!   trim of the expired members starts above `-inf`). A companion key would have
+//!   needed a hash tag the single-limit key does not have, and could be lost
+//!   without the log (or the log without it, and a receipt of the lost log then
+//!   refund units of the new one). The incarnation is the server time of the first
+//!   charge with a receipt on the key: a key lost and created again (evicted, a
+//!   write lost in a failover) gets another, and a receipt of the lost key gives
+//!   nothing back on it.
 //!   A version of this crate from before refunds reads such a key as a malformed
 //!   state (an error; under [`OnFailure::Open`], an admission): upgrade every
-//!   replica first, then turn refunds on. A limiter with refunds off still reads
-//!   and keeps these fields where a limiter with them on wrote them.
+//!   replica first, then turn refunds on. A version from before sliding-log
+//!   refunds (session 42) reads a log with its refund member, but fails as
+//!   malformed on a log whose every unit was given back (only the refund member
+//!   left), and its trim drops the refund member (that key's receipts then give
+//!   nothing back): upgrade every replica of a sliding-log limiter with refunds on
+//!   before the new version serves it. A limiter with refunds off still reads and
+//!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay
 //!
@@ -628,13 +657,7 @@ impl RedisLimiterBuilder {
         let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
         // Off: no charge script with receipts and no refund script, so `charge_n` is
         // `check_n` and no key ever holds the refund fields.
-        let refunds = |prologue| {
-            if self.refunds {
-                script::refunds(prologue, shape)
-            } else {
-                None
-            }
-        };
+        let refunds = |prologue| self.refunds.then(|| script::refunds(prologue, shape));
         Ok(RedisLimiter {
             conn,
             capacity,
@@ -903,10 +926,10 @@ impl<C: Connection> RedisLimiter<C> {
     /// [`check_n`](RedisLimiter::check_n), with a receipt that
     /// [`refund`](RedisLimiter::refund) can give back: `Some` for an admission of
     /// cost ≥ 1 that Redis decided on a limiter with refunds turned on
-    /// ([`RedisLimiterBuilder::refunds`]; every shape but a lone sliding log);
-    /// `None` for a denial, a cost of 0, a cached or fallback verdict, on a limiter
-    /// with refunds off and on the sliding log (see the crate docs, "Refunds"),
-    /// whose charge is a plain [`check_n`](RedisLimiter::check_n).
+    /// ([`RedisLimiterBuilder::refunds`]; every algorithm and several limits);
+    /// `None` for a denial, a cost of 0, a cached or fallback verdict, and on a
+    /// limiter with refunds off (see the crate docs, "Refunds"), whose charge is a
+    /// plain [`check_n`](RedisLimiter::check_n).
     ///
     /// # Errors
     ///
@@ -943,7 +966,9 @@ impl<C: Connection> RedisLimiter<C> {
     /// Gives back what the charge behind `receipt` still provably holds, in one
     /// script run on the server's time: GCRA gives back the part of the charge's
     /// booking still ahead of the server's now, less what units booked after it
-    /// still hold, as the in-process [`floodgate::Gcra`] refund does. Returns
+    /// still hold, as the in-process [`floodgate::Gcra`] refund does; the windows and
+    /// the sliding log give back the charge's units while they still count (the
+    /// crate docs, "Refunds"). Returns
     /// whether anything came back: `false`, without a round trip, on a limiter with
     /// refunds off ([`RedisLimiterBuilder::refunds`]).
     ///
@@ -1278,8 +1303,8 @@ pub struct RedisReceipt {
     /// The issuing limiter's prefix and limits: a limiter of another prefix or other
     /// limits gives nothing back for it.
     issuer: (String, Vec<(Algorithm, [u64; 2])>),
-    /// One per limit that charged with a receipt (all of a multi-limit charge's but
-    /// the sliding log's).
+    /// One per limit that charged with a receipt (every limit of a multi-limit
+    /// charge).
     parts: Vec<ReceiptPart>,
     /// The key the local denial cache knows the charged key by (its first Redis
     /// key): a refund that gives something back forgets its cached denial.
@@ -1296,8 +1321,9 @@ struct ReceiptPart {
     algorithm: Algorithm,
     /// What the charge script returned for its refund (GCRA: the booking's start
     /// and end and the ledger, in microseconds; the windows: the window, the
-    /// current count after the charge, the ledger and the cost; then the key's
-    /// incarnation).
+    /// current count after the charge, the ledger and the cost; the sliding log:
+    /// the instant, the cost, the running total after the charge and the ledger;
+    /// then the key's incarnation).
     proof: Vec<u64>,
 }
 
@@ -1319,11 +1345,10 @@ struct ReceiptPart {
 /// key here: give a global rule a constant key (`from_fn(|_| Ok("all"))`).
 ///
 /// A limiter with refunds turned on ([`RedisLimiterBuilder::refunds`];
-/// [`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; GCRA, both windows and
+/// [`RedisLimiter::charge_n`], [`RedisLimiter::refund`]; every algorithm and
 /// several limits) refunds: behind the layer, its charge is given back when a later
-/// rule denies the request. With refunds off (the default), and on a lone sliding
-/// log, it keeps the trait's defaults: a plain check, an empty receipt, no refund
-/// and no round trip for one.
+/// rule denies the request. With refunds off (the default) it keeps the trait's
+/// defaults: a plain check, an empty receipt, no refund and no round trip for one.
 impl<K: Display + ?Sized, C: Connection> AsyncLimit<K> for RedisLimiter<C> {
     type Error = RedisLimitError;
 

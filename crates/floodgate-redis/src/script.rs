@@ -106,17 +106,23 @@ pub(crate) enum Shape {
 fn source(prologue: &str, shape: Shape) -> String {
     match shape {
         Shape::Single(a) => [prologue, COMMON, transition(a), single(a)].concat(),
-        Shape::Multi => [
-            prologue,
-            COMMON,
-            GCRA,
-            FIXED_WINDOW,
-            SLIDING_WINDOW,
-            SLIDING_LOG,
-            MULTI,
-        ]
-        .concat(),
+        Shape::Multi => every_transition(prologue, MULTI),
     }
+}
+
+/// A multi-limit script: the prologue, the helpers, every transition (and its
+/// refund), then `driver`.
+fn every_transition(prologue: &str, driver: &str) -> String {
+    [
+        prologue,
+        COMMON,
+        GCRA,
+        FIXED_WINDOW,
+        SLIDING_WINDOW,
+        SLIDING_LOG,
+        driver,
+    ]
+    .concat()
 }
 
 /// The production script: time from the server.
@@ -148,6 +154,7 @@ macro_rules! charge_driver {
 charge_driver!(CHARGE_GCRA, "gcra");
 charge_driver!(CHARGE_FIXED_WINDOW, "fixed_window");
 charge_driver!(CHARGE_SLIDING_WINDOW, "sliding_window");
+charge_driver!(CHARGE_SLIDING_LOG, "sliding_log");
 
 /// The driver of a refund: `$args` whole numbers below 2^53 (the receipt's, then
 /// the limit's parameters) passed to the refund function.
@@ -176,33 +183,25 @@ refund_driver!(REFUND_GCRA, "gcra_refund", "6");
 refund_driver!(REFUND_FIXED_WINDOW, "fixed_window_refund", "6");
 // Sliding window: window, current count after, ledger, cost, incarnation; P.
 refund_driver!(REFUND_SLIDING_WINDOW, "sliding_window_refund", "6");
+// Sliding log: instant, cost, running total after, ledger, incarnation; P.
+refund_driver!(REFUND_SLIDING_LOG, "sliding_log_refund", "6");
 
-/// The scripts that charge with a receipt and refund it, for an algorithm that has
-/// a sound refund (GCRA, the fixed and sliding windows) and for several limits (the
+/// The scripts that charge with a receipt and refund it, for every algorithm (GCRA,
+/// the fixed and sliding windows, the sliding log) and for several limits (the
 /// multi-limit script, whose charges return receipts when `write` is 2, and a
-/// refund of each limit that has one); `None` for the sliding log.
-pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Script)> {
+/// refund of every limit in one run).
+pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> (Script, Script) {
     let prologue = match prologue {
         Prologue::Server => SERVER_TIME,
         Prologue::Given => GIVEN_TIME,
     };
-    if let Shape::Multi = shape {
-        return Some((
-            Script::new(&source(prologue, shape)),
-            Script::new(
-                &[
-                    prologue,
-                    COMMON,
-                    GCRA,
-                    FIXED_WINDOW,
-                    SLIDING_WINDOW,
-                    MULTI_REFUND,
-                ]
-                .concat(),
-            ),
-        ));
-    }
     let (transition, charge, refund) = match shape {
+        Shape::Multi => {
+            return (
+                Script::new(&source(prologue, shape)),
+                Script::new(&every_transition(prologue, MULTI_REFUND)),
+            );
+        }
         Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
         Shape::Single(Algorithm::FixedWindow) => {
             (FIXED_WINDOW, CHARGE_FIXED_WINDOW, REFUND_FIXED_WINDOW)
@@ -210,12 +209,14 @@ pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> Option<(Script, Scrip
         Shape::Single(Algorithm::SlidingWindow) => {
             (SLIDING_WINDOW, CHARGE_SLIDING_WINDOW, REFUND_SLIDING_WINDOW)
         }
-        _ => return None,
+        Shape::Single(Algorithm::SlidingLog) => {
+            (SLIDING_LOG, CHARGE_SLIDING_LOG, REFUND_SLIDING_LOG)
+        }
     };
-    Some((
+    (
         Script::new(&[prologue, COMMON, transition, charge].concat()),
         Script::new(&[prologue, COMMON, transition, refund].concat()),
-    ))
+    )
 }
 
 /// Where a script's time comes from.
@@ -495,6 +496,8 @@ mod tests {
                 REFUND_FIXED_WINDOW,
                 CHARGE_SLIDING_WINDOW,
                 REFUND_SLIDING_WINDOW,
+                CHARGE_SLIDING_LOG,
+                REFUND_SLIDING_LOG,
                 MULTI_REFUND,
             ]
             .concat();

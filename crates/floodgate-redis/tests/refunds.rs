@@ -240,30 +240,11 @@ fn sliding_window_refunds_give_back_what_the_in_process_refunds_give_back() {
     });
 }
 
-/// The sliding log has no refund in Redis: its charge carries no receipt and is a
-/// plain check.
-#[test]
-fn the_sliding_log_charges_without_a_receipt() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    runtime().block_on(async {
-        let policy = Policy::per_hour(3).unwrap();
-        for algorithm in [Algorithm::SlidingLog] {
-            let l = limiter(&server, algorithm, policy).await;
-            let key = format!("{algorithm:?}");
-            let (v, r) = l.charge_n(&key, 1).await.unwrap();
-            assert!(v.decision().is_allowed() && r.is_none(), "{algorithm:?}");
-            assert_eq!(l.peek_n(&key, 0).await.unwrap().decision().remaining(), 2);
-        }
-    });
-}
-
 /// Two replicas charge one key concurrently and give back about half their
 /// admissions, each refund sent twice (once by each replica, concurrently), on
-/// GCRA and both windows: the admissions kept never exceed the limit (6, all
-/// at one instant: no unit comes back by the clock), and each receipt gives back
-/// at most once.
+/// GCRA, both windows and the sliding log (alone and behind GCRA): the admissions
+/// kept never exceed the limit (6, all at one instant: no unit comes back by the
+/// clock) plus the charges given back, and each receipt gives back at most once.
 #[test]
 fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
     let Some(server) = RedisServer::start() else {
@@ -273,14 +254,17 @@ fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
     runtime().block_on(async {
         let policy = Policy::per_hour(6).unwrap();
         let builder = |a| RedisLimiter::builder(a, policy);
-        // Several limits: the fixed window's 6 binds, GCRA's 7 does not.
-        let several = RedisLimiter::builder(Algorithm::Gcra, policy.with_burst(7).unwrap())
-            .and(Algorithm::FixedWindow, policy);
+        // Several limits: the fixed window's (the log's) 6 binds, GCRA's 7 does not.
+        let several = |a| {
+            RedisLimiter::builder(Algorithm::Gcra, policy.with_burst(7).unwrap()).and(a, policy)
+        };
         for (algorithm, builder) in [
             ("gcra", builder(Algorithm::Gcra)),
             ("fixed", builder(Algorithm::FixedWindow)),
             ("sliding", builder(Algorithm::SlidingWindow)),
-            ("several", several),
+            ("log", builder(Algorithm::SlidingLog)),
+            ("several", several(Algorithm::FixedWindow)),
+            ("several-log", several(Algorithm::SlidingLog)),
         ] {
             let key = format!("shared-{algorithm}");
             let a = Arc::new(built(&server, builder.clone()).await);

@@ -1,9 +1,9 @@
 -- Refunds of a multi-limit charge, in one run: for each key in KEYS, seven whole
--- numbers in ARG: the algorithm (1 GCRA, 2 fixed window, 3 sliding window) and the
--- six its refund takes (the receipt's numbers, then the limit's parameters). Every
+-- numbers in ARG: the algorithm (1 GCRA, 2 fixed window, 3 sliding window, 4
+-- sliding log) and the six its refund takes (the receipt's numbers, then the limit's parameters). Every
 -- argument is checked before any refund is made; each limit then gives back what
 -- its own refund rule allows, once per receipt. Returns what each gave back.
-local refunds = { gcra_refund, fixed_window_refund, sliding_window_refund }
+local refunds = { gcra_refund, fixed_window_refund, sliding_window_refund, sliding_log_refund }
 if #ARG ~= 7 * #KEYS then
   return redis.error_reply('floodgate: a multi-limit refund takes 7 arguments per key')
 end

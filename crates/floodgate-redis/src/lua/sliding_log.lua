@@ -6,18 +6,56 @@
 -- the oldest live member, so a decision reads a few members, not the whole
 -- window: O(log² n) for n members (all of them only when the totals pass 2^52,
 -- once per 2^51 units admitted at the least).
+-- After a charge with receipts, one more member: "refunds:ledger:floor:
+-- incarnation:logged:ids" (see log_refunds and sliding_log_refund), scored -inf,
+-- so that it is always rank 0 and never the newest member while another is left,
+-- never live (no reading's window reaches -inf), dropped by nothing but a
+-- write that renumbers (which puts it back) and the key's end: every read of the
+-- members above stays exact, ranks counted from -inf included. Every later write
+-- keeps it, under any period, while the key lives.
+
+-- A log member and its score as found ({ member, score }): { at, units, total, name };
+-- nil when there is none (or it is `skip`, the refund member), false when it is
+-- malformed.
+local function log_member(found, skip)
+  if not found[1] or found[1] == skip then return nil end
+  local u, t = string.match(found[1], '^%d+:(%d+):(%d+)$')
+  local s = tonumber(found[2])
+  u, t = tonumber(u), tonumber(t)
+  -- A member holds no more units than its running total; that total (the script
+  -- counts again past 2^52) and its instant are below 2^53, where sums are exact.
+  if not s or not u or not t or u > t or t >= EXACT or s >= EXACT then return false end
+  return { at = s, units = u, total = t, name = found[1] }
+end
+
+-- The refund member of the log at `key`: nil when there is none (a key never
+-- charged with receipts: exactly the members above), else { name, ledger, floor,
+-- born (the incarnation), logged (the latest instant a unit was logged at, as far
+-- as a refund removed it: a reading is judged no earlier), ids }; or nil and an
+-- error reply.
+local function log_refunds(key)
+  local found = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if not found[1] or string.sub(found[1], 1, 8) ~= 'refunds:' then return nil end
+  local l, f, b, g, ids = string.match(found[1], '^refunds:(%d+):(%d+):(%d+):(%d+):([%d/,]*)$')
+  l, f, b, g = tonumber(l), tonumber(f), tonumber(b), tonumber(g)
+  if found[2] ~= '-inf' or not l or l >= EXACT or f >= EXACT or b >= EXACT or g >= EXACT then
+    return nil, malformed(key, 'not a refund member refunds:ledger:floor:incarnation:logged:ids at -inf')
+  end
+  return { name = found[1], ledger = l, floor = f, born = b, logged = g, ids = ids }
+end
+
+-- The refund member's name for its fields.
+local function log_refunds_name(r)
+  return 'refunds:' .. fmt(r.ledger) .. ':' .. fmt(r.floor) .. ':' .. fmt(r.born) .. ':' ..
+    fmt(r.logged) .. ':' .. r.ids
+end
+
 local function sliding_log(key, n, write, p, l)
-  -- A member and its score as found: instant, units, total; nil when there is
-  -- none, false when it is malformed.
+  local meta, err = log_refunds(key)
+  if err then return err end
+  local skip = meta and meta.name
   local function parse(found)
-    if not found[1] then return nil end
-    local u, t = string.match(found[1], '^%d+:(%d+):(%d+)$')
-    local s = tonumber(found[2])
-    u, t = tonumber(u), tonumber(t)
-    -- A member holds no more units than its running total; that total (the script
-    -- counts again past 2^52) and its instant are below 2^53, where sums are exact.
-    if not s or not u or not t or u > t or t >= EXACT or s >= EXACT then return false end
-    return { at = s, units = u, total = t }
+    return log_member(found, skip)
   end
   local function at_rank(rank)
     return parse(redis.call('ZRANGE', key, rank, rank, 'WITHSCORES'))
@@ -27,6 +65,10 @@ local function sliding_log(key, n, write, p, l)
   local at = now
   -- An earlier reading is judged at the newest unit's instant: the log stays sorted.
   if newest and newest.at > at then at = newest.at end
+  -- Nor earlier than a newest unit that a refund gave back (its admission dropped
+  -- the units that had left the window at its instant, which an earlier reading
+  -- would count): as the in-process log.
+  if meta and meta.logged > at then at = meta.logged end
   local oldest = parse(redis.call('ZRANGEBYSCORE', key, '(' .. fmt(at - p), '+inf',
     'WITHSCORES', 'LIMIT', 0, 1))
   if oldest == false then return malformed(key, 'member not instant:units:total') end
@@ -66,8 +108,16 @@ local function sliding_log(key, n, write, p, l)
       total = total - before
     end
     if write then
+      -- A charge with receipts on a key without refund member gives it one, of
+      -- an incarnation of its own.
+      if ISSUING and not meta then
+        meta = { ledger = 0, floor = 0, born = incarnation(), logged = 0, ids = '' }
+        meta.name = log_refunds_name(meta)
+        redis.call('ZADD', key, '-inf', meta.name)
+      end
       if live then
         redis.call('DEL', key)
+        if meta then redis.call('ZADD', key, '-inf', meta.name) end
         for _, m in ipairs(live) do
           if m.at ~= at then
             redis.call('ZADD', key, fmt(m.at),
@@ -75,12 +125,16 @@ local function sliding_log(key, n, write, p, l)
           end
         end
       else
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - p))
+        -- '(-inf': the refund member stays.
+        redis.call('ZREMRANGEBYSCORE', key, '(-inf', fmt(at - p))
         if logged > n then redis.call('ZREMRANGEBYSCORE', key, fmt(at), fmt(at)) end
       end
       redis.call('ZADD', key, fmt(at), fmt(at) .. ':' .. fmt(logged) .. ':' .. fmt(total))
       local ms = ttl_ms(at + p - now)
       if ms then redis.call('PEXPIRE', key, fmt(ms)) end
+      -- The instant, the cost, the running total after the charge, the ledger it
+      -- saw, the key's incarnation (0 and 0 without refund member).
+      RECEIPT = { at, n, total, meta and meta.ledger or 0, meta and meta.born or 0 }
     end
     return reply(true, l, l - units - n, at + p - now, 0)
   end
@@ -101,4 +155,65 @@ local function sliding_log(key, n, write, p, l)
     return malformed(key, 'log shorter than its count')
   end
   return reply(false, l, l - units, reset, last.at + p - now)
+end
+
+-- Gives back the `n` units a charge logged at instant `x` (the running total after
+-- it `total`, the ledger it saw `noted`) in incarnation `born` of the log at `key`,
+-- as the in-process log does: only while that instant is still in the window of
+-- period `p` at the reading (judged no earlier than the newest unit logged), all
+-- of them or nothing. Units logged at one instant are interchangeable: the
+-- member at `x` loses `n` (removed at 0) and every later member's running total
+-- drops by `n` (O(members after it)), the log the other charges would have made.
+-- Once per receipt (noted/x/total), by the ledger (units given back), floor and
+-- records shared with the windows. Returns the units given back.
+local function sliding_log_refund(key, x, n, total, noted, born, p)
+  local meta, err = log_refunds(key)
+  if err then return err end
+  -- A key lost and created again (or one no charge with receipts made) holds none
+  -- of the charge's units.
+  if not meta or meta.born ~= born then return 0 end
+  local list, bad = refund_ids(key, meta.ids)
+  if bad then return bad end
+  local id = fmt(noted) .. '/' .. fmt(x) .. '/' .. fmt(total)
+  if not refundable(list, id, noted, meta.ledger, meta.floor) then return 0 end
+  local newest = log_member(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES'), meta.name)
+  if newest == false then return malformed(key, 'member not instant:units:total') end
+  local t = now
+  if newest and newest.at > t then t = newest.at end
+  if meta.logged > t then t = meta.logged end
+  -- Left the window (or an instant no charge of this key logged at).
+  if x > t or t - x >= p then return 0 end
+  local found = redis.call('ZRANGEBYSCORE', key, fmt(x), '+inf', 'WITHSCORES')
+  local after = {}
+  for i = 1, #found, 2 do
+    local m = log_member({ found[i], found[i + 1] }, meta.name)
+    if not m then return malformed(key, 'member not instant:units:total') end
+    after[#after + 1] = m
+  end
+  local own = after[1]
+  if not own or own.at ~= x or own.units < n or n <= 0 then return 0 end
+  for i = 2, #after do
+    if after[i].total - n < after[i].units then return malformed(key, 'running totals fall') end
+  end
+  -- A ledger past 2^53 would leave the key malformed for every later call: such a
+  -- refund gives nothing (a conservative loss, as the floor's).
+  if meta.ledger + n >= EXACT then return 0 end
+  local kept, floor = record_refund(list, id, meta.floor)
+  local logged = meta.logged
+  if newest and newest.at > logged then logged = newest.at end
+  local name = log_refunds_name({ ledger = meta.ledger + n, floor = floor, born = born,
+    logged = logged, ids = kept })
+  -- The new refund member first: the key never empties (it would lose its time to
+  -- live, which these writes keep).
+  redis.call('ZADD', key, '-inf', name)
+  redis.call('ZREM', key, meta.name)
+  for i, m in ipairs(after) do
+    redis.call('ZREM', key, m.name)
+    local units = m.units
+    if i == 1 then units = units - n end
+    if units > 0 then
+      redis.call('ZADD', key, fmt(m.at), fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n))
+    end
+  end
+  return n
 end
