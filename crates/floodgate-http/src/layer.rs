@@ -1365,8 +1365,9 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   `RedisLimiterBuilder::refunds(true)`, which is opt-in until every replica reads
 ///   the refund state; a Redis sliding log) keeps its charge, with no round trip
 ///   for a refund. A request whose response future is dropped before it reaches
-///   the inner service (the client went away while a later rule made it wait) is
-///   given back its remote charges too, by a task nothing awaits: spawned with the
+///   the inner service (the client went away while a later rule made it wait, or
+///   during a rejection's refund round trips) is given back its remote charges
+///   too, by a task nothing awaits: spawned with the
 ///   layer's [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), else on the
 ///   Tokio runtime the future is dropped in (feature `queue`); the same refunds,
 ///   each within its limiter's timeout, failures counted in `errors`. Where nothing
@@ -1602,7 +1603,9 @@ impl RateLimitLayerBuilder {
     /// made it wait: a queue's slot, a slow remote limiter) is charged nowhere: its
     /// in-process charges are given back at once, and its remote charges
     /// ([`Rule::remote`], [`AsyncLimit::refund`]) by a [`RefundTask`] handed to
-    /// `spawn` — nothing awaits the dropped future any more. `spawn` must run the
+    /// `spawn` — nothing awaits the dropped future any more. So are the refunds of
+    /// a rejected request (429, 400, 503) still under way when its future is
+    /// dropped during their round trips: they go on in the task. `spawn` must run the
     /// task to its end (`tokio::spawn` does); a task dropped unfinished leaves the
     /// charges it had not given back taken.
     ///
@@ -2181,8 +2184,8 @@ struct Held<'a> {
     parts: &'a Parts,
     receipts: Vec<(usize, Receipt)>,
     /// The remote rules' receipts ([`AsyncLimit::charge_n`]): given back on a
-    /// rejection by [`give_back_remote`](Held::give_back_remote), on a drop by
-    /// [`spawn_remote`](Held::spawn_remote).
+    /// rejection by [`give_back_remote`](Held::give_back_remote), on a drop (the
+    /// request's future dropped) by [`spawn_refunds`].
     remote: Vec<(usize, AsyncReceipt)>,
 }
 
@@ -2219,37 +2222,18 @@ impl Held<'_> {
     /// Gives every remote charge back ([`AsyncLimit::refund`]), the round trips at
     /// once, each within its limiter's own timeout. A refund that fails is counted
     /// in its rule's `errors` (and logged with feature `tracing`); it changes
-    /// nothing else in the answer.
+    /// nothing else in the answer. Dropped before they end (the client went away
+    /// during the round trips), the refunds still under way are spawned
+    /// ([`Refunds`]).
     async fn give_back_remote(&mut self) {
-        let refunds = self.remote_refunds();
-        run_refunds(self.shared, refunds).await;
-    }
-
-    /// The request was dropped holding remote charges: their refunds go to the
-    /// layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else to Tokio's
-    /// current runtime (feature `queue`); where neither runs them, each charge stays
-    /// taken, counted in its rule's `errors`.
-    fn spawn_remote(&mut self) {
-        let refunds = self.remote_refunds();
-        if refunds.is_empty() {
-            return;
+        let pending = self.remote_refunds();
+        Refunds {
+            shared: self.shared,
+            pending,
+            spawned: false,
         }
-        let rules: Vec<usize> = refunds.iter().map(|(j, _)| *j).collect();
-        let shared = Arc::clone(self.shared);
-        let task: RefundTask = Box::pin(async move { run_refunds(&shared, refunds).await });
-        if spawn(self.shared.spawner.as_deref(), task).is_ok() {
-            return;
-        }
-        // Nothing runs the refunds: the charges stay taken, counted as failed refunds.
-        for j in rules {
-            let entry = &self.shared.rules[j];
-            entry.counters.bump(Count::Error);
-            #[cfg(feature = "tracing")]
-            tracing::warn!(
-                rule = %entry.name,
-                "a dropped request's refund could not run: no refund spawner and no Tokio runtime"
-            );
-        }
+        .run()
+        .await;
     }
 
     /// The request goes on to the inner service: every charge stays taken.
@@ -2263,41 +2247,93 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.give_back(&mut []);
         if !self.remote.is_empty() {
-            self.spawn_remote();
+            // The request was dropped holding remote charges.
+            let pending = self.remote_refunds();
+            spawn_refunds(self.shared, pending);
         }
     }
 }
 
-/// Runs `refunds` at once, each within its limiter's own timeout; a refund that
-/// fails is counted in its rule's `errors` (and logged with feature `tracing`).
-async fn run_refunds(shared: &Shared, mut refunds: Vec<(usize, RemoteRefund)>) {
-    let mut done = vec![false; refunds.len()];
-    core::future::poll_fn(|cx| {
-        let mut pending = false;
-        for ((j, refund), done) in refunds.iter_mut().zip(done.iter_mut()) {
-            if *done {
-                continue;
-            }
-            match refund.as_mut().poll(cx) {
-                Poll::Pending => pending = true,
-                Poll::Ready(outcome) => {
-                    *done = true;
-                    if let Err(_error) = outcome {
-                        let entry = &shared.rules[*j];
-                        entry.counters.bump(Count::Error);
-                        #[cfg(feature = "tracing")]
-                        tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
-                    }
+/// Remote refunds under way ([`ErasedRule::refund_remote`]), each with its rule.
+///
+/// Dropped before they all end (the request's future dropped during the round
+/// trips), those still under way are spawned ([`spawn_refunds`]), unless this is
+/// already the spawned task (a task dropped unfinished, by a runtime shutting down
+/// or a spawner, is not spawned again).
+struct Refunds<'a> {
+    shared: &'a Arc<Shared>,
+    pending: Vec<(usize, RemoteRefund)>,
+    spawned: bool,
+}
+
+impl Refunds<'_> {
+    /// Runs every refund at once to its end; a refund that fails is counted in its
+    /// rule's `errors` (and logged with feature `tracing`).
+    async fn run(&mut self) {
+        core::future::poll_fn(|cx| {
+            let shared = self.shared;
+            self.pending.retain_mut(|(j, refund)| {
+                let Poll::Ready(outcome) = refund.as_mut().poll(cx) else {
+                    return true;
+                };
+                if let Err(_error) = outcome {
+                    let entry = &shared.rules[*j];
+                    entry.counters.bump(Count::Error);
+                    #[cfg(feature = "tracing")]
+                    tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
                 }
+                false
+            });
+            if self.pending.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
+        })
+        .await;
+    }
+}
+
+impl Drop for Refunds<'_> {
+    fn drop(&mut self) {
+        if !self.spawned && !self.pending.is_empty() {
+            spawn_refunds(self.shared, core::mem::take(&mut self.pending));
         }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
+    }
+}
+
+/// Runs `pending`, the refunds of a request that is gone, in a task nothing awaits:
+/// on the layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else on
+/// Tokio's current runtime (feature `queue`). Where neither runs it, each charge
+/// stays taken, counted in its rule's `errors`.
+fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
+    if pending.is_empty() {
+        return;
+    }
+    let rules: Vec<usize> = pending.iter().map(|(j, _)| *j).collect();
+    let owned = Arc::clone(shared);
+    let task: RefundTask = Box::pin(async move {
+        Refunds {
+            shared: &owned,
+            pending,
+            spawned: true,
         }
-    })
-    .await;
+        .run()
+        .await;
+    });
+    if spawn(shared.spawner.as_deref(), task).is_ok() {
+        return;
+    }
+    // Nothing runs the refunds: the charges stay taken, counted as failed refunds.
+    for j in rules {
+        let entry = &shared.rules[j];
+        entry.counters.bump(Count::Error);
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            rule = %entry.name,
+            "a dropped request's refund could not run: no refund spawner and no Tokio runtime"
+        );
+    }
 }
 
 /// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
