@@ -676,7 +676,9 @@ pub struct Rule<L, E: KeyExtractor> {
     strategy: Strategy,
     cost: u32,
     window: Option<u64>,
-    on_missing: OnMissingKey<E::Key>,
+    /// The fallback key shared, so a remote refund that outlives the request (its
+    /// response future dropped: [`Held`]) owns what it needs.
+    on_missing: OnMissingKey<Arc<E::Key>>,
     on_error: Option<OnLimiterError>,
     in_process: Option<InProcess<L, E::Key>>,
 }
@@ -722,8 +724,9 @@ where
     }
 
     /// A rule on a remote limiter (Redis): checked with [`AsyncLimit::charge_n`], and
-    /// when a later rule denies the request its charge is given back with
-    /// [`AsyncLimit::refund`] — for a limit without refunds (the trait's default; a
+    /// when a later rule denies the request (or the request is dropped while a later
+    /// rule makes it wait: [`RateLimitLayerBuilder::refund_spawner`]) its charge is
+    /// given back with [`AsyncLimit::refund`] — for a limit without refunds (the trait's default; a
     /// Redis limiter unless built with `RedisLimiterBuilder::refunds(true)`) it stays
     /// taken, with no refund round trip. See [`RateLimitLayer`], "How rules combine".
     ///
@@ -813,6 +816,10 @@ where
 
     /// What to do when the extractor finds no usable key.
     pub fn on_missing_key(self, on_missing: OnMissingKey<E::Key>) -> Self {
+        let on_missing = match on_missing {
+            OnMissingKey::Reject => OnMissingKey::Reject,
+            OnMissingKey::Fallback(key) => OnMissingKey::Fallback(Arc::new(key)),
+        };
         Rule { on_missing, ..self }
     }
 
@@ -891,6 +898,10 @@ pub(crate) struct Check {
 /// A rule's check, or the limiter's error.
 pub(crate) type Checked = Result<Check, String>;
 
+/// A remote rule's refund ([`ErasedRule::refund_remote`]): whether anything came
+/// back, or the limiter's error.
+pub(crate) type RemoteRefund = BoxFuture<'static, Result<bool, String>>;
+
 /// A rule with its key and limiter types erased, so one layer holds rules on
 /// different keys (global, per client, per endpoint).
 pub(crate) trait ErasedRule: Send + Sync {
@@ -904,12 +915,10 @@ pub(crate) trait ErasedRule: Send + Sync {
 
     /// Gives back a remote charge ([`AsyncLimit::refund`]) that `start` took for
     /// this request, the key extracted again; `None` when the rule has none to give
-    /// back. The future ends within the limiter's own timeout (a Redis limiter's).
-    fn refund_remote<'a>(
-        &'a self,
-        parts: &Parts,
-        receipt: AsyncReceipt,
-    ) -> Option<BoxFuture<'a, Result<bool, String>>> {
+    /// back. The future ends within the limiter's own timeout (a Redis limiter's),
+    /// and owns what it needs: it may run after the request is gone ([`Held`]'s
+    /// drop).
+    fn refund_remote(&self, parts: &Parts, receipt: AsyncReceipt) -> Option<RemoteRefund> {
         let _ = (parts, receipt);
         None
     }
@@ -938,8 +947,9 @@ pub(crate) trait ErasedRule: Send + Sync {
 
     /// For a request an earlier rule denied: what this rule would decide for it now,
     /// writing nothing (an in-process rule's peek at its cost, and at cost 0 for the
-    /// headers); `None` when the rule cannot tell without a charge or a round trip
-    /// (a remote limiter, a queue) or has no key for the request.
+    /// headers; a queue's reservation, reserving nothing); `None` when the rule
+    /// cannot tell without a charge or a round trip (a remote limiter, a priority
+    /// queue) or has no key for the request.
     fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
         let _ = (parts, hasher);
         None
@@ -978,7 +988,7 @@ where
                         check: None,
                     }
                 }
-                OnMissingKey::Fallback(k) => (Key::Fallback(k), Some(e)),
+                OnMissingKey::Fallback(k) => (Key::Fallback(&**k), Some(e)),
             },
         };
         let key_ref = match &key {
@@ -1041,34 +1051,35 @@ where
         match (self.extractor.extract(parts), &self.on_missing) {
             (Ok(key), _) => Some((in_process.refund)(limiter, &key, receipt)),
             (Err(_), OnMissingKey::Fallback(key)) => {
-                Some((in_process.refund)(limiter, key, receipt))
+                Some((in_process.refund)(limiter, &**key, receipt))
             }
             (Err(_), OnMissingKey::Reject) => None,
         }
     }
 
-    fn refund_remote<'a>(
-        &'a self,
-        parts: &Parts,
-        receipt: AsyncReceipt,
-    ) -> Option<BoxFuture<'a, Result<bool, String>>> {
+    fn refund_remote(&self, parts: &Parts, receipt: AsyncReceipt) -> Option<RemoteRefund> {
         if self.in_process.is_some() || !receipt.is_charged() {
             return None;
         }
-        let limiter = &*self.limiter;
-        let refund: BoxFuture<'a, _> = match (self.extractor.extract(parts), &self.on_missing) {
+        // Owned (the limiter and the key shared or moved in), so that the refund of
+        // a dropped request can run after the request is gone.
+        let limiter = Arc::clone(&self.limiter);
+        let refund: RemoteRefund = match (self.extractor.extract(parts), &self.on_missing) {
             (Ok(key), _) => Box::pin(async move {
                 limiter
                     .refund(&key, receipt)
                     .await
                     .map_err(|e| e.to_string())
             }),
-            (Err(_), OnMissingKey::Fallback(key)) => Box::pin(async move {
-                limiter
-                    .refund(key, receipt)
-                    .await
-                    .map_err(|e| e.to_string())
-            }),
+            (Err(_), OnMissingKey::Fallback(key)) => {
+                let key = Arc::clone(key);
+                Box::pin(async move {
+                    limiter
+                        .refund(&*key, receipt)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            }
             (Err(_), OnMissingKey::Reject) => return None,
         };
         Some(refund)
@@ -1092,7 +1103,7 @@ where
         let own = self.extractor.extract(parts);
         let key = match (&own, &self.on_missing) {
             (Ok(key), _) => key,
-            (Err(_), OnMissingKey::Fallback(key)) => key,
+            (Err(_), OnMissingKey::Fallback(key)) => &**key,
             (Err(_), OnMissingKey::Reject) => return None,
         };
         let (at_cost, state, window) = (in_process.peek)(limiter, key, self.cost);
@@ -1281,7 +1292,22 @@ struct Shared {
     never_status: StatusCode,
     on_error: OnLimiterError,
     publish_outcomes: bool,
+    /// Where a dropped request's remote refunds run
+    /// ([`refund_spawner`](RateLimitLayerBuilder::refund_spawner)); `None`: Tokio's
+    /// current runtime, if any (feature `queue`).
+    spawner: Option<Arc<Spawner>>,
 }
+
+/// A [`refund_spawner`](RateLimitLayerBuilder::refund_spawner).
+type Spawner = dyn Fn(RefundTask) + Send + Sync;
+
+/// The refunds of one dropped request's remote charges, as one task to spawn
+/// ([`RateLimitLayerBuilder::refund_spawner`]): it gives back each charge with
+/// [`AsyncLimit::refund`], all at once, each within its limiter's own timeout, and
+/// counts a refund that fails in its rule's `errors`. It holds a reference to the
+/// layer's rules and needs no runtime of its own beyond what the limiters' futures
+/// need (a Redis limiter's: Tokio).
+pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A tower [`Layer`] that rate-limits every request by its [`Rule`]s.
 ///
@@ -1296,18 +1322,23 @@ struct Shared {
 /// 429, and the rules after it are neither charged nor counted. The same holds for
 /// a request rejected for its key (400) or for a failed limiter (503).
 ///
-/// The 429 speaks for every hard in-process rule ([`Rule::new`]), as
+/// The 429 speaks for every hard in-process rule ([`Rule::new`]) and queue
+/// (`QueueRule`, `KeyedQueueRule`, feature `queue`), as
 /// [`check_all`](floodgate::keyed::composite::check_all) does: the hard in-process
-/// rules after the one that denied are peeked (a look at the request's cost,
-/// charging nothing, on the denial path only); each that would deny the request too
+/// rules and queues after the one that denied are peeked (a look at the request's
+/// cost, charging and reserving nothing, on the denial path only; a queue that would
+/// deny waits for the same time its own refusal would give: until the same
+/// reservation's slot is at most its `max_delay` away); each that would deny the request too
 /// is shown in `RateLimit` as it is (those that would admit it are not shown), and
 /// when one would deny for longer, the 429 is its denial (its `Retry-After`,
 /// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
 /// longest; its `X-RateLimit-Remaining` the least of the hard rules the request
 /// met, those peeked included, whether or not they deny). A client
 /// that waits out `Retry-After` is then not denied by a later rule that was already
-/// spent. Later remote rules and queues are not peeked (a
-/// round trip each): their wait is not in the `Retry-After`.
+/// spent (a later queue then queues it within its bound). Later remote rules (a
+/// round trip each) and priority queues (`PriorityRule`: a tier's place depends on
+/// the waiters of the tiers above it) are not peeked: their wait is not in the
+/// `Retry-After`.
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
 ///   the earlier rules took for the denied request are given back by their receipts, as
@@ -1332,9 +1363,16 @@ struct Shared {
 ///   with feature `tracing`) and changes nothing else: the answer stays the same. A
 ///   limit without refunds (the trait's default: a Redis limiter unless built with
 ///   `RedisLimiterBuilder::refunds(true)`, which is opt-in until every replica reads
-///   the refund state; a Redis sliding log) keeps its charge, with no round trip
-///   for a refund, and so does every remote rule when the
-///   response future is dropped before the answer (nothing awaits a refund then). Put the
+///   the refund state) keeps its charge, with no round trip
+///   for a refund. A request whose response future is dropped before it reaches
+///   the inner service (the client went away while a later rule made it wait, or
+///   during a rejection's refund round trips) is given back its remote charges
+///   too, by a task nothing awaits: spawned with the
+///   layer's [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), else on the
+///   Tokio runtime the future is dropped in (feature `queue`); the same refunds,
+///   each within its limiter's timeout, failures counted in `errors`. Where nothing
+///   can run them (no spawner, no runtime) those charges stay taken, each counted
+///   in its rule's `errors`. Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
@@ -1409,6 +1447,7 @@ pub struct RateLimitLayerBuilder {
     never_status: StatusCode,
     on_error: OnLimiterError,
     publish_outcomes: bool,
+    spawner: Option<Arc<Spawner>>,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -1557,6 +1596,57 @@ impl RateLimitLayerBuilder {
         }
     }
 
+    /// Where the refunds of a dropped request's remote charges run.
+    ///
+    /// A request whose response future is dropped before it reaches the inner
+    /// service (the client went away, a timeout layer fired, while a later rule
+    /// made it wait: a queue's slot, a slow remote limiter) is charged nowhere: its
+    /// in-process charges are given back at once, and its remote charges
+    /// ([`Rule::remote`], [`AsyncLimit::refund`]) by a [`RefundTask`] handed to
+    /// `spawn` — nothing awaits the dropped future any more. So are the refunds of
+    /// a rejected request (429, 400, 503) still under way when its future is
+    /// dropped during their round trips: they go on in the task. `spawn` must run the
+    /// task to its end (`tokio::spawn` does); a task dropped unfinished leaves the
+    /// charges it had not given back taken.
+    ///
+    /// Without this call, with feature `queue` the task is spawned on the Tokio
+    /// runtime the future is dropped in
+    /// (`tokio::runtime::Handle::try_current`); where there is none (dropped on a
+    /// thread outside a runtime, or the feature off), the refunds are not run:
+    /// those charges stay taken, each counted in its rule's `errors` (and logged
+    /// with feature `tracing`), and nothing panics. A runtime that is shutting
+    /// down drops a task spawned on it: those charges stay taken, uncounted.
+    ///
+    /// An admitted request pays nothing for this (no allocation, no atomic
+    /// operation); a rejected one, one `Arc` clone per remote refund; a dropped one
+    /// holding remote charges, the task.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, RateLimitLayer, Rule};
+    /// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     // In production a `floodgate_redis::RedisLimiter` with refunds on.
+    ///     .rule(Rule::remote("global", global, Global)?)
+    ///     .refund_spawner(|task| {
+    ///         tokio::spawn(task);
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund_spawner<F>(self, spawn: F) -> Self
+    where
+        F: Fn(RefundTask) + Send + Sync + 'static,
+    {
+        RateLimitLayerBuilder {
+            spawner: Some(Arc::new(spawn)),
+            ..self
+        }
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -1606,6 +1696,7 @@ impl RateLimitLayerBuilder {
                 never_status: self.never_status,
                 on_error: self.on_error,
                 publish_outcomes: self.publish_outcomes,
+                spawner: self.spawner,
             }),
         })
     }
@@ -1621,6 +1712,7 @@ impl RateLimitLayer {
             never_status: StatusCode::TOO_MANY_REQUESTS,
             on_error: OnLimiterError::FailClosed,
             publish_outcomes: false,
+            spawner: None,
         }
     }
 
@@ -1760,7 +1852,7 @@ pub(crate) struct Reply {
     pub(crate) text: String,
 }
 
-async fn decide(shared: &Shared, parts: &Parts) -> Verdict {
+async fn decide(shared: &Arc<Shared>, parts: &Parts) -> Verdict {
     let mut v = Verdict {
         shown: Vec::with_capacity(shared.rules.len()),
         decided: if shared.publish_outcomes {
@@ -2081,18 +2173,20 @@ pub struct RuleOutcome<'a> {
     pub queued: bool,
 }
 
-/// The receipts of the in-process rules that admitted (and so charged) a request.
+/// The receipts of the rules that admitted (and so charged) a request.
 ///
 /// All or nothing: a request the layer rejects (429, 400, 503) is charged nowhere,
 /// and neither is one whose future is dropped before the inner service is called
 /// (the client went away, or a timeout fired, while it waited for a queue's slot or
-/// a remote limiter): the charges are given back unless [kept](Held::keep).
+/// a remote limiter): the charges are given back unless [kept](Held::keep) — the
+/// in-process ones at once, the remote ones by a spawned [`RefundTask`].
 struct Held<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
     parts: &'a Parts,
     receipts: Vec<(usize, Receipt)>,
-    /// The remote rules' receipts ([`AsyncLimit::charge_n`]): given back, on a
-    /// rejection only, by [`give_back_remote`](Held::give_back_remote).
+    /// The remote rules' receipts ([`AsyncLimit::charge_n`]): given back on a
+    /// rejection by [`give_back_remote`](Held::give_back_remote), on a drop (the
+    /// request's future dropped) by [`spawn_refunds`].
     remote: Vec<(usize, AsyncReceipt)>,
 }
 
@@ -2113,44 +2207,33 @@ impl Held<'_> {
         }
     }
 
-    /// Gives every remote charge back ([`AsyncLimit::refund`]), the round trips at
-    /// once, each within its limiter's own timeout. A refund that fails is counted
-    /// in its rule's `errors` (and logged with feature `tracing`); it changes
-    /// nothing else in the answer.
-    async fn give_back_remote(&mut self) {
-        let mut refunds: Vec<(usize, BoxFuture<'_, Result<bool, String>>)> = Vec::new();
+    /// The refunds of every remote charge held ([`ErasedRule::refund_remote`]),
+    /// each with its rule.
+    fn remote_refunds(&mut self) -> Vec<(usize, RemoteRefund)> {
+        let mut refunds = Vec::new();
         for (j, receipt) in self.remote.drain(..) {
             let rule = &self.shared.rules[j].rule;
             if let Some(refund) = rule.refund_remote(self.parts, receipt) {
                 refunds.push((j, refund));
             }
         }
-        let mut done = vec![false; refunds.len()];
-        core::future::poll_fn(|cx| {
-            let mut pending = false;
-            for ((j, refund), done) in refunds.iter_mut().zip(done.iter_mut()) {
-                if *done {
-                    continue;
-                }
-                match refund.as_mut().poll(cx) {
-                    Poll::Pending => pending = true,
-                    Poll::Ready(outcome) => {
-                        *done = true;
-                        if let Err(_error) = outcome {
-                            let entry = &self.shared.rules[*j];
-                            entry.counters.bump(Count::Error);
-                            #[cfg(feature = "tracing")]
-                            tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
-                        }
-                    }
-                }
-            }
-            if pending {
-                Poll::Pending
-            } else {
-                Poll::Ready(())
-            }
-        })
+        refunds
+    }
+
+    /// Gives every remote charge back ([`AsyncLimit::refund`]), the round trips at
+    /// once, each within its limiter's own timeout. A refund that fails is counted
+    /// in its rule's `errors` (and logged with feature `tracing`); it changes
+    /// nothing else in the answer. Dropped before they end (the client went away
+    /// during the round trips), the refunds still under way are spawned
+    /// ([`Refunds`]).
+    async fn give_back_remote(&mut self) {
+        let pending = self.remote_refunds();
+        Refunds {
+            shared: self.shared,
+            pending,
+            spawned: false,
+        }
+        .run()
         .await;
     }
 
@@ -2164,7 +2247,109 @@ impl Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.give_back(&mut []);
+        if !self.remote.is_empty() {
+            // The request was dropped holding remote charges.
+            let pending = self.remote_refunds();
+            spawn_refunds(self.shared, pending);
+        }
     }
+}
+
+/// Remote refunds under way ([`ErasedRule::refund_remote`]), each with its rule.
+///
+/// Dropped before they all end (the request's future dropped during the round
+/// trips), those still under way are spawned ([`spawn_refunds`]), unless this is
+/// already the spawned task (a task dropped unfinished, by a runtime shutting down
+/// or a spawner, is not spawned again).
+struct Refunds<'a> {
+    shared: &'a Arc<Shared>,
+    pending: Vec<(usize, RemoteRefund)>,
+    spawned: bool,
+}
+
+impl Refunds<'_> {
+    /// Runs every refund at once to its end; a refund that fails is counted in its
+    /// rule's `errors` (and logged with feature `tracing`).
+    async fn run(&mut self) {
+        core::future::poll_fn(|cx| {
+            let shared = self.shared;
+            self.pending.retain_mut(|(j, refund)| {
+                let Poll::Ready(outcome) = refund.as_mut().poll(cx) else {
+                    return true;
+                };
+                if let Err(_error) = outcome {
+                    let entry = &shared.rules[*j];
+                    entry.counters.bump(Count::Error);
+                    #[cfg(feature = "tracing")]
+                    tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
+                }
+                false
+            });
+            if self.pending.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Refunds<'_> {
+    fn drop(&mut self) {
+        if !self.spawned && !self.pending.is_empty() {
+            spawn_refunds(self.shared, core::mem::take(&mut self.pending));
+        }
+    }
+}
+
+/// Runs `pending`, the refunds of a request that is gone, in a task nothing awaits:
+/// on the layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else on
+/// Tokio's current runtime (feature `queue`). Where neither runs it, each charge
+/// stays taken, counted in its rule's `errors`.
+fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
+    if pending.is_empty() {
+        return;
+    }
+    let rules: Vec<usize> = pending.iter().map(|(j, _)| *j).collect();
+    let owned = Arc::clone(shared);
+    let task: RefundTask = Box::pin(async move {
+        Refunds {
+            shared: &owned,
+            pending,
+            spawned: true,
+        }
+        .run()
+        .await;
+    });
+    if spawn(shared.spawner.as_deref(), task).is_ok() {
+        return;
+    }
+    // Nothing runs the refunds: the charges stay taken, counted as failed refunds.
+    for j in rules {
+        let entry = &shared.rules[j];
+        entry.counters.bump(Count::Error);
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            rule = %entry.name,
+            "a dropped request's refund could not run: no refund spawner and no Tokio runtime"
+        );
+    }
+}
+
+/// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
+/// gives it back when nothing can run it.
+fn spawn(spawner: Option<&Spawner>, task: RefundTask) -> Result<(), RefundTask> {
+    if let Some(spawn) = spawner {
+        spawn(task);
+        return Ok(());
+    }
+    #[cfg(feature = "queue")]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn(task));
+        return Ok(());
+    }
+    Err(task)
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

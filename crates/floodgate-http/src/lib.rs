@@ -49,7 +49,10 @@
 //!   ([`ForwardedIp`]); a spoofed leftmost value is never used.
 //! * Rules are checked in order and the first hard denial stops the walk; for
 //!   in-process limiters the decision is all-or-nothing (the earlier rules' charges
-//!   are refunded; see [`RateLimitLayer`]); **soft** rules let the request
+//!   are refunded; see [`RateLimitLayer`]); a remote limiter with refunds is given
+//!   its charge back too (a round trip), also when the client goes away while a
+//!   later rule makes the request wait (then in a spawned task:
+//!   [`refund_spawner`](RateLimitLayerBuilder::refund_spawner)); **soft** rules let the request
 //!   through marked `X-RateLimit-Exceeded`, **shadow** rules only count
 //!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
 //! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a
@@ -72,7 +75,10 @@
 //! * `queue` — `QueueRule`: requests wait for their GCRA slot (up to a bound)
 //!   instead of being refused; `KeyedQueueRule`: the same per key (client IP, API
 //!   key), each key waiting behind its own requests only; `PriorityRule`: one queue per plan, the highest plan
-//!   served first and the lowest shed first; needs Tokio's timer.
+//!   served first and the lowest shed first; needs Tokio's timer. With it, a
+//!   dropped request's remote refunds are spawned on the current Tokio runtime
+//!   unless the layer has its own
+//!   [`refund_spawner`](RateLimitLayerBuilder::refund_spawner).
 //! * `metrics` — `RateLimitLayer::export_metrics` sets `metrics` facade counters
 //!   (`METRIC_NAMES`, label `rule`) to the per-rule totals, read from the sharded
 //!   counters when called, so the request path writes nothing shared.
@@ -114,7 +120,7 @@ pub use headers::{
 };
 pub use layer::{
     Charge, HeaderOptions, OnLimiterError, OnMissingKey, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitOutcomes, RateLimitService, ResponseFuture, Rule, RuleOutcome, Strategy,
+    RateLimitOutcomes, RateLimitService, RefundTask, ResponseFuture, Rule, RuleOutcome, Strategy,
 };
 #[cfg(feature = "queue")]
 pub use priority::PriorityRule;

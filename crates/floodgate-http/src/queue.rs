@@ -17,6 +17,11 @@
 //! are when its slot comes (the requests that joined the queue behind it have taken
 //! theirs by then), not as they were when it joined.
 //!
+//! When an earlier rule denies a request, a later queue is peeked (reserving
+//! nothing): if it would refuse the request too, the 429's `Retry-After` is at least
+//! the wait its own refusal would give — until the same reservation's slot is at
+//! most `max_delay` away (see `RateLimitLayer`, "How rules combine").
+//!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
 //! ([`DefaultClock`](floodgate::DefaultClock)); the tests drive both from Tokio's
 //! paused clock. The runtime needs its time driver (`#[tokio::main]` has it).
@@ -34,7 +39,7 @@ use http::request::Parts;
 use crate::error::ConfigError;
 use crate::extract::KeyExtractor;
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{Check, Checked, ErasedRule, Started};
+use crate::layer::{Check, Checked, ErasedRule, Peeked, Started};
 
 /// A queueing rule for [`RateLimitLayerBuilder::queue`](crate::RateLimitLayerBuilder::queue):
 /// one shaper for every request (a global queue).
@@ -113,9 +118,13 @@ where
 
     /// The schedule now ([`schedule_now`]): the units reservable within `max_delay`.
     fn schedule(&self) -> Decision {
+        schedule_now(&self.shaper.policy(), self.max_delay, self.booked())
+    }
+
+    /// How far ahead of now the schedule is booked: `TAT − now`.
+    fn booked(&self) -> Nanos {
         let now = self.shaper.clock().now();
-        let booked = self.shaper.state().tat().saturating_since(now);
-        schedule_now(&self.shaper.policy(), self.max_delay, booked)
+        self.shaper.state().tat().saturating_since(now)
     }
 }
 
@@ -206,6 +215,20 @@ where
     fn never_fits(&self) -> Option<(u32, u64)> {
         cost_above_burst(self.cost, &self.shaper.policy())
     }
+
+    /// The reservation this rule would make now, reserving nothing ([`queue_peek`]).
+    fn peek_later(&self, _parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let peeked = queue_peek(
+            &self.shaper.policy(),
+            self.max_delay,
+            self.cost,
+            self.booked(),
+        );
+        Some(Peeked {
+            partition_key: hasher.map(|h| h.hash(&())),
+            ..peeked
+        })
+    }
 }
 
 /// A queueing rule's schedule as it is now, `booked` (`TAT − now`) ahead, as an
@@ -223,6 +246,53 @@ fn schedule_now(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision
         .saturating_add(Nanos::from_duration(max_delay).as_u64());
     let remaining = (bound.saturating_sub(booked.as_u64()) / interval).min(policy.burst());
     Decision::new(true, policy.burst(), remaining, booked.as_duration(), None)
+}
+
+/// What a reservation of `cost` units would decide on a schedule `booked`
+/// (`TAT − now`) ahead, reserving nothing, for a request an earlier rule denied
+/// ([`ErasedRule::peek_later`]): the peek at the cost, and the schedule
+/// ([`schedule_now`]) for the headers.
+///
+/// The reservation is GCRA with the tolerance `τ + max_delay` (`τ = B·T`): it fits
+/// when `booked + n·T ≤ τ + max_delay`. When it does not, the peek denies with the
+/// wait `booked + n·T − (τ + max_delay)` — the same wait the rule's own refusal
+/// gives ([`ShapeError::TooLong`]): after it, if nothing else reserves, the same
+/// reservation fits, its slot at most `max_delay` away (the request is queued up to
+/// `max_delay`, not necessarily admitted at once). A cost above the burst never
+/// fits (no wait); a cost of 0 always does.
+fn queue_peek(policy: &Policy, max_delay: Duration, cost: u32, booked: Nanos) -> Peeked {
+    let state = schedule_now(policy, max_delay, booked);
+    let interval = policy.interval_nanos();
+    let tolerance = policy
+        .burst()
+        .saturating_mul(interval)
+        .saturating_add(Nanos::from_duration(max_delay).as_u64());
+    let need = u64::from(cost).saturating_mul(interval);
+    let at_cost = if u64::from(cost) > policy.burst() {
+        refused(
+            state,
+            ShapeError::Never {
+                cost,
+                burst: policy.burst(),
+            },
+        )
+    } else {
+        match booked.as_u64().saturating_add(need).checked_sub(tolerance) {
+            Some(wait) if wait > 0 && cost > 0 => refused(
+                state,
+                ShapeError::TooLong {
+                    retry_after: Duration::from_nanos(wait),
+                },
+            ),
+            _ => state,
+        }
+    };
+    Peeked {
+        at_cost,
+        state,
+        partition_key: None,
+        window: None,
+    }
 }
 
 /// `schedule` as the refusal of a reservation that failed with `error`.
@@ -346,12 +416,16 @@ where
         KeyedQueueRule { cost, ..self }
     }
 
-    /// `key`'s schedule now ([`schedule_now`]): a peek at cost 0, whose reset is the
-    /// key's `TAT − now`.
+    /// `key`'s schedule now ([`schedule_now`]).
     fn schedule(&self, key: &E::Key) -> Decision {
-        let booked = self.limiter.peek(key, 0).reset_after();
         let policy = self.limiter.algorithm().policy();
-        schedule_now(&policy, self.max_delay, Nanos::from_duration(booked))
+        schedule_now(&policy, self.max_delay, self.booked(key))
+    }
+
+    /// How far ahead of now `key`'s schedule is booked, `TAT − now`: the reset of a
+    /// peek at cost 0.
+    fn booked(&self, key: &E::Key) -> Nanos {
+        Nanos::from_duration(self.limiter.peek(key, 0).reset_after())
     }
 }
 
@@ -446,5 +520,17 @@ where
 
     fn never_fits(&self) -> Option<(u32, u64)> {
         cost_above_burst(self.cost, &self.limiter.algorithm().policy())
+    }
+
+    /// The reservation this rule would make now for the request's key, reserving
+    /// nothing ([`queue_peek`]); `None` without a usable key.
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let key = self.extractor.extract(parts).ok()?;
+        let policy = self.limiter.algorithm().policy();
+        let peeked = queue_peek(&policy, self.max_delay, self.cost, self.booked(&key));
+        Some(Peeked {
+            partition_key: hasher.map(|h| h.hash(&key)),
+            ..peeked
+        })
     }
 }

@@ -28,7 +28,9 @@ use crate::headers::PolicyName;
 ///   counted against the fallback bucket; for a priority rule, a missing tier or one
 ///   beyond the configured tiers, served as tier 0);
 /// * `errors` — decisions the limiter could not make (a backend error), and refunds
-///   of a remote rule's charge it could not make (the answer is unchanged).
+///   of a remote rule's charge it could not make (the answer is unchanged), or that
+///   nothing could run for a dropped request (no refund spawner, no Tokio runtime:
+///   [`RateLimitLayerBuilder::refund_spawner`](crate::RateLimitLayerBuilder::refund_spawner)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RuleStats {
