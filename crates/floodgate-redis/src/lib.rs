@@ -225,9 +225,10 @@
 //!   replica first, then turn refunds on. A version from before sliding-log
 //!   refunds (session 42) reads a log with its refund member, but fails as
 //!   malformed on a log whose every unit was given back (only the refund member
-//!   left), and its trim drops the refund member (that key's receipts then give
-//!   nothing back): upgrade every replica of a sliding-log limiter with refunds on
-//!   before the new version serves it. A limiter with refunds off still reads and
+//!   left), its trim drops the refund member (that key's receipts then give
+//!   nothing back), and it judges a reading behind a newest unit given back
+//!   before that unit's instant (it does not read `logged`): upgrade every replica
+//!   of a sliding-log limiter with refunds on before the new version serves it. A limiter with refunds off still reads and
 //!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay
