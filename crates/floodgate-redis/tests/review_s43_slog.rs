@@ -7,7 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{members, runtime, sliding_log as log, with_refunds, RedisServer};
+use common::{
+    assert_totals_consistent, log_members, members, runtime, sliding_log as log, with_refunds,
+    RedisServer,
+};
 use floodgate::{Decision, ManualClock, Nanos, Policy, SlidingLog};
 use floodgate_redis::{Algorithm, RedisLimiter};
 use proptest::prelude::Rng;
@@ -256,6 +259,107 @@ fn a_multi_limit_refund_judges_each_log_by_its_own_period() {
         assert!(
             given > 100 && refused > 0 && partial > 20,
             "{given} given, {refused} refused, {partial} partial"
+        );
+    });
+}
+
+/// A rolling deploy on one log key: replicas of 1 s (limit 5) and 3 s (limit 8)
+/// with refunds on and one of 2 s (limit 5) with refunds off, charging at readings
+/// on a 100 ms grid that step back now and then (so a reading meets an instant
+/// another replica dropped), each receipt refunded by its replica and sent again.
+/// A model of what every instant holds — each charge's units added at the
+/// instant its receipt names (the newest member), taken off by its own refund —
+/// must be the log exactly after every step: a refund gives back only its own
+/// charge's units, once, never at an instant a trim dropped (no member comes back
+/// there), and the running totals stay consistent.
+#[test]
+fn replicas_of_three_periods_never_give_back_units_not_their_own() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let builder = |limit, ms| {
+        let p = Policy::new(limit, Duration::from_millis(ms)).unwrap();
+        RedisLimiter::builder(Algorithm::SlidingLog, p)
+    };
+    let replicas = [
+        with_refunds(&rt, &server, builder(5, 1_000), true),
+        with_refunds(&rt, &server, builder(8, 3_000), true),
+        with_refunds(&rt, &server, builder(5, 2_000), false),
+    ];
+    rt.block_on(async {
+        let (mut given, mut dropped) = (0, 0);
+        for seed in 1..=12_u64 {
+            let key = format!("deploy{seed}");
+            let redis_key = format!("test:{key}");
+            let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
+            let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n;
+            let step_us = 100_000;
+            let mut now_us = 50_000_000_u64;
+            // What each instant holds, and the instants a trim dropped.
+            let mut model = std::collections::BTreeMap::<u64, u64>::new();
+            let mut gone = std::collections::BTreeSet::<u64>::new();
+            // (replica, receipt, instant, cost)
+            let mut held = Vec::new();
+            for step in 0..250 {
+                let op = below(&mut rng, 10);
+                if op < 5 || held.is_empty() {
+                    let who = below(&mut rng, 3) as usize;
+                    let cost = 1 + below(&mut rng, 3);
+                    let (d, r) = replicas[who]
+                        .charge_n_at_micros(&key, cost as u32, now_us)
+                        .await
+                        .unwrap();
+                    let rows = log_members(&server, &redis_key);
+                    let present: std::collections::BTreeSet<u64> =
+                        rows.iter().map(|m| m.0).collect();
+                    let dropped_now: Vec<u64> = model
+                        .keys()
+                        .copied()
+                        .filter(|at| !present.contains(at))
+                        .collect();
+                    for at in dropped_now {
+                        model.remove(&at);
+                        gone.insert(at);
+                        dropped += 1;
+                    }
+                    if d.is_allowed() {
+                        let x = rows.last().expect("a member after an admission").0;
+                        assert!(!gone.contains(&x), "seed {seed} step {step}: {x} again");
+                        *model.entry(x).or_default() += cost;
+                        if let Some(r) = r {
+                            held.push((who, r, x, cost));
+                        }
+                    }
+                } else if op < 7 {
+                    let i = below(&mut rng, held.len() as u64) as usize;
+                    let (who, r, x, cost) = held.swap_remove(i);
+                    let back = replicas[who].refund_at_micros(&r, now_us).await.unwrap();
+                    if back {
+                        given += 1;
+                        let units = model.get_mut(&x).expect("given back at a live instant");
+                        assert!(*units >= cost, "seed {seed} step {step}: not its own");
+                        *units -= cost;
+                        if *units == 0 {
+                            model.remove(&x);
+                        }
+                    }
+                    assert!(!replicas[who].refund_at_micros(&r, now_us).await.unwrap());
+                } else if op < 9 {
+                    now_us += step_us * below(&mut rng, 9);
+                } else {
+                    now_us -= step_us * below(&mut rng, 4);
+                }
+                let rows = log_members(&server, &redis_key);
+                assert_totals_consistent(&rows);
+                let found: Vec<(u64, u64)> = rows.iter().map(|m| (m.0, m.1)).collect();
+                let want: Vec<(u64, u64)> = model.iter().map(|(&a, &u)| (a, u)).collect();
+                assert_eq!(found, want, "seed {seed} step {step}");
+            }
+        }
+        assert!(
+            given > 150 && dropped > 50,
+            "{given} given, {dropped} dropped"
         );
     });
 }
