@@ -363,3 +363,36 @@ fn replicas_of_three_periods_never_give_back_units_not_their_own() {
         );
     });
 }
+
+/// The encoding of a log key once refunds have recorded receipts (crate docs,
+/// "Refunds", **State**): its refund member outgrows Redis's default
+/// `zset-max-listpack-value` (64 bytes), so the key is a skiplist; under the
+/// documented setting of 512 it stays a listpack through more refunds than a key
+/// remembers (30, at instants of today's size).
+#[test]
+fn a_refunded_log_key_stays_a_listpack_under_the_documented_setting() {
+    for (setting, want) in [(None, "skiplist"), (Some("512"), "listpack")] {
+        let Some(server) = RedisServer::start_with(|_| {
+            setting
+                .map(|v| vec!["--zset-max-listpack-value".to_owned(), v.to_owned()])
+                .unwrap_or_default()
+        }) else {
+            return;
+        };
+        let rt = runtime();
+        let l = log(&rt, &server, Policy::per_hour(100).unwrap());
+        rt.block_on(async {
+            let t = 1_796_083_200_123_457_u64;
+            let _ = l.charge_n_at_micros("e", 3, t).await.unwrap();
+            let before: String = server.cmd(&["OBJECT", "ENCODING", "test:e"]);
+            assert_eq!(before, "listpack");
+            for i in 1..=30 {
+                let at = t + i * 1_000;
+                let (_, r) = l.charge_n_at_micros("e", 1, at).await.unwrap();
+                assert!(l.refund_at_micros(&r.unwrap(), at).await.unwrap());
+            }
+            let after: String = server.cmd(&["OBJECT", "ENCODING", "test:e"]);
+            assert_eq!(after, want, "zset-max-listpack-value {setting:?}");
+        });
+    }
+}
