@@ -222,8 +222,8 @@
 //!   nothing back on it. Its size: once a refund has recorded a receipt, the
 //!   refund member is longer than Redis's default `zset-max-listpack-value` (64
 //!   bytes), and Redis holds the key as a skiplist from then on — about 1 KB for
-//!   a log of a couple of members, where a listpack takes about 130 bytes
-//!   (`MEMORY USAGE`, Redis 7.0). A refund member is at most 483 bytes, so
+//!   a log of one unit, where a listpack takes about 130 bytes (`MEMORY USAGE`,
+//!   Redis 7.0). A refund member is at most 483 bytes, so
 //!   `zset-max-listpack-value 512` keeps such logs compact (up to
 //!   `zset-max-listpack-entries` members).
 //!   A version of this crate from before refunds reads such a key as a malformed
