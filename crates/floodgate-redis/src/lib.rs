@@ -219,15 +219,22 @@
 //!   refund units of the new one). The incarnation is the server time of the first
 //!   charge with a receipt on the key: a key lost and created again (evicted, a
 //!   write lost in a failover) gets another, and a receipt of the lost key gives
-//!   nothing back on it.
+//!   nothing back on it. Its size: once a refund has recorded a receipt, the
+//!   refund member is longer than Redis's default `zset-max-listpack-value` (64
+//!   bytes), and Redis holds the key as a skiplist from then on — about 1 KB for
+//!   a log of one unit, where a listpack takes about 130 bytes (`MEMORY USAGE`,
+//!   Redis 7.0). A refund member is at most 483 bytes, so
+//!   `zset-max-listpack-value 512` keeps such logs compact (up to
+//!   `zset-max-listpack-entries` members).
 //!   A version of this crate from before refunds reads such a key as a malformed
 //!   state (an error; under [`OnFailure::Open`], an admission): upgrade every
 //!   replica first, then turn refunds on. A version from before sliding-log
 //!   refunds (session 42) reads a log with its refund member, but fails as
 //!   malformed on a log whose every unit was given back (only the refund member
-//!   left), and its trim drops the refund member (that key's receipts then give
-//!   nothing back): upgrade every replica of a sliding-log limiter with refunds on
-//!   before the new version serves it. A limiter with refunds off still reads and
+//!   left), its trim drops the refund member (that key's receipts then give
+//!   nothing back), and it judges a reading behind a newest unit given back
+//!   before that unit's instant (it does not read `logged`): upgrade every replica
+//!   of a sliding-log limiter with refunds on before the new version serves it. A limiter with refunds off still reads and
 //!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay

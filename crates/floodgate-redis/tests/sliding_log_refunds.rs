@@ -9,35 +9,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{runtime, RedisServer};
+use common::{
+    assert_totals_consistent, log_members, members, runtime, sliding_log as log,
+    with_refunds as built, RedisServer,
+};
 use floodgate::{Clock, ManualClock, Nanos, Policy, SlidingLog};
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
+use floodgate_redis::{Algorithm, RedisLimiter};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
-
-/// `builder` with refunds `on` (or off), keys prefixed `test:`, errors returned.
-fn built(
-    rt: &tokio::runtime::Runtime,
-    server: &RedisServer,
-    builder: RedisLimiterBuilder,
-    on: bool,
-) -> RedisLimiter {
-    let builder = builder
-        .on_failure(OnFailure::Error)
-        .timeout(Duration::from_secs(5))
-        .refunds(on);
-    common::build(rt, server, builder)
-}
-
-/// A sliding log of `policy` with refunds on.
-fn log(rt: &tokio::runtime::Runtime, server: &RedisServer, policy: Policy) -> RedisLimiter {
-    built(
-        rt,
-        server,
-        RedisLimiter::builder(Algorithm::SlidingLog, policy),
-        true,
-    )
-}
 
 /// The period of the logs below that count by the second: 1 s in microseconds.
 const P: u64 = 1_000_000;
@@ -57,33 +36,6 @@ fn micros(d: floodgate::Decision) -> (bool, u64, u64, u128, Option<u128>) {
     let up = |t: Duration| t.as_nanos().div_ceil(1_000);
     let (reset, retry) = (up(d.reset_after()), d.retry_after().map(up));
     (d.is_allowed(), d.limit(), d.remaining(), reset, retry)
-}
-
-/// The members of the sorted set at `key`, lowest score first, with their scores.
-fn members(server: &RedisServer, key: &str) -> Vec<(String, String)> {
-    server.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
-}
-
-/// The log members (not the refund member) as (instant, units, total).
-fn log_members(server: &RedisServer, key: &str) -> Vec<(u64, u64, u64)> {
-    members(server, key)
-        .into_iter()
-        .filter(|(m, _)| !m.starts_with("refunds:"))
-        .map(|(m, score)| {
-            let f: Vec<u64> = m.split(':').map(|x| x.parse().unwrap()).collect();
-            assert_eq!(f.len(), 3, "{m}");
-            assert_eq!(score.parse::<u64>().unwrap(), f[0], "{m} at {score}");
-            (f[0], f[1], f[2])
-        })
-        .collect()
-}
-
-/// Running totals are consistent: each member's total is the one before it plus
-/// its units (the first at least its units).
-fn assert_totals_consistent(rows: &[(u64, u64, u64)]) {
-    for pair in rows.windows(2) {
-        assert_eq!(pair[1].2, pair[0].2 + pair[1].1, "{rows:?}");
-    }
 }
 
 /// Random charges (costs 1 to 3, often several at one instant), refunds of the

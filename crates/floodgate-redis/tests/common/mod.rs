@@ -352,3 +352,58 @@ pub fn mid_window_periods(
         .filter(move |&p| (p / 4..=3 * p / 4).contains(&(now % p)))
         .map(Duration::from_micros)
 }
+
+/// `builder` with refunds `on` (or off), keys prefixed `test:`, errors returned.
+pub fn with_refunds(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    builder: RedisLimiterBuilder,
+    on: bool,
+) -> RedisLimiter {
+    let builder = builder
+        .on_failure(OnFailure::Error)
+        .timeout(Duration::from_secs(5))
+        .refunds(on);
+    build(rt, server, builder)
+}
+
+/// A sliding log of `policy` with refunds on.
+pub fn sliding_log(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    policy: Policy,
+) -> RedisLimiter {
+    with_refunds(
+        rt,
+        server,
+        RedisLimiter::builder(Algorithm::SlidingLog, policy),
+        true,
+    )
+}
+
+/// The members of the sorted set at `key`, lowest score first, with their scores.
+pub fn members(server: &RedisServer, key: &str) -> Vec<(String, String)> {
+    server.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
+}
+
+/// The log members (not the refund member) as (instant, units, total).
+pub fn log_members(server: &RedisServer, key: &str) -> Vec<(u64, u64, u64)> {
+    members(server, key)
+        .into_iter()
+        .filter(|(m, _)| !m.starts_with("refunds:"))
+        .map(|(m, score)| {
+            let f: Vec<u64> = m.split(':').map(|x| x.parse().unwrap()).collect();
+            assert_eq!(f.len(), 3, "{m}");
+            assert_eq!(score.parse::<u64>().unwrap(), f[0], "{m} at {score}");
+            (f[0], f[1], f[2])
+        })
+        .collect()
+}
+
+/// Running totals are consistent: each member's total is the one before it plus
+/// its units (the first at least its units).
+pub fn assert_totals_consistent(rows: &[(u64, u64, u64)]) {
+    for pair in rows.windows(2) {
+        assert_eq!(pair[1].2, pair[0].2 + pair[1].1, "{rows:?}");
+    }
+}
