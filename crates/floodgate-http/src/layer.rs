@@ -1371,8 +1371,10 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   layer's [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), else on the
 ///   Tokio runtime the future is dropped in (feature `queue`); the same refunds,
 ///   each within its limiter's timeout, failures counted in `errors`. Where nothing
-///   can run them (no spawner, no runtime) those charges stay taken, each counted
-///   in its rule's `errors`. Put the
+///   can run them (no spawner and no runtime, or a spawner that panics) those
+///   charges stay taken, each counted in its rule's `errors`. A remote charge whose
+///   own round trip is under way at the drop has no receipt yet: if the limiter
+///   took it, it stays taken. Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
@@ -1616,7 +1618,8 @@ impl RateLimitLayerBuilder {
     /// those charges stay taken, each counted in its rule's `errors` (and logged
     /// with feature `tracing`), and nothing panics. The same when `spawn` panics
     /// (`tokio::spawn`, as below, where the future is dropped outside a runtime):
-    /// the panic is caught, never unwinding out of the drop. A runtime that is
+    /// the panic is caught, never unwinding out of the drop (a task the spawner
+    /// kept before panicking still runs). A runtime that is
     /// shutting down drops a task spawned on it: those charges stay taken,
     /// uncounted.
     ///

@@ -7,13 +7,13 @@
 //! future outside any runtime), so no test sleeps for real.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter, Shaper};
 use floodgate_http::{
-    Global, HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer, RefundTask, ResponseFuture, Rule,
+    Global, HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer, ResponseFuture, Rule,
 };
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
@@ -25,7 +25,7 @@ mod common;
 mod remote;
 use answer::Answer;
 use common::{Hello, TestResult, TokioClock};
-use remote::{from, Remote};
+use remote::{from, paused_runtime, Remote, Tasks};
 
 /// The remote per-user rule on `remote`, then a global queue of one request per
 /// 100 ms waiting at most 1 s, on `shaper`.
@@ -256,22 +256,12 @@ async fn waiting_b(
 fn a_refund_spawner_gets_the_task_of_a_dropped_request() -> TestResult {
     let remote = Remote::new()?;
     let shaper = Shaper::with_clock(smooth()?, ManualClock::new());
-    let tasks: Arc<Mutex<Vec<RefundTask>>> = Arc::default();
-    let spawned = Arc::clone(&tasks);
-    let layer = remote_then_queue(&remote, shaper)?
-        .refund_spawner(move |task| {
-            if let Ok(mut tasks) = spawned.lock() {
-                tasks.push(task);
-            }
-        })
-        .build()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?;
+    let tasks = Tasks::default();
+    let layer = tasks.spawner(remote_then_queue(&remote, shaper)?).build()?;
+    let rt = paused_runtime()?;
     let waiting = rt.block_on(waiting_b(&layer))?;
     drop(waiting);
-    let mut tasks = std::mem::take(&mut *tasks.lock().map_err(|e| e.to_string())?);
+    let mut tasks = tasks.take()?;
     assert_eq!(tasks.len(), 1, "one task for the dropped request");
     assert_eq!(remote.left("b"), 2, "not run yet");
     rt.block_on(tasks.remove(0));

@@ -22,7 +22,7 @@ mod common;
 #[path = "common/remote.rs"]
 mod remote;
 use common::{Hello, TestResult};
-use remote::{from, Remote};
+use remote::{from, paused_runtime, Remote, Tasks};
 
 /// A remote rule named `name` on `remote`, keyed on `x-user`.
 fn per_user(
@@ -148,5 +148,44 @@ async fn a_rejection_dropped_half_way_through_its_refunds_gives_each_back_once()
     );
     let stats = layer.stats();
     assert_eq!((stats[0].errors, stats[1].errors), (0, 0));
+    Ok(())
+}
+
+/// A refund task that is itself dropped unfinished (its spawner, or a runtime
+/// shutting down, gave up on it after a poll) is not spawned again: the spawner gets
+/// one task for the dropped request, never a second from that task's drop (with a
+/// spawner that runs a task once and drops it, a respawn would loop for ever). The
+/// charge it had not given back stays taken, uncounted (documented).
+///
+/// Mutation seen failing: `Refunds`' drop ignoring `spawned` (a second task).
+#[test]
+fn a_refund_task_dropped_part_way_is_not_spawned_again() -> TestResult {
+    let remote = Remote::new()?;
+    remote.slow.store(true, Ordering::SeqCst);
+    let tasks = Tasks::default();
+    let layer = tasks.spawner(remote_then_queue(&remote)?).build()?;
+    let rt = paused_runtime()?;
+    drop(waiting_b(&rt, &layer)?);
+    let mut first = tasks.take()?;
+    assert_eq!(first.len(), 1, "one task for the dropped request");
+    let mut task = first.remove(0);
+    // One poll: the refund's round trip is under way (1 s on the paused clock).
+    let pending = rt.block_on(std::future::poll_fn(|cx| {
+        Poll::Ready(task.as_mut().poll(cx).is_pending())
+    }));
+    assert!(pending, "the refund must be under way");
+    drop(task);
+    assert_eq!(
+        tasks.take()?.len(),
+        0,
+        "a dropped refund task is not respawned"
+    );
+    assert_eq!(remote.refunds.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        remote.left("b"),
+        2,
+        "the charge it had not given back stays taken"
+    );
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
     Ok(())
 }

@@ -6,14 +6,14 @@
 
 use std::future::{ready, Future};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use floodgate::{
     AsyncLimit, AsyncReceipt, Decision, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy,
     Receipt,
 };
-use floodgate_http::Charge;
+use floodgate_http::{Charge, RateLimitLayerBuilder, RefundTask};
 use http::Request;
 
 /// [`Remote`]'s error: the refund's round trip failed.
@@ -112,4 +112,35 @@ pub fn from(who: &str) -> Request<()> {
         .header("x-user", who)
         .body(())
         .unwrap_or_default()
+}
+
+/// The tasks a [`Tasks::spawner`] was handed, not run.
+#[derive(Clone, Default)]
+pub struct Tasks(Arc<Mutex<Vec<RefundTask>>>);
+
+impl Tasks {
+    /// `builder` with a refund spawner that keeps each task here.
+    pub fn spawner(&self, builder: RateLimitLayerBuilder) -> RateLimitLayerBuilder {
+        let tasks = Arc::clone(&self.0);
+        builder.refund_spawner(move |task| {
+            if let Ok(mut tasks) = tasks.lock() {
+                tasks.push(task);
+            }
+        })
+    }
+
+    /// The tasks handed over since the last call.
+    pub fn take(&self) -> Result<Vec<RefundTask>, String> {
+        Ok(std::mem::take(
+            &mut *self.0.lock().map_err(|e| e.to_string())?,
+        ))
+    }
+}
+
+/// A current-thread runtime on Tokio's paused clock, with its timer.
+pub fn paused_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
 }
