@@ -2348,7 +2348,7 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
         #[cfg(feature = "tracing")]
         tracing::warn!(
             rule = %entry.name,
-            "a dropped request's refund could not run: no Tokio runtime, or the refund spawner panicked"
+            "a dropped request's refund could not run: no refund spawner and no Tokio runtime, or the spawner panicked"
         );
     }
 }
