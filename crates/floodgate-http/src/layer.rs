@@ -1371,8 +1371,10 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   layer's [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), else on the
 ///   Tokio runtime the future is dropped in (feature `queue`); the same refunds,
 ///   each within its limiter's timeout, failures counted in `errors`. Where nothing
-///   can run them (no spawner, no runtime) those charges stay taken, each counted
-///   in its rule's `errors`. Put the
+///   can run them (no spawner and no runtime, or a spawner that panics) those
+///   charges stay taken, each counted in its rule's `errors`. A remote charge whose
+///   own round trip is under way at the drop has no receipt yet: if the limiter
+///   took it, it stays taken. Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
@@ -1614,8 +1616,22 @@ impl RateLimitLayerBuilder {
     /// (`tokio::runtime::Handle::try_current`); where there is none (dropped on a
     /// thread outside a runtime, or the feature off), the refunds are not run:
     /// those charges stay taken, each counted in its rule's `errors` (and logged
-    /// with feature `tracing`), and nothing panics. A runtime that is shutting
-    /// down drops a task spawned on it: those charges stay taken, uncounted.
+    /// with feature `tracing`), and nothing panics. The same when `spawn` panics
+    /// (`tokio::spawn`, as below, where the future is dropped outside a runtime):
+    /// the panic is caught, never unwinding out of the drop (a task the spawner
+    /// kept before panicking still runs). A runtime that is
+    /// shutting down drops a task spawned on it: those charges stay taken,
+    /// uncounted.
+    ///
+    /// Nothing bounds the tasks in flight but each limiter's timeout: a flood of
+    /// clients that go away while charged makes as many round trips as their
+    /// requests would have, though no longer held by a concurrency limit on the
+    /// requests. A `spawn` that bounds them (a semaphore's `try_acquire`) and drops
+    /// a task it refuses leaves that task's charges taken, uncounted.
+    ///
+    /// A remote charge still under way when the future is dropped (its round trip
+    /// sent, no reply yet) has no receipt to give back: if the limiter took it, it
+    /// stays taken. Only the charges already made are refunded.
     ///
     /// An admitted request pays nothing for this (no allocation, no atomic
     /// operation); a rejected one, one `Arc` clone per remote refund; a dropped one
@@ -2305,8 +2321,8 @@ impl Drop for Refunds<'_> {
 
 /// Runs `pending`, the refunds of a request that is gone, in a task nothing awaits:
 /// on the layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else on
-/// Tokio's current runtime (feature `queue`). Where neither runs it, each charge
-/// stays taken, counted in its rule's `errors`.
+/// Tokio's current runtime (feature `queue`). Where neither runs it (no runtime, or
+/// the spawner panicked), each charge stays taken, counted in its rule's `errors`.
 fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
     if pending.is_empty() {
         return;
@@ -2332,24 +2348,30 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
         #[cfg(feature = "tracing")]
         tracing::warn!(
             rule = %entry.name,
-            "a dropped request's refund could not run: no refund spawner and no Tokio runtime"
+            "a dropped request's refund could not run: no refund spawner and no Tokio runtime, or the spawner panicked"
         );
     }
 }
 
 /// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
-/// gives it back when nothing can run it.
-fn spawn(spawner: Option<&Spawner>, task: RefundTask) -> Result<(), RefundTask> {
+/// `Err` when nothing can run it.
+///
+/// A spawner that panics (`tokio::spawn` outside a runtime) is caught: this runs in
+/// a drop, where a panic would unwind out of the dropped response future (or abort,
+/// were it already unwinding). Its task counts as not run (the spawner may have
+/// kept it; then its refunds still come, the errors counted all the same).
+fn spawn(spawner: Option<&Spawner>, task: RefundTask) -> Result<(), ()> {
     if let Some(spawn) = spawner {
-        spawn(task);
-        return Ok(());
+        let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || spawn(task)));
+        return spawned.map_err(|_panic| ());
     }
     #[cfg(feature = "queue")]
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         drop(runtime.spawn(task));
         return Ok(());
     }
-    Err(task)
+    drop(task);
+    Err(())
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

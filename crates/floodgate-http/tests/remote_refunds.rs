@@ -274,3 +274,50 @@ async fn a_failed_refund_is_counted_and_the_denial_stands() {
     assert_eq!((stats[0].allowed, stats[0].errors), (2, 1));
     assert_eq!((stats[1].allowed, stats[1].denied), (1, 1));
 }
+
+/// Session 43, end to end (feature `queue`): a real Redis limit with refunds as a
+/// remote rule, then a global queue of one request a second (burst 1, waiting at
+/// most 5 s). "a" takes the queue's slot; "b" is charged in Redis and waits about
+/// 1 s for its own; its client goes away after 100 ms. The response future is
+/// dropped on the runtime, which runs the refund in a spawned task: "b"'s per-user
+/// budget in Redis comes back whole, with no error counted; "a", served, keeps its
+/// charge.
+#[cfg(feature = "queue")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let conn = floodgate_redis::connect(&redis.url()).await.unwrap();
+    let per_user = per_user_limit(conn, 3, true);
+    let queue = floodgate::Shaper::new(Policy::per_second(1).unwrap().with_burst(1).unwrap());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::remote_shared("per-user", Arc::clone(&per_user), from_fn(user)).unwrap())
+        .queue(floodgate_http::QueueRule::new("queue", queue, Duration::from_secs(5)).unwrap())
+        .build()
+        .unwrap();
+    let mut svc = global_spent_on_a(&layer).await;
+    let b = svc.ready().await.unwrap().call(send("b"));
+    let gone = tokio::time::timeout(Duration::from_millis(100), b).await;
+    assert!(gone.is_err(), "b must still be waiting for its slot");
+    // The refund runs in a task of its own: wait for it (within the limiter's 2 s
+    // timeout, and then some).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let left = loop {
+        let left = per_user
+            .peek_n("b", 0)
+            .await
+            .unwrap()
+            .decision()
+            .remaining();
+        if left == 3 || Instant::now() > deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(left, 3, "b's Redis charge must be given back");
+    assert_eq!(layer.stats()[0].errors, 0);
+    let a = per_user.peek_n("a", 0).await.unwrap().decision();
+    assert_eq!(a.remaining(), 2, "a was served: its charge stays");
+    drop(redis);
+}

@@ -6,19 +6,14 @@
 //! the queues run on Tokio's paused clock (or a `ManualClock` where the test drops a
 //! future outside any runtime), so no test sleeps for real.
 
-use std::future::{ready, Future};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use floodgate::{
-    AsyncLimit, AsyncReceipt, Decision, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy,
-    RateLimiter, Receipt, Shaper,
-};
+use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy, RateLimiter, Shaper};
 use floodgate_http::{
-    Charge, Global, HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer, RefundTask,
-    ResponseFuture, Rule,
+    Global, HeaderKey, KeyedQueueRule, QueueRule, RateLimitLayer, ResponseFuture, Rule,
 };
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
@@ -26,106 +21,11 @@ use tower::{Layer, Service, ServiceExt};
 #[path = "common/answer.rs"]
 mod answer;
 mod common;
+#[path = "common/remote.rs"]
+mod remote;
 use answer::Answer;
 use common::{Hello, TestResult, TokioClock};
-
-/// [`Remote`]'s error: the refund's round trip failed.
-#[derive(Debug)]
-struct Unreachable;
-
-impl std::fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("backend unreachable")
-    }
-}
-
-/// A remote limit with refunds, in memory: a keyed GCRA of 3 an hour on a standing
-/// clock, charging with receipts; its refunds fail while `down` is set, take 1 s
-/// (Tokio's clock) while `slow` is set, and each refund made is counted in
-/// `refunds`.
-struct Remote {
-    limiter: KeyedLimiter<String, Gcra, ManualClock>,
-    down: AtomicBool,
-    slow: AtomicBool,
-    refunds: AtomicU32,
-}
-
-impl Remote {
-    fn new() -> Result<Arc<Remote>, Box<dyn std::error::Error>> {
-        let limiter = KeyedBuilder::new(Gcra::new(Policy::per_hour(3)?))
-            .clock(ManualClock::new())
-            .build::<String>()?;
-        Ok(Arc::new(Remote {
-            limiter,
-            down: AtomicBool::new(false),
-            slow: AtomicBool::new(false),
-            refunds: AtomicU32::new(0),
-        }))
-    }
-
-    /// The units `user` has left.
-    fn left(&self, user: &str) -> u64 {
-        self.limiter.peek(user, 0).remaining()
-    }
-}
-
-impl AsyncLimit<String> for Remote {
-    type Error = Unreachable;
-
-    fn check_n(
-        &self,
-        key: &String,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Ok(self.limiter.check_n(key, cost)))
-    }
-
-    fn peek_n(
-        &self,
-        key: &String,
-        cost: u32,
-    ) -> impl Future<Output = Result<Decision, Unreachable>> + Send {
-        ready(Ok(self.limiter.peek(key, cost)))
-    }
-
-    fn charge_n(
-        &self,
-        key: &String,
-        cost: u32,
-    ) -> impl Future<Output = Result<(Decision, AsyncReceipt), Unreachable>> + Send {
-        let (decision, receipt) = Charge::<String>::charge(&self.limiter, key, cost);
-        let receipt = if receipt.is_charged() {
-            AsyncReceipt::new(receipt)
-        } else {
-            AsyncReceipt::none()
-        };
-        ready(Ok((decision, receipt)))
-    }
-
-    async fn refund(&self, key: &String, receipt: AsyncReceipt) -> Result<bool, Unreachable> {
-        // One round trip: the refund is made, and completes, on the second poll,
-        // so a refund future that is made but never run gives nothing back.
-        tokio::task::yield_now().await;
-        if self.slow.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        self.refunds.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(Unreachable);
-        }
-        Ok(receipt
-            .into_inner::<Receipt>()
-            .is_some_and(|r| self.limiter.refund(key, r)))
-    }
-}
-
-/// A request from `who`.
-fn from(who: &str) -> Request<()> {
-    Request::get("/")
-        .header("x-user", who)
-        .body(())
-        .unwrap_or_default()
-}
+use remote::{from, paused_runtime, Remote, Tasks};
 
 /// The remote per-user rule on `remote`, then a global queue of one request per
 /// 100 ms waiting at most 1 s, on `shaper`.
@@ -356,22 +256,12 @@ async fn waiting_b(
 fn a_refund_spawner_gets_the_task_of_a_dropped_request() -> TestResult {
     let remote = Remote::new()?;
     let shaper = Shaper::with_clock(smooth()?, ManualClock::new());
-    let tasks: Arc<Mutex<Vec<RefundTask>>> = Arc::default();
-    let spawned = Arc::clone(&tasks);
-    let layer = remote_then_queue(&remote, shaper)?
-        .refund_spawner(move |task| {
-            if let Ok(mut tasks) = spawned.lock() {
-                tasks.push(task);
-            }
-        })
-        .build()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?;
+    let tasks = Tasks::default();
+    let layer = tasks.spawner(remote_then_queue(&remote, shaper)?).build()?;
+    let rt = paused_runtime()?;
     let waiting = rt.block_on(waiting_b(&layer))?;
     drop(waiting);
-    let mut tasks = std::mem::take(&mut *tasks.lock().map_err(|e| e.to_string())?);
+    let mut tasks = tasks.take()?;
     assert_eq!(tasks.len(), 1, "one task for the dropped request");
     assert_eq!(remote.left("b"), 2, "not run yet");
     rt.block_on(tasks.remove(0));
