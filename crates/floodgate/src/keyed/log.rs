@@ -14,8 +14,13 @@
 //! per an eighth of its share of inserts, and when every key is live it evicts the
 //! key of a sample of 8 whose loss forgives least (fewest units counting). Each log
 //! holds at most `L` entries after an admission, so the table's memory is bounded by
-//! `capacity × (key + ring of at most 2·L entries of 16 bytes)`; the builder checks
-//! that bound against its [`memory_budget`](crate::KeyedBuilder::memory_budget).
+//! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
+//! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
+//! ≈ 4.6 slots per key once a churning flood has filled the map with removals'
+//! tombstones (the map never shrinks); the builder checks that bound against its
+//! [`memory_budget`](crate::KeyedBuilder::memory_budget). Heap memory a key owns (a
+//! `String`'s bytes) comes on top: bound keys' lengths where they come from, as
+//! floodgate-http's extractors do.
 //!
 //! # Removals and earlier readings
 //!
@@ -98,15 +103,35 @@ pub struct KeyedSlidingLog<K, C> {
     owner: Owner,
 }
 
-/// The most bytes `keys` logs of keys of type `K` can hold under `policy`: each
-/// key, its ring, a map slot's overhead, and at most `2·L` entries (a ring holds at
-/// most `L` after an admission; its buffer at most doubles that).
-pub(crate) fn worst_case_bytes<K>(keys: usize, policy: Policy) -> Option<usize> {
+/// The most bytes the logs of `shards` shards of `share` keys each, keys of type
+/// `K`, can hold under `policy`: each shard's map and each key's ring buffer.
+///
+/// * **The map** (`std`'s `HashMap`, hashbrown): a bucket per slot, each the
+///   `(key, ring)` pair and a control byte, plus a group's control bytes. A map
+///   holding at most `share` keys has `b` = the next power of two at or above
+///   `⌊share · 8/7⌋` buckets (at most 16 below 15 keys); it grows once more when
+///   removals' tombstones fill it while more than half of it holds keys (it
+///   resizes to hold one more than it could), never again: after that doubling
+///   `share` keys fill at most half of it, and tombstones are cleared in place. So
+///   at most `2·b` buckets — up to ≈ 4.6 slots per key — since `retain` and
+///   `remove` never shrink a map. A table under a churning flood reaches that.
+/// * **The rings**: at most `L` entries of 16 bytes after an admission; a
+///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
+///
+/// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
+/// come from (floodgate-http's extractors bound their keys' lengths).
+pub(crate) fn worst_case_bytes<K>(share: usize, shards: usize, policy: Policy) -> Option<usize> {
     let entries = usize::try_from(policy.limit()).ok()?.checked_mul(2)?.max(4);
-    let per_key = entries
-        .checked_mul(16)?
-        .checked_add(core::mem::size_of::<K>() + core::mem::size_of::<Ring>() + 16)?;
-    keys.checked_mul(per_key)
+    let ring_bytes = entries.checked_mul(16)?;
+    let buckets = (share.checked_mul(8)? / 7)
+        .checked_next_power_of_two()?
+        .max(16)
+        .checked_mul(2)?;
+    let map_bytes = buckets
+        .checked_mul(core::mem::size_of::<(K, Ring)>() + 1)?
+        .checked_add(16)?;
+    let shard_bytes = share.checked_mul(ring_bytes)?.checked_add(map_bytes)?;
+    shards.checked_mul(shard_bytes)
 }
 
 impl<K, C> KeyedSlidingLog<K, C>
@@ -479,8 +504,8 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_policy(&self, policy: Policy) -> Result<(), super::KeyedError> {
-        let keys = self.share * self.shards.len();
-        let bytes = worst_case_bytes::<K>(keys, policy).unwrap_or(usize::MAX);
+        let bytes =
+            worst_case_bytes::<K>(self.share, self.shards.len(), policy).unwrap_or(usize::MAX);
         if bytes > self.memory_budget {
             return Err(super::KeyedError::OverMemoryBudget {
                 capacity: self.capacity,
@@ -609,5 +634,70 @@ impl<K, C: fmt::Debug> fmt::Debug for KeyedSlidingLog<K, C> {
             .field("shards", &self.shards.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// Buckets behind a `HashMap` that reports `capacity` (hashbrown: 7/8 of its
+    /// buckets from 8 buckets on, one fewer below).
+    fn buckets(capacity: usize) -> usize {
+        if capacity < 8 {
+            capacity + 1
+        } else {
+            capacity * 8 / 7
+        }
+    }
+
+    /// A churning flood of unique `String` keys (1 unit each, the clock moving so
+    /// that some logs go idle and are swept, the rest evicted) through one shard of
+    /// `share` keys: the map's buckets and the rings' buffers, as the table holds
+    /// them at their largest, stay within the worst case the budget is checked
+    /// against. Shares just under 7/8 of a power of two fill the map with tombstones
+    /// until it doubles.
+    #[test]
+    fn a_churning_flood_stays_within_the_budgeted_worst_case() {
+        for (share, limit) in [
+            (10, 1),
+            (100, 1),
+            (1_700, 1),
+            (1_792, 1),
+            (1_793, 1),
+            (3_000, 2),
+        ] {
+            let clock = ManualClock::new();
+            let policy = Policy::per_second(limit).unwrap();
+            let log = crate::KeyedBuilder::default()
+                .capacity(share)
+                .shards(1)
+                .clock(clock.clone())
+                .sliding_log::<String>(policy)
+                .unwrap();
+            let mut most = 0;
+            for i in 0..share * 30 {
+                for _ in 0..limit {
+                    let _ = log.check(format!("k{i}").as_str());
+                }
+                if i % 7 == 0 {
+                    clock.advance(core::time::Duration::from_millis(1));
+                }
+                if i % 61 == 0 || i + 1 == share * 30 {
+                    let shard = lock(&log.shards[0]);
+                    let map = buckets(shard.logs.capacity())
+                        * (core::mem::size_of::<(String, Ring)>() + 1)
+                        + 16;
+                    let rings: usize = shard.logs.values().map(|r| r.room() * 16).sum();
+                    most = most.max(map + rings);
+                }
+            }
+            let bound = worst_case_bytes::<String>(log.share, 1, policy).unwrap();
+            assert!(
+                most <= bound,
+                "share {share}: {most} bytes held, {bound} budgeted"
+            );
+        }
     }
 }

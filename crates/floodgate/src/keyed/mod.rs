@@ -47,7 +47,8 @@
 //!   ≤ 3/4) and never grows; at most [`KeyedLimiter::max_keys`] entries exist (the
 //!   capacity plus a slack for uneven hashing across shards). Memory is
 //!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
-//!   (for `u64` keys: ≈ 21.8 + 16 bytes of payload per key at full capacity), plus
+//!   (for `u64` keys: ≈ 21.8 + 16 bytes of payload per key at full capacity) and the
+//!   heap memory the keys own (a `String`'s bytes: bound keys' lengths), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
 //!   that backlog stays small: the 10 M-key flood test peaks at 38.6 bytes per key
 //!   of capacity, all included. A build whose slot array would pass the
