@@ -14,6 +14,15 @@ use floodgate::{
     Storage,
 };
 
+/// Runs a test generic over the storage on each of them.
+macro_rules! on_every_storage {
+    ($f:ident) => {{
+        $f::<Heap>();
+        $f::<Inline>();
+        $f::<Fingerprint>();
+    }};
+}
+
 /// Threads flooding unique keys.
 const THREADS: u64 = 4;
 /// Unique keys per thread.
@@ -43,6 +52,26 @@ fn table<St: Storage<u64, GcraState>>(
         .expect("a valid table")
 }
 
+/// Runs `step(thread, i)` for `i` in `0..steps` on each of `THREADS` threads; a
+/// step answers the real key it had admitted, if any. Returns the admissions per
+/// real key.
+fn flood_threads(steps: u64, step: impl Fn(u64, u64) -> Option<u64> + Sync) -> Vec<u64> {
+    let admitted: Vec<AtomicU64> = (0..REAL).map(|_| AtomicU64::new(0)).collect();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (step, admitted) = (&step, &admitted);
+            s.spawn(move || {
+                for i in 0..steps {
+                    if let Some(r) = step(t, i) {
+                        admitted[r as usize].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+}
+
 /// `THREADS` threads each insert `PER_THREAD` unique keys (one unit each) into a
 /// table 50 times smaller, checking a real key (`u64::MAX - r`) every 4th key. The
 /// clock stands still, so each real key may be admitted exactly `BURST` times: an
@@ -53,36 +82,23 @@ fn table<St: Storage<u64, GcraState>>(
 fn flood_with_real_keys<St: Storage<u64, GcraState>>() {
     let clock = ManualClock::new();
     let limiter = table::<St>(&clock);
-    let admitted: Vec<AtomicU64> = (0..REAL).map(|_| AtomicU64::new(0)).collect();
     let over = AtomicU64::new(0);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (limiter, admitted, over) = (&limiter, &admitted, &over);
-            s.spawn(move || {
-                for i in 0..PER_THREAD {
-                    let key = t * PER_THREAD + i;
-                    assert!(
-                        limiter.check(&key).is_allowed(),
-                        "a fresh key has its burst"
-                    );
-                    if i % 4 == 0 {
-                        let r = (i / 4 + t) % REAL;
-                        if limiter.check(&(u64::MAX - r)).is_allowed() {
-                            admitted[r as usize].fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    // Sampled while the flood runs, not only after it.
-                    if i % 512 == 0 {
-                        let live = limiter.metrics().live_keys as usize;
-                        if live > limiter.max_keys() {
-                            over.fetch_max(live as u64, Ordering::Relaxed);
-                        }
-                    }
-                }
-            });
+    let counts = flood_threads(PER_THREAD, |t, i| {
+        let key = t * PER_THREAD + i;
+        assert!(
+            limiter.check(&key).is_allowed(),
+            "a fresh key has its burst"
+        );
+        // Sampled while the flood runs, not only after it.
+        if i % 512 == 0 {
+            let live = limiter.metrics().live_keys as usize;
+            if live > limiter.max_keys() {
+                over.fetch_max(live as u64, Ordering::Relaxed);
+            }
         }
+        let r = (i / 4 + t) % REAL;
+        (i % 4 == 0 && limiter.check(&(u64::MAX - r)).is_allowed()).then_some(r)
     });
-    let counts: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     assert_eq!(
         counts,
         vec![u64::from(BURST); REAL as usize],
@@ -160,9 +176,7 @@ fn nothing_stored_inserts_nothing<St: Storage<u64, GcraState>>() {
 #[test]
 #[cfg_attr(miri, ignore)]
 fn denied_and_cost_zero_floods_of_unique_keys_insert_nothing_on_any_storage() {
-    nothing_stored_inserts_nothing::<Heap>();
-    nothing_stored_inserts_nothing::<Inline>();
-    nothing_stored_inserts_nothing::<Fingerprint>();
+    on_every_storage!(nothing_stored_inserts_nothing);
 }
 
 /// The keyed sliding log under a threaded flood of unique `String` keys (one unit
@@ -180,31 +194,20 @@ fn a_threaded_flood_of_unique_keys_keeps_the_keyed_log_within_l_entries_per_key(
         .clock(clock.clone())
         .sliding_log::<String>(Policy::per_second(L).expect("a valid policy"))
         .expect("a valid log");
-    let admitted: Vec<AtomicU64> = (0..REAL).map(|_| AtomicU64::new(0)).collect();
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (log, admitted) = (&log, &admitted);
-            s.spawn(move || {
-                for i in 0..PER_THREAD / 4 {
-                    assert!(log.check(format!("flood-{t}-{i}").as_str()).is_allowed());
-                    // Cost 0 and denials log nothing, for a new key or a known one.
-                    assert!(log
-                        .check_n(format!("zero-{t}-{i}").as_str(), 0)
-                        .is_allowed());
-                    assert!(!log
-                        .check_n(format!("over-{t}-{i}").as_str(), 6)
-                        .is_allowed());
-                    let r = (i + t) % REAL;
-                    let real = format!("real-{r}");
-                    assert!(log.check_n(real.as_str(), 0).is_allowed());
-                    if log.check(real.as_str()).is_allowed() {
-                        admitted[r as usize].fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        }
+    let counts = flood_threads(PER_THREAD / 4, |t, i| {
+        assert!(log.check(format!("flood-{t}-{i}").as_str()).is_allowed());
+        // Cost 0 and denials log nothing, for a new key or a known one.
+        assert!(log
+            .check_n(format!("zero-{t}-{i}").as_str(), 0)
+            .is_allowed());
+        assert!(!log
+            .check_n(format!("over-{t}-{i}").as_str(), 6)
+            .is_allowed());
+        let r = (i + t) % REAL;
+        let real = format!("real-{r}");
+        assert!(log.check_n(real.as_str(), 0).is_allowed());
+        log.check(real.as_str()).is_allowed().then_some(r)
     });
-    let counts: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     assert_eq!(counts, vec![L; REAL as usize]);
     let m = log.metrics();
     assert!(m.live_keys as usize <= log.max_keys(), "{m:?}");
@@ -259,4 +262,123 @@ fn one_keys_log_never_holds_more_than_l_entries_however_long_it_is_hit() {
     }
     // 100 s at 3 per second: every period its limit, from the first instant on.
     assert_eq!(admitted, 300);
+}
+
+/// A `HotKeyLimiter` flooded by threads with unique cold keys (a table of 64 keys:
+/// every cold key stays booked, so inserts evict) while each thread also hits one
+/// promoted key and one real cold key. The clock stands still: the cold real key is
+/// admitted exactly its burst; the hot key at most its burst (its leases are carved
+/// from it) and at least the burst less the units stranded on other threads' leases;
+/// it stays hot — a sealed word ranks last in every eviction sample.
+fn hot_key_under_a_threaded_flood<St: Storage<u64, GcraState>>() {
+    const HOT: u64 = u64::MAX;
+    const COLD: u64 = u64::MAX - 1;
+    const LEASE: u32 = 2;
+    let clock = ManualClock::starting_at(floodgate::Nanos::from_secs(1_000));
+    let limiter: floodgate::HotKeyLimiter<u64, ManualClock, St> = floodgate::HotKeyLimiter::new_in(
+        Policy::per_minute(60)
+            .and_then(|p| p.with_burst(u64::from(BURST)))
+            .expect("a valid policy"),
+        KeyedBuilder::default()
+            .capacity(64)
+            .shards(2)
+            .clock(clock.clone()),
+        floodgate::HotKeys::default()
+            .manual()
+            .lease_shards(THREADS as usize)
+            .lease_size(LEASE),
+    )
+    .expect("a valid limiter");
+    assert!(limiter.promote(&HOT));
+    let (hot, cold) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (limiter, hot, cold) = (&limiter, &hot, &cold);
+            s.spawn(move || {
+                for i in 0..PER_THREAD / 4 {
+                    assert!(limiter.check(&(t * PER_THREAD + i)).is_allowed());
+                    if limiter.check(&HOT).is_allowed() {
+                        hot.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if limiter.check(&COLD).is_allowed() {
+                        cold.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let m = limiter.metrics();
+    assert!(m.evicted > 0, "the flood filled the table: {m:?}");
+    // The same table's bound, from a twin built alike.
+    let max_keys = KeyedBuilder::new(gcra())
+        .capacity(64)
+        .shards(2)
+        .build_in::<u64, St>()
+        .expect("a valid table")
+        .max_keys();
+    assert!(
+        m.live_keys as usize <= max_keys,
+        "{m:?}, max_keys {max_keys}"
+    );
+    assert_eq!(cold.load(Ordering::Relaxed), u64::from(BURST), "{m:?}");
+    let hot = hot.load(Ordering::Relaxed);
+    let stranded = THREADS * u64::from(LEASE);
+    assert!(
+        hot <= u64::from(BURST) && hot + stranded >= u64::from(BURST),
+        "hot key admitted {hot}"
+    );
+    assert!(
+        limiter.is_hot(&HOT),
+        "a sealed word is never an eviction's victim"
+    );
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_hot_key_keeps_its_bound_and_its_seal_under_a_threaded_flood_on_every_storage() {
+    on_every_storage!(hot_key_under_a_threaded_flood);
+}
+
+/// A plan limiter (a GCRA table per plan) flooded by threads with unique `free`
+/// keys while real `pro` keys are checked: each pro key is admitted exactly the pro
+/// burst (the clock stands still), the free table evicts within its own bound, and
+/// the pro table holds only the real keys — a flood of one plan never touches
+/// another plan's table.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_threaded_flood_of_one_plans_unique_keys_never_reaches_another_plans_keys() {
+    use floodgate::keyed::plans::{PlanLimiter, Plans};
+    let mut plans = Plans::new();
+    let policy = |limit: u64, burst: u64| {
+        Policy::per_day(limit)
+            .and_then(|p| p.with_burst(burst))
+            .expect("a valid policy")
+    };
+    let free = plans.insert("free", policy(100, 10));
+    let pro = plans.insert("pro", policy(10_000, u64::from(BURST)));
+    let clock = ManualClock::new();
+    let limiter = PlanLimiter::new(
+        &plans,
+        move |key: &u64| if *key >= u64::MAX - REAL { pro } else { free },
+        KeyedBuilder::default()
+            .capacity(256)
+            .shards(2)
+            .clock(clock.clone()),
+    )
+    .expect("a valid plan limiter");
+    let counts = flood_threads(PER_THREAD / 2, |t, i| {
+        assert!(limiter.check(&(t * PER_THREAD + i)).is_allowed());
+        let r = (i + t) % REAL;
+        limiter.check(&(u64::MAX - r)).is_allowed().then_some(r)
+    });
+    assert_eq!(counts, vec![u64::from(BURST); REAL as usize]);
+    let (f, p) = (limiter.table(free), limiter.table(pro));
+    let (fm, pm) = (f.metrics(), p.metrics());
+    assert!(fm.evicted > 0, "the flood filled the free table: {fm:?}");
+    assert!(fm.live_keys as usize <= f.max_keys(), "{fm:?}");
+    assert_eq!(
+        (pm.live_keys, pm.evicted, pm.reclaimed),
+        (REAL, 0, 0),
+        "{pm:?}"
+    );
 }
