@@ -52,6 +52,21 @@ fn table<St: Storage<u64, GcraState>>(
         .expect("a valid table")
 }
 
+/// A keyed log of `limit` per second for `capacity` keys over `shards` shards, on a
+/// clock that stands still.
+fn log_of<K: std::hash::Hash + Eq + Clone>(
+    capacity: usize,
+    shards: usize,
+    limit: u64,
+) -> floodgate::KeyedSlidingLog<K, ManualClock> {
+    KeyedBuilder::default()
+        .capacity(capacity)
+        .shards(shards)
+        .clock(ManualClock::new())
+        .sliding_log::<K>(Policy::per_second(limit).expect("a valid policy"))
+        .expect("a valid log")
+}
+
 /// Runs `step(thread, i)` for `i` in `0..steps` on each of `THREADS` threads; a
 /// step answers the real key it had admitted, if any. Returns the admissions per
 /// real key.
@@ -187,13 +202,7 @@ fn denied_and_cost_zero_floods_of_unique_keys_insert_nothing_on_any_storage() {
 #[cfg_attr(miri, ignore)]
 fn a_threaded_flood_of_unique_keys_keeps_the_keyed_log_within_l_entries_per_key() {
     const L: u64 = 5;
-    let clock = ManualClock::new();
-    let log = KeyedBuilder::default()
-        .capacity(256)
-        .shards(4)
-        .clock(clock.clone())
-        .sliding_log::<String>(Policy::per_second(L).expect("a valid policy"))
-        .expect("a valid log");
+    let log = log_of::<String>(256, 4, L);
     let counts = flood_threads(PER_THREAD / 4, |t, i| {
         assert!(log.check(format!("flood-{t}-{i}").as_str()).is_allowed());
         // Cost 0 and denials log nothing, for a new key or a known one.
@@ -380,5 +389,64 @@ fn a_threaded_flood_of_one_plans_unique_keys_never_reaches_another_plans_keys() 
         (pm.live_keys, pm.evicted, pm.reclaimed),
         (REAL, 0, 0),
         "{pm:?}"
+    );
+}
+
+/// The keyed log's eviction must rank keys from all over a shard, not always the
+/// same few: a quarter of a full table are real keys that have used their whole
+/// limit, the rest a flood of unique keys using one unit each. Every eviction has
+/// lighter keys to take, so no real key may be evicted — an evicted log forgets its
+/// units, and its key is admitted `L` more (a login limit bypassed by flooding other
+/// names). Before session 43 the sample was always the map's first 8 entries: once
+/// the flood's keys there were gone, every insert evicted a real key, admitted up to
+/// 1 663 times against a limit of 5.
+#[test]
+fn a_keyed_log_never_evicts_a_full_key_while_a_lighter_one_is_held() {
+    const L: u64 = 5;
+    let log = log_of::<u64>(64, 1, L);
+    let real = 16u64;
+    let mut admitted = vec![0u64; real as usize];
+    for i in 0..20_000u64 {
+        assert!(log.check(&(1_000 + i)).is_allowed());
+        let r = i % real;
+        if log.check(&r).is_allowed() {
+            admitted[r as usize] += 1;
+        }
+    }
+    assert_eq!(admitted, vec![L; real as usize]);
+    let m = log.metrics();
+    assert_eq!(m.live_keys + m.evicted, 20_000 + real, "{m:?}");
+}
+
+/// A key ranked light at a sweep and charged to its limit before its turn comes is
+/// passed over: the next eviction takes a key that is light now (here the one new
+/// key), never the key that has since used its limit.
+#[test]
+fn a_keyed_log_passes_over_a_ranked_key_charged_since() {
+    const L: u32 = 5;
+    let log = log_of::<u64>(64, 1, u64::from(L));
+    // A full shard of one-unit keys; the next insert ranks them and evicts one.
+    for key in 0..64u64 {
+        assert!(log.check(&key).is_allowed());
+    }
+    assert!(log.check(&100).is_allowed());
+    // Every key left uses its whole limit now, the ranked ones included (a key
+    // still held has one unit counting; the evicted one would start afresh).
+    let held: Vec<u64> = (0..64u64)
+        .filter(|key| log.peek(key, 0).remaining() == u64::from(L - 1))
+        .collect();
+    assert_eq!(held.len(), 63, "one key was evicted for key 100");
+    for key in &held {
+        assert!(log.check_n(key, L - 1).is_allowed());
+    }
+    // One more insert: only key 100 is lighter than the limit.
+    assert!(log.check(&101).is_allowed());
+    for key in &held {
+        assert!(!log.check(key).is_allowed(), "key {key} was evicted");
+    }
+    assert_eq!(
+        log.peek(&100, 0).remaining(),
+        u64::from(L),
+        "key 100 was evicted"
     );
 }

@@ -12,7 +12,13 @@
 //! for uneven hashing as the lock-free table) without removing any. Beyond that, a
 //! shard first drops the logs of idle keys (no unit counts: lossless), at most once
 //! per an eighth of its share of inserts, and when every key is live it evicts the
-//! key of a sample of 8 whose loss forgives least (fewest units counting). Each log
+//! key whose loss forgives least (fewest units counting, then fewest entries),
+//! ranked over the whole shard: each sweep ranks the eighth of the shard's keys
+//! that are lightest, and the evictions until the next sweep take them lightest
+//! first, passing over a key charged since it was ranked (the ranking is made again
+//! when none is left). So a key is evicted only once every key that was lighter
+//! at the sweep has been evicted or charged since — unlike a sample of a few keys
+//! in the map's order, which would be the same few every time. Each log
 //! holds at most `L` entries after an admission, so the table's memory is bounded by
 //! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
 //! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
@@ -48,8 +54,35 @@ use crate::receipt::{Owner, Receipt};
 use crate::sliding_log::{Bounds, Ring};
 use crate::sync::{lock, Mutex};
 
-/// Keys an eviction compares.
-const EVICTION_SAMPLE: usize = 8;
+/// What evicting a log forgives, as an order: the units still counting, then the
+/// entries holding them. Eviction takes the least.
+type Weight = (u64, usize);
+
+/// A key ranked for eviction by its weight when ranked (compared by weight only).
+struct Ranked<K> {
+    weight: Weight,
+    key: K,
+}
+
+impl<K> PartialEq for Ranked<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.weight == other.weight
+    }
+}
+
+impl<K> Eq for Ranked<K> {}
+
+impl<K> PartialOrd for Ranked<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<K> Ord for Ranked<K> {
+    fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+        self.weight.cmp(&other.weight)
+    }
+}
 
 /// One shard: its keys' logs and its counters, under one mutex.
 struct LogShard<K> {
@@ -62,6 +95,9 @@ struct LogShard<K> {
     removed_at: u64,
     /// Full-shard inserts left before the next sweep for idle logs.
     sweep_credit: usize,
+    /// The lightest keys of the shard at the last sweep, heaviest first: the next
+    /// evictions' victims.
+    ranked: Vec<Ranked<K>>,
     counts: KeyedMetrics,
 }
 
@@ -117,6 +153,8 @@ pub struct KeyedSlidingLog<K, C> {
 ///   `remove` never shrink a map. A table under a churning flood reaches that.
 /// * **The rings**: at most `L` entries of 16 bytes after an admission; a
 ///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
+/// * **The ranking**: the `⌈share / 8⌉` lightest keys (clones) and their weights,
+///   for the evictions between two sweeps.
 ///
 /// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
 /// come from (floodgate-http's extractors bound their keys' lengths).
@@ -130,7 +168,13 @@ pub(crate) fn worst_case_bytes<K>(share: usize, shards: usize, policy: Policy) -
     let map_bytes = buckets
         .checked_mul(core::mem::size_of::<(K, Ring)>() + 1)?
         .checked_add(16)?;
-    let shard_bytes = share.checked_mul(ring_bytes)?.checked_add(map_bytes)?;
+    let ranked_bytes = (share / 8)
+        .max(1)
+        .checked_mul(core::mem::size_of::<Ranked<K>>())?;
+    let shard_bytes = share
+        .checked_mul(ring_bytes)?
+        .checked_add(map_bytes)?
+        .checked_add(ranked_bytes)?;
     shards.checked_mul(shard_bytes)
 }
 
@@ -158,6 +202,7 @@ where
                     generation: 0,
                     removed_at: 0,
                     sweep_credit: 0,
+                    ranked: Vec::new(),
                     counts: KeyedMetrics::default(),
                 }))
             })
@@ -306,43 +351,98 @@ where
     }
 
     /// Makes room for one more key in a shard at its share: drops idle logs
-    /// (lossless) when the sweep credit allows, then evicts the sampled key whose
-    /// loss forgives least if the shard is still full.
+    /// (lossless) and ranks the shard's lightest keys when the sweep credit allows,
+    /// then, if the shard is still full, evicts the lightest ranked key that is
+    /// still no heavier than when it was ranked — ranking again if none is.
     fn make_room(&self, shard: &mut LogShard<K>, now: u64) {
         if shard.logs.len() < self.share {
             return;
         }
-        let bounds = shard.bounds;
         if shard.sweep_credit == 0 {
-            let before = shard.logs.len();
-            shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
-            let dropped = before - shard.logs.len();
-            if dropped > 0 {
-                shard.counts.reclaimed += dropped as u64;
-                Self::record_removal(shard, now);
-            }
-            shard.sweep_credit = (self.share / 8).max(1);
+            self.sweep(shard, now);
         } else {
             shard.sweep_credit -= 1;
         }
-        if shard.logs.len() < self.share {
+        if shard.logs.len() < self.share || Self::evict_ranked(shard, now) {
             return;
         }
-        let victim = shard
-            .logs
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, ring)| (ring.live_units(bounds, now), ring.len()))
-            .map(|(key, ring)| (key.clone(), ring.is_idle(bounds, now)));
-        if let Some((victim, idle)) = victim {
-            shard.logs.remove(&victim);
+        // Every ranked key has left or been charged since: rank again. Using a
+        // ranking up takes as many removals or charges as it holds keys, so this
+        // costs each of them O(log share) on average.
+        self.sweep(shard, now);
+        if shard.logs.len() >= self.share {
+            Self::evict_ranked(shard, now);
+        }
+    }
+
+    /// Drops the idle logs (lossless), then ranks the lightest keys left — as many
+    /// as the full-shard inserts until the next sweep — for the evictions until then.
+    ///
+    /// The ranking looks at every key of the shard, as the sweep does: a sample of
+    /// a few keys taken in the map's order would be the same few every time (the
+    /// map's first slots), and once a flood's light keys there were evicted, every
+    /// eviction would take one of the heavy keys left in them while lighter keys
+    /// sat in the rest of the map.
+    fn sweep(&self, shard: &mut LogShard<K>, now: u64) {
+        let bounds = shard.bounds;
+        let before = shard.logs.len();
+        shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
+        let dropped = before - shard.logs.len();
+        if dropped > 0 {
+            shard.counts.reclaimed += dropped as u64;
+            Self::record_removal(shard, now);
+        }
+        let wanted = (self.share / 8).max(1);
+        shard.sweep_credit = wanted;
+        // The `wanted` lightest, kept in a max-heap on the ranking's own buffer.
+        let mut ranked = core::mem::take(&mut shard.ranked);
+        ranked.clear();
+        let mut heap = std::collections::BinaryHeap::from(ranked);
+        heap.reserve_exact(wanted);
+        for (key, ring) in &shard.logs {
+            let weight = (ring.live_units(bounds, now), ring.len());
+            if heap.len() < wanted {
+                heap.push(Ranked {
+                    weight,
+                    key: key.clone(),
+                });
+            } else if let Some(mut heaviest) = heap.peek_mut() {
+                if weight < heaviest.weight {
+                    *heaviest = Ranked {
+                        weight,
+                        key: key.clone(),
+                    };
+                }
+            }
+        }
+        // Ascending, then reversed: `pop` takes the lightest.
+        let mut ranked = heap.into_sorted_vec();
+        ranked.reverse();
+        shard.ranked = ranked;
+    }
+
+    /// Evicts the lightest ranked key still in the shard and no heavier than when
+    /// it was ranked (one charged since is passed over). Whether one was evicted.
+    fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
+        let bounds = shard.bounds;
+        while let Some(Ranked { weight, key }) = shard.ranked.pop() {
+            let Some(ring) = shard.logs.get(&key) else {
+                continue;
+            };
+            if (ring.live_units(bounds, now), ring.len()) > weight {
+                continue;
+            }
+            let idle = ring.is_idle(bounds, now);
+            shard.logs.remove(&key);
             if idle {
                 shard.counts.reclaimed += 1;
             } else {
                 shard.counts.evicted += 1;
             }
             Self::record_removal(shard, now);
+            return true;
         }
+        false
     }
 
     /// A removal at `now`: receipts from before it refund nothing, and later
@@ -654,9 +754,9 @@ mod tests {
 
     /// A churning flood of unique `String` keys (1 unit each, the clock moving so
     /// that some logs go idle and are swept, the rest evicted) through one shard of
-    /// `share` keys: the map's buckets and the rings' buffers, as the table holds
-    /// them at their largest, stay within the worst case the budget is checked
-    /// against. Shares just under 7/8 of a power of two fill the map with tombstones
+    /// `share` keys: the map's buckets, the rings' buffers and the ranking, as the
+    /// table holds them at their largest, stay within the worst case the budget is
+    /// checked against. Shares just under 7/8 of a power of two fill the map with tombstones
     /// until it doubles.
     #[test]
     fn a_churning_flood_stays_within_the_budgeted_worst_case() {
@@ -690,7 +790,8 @@ mod tests {
                         * (core::mem::size_of::<(String, Ring)>() + 1)
                         + 16;
                     let rings: usize = shard.logs.values().map(|r| r.room() * 16).sum();
-                    most = most.max(map + rings);
+                    let ranked = shard.ranked.capacity() * core::mem::size_of::<Ranked<String>>();
+                    most = most.max(map + rings + ranked);
                 }
             }
             let bound = worst_case_bytes::<String>(log.share, 1, policy).unwrap();

@@ -24,7 +24,8 @@
 //!   that keep every key's state;
 //! * [`log`]: the exact sliding log per key ([`KeyedSlidingLog`]): a log is many
 //!   words, so its keys sit in sharded maps under one mutex per shard, with the same
-//!   capacity, reclamation and eviction rules;
+//!   capacity and reclamation rules, evicting the lightest key of a ranking of the
+//!   whole shard;
 //! * [`hot`]: keyed GCRA whose hot keys (found by sampling, or named) move to
 //!   per-core leases ([`HotKeyLimiter`]), so one key hit by every core scales;
 //! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
