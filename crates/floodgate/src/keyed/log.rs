@@ -153,8 +153,8 @@ pub struct KeyedSlidingLog<K, C> {
 ///   `remove` never shrink a map. A table under a churning flood reaches that.
 /// * **The rings**: at most `L` entries of 16 bytes after an admission; a
 ///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
-/// * **The ranking**: the `⌈share / 8⌉` lightest keys (clones) and their weights,
-///   for the evictions between two sweeps.
+/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones) and their
+///   weights, for the evictions between two sweeps.
 ///
 /// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
 /// come from (floodgate-http's extractors bound their keys' lengths).
