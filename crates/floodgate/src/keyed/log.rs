@@ -759,6 +759,7 @@ mod tests {
     /// checked against. Shares just under 7/8 of a power of two fill the map with tombstones
     /// until it doubles.
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn a_churning_flood_stays_within_the_budgeted_worst_case() {
         for (share, limit) in [
             (10, 1),
