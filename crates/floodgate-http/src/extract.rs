@@ -134,6 +134,12 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// denies, the layer calls it again to give the charge back to the same key
     /// (a key drawn at random, or from a counter, would refund another key or none).
     ///
+    /// A keyed table holds each key it stores, with whatever heap memory the key
+    /// owns (a `String`'s bytes), which its memory budget does not count: bound a
+    /// key's length where it is read, as [`HeaderKey`] (256 bytes by default) and
+    /// [`RoutePath`] (1 KiB) do, and answer a longer one [`KeyError::Oversized`] (a
+    /// `400`, which charges nothing and stores nothing).
+    ///
     /// # Errors
     ///
     /// A [`KeyError`] when the value the key comes from is missing, malformed or

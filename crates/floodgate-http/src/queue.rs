@@ -323,6 +323,14 @@ pub(crate) fn cost_above_burst(cost: u32, policy: &Policy) -> Option<(u32, u64)>
 /// a request without a usable key is a 400. A request cancelled while it waits gives
 /// its units back (the receipt's refund).
 ///
+/// What waits is bounded per key — the requests whose slots fit within `max_delay`
+/// of the key's schedule, `burst + ⌊max_delay / T⌋` of cost 1 — not in total: every key
+/// with a booked schedule may hold that many, and a key evicted from a full table
+/// (its schedule forgotten, see [`KeyedLimiter`]'s eviction) leaves its waiters to
+/// sleep out their slots while its next requests start afresh. Each waiter is a
+/// request the server holds; bound them all with a concurrency limit in front of the
+/// layer (tower's `ConcurrencyLimitLayer`, the server's connection limit).
+///
 /// # Examples
 ///
 /// ```

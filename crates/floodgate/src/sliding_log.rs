@@ -164,6 +164,12 @@ impl Ring {
         self.entries.len()
     }
 
+    /// Entries its buffer has room for (what it allocated): for memory tests.
+    #[cfg(test)]
+    pub(crate) fn room(&self) -> usize {
+        self.entries.capacity()
+    }
+
     /// Forgets every unit.
     pub(crate) fn clear(&mut self) {
         self.entries.clear();

@@ -386,7 +386,7 @@ impl<C> KeyedBuilder<(), C> {
         let wanted = self.validate_shape()?;
         let (capacity, shards) = self.layout(wanted);
         let (share, _) = shard_size(capacity, shards);
-        let bytes = worst_case_bytes::<K>(share * shards, policy).unwrap_or(usize::MAX);
+        let bytes = worst_case_bytes::<K>(share, shards, policy).unwrap_or(usize::MAX);
         if bytes > self.memory_budget {
             return Err(KeyedError::OverMemoryBudget {
                 capacity: self.capacity,
@@ -488,7 +488,10 @@ impl<A, C> KeyedBuilder<A, C> {
     /// * [`Inline`] and [`Fingerprint`] storage: the slot array is all its key memory.
     /// * [`Heap`] storage: each live key also takes a heap entry (the key and its state
     ///   word, plus allocator overhead), allocated as keys arrive and not counted in the
-    ///   budget: at most [`max_keys`](KeyedLimiter::max_keys) of them.
+    ///   budget: at most [`max_keys`](KeyedLimiter::max_keys) of them, each with the
+    ///   heap memory its key owns (a `String`'s bytes): bound keys' lengths where they
+    ///   come from (floodgate-http's extractors do: 256 bytes for a header, 1 KiB for a
+    ///   path).
     ///
     /// A [`PlanLimiter`](crate::keyed::plans::PlanLimiter) builds one table per plan
     /// from one builder: the budget bounds their slot arrays together.
@@ -521,8 +524,10 @@ impl<A, C> KeyedBuilder<A, C> {
     /// build hashes otherwise) and the shard count (by default from the available
     /// parallelism) stay the same. Keep the default in
     /// production: a client who knows the seed can choose keys that crowd one shard
-    /// and one probe run. The table stays exact and bounded, but those lookups slow
-    /// down and evictions fall on that shard's keys.
+    /// and one probe run. The table stays bounded, but those lookups slow down and
+    /// evictions fall on that shard's keys; [`Heap`] and [`Inline`] tables stay
+    /// exact, while a [`Fingerprint`] table's fingerprints are then the client's to
+    /// search: a key found offline with another key's fingerprint shares its state.
     ///
     /// # Examples
     ///

@@ -12,10 +12,21 @@
 //! for uneven hashing as the lock-free table) without removing any. Beyond that, a
 //! shard first drops the logs of idle keys (no unit counts: lossless), at most once
 //! per an eighth of its share of inserts, and when every key is live it evicts the
-//! key of a sample of 8 whose loss forgives least (fewest units counting). Each log
+//! key whose loss forgives least (fewest units counting, then fewest entries),
+//! ranked over the whole shard: each sweep ranks the eighth of the shard's keys
+//! that are lightest, and the evictions until the next sweep take them lightest
+//! first, passing over a key charged since it was ranked (the ranking is made again
+//! when none is left). So a key is evicted only once every key that was lighter
+//! at the sweep has been evicted or charged since — unlike a sample of a few keys
+//! in the map's order, which would be the same few every time. Each log
 //! holds at most `L` entries after an admission, so the table's memory is bounded by
-//! `capacity × (key + ring of at most 2·L entries of 16 bytes)`; the builder checks
-//! that bound against its [`memory_budget`](crate::KeyedBuilder::memory_budget).
+//! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
+//! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
+//! ≈ 4.6 slots per key once a churning flood has filled the map with removals'
+//! tombstones (the map never shrinks); the builder checks that bound against its
+//! [`memory_budget`](crate::KeyedBuilder::memory_budget). Heap memory a key owns (a
+//! `String`'s bytes) comes on top: bound keys' lengths where they come from, as
+//! floodgate-http's extractors do.
 //!
 //! # Removals and earlier readings
 //!
@@ -43,8 +54,35 @@ use crate::receipt::{Owner, Receipt};
 use crate::sliding_log::{Bounds, Ring};
 use crate::sync::{lock, Mutex};
 
-/// Keys an eviction compares.
-const EVICTION_SAMPLE: usize = 8;
+/// What evicting a log forgives, as an order: the units still counting, then the
+/// entries holding them. Eviction takes the least.
+type Weight = (u64, usize);
+
+/// A key ranked for eviction by its weight when ranked (compared by weight only).
+struct Ranked<K> {
+    weight: Weight,
+    key: K,
+}
+
+impl<K> PartialEq for Ranked<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.weight == other.weight
+    }
+}
+
+impl<K> Eq for Ranked<K> {}
+
+impl<K> PartialOrd for Ranked<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<K> Ord for Ranked<K> {
+    fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+        self.weight.cmp(&other.weight)
+    }
+}
 
 /// One shard: its keys' logs and its counters, under one mutex.
 struct LogShard<K> {
@@ -57,6 +95,9 @@ struct LogShard<K> {
     removed_at: u64,
     /// Full-shard inserts left before the next sweep for idle logs.
     sweep_credit: usize,
+    /// The lightest keys of the shard at the last sweep, heaviest first: the next
+    /// evictions' victims.
+    ranked: Vec<Ranked<K>>,
     counts: KeyedMetrics,
 }
 
@@ -98,15 +139,43 @@ pub struct KeyedSlidingLog<K, C> {
     owner: Owner,
 }
 
-/// The most bytes `keys` logs of keys of type `K` can hold under `policy`: each
-/// key, its ring, a map slot's overhead, and at most `2·L` entries (a ring holds at
-/// most `L` after an admission; its buffer at most doubles that).
-pub(crate) fn worst_case_bytes<K>(keys: usize, policy: Policy) -> Option<usize> {
+/// The most bytes the logs of `shards` shards of `share` keys each, keys of type
+/// `K`, can hold under `policy`: each shard's map and each key's ring buffer.
+///
+/// * **The map** (`std`'s `HashMap`, hashbrown): a bucket per slot, each the
+///   `(key, ring)` pair and a control byte, plus a group's control bytes. A map
+///   holding at most `share` keys has `b` = the next power of two at or above
+///   `⌊share · 8/7⌋` buckets (at most 16 below 15 keys); it grows once more when
+///   removals' tombstones fill it while more than half of it holds keys (it
+///   resizes to hold one more than it could), never again: after that doubling
+///   `share` keys fill at most half of it, and tombstones are cleared in place. So
+///   at most `2·b` buckets — up to ≈ 4.6 slots per key — since `retain` and
+///   `remove` never shrink a map. A table under a churning flood reaches that.
+/// * **The rings**: at most `L` entries of 16 bytes after an admission; a
+///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
+/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones) and their
+///   weights, for the evictions between two sweeps.
+///
+/// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
+/// come from (floodgate-http's extractors bound their keys' lengths).
+pub(crate) fn worst_case_bytes<K>(share: usize, shards: usize, policy: Policy) -> Option<usize> {
     let entries = usize::try_from(policy.limit()).ok()?.checked_mul(2)?.max(4);
-    let per_key = entries
-        .checked_mul(16)?
-        .checked_add(core::mem::size_of::<K>() + core::mem::size_of::<Ring>() + 16)?;
-    keys.checked_mul(per_key)
+    let ring_bytes = entries.checked_mul(16)?;
+    let buckets = (share.checked_mul(8)? / 7)
+        .checked_next_power_of_two()?
+        .max(16)
+        .checked_mul(2)?;
+    let map_bytes = buckets
+        .checked_mul(core::mem::size_of::<(K, Ring)>() + 1)?
+        .checked_add(16)?;
+    let ranked_bytes = (share / 8)
+        .max(1)
+        .checked_mul(core::mem::size_of::<Ranked<K>>())?;
+    let shard_bytes = share
+        .checked_mul(ring_bytes)?
+        .checked_add(map_bytes)?
+        .checked_add(ranked_bytes)?;
+    shards.checked_mul(shard_bytes)
 }
 
 impl<K, C> KeyedSlidingLog<K, C>
@@ -133,6 +202,7 @@ where
                     generation: 0,
                     removed_at: 0,
                     sweep_credit: 0,
+                    ranked: Vec::new(),
                     counts: KeyedMetrics::default(),
                 }))
             })
@@ -281,43 +351,98 @@ where
     }
 
     /// Makes room for one more key in a shard at its share: drops idle logs
-    /// (lossless) when the sweep credit allows, then evicts the sampled key whose
-    /// loss forgives least if the shard is still full.
+    /// (lossless) and ranks the shard's lightest keys when the sweep credit allows,
+    /// then, if the shard is still full, evicts the lightest ranked key that is
+    /// still no heavier than when it was ranked — ranking again if none is.
     fn make_room(&self, shard: &mut LogShard<K>, now: u64) {
         if shard.logs.len() < self.share {
             return;
         }
-        let bounds = shard.bounds;
         if shard.sweep_credit == 0 {
-            let before = shard.logs.len();
-            shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
-            let dropped = before - shard.logs.len();
-            if dropped > 0 {
-                shard.counts.reclaimed += dropped as u64;
-                Self::record_removal(shard, now);
-            }
-            shard.sweep_credit = (self.share / 8).max(1);
+            self.sweep(shard, now);
         } else {
             shard.sweep_credit -= 1;
         }
-        if shard.logs.len() < self.share {
+        if shard.logs.len() < self.share || Self::evict_ranked(shard, now) {
             return;
         }
-        let victim = shard
-            .logs
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, ring)| (ring.live_units(bounds, now), ring.len()))
-            .map(|(key, ring)| (key.clone(), ring.is_idle(bounds, now)));
-        if let Some((victim, idle)) = victim {
-            shard.logs.remove(&victim);
+        // Every ranked key has left or been charged since: rank again. Using a
+        // ranking up takes as many removals or charges as it holds keys, so this
+        // costs each of them O(log share) on average.
+        self.sweep(shard, now);
+        if shard.logs.len() >= self.share {
+            Self::evict_ranked(shard, now);
+        }
+    }
+
+    /// Drops the idle logs (lossless), then ranks the lightest keys left — as many
+    /// as the full-shard inserts until the next sweep — for the evictions until then.
+    ///
+    /// The ranking looks at every key of the shard, as the sweep does: a sample of
+    /// a few keys taken in the map's order would be the same few every time (the
+    /// map's first slots), and once a flood's light keys there were evicted, every
+    /// eviction would take one of the heavy keys left in them while lighter keys
+    /// sat in the rest of the map.
+    fn sweep(&self, shard: &mut LogShard<K>, now: u64) {
+        let bounds = shard.bounds;
+        let before = shard.logs.len();
+        shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
+        let dropped = before - shard.logs.len();
+        if dropped > 0 {
+            shard.counts.reclaimed += dropped as u64;
+            Self::record_removal(shard, now);
+        }
+        let wanted = (self.share / 8).max(1);
+        shard.sweep_credit = wanted;
+        // The `wanted` lightest, kept in a max-heap on the ranking's own buffer.
+        let mut ranked = core::mem::take(&mut shard.ranked);
+        ranked.clear();
+        let mut heap = std::collections::BinaryHeap::from(ranked);
+        heap.reserve_exact(wanted);
+        for (key, ring) in &shard.logs {
+            let weight = (ring.live_units(bounds, now), ring.len());
+            if heap.len() < wanted {
+                heap.push(Ranked {
+                    weight,
+                    key: key.clone(),
+                });
+            } else if let Some(mut heaviest) = heap.peek_mut() {
+                if weight < heaviest.weight {
+                    *heaviest = Ranked {
+                        weight,
+                        key: key.clone(),
+                    };
+                }
+            }
+        }
+        // Ascending, then reversed: `pop` takes the lightest.
+        let mut ranked = heap.into_sorted_vec();
+        ranked.reverse();
+        shard.ranked = ranked;
+    }
+
+    /// Evicts the lightest ranked key still in the shard and no heavier than when
+    /// it was ranked (one charged since is passed over). Whether one was evicted.
+    fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
+        let bounds = shard.bounds;
+        while let Some(Ranked { weight, key }) = shard.ranked.pop() {
+            let Some(ring) = shard.logs.get(&key) else {
+                continue;
+            };
+            if (ring.live_units(bounds, now), ring.len()) > weight {
+                continue;
+            }
+            let idle = ring.is_idle(bounds, now);
+            shard.logs.remove(&key);
             if idle {
                 shard.counts.reclaimed += 1;
             } else {
                 shard.counts.evicted += 1;
             }
             Self::record_removal(shard, now);
+            return true;
         }
+        false
     }
 
     /// A removal at `now`: receipts from before it refund nothing, and later
@@ -479,8 +604,8 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_policy(&self, policy: Policy) -> Result<(), super::KeyedError> {
-        let keys = self.share * self.shards.len();
-        let bytes = worst_case_bytes::<K>(keys, policy).unwrap_or(usize::MAX);
+        let bytes =
+            worst_case_bytes::<K>(self.share, self.shards.len(), policy).unwrap_or(usize::MAX);
         if bytes > self.memory_budget {
             return Err(super::KeyedError::OverMemoryBudget {
                 capacity: self.capacity,
@@ -609,5 +734,72 @@ impl<K, C: fmt::Debug> fmt::Debug for KeyedSlidingLog<K, C> {
             .field("shards", &self.shards.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// Buckets behind a `HashMap` that reports `capacity` (hashbrown: 7/8 of its
+    /// buckets from 8 buckets on, one fewer below).
+    fn buckets(capacity: usize) -> usize {
+        if capacity < 8 {
+            capacity + 1
+        } else {
+            capacity * 8 / 7
+        }
+    }
+
+    /// A churning flood of unique `String` keys (1 unit each, the clock moving so
+    /// that some logs go idle and are swept, the rest evicted) through one shard of
+    /// `share` keys: the map's buckets, the rings' buffers and the ranking, as the
+    /// table holds them at their largest, stay within the worst case the budget is
+    /// checked against. Shares just under 7/8 of a power of two fill the map with tombstones
+    /// until it doubles.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_churning_flood_stays_within_the_budgeted_worst_case() {
+        for (share, limit) in [
+            (10, 1),
+            (100, 1),
+            (1_700, 1),
+            (1_792, 1),
+            (1_793, 1),
+            (3_000, 2),
+        ] {
+            let clock = ManualClock::new();
+            let policy = Policy::per_second(limit).unwrap();
+            let log = crate::KeyedBuilder::default()
+                .capacity(share)
+                .shards(1)
+                .clock(clock.clone())
+                .sliding_log::<String>(policy)
+                .unwrap();
+            let mut most = 0;
+            for i in 0..share * 30 {
+                for _ in 0..limit {
+                    let _ = log.check(format!("k{i}").as_str());
+                }
+                if i % 7 == 0 {
+                    clock.advance(core::time::Duration::from_millis(1));
+                }
+                if i % 61 == 0 || i + 1 == share * 30 {
+                    let shard = lock(&log.shards[0]);
+                    let map = buckets(shard.logs.capacity())
+                        * (core::mem::size_of::<(String, Ring)>() + 1)
+                        + 16;
+                    let rings: usize = shard.logs.values().map(|r| r.room() * 16).sum();
+                    let ranked = shard.ranked.capacity() * core::mem::size_of::<Ranked<String>>();
+                    most = most.max(map + rings + ranked);
+                }
+            }
+            let bound = worst_case_bytes::<String>(log.share, 1, policy).unwrap();
+            assert!(
+                most <= bound,
+                "share {share}: {most} bytes held, {bound} budgeted"
+            );
+        }
     }
 }

@@ -24,7 +24,8 @@
 //!   that keep every key's state;
 //! * [`log`]: the exact sliding log per key ([`KeyedSlidingLog`]): a log is many
 //!   words, so its keys sit in sharded maps under one mutex per shard, with the same
-//!   capacity, reclamation and eviction rules;
+//!   capacity and reclamation rules, evicting the lightest key of a ranking of the
+//!   whole shard;
 //! * [`hot`]: keyed GCRA whose hot keys (found by sampling, or named) move to
 //!   per-core leases ([`HotKeyLimiter`]), so one key hit by every core scales;
 //! * [`composite`]: several limits (global, per user, per endpoint) as one decision —
@@ -47,7 +48,8 @@
 //!   ≤ 3/4) and never grows; at most [`KeyedLimiter::max_keys`] entries exist (the
 //!   capacity plus a slack for uneven hashing across shards). Memory is
 //!   `slots × 16 bytes + live keys × size_of::<(K, state)>()` plus allocator overhead
-//!   (for `u64` keys: ≈ 21.8 + 16 bytes of payload per key at full capacity), plus
+//!   (for `u64` keys: ≈ 21.8 + 16 bytes of payload per key at full capacity) and the
+//!   heap memory the keys own (a `String`'s bytes: bound keys' lengths), plus
 //!   removed entries waiting for the epoch to free them — pins last one lookup, so
 //!   that backlog stays small: the 10 M-key flood test peaks at 38.6 bytes per key
 //!   of capacity, all included. A build whose slot array would pass the

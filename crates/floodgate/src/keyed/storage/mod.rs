@@ -74,8 +74,11 @@ pub struct Inline;
 /// (each is charged for the other). For `n` keys in the table at once, the chance
 /// that any two of them collide is about n² / 2⁶⁵: 3 × 10⁻⁸ for a million keys,
 /// 3 × 10⁻⁴ for a hundred million. The seeds are random per process, so a client
-/// cannot choose keys that collide. A collision never panics and never admits more
-/// than one key's limit for the pair.
+/// cannot choose keys that collide — unless the builder fixed them
+/// ([`hash_seed`](super::KeyedBuilder::hash_seed)): a client who knows the seed and
+/// the build can then search offline for a key whose fingerprint equals another
+/// client's and spend that client's limit. A collision never panics and never admits
+/// more than one key's limit for the pair.
 ///
 /// # Examples
 ///
