@@ -172,8 +172,9 @@
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
-//!   refunds; a receipt whose charge came before all of them gives back nothing (a
-//!   conservative loss, never a second refund).
+//!   refunds (a sliding log: the 8 of the latest charges, by the ledger each
+//!   charge saw); a receipt whose charge came before all of them gives back
+//!   nothing (a conservative loss, never a second refund).
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
