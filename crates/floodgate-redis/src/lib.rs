@@ -54,7 +54,7 @@
 //!   as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant (and, once charged
-//!   with a receipt, one refund member: **Refunds**, below).
+//!   with a receipt, refund members: **Refunds**, below).
 //! * **A policy change** on the same keys (a redeploy): GCRA keeps its TAT and
 //!   applies the new interval from now on, as in process; the log judges its
 //!   instants by the new period, as long as its key lives (the old period's TTL,
@@ -172,8 +172,9 @@
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
 //!   two replicas at once — gives back nothing more. A key remembers its last 8
-//!   refunds; a receipt whose charge came before all of them gives back nothing (a
-//!   conservative loss, never a second refund).
+//!   refunds (a sliding log: the 8 of the latest charges, by the ledger each
+//!   charge saw); a receipt whose charge came before all of them gives back
+//!   nothing (a conservative loss, never a second refund).
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
@@ -206,32 +207,38 @@
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
 //!   write keeps them. The sliding log's sorted set cannot hold fields beside its
-//!   members: it gets one more member,
-//!   `refunds:ledger:floor:incarnation:logged:receipts`, scored `-inf` (`logged`:
-//!   the latest instant a unit was logged at, as far as a refund removed it).
-//!   Scored `-inf`, it is always rank 0, never the newest member while a unit is
-//!   logged and never in a window, so every read of the log members stays exact (the rank search counts it among the members
-//!   before the window); it lives and expires with the key, in the key's own slot
-//!   (Redis Cluster: no second key, no hash tag needed); a charge keeps it (its
+//!   members: it gets more members, all scored `-inf` — a head
+//!   `refunds:ledger:floor:incarnation` (from the first charge with a receipt),
+//!   `refunds:logged:instant` (once a refund has moved it past 0: the latest
+//!   instant a unit was logged at, as far as a refund removed it) and one
+//!   `refunds:id:receipt` per receipt the key remembers (at most 8).
+//!   Scored `-inf`, they come before every log member, are never the newest member
+//!   while a unit is logged and never in a window, so every read of the log members
+//!   stays exact (the rank search counts them among the members before the window);
+//!   they live and expire with the key, in the key's own slot
+//!   (Redis Cluster: no second key, no hash tag needed); a charge keeps them (its
 //!   trim of the expired members starts above `-inf`). A companion key would have
 //!   needed a hash tag the single-limit key does not have, and could be lost
 //!   without the log (or the log without it, and a receipt of the lost log then
 //!   refund units of the new one). The incarnation is the server time of the first
 //!   charge with a receipt on the key: a key lost and created again (evicted, a
 //!   write lost in a failover) gets another, and a receipt of the lost key gives
-//!   nothing back on it. Its size: once a refund has recorded a receipt, the
-//!   refund member is longer than Redis's default `zset-max-listpack-value` (64
-//!   bytes), and Redis holds the key as a skiplist from then on — about 1 KB for
-//!   a log of one unit, where a listpack takes about 130 bytes (`MEMORY USAGE`,
-//!   Redis 7.0). A refund member is at most 483 bytes, so
-//!   `zset-max-listpack-value 512` keeps such logs compact (up to
-//!   `zset-max-listpack-entries` members).
+//!   nothing back on it. Its size: every number in them is below 2^53 (16 digits),
+//!   so a refund member is at most 61 bytes (a log member at most 50), within
+//!   Redis's default `zset-max-listpack-value` (64): a refunded log stays a
+//!   compact listpack — for a log of one unit (`MEMORY USAGE`, Redis 7.0) about
+//!   100 bytes without refund members, 130 with the head, 210 after one refund,
+//!   500 with 8 receipts remembered, where a skiplist takes about 1 KB — as long
+//!   as it holds at most
+//!   `zset-max-listpack-entries` members (default 128: the refund members count
+//!   among them, at most 10; a log of more instants is a skiplist with or without
+//!   refunds — raise that setting if such logs must stay compact).
 //!   A version of this crate from before refunds reads such a key as a malformed
 //!   state (an error; under [`OnFailure::Open`], an admission): upgrade every
 //!   replica first, then turn refunds on. A version from before sliding-log
-//!   refunds (session 42) reads a log with its refund member, but fails as
-//!   malformed on a log whose every unit was given back (only the refund member
-//!   left), its trim drops the refund member (that key's receipts then give
+//!   refunds (session 42) reads a log with its refund members, but fails as
+//!   malformed on a log whose every unit was given back (only the refund members
+//!   left), its trim drops the refund members (that key's receipts then give
 //!   nothing back), and it judges a reading behind a newest unit given back
 //!   before that unit's instant (it does not read `logged`): upgrade every replica
 //!   of a sliding-log limiter with refunds on before the new version serves it. A limiter with refunds off still reads and

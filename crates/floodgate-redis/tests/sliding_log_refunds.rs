@@ -309,9 +309,11 @@ fn a_reading_behind_a_newest_unit_given_back_is_judged_at_its_instant() {
     });
 }
 
-/// Running totals past 2^52: a charge renumbers the live members (the refund
-/// member kept), and a receipt taken before the renumbering still gives back its
-/// units, exactly, once.
+/// Running totals past 2^52: a charge renumbers the live members (every refund
+/// member put back: the head, the latest instant logged, the record), a receipt
+/// taken before the renumbering still gives back its units, exactly, once, and
+/// one given back before it gives nothing again (not the units another charge
+/// merged at its instant holds).
 #[test]
 fn a_receipt_taken_before_the_totals_are_renumbered_still_gives_back() {
     let Some(server) = RedisServer::start() else {
@@ -327,7 +329,15 @@ fn a_receipt_taken_before_the_totals_are_renumbered_still_gives_back() {
         let live = (t - 10).to_string();
         let _: i64 = server.cmd(&["ZADD", "test:n", &old, &format!("{old}:5:{}", big - 4)]);
         let _: i64 = server.cmd(&["ZADD", "test:n", &live, &format!("{live}:4:{big}")]);
+        let r0 = l.charge_n_at_micros("n", 1, t).await.unwrap().1.unwrap();
         let r = l.charge_n_at_micros("n", 3, t).await.unwrap().1.unwrap();
+        assert!(l.refund_at_micros(&r0, t).await.unwrap());
+        let refund_members = || -> Vec<(String, String)> {
+            let all = members(&server, "test:n");
+            all.into_iter().filter(|(_, s)| s == "-inf").collect()
+        };
+        let kept = refund_members();
+        assert_eq!(kept.len(), 3, "{kept:?}");
         assert_eq!(
             log_members(&server, "test:n").last(),
             Some(&(t, 3, big + 3))
@@ -339,7 +349,8 @@ fn a_receipt_taken_before_the_totals_are_renumbered_still_gives_back() {
             log_members(&server, "test:n"),
             [(t - 10, 4, 4), (t, 3, 7), (t + 1, 20, 27)]
         );
-        assert!(members(&server, "test:n")[0].0.starts_with("refunds:"));
+        assert_eq!(refund_members(), kept);
+        assert!(!l.refund_at_micros(&r0, t + 2).await.unwrap());
         assert!(l.refund_at_micros(&r, t + 2).await.unwrap());
         assert!(!l.refund_at_micros(&r, t + 2).await.unwrap());
         assert_eq!(
@@ -451,9 +462,11 @@ fn a_multi_limit_refund_gives_back_the_sliding_logs_part() {
     });
 }
 
-/// A refund member that no script writes (another score, fields that do not
-/// parse) is a malformed state: a charge and a refund fail with an error naming
-/// the key, and write nothing.
+/// Refund members that no script writes (another score, fields that do not
+/// parse or not as a script writes them, one twice, records without the head,
+/// more records than a key remembers, a log member at -inf) are a malformed
+/// state: a charge and a refund fail with an error naming the key, and write
+/// nothing.
 #[test]
 fn a_malformed_refund_member_fails_the_call_and_writes_nothing() {
     let Some(server) = RedisServer::start() else {
@@ -465,9 +478,33 @@ fn a_malformed_refund_member_fails_the_call_and_writes_nothing() {
         let t = 1_000_000_u64;
         let r = l.charge_n_at_micros("bad", 1, t).await.unwrap().1.unwrap();
         let good = members(&server, "test:bad")[0].0.clone();
-        for (score, member) in [("-inf", "refunds:0:0:zz:0:"), ("-5", good.as_str())] {
+        let g = good.as_str();
+        let many: Vec<String> = (0..9).map(|i| format!("refunds:id:0/{i}/1")).collect();
+        let mut cases: Vec<Vec<(&str, &str)>> = vec![
+            vec![("-inf", "refunds:0:0:zz:0:")],
+            vec![("-5", g)],
+            vec![("-inf", g), ("-inf", "refunds:id:0/1/zz")],
+            vec![("-inf", g), ("-inf", "refunds:id:00/1000000/1")],
+            vec![
+                ("-inf", g),
+                ("-inf", "refunds:logged:1"),
+                ("-inf", "refunds:logged:2"),
+            ],
+            vec![("-inf", g), ("-inf", "refunds:1:0:5")],
+            vec![("-inf", "refunds:id:0/1000000/1")],
+            vec![("-inf", g), ("-inf", "999999:1:1")],
+        ];
+        cases.push(
+            std::iter::once(g)
+                .chain(many.iter().map(String::as_str))
+                .map(|m| ("-inf", m))
+                .collect(),
+        );
+        for case in cases {
             let _: i64 = server.cmd(&["ZREM", "test:bad", &good]);
-            let _: i64 = server.cmd(&["ZADD", "test:bad", score, member]);
+            for (score, member) in &case {
+                let _: i64 = server.cmd(&["ZADD", "test:bad", score, member]);
+            }
             let before = members(&server, "test:bad");
             let e = l.refund_at_micros(&r, t).await.unwrap_err().to_string();
             assert!(e.contains("malformed") && e.contains("test:bad"), "{e}");
@@ -477,8 +514,13 @@ fn a_malformed_refund_member_fails_the_call_and_writes_nothing() {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("malformed"), "{e}");
-            assert_eq!(members(&server, "test:bad"), before);
-            let _: i64 = server.cmd(&["ZREM", "test:bad", member]);
+            assert_eq!(members(&server, "test:bad"), before, "{case:?}");
+            for (_, member) in &case {
+                let _: i64 = server.cmd(&["ZREM", "test:bad", member]);
+            }
         }
+        // Put back as a script wrote it, the key works again.
+        let _: i64 = server.cmd(&["ZADD", "test:bad", "-inf", &good]);
+        assert!(l.refund_at_micros(&r, t).await.unwrap());
     });
 }

@@ -6,19 +6,24 @@
 -- the oldest live member, so a decision reads a few members, not the whole
 -- window: O(log² n) for n members (all of them only when the totals pass 2^52,
 -- once per 2^51 units admitted at the least).
--- After a charge with receipts, one more member: "refunds:ledger:floor:
--- incarnation:logged:ids" (see log_refunds and sliding_log_refund), scored -inf,
--- so that it is always rank 0 and never the newest member while another is left,
--- never live (no reading's window reaches -inf), dropped by nothing but a
--- write that renumbers (which puts it back) and the key's end: every read of the
--- members above stays exact, ranks counted from -inf included. Every later write
--- keeps it, under any period, while the key lives.
+-- After a charge with receipts, the refund members (see log_refunds and
+-- sliding_log_refund), all scored -inf: "refunds:ledger:floor:incarnation"; once
+-- a refund moved it past 0, "refunds:logged:instant"; and one "refunds:id:
+-- noted/x/total" per receipt the key remembers (at most REFUNDS_KEPT). Each is
+-- at most 61 bytes (every number below 2^53, 16 digits at most), within Redis's
+-- default zset-max-listpack-value of 64: a refunded key stays a listpack.
+-- Scored -inf, they come before every log member (ranks counted from -inf count
+-- them among the members before any window), are never the newest member while
+-- another is left, never live (no reading's window reaches -inf), and are dropped
+-- by nothing but a write that renumbers (which puts them back) and the key's end:
+-- every read of the members above stays exact. Every later write keeps them,
+-- under any period, while the key lives.
 
 -- A log member and its score as found ({ member, score }): { at, units, total, name };
--- nil when there is none (or it is `skip`, the refund member), false when it is
--- malformed.
-local function log_member(found, skip)
-  if not found[1] or found[1] == skip then return nil end
+-- nil when there is none (or it is a refund member, scored -inf: log_refunds
+-- checked them all), false when it is malformed.
+local function log_member(found)
+  if not found[1] or found[2] == '-inf' then return nil end
   local u, t = string.match(found[1], '^%d+:(%d+):(%d+)$')
   local s = tonumber(found[2])
   u, t = tonumber(u), tonumber(t)
@@ -28,35 +33,80 @@ local function log_member(found, skip)
   return { at = s, units = u, total = t, name = found[1] }
 end
 
--- The refund member of the log at `key`: nil when there is none (a key never
--- charged with receipts: exactly the members above), else { name, ledger, floor,
--- born (the incarnation), logged (the latest instant a unit was logged at, as far
--- as a refund removed it: a reading is judged no earlier), ids }; or nil and an
--- error reply.
+-- The refund members of the log at `key`: nil when there is none (a key never
+-- charged with receipts: exactly the members above), else { names (every refund
+-- member), head (its name), ledger, floor, born (the incarnation), logged (the
+-- latest instant a unit was logged at, as far as a refund removed it: a reading
+-- is judged no earlier; 0 without its member), logged_name (nil without it), ids
+-- (the receipts remembered, "noted/x/total" each, the lowest noted first, as
+-- refundable and record_refund take them) }; or nil and an error reply. Every
+-- member at -inf must be one of them, once each, and a "refunds:" member at rank
+-- 0 is at -inf.
 local function log_refunds(key)
-  local found = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if not found[1] or string.sub(found[1], 1, 8) ~= 'refunds:' then return nil end
-  local l, f, b, g, ids = string.match(found[1], '^refunds:(%d+):(%d+):(%d+):(%d+):([%d/,]*)$')
-  l, f, b, g = tonumber(l), tonumber(f), tonumber(b), tonumber(g)
-  if found[2] ~= '-inf' or not l or l >= EXACT or f >= EXACT or b >= EXACT or g >= EXACT then
-    return nil, malformed(key, 'not a refund member refunds:ledger:floor:incarnation:logged:ids at -inf')
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if not first[1] then return nil end
+  if first[2] ~= '-inf' then
+    if string.sub(first[1], 1, 8) == 'refunds:' then
+      return nil, malformed(key, 'a refund member not at -inf')
+    end
+    return nil
   end
-  return { name = found[1], ledger = l, floor = f, born = b, logged = g, ids = ids }
+  local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, REFUNDS_KEPT + 3)
+  local function bad(what)
+    return nil, malformed(key, 'a member at -inf is not ' .. what)
+  end
+  if #found > REFUNDS_KEPT + 2 then return bad('one of the refund members (too many)') end
+  local r = { names = found, logged = 0, ids = {} }
+  local sort = {}
+  for _, m in ipairs(found) do
+    local l, f, b = string.match(m, '^refunds:(%d+):(%d+):(%d+)$')
+    local g = string.match(m, '^refunds:logged:(%d+)$')
+    local nt, x, t = string.match(m, '^refunds:id:(%d+)/(%d+)/(%d+)$')
+    if l then
+      l, f, b = tonumber(l), tonumber(f), tonumber(b)
+      if r.head or l >= EXACT or f >= EXACT or b >= EXACT then
+        return bad('one refunds:ledger:floor:incarnation')
+      end
+      r.head, r.ledger, r.floor, r.born = m, l, f, b
+    elseif g then
+      g = tonumber(g)
+      if r.logged_name or g >= EXACT then return bad('one refunds:logged:instant') end
+      r.logged_name, r.logged = m, g
+    elseif nt then
+      nt, x, t = tonumber(nt), tonumber(x), tonumber(t)
+      local id = fmt(nt) .. '/' .. fmt(x) .. '/' .. fmt(t)
+      -- As a refund writes it (refundable compares the text).
+      if nt >= EXACT or x >= EXACT or t >= EXACT or string.sub(m, 12) ~= id then
+        return bad('refunds:id:noted/x/total')
+      end
+      sort[#sort + 1] = { nt, x, t, id }
+    else
+      return bad('a refund member')
+    end
+  end
+  if not r.head then return bad('with refunds:ledger:floor:incarnation') end
+  if #sort > REFUNDS_KEPT then return bad('one of the refund members (too many receipts)') end
+  -- The lowest noted first: record_refund forgets the first one and raises the
+  -- floor past it, the least loss among those remembered (any order keeps once
+  -- per receipt: the floor refuses whatever record is forgotten).
+  table.sort(sort, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[3] < b[3]
+  end)
+  for i, s in ipairs(sort) do r.ids[i] = s[4] end
+  return r
 end
 
--- The refund member's name for its fields.
-local function log_refunds_name(r)
-  return 'refunds:' .. fmt(r.ledger) .. ':' .. fmt(r.floor) .. ':' .. fmt(r.born) .. ':' ..
-    fmt(r.logged) .. ':' .. r.ids
+-- The refund head's name for its fields.
+local function log_refunds_head(ledger, floor, born)
+  return 'refunds:' .. fmt(ledger) .. ':' .. fmt(floor) .. ':' .. fmt(born)
 end
 
 local function sliding_log(key, n, write, p, l)
   local meta, err = log_refunds(key)
   if err then return err end
-  local skip = meta and meta.name
-  local function parse(found)
-    return log_member(found, skip)
-  end
+  local parse = log_member
   local function at_rank(rank)
     return parse(redis.call('ZRANGE', key, rank, rank, 'WITHSCORES'))
   end
@@ -108,16 +158,18 @@ local function sliding_log(key, n, write, p, l)
       total = total - before
     end
     if write then
-      -- A charge with receipts on a key without refund member gives it one, of
-      -- an incarnation of its own.
+      -- A charge with receipts on a key without refund members gives it its head,
+      -- of an incarnation of its own.
       if ISSUING and not meta then
-        meta = { ledger = 0, floor = 0, born = incarnation(), logged = 0, ids = '' }
-        meta.name = log_refunds_name(meta)
-        redis.call('ZADD', key, '-inf', meta.name)
+        meta = { ledger = 0, floor = 0, born = incarnation(), logged = 0 }
+        meta.names = { log_refunds_head(0, 0, meta.born) }
+        redis.call('ZADD', key, '-inf', meta.names[1])
       end
       if live then
         redis.call('DEL', key)
-        if meta then redis.call('ZADD', key, '-inf', meta.name) end
+        for _, name in ipairs(meta and meta.names or {}) do
+          redis.call('ZADD', key, '-inf', name)
+        end
         for _, m in ipairs(live) do
           if m.at ~= at then
             redis.call('ZADD', key, fmt(m.at),
@@ -125,7 +177,7 @@ local function sliding_log(key, n, write, p, l)
           end
         end
       else
-        -- '(-inf': the refund member stays.
+        -- '(-inf': the refund members stay.
         redis.call('ZREMRANGEBYSCORE', key, '(-inf', fmt(at - p))
         if logged > n then redis.call('ZREMRANGEBYSCORE', key, fmt(at), fmt(at)) end
       end
@@ -165,18 +217,18 @@ end
 -- member at `x` loses `n` (removed at 0) and every later member's running total
 -- drops by `n` (O(members after it)), the log the other charges would have made.
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
--- records shared with the windows. Returns the units given back.
+-- records shared with the windows (each record a member of its own here).
+-- Returns the units given back.
 local function sliding_log_refund(key, x, n, total, noted, born, p)
   local meta, err = log_refunds(key)
   if err then return err end
   -- A key lost and created again (or one no charge with receipts made) holds none
   -- of the charge's units.
   if not meta or meta.born ~= born then return 0 end
-  local list, bad = refund_ids(key, meta.ids)
-  if bad then return bad end
+  local list = meta.ids
   local id = fmt(noted) .. '/' .. fmt(x) .. '/' .. fmt(total)
   if not refundable(list, id, noted, meta.ledger, meta.floor) then return 0 end
-  local newest = log_member(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES'), meta.name)
+  local newest = log_member(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES'))
   if newest == false then return malformed(key, 'member not instant:units:total') end
   local t = now
   if newest and newest.at > t then t = newest.at end
@@ -186,7 +238,7 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   local found = redis.call('ZRANGEBYSCORE', key, fmt(x), '+inf', 'WITHSCORES')
   local after = {}
   for i = 1, #found, 2 do
-    local m = log_member({ found[i], found[i + 1] }, meta.name)
+    local m = log_member({ found[i], found[i + 1] })
     if not m then return malformed(key, 'member not instant:units:total') end
     after[#after + 1] = m
   end
@@ -198,15 +250,25 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
-  local kept, floor = record_refund(list, id, meta.floor)
+  local was = {}
+  for _, r in ipairs(list) do was[r] = true end
+  local _, floor = record_refund(list, id, meta.floor)
   local logged = meta.logged
   if newest and newest.at > logged then logged = newest.at end
-  local name = log_refunds_name({ ledger = meta.ledger + n, floor = floor, born = born,
-    logged = logged, ids = kept })
-  -- The new refund member first: the key never empties (it would lose its time to
-  -- live, which these writes keep).
-  redis.call('ZADD', key, '-inf', name)
-  redis.call('ZREM', key, meta.name)
+  -- The new head first: the key never empties (it would lose its time to live,
+  -- which these writes keep). The ledger grew by n > 0: another name.
+  redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
+  redis.call('ZREM', key, meta.head)
+  if logged ~= meta.logged then
+    redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
+    if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
+  end
+  -- The record record_refund added, and the one it forgot past REFUNDS_KEPT (the
+  -- first of the list, never the new one).
+  for _, r in ipairs(list) do
+    if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
+  end
+  for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
   for i, m in ipairs(after) do
     redis.call('ZREM', key, m.name)
     local units = m.units

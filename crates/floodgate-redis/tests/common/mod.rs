@@ -386,7 +386,8 @@ pub fn members(server: &RedisServer, key: &str) -> Vec<(String, String)> {
     server.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"])
 }
 
-/// The log members (not the refund member) as (instant, units, total).
+/// The log members (not the refund members, all `refunds:...`) as (instant,
+/// units, total).
 pub fn log_members(server: &RedisServer, key: &str) -> Vec<(u64, u64, u64)> {
     members(server, key)
         .into_iter()
