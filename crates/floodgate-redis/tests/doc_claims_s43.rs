@@ -1,0 +1,204 @@
+//! The refunds' promises of sessions 42–43 that no other test pins down, against a
+//! `redis-server` of the test's own (`FLOODGATE_REQUIRE_REDIS=1` to fail where
+//! none can run).
+//!
+//! * Crate docs, "Refunds": "A receipt names its limiter (the prefix and the
+//!   limits): another limiter gives nothing back for it."
+//! * `RedisLimiter::refund`: "Why Redis did not answer …, whatever the failure
+//!   policy: a refund has no fallback"; "`false`, without a round trip, on a
+//!   limiter with refunds off".
+//! * `RedisLimiter::charge_n`: "`None` for … a cached or fallback verdict".
+//! * The denial cache (`deny_cache.rs`): "another replica's refund is not seen, so
+//!   the entry errs towards denying until its wait ends, never towards admitting".
+//! * Crate docs, "Refunds", several limits: "A state found malformed part-way fails
+//!   the run after the parts before it were given back".
+
+mod common;
+
+use std::time::Duration;
+
+use common::{runtime, RedisServer, ALGORITHMS};
+use floodgate::Policy;
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
+
+/// `builder` with refunds on, under `prefix`, failing open, on `server`.
+async fn on(server: &RedisServer, prefix: &str, builder: RedisLimiterBuilder) -> RedisLimiter {
+    let conn = floodgate_redis::connect(&server.url()).await.unwrap();
+    builder
+        .prefix(prefix)
+        .timeout(Duration::from_millis(500))
+        .on_failure(OnFailure::Open)
+        .refunds(true)
+        .build(conn)
+        .unwrap()
+}
+
+/// For every algorithm: a charge of 2 (of 5 an hour) under prefix `a:` is refused
+/// by a limiter of the same prefix with another limit (6 an hour) and by one of the
+/// same limit under another prefix — each would otherwise run the refund on the
+/// receipt's own key — and given back by its own limiter, once.
+///
+/// Mutation seen failing: `refund_on` without its `receipt.issuer != self.issuer()`
+/// check (the other limiters give the units back: `true`).
+#[test]
+fn a_receipt_of_another_limiter_gives_nothing_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let five = Policy::per_hour(5).unwrap();
+        let six = Policy::per_hour(6).unwrap();
+        for algorithm in ALGORITHMS {
+            let own = on(&server, "a:", RedisLimiter::builder(algorithm, five)).await;
+            let other_limit = on(&server, "a:", RedisLimiter::builder(algorithm, six)).await;
+            let other_prefix = on(&server, "b:", RedisLimiter::builder(algorithm, five)).await;
+            let key = format!("k-{algorithm:?}");
+            let (v, receipt) = own.charge_n(&key, 2).await.unwrap();
+            assert!(v.decision().is_allowed(), "{algorithm:?}");
+            let receipt = receipt.expect("refunds on: a receipt");
+            assert!(
+                !other_limit.refund(&receipt).await.unwrap(),
+                "{algorithm:?}"
+            );
+            assert!(
+                !other_prefix.refund(&receipt).await.unwrap(),
+                "{algorithm:?}"
+            );
+            let left = own.peek_n(&key, 0).await.unwrap().decision().remaining();
+            assert_eq!(left, 3, "{algorithm:?}: nothing given back");
+            assert!(own.refund(&receipt).await.unwrap(), "{algorithm:?}");
+            assert!(!own.refund(&receipt).await.unwrap(), "{algorithm:?}");
+            let left = own.peek_n(&key, 0).await.unwrap().decision().remaining();
+            assert_eq!(left, 5, "{algorithm:?}: given back once");
+        }
+        // Several limits: a receipt of the pair is refused by either limit alone.
+        let pair =
+            || RedisLimiter::builder(Algorithm::Gcra, five).and(Algorithm::FixedWindow, five);
+        let both = on(&server, "a:", pair()).await;
+        let first_alone = on(&server, "a:", RedisLimiter::builder(Algorithm::Gcra, five)).await;
+        let (_, receipt) = both.charge_n("pair", 1).await.unwrap();
+        let receipt = receipt.expect("refunds on: a receipt");
+        assert!(!first_alone.refund(&receipt).await.unwrap());
+        assert!(both.refund(&receipt).await.unwrap());
+    });
+}
+
+/// The server gone: under `OnFailure::Open` a charge is a fallback admission with
+/// no receipt, and a refund is an error (not a fallback `false`, not a made-up
+/// `true`); a limiter with refunds off answers `Ok(false)` at once — no round trip,
+/// or it too would fail.
+///
+/// Mutation seen failing: `refund` answering through the failure policy
+/// (`refund_on(..).await.or(Ok(false))`): `Ok(false)` where an error is promised.
+#[test]
+fn a_refund_has_no_fallback_and_refunds_off_make_no_round_trip() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let policy = Policy::per_hour(5).unwrap();
+    let with = rt.block_on(on(
+        &server,
+        "f:",
+        RedisLimiter::builder(Algorithm::Gcra, policy),
+    ));
+    let without = rt.block_on(async {
+        let conn = floodgate_redis::connect(&server.url()).await.unwrap();
+        RedisLimiter::builder(Algorithm::Gcra, policy)
+            .prefix("f:")
+            .timeout(Duration::from_millis(500))
+            .on_failure(OnFailure::Open)
+            .build(conn)
+            .unwrap()
+    });
+    let (v, receipt) = rt.block_on(with.charge_n("k", 1)).unwrap();
+    assert!(v.decision().is_allowed());
+    let receipt = receipt.expect("refunds on: a receipt");
+    server.kill();
+    let refund = rt.block_on(with.refund(&receipt));
+    assert!(refund.is_err(), "no fallback for a refund: {refund:?}");
+    let (v, none) = rt.block_on(with.charge_n("k", 1)).unwrap();
+    assert!(v.is_fallback() && v.decision().is_allowed(), "{v:?}");
+    assert!(none.is_none(), "a fallback verdict carries no receipt");
+    // Refunds off: the same receipt (same prefix and limit) is answered without
+    // Redis.
+    assert!(!rt.block_on(without.refund(&receipt)).unwrap());
+}
+
+/// Two replicas with a denial cache: B caches Redis's denial of "k"; A's refund
+/// then makes room in Redis, which B does not see — B goes on denying from its
+/// cache (never admitting on a stale entry), while A, whose cache held nothing,
+/// is admitted by Redis.
+///
+/// Mutation seen failing: `DenyCache::lookup` never answering (B asks Redis and is
+/// admitted).
+#[test]
+fn another_replicas_refund_leaves_a_cached_denial_denying() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        // A burst of 2, one more an hour.
+        let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
+        let replica = || async {
+            let conn = floodgate_redis::connect(&server.url()).await.unwrap();
+            RedisLimiter::builder(Algorithm::Gcra, policy)
+                .prefix("dc:")
+                .timeout(Duration::from_secs(1))
+                .on_failure(OnFailure::Error)
+                .deny_cache(16)
+                .refunds(true)
+                .build(conn)
+                .unwrap()
+        };
+        let (a, b) = (replica().await, replica().await);
+        let (_, first) = a.charge_n("k", 1).await.unwrap();
+        assert!(a.charge_n("k", 1).await.unwrap().0.decision().is_allowed());
+        let denied = b.check_n("k", 1).await.unwrap();
+        assert!(!denied.decision().is_allowed() && !denied.is_cached());
+        assert_eq!(b.cached_denials(), 1);
+        assert!(a.refund(&first.expect("a receipt")).await.unwrap());
+        let stale = b.check_n("k", 1).await.unwrap();
+        assert!(
+            stale.is_cached() && !stale.decision().is_allowed(),
+            "{stale:?}"
+        );
+        let (v, none) = b.charge_n("k", 1).await.unwrap();
+        assert!(
+            v.is_cached() && none.is_none(),
+            "a cached verdict: no receipt"
+        );
+        assert!(a.check_n("k", 1).await.unwrap().decision().is_allowed());
+    });
+}
+
+/// A multi-limit receipt (GCRA, then a fixed window) refunded over a fixed-window
+/// key that something else overwrote: the run fails, and the GCRA part, before it,
+/// was given back (its 2 units are there once the bad key is gone).
+///
+/// Mutation seen failing: `multi_refund.lua` refunding the limits last first
+/// (`for i = #KEYS, 1, -1`): the GCRA part is not given back (3 left, not 5).
+#[test]
+fn a_multi_limit_refund_over_a_malformed_part_keeps_the_parts_before_it() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let five = Policy::per_hour(5).unwrap();
+        let both = on(
+            &server,
+            "mp:",
+            RedisLimiter::builder(Algorithm::Gcra, five).and(Algorithm::FixedWindow, five),
+        )
+        .await;
+        let (_, receipt) = both.charge_n("u", 2).await.unwrap();
+        let receipt = receipt.expect("refunds on: a receipt");
+        let keys = both.redis_keys("u");
+        server.cmd::<()>(&["SET", &keys[1], "not a window"]);
+        let refund = both.refund(&receipt).await;
+        assert!(refund.is_err(), "{refund:?}");
+        server.cmd::<()>(&["DEL", &keys[1]]);
+        let left = both.peek_n("u", 0).await.unwrap().decision().remaining();
+        assert_eq!(left, 5, "the GCRA part was given back before the failure");
+    });
+}
