@@ -9,7 +9,8 @@
 //! * `RateLimitLayerBuilder::refund_spawner`: "A `spawn` that bounds them … and
 //!   drops a task it refuses leaves that task's charges taken, uncounted", and "A
 //!   runtime that is shutting down drops a task spawned on it: those charges stay
-//!   taken, uncounted."
+//!   taken, uncounted."; a panicking spawner: "a task the spawner kept before
+//!   panicking still runs" (`spawn`), the errors counted all the same.
 //!
 //! The remote limit is the in-memory double of `common/remote.rs`; no test sleeps.
 
@@ -172,5 +173,40 @@ async fn a_400_or_503_after_a_remote_rule_gives_its_charge_back() -> TestResult 
         assert_eq!(remote.left("b"), 3, "{status}: b's charge given back");
         assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
     }
+    Ok(())
+}
+
+/// A spawner that keeps the task and then panics: the drop does not panic, the
+/// refund counts as not run (`errors` 1, the charge still taken), and the task the
+/// spawner kept still gives the charge back when run.
+///
+/// Mutation seen failing: `spawn` calling the spawner without `catch_unwind` (the
+/// drop panics).
+#[test]
+fn a_task_kept_by_a_spawner_that_panics_still_gives_the_charge_back() -> TestResult {
+    let remote = Remote::new()?;
+    let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = Arc::clone(&kept);
+    let layer = remote_then_queue(&remote)?
+        .refund_spawner(move |task| {
+            if let Ok(mut kept) = keep.lock() {
+                kept.push(task);
+            }
+            panic!("a spawner that fails after keeping the task");
+        })
+        .build()?;
+    let rt = paused_runtime()?;
+    let waiting = waiting_b(&rt, &layer)?;
+    let dropped = std::thread::spawn(move || drop(waiting)).join();
+    assert!(dropped.is_ok(), "dropping the request must not panic");
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
+    assert_eq!(remote.left("b"), 2, "not run yet");
+    let tasks = std::mem::take(&mut *kept.lock().map_err(|e| e.to_string())?);
+    assert_eq!(tasks.len(), 1);
+    for task in tasks {
+        rt.block_on(task);
+    }
+    assert_eq!(remote.left("b"), 3, "the kept task gave the charge back");
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
     Ok(())
 }

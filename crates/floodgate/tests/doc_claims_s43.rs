@@ -1,7 +1,9 @@
-//! The keyed sliding log's eviction order as its module docs state it (session 43):
-//! "a log evicted is the key whose loss forgives least (fewest units counting, then
-//! fewest entries)". `review_s43_bound.rs` covers the first order (units) and the
-//! ranking over the whole shard; this covers the second.
+//! Promises of sessions 42–43 in floodgate that no other test pins down: the keyed
+//! sliding log's eviction order as its module docs state it ("the key whose loss
+//! forgives least (fewest units counting, then fewest entries)", "the evictions
+//! until the next sweep take them lightest first"; `review_s43_bound.rs` covers the
+//! order by units and the ranking over the whole shard), and `AsyncLimit`'s
+//! defaults.
 
 use std::time::Duration;
 
@@ -74,4 +76,40 @@ fn the_async_traits_defaults_keep_every_charge() {
         assert!(!given, "the default refund gives nothing back");
     });
     assert_eq!(limiter.peek(0).remaining(), 1, "the charge of 2 stays");
+}
+
+/// The keyed log's module docs: "each sweep ranks the eighth of the shard's keys
+/// that are lightest, and the evictions until the next sweep take them lightest
+/// first". A full shard of 16 keys, key `i` holding `i + 1` units: the sweep ranks
+/// keys 0 and 1; the first insert evicts key 0, the second key 1 (from the same
+/// ranking: the new key of 1 unit, unranked, stays) — never the heavier first.
+///
+/// Mutation seen failing: the sweep's `ranked.reverse()` dropped (`pop` then takes
+/// the heaviest ranked key): key 1 evicted first.
+#[test]
+fn evictions_take_the_ranked_keys_lightest_first() {
+    let log = KeyedBuilder::default()
+        .capacity(16)
+        .shards(1)
+        .clock(ManualClock::new())
+        .sliding_log::<u32>(Policy::per_second(20).expect("a valid policy"))
+        .expect("a valid log");
+    for key in 0..16u32 {
+        assert!(log.check_n(&key, key + 1).is_allowed());
+    }
+    assert!(log.check(&100).is_allowed());
+    assert_eq!(log.metrics().evicted, 1);
+    assert_eq!(log.peek(&0, 0).remaining(), 20, "key 0 (1 unit) evicted");
+    assert_eq!(log.peek(&1, 0).remaining(), 18, "key 1 (2 units) kept");
+    assert!(log.check(&101).is_allowed());
+    assert_eq!(log.metrics().evicted, 2);
+    assert_eq!(log.peek(&1, 0).remaining(), 20, "key 1 evicted next");
+    assert_eq!(
+        log.peek(&100, 0).remaining(),
+        19,
+        "the unranked new key stays"
+    );
+    for key in 2..16u32 {
+        assert_eq!(log.peek(&key, 0).remaining(), u64::from(19 - key));
+    }
 }
