@@ -10,6 +10,8 @@
 //! * `RedisLimiter::charge_n`: "`None` for … a cached or fallback verdict".
 //! * The denial cache (`deny_cache.rs`): "another replica's refund is not seen, so
 //!   the entry errs towards denying until its wait ends, never towards admitting".
+//! * Crate docs, "Refunds", **State**: GCRA's refund state "(it then expires when
+//!   the latest TAT has passed)", a refund that lowers the TAT included.
 //! * Crate docs, "Refunds", several limits: "A state found malformed part-way fails
 //!   the run after the parts before it were given back".
 
@@ -200,5 +202,41 @@ fn a_multi_limit_refund_over_a_malformed_part_keeps_the_parts_before_it() {
         server.cmd::<()>(&["DEL", &keys[1]]);
         let left = both.peek_n("u", 0).await.unwrap().decision().remaining();
         assert_eq!(left, 5, "the GCRA part was given back before the failure");
+    });
+}
+
+/// GCRA, 5 an hour (a unit every 12 min): charges of 1 and 2 book the key 36 min
+/// ahead; the refund of the 2 lowers its TAT to 12 min ahead, and the key still
+/// lives until the latest TAT (36 min), not the lowered one.
+///
+/// Mutation seen failing: `gcra_refund` writing the state with the time to live
+/// `tat - now` (the lowered TAT) instead of `st.hi - now`: about 12 min left.
+#[test]
+fn a_gcra_refund_keeps_the_key_until_its_latest_tat() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let l = on(
+            &server,
+            "ttl:",
+            RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(5).unwrap()),
+        )
+        .await;
+        assert!(l.charge_n("g", 1).await.unwrap().0.decision().is_allowed());
+        let (_, r) = l.charge_n("g", 2).await.unwrap();
+        let key = l.redis_keys("g").remove(0);
+        let pttl = || -> i64 { server.cmd(&["PTTL", &key]) };
+        let minute = 60_000;
+        let before = pttl();
+        assert!(
+            before > 35 * minute && before <= 36 * minute,
+            "PTTL {before}"
+        );
+        assert!(l.refund(&r.expect("a receipt")).await.unwrap());
+        let left = l.peek_n("g", 0).await.unwrap().decision().remaining();
+        assert_eq!(left, 4, "the 2 units came back");
+        let after = pttl();
+        assert!(after > 35 * minute && after <= before, "PTTL {after}");
     });
 }
