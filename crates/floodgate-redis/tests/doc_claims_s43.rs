@@ -7,6 +7,8 @@
 //! * `RedisLimiter::refund`: "Why Redis did not answer …, whatever the failure
 //!   policy: a refund has no fallback"; "`false`, without a round trip, on a
 //!   limiter with refunds off".
+//! * `RedisLimiter::refund`: an error on "a timeout … (the refund may then have
+//!   been made or not)"; "Safe to send again (after a timeout …)".
 //! * `RedisLimiter::charge_n`: "`None` for … a cached or fallback verdict".
 //! * The denial cache (`deny_cache.rs`): "another replica's refund is not seen, so
 //!   the entry errs towards denying until its wait ends, never towards admitting".
@@ -17,11 +19,13 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisLimiterBuilder};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, RedisLimiterBuilder};
 
 /// `builder` with refunds on, under `prefix`, failing open, on `server`.
 async fn on(server: &RedisServer, prefix: &str, builder: RedisLimiterBuilder) -> RedisLimiter {
@@ -239,4 +243,51 @@ fn a_gcra_refund_keeps_the_key_until_its_latest_tat() {
         let after = pttl();
         assert!(after > 35 * minute && after <= before, "PTTL {after}");
     });
+}
+
+/// The server blocked (`DEBUG SLEEP 2` on a raw connection) while a refund is sent
+/// with a timeout of 500 ms: the refund is a `Timeout` error, not a wait for the
+/// server. Its command may still run once the server wakes; sent again, the
+/// receipt gives the charge of 2 back once in all: 4 units left, not 5 or 6.
+///
+/// Mutation seen failing: `refund_on` sending its script without the timeout
+/// (`script::send` for `send_timed`): `Ok(true)` after the sleep.
+#[test]
+fn a_refund_times_out_and_is_safe_to_send_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let l = rt.block_on(on(
+        &server,
+        "to:",
+        RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(5).unwrap()),
+    ));
+    assert!(rt
+        .block_on(l.check_n("k", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    let (_, r) = rt.block_on(l.charge_n("k", 2)).unwrap();
+    let r = r.expect("a receipt");
+    let url = server.url();
+    let addr = url.trim_start_matches("redis://").trim_end_matches('/');
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$1\r\n2\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let e = rt.block_on(l.refund(&r)).unwrap_err();
+    assert!(matches!(e, RedisLimitError::Timeout { .. }), "{e}");
+    let mut ok = [0_u8; 5];
+    raw.read_exact(&mut ok).unwrap();
+    assert_eq!(&ok, b"+OK\r\n", "the server slept");
+    // Sent again: given back by one of the two sends, once.
+    let _ = rt.block_on(l.refund(&r)).unwrap();
+    assert!(!rt.block_on(l.refund(&r)).unwrap());
+    let left = rt
+        .block_on(l.peek_n("k", 0))
+        .unwrap()
+        .decision()
+        .remaining();
+    assert_eq!(left, 4, "the 2 units back once: 4 of 5 (1 still charged)");
 }
