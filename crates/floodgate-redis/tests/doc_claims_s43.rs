@@ -14,6 +14,8 @@
 //!   the entry errs towards denying until its wait ends, never towards admitting".
 //! * Crate docs, "Refunds", **State**: GCRA's refund state "(it then expires when
 //!   the latest TAT has passed)", a refund that lowers the TAT included.
+//! * `RedisLimiterBuilder::refunds`: "Turning them off again undoes nothing: a key
+//!   charged with a receipt keeps the longer form (every write keeps it)".
 //! * Crate docs, "Refunds", several limits: "A state found malformed part-way fails
 //!   the run after the parts before it were given back".
 
@@ -29,12 +31,17 @@ use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Redis
 
 /// `builder` with refunds on, under `prefix`, failing open, on `server`.
 async fn on(server: &RedisServer, prefix: &str, builder: RedisLimiterBuilder) -> RedisLimiter {
+    off(server, prefix, builder.refunds(true)).await
+}
+
+/// `builder` as it is (refunds off unless it turned them on), under `prefix`,
+/// failing open with a timeout of 500 ms, on `server`.
+async fn off(server: &RedisServer, prefix: &str, builder: RedisLimiterBuilder) -> RedisLimiter {
     let conn = floodgate_redis::connect(&server.url()).await.unwrap();
     builder
         .prefix(prefix)
         .timeout(Duration::from_millis(500))
         .on_failure(OnFailure::Open)
-        .refunds(true)
         .build(conn)
         .unwrap()
 }
@@ -108,15 +115,11 @@ fn a_refund_has_no_fallback_and_refunds_off_make_no_round_trip() {
         "f:",
         RedisLimiter::builder(Algorithm::Gcra, policy),
     ));
-    let without = rt.block_on(async {
-        let conn = floodgate_redis::connect(&server.url()).await.unwrap();
-        RedisLimiter::builder(Algorithm::Gcra, policy)
-            .prefix("f:")
-            .timeout(Duration::from_millis(500))
-            .on_failure(OnFailure::Open)
-            .build(conn)
-            .unwrap()
-    });
+    let without = rt.block_on(off(
+        &server,
+        "f:",
+        RedisLimiter::builder(Algorithm::Gcra, policy),
+    ));
     let (v, receipt) = rt.block_on(with.charge_n("k", 1)).unwrap();
     assert!(v.decision().is_allowed());
     let receipt = receipt.expect("refunds on: a receipt");
@@ -290,4 +293,44 @@ fn a_refund_times_out_and_is_safe_to_send_again() {
         .decision()
         .remaining();
     assert_eq!(left, 4, "the 2 units back once: 4 of 5 (1 still charged)");
+}
+
+/// For GCRA and both windows (the sliding log: `sliding_log_refunds.rs`): a key
+/// charged with a receipt, then written by a limiter with refunds off (a check of
+/// 1), keeps its refund fields (more than the plain form's), and the receipt still
+/// gives its 2 units back: 5 − 1 = 4 left.
+///
+/// Mutation seen failing: `gcra_write` writing the plain form whenever the run
+/// issues no receipts (`if not ISSUING`): the GCRA key back to 1 field, its
+/// receipt then giving nothing.
+#[test]
+fn a_write_with_refunds_off_keeps_the_refund_fields() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    runtime().block_on(async {
+        let five = Policy::per_hour(5).unwrap();
+        for (algorithm, plain_fields) in [
+            (Algorithm::Gcra, 1),
+            (Algorithm::FixedWindow, 3),
+            (Algorithm::SlidingWindow, 4),
+        ] {
+            let with = on(&server, "off:", RedisLimiter::builder(algorithm, five)).await;
+            let without = off(&server, "off:", RedisLimiter::builder(algorithm, five)).await;
+            let k = format!("k-{algorithm:?}");
+            let (v, r) = with.charge_n(&k, 2).await.unwrap();
+            let r = r.unwrap_or_else(|| panic!("{algorithm:?}: a receipt: {v:?}"));
+            let v = without.check_n(&k, 1).await.unwrap();
+            assert!(v.decision().is_allowed(), "{algorithm:?}");
+            let key = with.redis_keys(&k).remove(0);
+            let state: String = server.cmd(&["GET", &key]);
+            assert!(
+                state.split(':').count() > plain_fields,
+                "{algorithm:?}: {state}"
+            );
+            assert!(with.refund(&r).await.unwrap(), "{algorithm:?}");
+            let left = without.peek_n(&k, 0).await.unwrap().decision().remaining();
+            assert_eq!(left, 4, "{algorithm:?}");
+        }
+    });
 }
