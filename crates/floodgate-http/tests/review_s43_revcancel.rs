@@ -8,70 +8,19 @@
 //! time is Tokio's paused clock or a `ManualClock`, so no test sleeps for real.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use floodgate::{ManualClock, Policy, RateLimiter, Shaper};
-use floodgate_http::{
-    Global, HeaderKey, QueueRule, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture, Rule,
-};
-use http::{Request, StatusCode};
-use tower::{Layer, Service, ServiceExt};
+use floodgate::{ManualClock, Policy, RateLimiter};
+use floodgate_http::{Global, RateLimitLayer, Rule};
+use tower::{Layer, ServiceExt};
 mod common;
 #[path = "common/remote.rs"]
 mod remote;
 use common::{Hello, TestResult};
-use remote::{from, paused_runtime, Remote, Tasks};
-
-/// A remote rule named `name` on `remote`, keyed on `x-user`.
-fn per_user(
-    name: &str,
-    remote: &Arc<Remote>,
-) -> Result<Rule<Remote, HeaderKey>, Box<dyn std::error::Error>> {
-    Ok(Rule::remote_shared(
-        name,
-        Arc::clone(remote),
-        HeaderKey::new("x-user")?,
-    )?)
-}
-
-/// The remote per-user rule on `remote`, then a global queue of one request per
-/// 100 ms waiting at most 1 s, on a standing clock.
-fn remote_then_queue(
-    remote: &Arc<Remote>,
-) -> Result<RateLimitLayerBuilder, Box<dyn std::error::Error>> {
-    let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
-    Ok(RateLimitLayer::builder()
-        .rule(per_user("per-user", remote)?)
-        .queue(QueueRule::new("queue", shaper, Duration::from_secs(1))?))
-}
-
-/// "a" is served by `svc`; then `svc`'s response future for "b", not yet polled.
-async fn a_served_then_b<S>(svc: &mut S) -> Result<S::Future, Box<dyn std::error::Error>>
-where
-    S: Service<Request<()>, Response = http::Response<floodgate_http::RateLimitBody<String>>>,
-    S::Error: std::error::Error + Send + Sync + 'static,
-{
-    let a = svc.ready().await?.call(from("a")).await?;
-    assert_eq!(a.status(), StatusCode::OK);
-    Ok(svc.ready().await?.call(from("b")))
-}
-
-/// `layer`'s response future for "b", polled once on `rt`: "a" holds the queue's
-/// slot, so "b" (charged 1 in the remote limit) waits for its own.
-fn waiting_b(
-    rt: &tokio::runtime::Runtime,
-    layer: &RateLimitLayer,
-) -> Result<ResponseFuture<String, std::convert::Infallible>, Box<dyn std::error::Error>> {
-    rt.block_on(async {
-        let mut b = a_served_then_b(&mut layer.layer(Hello)).await?;
-        let pending =
-            std::future::poll_fn(|cx| Poll::Ready(b.as_mut().poll(cx).is_pending())).await;
-        assert!(pending, "b must wait for its slot");
-        Ok(b)
-    })
-}
+use remote::{
+    a_served_then_b, from, paused_runtime, per_user, remote_then_queue, waiting_b, Remote, Tasks,
+};
 
 /// The refund spawner of `RateLimitLayerBuilder::refund_spawner`'s example,
 /// `tokio::spawn`, panics where there is no runtime; a request dropped there (its

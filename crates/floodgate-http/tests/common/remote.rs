@@ -1,6 +1,6 @@
 //! An in-memory remote limit with receipts and refunds ([`Remote`]), for the tests
 //! of a dropped request's remote refunds (review_s43_cancel.rs,
-//! review_s43_revcancel.rs): its refunds run on their second poll, so a refund
+//! review_s43_revcancel.rs, doc_claims_s43.rs): its refunds run on their second poll, so a refund
 //! future that is made but never run gives nothing back.
 #![allow(dead_code)]
 
@@ -9,12 +9,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::task::Poll;
+
 use floodgate::{
     AsyncLimit, AsyncReceipt, Decision, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy,
-    Receipt,
+    Receipt, Shaper,
 };
-use floodgate_http::{Charge, RateLimitLayerBuilder, RefundTask};
-use http::Request;
+use floodgate_http::{
+    Charge, HeaderKey, QueueRule, RateLimitLayer, RateLimitLayerBuilder, RefundTask,
+    ResponseFuture, Rule,
+};
+use http::{Request, StatusCode};
+use tower::{Layer, Service, ServiceExt};
 
 /// [`Remote`]'s error: the refund's round trip failed.
 #[derive(Debug)]
@@ -143,4 +149,53 @@ pub fn paused_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_time()
         .start_paused(true)
         .build()
+}
+
+/// A remote rule named `name` on `remote`, keyed on `x-user`.
+pub fn per_user(
+    name: &str,
+    remote: &Arc<Remote>,
+) -> Result<Rule<Remote, HeaderKey>, Box<dyn std::error::Error>> {
+    Ok(Rule::remote_shared(
+        name,
+        Arc::clone(remote),
+        HeaderKey::new("x-user")?,
+    )?)
+}
+
+/// The remote per-user rule on `remote`, then a global queue of one request per
+/// 100 ms waiting at most 1 s, on a standing clock.
+pub fn remote_then_queue(
+    remote: &Arc<Remote>,
+) -> Result<RateLimitLayerBuilder, Box<dyn std::error::Error>> {
+    let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
+    Ok(RateLimitLayer::builder()
+        .rule(per_user("per-user", remote)?)
+        .queue(QueueRule::new("queue", shaper, Duration::from_secs(1))?))
+}
+
+/// "a" is served by `svc`; then `svc`'s response future for "b", not yet polled.
+pub async fn a_served_then_b<S>(svc: &mut S) -> Result<S::Future, Box<dyn std::error::Error>>
+where
+    S: Service<Request<()>, Response = http::Response<floodgate_http::RateLimitBody<String>>>,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
+    let a = svc.ready().await?.call(from("a")).await?;
+    assert_eq!(a.status(), StatusCode::OK);
+    Ok(svc.ready().await?.call(from("b")))
+}
+
+/// `layer`'s response future for "b", polled once on `rt`: "a" holds the queue's
+/// slot, so "b" (charged 1 in the remote limit) waits for its own.
+pub fn waiting_b(
+    rt: &tokio::runtime::Runtime,
+    layer: &RateLimitLayer,
+) -> Result<ResponseFuture<String, std::convert::Infallible>, Box<dyn std::error::Error>> {
+    rt.block_on(async {
+        let mut b = a_served_then_b(&mut layer.layer(crate::common::Hello)).await?;
+        let pending =
+            std::future::poll_fn(|cx| Poll::Ready(b.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "b must wait for its slot");
+        Ok(b)
+    })
 }
