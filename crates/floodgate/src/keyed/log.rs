@@ -18,7 +18,11 @@
 //! first, passing over a key charged since it was ranked (the ranking is made again
 //! when none is left). So a key is evicted only once every key that was lighter
 //! at the sweep has been evicted or charged since — unlike a sample of a few keys
-//! in the map's order, which would be the same few every time. Each log
+//! in the map's order, which would be the same few every time. Keys of equal
+//! weight (every key at its limit weighs the same) take turns: ties are ranked in
+//! the order of their hashes from a hand that each sweep moves past the last key
+//! it ranked, so a flood of keys charged to the limit evicts each full key about
+//! once per share of inserts, not the same front of the map at every sweep. Each log
 //! holds at most `L` entries after an admission, so the table's memory is bounded by
 //! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
 //! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
@@ -58,15 +62,19 @@ use crate::sync::{lock, Mutex};
 /// entries holding them. Eviction takes the least.
 type Weight = (u64, usize);
 
-/// A key ranked for eviction by its weight when ranked (compared by weight only).
+/// A key ranked for eviction by its weight when ranked, ties broken by its turn
+/// (compared by weight, then turn).
 struct Ranked<K> {
     weight: Weight,
+    /// How far the key's hash lies past the shard's hand: among keys of equal
+    /// weight, the nearest go first.
+    turn: u64,
     key: K,
 }
 
 impl<K> PartialEq for Ranked<K> {
     fn eq(&self, other: &Self) -> bool {
-        self.weight == other.weight
+        (self.weight, self.turn) == (other.weight, other.turn)
     }
 }
 
@@ -80,7 +88,7 @@ impl<K> PartialOrd for Ranked<K> {
 
 impl<K> Ord for Ranked<K> {
     fn cmp(&self, other: &Self) -> core::cmp::Ordering {
-        self.weight.cmp(&other.weight)
+        (self.weight, self.turn).cmp(&(other.weight, other.turn))
     }
 }
 
@@ -98,6 +106,9 @@ struct LogShard<K> {
     /// The lightest keys of the shard at the last sweep, heaviest first: the next
     /// evictions' victims.
     ranked: Vec<Ranked<K>>,
+    /// Where the ranking of keys of equal weight starts: just past the hash of the
+    /// heaviest key the last sweep ranked, so that tied keys take their turns.
+    hand: u64,
     counts: KeyedMetrics,
 }
 
@@ -153,8 +164,8 @@ pub struct KeyedSlidingLog<K, C> {
 ///   `remove` never shrink a map. A table under a churning flood reaches that.
 /// * **The rings**: at most `L` entries of 16 bytes after an admission; a
 ///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
-/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones) and their
-///   weights, for the evictions between two sweeps.
+/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones), their
+///   weights and turns, for the evictions between two sweeps.
 ///
 /// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
 /// come from (floodgate-http's extractors bound their keys' lengths).
@@ -203,6 +214,7 @@ where
                     removed_at: 0,
                     sweep_credit: 0,
                     ranked: Vec::new(),
+                    hand: 0,
                     counts: KeyedMetrics::default(),
                 }))
             })
@@ -376,7 +388,10 @@ where
     }
 
     /// Drops the idle logs (lossless), then ranks the lightest keys left — as many
-    /// as the full-shard inserts until the next sweep — for the evictions until then.
+    /// as the full-shard inserts until the next sweep — for the evictions until then;
+    /// keys of equal weight in hash order from the shard's hand, which then moves
+    /// past the heaviest key ranked (tied keys take turns). Hashing every key costs
+    /// `O(share)` more per sweep, within its `O(share · log share)`.
     ///
     /// The ranking looks at every key of the shard, as the sweep does: a sample of
     /// a few keys taken in the map's order would be the same few every time (the
@@ -399,17 +414,21 @@ where
         ranked.clear();
         let mut heap = std::collections::BinaryHeap::from(ranked);
         heap.reserve_exact(wanted);
+        let hand = shard.hand;
         for (key, ring) in &shard.logs {
             let weight = (ring.live_units(bounds, now), ring.len());
+            let turn = self.hasher.hash_one(key).wrapping_sub(hand);
             if heap.len() < wanted {
                 heap.push(Ranked {
                     weight,
+                    turn,
                     key: key.clone(),
                 });
             } else if let Some(mut heaviest) = heap.peek_mut() {
-                if weight < heaviest.weight {
+                if (weight, turn) < (heaviest.weight, heaviest.turn) {
                     *heaviest = Ranked {
                         weight,
+                        turn,
                         key: key.clone(),
                     };
                 }
@@ -418,6 +437,10 @@ where
         // Ascending, then reversed: `pop` takes the lightest.
         let mut ranked = heap.into_sorted_vec();
         ranked.reverse();
+        // The next sweep ranks keys tied with the heaviest ranked one from past it.
+        if let Some(heaviest) = ranked.first() {
+            shard.hand = hand.wrapping_add(heaviest.turn).wrapping_add(1);
+        }
         shard.ranked = ranked;
     }
 
@@ -425,7 +448,7 @@ where
     /// it was ranked (one charged since is passed over). Whether one was evicted.
     fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
         let bounds = shard.bounds;
-        while let Some(Ranked { weight, key }) = shard.ranked.pop() {
+        while let Some(Ranked { weight, key, .. }) = shard.ranked.pop() {
             let Some(ring) = shard.logs.get(&key) else {
                 continue;
             };
