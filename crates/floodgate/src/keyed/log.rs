@@ -825,4 +825,61 @@ mod tests {
             );
         }
     }
+
+    /// What one shard of `share` keys of type `K` holds at its largest under a
+    /// churning flood of `make(i)` keys (1 unit each, some going idle), against its
+    /// budgeted worst case.
+    fn churn<K: Hash + Eq + Clone>(share: usize, make: impl Fn(usize) -> K) -> (usize, usize) {
+        let clock = ManualClock::new();
+        let policy = Policy::per_second(1).unwrap();
+        let log = crate::KeyedBuilder::default()
+            .capacity(share)
+            .shards(1)
+            .clock(clock.clone())
+            .sliding_log::<K>(policy)
+            .unwrap();
+        assert_eq!(log.share, share);
+        let mut most = 0;
+        for i in 0..share * 40 + 64 {
+            let _ = log.check(&make(i));
+            if i % 5 == 0 {
+                clock.advance(core::time::Duration::from_millis(1));
+            }
+            let shard = lock(&log.shards[0]);
+            let map = buckets(shard.logs.capacity()) * (core::mem::size_of::<(K, Ring)>() + 1) + 16;
+            let rings: usize = shard.logs.values().map(|r| r.room() * 16).sum();
+            let ranked = shard.ranked.capacity() * core::mem::size_of::<Ranked<K>>();
+            most = most.max(map + rings + ranked);
+        }
+        (most, worst_case_bytes::<K>(share, 1, policy).unwrap())
+    }
+
+    /// The budget holds for the smallest shares (one key, fewer keys than a
+    /// group's 16 buckets, the shares where a map of 16 or 32 buckets fills) and
+    /// for keys of no bytes to large ones, not only for `String`s.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn small_shares_and_any_key_size_stay_within_the_budget() {
+        for share in [1, 2, 3, 4, 7, 8, 13, 14, 15, 16, 27, 28, 29, 56, 57] {
+            let (most, bound) = churn(share, |i| i as u64);
+            assert!(
+                most <= bound,
+                "u64, share {share}: {most} held, {bound} budgeted"
+            );
+            let (most, bound) = churn(share, |i| {
+                let mut key = [0u8; 200];
+                key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                key
+            });
+            assert!(
+                most <= bound,
+                "[u8; 200], share {share}: {most} held, {bound} budgeted"
+            );
+            let (most, bound) = churn(share, |i| (i as u16, ()));
+            assert!(
+                most <= bound,
+                "(u16, ()), share {share}: {most} held, {bound} budgeted"
+            );
+        }
+    }
 }
