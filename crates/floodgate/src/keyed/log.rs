@@ -110,6 +110,9 @@ struct LogShard<K> {
     /// heaviest key the last sweep ranked, so that tied keys take their turns.
     hand: u64,
     counts: KeyedMetrics,
+    /// Sweeps so far: for tests of their amortised cost.
+    #[cfg(test)]
+    sweeps: u64,
 }
 
 /// The exact sliding log per key: see the [module docs](self). Build it with
@@ -216,6 +219,8 @@ where
                     ranked: Vec::new(),
                     hand: 0,
                     counts: KeyedMetrics::default(),
+                    #[cfg(test)]
+                    sweeps: 0,
                 }))
             })
             .collect();
@@ -399,6 +404,10 @@ where
     /// eviction would take one of the heavy keys left in them while lighter keys
     /// sat in the rest of the map.
     fn sweep(&self, shard: &mut LogShard<K>, now: u64) {
+        #[cfg(test)]
+        {
+            shard.sweeps += 1;
+        }
         let bounds = shard.bounds;
         let before = shard.logs.len();
         shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
@@ -881,5 +890,65 @@ mod tests {
                 "(u16, ()), share {share}: {most} held, {bound} budgeted"
             );
         }
+    }
+
+    /// A sweep ranks the whole shard (`O(share · log share)`), so it must be paid
+    /// for: by the `share / 8` full-shard inserts of its credit, or — when the
+    /// ranking runs out first — by as many evictions, charges of ranked keys or
+    /// removals. A plain flood sweeps once per eighth of a share of inserts; an
+    /// adversary who charges every ranked key after each insert (here knowing the
+    /// ranking) forces a sweep at every insert, but only by paying a charge per
+    /// ranked key: sweeps never outnumber twice the inserts, charges and removals
+    /// per ranking, never one per insert for free.
+    #[test]
+    fn a_sweep_is_paid_for_by_inserts_charges_or_removals() {
+        let share = 64;
+        let wanted = (share / 8) as u64;
+        let log = crate::KeyedBuilder::default()
+            .capacity(share)
+            .shards(1)
+            .clock(ManualClock::new())
+            .sliding_log::<u64>(Policy::per_second(1_000_000).unwrap())
+            .unwrap();
+        let sweeps = || lock(&log.shards[0]).sweeps;
+        for key in 0..share as u64 {
+            assert!(log.check(&key).is_allowed());
+        }
+        // A plain flood: one sweep per credit.
+        let inserts = 800u64;
+        for key in 0..inserts {
+            assert!(log.check(&(1_000 + key)).is_allowed());
+        }
+        let plain = sweeps();
+        assert!(
+            plain <= inserts / wanted + 1,
+            "{plain} sweeps for {inserts} inserts"
+        );
+        // The adversary: after each insert, charge every key left in the ranking;
+        // every few inserts, remove one ranked key too.
+        let (mut charges, mut removals) = (0u64, 0u64);
+        for key in 0..inserts {
+            assert!(log.check(&(10_000 + key)).is_allowed());
+            let ranked: Vec<u64> = lock(&log.shards[0]).ranked.iter().map(|r| r.key).collect();
+            for (n, ranked_key) in ranked.iter().enumerate() {
+                if n == 0 && key % 4 == 0 {
+                    assert!(log.remove(ranked_key));
+                    removals += 1;
+                } else {
+                    assert!(log.check(ranked_key).is_allowed());
+                    charges += 1;
+                }
+            }
+        }
+        let forced = sweeps() - plain;
+        assert!(
+            forced > inserts / wanted + 1,
+            "the adversary forced no extra sweep: {forced}"
+        );
+        let paid = (inserts + charges + removals) / wanted;
+        assert!(
+            forced <= 2 * paid + 2,
+            "{forced} sweeps for {inserts} inserts, {charges} charges, {removals} removals"
+        );
     }
 }
