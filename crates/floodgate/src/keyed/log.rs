@@ -12,18 +12,23 @@
 //! for uneven hashing as the lock-free table) without removing any. Beyond that, a
 //! shard first drops the logs of idle keys (no unit counts: lossless), at most once
 //! per an eighth of its share of inserts, and when every key is live it evicts the
-//! key whose loss forgives least (fewest units counting, then fewest entries),
-//! ranked over the whole shard: each sweep ranks the eighth of the shard's keys
-//! that are lightest, and the evictions until the next sweep take them lightest
-//! first, passing over a key charged since it was ranked (the ranking is made again
-//! when none is left). So a key is evicted only once every key that was lighter
-//! at the sweep has been evicted or charged since — unlike a sample of a few keys
-//! in the map's order, which would be the same few every time. Keys of equal
-//! weight (every key at its limit weighs the same) take turns: ties are ranked in
-//! the order of their hashes from a hand that each sweep moves past the last key
-//! it ranked, so a flood of keys charged to the limit evicts each full key about
-//! once per share of inserts, not the same front of the map at every sweep. Each log
-//! holds at most `L` entries after an admission, so the table's memory is bounded by
+//! key whose loss forgives least (fewest units counting, then the units counting
+//! for the shortest time: the oldest newest unit; as the lock-free table, by units
+//! then `reset_after`), ranked over the whole shard: each sweep ranks the eighth of
+//! the shard's keys that are lightest, and the evictions until the next sweep take
+//! them lightest first, passing over a key heavier now than when it was ranked
+//! (charged since, at a later instant or with more units; the ranking is made
+//! again when none is left). So a key is evicted only once every key that was
+//! lighter at the sweep has been evicted or charged since — unlike a sample of a
+//! few keys in the map's order, which would be the same few every time. Keys of
+//! equal weight (keys at their limit whose newest units were logged at one reading,
+//! as under a cached clock) take turns: ties are ranked in the order of their
+//! hashes from a hand that each sweep moves past the last key it ranked. So a flood
+//! of keys charged to the limit evicts each full key about once per share of
+//! inserts, not the same front of the map at every sweep; the entries holding the
+//! units play no part (a client chooses them by charging at one reading or many).
+//! Each log holds at most `L` entries after an admission, so the table's memory is
+//! bounded by
 //! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
 //! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
 //! ≈ 4.6 slots per key once a churning flood has filled the map with removals'
@@ -59,8 +64,23 @@ use crate::sliding_log::{Bounds, Ring};
 use crate::sync::{lock, Mutex};
 
 /// What evicting a log forgives, as an order: the units still counting, then the
-/// entries holding them. Eviction takes the least.
-type Weight = (u64, usize);
+/// instant its newest unit was logged at (units logged later count longer).
+/// Eviction takes the least. Not the entries holding the units: a client chooses
+/// those (units charged at one reading make one entry, at `L` readings `L`), and
+/// evicting either forgives the same units.
+type Weight = (u64, u64);
+
+/// The weight of `ring` at `now` under `bounds`, of a period of `period` ns.
+fn weight_of(ring: &Ring, bounds: Bounds, period: u64, now: u64) -> Weight {
+    let units = ring.live_units(bounds, now);
+    if units == 0 {
+        return (0, 0);
+    }
+    // The newest entry leaves `reset` after `now`, a period after it was logged.
+    let reset = ring.judge(bounds, now, 0).0.reset_after_nanos();
+    let newest = (u128::from(now) + u128::from(reset)).saturating_sub(u128::from(period));
+    (units, u64::try_from(newest).unwrap_or(u64::MAX))
+}
 
 /// A key ranked for eviction by its weight when ranked, ties broken by its turn
 /// (compared by weight, then turn).
@@ -409,6 +429,7 @@ where
             shard.sweeps += 1;
         }
         let bounds = shard.bounds;
+        let period = shard.policy.period_nanos();
         let before = shard.logs.len();
         shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
         let dropped = before - shard.logs.len();
@@ -425,7 +446,7 @@ where
         heap.reserve_exact(wanted);
         let hand = shard.hand;
         for (key, ring) in &shard.logs {
-            let weight = (ring.live_units(bounds, now), ring.len());
+            let weight = weight_of(ring, bounds, period, now);
             let turn = self.hasher.hash_one(key).wrapping_sub(hand);
             if heap.len() < wanted {
                 heap.push(Ranked {
@@ -457,11 +478,12 @@ where
     /// it was ranked (one charged since is passed over). Whether one was evicted.
     fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
         let bounds = shard.bounds;
+        let period = shard.policy.period_nanos();
         while let Some(Ranked { weight, key, .. }) = shard.ranked.pop() {
             let Some(ring) = shard.logs.get(&key) else {
                 continue;
             };
-            if (ring.live_units(bounds, now), ring.len()) > weight {
+            if weight_of(ring, bounds, period, now) > weight {
                 continue;
             }
             let idle = ring.is_idle(bounds, now);
