@@ -27,6 +27,12 @@
 //! of keys charged to the limit evicts each full key about once per share of
 //! inserts, not the same front of the map at every sweep; the entries holding the
 //! units play no part (a client chooses them by charging at one reading or many).
+//! The price of evicting the lightest: a key is evicted at most once per ranking,
+//! and a ranking is used up only by `max(⌊share/8⌋, 1)` full-shard inserts,
+//! charges of its keys or removals — but a key kept just lighter than a flood's
+//! keys (one unit below the limit while they use all of it) is evicted that often,
+//! each time starting a fresh log: about the rate at which the lock-free table's
+//! sample of 8 finds such a key. Size the capacity for the live set.
 //! Each log holds at most `L` entries after an admission, so the table's memory is
 //! bounded by
 //! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
