@@ -979,4 +979,43 @@ mod tests {
             "{forced} sweeps for {inserts} inserts, {charges} charges, {removals} removals"
         );
     }
+
+    /// The budget's edges: a table whose worst case is exactly its budget builds,
+    /// one byte less is refused; a limit whose worst case overflows `usize` (huge
+    /// `L`) is refused with an error, not a panic, at build and at `set_policy`
+    /// (which then changes nothing), even under a budget of `usize::MAX − 1`.
+    #[test]
+    fn the_budget_is_checked_to_the_byte_and_overflow_is_an_error() {
+        let policy = Policy::per_second(3).unwrap();
+        let build = |budget: usize, policy: Policy| {
+            crate::KeyedBuilder::default()
+                .capacity(100)
+                .shards(2)
+                .memory_budget(budget)
+                .sliding_log::<u64>(policy)
+        };
+        let log = build(usize::MAX, policy).unwrap();
+        let exact = worst_case_bytes::<u64>(log.share, 2, policy).unwrap();
+        assert!(build(exact, policy).is_ok());
+        assert!(matches!(
+            build(exact - 1, policy),
+            Err(crate::KeyedError::OverMemoryBudget { slot_bytes, budget, .. })
+                if slot_bytes == exact && budget == exact - 1
+        ));
+        let huge = Policy::new(1 << 61, core::time::Duration::from_nanos(1 << 62)).unwrap();
+        assert_eq!(worst_case_bytes::<u64>(log.share, 2, huge), None);
+        assert!(build(usize::MAX - 1, huge).is_err());
+        let log = build(usize::MAX - 1, policy).unwrap();
+        assert!(log.set_policy(huge).is_err());
+        assert_eq!(log.policy(), policy);
+        // Exactly the budget of a larger limit: accepted.
+        let wider = Policy::per_second(4).unwrap();
+        let log = build(
+            worst_case_bytes::<u64>(log.share, 2, wider).unwrap(),
+            policy,
+        )
+        .unwrap();
+        assert!(log.set_policy(wider).is_ok());
+        assert_eq!(log.policy(), wider);
+    }
 }
