@@ -34,11 +34,11 @@
 //! each time starting a fresh log: about the rate at which the lock-free table's
 //! sample of 8 finds such a key. Size the capacity for the live set.
 //! Each log holds at most `L` entries after an admission, so the table's memory is
-//! bounded by
-//! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
-//! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
-//! ≈ 4.6 slots per key once a churning flood has filled the map with removals'
-//! tombstones (the map never shrinks); the builder checks that bound against its
+//! bounded by [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L`
+//! entries of 16 bytes each, plus each shard's map: a slot of `(key, ring)` per
+//! key of its share, up to ≈ 4.6 slots per key once a churning flood has filled
+//! the map with removals' tombstones (the map never shrinks); the builder checks
+//! that bound against its
 //! [`memory_budget`](crate::KeyedBuilder::memory_budget). Heap memory a key owns (a
 //! `String`'s bytes) comes on top: bound keys' lengths where they come from, as
 //! floodgate-http's extractors do.
