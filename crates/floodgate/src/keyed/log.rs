@@ -12,18 +12,33 @@
 //! for uneven hashing as the lock-free table) without removing any. Beyond that, a
 //! shard first drops the logs of idle keys (no unit counts: lossless), at most once
 //! per an eighth of its share of inserts, and when every key is live it evicts the
-//! key whose loss forgives least (fewest units counting, then fewest entries),
-//! ranked over the whole shard: each sweep ranks the eighth of the shard's keys
-//! that are lightest, and the evictions until the next sweep take them lightest
-//! first, passing over a key charged since it was ranked (the ranking is made again
-//! when none is left). So a key is evicted only once every key that was lighter
-//! at the sweep has been evicted or charged since — unlike a sample of a few keys
-//! in the map's order, which would be the same few every time. Each log
-//! holds at most `L` entries after an admission, so the table's memory is bounded by
-//! [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L` entries of 16 bytes
-//! each, plus each shard's map: a slot of `(key, ring)` per key of its share, up to
-//! ≈ 4.6 slots per key once a churning flood has filled the map with removals'
-//! tombstones (the map never shrinks); the builder checks that bound against its
+//! key whose loss forgives least (fewest units counting, then the units counting
+//! for the shortest time: the oldest newest unit; as the lock-free table, by units
+//! then `reset_after`), ranked over the whole shard: each sweep ranks the eighth of
+//! the shard's keys that are lightest, and the evictions until the next sweep take
+//! them lightest first, passing over a key heavier now than when it was ranked
+//! (charged since, at a later instant or with more units; the ranking is made
+//! again when none is left). So a key is evicted only once every key that was
+//! lighter at the sweep has been evicted or charged since — unlike a sample of a
+//! few keys in the map's order, which would be the same few every time. Keys of
+//! equal weight (keys at their limit whose newest units were logged at one reading,
+//! as under a cached clock) take turns: ties are ranked in the order of their
+//! hashes from a hand that each sweep moves past the last key it ranked. So a flood
+//! of keys charged to the limit evicts each full key about once per share of
+//! inserts, not the same front of the map at every sweep; the entries holding the
+//! units play no part (a client chooses them by charging at one reading or many).
+//! The price of evicting the lightest: a key is evicted at most once per ranking,
+//! and a ranking is used up only by `max(⌊share/8⌋, 1)` full-shard inserts,
+//! charges of its keys or removals — but a key kept just lighter than a flood's
+//! keys (one unit below the limit while they use all of it) is evicted that often,
+//! each time starting a fresh log: about the rate at which the lock-free table's
+//! sample of 8 finds such a key. Size the capacity for the live set.
+//! Each log holds at most `L` entries after an admission, so the table's memory is
+//! bounded by [`max_keys`](KeyedSlidingLog::max_keys) rings of at most `2·L`
+//! entries of 16 bytes each, plus each shard's map: a slot of `(key, ring)` per
+//! key of its share, up to ≈ 4.6 slots per key once a churning flood has filled
+//! the map with removals' tombstones (the map never shrinks); the builder checks
+//! that bound against its
 //! [`memory_budget`](crate::KeyedBuilder::memory_budget). Heap memory a key owns (a
 //! `String`'s bytes) comes on top: bound keys' lengths where they come from, as
 //! floodgate-http's extractors do.
@@ -55,18 +70,37 @@ use crate::sliding_log::{Bounds, Ring};
 use crate::sync::{lock, Mutex};
 
 /// What evicting a log forgives, as an order: the units still counting, then the
-/// entries holding them. Eviction takes the least.
-type Weight = (u64, usize);
+/// instant its newest unit was logged at (units logged later count longer).
+/// Eviction takes the least. Not the entries holding the units: a client chooses
+/// those (units charged at one reading make one entry, at `L` readings `L`), and
+/// evicting either forgives the same units.
+type Weight = (u64, u64);
 
-/// A key ranked for eviction by its weight when ranked (compared by weight only).
+/// The weight of `ring` at `now` under `bounds`, of a period of `period` ns.
+fn weight_of(ring: &Ring, bounds: Bounds, period: u64, now: u64) -> Weight {
+    let units = ring.live_units(bounds, now);
+    if units == 0 {
+        return (0, 0);
+    }
+    // The newest entry leaves `reset` after `now`, a period after it was logged.
+    let reset = ring.judge(bounds, now, 0).0.reset_after_nanos();
+    let newest = (u128::from(now) + u128::from(reset)).saturating_sub(u128::from(period));
+    (units, u64::try_from(newest).unwrap_or(u64::MAX))
+}
+
+/// A key ranked for eviction by its weight when ranked, ties broken by its turn
+/// (compared by weight, then turn).
 struct Ranked<K> {
     weight: Weight,
+    /// How far the key's hash lies past the shard's hand: among keys of equal
+    /// weight, the nearest go first.
+    turn: u64,
     key: K,
 }
 
 impl<K> PartialEq for Ranked<K> {
     fn eq(&self, other: &Self) -> bool {
-        self.weight == other.weight
+        (self.weight, self.turn) == (other.weight, other.turn)
     }
 }
 
@@ -80,7 +114,7 @@ impl<K> PartialOrd for Ranked<K> {
 
 impl<K> Ord for Ranked<K> {
     fn cmp(&self, other: &Self) -> core::cmp::Ordering {
-        self.weight.cmp(&other.weight)
+        (self.weight, self.turn).cmp(&(other.weight, other.turn))
     }
 }
 
@@ -98,7 +132,13 @@ struct LogShard<K> {
     /// The lightest keys of the shard at the last sweep, heaviest first: the next
     /// evictions' victims.
     ranked: Vec<Ranked<K>>,
+    /// Where the ranking of keys of equal weight starts: just past the hash of the
+    /// heaviest key the last sweep ranked, so that tied keys take their turns.
+    hand: u64,
     counts: KeyedMetrics,
+    /// Sweeps so far: for tests of their amortised cost.
+    #[cfg(test)]
+    sweeps: u64,
 }
 
 /// The exact sliding log per key: see the [module docs](self). Build it with
@@ -153,8 +193,8 @@ pub struct KeyedSlidingLog<K, C> {
 ///   `remove` never shrink a map. A table under a churning flood reaches that.
 /// * **The rings**: at most `L` entries of 16 bytes after an admission; a
 ///   `VecDeque`'s buffer at most doubles what it held, and holds 4 at least.
-/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones) and their
-///   weights, for the evictions between two sweeps.
+/// * **The ranking**: the `max(⌊share / 8⌋, 1)` lightest keys (clones), their
+///   weights and turns, for the evictions between two sweeps.
 ///
 /// Not counted: heap memory a key owns (a `String`'s bytes); bound it where keys
 /// come from (floodgate-http's extractors bound their keys' lengths).
@@ -203,7 +243,10 @@ where
                     removed_at: 0,
                     sweep_credit: 0,
                     ranked: Vec::new(),
+                    hand: 0,
                     counts: KeyedMetrics::default(),
+                    #[cfg(test)]
+                    sweeps: 0,
                 }))
             })
             .collect();
@@ -376,7 +419,10 @@ where
     }
 
     /// Drops the idle logs (lossless), then ranks the lightest keys left — as many
-    /// as the full-shard inserts until the next sweep — for the evictions until then.
+    /// as the full-shard inserts until the next sweep — for the evictions until then;
+    /// keys of equal weight in hash order from the shard's hand, which then moves
+    /// past the heaviest key ranked (tied keys take turns). Hashing every key costs
+    /// `O(share)` more per sweep, within its `O(share · log share)`.
     ///
     /// The ranking looks at every key of the shard, as the sweep does: a sample of
     /// a few keys taken in the map's order would be the same few every time (the
@@ -384,7 +430,12 @@ where
     /// eviction would take one of the heavy keys left in them while lighter keys
     /// sat in the rest of the map.
     fn sweep(&self, shard: &mut LogShard<K>, now: u64) {
+        #[cfg(test)]
+        {
+            shard.sweeps += 1;
+        }
         let bounds = shard.bounds;
+        let period = shard.policy.period_nanos();
         let before = shard.logs.len();
         shard.logs.retain(|_, ring| !ring.is_idle(bounds, now));
         let dropped = before - shard.logs.len();
@@ -399,17 +450,21 @@ where
         ranked.clear();
         let mut heap = std::collections::BinaryHeap::from(ranked);
         heap.reserve_exact(wanted);
+        let hand = shard.hand;
         for (key, ring) in &shard.logs {
-            let weight = (ring.live_units(bounds, now), ring.len());
+            let weight = weight_of(ring, bounds, period, now);
+            let turn = self.hasher.hash_one(key).wrapping_sub(hand);
             if heap.len() < wanted {
                 heap.push(Ranked {
                     weight,
+                    turn,
                     key: key.clone(),
                 });
             } else if let Some(mut heaviest) = heap.peek_mut() {
-                if weight < heaviest.weight {
+                if (weight, turn) < (heaviest.weight, heaviest.turn) {
                     *heaviest = Ranked {
                         weight,
+                        turn,
                         key: key.clone(),
                     };
                 }
@@ -418,6 +473,10 @@ where
         // Ascending, then reversed: `pop` takes the lightest.
         let mut ranked = heap.into_sorted_vec();
         ranked.reverse();
+        // The next sweep ranks keys tied with the heaviest ranked one from past it.
+        if let Some(heaviest) = ranked.first() {
+            shard.hand = hand.wrapping_add(heaviest.turn).wrapping_add(1);
+        }
         shard.ranked = ranked;
     }
 
@@ -425,11 +484,12 @@ where
     /// it was ranked (one charged since is passed over). Whether one was evicted.
     fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
         let bounds = shard.bounds;
-        while let Some(Ranked { weight, key }) = shard.ranked.pop() {
+        let period = shard.policy.period_nanos();
+        while let Some(Ranked { weight, key, .. }) = shard.ranked.pop() {
             let Some(ring) = shard.logs.get(&key) else {
                 continue;
             };
-            if (ring.live_units(bounds, now), ring.len()) > weight {
+            if weight_of(ring, bounds, period, now) > weight {
                 continue;
             }
             let idle = ring.is_idle(bounds, now);
@@ -801,5 +861,162 @@ mod tests {
                 "share {share}: {most} bytes held, {bound} budgeted"
             );
         }
+    }
+
+    /// What one shard of `share` keys of type `K` holds at its largest under a
+    /// churning flood of `make(i)` keys (1 unit each, some going idle), against its
+    /// budgeted worst case.
+    fn churn<K: Hash + Eq + Clone>(share: usize, make: impl Fn(usize) -> K) -> (usize, usize) {
+        let clock = ManualClock::new();
+        let policy = Policy::per_second(1).unwrap();
+        let log = crate::KeyedBuilder::default()
+            .capacity(share)
+            .shards(1)
+            .clock(clock.clone())
+            .sliding_log::<K>(policy)
+            .unwrap();
+        assert_eq!(log.share, share);
+        let mut most = 0;
+        for i in 0..share * 40 + 64 {
+            let _ = log.check(&make(i));
+            if i % 5 == 0 {
+                clock.advance(core::time::Duration::from_millis(1));
+            }
+            let shard = lock(&log.shards[0]);
+            let map = buckets(shard.logs.capacity()) * (core::mem::size_of::<(K, Ring)>() + 1) + 16;
+            let rings: usize = shard.logs.values().map(|r| r.room() * 16).sum();
+            let ranked = shard.ranked.capacity() * core::mem::size_of::<Ranked<K>>();
+            most = most.max(map + rings + ranked);
+        }
+        (most, worst_case_bytes::<K>(share, 1, policy).unwrap())
+    }
+
+    /// The budget holds for the smallest shares (one key, fewer keys than a
+    /// group's 16 buckets, the shares where a map of 16 or 32 buckets fills) and
+    /// for keys of no bytes to large ones, not only for `String`s.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn small_shares_and_any_key_size_stay_within_the_budget() {
+        for share in [1, 2, 3, 4, 7, 8, 13, 14, 15, 16, 27, 28, 29, 56, 57] {
+            let (most, bound) = churn(share, |i| i as u64);
+            assert!(
+                most <= bound,
+                "u64, share {share}: {most} held, {bound} budgeted"
+            );
+            let (most, bound) = churn(share, |i| {
+                let mut key = [0u8; 200];
+                key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                key
+            });
+            assert!(
+                most <= bound,
+                "[u8; 200], share {share}: {most} held, {bound} budgeted"
+            );
+            let (most, bound) = churn(share, |i| (i as u16, ()));
+            assert!(
+                most <= bound,
+                "(u16, ()), share {share}: {most} held, {bound} budgeted"
+            );
+        }
+    }
+
+    /// A sweep ranks the whole shard (`O(share · log share)`), so it must be paid
+    /// for: by the `share / 8` full-shard inserts of its credit, or — when the
+    /// ranking runs out first — by as many evictions, charges of ranked keys or
+    /// removals. A plain flood sweeps once per eighth of a share of inserts; an
+    /// adversary who charges every ranked key after each insert (here knowing the
+    /// ranking) forces a sweep at every insert, but only by paying a charge per
+    /// ranked key: sweeps never outnumber twice the inserts, charges and removals
+    /// per ranking, never one per insert for free.
+    #[test]
+    fn a_sweep_is_paid_for_by_inserts_charges_or_removals() {
+        // Smaller under Miri (thousands of map operations there take minutes).
+        let (share, inserts) = if cfg!(miri) { (16, 48) } else { (64, 800) };
+        let wanted = (share / 8) as u64;
+        let log = crate::KeyedBuilder::default()
+            .capacity(share)
+            .shards(1)
+            .clock(ManualClock::new())
+            .sliding_log::<u64>(Policy::per_second(1_000_000).unwrap())
+            .unwrap();
+        let sweeps = || lock(&log.shards[0]).sweeps;
+        for key in 0..share as u64 {
+            assert!(log.check(&key).is_allowed());
+        }
+        // A plain flood: one sweep per credit.
+        for key in 0..inserts {
+            assert!(log.check(&(1_000 + key)).is_allowed());
+        }
+        let plain = sweeps();
+        assert!(
+            plain <= inserts / wanted + 1,
+            "{plain} sweeps for {inserts} inserts"
+        );
+        // The adversary: after each insert, charge every key left in the ranking;
+        // every few inserts, remove one ranked key too.
+        let (mut charges, mut removals) = (0u64, 0u64);
+        for key in 0..inserts {
+            assert!(log.check(&(10_000 + key)).is_allowed());
+            let ranked: Vec<u64> = lock(&log.shards[0]).ranked.iter().map(|r| r.key).collect();
+            for (n, ranked_key) in ranked.iter().enumerate() {
+                if n == 0 && key % 4 == 0 {
+                    assert!(log.remove(ranked_key));
+                    removals += 1;
+                } else {
+                    assert!(log.check(ranked_key).is_allowed());
+                    charges += 1;
+                }
+            }
+        }
+        let forced = sweeps() - plain;
+        assert!(
+            forced > inserts / wanted + 1,
+            "the adversary forced no extra sweep: {forced}"
+        );
+        let paid = (inserts + charges + removals) / wanted;
+        assert!(
+            forced <= 2 * paid + 2,
+            "{forced} sweeps for {inserts} inserts, {charges} charges, {removals} removals"
+        );
+    }
+
+    /// The budget's edges: a table whose worst case is exactly its budget builds,
+    /// one byte less is refused; a limit whose worst case overflows `usize` (huge
+    /// `L`) is refused with an error, not a panic, at build and at `set_policy`
+    /// (which then changes nothing), even under a budget of `usize::MAX − 1`.
+    #[test]
+    fn the_budget_is_checked_to_the_byte_and_overflow_is_an_error() {
+        let policy = Policy::per_second(3).unwrap();
+        let build = |budget: usize, policy: Policy| {
+            crate::KeyedBuilder::default()
+                .capacity(100)
+                .shards(2)
+                .clock(ManualClock::new())
+                .memory_budget(budget)
+                .sliding_log::<u64>(policy)
+        };
+        let log = build(usize::MAX, policy).unwrap();
+        let exact = worst_case_bytes::<u64>(log.share, 2, policy).unwrap();
+        assert!(build(exact, policy).is_ok());
+        assert!(matches!(
+            build(exact - 1, policy),
+            Err(crate::KeyedError::OverMemoryBudget { slot_bytes, budget, .. })
+                if slot_bytes == exact && budget == exact - 1
+        ));
+        let huge = Policy::new(1 << 61, core::time::Duration::from_nanos(1 << 62)).unwrap();
+        assert_eq!(worst_case_bytes::<u64>(log.share, 2, huge), None);
+        assert!(build(usize::MAX - 1, huge).is_err());
+        let log = build(usize::MAX - 1, policy).unwrap();
+        assert!(log.set_policy(huge).is_err());
+        assert_eq!(log.policy(), policy);
+        // Exactly the budget of a larger limit: accepted.
+        let wider = Policy::per_second(4).unwrap();
+        let log = build(
+            worst_case_bytes::<u64>(log.share, 2, wider).unwrap(),
+            policy,
+        )
+        .unwrap();
+        assert!(log.set_policy(wider).is_ok());
+        assert_eq!(log.policy(), wider);
     }
 }
