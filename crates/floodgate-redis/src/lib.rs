@@ -181,9 +181,9 @@
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
 //!   that limit's rule above (each once, a sliding log's included), after checking
-//!   every argument. A state
-//!   found malformed part-way fails the run after the parts before it were given
-//!   back (only a key written by something else is malformed).
+//!   every argument and then reading and checking every limit's state. A state
+//!   found malformed at any key fails the run with nothing given back on any
+//!   limit (only a key written by something else is malformed).
 //! * **Sliding log** (session 43): the in-process [`floodgate::SlidingLog`]
 //!   refund. The receipt names the instant the charge's units were logged at (with
 //!   several charges merged into one member at that instant, its own units): while

@@ -172,8 +172,8 @@ end
 -- a later decision moved it on, the count given back is one no decision reads
 -- again), at most `n`, never below 0. Once per receipt: the ledger
 -- (units given back on the key), the floor and the records. Returns the units
--- given back.
-local function window_refund(key, width, at, cw, after, noted, n, born, p)
+-- given back; with `check`, those it would give back, written nothing.
+local function window_refund(key, width, at, cw, after, noted, n, born, p, check)
   local stored = redis.call('GET', key)
   if not stored then return 0 end
   local nums, rest = {}, stored
@@ -203,6 +203,7 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if ledger + back >= EXACT then return 0 end
+  if check then return back end
   nums[at] = nums[at] - back
   local kept, new_floor = record_refund(list, id, floor)
   for i = 1, width do nums[i] = fmt(nums[i]) end

@@ -79,8 +79,9 @@ end
 -- ahead of now + B*T stay spent. Each refund is recorded by its receipt's id
 -- (noted/e, unique on the key: between two refunds every charge raises the TAT),
 -- so a receipt refunds once however often it is sent. Returns the microseconds of
--- schedule given back (0: nothing).
-local function gcra_refund(key, start, e, noted, born, t, b)
+-- schedule given back (0: nothing); with `check`, what it would give back,
+-- written nothing.
+local function gcra_refund(key, start, e, noted, born, t, b, check)
   local st, err = gcra_read(key)
   if err then return err end
   if not st then return 0 end
@@ -108,6 +109,7 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if st.ledger + back >= EXACT then return 0 end
+  if check then return back end
   local tat = st.tat - back
   if tat < 0 then tat = 0 end
   local kept, floor = record_refund(ids, id, st.floor)

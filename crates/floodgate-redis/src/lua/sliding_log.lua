@@ -218,8 +218,10 @@ end
 -- drops by `n` (O(members after it)), the log the other charges would have made.
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
 -- records shared with the windows (each record a member of its own here).
--- Returns the units given back.
-local function sliding_log_refund(key, x, n, total, noted, born, p)
+-- Returns the units given back; with `check`, the units it would give back, having
+-- read and checked all it reads but written nothing (multi_refund.lua checks every
+-- key so before it writes one).
+local function sliding_log_refund(key, x, n, total, noted, born, p, check)
   local meta, err = log_refunds(key)
   if err then return err end
   -- A key lost and created again (or one no charge with receipts made) holds none
@@ -250,6 +252,7 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
+  if check then return n end
   local was = {}
   for _, r in ipairs(list) do was[r] = true end
   local _, floor = record_refund(list, id, meta.floor)
