@@ -181,7 +181,8 @@
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
 //!   that limit's rule above (each once, a sliding log's included), after checking
-//!   every argument and then reading and checking every limit's state. A state
+//!   every argument and then reading and checking every limit's state; each key
+//!   is read once, and its refund is written from that read. A state
 //!   found malformed at any key fails the run with nothing given back on any
 //!   limit (only a key written by something else is malformed).
 //! * **Sliding log** (session 43): the in-process [`floodgate::SlidingLog`]
@@ -190,9 +191,14 @@
 //!   that instant is still in the window at the server's now (judged, as every
 //!   reading, no earlier than the newest unit logged), the member at it loses the
 //!   charge's units (removed when none is left) and **every later member's running
-//!   total drops by as many** — `O(members after it)` writes, at most the `L` units
-//!   in the window; once the instant has left the window, nothing. All of the
-//!   charge's units or none (units logged at one instant are interchangeable, so
+//!   total drops by as many** — `O(members after it)` writes: a `ZREM` and at
+//!   most one `ZADD` per member from the charge's instant on, at most `L` members
+//!   under one policy (every one holds a unit of the window at the refund's
+//!   reading; more only while a policy of another period or limit charges the
+//!   same key, a rolling deploy), and at most six more for the refund members.
+//!   The cost is inherent to the running totals that let a decision read
+//!   `O(log² n)` members instead of the window. Once the instant has left the
+//!   window, nothing. All of the charge's units or none (units logged at one instant are interchangeable, so
 //!   the log left is the one the other charges would have made). A policy of
 //!   another period on the key (a rolling deploy) needs no ledger bump here: the
 //!   log's instants are exact under any period, a member another period dropped is

@@ -157,7 +157,8 @@ charge_driver!(CHARGE_SLIDING_WINDOW, "sliding_window");
 charge_driver!(CHARGE_SLIDING_LOG, "sliding_log");
 
 /// The driver of a refund: `$args` whole numbers below 2^53 (the receipt's, then
-/// the limit's parameters) passed to the refund function.
+/// the limit's parameters) passed to the refund function, which reads and checks
+/// the key and returns what it gives back with the function that writes it.
 macro_rules! refund_driver {
     ($name:ident, $function:literal, $args:literal) => {
         const $name: &str = concat!(
@@ -170,9 +171,11 @@ macro_rules! refund_driver {
             "    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')\n",
             "  end\n",
             "end\n",
-            "return ",
+            "local back, write = ",
             $function,
-            "(KEYS[1], unpack(a))\n"
+            "(KEYS[1], unpack(a))\n",
+            "if write then write() end\n",
+            "return back\n"
         );
     };
 }

@@ -291,3 +291,85 @@ fn a_sliding_log_decision_reads_a_few_members_not_the_window() {
         }
     }
 }
+
+/// The commands a script ran of `stats`: all but those a client sends (the
+/// script commands, the test's own `CONFIG`, `INFO`, `PING`, `CLIENT`, `HELLO`).
+fn run_by_scripts(stats: &BTreeMap<String, (u64, u64)>) -> BTreeMap<String, u64> {
+    let client = ["evalsha", "eval", "info", "ping", "hello"];
+    stats
+        .iter()
+        .filter(|(name, _)| {
+            !client.contains(&name.as_str())
+                && !name.starts_with("script|")
+                && !name.starts_with("config|")
+                && !name.starts_with("client|")
+        })
+        .map(|(name, &(calls, _))| (name.clone(), calls))
+        .collect()
+}
+
+/// A multi-limit refund reads each key once: it checks every key before it writes
+/// one (all or nothing) and then writes from what it read. After `CONFIG
+/// RESETSTAT`, a refund that gives back, and its receipt sent again (which gives
+/// nothing), show in `INFO commandstats` one `GET` per GCRA or window key and,
+/// for the sliding log, one read of its refund members (`ZRANGE` of rank 0, then
+/// `ZRANGEBYSCORE` of the `-inf` members) and, where the receipt may still give
+/// back, one of its newest member (`ZRANGE`) and of the members from the
+/// charge's instant on (`ZRANGEBYSCORE`). Two and four limits; the counts are
+/// printed (`--nocapture`), BENCHMARKS.md's Redis section quotes them.
+#[test]
+fn a_multi_limit_refund_reads_each_key_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let p = Policy::new(10, Duration::from_secs(10)).expect("policy");
+    let two = RedisLimiter::builder(Algorithm::Gcra, p).and(Algorithm::SlidingLog, p);
+    let four = RedisLimiter::builder(Algorithm::Gcra, p)
+        .and(Algorithm::FixedWindow, p)
+        .and(Algorithm::SlidingWindow, p)
+        .and(Algorithm::SlidingLog, p);
+    // The builder, its GCRA and window keys.
+    for (builder, strings) in [(two, 1), (four, 3)] {
+        let limiter = common::with_refunds(&rt, &server, builder, true);
+        let key = format!("reads{strings}");
+        // At the start of a 10 s window: every charge in it.
+        let t = 100_000_000_u64;
+        let reads = |get, zrange, zrangebyscore| {
+            BTreeMap::from([
+                ("get".to_owned(), get),
+                ("zrange".to_owned(), zrange),
+                ("zrangebyscore".to_owned(), zrangebyscore),
+            ])
+        };
+        rt.block_on(async {
+            let mut receipts = Vec::new();
+            for at in t..t + 4 {
+                let (d, r) = limiter.charge_n_at_micros(&key, 1, at).await.unwrap();
+                assert!(d.is_allowed());
+                receipts.push(r.expect("a receipt"));
+            }
+            // The script loaded (its first run is refused NOSCRIPT), the log's
+            // oldest member given back.
+            assert!(limiter.refund_at_micros(&receipts[0], t + 3).await.unwrap());
+            // The second charge: three log members from its instant on.
+            for (gives, want) in [(true, reads(strings, 2, 2)), (false, reads(strings, 1, 1))] {
+                let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+                let back = limiter.refund_at_micros(&receipts[1], t + 3).await.unwrap();
+                assert_eq!(back, gives);
+                let ran = run_by_scripts(&command_stats(&server));
+                eprintln!(
+                    "{} limits, a refund that gives {}: {} commands {ran:?}",
+                    strings + 1,
+                    if gives { "back" } else { "nothing" },
+                    ran.values().sum::<u64>()
+                );
+                let read: BTreeMap<String, u64> = ran
+                    .into_iter()
+                    .filter(|(name, _)| want.contains_key(name))
+                    .collect();
+                assert_eq!(read, want, "{} limits, gives back: {gives}", strings + 1);
+            }
+        });
+    }
+}

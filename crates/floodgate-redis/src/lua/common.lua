@@ -172,8 +172,10 @@ end
 -- a later decision moved it on, the count given back is one no decision reads
 -- again), at most `n`, never below 0. Once per receipt: the ledger
 -- (units given back on the key), the floor and the records. Returns the units
--- given back; with `check`, those it would give back, written nothing.
-local function window_refund(key, width, at, cw, after, noted, n, born, p, check)
+-- given back and the function that writes them back (none for 0), or an error
+-- reply: the key is read and checked once, written nothing until that function
+-- runs, which writes from what was read.
+local function window_refund(key, width, at, cw, after, noted, n, born, p)
   local stored = redis.call('GET', key)
   if not stored then return 0 end
   local nums, rest = {}, stored
@@ -203,20 +205,20 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p, check
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if ledger + back >= EXACT then return 0 end
-  if check then return back end
-  nums[at] = nums[at] - back
-  local kept, new_floor = record_refund(list, id, floor)
-  for i = 1, width do nums[i] = fmt(nums[i]) end
-  local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
-    fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept
-  -- The key's time to live as it was (it may be another period's, longer).
-  local left = EXPIRE and redis.call('PTTL', key) or -1
-  if left > 0 then
-    redis.call('SET', key, value, 'PX', left)
-  else
-    redis.call('SET', key, value)
+  return back, function()
+    nums[at] = nums[at] - back
+    local kept, new_floor = record_refund(list, id, floor)
+    for i = 1, width do nums[i] = fmt(nums[i]) end
+    local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
+      fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept
+    -- The key's time to live as it was (it may be another period's, longer).
+    local left = EXPIRE and redis.call('PTTL', key) or -1
+    if left > 0 then
+      redis.call('SET', key, value, 'PX', left)
+    else
+      redis.call('SET', key, value)
+    end
   end
-  return back
 end
 
 -- Past 2^52 us (the year 2112) the sums below could leave the exact range.

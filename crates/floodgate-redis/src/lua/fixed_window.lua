@@ -59,6 +59,6 @@ local function fixed_window(key, n, write, p, l)
 end
 
 -- The fixed window's refund: the count (field 2 of 3), as `window_refund` says.
-local function fixed_window_refund(key, cw, after, noted, n, born, p, check)
-  return window_refund(key, 3, 2, cw, after, noted, n, born, p, check)
+local function fixed_window_refund(key, cw, after, noted, n, born, p)
+  return window_refund(key, 3, 2, cw, after, noted, n, born, p)
 end

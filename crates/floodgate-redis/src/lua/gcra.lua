@@ -79,9 +79,10 @@ end
 -- ahead of now + B*T stay spent. Each refund is recorded by its receipt's id
 -- (noted/e, unique on the key: between two refunds every charge raises the TAT),
 -- so a receipt refunds once however often it is sent. Returns the microseconds of
--- schedule given back (0: nothing); with `check`, what it would give back,
--- written nothing.
-local function gcra_refund(key, start, e, noted, born, t, b, check)
+-- schedule given back (0: nothing) and the function that writes it back (none for
+-- 0), or an error reply: the key is read and checked once, written nothing until
+-- that function runs, which writes from what was read.
+local function gcra_refund(key, start, e, noted, born, t, b)
   local st, err = gcra_read(key)
   if err then return err end
   if not st then return 0 end
@@ -109,11 +110,11 @@ local function gcra_refund(key, start, e, noted, born, t, b, check)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if st.ledger + back >= EXACT then return 0 end
-  if check then return back end
-  local tat = st.tat - back
-  if tat < 0 then tat = 0 end
-  local kept, floor = record_refund(ids, id, st.floor)
-  set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
-    fmt(floor) .. ':' .. fmt(st.born) .. ':' .. kept, st.hi - now)
-  return back
+  return back, function()
+    local tat = st.tat - back
+    if tat < 0 then tat = 0 end
+    local kept, floor = record_refund(ids, id, st.floor)
+    set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
+      fmt(floor) .. ':' .. fmt(st.born) .. ':' .. kept, st.hi - now)
+  end
 end

@@ -215,13 +215,17 @@ end
 -- period `p` at the reading (judged no earlier than the newest unit logged), all
 -- of them or nothing. Units logged at one instant are interchangeable: the
 -- member at `x` loses `n` (removed at 0) and every later member's running total
--- drops by `n` (O(members after it)), the log the other charges would have made.
+-- drops by `n`, the log the other charges would have made: a ZREM and at most
+-- one ZADD per member from `x` on (at most L of them under one policy: each holds
+-- a unit of the window at the reading; more only under a rolling deploy of another
+-- period or limit) and at most six for the refund members.
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
 -- records shared with the windows (each record a member of its own here).
--- Returns the units given back; with `check`, the units it would give back, having
--- read and checked all it reads but written nothing (multi_refund.lua checks every
--- key so before it writes one).
-local function sliding_log_refund(key, x, n, total, noted, born, p, check)
+-- Returns the units given back and the function that writes them back (none for
+-- 0), or an error reply: the key's members are read and checked once, written
+-- nothing until that function runs, which writes from what was read
+-- (multi_refund.lua checks every key so before it writes one).
+local function sliding_log_refund(key, x, n, total, noted, born, p)
   local meta, err = log_refunds(key)
   if err then return err end
   -- A key lost and created again (or one no charge with receipts made) holds none
@@ -252,33 +256,33 @@ local function sliding_log_refund(key, x, n, total, noted, born, p, check)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
-  if check then return n end
-  local was = {}
-  for _, r in ipairs(list) do was[r] = true end
-  local _, floor = record_refund(list, id, meta.floor)
-  local logged = meta.logged
-  if newest and newest.at > logged then logged = newest.at end
-  -- The new head first: the key never empties (it would lose its time to live,
-  -- which these writes keep). The ledger grew by n > 0: another name.
-  redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
-  redis.call('ZREM', key, meta.head)
-  if logged ~= meta.logged then
-    redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
-    if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
-  end
-  -- The record record_refund added, and the one it forgot past REFUNDS_KEPT (the
-  -- first of the list, never the new one).
-  for _, r in ipairs(list) do
-    if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
-  end
-  for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
-  for i, m in ipairs(after) do
-    redis.call('ZREM', key, m.name)
-    local units = m.units
-    if i == 1 then units = units - n end
-    if units > 0 then
-      redis.call('ZADD', key, fmt(m.at), fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n))
+  return n, function()
+    local was = {}
+    for _, r in ipairs(list) do was[r] = true end
+    local _, floor = record_refund(list, id, meta.floor)
+    local logged = meta.logged
+    if newest and newest.at > logged then logged = newest.at end
+    -- The new head first: the key never empties (it would lose its time to live,
+    -- which these writes keep). The ledger grew by n > 0: another name.
+    redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
+    redis.call('ZREM', key, meta.head)
+    if logged ~= meta.logged then
+      redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
+      if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
+    end
+    -- The record record_refund added, and the one it forgot past REFUNDS_KEPT (the
+    -- first of the list, never the new one).
+    for _, r in ipairs(list) do
+      if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
+    end
+    for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
+    for i, m in ipairs(after) do
+      redis.call('ZREM', key, m.name)
+      local units = m.units
+      if i == 1 then units = units - n end
+      if units > 0 then
+        redis.call('ZADD', key, fmt(m.at), fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n))
+      end
     end
   end
-  return n
 end

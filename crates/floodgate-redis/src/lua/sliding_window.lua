@@ -125,6 +125,6 @@ end
 
 -- The sliding window's refund: the current count (field 3 of 4), as
 -- `window_refund` says; the previous window's count is never touched.
-local function sliding_window_refund(key, cw, after, noted, n, born, p, check)
-  return window_refund(key, 4, 3, cw, after, noted, n, born, p, check)
+local function sliding_window_refund(key, cw, after, noted, n, born, p)
+  return window_refund(key, 4, 3, cw, after, noted, n, born, p)
 end
