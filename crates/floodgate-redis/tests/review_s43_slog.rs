@@ -8,11 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_totals_consistent, log_members, members, runtime, sliding_log as log, with_refunds,
-    RedisServer,
+    assert_totals_consistent, drive_trace, log_members, members, runtime, sliding_log as log,
+    with_refunds, RedisServer, Trace, TraceShape, TraceStep,
 };
-use floodgate::{Decision, ManualClock, Nanos, Policy, SlidingLog};
-use floodgate_redis::{Algorithm, RedisLimiter};
+use floodgate::{Decision, ManualClock, Nanos, Policy, Receipt, SlidingLog};
+use floodgate_redis::{Algorithm, RedisLimiter, RedisReceipt};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -181,13 +181,84 @@ fn fewest(ds: &[Decision]) -> u64 {
     ds.iter().map(Decision::remaining).min().unwrap_or(0)
 }
 
+/// A multi-limit limiter of two sliding logs and the two in-process logs of a
+/// trace: a charge admitted (with its receipt) exactly where both logs admit it,
+/// each log charged only then; a refund's answer whether either log gave back,
+/// a receipt sent a second time giving nothing; the fewest remaining the same.
+struct TwoLogs<'a> {
+    remote: &'a RedisLimiter,
+    policies: [Policy; 2],
+    clock: ManualClock,
+    logs: [SlidingLog<ManualClock>; 2],
+    key: String,
+    /// Refunds that gave back, that gave nothing, whose logs differed.
+    counts: (usize, usize, usize),
+}
+
+impl Trace for TwoLogs<'_> {
+    type Receipts = ([Receipt; 2], RedisReceipt);
+
+    fn begin(&mut self, seed: u64) {
+        self.clock = ManualClock::new();
+        self.logs = self
+            .policies
+            .map(|p| SlidingLog::with_clock(p, self.clock.clone()));
+        self.key = format!("multi{seed}");
+    }
+
+    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts> {
+        let now = Nanos::new(at.now_us * 1_000);
+        self.clock.set(now);
+        let admits = self.logs.iter().all(|l| l.peek_at(now, cost).is_allowed());
+        let (rd, rr) = self
+            .remote
+            .charge_n_at_micros(&self.key, cost, at.now_us)
+            .await
+            .unwrap();
+        assert_eq!(rd.is_allowed(), admits, "{at}");
+        assert_eq!(rr.is_some(), admits, "{at}");
+        let rr = rr?;
+        let local = self.logs.each_ref().map(|l| l.charge_at(now, cost).1);
+        Some((local, rr))
+    }
+
+    async fn refund(&mut self, at: TraceStep, ([a, b], rr): Self::Receipts) {
+        self.clock.set(Nanos::new(at.now_us * 1_000));
+        let backs = [self.logs[0].refund(a), self.logs[1].refund(b)];
+        if backs[0] != backs[1] {
+            self.counts.2 += 1;
+        }
+        // The in-process refunds read the clock: `now_us`.
+        let rback = self.remote.refund_at_micros(&rr, at.now_us).await.unwrap();
+        assert_eq!(rback, backs[0] || backs[1], "{at}");
+        if rback {
+            self.counts.0 += 1;
+        } else {
+            self.counts.1 += 1;
+        }
+        assert!(!self.remote.refund_at_micros(&rr, at.now_us).await.unwrap());
+    }
+
+    async fn after(&mut self, at: TraceStep) {
+        let now = Nanos::new(at.now_us * 1_000);
+        self.clock.set(now);
+        let local = self.logs.each_ref().map(|l| l.peek_at(now, 0));
+        let rd = self
+            .remote
+            .peek_n_at_micros(&self.key, 0, at.now_us)
+            .await
+            .unwrap();
+        assert_eq!(rd.remaining(), fewest(&local), "{at}");
+    }
+}
+
 /// Several limits, two sliding logs of other periods (4 per 300 ms and 7 per
-/// 1 s), against two in-process logs: random charges (all or nothing: each log
-/// charged only when both admit), refunds of the receipts held in any order (each
-/// log's part by its own period: the short log's part leaves its window first),
-/// waits, readings that step back. Every admission, every refund's answer and the
-/// fewest remaining after each step are the in-process ones; a receipt sent a
-/// second time gives nothing.
+/// 1 s), against two in-process logs ([`drive_trace`]): random charges (all or
+/// nothing: each log charged only when both admit), refunds of the receipts held
+/// in any order (each log's part by its own period: the short log's part leaves
+/// its window first), waits, readings that step back. Every admission, every
+/// refund's answer and the fewest remaining after each step are the in-process
+/// ones; a receipt sent a second time gives nothing.
 #[test]
 fn a_multi_limit_refund_judges_each_log_by_its_own_period() {
     let Some(server) = RedisServer::start() else {
@@ -202,70 +273,29 @@ fn a_multi_limit_refund_judges_each_log_by_its_own_period() {
         RedisLimiter::builder(Algorithm::SlidingLog, short).and(Algorithm::SlidingLog, long),
         true,
     );
-    rt.block_on(async {
-        let (mut given, mut refused, mut partial) = (0, 0, 0);
-        for seed in 1..=8_u64 {
-            let clock = ManualClock::new();
-            let logs = [short, long].map(|p| SlidingLog::with_clock(p, clock.clone()));
-            let key = format!("multi{seed}");
-            let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
-            let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n;
-            let mut now_us = 10_000_000_u64;
-            let mut held = Vec::new();
-            for step in 0..200 {
-                let at = Nanos::new(now_us * 1_000);
-                clock.set(at);
-                let op = below(&mut rng, 12);
-                if op < 6 || held.is_empty() {
-                    let cost = 1 + below(&mut rng, 2) as u32;
-                    let admits = logs.iter().all(|l| l.peek_at(at, cost).is_allowed());
-                    let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
-                    assert_eq!(rd.is_allowed(), admits, "seed {seed} step {step}");
-                    assert_eq!(rr.is_some(), admits, "seed {seed} step {step}");
-                    if let Some(rr) = rr {
-                        let local = logs.each_ref().map(|l| l.charge_at(at, cost).1);
-                        if held.len() < 4 {
-                            held.push((local, rr, 0));
-                        }
-                    }
-                } else if op < 9 {
-                    let i = below(&mut rng, held.len() as u64) as usize;
-                    let ([a, b], rr, _) = held.swap_remove(i);
-                    let backs = [logs[0].refund(a), logs[1].refund(b)];
-                    if backs[0] != backs[1] {
-                        partial += 1;
-                    }
-                    // The in-process refunds read the clock: `now_us`.
-                    let rback = remote.refund_at_micros(&rr, now_us).await.unwrap();
-                    assert_eq!(rback, backs[0] || backs[1], "seed {seed} step {step}");
-                    if rback {
-                        given += 1;
-                    } else {
-                        refused += 1;
-                    }
-                    assert!(!remote.refund_at_micros(&rr, now_us).await.unwrap());
-                    // A receipt held across 8 refunds may meet the floor: dropped.
-                    for h in &mut held {
-                        h.2 += 1;
-                    }
-                    held.retain(|h| h.2 < 8);
-                } else if op < 11 {
-                    now_us += below(&mut rng, 250_000);
-                } else {
-                    now_us -= below(&mut rng, 100_000);
-                }
-                let at = Nanos::new(now_us * 1_000);
-                clock.set(at);
-                let local = logs.each_ref().map(|l| l.peek_at(at, 0));
-                let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
-                assert_eq!(rd.remaining(), fewest(&local), "seed {seed} step {step}");
-            }
-        }
-        assert!(
-            given > 100 && refused > 0 && partial > 20,
-            "{given} given, {refused} refused, {partial} partial"
-        );
-    });
+    let clock = ManualClock::new();
+    let mut trace = TwoLogs {
+        remote: &remote,
+        policies: [short, long],
+        logs: [short, long].map(|p| SlidingLog::with_clock(p, clock.clone())),
+        clock,
+        key: String::new(),
+        counts: (0, 0, 0),
+    };
+    let shape = TraceShape {
+        seeds: 8,
+        steps: 200,
+        max_cost: 2,
+        held: 4,
+        wait_us: 250_000,
+        back_us: 100_000,
+    };
+    rt.block_on(drive_trace(shape, &mut trace));
+    let (given, refused, partial) = trace.counts;
+    assert!(
+        given > 100 && refused > 0 && partial > 20,
+        "{given} given, {refused} refused, {partial} partial"
+    );
 }
 
 /// A rolling deploy on one log key: replicas of 1 s (limit 5) and 3 s (limit 8)

@@ -10,13 +10,11 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_totals_consistent, log_members, members, runtime, sliding_log as log,
-    with_refunds as built, RedisServer,
+    assert_totals_consistent, drive_trace, log_members, members, runtime, sliding_log as log,
+    with_refunds as built, RedisServer, Trace, TraceShape, TraceStep,
 };
-use floodgate::{Clock, ManualClock, Nanos, Policy, SlidingLog};
-use floodgate_redis::{Algorithm, RedisLimiter};
-use proptest::prelude::Rng;
-use proptest::test_runner::{RngAlgorithm, TestRng};
+use floodgate::{Clock, ManualClock, Nanos, Policy, Receipt, SlidingLog};
+use floodgate_redis::{Algorithm, RedisLimiter, RedisReceipt};
 
 /// The period of the logs below that count by the second: 1 s in microseconds.
 const P: u64 = 1_000_000;
@@ -38,13 +36,83 @@ fn micros(d: floodgate::Decision) -> (bool, u64, u64, u128, Option<u128>) {
     (d.is_allowed(), d.limit(), d.remaining(), reset, retry)
 }
 
+/// The Redis log and the in-process one of a trace: every decision and every
+/// refund's answer the same, each receipt sent a second time giving nothing more,
+/// the running totals consistent.
+struct OneLog<'a> {
+    server: &'a RedisServer,
+    remote: &'a RedisLimiter,
+    policy: Policy,
+    clock: ManualClock,
+    local: SlidingLog<ManualClock>,
+    key: String,
+    /// The instant of the seed's last charge.
+    last_charge: Option<u64>,
+    /// Refunds, units given back (in-process), charges merged at an instant.
+    counts: (usize, usize, usize),
+}
+
+impl Trace for OneLog<'_> {
+    type Receipts = (Receipt, RedisReceipt);
+
+    fn begin(&mut self, seed: u64) {
+        self.clock = ManualClock::new();
+        self.local = SlidingLog::with_clock(self.policy, self.clock.clone());
+        self.key = format!("trace{seed}");
+        self.last_charge = None;
+    }
+
+    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts> {
+        let now_us = at.now_us;
+        self.clock.set(Nanos::new(now_us * 1_000));
+        let (d, r) = self.local.charge_at(Nanos::new(now_us * 1_000), cost);
+        let (rd, rr) = self
+            .remote
+            .charge_n_at_micros(&self.key, cost, now_us)
+            .await
+            .unwrap();
+        assert_eq!(micros(rd), micros(d), "{at}: charge");
+        assert_eq!(rr.is_some(), r.is_charged(), "{at}");
+        let rr = rr?;
+        if self.last_charge == Some(now_us) {
+            self.counts.2 += 1;
+        }
+        self.last_charge = Some(now_us);
+        Some((r, rr))
+    }
+
+    async fn refund(&mut self, at: TraceStep, (r, rr): Self::Receipts) {
+        self.clock.set(Nanos::new(at.now_us * 1_000));
+        let back = self.local.refund(r);
+        // The in-process refund reads the clock, which never steps back.
+        let latest = self.clock.now().as_u64() / 1_000;
+        let rback = self.remote.refund_at_micros(&rr, latest).await.unwrap();
+        assert_eq!(rback, back, "{at}: refund");
+        self.counts.0 += 1;
+        self.counts.1 += usize::from(back);
+        assert!(!self.remote.refund_at_micros(&rr, latest).await.unwrap());
+    }
+
+    async fn after(&mut self, at: TraceStep) {
+        let now = Nanos::new(at.now_us * 1_000);
+        self.clock.set(now);
+        let d = self.local.peek_at(now, 0);
+        let rd = self
+            .remote
+            .peek_n_at_micros(&self.key, 0, at.now_us)
+            .await
+            .unwrap();
+        assert_eq!(micros(rd), micros(d), "{at}: state");
+        assert_totals_consistent(&log_members(self.server, &format!("test:{}", self.key)));
+    }
+}
+
 /// Random charges (costs 1 to 3, often several at one instant), refunds of the
 /// receipts held (in any order), waits of up to half the period and, now and then,
 /// a reading that steps back, replayed on Redis's scripts and on the in-process
-/// log at the same instants (a receipt held across 8 refunds is dropped unused):
-/// every decision and every refund's answer is the same,
-/// each receipt sent a second time gives nothing more, and the running totals
-/// stay consistent.
+/// log at the same instants ([`drive_trace`]): every decision and every refund's
+/// answer is the same, each receipt sent a second time gives nothing more, and
+/// the running totals stay consistent.
 #[test]
 fn sliding_log_refunds_give_back_what_the_in_process_refunds_give_back() {
     let Some(server) = RedisServer::start() else {
@@ -54,71 +122,31 @@ fn sliding_log_refunds_give_back_what_the_in_process_refunds_give_back() {
     // 5 per 400 ms, passed in steps of up to 200 ms.
     let policy = Policy::new(5, Duration::from_millis(400)).unwrap();
     let remote = log(&rt, &server, policy);
-    rt.block_on(async {
-        let (mut refunded, mut given, mut merged) = (0, 0, 0);
-        for seed in 1..=16_u64 {
-            let clock = ManualClock::new();
-            let local = SlidingLog::with_clock(policy, clock.clone());
-            let key = format!("trace{seed}");
-            let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
-            let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n;
-            let mut now_us = 10_000_000_u64;
-            let mut held = Vec::new();
-            let mut last_charge = None;
-            for step in 0..300 {
-                clock.set(Nanos::new(now_us * 1_000));
-                let op = below(&mut rng, 12);
-                if op < 6 || held.is_empty() {
-                    let cost = 1 + below(&mut rng, 3) as u32;
-                    let (d, r) = local.charge_at(Nanos::new(now_us * 1_000), cost);
-                    let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
-                    assert_eq!(micros(rd), micros(d), "seed {seed} step {step}: charge");
-                    assert_eq!(rr.is_some(), r.is_charged(), "seed {seed} step {step}");
-                    if let Some(rr) = rr {
-                        if last_charge == Some(now_us) {
-                            merged += 1;
-                        }
-                        last_charge = Some(now_us);
-                        if held.len() < 5 {
-                            held.push((r, rr, 0));
-                        }
-                    }
-                } else if op < 9 {
-                    let (r, rr, _) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
-                    let back = local.refund(r);
-                    // The in-process refund reads the clock, which never steps back.
-                    let latest = clock.now().as_u64() / 1_000;
-                    let rback = remote.refund_at_micros(&rr, latest).await.unwrap();
-                    assert_eq!(rback, back, "seed {seed} step {step}: refund");
-                    refunded += 1;
-                    given += usize::from(back);
-                    assert!(!remote.refund_at_micros(&rr, latest).await.unwrap());
-                    // A key remembers its last 8 refunds: a receipt held across
-                    // more may be refused by the floor (a conservative loss the
-                    // in-process log does not take), so it is dropped unused.
-                    for h in &mut held {
-                        h.2 += 1;
-                    }
-                    held.retain(|h| h.2 < 8);
-                } else if op < 11 {
-                    now_us += below(&mut rng, 200_000);
-                } else {
-                    // A reading behind the last (another replica's, a clock that
-                    // stepped back).
-                    now_us -= below(&mut rng, 150_000);
-                }
-                clock.set(Nanos::new(now_us * 1_000));
-                let d = local.peek_at(Nanos::new(now_us * 1_000), 0);
-                let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
-                assert_eq!(micros(rd), micros(d), "seed {seed} step {step}: state");
-                assert_totals_consistent(&log_members(&server, &format!("test:{key}")));
-            }
-        }
-        assert!(
-            refunded > 300 && given > 150 && merged > 50,
-            "{given}/{refunded}, {merged} merged"
-        );
-    });
+    let clock = ManualClock::new();
+    let mut trace = OneLog {
+        server: &server,
+        remote: &remote,
+        policy,
+        local: SlidingLog::with_clock(policy, clock.clone()),
+        clock,
+        key: String::new(),
+        last_charge: None,
+        counts: (0, 0, 0),
+    };
+    let shape = TraceShape {
+        seeds: 16,
+        steps: 300,
+        max_cost: 3,
+        held: 5,
+        wait_us: 200_000,
+        back_us: 150_000,
+    };
+    rt.block_on(drive_trace(shape, &mut trace));
+    let (refunded, given, merged) = trace.counts;
+    assert!(
+        refunded > 300 && given > 150 && merged > 50,
+        "{given}/{refunded}, {merged} merged"
+    );
 }
 
 /// Three charges at one instant (1, 2 and 3 units: one member of 6) and one later:

@@ -16,6 +16,8 @@ use floodgate::{Decision, Policy};
 use floodgate_redis::{
     Algorithm, OnFailure, RedisLimitError, RedisLimiter, RedisLimiterBuilder, Verdict,
 };
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
 pub const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::Gcra,
@@ -406,5 +408,96 @@ pub fn log_members(server: &RedisServer, key: &str) -> Vec<(u64, u64, u64)> {
 pub fn assert_totals_consistent(rows: &[(u64, u64, u64)]) {
     for pair in rows.windows(2) {
         assert_eq!(pair[1].2, pair[0].2 + pair[1].1, "{rows:?}");
+    }
+}
+
+/// Where a seeded trace stands: its seed, its step and the reading (µs) the step
+/// runs at.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceStep {
+    pub seed: u64,
+    pub step: u32,
+    pub now_us: u64,
+}
+
+impl std::fmt::Display for TraceStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed {} step {}", self.seed, self.step)
+    }
+}
+
+/// The numbers of a seeded trace (see [`drive_trace`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TraceShape {
+    /// Seeds 1 to `seeds`, one key each.
+    pub seeds: u64,
+    /// Steps per seed.
+    pub steps: u32,
+    /// A charge costs 1 to `max_cost`.
+    pub max_cost: u64,
+    /// Receipts held at most (a charge beyond them is not refunded).
+    pub held: usize,
+    /// A wait moves the reading on by less than this (µs).
+    pub wait_us: u64,
+    /// A reading behind the last (another replica's, a clock that stepped back)
+    /// is less than this (µs) behind.
+    pub back_us: u64,
+}
+
+/// The two sides of a seeded trace: a Redis limiter and the in-process model it
+/// must agree with. Each method runs one operation on both and asserts what the
+/// test promises of it.
+pub trait Trace {
+    /// A charge's receipts on both sides.
+    type Receipts;
+    /// A fresh key and model for `seed`.
+    fn begin(&mut self, seed: u64);
+    /// Charges `cost` at `at.now_us` on both sides; the receipts to hold where it
+    /// was charged.
+    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts>;
+    /// Gives `receipts` back on both sides.
+    async fn refund(&mut self, at: TraceStep, receipts: Self::Receipts);
+    /// After every step, at the reading the step left.
+    async fn after(&mut self, at: TraceStep);
+}
+
+/// Drives `trace` through `shape.seeds` seeded traces of `shape.steps` steps from
+/// 10 s on: charges (half the steps, and every step with no receipt held),
+/// refunds of a receipt held (a quarter, picked at random, so in any order),
+/// waits, and now and then a reading that steps back. A receipt held across 8
+/// refunds is dropped unused: a key remembers its last 8 refunds, so the floor may
+/// refuse it (a conservative loss the in-process refunds do not take).
+pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
+    for seed in 1..=shape.seeds {
+        trace.begin(seed);
+        let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
+        let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n;
+        let mut now_us = 10_000_000_u64;
+        // Each receipt held with the refunds made since.
+        let mut held = Vec::new();
+        for step in 0..shape.steps {
+            let at = TraceStep { seed, step, now_us };
+            let op = below(&mut rng, 12);
+            if op < 6 || held.is_empty() {
+                let cost = 1 + below(&mut rng, shape.max_cost) as u32;
+                if let Some(r) = trace.charge(at, cost).await {
+                    if held.len() < shape.held {
+                        held.push((r, 0));
+                    }
+                }
+            } else if op < 9 {
+                let (r, _) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
+                trace.refund(at, r).await;
+                for h in &mut held {
+                    h.1 += 1;
+                }
+                held.retain(|h| h.1 < 8);
+            } else if op < 11 {
+                now_us += below(&mut rng, shape.wait_us);
+            } else {
+                now_us -= below(&mut rng, shape.back_us);
+            }
+            trace.after(TraceStep { seed, step, now_us }).await;
+        }
     }
 }
