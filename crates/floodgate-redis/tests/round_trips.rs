@@ -373,3 +373,50 @@ fn a_multi_limit_refund_reads_each_key_once() {
         });
     }
 }
+
+/// A multi-limit refund names each key once (`prefix{key}:i`): its refunds write
+/// from reads made before any write, which a write to the same key earlier in the
+/// run would make stale. The limiter's own refund, sent again by hand (`EVALSHA`
+/// as `MONITOR` saw it) with its first key and that limit's arguments twice, is
+/// refused with an error naming the key, and writes nothing.
+#[test]
+fn a_multi_limit_refund_refuses_a_key_named_twice() {
+    if !tools_on_path(&["redis-cli"]) {
+        return;
+    }
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let p = Policy::new(10, Duration::from_secs(10)).expect("policy");
+    let builder = RedisLimiter::builder(Algorithm::FixedWindow, p).and(Algorithm::Gcra, p);
+    let limiter = common::with_refunds(&rt, &server, builder, true);
+    let t = 100_000_000_u64;
+    let mut monitor = Monitor::start(&server);
+    let sent = rt.block_on(async {
+        let (_, r) = limiter.charge_n_at_micros("twice", 1, t).await.unwrap();
+        let r = r.expect("a receipt");
+        monitor.commands(&server);
+        assert!(limiter.refund_at_micros(&r, t).await.unwrap());
+        monitor.commands(&server)
+    });
+    // EVALSHA sha 2 key0 key1 now, then 7 arguments per key.
+    let refund = sent
+        .into_iter()
+        .map(|(_, words)| words)
+        .rfind(|w| w[0].eq_ignore_ascii_case("evalsha"))
+        .expect("the refund's EVALSHA");
+    assert_eq!(refund.len(), 6 + 2 * 7, "{refund:?}");
+    let key = refund[3].clone();
+    let mut twice = vec![refund[1].clone(), "2".to_owned(), key.clone(), key.clone()];
+    twice.push(refund[5].clone());
+    twice.extend_from_slice(&refund[6..13]);
+    twice.extend_from_slice(&refund[6..13]);
+    let before: String = server.cmd(&["GET", &key]);
+    let mut conn = server.connection().expect("connect");
+    let reply: redis::RedisResult<redis::Value> =
+        redis::cmd("EVALSHA").arg(&twice).query(&mut conn);
+    let e = reply.expect_err("a key named twice").to_string();
+    assert!(e.contains("twice") && e.contains(&key), "{e}");
+    assert_eq!(server.cmd::<String>(&["GET", &key]), before);
+}
