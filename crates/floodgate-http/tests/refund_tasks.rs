@@ -225,3 +225,59 @@ async fn a_429_dropped_during_its_refund_with_no_place_keeps_the_charge_counted(
     assert_eq!(errors(&layer), Some(1));
     Ok(())
 }
+
+/// Four threads, each on its own runtime, drop 50 queued requests apiece (each
+/// its own user) against a cap of 37 tasks kept by the spawner: exactly 37 tasks
+/// are made and exactly the other 163 refunds are counted in `errors`, however the
+/// threads interleave; once the kept tasks have run, every place is back.
+///
+/// Mutations seen failing: the cap check removed (200 tasks, `errors` 0); the
+/// place taken by a load then a store instead of one read-modify-write, with a
+/// `yield_now` between them to widen the race (125 to 151 tasks; without the
+/// yield the race was not seen in 5 runs: this test is no proof of atomicity).
+#[test]
+fn the_cap_is_exact_when_threads_drop_requests_at_once() -> TestResult {
+    const THREADS: usize = 4;
+    const EACH: usize = 50;
+    const CAP: usize = 37;
+    let remote = Remote::new()?;
+    let tasks = Tasks::default();
+    let layer = tasks
+        .spawner(remote_then_queue(&remote)?)
+        .max_refund_tasks(CAP)
+        .build()?;
+    a_holds_the_slot(&paused_runtime()?, &layer)?;
+    std::thread::scope(|s| {
+        let dropping: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let layer = &layer;
+                s.spawn(move || -> Result<(), String> {
+                    let rt = paused_runtime().map_err(|e| e.to_string())?;
+                    for i in 0..EACH {
+                        dropped_while_queued(&rt, layer, &format!("user-{t}-{i}"))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        dropping
+            .into_iter()
+            .try_for_each(|t| t.join().map_err(|_| "a thread panicked".to_owned())?)
+    })?;
+    let kept = tasks.take()?;
+    assert_eq!(kept.len(), CAP, "exactly the cap's tasks");
+    let refused = u64::try_from(THREADS * EACH - CAP)?;
+    assert_eq!(errors(&layer), Some(refused));
+    let rt = paused_runtime()?;
+    for task in kept {
+        rt.block_on(task);
+    }
+    dropped_while_queued(&rt, &layer, "after")?;
+    let mut after = tasks.take()?;
+    assert_eq!(after.len(), 1, "every place is back");
+    rt.block_on(after.remove(0));
+    assert_eq!(remote.left("after"), 3);
+    assert_eq!(errors(&layer), Some(refused));
+    Ok(())
+}
