@@ -4,10 +4,12 @@ use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use crossbeam_utils::CachePadded;
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter};
 use floodgate::{
     Algorithm, AsyncLimit, AsyncReceipt, Clock, Decision, Gcra, GcraState, HotKeyLimiter,
@@ -1296,7 +1298,13 @@ struct Shared {
     /// ([`refund_spawner`](RateLimitLayerBuilder::refund_spawner)); `None`: Tokio's
     /// current runtime, if any (feature `queue`).
     spawner: Option<Arc<Spawner>>,
+    /// Those tasks in flight, and their cap
+    /// ([`max_refund_tasks`](RateLimitLayerBuilder::max_refund_tasks)).
+    refund_tasks: RefundTasks,
 }
+
+/// The default of [`RateLimitLayerBuilder::max_refund_tasks`].
+const DEFAULT_MAX_REFUND_TASKS: usize = 4096;
 
 /// A [`refund_spawner`](RateLimitLayerBuilder::refund_spawner).
 type Spawner = dyn Fn(RefundTask) + Send + Sync;
@@ -1304,9 +1312,13 @@ type Spawner = dyn Fn(RefundTask) + Send + Sync;
 /// The refunds of one dropped request's remote charges, as one task to spawn
 /// ([`RateLimitLayerBuilder::refund_spawner`]): it gives back each charge with
 /// [`AsyncLimit::refund`], all at once, each within its limiter's own timeout, and
-/// counts a refund that fails in its rule's `errors`. It holds a reference to the
-/// layer's rules and needs no runtime of its own beyond what the limiters' futures
-/// need (a Redis limiter's: Tokio).
+/// counts a refund that fails in its rule's `errors`. Dropped before its end (by a
+/// spawner, a runtime shutting down, or after a refund panicked in it) it counts
+/// each refund it had not made in its rule's `errors`: those charges stay taken.
+/// It holds a reference to the layer's rules and one of its places for refund
+/// tasks ([`RateLimitLayerBuilder::max_refund_tasks`]) until it is dropped, and
+/// needs no runtime of its own beyond what the limiters' futures need (a Redis
+/// limiter's: Tokio).
 pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A tower [`Layer`] that rate-limits every request by its [`Rule`]s.
@@ -1370,9 +1382,12 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   too, by a task nothing awaits: spawned with the
 ///   layer's [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), else on the
 ///   Tokio runtime the future is dropped in (feature `queue`); the same refunds,
-///   each within its limiter's timeout, failures counted in `errors`. Where nothing
-///   can run them (no spawner and no runtime, or a spawner that panics) those
-///   charges stay taken, each counted in its rule's `errors`. A remote charge whose
+///   each within its limiter's timeout, failures counted in `errors`, at most
+///   [`max_refund_tasks`](RateLimitLayerBuilder::max_refund_tasks) such tasks in
+///   flight per layer. Where nothing runs them to their end (the tasks at their
+///   cap, no spawner and no runtime, a spawner that panics or drops the task, a
+///   runtime shutting down) those charges stay taken, each counted in its rule's
+///   `errors`. A remote charge whose
 ///   own round trip is under way at the drop has no receipt yet: if the limiter
 ///   took it, it stays taken. Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
@@ -1450,6 +1465,7 @@ pub struct RateLimitLayerBuilder {
     on_error: OnLimiterError,
     publish_outcomes: bool,
     spawner: Option<Arc<Spawner>>,
+    max_refund_tasks: usize,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -1607,9 +1623,10 @@ impl RateLimitLayerBuilder {
     /// ([`Rule::remote`], [`AsyncLimit::refund`]) by a [`RefundTask`] handed to
     /// `spawn` — nothing awaits the dropped future any more. So are the refunds of
     /// a rejected request (429, 400, 503) still under way when its future is
-    /// dropped during their round trips: they go on in the task. `spawn` must run the
-    /// task to its end (`tokio::spawn` does); a task dropped unfinished leaves the
-    /// charges it had not given back taken.
+    /// dropped during their round trips: they go on in the task. `spawn` should run
+    /// the task to its end (`tokio::spawn` does); a task dropped unfinished (by
+    /// `spawn`, or by a runtime shutting down) leaves the charges it had not given
+    /// back taken, each counted in its rule's `errors` by the task's own drop.
     ///
     /// Without this call, with feature `queue` the task is spawned on the Tokio
     /// runtime the future is dropped in
@@ -1619,15 +1636,17 @@ impl RateLimitLayerBuilder {
     /// with feature `tracing`), and nothing panics. The same when `spawn` panics
     /// (`tokio::spawn`, as below, where the future is dropped outside a runtime):
     /// the panic is caught, never unwinding out of the drop (a task the spawner
-    /// kept before panicking still runs). A runtime that is
-    /// shutting down drops a task spawned on it: those charges stay taken,
-    /// uncounted.
+    /// kept before panicking still runs, and counts only what it does not give
+    /// back). A runtime that is shutting down drops a task spawned on it: the
+    /// charges it had not given back stay taken, counted in `errors`; so does a
+    /// refund that panics inside the task.
     ///
-    /// Nothing bounds the tasks in flight but each limiter's timeout: a flood of
-    /// clients that go away while charged makes as many round trips as their
-    /// requests would have, though no longer held by a concurrency limit on the
-    /// requests. A `spawn` that bounds them (a semaphore's `try_acquire`) and drops
-    /// a task it refuses leaves that task's charges taken, uncounted.
+    /// The tasks in flight are bounded per layer
+    /// ([`max_refund_tasks`](RateLimitLayerBuilder::max_refund_tasks), 4096 by
+    /// default): a flood of clients that go away while charged makes at most that
+    /// many tasks at once, each within its limiters' timeouts; beyond it a
+    /// dropped request's refunds are not spawned, its charges stay taken, counted
+    /// in `errors`.
     ///
     /// A remote charge still under way when the future is dropped (its round trip
     /// sent, no reply yet) has no receipt to give back: if the limiter took it, it
@@ -1635,7 +1654,8 @@ impl RateLimitLayerBuilder {
     ///
     /// An admitted request pays nothing for this (no allocation, no atomic
     /// operation); a rejected one, one `Arc` clone per remote refund; a dropped one
-    /// holding remote charges, the task.
+    /// holding remote charges, the task (and two atomic operations on the layer's
+    /// count of tasks in flight, one to take a place, one to give it back).
     ///
     /// # Examples
     ///
@@ -1659,6 +1679,42 @@ impl RateLimitLayerBuilder {
     {
         RateLimitLayerBuilder {
             spawner: Some(Arc::new(spawn)),
+            ..self
+        }
+    }
+
+    /// The most refund tasks of dropped requests in flight at once (see
+    /// [`refund_spawner`](RateLimitLayerBuilder::refund_spawner)); 4096 by default.
+    ///
+    /// A task holds its place from the drop that makes it until it is dropped
+    /// itself: run to its end, dropped unrun by its spawner, dropped part-way by a
+    /// runtime shutting down, or after a refund panicked in it. With `max` tasks in
+    /// flight, a request dropped holding remote charges is not given them back:
+    /// they stay taken (never an admission beyond a limit), each counted in its
+    /// rule's `errors` (and logged with feature `tracing`). This bounds the tasks,
+    /// and the memory and round trips they hold, under a flood of clients that go
+    /// away while charged (a slow backend holds each task for up to its limiters'
+    /// timeouts). `0` spawns none: every such charge stays taken, counted.
+    ///
+    /// The count is one atomic per layer, touched only when a dropped request has
+    /// remote charges to give back: nothing on the admit path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Policy, RateLimiter};
+    /// use floodgate_http::{Global, RateLimitLayer, Rule};
+    /// let global = RateLimiter::gcra(Policy::per_second(1_000)?);
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::remote("global", global, Global)?)
+    ///     .max_refund_tasks(1_000)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_refund_tasks(self, max: usize) -> Self {
+        RateLimitLayerBuilder {
+            max_refund_tasks: max,
             ..self
         }
     }
@@ -1713,6 +1769,7 @@ impl RateLimitLayerBuilder {
                 on_error: self.on_error,
                 publish_outcomes: self.publish_outcomes,
                 spawner: self.spawner,
+                refund_tasks: RefundTasks::new(self.max_refund_tasks),
             }),
         })
     }
@@ -1729,6 +1786,7 @@ impl RateLimitLayer {
             on_error: OnLimiterError::FailClosed,
             publish_outcomes: false,
             spawner: None,
+            max_refund_tasks: DEFAULT_MAX_REFUND_TASKS,
         }
     }
 
@@ -2247,7 +2305,6 @@ impl Held<'_> {
         Refunds {
             shared: self.shared,
             pending,
-            spawned: false,
         }
         .run()
         .await;
@@ -2271,107 +2328,203 @@ impl Drop for Held<'_> {
     }
 }
 
-/// Remote refunds under way ([`ErasedRule::refund_remote`]), each with its rule.
+/// Remote refunds under way ([`ErasedRule::refund_remote`]), each with its rule,
+/// awaited by a rejected request.
 ///
 /// Dropped before they all end (the request's future dropped during the round
-/// trips), those still under way are spawned ([`spawn_refunds`]), unless this is
-/// already the spawned task (a task dropped unfinished, by a runtime shutting down
-/// or a spawner, is not spawned again).
+/// trips), those still under way are spawned ([`spawn_refunds`]).
 struct Refunds<'a> {
     shared: &'a Arc<Shared>,
     pending: Vec<(usize, RemoteRefund)>,
-    spawned: bool,
 }
 
 impl Refunds<'_> {
     /// Runs every refund at once to its end; a refund that fails is counted in its
     /// rule's `errors` (and logged with feature `tracing`).
     async fn run(&mut self) {
-        core::future::poll_fn(|cx| {
-            let shared = self.shared;
-            self.pending.retain_mut(|(j, refund)| {
-                let Poll::Ready(outcome) = refund.as_mut().poll(cx) else {
-                    return true;
-                };
-                if let Err(_error) = outcome {
-                    let entry = &shared.rules[*j];
-                    entry.counters.bump(Count::Error);
-                    #[cfg(feature = "tracing")]
-                    tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
-                }
-                false
-            });
-            if self.pending.is_empty() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        core::future::poll_fn(|cx| poll_refunds(self.shared, &mut self.pending, cx)).await;
     }
 }
 
 impl Drop for Refunds<'_> {
     fn drop(&mut self) {
-        if !self.spawned && !self.pending.is_empty() {
-            spawn_refunds(self.shared, core::mem::take(&mut self.pending));
+        spawn_refunds(self.shared, core::mem::take(&mut self.pending));
+    }
+}
+
+/// Polls every refund in `pending` once, removing those that ended (a failure
+/// counted in its rule's `errors`, and logged with feature `tracing`); ready when
+/// none is left.
+fn poll_refunds(
+    shared: &Shared,
+    pending: &mut Vec<(usize, RemoteRefund)>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    pending.retain_mut(|(j, refund)| {
+        let Poll::Ready(outcome) = refund.as_mut().poll(cx) else {
+            return true;
+        };
+        if let Err(_error) = outcome {
+            let entry = &shared.rules[*j];
+            entry.counters.bump(Count::Error);
+            #[cfg(feature = "tracing")]
+            tracing::warn!(rule = %entry.name, error = %_error, "refund failed");
         }
+        false
+    });
+    if pending.is_empty() {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
+}
+
+/// The refund tasks of one layer in flight, and their cap
+/// ([`RateLimitLayerBuilder::max_refund_tasks`]).
+///
+/// # Memory ordering
+///
+/// `Relaxed` throughout: the count orders no other memory (a task's refunds
+/// carry their own state), and the cap holds exactly all the same — every
+/// read-modify-write of one atomic reads the latest value in its modification
+/// order, so no two tasks can take the last place.
+struct RefundTasks {
+    /// Padded: written only on the drop path, away from the fields every request
+    /// reads.
+    in_flight: CachePadded<AtomicUsize>,
+    max: usize,
+}
+
+impl RefundTasks {
+    fn new(max: usize) -> RefundTasks {
+        RefundTasks {
+            in_flight: CachePadded::new(AtomicUsize::new(0)),
+            max,
+        }
+    }
+
+    /// Takes a place for one more task; `false` at the cap.
+    fn try_acquire(&self) -> bool {
+        // Relaxed: see the type's docs.
+        self.in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a place [`try_acquire`](RefundTasks::try_acquire) took.
+    fn release(&self) {
+        // Relaxed: see the type's docs. Never below 0: only a place taken is given
+        // back, once ([`SpawnedRefunds`]' drop).
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The refunds of a request that is gone, as the task nothing awaits
+/// ([`RefundTask`]): it holds one of the layer's places for refund tasks
+/// ([`RefundTasks`]) from its making to its drop.
+///
+/// However it ends — run to its end, dropped unrun or part-way (a spawner that
+/// refuses it, a runtime shutting down, no runtime at all), or dropped after a
+/// refund panicked in its poll — its drop gives the place back and counts each
+/// refund it had not made in its rule's `errors`: those charges stay taken. Never
+/// spawned again.
+struct SpawnedRefunds {
+    shared: Arc<Shared>,
+    pending: Vec<(usize, RemoteRefund)>,
+}
+
+impl SpawnedRefunds {
+    /// The task for `pending`, or `pending` back when the layer's refund tasks are
+    /// at their cap.
+    fn new(
+        shared: &Arc<Shared>,
+        pending: Vec<(usize, RemoteRefund)>,
+    ) -> Result<SpawnedRefunds, Vec<(usize, RemoteRefund)>> {
+        if !shared.refund_tasks.try_acquire() {
+            return Err(pending);
+        }
+        Ok(SpawnedRefunds {
+            shared: Arc::clone(shared),
+            pending,
+        })
+    }
+}
+
+impl Future for SpawnedRefunds {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        poll_refunds(&this.shared, &mut this.pending, cx)
+    }
+}
+
+impl Drop for SpawnedRefunds {
+    fn drop(&mut self) {
+        // A refund that panicked in its poll is still here (`retain_mut` keeps the
+        // element it was judging): not made, counted with the rest.
+        for (j, _) in self.pending.drain(..) {
+            let entry = &self.shared.rules[j];
+            entry.counters.bump(Count::Error);
+            #[cfg(feature = "tracing")]
+            tracing::warn!(
+                rule = %entry.name,
+                "a dropped request's refund did not run to its end: its task was dropped (no refund spawner and no Tokio runtime, a spawner that refused it or panicked, a runtime shutting down, or a refund that panicked)"
+            );
+        }
+        self.shared.refund_tasks.release();
     }
 }
 
 /// Runs `pending`, the refunds of a request that is gone, in a task nothing awaits:
 /// on the layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else on
-/// Tokio's current runtime (feature `queue`). Where neither runs it (no runtime, or
-/// the spawner panicked), each charge stays taken, counted in its rule's `errors`.
+/// Tokio's current runtime (feature `queue`). Where none runs it to its end (the
+/// layer's refund tasks at their cap, no runtime, the spawner panicked or dropped
+/// it, the runtime shut down), each charge not given back stays taken, counted in
+/// its rule's `errors`.
 fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
     if pending.is_empty() {
         return;
     }
-    let rules: Vec<usize> = pending.iter().map(|(j, _)| *j).collect();
-    let owned = Arc::clone(shared);
-    let task: RefundTask = Box::pin(async move {
-        Refunds {
-            shared: &owned,
-            pending,
-            spawned: true,
+    match SpawnedRefunds::new(shared, pending) {
+        // A task that is not run counts its refunds in its drop.
+        Ok(task) => spawn(shared.spawner.as_deref(), Box::pin(task)),
+        Err(refused) => {
+            // At the cap: the charges stay taken, counted as failed refunds.
+            for (j, _) in refused {
+                let entry = &shared.rules[j];
+                entry.counters.bump(Count::Error);
+                #[cfg(feature = "tracing")]
+                tracing::warn!(
+                    rule = %entry.name,
+                    max = shared.refund_tasks.max,
+                    "a dropped request's refund was not spawned: the layer's refund tasks are at their cap"
+                );
+            }
         }
-        .run()
-        .await;
-    });
-    if spawn(shared.spawner.as_deref(), task).is_ok() {
-        return;
-    }
-    // Nothing runs the refunds: the charges stay taken, counted as failed refunds.
-    for j in rules {
-        let entry = &shared.rules[j];
-        entry.counters.bump(Count::Error);
-        #[cfg(feature = "tracing")]
-        tracing::warn!(
-            rule = %entry.name,
-            "a dropped request's refund could not run: no refund spawner and no Tokio runtime, or the spawner panicked"
-        );
     }
 }
 
 /// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
-/// `Err` when nothing can run it.
+/// where nothing can run it, drops it (its drop counts its refunds as not made).
 ///
 /// A spawner that panics (`tokio::spawn` outside a runtime) is caught: this runs in
 /// a drop, where a panic would unwind out of the dropped response future (or abort,
-/// were it already unwinding). Its task counts as not run (the spawner may have
-/// kept it; then its refunds still come, the errors counted all the same).
-fn spawn(spawner: Option<&Spawner>, task: RefundTask) -> Result<(), ()> {
+/// were it already unwinding). Whether the spawner kept the task or dropped it, the
+/// task counts what it does not give back.
+fn spawn(spawner: Option<&Spawner>, task: RefundTask) {
     if let Some(spawn) = spawner {
-        let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || spawn(task)));
-        return spawned.map_err(|_panic| ());
+        let _panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || spawn(task)));
+        return;
     }
     #[cfg(feature = "queue")]
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         drop(runtime.spawn(task));
-        return Ok(());
+        return;
     }
     drop(task);
-    Err(())
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

@@ -52,7 +52,10 @@
 //!   are refunded; see [`RateLimitLayer`]); a remote limiter with refunds is given
 //!   its charge back too (a round trip), also when the client goes away while a
 //!   later rule makes the request wait (then in a spawned task:
-//!   [`refund_spawner`](RateLimitLayerBuilder::refund_spawner)); **soft** rules let the request
+//!   [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), at most
+//!   [`max_refund_tasks`](RateLimitLayerBuilder::max_refund_tasks) in flight per
+//!   layer; a refund not spawned for the cap, or whose task is dropped unfinished,
+//!   leaves its charge taken, counted in the rule's `errors`); **soft** rules let the request
 //!   through marked `X-RateLimit-Exceeded`, **shadow** rules only count
 //!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
 //! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a

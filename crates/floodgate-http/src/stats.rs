@@ -29,8 +29,13 @@ use crate::headers::PolicyName;
 ///   beyond the configured tiers, served as tier 0);
 /// * `errors` — decisions the limiter could not make (a backend error), and refunds
 ///   of a remote rule's charge it could not make (the answer is unchanged), or that
-///   nothing could run for a dropped request (no refund spawner, no Tokio runtime:
-///   [`RateLimitLayerBuilder::refund_spawner`](crate::RateLimitLayerBuilder::refund_spawner)).
+///   nothing ran to their end for a dropped request (no refund spawner and no Tokio
+///   runtime, a spawner that panicked or dropped the task, a runtime shut down
+///   under it, a refund that panicked:
+///   [`RateLimitLayerBuilder::refund_spawner`](crate::RateLimitLayerBuilder::refund_spawner)),
+///   or that were not spawned because the layer's refund tasks were at their cap
+///   ([`RateLimitLayerBuilder::max_refund_tasks`](crate::RateLimitLayerBuilder::max_refund_tasks)).
+///   Each such charge stays taken.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RuleStats {

@@ -6,11 +6,11 @@
 //!   they deny" — a later queue that would admit included.
 //! * "How rules combine": an earlier remote rule's charge "when a later rule rejects
 //!   the request (429, 400, 503), is given back by it" — the 400 and the 503 too.
-//! * `RateLimitLayerBuilder::refund_spawner`: "A `spawn` that bounds them … and
-//!   drops a task it refuses leaves that task's charges taken, uncounted", and "A
-//!   runtime that is shutting down drops a task spawned on it: those charges stay
-//!   taken, uncounted."; a panicking spawner: "a task the spawner kept before
-//!   panicking still runs" (`spawn`), the errors counted all the same.
+//! * `RateLimitLayerBuilder::refund_spawner`: "a task dropped unfinished (by
+//!   `spawn`, or by a runtime shutting down) leaves the charges it had not given
+//!   back taken, each counted in its rule's `errors` by the task's own drop"; a
+//!   panicking spawner: "a task the spawner kept before panicking still runs, and
+//!   counts only what it does not give back".
 //!
 //! The remote limit is the in-memory double of `common/remote.rs`; no test sleeps.
 
@@ -76,12 +76,12 @@ async fn a_429s_remaining_counts_a_later_queue_that_would_admit() -> TestResult 
 }
 
 /// A spawner that bounds the refund tasks and drops one it refuses: "b"'s charge
-/// stays taken, and nothing is counted in `errors` (the spawner took the task).
+/// stays taken, counted in `errors` once (by the task's drop).
 ///
-/// Mutation seen failing: `spawn` treating a spawner's return as "not run"
-/// (`spawned.map_err(..)` → `Err(())`): `errors` 1.
+/// Mutation seen failing: `SpawnedRefunds`' drop not counting its refunds
+/// (`errors` 0).
 #[test]
-fn a_spawner_that_drops_the_task_leaves_the_charges_taken_uncounted() -> TestResult {
+fn a_spawner_that_drops_the_task_leaves_the_charges_taken_counted() -> TestResult {
     let remote = Remote::new()?;
     let handed = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let seen = Arc::clone(&handed);
@@ -98,19 +98,19 @@ fn a_spawner_that_drops_the_task_leaves_the_charges_taken_uncounted() -> TestRes
     assert_eq!(remote.refunds.load(Ordering::SeqCst), 0);
     assert_eq!(remote.left("b"), 2, "b's charge stays taken");
     assert_eq!(remote.left("a"), 2);
-    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
     Ok(())
 }
 
 /// No spawner; "b"'s future is held by a task of a runtime that is then shut down:
 /// the future is dropped during the shutdown, its refund task is spawned on the
-/// runtime going away and dropped unrun. The charge stays taken, uncounted, and
-/// nothing panics.
+/// runtime going away and dropped unrun. The charge stays taken, counted in
+/// `errors` once (by the task's drop), and nothing panics.
 ///
-/// Mutation seen failing: `spawn` without the Tokio fallback (`Handle::try_current`
-/// skipped): `errors` 1.
+/// Mutation seen failing: `SpawnedRefunds`' drop not counting its refunds
+/// (`errors` 0).
 #[test]
-fn a_runtime_shutting_down_drops_the_refund_task_charges_taken_uncounted() -> TestResult {
+fn a_runtime_shutting_down_drops_the_refund_task_charges_taken_counted() -> TestResult {
     let remote = Remote::new()?;
     let layer = remote_then_queue(&remote)?.build()?;
     let rt = paused_runtime()?;
@@ -127,7 +127,7 @@ fn a_runtime_shutting_down_drops_the_refund_task_charges_taken_uncounted() -> Te
     drop(rt);
     assert_eq!(remote.refunds.load(Ordering::SeqCst), 0);
     assert_eq!(remote.left("b"), 2, "b's charge stays taken");
-    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
     Ok(())
 }
 
@@ -176,12 +176,13 @@ async fn a_400_or_503_after_a_remote_rule_gives_its_charge_back() -> TestResult 
     Ok(())
 }
 
-/// A spawner that keeps the task and then panics: the drop does not panic, the
-/// refund counts as not run (`errors` 1, the charge still taken), and the task the
-/// spawner kept still gives the charge back when run.
+/// A spawner that keeps the task and then panics: the drop does not panic, and the
+/// task the spawner kept still gives the charge back when run; no error is counted
+/// (the task counts only what it does not give back).
 ///
-/// Mutation seen failing: `spawn` calling the spawner without `catch_unwind` (the
-/// drop panics).
+/// Mutations seen failing: `spawn` calling the spawner without `catch_unwind` (the
+/// drop panics); `spawn_refunds` counting each refund as not run when the spawner
+/// panics (`errors` 1).
 #[test]
 fn a_task_kept_by_a_spawner_that_panics_still_gives_the_charge_back() -> TestResult {
     let remote = Remote::new()?;
@@ -199,7 +200,7 @@ fn a_task_kept_by_a_spawner_that_panics_still_gives_the_charge_back() -> TestRes
     let waiting = waiting_b(&rt, &layer)?;
     let dropped = std::thread::spawn(move || drop(waiting)).join();
     assert!(dropped.is_ok(), "dropping the request must not panic");
-    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
     assert_eq!(remote.left("b"), 2, "not run yet");
     let tasks = std::mem::take(&mut *kept.lock().map_err(|e| e.to_string())?);
     assert_eq!(tasks.len(), 1);
@@ -207,6 +208,6 @@ fn a_task_kept_by_a_spawner_that_panics_still_gives_the_charge_back() -> TestRes
         rt.block_on(task);
     }
     assert_eq!(remote.left("b"), 3, "the kept task gave the charge back");
-    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(1));
+    assert_eq!(layer.rule_stats("per-user").map(|s| s.errors), Some(0));
     Ok(())
 }

@@ -25,7 +25,7 @@ mod common;
 mod remote;
 use answer::Answer;
 use common::{Hello, TestResult, TokioClock};
-use remote::{from, paused_runtime, Remote, Tasks};
+use remote::{from, paused_runtime, slow_remote_then_global, Remote, Tasks};
 
 /// The remote per-user rule on `remote`, then a global queue of one request per
 /// 100 ms waiting at most 1 s, on `shaper`.
@@ -181,16 +181,7 @@ async fn a_request_that_reached_the_service_keeps_its_remote_charge() -> TestRes
 #[tokio::test(start_paused = true)]
 async fn a_429_dropped_during_its_refund_round_trip_still_gives_the_charge_back() -> TestResult {
     let remote = Remote::new()?;
-    remote.slow.store(true, Ordering::SeqCst);
-    let global = RateLimiter::gcra_with_clock(Policy::per_hour(1)?, ManualClock::new());
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::remote_shared(
-            "per-user",
-            Arc::clone(&remote),
-            HeaderKey::new("x-user")?,
-        )?)
-        .rule(Rule::new("global", global, Global)?)
-        .build()?;
+    let layer = slow_remote_then_global(&remote)?.build()?;
     let mut svc = layer.layer(Hello);
     assert_eq!(status_of(&mut svc, "a").await?, StatusCode::OK);
     // "b": charged per user, turned away by the spent global rule; the client

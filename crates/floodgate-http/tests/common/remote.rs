@@ -13,10 +13,10 @@ use std::task::Poll;
 
 use floodgate::{
     AsyncLimit, AsyncReceipt, Decision, Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy,
-    Receipt, Shaper,
+    RateLimiter, Receipt, Shaper,
 };
 use floodgate_http::{
-    Charge, HeaderKey, QueueRule, RateLimitLayer, RateLimitLayerBuilder, RefundTask,
+    Charge, Global, HeaderKey, QueueRule, RateLimitLayer, RateLimitLayerBuilder, RefundTask,
     ResponseFuture, Rule,
 };
 use http::{Request, StatusCode};
@@ -34,12 +34,15 @@ impl std::fmt::Display for Unreachable {
 
 /// A remote limit with refunds, in memory: a keyed GCRA of 3 an hour on a standing
 /// clock, charging with receipts; its refunds fail while `down` is set, take 1 s
-/// (Tokio's clock) while `slow` is set, and each refund made is counted in
-/// `refunds`.
+/// (Tokio's clock) while `slow` is set, never complete (a round trip with no reply)
+/// while `stuck` is set, panic while `panics` is set, and each refund made is
+/// counted in `refunds`.
 pub struct Remote {
     pub limiter: KeyedLimiter<String, Gcra, ManualClock>,
     pub down: AtomicBool,
     pub slow: AtomicBool,
+    pub stuck: AtomicBool,
+    pub panics: AtomicBool,
     pub refunds: AtomicU32,
 }
 
@@ -52,6 +55,8 @@ impl Remote {
             limiter,
             down: AtomicBool::new(false),
             slow: AtomicBool::new(false),
+            stuck: AtomicBool::new(false),
+            panics: AtomicBool::new(false),
             refunds: AtomicU32::new(0),
         }))
     }
@@ -102,6 +107,13 @@ impl AsyncLimit<String> for Remote {
         if self.slow.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        if self.stuck.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        assert!(
+            !self.panics.load(Ordering::SeqCst),
+            "the test double's refund panics"
+        );
         self.refunds.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(Unreachable);
@@ -172,6 +184,20 @@ pub fn remote_then_queue(
     Ok(RateLimitLayer::builder()
         .rule(per_user("per-user", remote)?)
         .queue(QueueRule::new("queue", shaper, Duration::from_secs(1))?))
+}
+
+/// The remote per-user rule on `remote`, its refunds' round trips made 1 s long
+/// (`slow`), then an in-process global rule of 1 an hour on a standing clock: once
+/// "a" is served, every request is charged in `remote` and then turned away (429),
+/// its refund's round trip under way for 1 s.
+pub fn slow_remote_then_global(
+    remote: &Arc<Remote>,
+) -> Result<RateLimitLayerBuilder, Box<dyn std::error::Error>> {
+    remote.slow.store(true, Ordering::SeqCst);
+    let global = RateLimiter::gcra_with_clock(Policy::per_hour(1)?, ManualClock::new());
+    Ok(RateLimitLayer::builder()
+        .rule(per_user("per-user", remote)?)
+        .rule(Rule::new("global", global, Global)?))
 }
 
 /// "a" is served by `svc`; then `svc`'s response future for "b", not yet polled.
