@@ -105,7 +105,7 @@ pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use live::LiveGcra;
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 pub use receipt::Receipt;
-pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};
+pub use shaping::{LockedShaper, Reservation, ReservationPeek, ShapeError, Shaper};
 pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use waiting::{Jitter, Wait, WaitError};
