@@ -2079,7 +2079,9 @@ fn later_denials<'s>(
     }
     let d = longest.decision;
     if least < d.remaining() {
-        longest.decision = Decision::new(false, d.limit(), least, d.reset_after(), d.retry_after());
+        // Only `remaining` changes: the rule that denied keeps its id.
+        longest.decision = Decision::new(false, d.limit(), least, d.reset_after(), d.retry_after())
+            .with_policy(d.policy());
     }
     (longest, &shared.rules[longest.rule])
 }
