@@ -264,3 +264,57 @@ fn a_borrowed_key_peeks_the_owned_keys_schedule() {
     case::<floodgate::Heap>();
     case::<floodgate::Fingerprint>();
 }
+
+/// At the end of `u64` time a slot that would pass it can never be held: the peek
+/// says `Never`, as the reservation does, for every bound — the shaper, its mutex
+/// twin and every keyed storage, at instants up to `u64::MAX`.
+#[test]
+fn a_peek_at_the_end_of_time_is_the_reservations_never() {
+    /// A booking first (when one fits), then the peek and the reservation; whether
+    /// the peek said `Never`.
+    fn shaper_at_end<S: StateCell<GcraState>>(
+        s: &Shaper<ManualClock, S>,
+        now: Nanos,
+        cost: u32,
+        max: Duration,
+    ) -> bool {
+        let _ = s.reserve_at(now, 1, max);
+        let peek = s.peek_reserve_at(now, cost, max);
+        assert_eq!(foretold(&peek), shaped(&s.reserve_at(now, cost, max)));
+        matches!(peek.delay(), Err(ShapeError::Never { .. }))
+    }
+    let policy = Policy::new(1, Duration::from_secs(3_600 * 24 * 365))
+        .and_then(|p| p.with_burst(2))
+        .unwrap();
+    let year = 3_600 * 24 * 365 * 1_000_000_000u64;
+    let ends = [
+        u64::MAX,
+        u64::MAX - 1,
+        u64::MAX - year / 2,
+        u64::MAX - 3 * year,
+    ];
+    let bounds = [Duration::ZERO, Duration::from_secs(1), Duration::MAX];
+    let clock = ManualClock::new();
+    let mut nevers = 0;
+    for &end in &ends {
+        for &max in &bounds {
+            for cost in 0..=3u32 {
+                let now = Nanos::new(end);
+                let atomic = Shaper::with_clock(policy, clock.clone());
+                let locked = Shaper::locked_with_clock(policy, clock.clone());
+                nevers += usize::from(shaper_at_end(&atomic, now, cost, max));
+                nevers += usize::from(shaper_at_end(&locked, now, cost, max));
+                each_storage!(S => {
+                    let keyed = keyed_on::<S>(policy, &clock);
+                    let _ = keyed.reserve_at(&1, now, 1, max);
+                    let peek = keyed.peek_reserve_at(&1, now, cost, max);
+                    let reserved = keyed.reserve_at(&1, now, cost, max);
+                    assert_eq!(foretold(&peek), reserved.map(|(d, delay, _)| (d, delay)));
+                });
+            }
+        }
+    }
+    // The corner is reached: within the burst, some of these slots pass the end of
+    // time (3 of 4 costs above 0 at the last instants, not only cost 3 > burst).
+    assert!(nevers > 2 * ends.len() * bounds.len(), "{nevers}");
+}
