@@ -106,6 +106,19 @@ fn foretold(peek: &ReservationPeek) -> Outcome {
     }
 }
 
+/// A refusal's decision reports the schedule as it stands, as the peek of a
+/// reservation of nothing at the same instant does: its `remaining` (the units
+/// reservable within the bound) and its reset (`ReservationPeek`'s docs).
+fn refusal_shows_the_schedule(peek: &ReservationPeek, schedule: &ReservationPeek) {
+    if peek.delay().is_err() {
+        let (d, s) = (peek.decision(), schedule.decision());
+        assert_eq!(
+            (d.remaining(), d.reset_after()),
+            (s.remaining(), s.reset_after())
+        );
+    }
+}
+
 /// Runs `ops` on `peeked` (peeked before every reservation) and on `twin` (never
 /// peeked), both on `clock`: each peek is what the reservation right after it
 /// decides, and the twin makes the same reservations.
@@ -130,6 +143,7 @@ fn shaper_case<S: StateCell<GcraState>>(
                 let now = Nanos::new(clock.now().as_u64().saturating_sub(back));
                 let before = peeked.state();
                 let peek = peeked.peek_reserve_at(now, cost, max_delay);
+                refusal_shows_the_schedule(&peek, &peeked.peek_reserve_at(now, 0, max_delay));
                 prop_assert_eq!(peeked.state(), before, "the peek wrote");
                 let reserved = peeked.reserve_at(now, cost, max_delay);
                 let unpeeked = twin.reserve_at(now, cost, max_delay);
@@ -181,6 +195,8 @@ fn keyed_case<S: Storage<u64, GcraState>>(policy: Policy, ops: &[Op]) -> Result<
                 let keys = peeked.metrics().live_keys;
                 let schedule = peeked.peek_at(&key, now, 0);
                 let peek = peeked.peek_reserve_at(&key, now, cost, max_delay);
+                let nothing = peeked.peek_reserve_at(&key, now, 0, max_delay);
+                refusal_shows_the_schedule(&peek, &nothing);
                 prop_assert_eq!(peeked.metrics().live_keys, keys, "the peek inserted");
                 prop_assert_eq!(peeked.peek_at(&key, now, 0), schedule, "the peek wrote");
                 let reserved = peeked.reserve_at(&key, now, cost, max_delay);
