@@ -949,9 +949,9 @@ pub(crate) trait ErasedRule: Send + Sync {
 
     /// For a request an earlier rule denied: what this rule would decide for it now,
     /// writing nothing (an in-process rule's peek at its cost, and at cost 0 for the
-    /// headers; a queue's reservation, reserving nothing); `None` when the rule
-    /// cannot tell without a charge or a round trip (a remote limiter, a priority
-    /// queue) or has no key for the request.
+    /// headers; a queue's reservation, reserving nothing; a priority queue's
+    /// arrival, taking no place); `None` when the rule cannot tell without a charge
+    /// or a round trip (a remote limiter) or has no key for the request.
     fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
         let _ = (parts, hasher);
         None
@@ -1335,12 +1335,14 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// a request rejected for its key (400) or for a failed limiter (503).
 ///
 /// The 429 speaks for every hard in-process rule ([`Rule::new`]) and queue
-/// (`QueueRule`, `KeyedQueueRule`, feature `queue`), as
+/// (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature `queue`), as
 /// [`check_all`](floodgate::keyed::composite::check_all) does: the hard in-process
 /// rules and queues after the one that denied are peeked (a look at the request's
 /// cost, charging and reserving nothing, on the denial path only; a queue that would
 /// deny waits for the same time its own refusal would give: until the same
-/// reservation's slot is at most its `max_delay` away); each that would deny the request too
+/// reservation's slot is at most its `max_delay` away, or for a priority queue
+/// whose tier is full with nothing lower to shed, until the waiters ahead of it
+/// have had their slots); each that would deny the request too
 /// is shown in `RateLimit` as it is (those that would admit it are not shown), and
 /// when one would deny for longer, the 429 is its denial (its `Retry-After`,
 /// its `X-RateLimit-*`, its name in the body), the longest wait of all ("never"
@@ -1348,9 +1350,9 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// met, those peeked included, whether or not they deny). A client
 /// that waits out `Retry-After` is then not denied by a later rule that was already
 /// spent (a later queue then queues it within its bound). Later remote rules (a
-/// round trip each) and priority queues (`PriorityRule`: a tier's place depends on
-/// the waiters of the tiers above it) are not peeked: their wait is not in the
-/// `Retry-After`.
+/// round trip each) are not peeked: their wait is not in the `Retry-After`. A
+/// priority queue is peeked at one instant: a request it would queue counts as
+/// admitted, and waiters served, shed or cancelled later change its answer.
 ///
 /// * **In-process limiters** ([`Rule::new`], [`Charge`]): all or nothing. The charges
 ///   the earlier rules took for the denied request are given back by their receipts, as
@@ -2135,7 +2137,9 @@ fn later_denials<'s>(
     }
     let d = longest.decision;
     if least < d.remaining() {
-        longest.decision = Decision::new(false, d.limit(), least, d.reset_after(), d.retry_after());
+        // Only `remaining` changes: the rule that denied keeps its id.
+        longest.decision = Decision::new(false, d.limit(), least, d.reset_after(), d.retry_after())
+            .with_policy(d.policy());
     }
     (longest, &shared.rules[longest.rule])
 }

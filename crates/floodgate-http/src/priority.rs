@@ -19,6 +19,19 @@
 //! A request cancelled while it waits leaves its queue (and gives back the slot it
 //! was about to take, [`Shaper::cancel`]).
 //!
+//! When an earlier rule denies a request, a later priority rule is peeked (taking no
+//! place and reserving nothing): under its queues' lock it runs the same arrival
+//! rule as a request would — the free slot peeked on the shaper
+//! ([`Shaper::peek_reserve`]) when nobody waits, then its tier's places and the
+//! lower tiers it could shed — and when that arrival would be refused, the 429's
+//! `Retry-After` is at least the wait the rule's own refusal would give (until,
+//! with nothing else arriving, the waiters ahead of it in its tier and the tiers
+//! above have taken their slots and its own fits at once). A request the rule would
+//! queue counts as admitted (it waits rather than being refused), as a
+//! [`QueueRule`](crate::QueueRule) peek counts a slot within its bound. The peek is
+//! a look at one instant: a waiter served, shed or cancelled later changes the
+//! answer, as it changes the rule's own.
+//!
 //! # Design and costs
 //!
 //! The queues sit behind one `Mutex` (never held across an `.await`); the fast path
@@ -43,7 +56,7 @@ use tokio::sync::Notify;
 use crate::error::ConfigError;
 use crate::extract::{KeyError, KeyExtractor};
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{Check, ErasedRule, Started};
+use crate::layer::{Check, ErasedRule, Peeked, Started};
 
 /// The longest a head-of-queue waiter reserves ahead: effectively unbounded (the
 /// queues' lengths are the bound).
@@ -158,6 +171,19 @@ impl Tiers {
     }
 }
 
+/// How a request arriving in a tier fares on the queues as they are
+/// ([`PriorityRule::arrive`]).
+enum Arrival<T> {
+    /// Nobody waits and the shaper's slot is free now: what taking (or peeking) it
+    /// gave.
+    Now(T),
+    /// It joins its tier's queue, first shedding the newest waiter of tier `shed`
+    /// (a lower one) when the places it needs are taken.
+    Join { shed: Option<usize> },
+    /// Refused at once: the refusal.
+    Refused(Decision),
+}
+
 impl<C, S, E> PriorityRule<C, S, E>
 where
     C: Clock + 'static,
@@ -226,6 +252,19 @@ where
         PriorityRule { cost, ..self }
     }
 
+    /// The request's tier, and why its key was not usable: a missing key or a tier
+    /// beyond the configured ones is tier 0.
+    fn tier(&self, parts: &Parts) -> (usize, Option<KeyError>) {
+        match self.classify.extract(parts) {
+            Ok(t) if t < self.tiers.bounds.len() => (t, None),
+            Ok(_) => (
+                0,
+                Some(KeyError::malformed("tier", "beyond the configured tiers")),
+            ),
+            Err(e) => (0, Some(e)),
+        }
+    }
+
     /// How many requests wait in each tier now.
     pub fn waiting(&self) -> Vec<usize> {
         self.tiers
@@ -257,6 +296,41 @@ where
         Decision::new(false, policy.burst(), 0, reset, retry)
     }
 
+    /// The arrival rule, shared by a request ([`wait_in_line`](Self::wait_in_line))
+    /// and a peek ([`ErasedRule::peek_later`]): how a request of `tier` fares on the
+    /// queues `q` as they are. `free` is asked only when nobody waits, for the
+    /// shaper's slot now (a reservation within no delay, or its peek).
+    fn arrive<T>(
+        &self,
+        q: &Queues,
+        tier: usize,
+        free: impl FnOnce() -> Result<T, ShapeError>,
+    ) -> Arrival<T> {
+        if q.is_empty() {
+            match free() {
+                Ok(taken) => return Arrival::Now(taken),
+                Err(ShapeError::TooLong { .. }) => {}
+                // Never (or any later non-retryable error): no wait helps.
+                Err(_) => return Arrival::Refused(self.refusal(0, true)),
+            }
+        }
+        let tiers = &*self.tiers;
+        if q.waiting[tier].len() < tiers.bounds[tier] && q.len() < tiers.places {
+            return Arrival::Join { shed: None };
+        }
+        // Full: shed the newest waiter of the lowest tier below this one (never the
+        // one already sleeping on its reservation) and take its place.
+        let holder = q.holder;
+        let shed = (0..tier).find(|&t| {
+            let back = q.waiting[t].back().copied();
+            back.is_some() && back != holder
+        });
+        match shed {
+            Some(t) => Arrival::Join { shed: Some(t) },
+            None => Arrival::Refused(self.refusal(q.unbooked_ahead_of(tier), false)),
+        }
+    }
+
     /// Waits in `tier`'s queue for a slot: the admission and whether it waited in a
     /// queue, or the refusal (shed, queue full, never fits).
     async fn wait_in_line(&self, tier: usize) -> Result<(Decision, bool), Decision> {
@@ -269,30 +343,16 @@ where
         };
         let id = {
             let mut q = tiers.lock();
-            if q.is_empty() {
-                match self.shaper.reserve(self.cost, Duration::ZERO) {
-                    Ok(r) => return Ok((r.decision(), false)),
-                    Err(ShapeError::TooLong { .. }) => {}
-                    // Never (or any later non-retryable error): no wait helps.
-                    Err(_) => return Err(self.refusal(0, true)),
-                }
-            }
-            if q.waiting[tier].len() >= tiers.bounds[tier] || q.len() >= tiers.places {
-                // Full: shed the newest waiter of the lowest tier below this one (never
-                // the one already sleeping on its reservation) and take its place.
-                let holder = q.holder;
-                let victim = (0..tier).find_map(|t| {
-                    let back = q.waiting[t].back().copied();
-                    (back.is_some() && back != holder)
-                        .then(|| q.waiting[t].pop_back())
-                        .flatten()
-                });
-                match victim {
-                    Some(v) => {
+            let free = || self.shaper.reserve(self.cost, Duration::ZERO);
+            match self.arrive(&q, tier, free) {
+                Arrival::Now(r) => return Ok((r.decision(), false)),
+                Arrival::Refused(refusal) => return Err(refusal),
+                Arrival::Join { shed: None } => {}
+                Arrival::Join { shed: Some(t) } => {
+                    if let Some(v) = q.waiting[t].pop_back() {
                         q.shed.push(v);
                         tiers.changed.notify_waiters();
                     }
-                    None => return Err(self.refusal(q.unbooked_ahead_of(tier), false)),
                 }
             }
             let id = q.next_id;
@@ -385,14 +445,7 @@ where
     E: KeyExtractor<Key = usize>,
 {
     fn start<'a>(&'a self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
-        let (tier, key_error) = match self.classify.extract(parts) {
-            Ok(t) if t < self.tiers.bounds.len() => (t, None),
-            Ok(_) => (
-                0,
-                Some(KeyError::malformed("tier", "beyond the configured tiers")),
-            ),
-            Err(e) => (0, Some(e)),
-        };
+        let (tier, key_error) = self.tier(parts);
         let partition_key = hasher.map(|h| h.hash(&tier));
         let check = Box::pin(async move {
             let (decision, queued) = match self.wait_in_line(tier).await {
@@ -420,5 +473,36 @@ where
 
     fn never_fits(&self) -> Option<(u32, u64)> {
         crate::queue::cost_above_burst(self.cost, &self.shaper.policy())
+    }
+
+    /// What the request's arrival would meet now ([`arrive`](PriorityRule::arrive)),
+    /// taking no place and reserving nothing: its refusal when it would be refused
+    /// (as the state too: the rule's own 429 shows it), otherwise an admission (it
+    /// would go at once or wait in its tier) with the shaper as a plain check sees
+    /// it now for the headers.
+    fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
+        let (tier, _) = self.tier(parts);
+        let now = self.shaper.clock().now();
+        let arrival = {
+            let q = self.tiers.lock();
+            self.arrive(&q, tier, || {
+                self.shaper
+                    .peek_reserve_at(now, self.cost, Duration::ZERO)
+                    .delay()
+            })
+        };
+        let (at_cost, state) = match arrival {
+            Arrival::Refused(refusal) => (refusal, refusal),
+            Arrival::Now(_) | Arrival::Join { .. } => {
+                let state = self.shaper.peek_at(now, 0);
+                (state, state)
+            }
+        };
+        Some(Peeked {
+            at_cost,
+            state,
+            partition_key: hasher.map(|h| h.hash(&tier)),
+            window: None,
+        })
     }
 }

@@ -18,9 +18,11 @@
 //! theirs by then), not as they were when it joined.
 //!
 //! When an earlier rule denies a request, a later queue is peeked (reserving
-//! nothing): if it would refuse the request too, the 429's `Retry-After` is at least
-//! the wait its own refusal would give — until the same reservation's slot is at
-//! most `max_delay` away (see `RateLimitLayer`, "How rules combine").
+//! nothing, [`Shaper::peek_reserve`], [`KeyedLimiter::peek_reserve`]: the core's
+//! own reservation rule, run on the schedule as it is): if it would refuse the
+//! request too, the 429's `Retry-After` is at least the wait its own refusal would
+//! give — until the same reservation's slot is at most `max_delay` away (see
+//! `RateLimitLayer`, "How rules combine").
 //!
 //! The shaper's clock and Tokio's must agree: use a real clock in production
 //! ([`DefaultClock`](floodgate::DefaultClock)); the tests drive both from Tokio's
@@ -31,8 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{
-    Clock, Decision, Gcra, GcraState, KeyedLimiter, Nanos, Policy, Receipt, ShapeError, Shaper,
-    StateCell, Storage,
+    Clock, Decision, Gcra, GcraState, KeyedLimiter, Nanos, Policy, Receipt, ReservationPeek,
+    ShapeError, Shaper, StateCell, Storage,
 };
 use http::request::Parts;
 
@@ -116,15 +118,20 @@ where
         QueueRule { cost, ..self }
     }
 
-    /// The schedule now ([`schedule_now`]): the units reservable within `max_delay`.
-    fn schedule(&self) -> Decision {
-        schedule_now(&self.shaper.policy(), self.max_delay, self.booked())
+    /// The reservation of `cost` this rule would make at `now`, reserving nothing.
+    fn peek(&self, now: Nanos, cost: u32) -> ReservationPeek {
+        self.shaper.peek_reserve_at(now, cost, self.max_delay)
     }
 
-    /// How far ahead of now the schedule is booked: `TAT − now`.
-    fn booked(&self) -> Nanos {
-        let now = self.shaper.clock().now();
-        self.shaper.state().tat().saturating_since(now)
+    /// The schedule now: the peek of a reservation of nothing, an admission whose
+    /// `remaining` counts the units that could still be reserved within `max_delay`
+    /// (at most the burst), as a reservation's own decision counts them when it is
+    /// made, and whose reset is `TAT − now`. A request that waited is answered with
+    /// it when its slot comes (its reservation's decision was made when it joined
+    /// the queue, and the requests that joined after it have since taken units it
+    /// counted), and a refusal counts its units the same way.
+    fn schedule(&self) -> Decision {
+        self.peek(self.shaper.clock().now(), 0).decision()
     }
 }
 
@@ -218,12 +225,8 @@ where
 
     /// The reservation this rule would make now, reserving nothing ([`queue_peek`]).
     fn peek_later(&self, _parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
-        let peeked = queue_peek(
-            &self.shaper.policy(),
-            self.max_delay,
-            self.cost,
-            self.booked(),
-        );
+        let now = self.shaper.clock().now();
+        let peeked = queue_peek(|cost| self.peek(now, cost), self.cost);
         Some(Peeked {
             partition_key: hasher.map(|h| h.hash(&())),
             ..peeked
@@ -231,65 +234,23 @@ where
     }
 }
 
-/// A queueing rule's schedule as it is now, `booked` (`TAT − now`) ahead, as an
-/// admission: `remaining` the units that could still be reserved within `max_delay`
-/// (at most the burst), as a reservation's own decision counts them when it is
-/// made; the reset `booked`. A request that waited is answered with it when its
-/// slot comes (its reservation's decision was made when it joined the queue, and
-/// the requests that joined after it have since taken units it counted), and a
-/// refusal counts its units the same way.
-fn schedule_now(policy: &Policy, max_delay: Duration, booked: Nanos) -> Decision {
-    let interval = policy.interval_nanos().max(1);
-    let bound = policy
-        .burst()
-        .saturating_mul(interval)
-        .saturating_add(Nanos::from_duration(max_delay).as_u64());
-    let remaining = (bound.saturating_sub(booked.as_u64()) / interval).min(policy.burst());
-    Decision::new(true, policy.burst(), remaining, booked.as_duration(), None)
-}
-
-/// What a reservation of `cost` units would decide on a schedule `booked`
-/// (`TAT − now`) ahead, reserving nothing, for a request an earlier rule denied
-/// ([`ErasedRule::peek_later`]): the peek at the cost, and the schedule
-/// ([`schedule_now`]) for the headers.
+/// What a queueing rule's reservation of `cost` units would decide now, reserving
+/// nothing, for a request an earlier rule denied ([`ErasedRule::peek_later`]), from
+/// `peek` (the core's peek of the rule's reservation at one instant, by cost): the
+/// peek at the cost, and the schedule (the peek at cost 0) for the headers.
 ///
-/// The reservation is GCRA with the tolerance `τ + max_delay` (`τ = B·T`): it fits
-/// when `booked + n·T ≤ τ + max_delay`. When it does not, the peek denies with the
-/// wait `booked + n·T − (τ + max_delay)` — the same wait the rule's own refusal
-/// gives ([`ShapeError::TooLong`]): after it, if nothing else reserves, the same
-/// reservation fits, its slot at most `max_delay` away (the request is queued up to
-/// `max_delay`, not necessarily admitted at once). A cost above the burst never
-/// fits (no wait); a cost of 0 always does.
-fn queue_peek(policy: &Policy, max_delay: Duration, cost: u32, booked: Nanos) -> Peeked {
-    let state = schedule_now(policy, max_delay, booked);
-    let interval = policy.interval_nanos();
-    let tolerance = policy
-        .burst()
-        .saturating_mul(interval)
-        .saturating_add(Nanos::from_duration(max_delay).as_u64());
-    let need = u64::from(cost).saturating_mul(interval);
-    let at_cost = if u64::from(cost) > policy.burst() {
-        refused(
-            state,
-            ShapeError::Never {
-                cost,
-                burst: policy.burst(),
-            },
-        )
-    } else {
-        match booked.as_u64().saturating_add(need).checked_sub(tolerance) {
-            Some(wait) if wait > 0 && cost > 0 => refused(
-                state,
-                ShapeError::TooLong {
-                    retry_after: Duration::from_nanos(wait),
-                },
-            ),
-            _ => state,
-        }
-    };
+/// The core decides it with the reservation's own rule
+/// ([`Shaper::peek_reserve`]): when the reservation would not fit, the peek denies
+/// with the same wait the rule's own refusal gives ([`ShapeError::TooLong`]) and the
+/// schedule's `remaining` and reset — after that wait, if nothing else reserves, the
+/// same reservation fits, its slot at most `max_delay` away (the request is queued up
+/// to `max_delay`, not necessarily admitted at once). A cost above the burst never
+/// fits (no wait); a cost of 0 always does. The two peeks read the schedule one after
+/// the other: a reservation or cancellation between them may show in one only.
+fn queue_peek(peek: impl Fn(u32) -> ReservationPeek, cost: u32) -> Peeked {
     Peeked {
-        at_cost,
-        state,
+        at_cost: peek(cost).decision(),
+        state: peek(0).decision(),
         partition_key: None,
         window: None,
     }
@@ -424,16 +385,15 @@ where
         KeyedQueueRule { cost, ..self }
     }
 
-    /// `key`'s schedule now ([`schedule_now`]).
-    fn schedule(&self, key: &E::Key) -> Decision {
-        let policy = self.limiter.algorithm().policy();
-        schedule_now(&policy, self.max_delay, self.booked(key))
+    /// The reservation of `cost` this rule would make for `key` at `now`, reserving
+    /// nothing.
+    fn peek(&self, key: &E::Key, now: Nanos, cost: u32) -> ReservationPeek {
+        self.limiter.peek_reserve_at(key, now, cost, self.max_delay)
     }
 
-    /// How far ahead of now `key`'s schedule is booked, `TAT − now`: the reset of a
-    /// peek at cost 0.
-    fn booked(&self, key: &E::Key) -> Nanos {
-        Nanos::from_duration(self.limiter.peek(key, 0).reset_after())
+    /// `key`'s schedule now, as [`QueueRule`]'s.
+    fn schedule(&self, key: &E::Key) -> Decision {
+        self.peek(key, self.limiter.clock().now(), 0).decision()
     }
 }
 
@@ -534,8 +494,8 @@ where
     /// nothing ([`queue_peek`]); `None` without a usable key.
     fn peek_later(&self, parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Option<Peeked> {
         let key = self.extractor.extract(parts).ok()?;
-        let policy = self.limiter.algorithm().policy();
-        let peeked = queue_peek(&policy, self.max_delay, self.cost, self.booked(&key));
+        let now = self.limiter.clock().now();
+        let peeked = queue_peek(|cost| self.peek(&key, now, cost), self.cost);
         Some(Peeked {
             partition_key: hasher.map(|h| h.hash(&key)),
             ..peeked

@@ -5,24 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate::{Policy, Shaper};
-use floodgate_http::{from_fn, KeyError, PriorityRule, RateLimitLayer, RateLimitService};
-use http::request::Parts;
+use floodgate_http::{from_fn, PriorityRule, RateLimitLayer, RateLimitService};
 use http::Request;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, Service};
 mod common;
-use common::{Hello, TestResult, TokioClock};
-
-/// The tier from `x-tier` (0 = free, 1 = pro).
-fn tier(parts: &Parts) -> Result<usize, KeyError> {
-    parts
-        .headers
-        .get("x-tier")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or(KeyError::missing("x-tier"))
-}
+use common::{tier, Hello, TestResult, TokioClock};
 
 /// 10 per second, one at a time (slots 100 ms apart); `bounds` waiters per tier.
 fn layer(start: Instant, bounds: &[usize]) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {

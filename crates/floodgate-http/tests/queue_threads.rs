@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use floodgate::{Clock, DefaultClock, Gcra, KeyedBuilder, Nanos, Policy, Shaper};
 use floodgate_http::{
-    from_fn, HeaderKey, KeyError, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, Rule,
+    from_fn, HeaderKey, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, Rule,
 };
-use http::request::Parts;
 use http::{Request, Response};
 use tower::{Layer, Service};
+mod common;
+use common::tier;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -304,16 +305,6 @@ async fn one_queue_never_passes_its_policy_with_clients_leaving_mid_queue() -> T
         Ok(())
     })
     .await?
-}
-
-/// The tier from `x-tier` (0 = free, 1 = pro).
-fn tier(parts: &Parts) -> Result<usize, KeyError> {
-    parts
-        .headers
-        .get("x-tier")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or(KeyError::missing("x-tier"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]

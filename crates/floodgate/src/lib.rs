@@ -32,7 +32,7 @@
 //! | fixed window | [`FixedWindow`] | one word | simplest counters, aligned to the clock; allows 2·L across an edge |
 //! | sliding window counter | [`SlidingWindow`] | one word | weighted two-window estimate; no edge spike, approximate |
 //! | sliding log | [`SlidingLog`] | `O(L)` ring, short mutex | exact; memory per key grows with `L` |
-//! | leaky bucket as a queue | [`Shaper`] | one word | requests wait for their slot (`reserve`, `wait`, `until_ready`) |
+//! | leaky bucket as a queue | [`Shaper`] | one word | requests wait for their slot (`reserve`, `wait`, `until_ready`; `peek_reserve` looks without reserving) |
 //!
 //! The word-sized ones run in [`RateLimiter`] (lock-free) and [`LockedRateLimiter`]
 //! (the mutex twin); each module states its exact semantics.
@@ -105,7 +105,7 @@ pub use limiter::{LockedRateLimiter, RateLimiter};
 pub use live::LiveGcra;
 pub use policy::{Policy, PolicyError, MAX_SPAN_NANOS};
 pub use receipt::Receipt;
-pub use shaping::{LockedShaper, Reservation, ShapeError, Shaper};
+pub use shaping::{LockedShaper, Reservation, ReservationPeek, ShapeError, Shaper};
 pub use sliding_log::SlidingLog;
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use waiting::{Jitter, Wait, WaitError};
@@ -144,4 +144,5 @@ const _: () = {
     assert_send_sync::<Shaper>();
     assert_send_sync::<LockedShaper>();
     assert_send_sync::<Reservation>();
+    assert_send_sync::<ReservationPeek>();
 };

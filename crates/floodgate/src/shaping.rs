@@ -205,9 +205,94 @@ impl fmt::Display for ShapeError {
 
 impl std::error::Error for ShapeError {}
 
+/// What a reservation would decide at one instant, reserving nothing:
+/// [`Shaper::peek_reserve`] and the keyed
+/// [`KeyedLimiter::peek_reserve`](crate::KeyedLimiter::peek_reserve).
+///
+/// It is the same transition as the reservation's, run on the state as it is and
+/// not written: the [`decision`](ReservationPeek::decision) the reservation would
+/// carry (or its refusal's), and the [`delay`](ReservationPeek::delay) until its
+/// slot — `Ok` exactly when the reservation would succeed, with its delay, and
+/// otherwise the same [`ShapeError`]. A reservation made later sees whatever was
+/// reserved, cancelled or refunded in between, so a peek is a forecast, not a hold.
+///
+/// A refusal's decision reports the schedule as it stands (`remaining`: the units
+/// reservable within `max_delay`; `reset_after`: until the schedule is idle); an
+/// admission's, as it would be after the reservation.
+///
+/// # Examples
+///
+/// ```
+/// use floodgate::{ManualClock, Policy, ShapeError, Shaper};
+/// use std::time::Duration;
+/// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
+/// let max = Duration::from_millis(150);
+/// let _ = shaper.reserve(1, max)?;
+/// let peek = shaper.peek_reserve(1, max);
+/// assert_eq!(peek.delay(), Ok(Duration::from_millis(100)));
+/// assert_eq!(peek.decision(), shaper.reserve(1, max)?.decision());
+/// // Nothing was reserved by the peek: the second reservation got the 100 ms slot,
+/// // and a third would be 200 ms away, 50 ms beyond the bound.
+/// let refused = shaper.peek_reserve(1, max);
+/// assert_eq!(refused.delay(), Err(ShapeError::TooLong { retry_after: Duration::from_millis(50) }));
+/// assert_eq!(refused.decision().retry_after(), Some(Duration::from_millis(50)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a peek reserves nothing; it only says what a reservation would decide"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReservationPeek {
+    decision: Decision,
+    /// Nanoseconds until the slot, or why there is none.
+    delay: Result<u64, ShapeError>,
+}
+
+impl ReservationPeek {
+    /// The decision the reservation would carry: an admission as
+    /// [`Reservation::decision`] (or the keyed reservation's) would report it, or the
+    /// refusal, whose `retry_after` is the [`ShapeError::TooLong`] wait (`None` for
+    /// [`ShapeError::Never`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(2)?, ManualClock::new());
+    /// let peek = shaper.peek_reserve(3, Duration::MAX);
+    /// assert!(!peek.decision().is_allowed());
+    /// assert_eq!(peek.decision().retry_after(), None); // never: 3 > burst 2
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn decision(&self) -> Decision {
+        self.decision
+    }
+
+    /// The delay until the slot, as the reservation would report it
+    /// ([`Reservation::delay`], the keyed reservation's delay), or the error it
+    /// would fail with.
+    ///
+    /// # Errors
+    ///
+    /// [`ShapeError::TooLong`] when the slot would be further than `max_delay`,
+    /// [`ShapeError::Never`] when the cost exceeds the burst.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(4)?.with_burst(1)?, ManualClock::new());
+    /// assert_eq!(shaper.peek_reserve(1, Duration::ZERO).delay(), Ok(Duration::ZERO));
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn delay(&self) -> Result<Duration, ShapeError> {
+        self.delay.map(Duration::from_nanos)
+    }
+}
+
 /// A reservation: GCRA with the tolerance `τ + max_delay`. Monotone like GCRA.
 /// Shared by [`Shaper::reserve`] and the keyed
-/// [`KeyedLimiter::reserve`](crate::KeyedLimiter::reserve).
+/// [`KeyedLimiter::reserve`](crate::KeyedLimiter::reserve), and by their peeks.
 pub(crate) struct Reserve {
     gcra: Gcra,
     tolerance: u64,
@@ -224,9 +309,19 @@ impl Reserve {
         }
     }
 
+    /// What this reservation's `decision` for `cost` means (the nanoseconds until
+    /// its slot, or why nothing was reserved), with the decision: the one mapping
+    /// that reservations and their peeks share.
+    pub(crate) fn judge(&self, decision: Decision, cost: u32) -> ReservationPeek {
+        ReservationPeek {
+            decision,
+            delay: self.outcome(&decision, cost),
+        }
+    }
+
     /// What this reservation's `decision` for `cost` means: the nanoseconds until
     /// its slot, or why nothing was reserved.
-    pub(crate) fn outcome(&self, decision: &Decision, cost: u32) -> Result<u64, ShapeError> {
+    fn outcome(&self, decision: &Decision, cost: u32) -> Result<u64, ShapeError> {
         if !decision.is_allowed() {
             return Err(match decision.retry_after() {
                 Some(retry_after) => ShapeError::TooLong { retry_after },
@@ -433,7 +528,7 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         let reserve = Reserve::new(self.gcra, max_delay);
         let generation = self.cell.generation();
         let (decision, charged) = self.cell.charge(&reserve, now, cost);
-        let delay = reserve.outcome(&decision, cost)?;
+        let delay = reserve.judge(decision, cost).delay?;
         let booked = decision.reset_after_nanos();
         Ok(Reservation {
             shaper: self.id,
@@ -445,6 +540,48 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
             cost,
             decision,
         })
+    }
+
+    /// What [`reserve`](Shaper::reserve) would decide now, reserving nothing: the
+    /// same transition on the state as it is, not written ([`ReservationPeek`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(4)?.with_burst(1)?, ManualClock::new());
+    /// let _ = shaper.reserve(1, Duration::ZERO)?;
+    /// let before = shaper.state();
+    /// assert_eq!(shaper.peek_reserve(1, Duration::from_secs(1)).delay(), Ok(Duration::from_millis(250)));
+    /// assert_eq!(shaper.state(), before); // nothing reserved
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_reserve(&self, cost: u32, max_delay: Duration) -> ReservationPeek {
+        self.peek_reserve_at(self.clock.now(), cost, max_delay)
+    }
+
+    /// [`peek_reserve`](Shaper::peek_reserve) at an instant the caller read: exactly
+    /// what [`reserve_at`](Shaper::reserve_at) would decide at `now` on the state as
+    /// it is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Nanos, Policy, ShapeError, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1)?.with_burst(1)?, ManualClock::new());
+    /// let now = Nanos::from_secs(10);
+    /// let _ = shaper.reserve_at(now, 1, Duration::ZERO)?;
+    /// let peek = shaper.peek_reserve_at(now, 1, Duration::ZERO);
+    /// assert_eq!(peek.delay(), Err(ShapeError::TooLong { retry_after: Duration::from_secs(1) }));
+    /// assert_eq!(shaper.reserve_at(now, 1, Duration::ZERO).map(|r| r.delay()), peek.delay());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_reserve_at(&self, now: Nanos, cost: u32, max_delay: Duration) -> ReservationPeek {
+        let reserve = Reserve::new(self.gcra, max_delay);
+        let (decision, _) = reserve.decide(self.cell.load(), now, cost);
+        reserve.judge(decision, cost)
     }
 
     /// Gives back the units of `reservation` that nobody reserved after it, unless its

@@ -39,6 +39,16 @@ impl<B> Service<Request<B>> for Hello {
     }
 }
 
+/// The tier from `x-tier` (0 = free, 1 = pro), for the priority rules.
+pub fn tier(parts: &Parts) -> Result<usize, KeyError> {
+    parts
+        .headers
+        .get("x-tier")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::missing("x-tier"))
+}
+
 /// Tokio's clock, in nanoseconds since `start`.
 #[derive(Clone, Copy)]
 pub struct TokioClock {

@@ -18,7 +18,7 @@ use crate::gcra::{Gcra, GcraState};
 use crate::limiter::Booking;
 use crate::policy::Policy;
 use crate::receipt::{Owner, Receipt};
-use crate::shaping::{Reserve, ShapeError};
+use crate::shaping::{ReservationPeek, Reserve, ShapeError};
 use crate::sync::{stripe_index, stripe_index_as_is, AtomicU64, Ordering};
 
 /// The key capacity when none is set: 100 000 keys (≈ 3.8 MB for `u64` keys).
@@ -1432,10 +1432,79 @@ where
         let c = self
             .table
             .decide::<KeyedCharge<GcraState>, Q, Reserve>(&reserve, key, now, cost);
-        let outcome = reserve.outcome(&c.decision, cost);
+        let judged = reserve.judge(c.decision, cost);
         let (decision, receipt) = self.settle(c);
-        let delay = outcome?;
-        Ok((decision, core::time::Duration::from_nanos(delay), receipt))
+        let delay = judged.delay()?;
+        Ok((decision, delay, receipt))
+    }
+
+    /// What [`reserve`](KeyedLimiter::reserve) would decide for `key` now, reserving
+    /// nothing and inserting no key (a key not in the table is peeked as a fresh
+    /// schedule, as [`peek`](KeyedLimiter::peek) does): the same transition on the
+    /// key's state as it is, not written ([`ReservationPeek`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, ManualClock, Policy};
+    /// use std::time::Duration;
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(4)?.with_burst(1)?))
+    ///     .clock(ManualClock::new())
+    ///     .build::<String>()?;
+    /// let max = Duration::from_millis(300);
+    /// let _ = keyed.reserve("alice", 1, max)?;
+    /// let peek = keyed.peek_reserve("alice", 1, max);
+    /// assert_eq!(peek.delay(), Ok(Duration::from_millis(250)));
+    /// assert_eq!(keyed.peek_reserve("bob", 1, max).delay(), Ok(Duration::ZERO));
+    /// assert_eq!(keyed.metrics().live_keys, 1); // bob was not inserted
+    /// // The reservation the peek foretold:
+    /// let (decision, delay, _) = keyed.reserve("alice", 1, max)?;
+    /// assert_eq!((decision, delay), (peek.decision(), Duration::from_millis(250)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_reserve<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        max_delay: core::time::Duration,
+    ) -> ReservationPeek
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        self.peek_reserve_at(key, self.clock.now(), cost, max_delay)
+    }
+
+    /// [`peek_reserve`](KeyedLimiter::peek_reserve) at an instant the caller read:
+    /// exactly what [`reserve_at`](KeyedLimiter::reserve_at) would decide at `now` on
+    /// the key's state as it is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Gcra, KeyedBuilder, ManualClock, Nanos, Policy, ShapeError};
+    /// use std::time::Duration;
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?.with_burst(1)?))
+    ///     .clock(ManualClock::new())
+    ///     .build_inline::<u64>()?;
+    /// let now = Nanos::from_secs(10);
+    /// let _ = keyed.reserve_at(&1, now, 1, Duration::ZERO)?;
+    /// let peek = keyed.peek_reserve_at(&1, now, 1, Duration::ZERO);
+    /// assert_eq!(peek.delay(), Err(ShapeError::TooLong { retry_after: Duration::from_secs(1) }));
+    /// assert_eq!(keyed.peek_reserve_at(&1, now, 2, Duration::MAX).delay(), Err(ShapeError::Never { cost: 2, burst: 1 }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn peek_reserve_at<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u32,
+        max_delay: core::time::Duration,
+    ) -> ReservationPeek
+    where
+        Q: Lookup<K> + ?Sized,
+    {
+        let reserve = Reserve::new(self.algorithm, max_delay);
+        reserve.judge(self.table.peek(&reserve, key, now, cost), cost)
     }
 }
 
