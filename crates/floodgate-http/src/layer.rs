@@ -2464,9 +2464,12 @@ impl Future for SpawnedRefunds {
 impl Drop for SpawnedRefunds {
     fn drop(&mut self) {
         // A refund that panicked in its poll is still here (`retain_mut` keeps the
-        // element it was judging): not made, counted with the rest.
-        for (j, _) in self.pending.drain(..) {
-            let entry = &self.shared.rules[j];
+        // element it was judging): not made, counted with the rest. Counted, and
+        // the place given back, before any refund future is dropped (by the
+        // field's own drop, after this): a limiter's future that panics when
+        // dropped can then leak neither a count nor the place.
+        for (j, _) in &self.pending {
+            let entry = &self.shared.rules[*j];
             entry.counters.bump(Count::Error);
             #[cfg(feature = "tracing")]
             tracing::warn!(
