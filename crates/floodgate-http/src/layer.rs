@@ -2504,8 +2504,8 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
         Ok(task) => spawn(shared.spawner.as_deref(), Box::pin(task)),
         Err(refused) => {
             // At the cap: the charges stay taken, counted as failed refunds.
-            for (j, _) in refused {
-                let entry = &shared.rules[j];
+            for (j, _) in &refused {
+                let entry = &shared.rules[*j];
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
                 tracing::warn!(
@@ -2514,12 +2514,22 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
                     "a dropped request's refund was not spawned: the layer's refund tasks are at their cap"
                 );
             }
+            drop_contained(refused);
         }
     }
 }
 
+/// Drops `refunds` (unrun), catching a panic a limiter's future makes in its drop:
+/// this runs in a drop, where a panic would unwind out of the dropped response
+/// future (or abort, were it already unwinding). What they held is counted
+/// already.
+fn drop_contained<T>(refunds: T) {
+    let _panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(refunds)));
+}
+
 /// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
-/// where nothing can run it, drops it (its drop counts its refunds as not made).
+/// where nothing can run it, drops it (its drop counts its refunds as not made;
+/// a panic in a refund future's own drop is caught: [`drop_contained`]).
 ///
 /// A spawner that panics (`tokio::spawn` outside a runtime) is caught: this runs in
 /// a drop, where a panic would unwind out of the dropped response future (or abort,
@@ -2535,7 +2545,7 @@ fn spawn(spawner: Option<&Spawner>, task: RefundTask) {
         drop(runtime.spawn(task));
         return;
     }
-    drop(task);
+    drop_contained(task);
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

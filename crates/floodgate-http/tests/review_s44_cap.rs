@@ -413,6 +413,40 @@ fn a_refund_that_panics_when_dropped_does_not_leak_its_place() -> TestResult {
     Ok(())
 }
 
+/// A refund that panics when dropped, where the layer itself drops it — the
+/// request dropped outside any runtime with no spawner (the task dropped unrun),
+/// or refused at the cap — panics nowhere out of the request's drop: the drop runs
+/// where a panic would unwind out of the dropped response future (or abort, were
+/// it already unwinding). Each charge is counted once, and the place of the
+/// dropped task comes back (the next request's refund, dropped on a runtime, is
+/// spawned and gives its charge back).
+///
+/// Seen failing before the fix: the panic unwound out of both drops. Mutation
+/// seen failing after it: either drop not caught (the drop panics).
+#[test]
+fn a_refund_that_panics_when_dropped_by_the_layer_panics_out_of_no_drop() -> TestResult {
+    for cap in [1, 0] {
+        let remote = Remote::new()?;
+        let wrapped = Wrapped::new(&remote);
+        let layer = wrapped.then_queue()?.max_refund_tasks(cap).build()?;
+        let rt = paused_runtime()?;
+        served(&rt, &layer, "a")?;
+        let b = remote::waiting_b(&rt, &layer)?;
+        wrapped.bomb.store(true, Ordering::SeqCst);
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(b)));
+        wrapped.bomb.store(false, Ordering::SeqCst);
+        assert!(dropped.is_ok(), "cap {cap}: b's drop does not panic");
+        assert_eq!(remote.left("b"), 2, "cap {cap}: b's charge stays taken");
+        assert_eq!(errors_of(&layer, "per-user"), 1, "cap {cap}: counted once");
+        if cap == 1 {
+            dropped_while_queued(&rt, &layer, "c")?;
+            assert_eq!(remote.left("c"), 3, "the place came back: c's refund ran");
+            assert_eq!(errors_of(&layer, "per-user"), 1);
+        }
+    }
+    Ok(())
+}
+
 /// A refund whose round trip reached the remote (the charge given back there)
 /// but whose reply never came, its task dropped by a runtime shutting down: the
 /// layer cannot tell it was made, so it is counted in `errors` — though the

@@ -1,6 +1,7 @@
 //! An in-memory remote limit with receipts and refunds ([`Remote`]), for the tests
 //! of a dropped request's remote refunds (review_s43_cancel.rs,
-//! review_s43_revcancel.rs, doc_claims_s43.rs): its refunds run on their second poll, so a refund
+//! review_s43_revcancel.rs, doc_claims_s43.rs, refund_tasks.rs, review_s44_cap.rs): its refunds
+//! run on their second poll, so a refund
 //! future that is made but never run gives nothing back.
 #![allow(dead_code)]
 
