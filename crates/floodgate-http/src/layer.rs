@@ -1314,7 +1314,9 @@ type Spawner = dyn Fn(RefundTask) + Send + Sync;
 /// [`AsyncLimit::refund`], all at once, each within its limiter's own timeout, and
 /// counts a refund that fails in its rule's `errors`. Dropped before its end (by a
 /// spawner, a runtime shutting down, or after a refund panicked in it) it counts
-/// each refund it had not made in its rule's `errors`: those charges stay taken.
+/// each refund it had not seen end in its rule's `errors`: those charges stay
+/// taken, but one whose refund's round trip was under way may have been given
+/// back all the same (the limiter may have made it, the answer lost).
 /// It holds a reference to the layer's rules and one of its places for refund
 /// tasks ([`RateLimitLayerBuilder::max_refund_tasks`]) until it is dropped, and
 /// needs no runtime of its own beyond what the limiters' futures need (a Redis
@@ -1389,7 +1391,8 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   flight per layer. Where nothing runs them to their end (the tasks at their
 ///   cap, no spawner and no runtime, a spawner that panics or drops the task, a
 ///   runtime shutting down) those charges stay taken, each counted in its rule's
-///   `errors`. A remote charge whose
+///   `errors` (but a refund dropped during its round trip may have reached the
+///   limiter: counted all the same). A remote charge whose
 ///   own round trip is under way at the drop has no receipt yet: if the limiter
 ///   took it, it stays taken. Put the
 ///   rule most likely to deny (per client) before the shared ones (global), so a
@@ -1628,7 +1631,9 @@ impl RateLimitLayerBuilder {
     /// dropped during their round trips: they go on in the task. `spawn` should run
     /// the task to its end (`tokio::spawn` does); a task dropped unfinished (by
     /// `spawn`, or by a runtime shutting down) leaves the charges it had not given
-    /// back taken, each counted in its rule's `errors` by the task's own drop.
+    /// back taken, each counted in its rule's `errors` by the task's own drop (a
+    /// refund dropped during its round trip is counted, though the limiter may have
+    /// made it).
     ///
     /// Without this call, with feature `queue` the task is spawned on the Tokio
     /// runtime the future is dropped in
@@ -1656,8 +1661,9 @@ impl RateLimitLayerBuilder {
     ///
     /// An admitted request pays nothing for this (no allocation, no atomic
     /// operation); a rejected one, one `Arc` clone per remote refund; a dropped one
-    /// holding remote charges, the task (and two atomic operations on the layer's
-    /// count of tasks in flight, one to take a place, one to give it back).
+    /// holding remote charges, the task (and, on the layer's count of tasks in
+    /// flight, a compare-and-swap to take a place, retried under contention, and a
+    /// subtraction to give it back).
     ///
     /// # Examples
     ///
@@ -2432,7 +2438,8 @@ impl RefundTasks {
 /// However it ends — run to its end, dropped unrun or part-way (a spawner that
 /// refuses it, a runtime shutting down, no runtime at all), or dropped after a
 /// refund panicked in its poll — its drop gives the place back and counts each
-/// refund it had not made in its rule's `errors`: those charges stay taken. Never
+/// refund it had not seen end in its rule's `errors`: those charges stay taken
+/// (but one whose round trip was under way may have reached the limiter). Never
 /// spawned again.
 struct SpawnedRefunds {
     shared: Arc<Shared>,
@@ -2468,9 +2475,12 @@ impl Future for SpawnedRefunds {
 impl Drop for SpawnedRefunds {
     fn drop(&mut self) {
         // A refund that panicked in its poll is still here (`retain_mut` keeps the
-        // element it was judging): not made, counted with the rest.
-        for (j, _) in self.pending.drain(..) {
-            let entry = &self.shared.rules[j];
+        // element it was judging): not made, counted with the rest. Counted, and
+        // the place given back, before any refund future is dropped (by the
+        // field's own drop, after this): a limiter's future that panics when
+        // dropped can then leak neither a count nor the place.
+        for (j, _) in &self.pending {
+            let entry = &self.shared.rules[*j];
             entry.counters.bump(Count::Error);
             #[cfg(feature = "tracing")]
             tracing::warn!(
@@ -2486,8 +2496,9 @@ impl Drop for SpawnedRefunds {
 /// on the layer's spawner ([`RateLimitLayerBuilder::refund_spawner`]), else on
 /// Tokio's current runtime (feature `queue`). Where none runs it to its end (the
 /// layer's refund tasks at their cap, no runtime, the spawner panicked or dropped
-/// it, the runtime shut down), each charge not given back stays taken, counted in
-/// its rule's `errors`.
+/// it, the runtime shut down), each refund not seen to end is counted in its
+/// rule's `errors` (its charge stays taken, unless its round trip was under way
+/// and reached the limiter).
 fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
     if pending.is_empty() {
         return;
@@ -2497,8 +2508,8 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
         Ok(task) => spawn(shared.spawner.as_deref(), Box::pin(task)),
         Err(refused) => {
             // At the cap: the charges stay taken, counted as failed refunds.
-            for (j, _) in refused {
-                let entry = &shared.rules[j];
+            for (j, _) in &refused {
+                let entry = &shared.rules[*j];
                 entry.counters.bump(Count::Error);
                 #[cfg(feature = "tracing")]
                 tracing::warn!(
@@ -2507,12 +2518,22 @@ fn spawn_refunds(shared: &Arc<Shared>, pending: Vec<(usize, RemoteRefund)>) {
                     "a dropped request's refund was not spawned: the layer's refund tasks are at their cap"
                 );
             }
+            drop_contained(refused);
         }
     }
 }
 
+/// Drops `refunds` (unrun), catching a panic a limiter's future makes in its drop:
+/// this runs in a drop, where a panic would unwind out of the dropped response
+/// future (or abort, were it already unwinding). What they held is counted
+/// already.
+fn drop_contained<T>(refunds: T) {
+    let _panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(refunds)));
+}
+
 /// Hands `task` to `spawner`, else to Tokio's current runtime (feature `queue`);
-/// where nothing can run it, drops it (its drop counts its refunds as not made).
+/// where nothing can run it, drops it (its drop counts its refunds as not made;
+/// a panic in a refund future's own drop is caught: [`drop_contained`]).
 ///
 /// A spawner that panics (`tokio::spawn` outside a runtime) is caught: this runs in
 /// a drop, where a panic would unwind out of the dropped response future (or abort,
@@ -2528,7 +2549,7 @@ fn spawn(spawner: Option<&Spawner>, task: RefundTask) {
         drop(runtime.spawn(task));
         return;
     }
-    drop(task);
+    drop_contained(task);
 }
 
 /// The response for the layer's own answer: `text/plain`, or, to a gRPC request

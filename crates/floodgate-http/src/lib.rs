@@ -55,7 +55,8 @@
 //!   [`refund_spawner`](RateLimitLayerBuilder::refund_spawner), at most
 //!   [`max_refund_tasks`](RateLimitLayerBuilder::max_refund_tasks) in flight per
 //!   layer; a refund not spawned for the cap, or whose task is dropped unfinished,
-//!   leaves its charge taken, counted in the rule's `errors`); **soft** rules let the request
+//!   leaves its charge taken — unless its round trip was under way and reached the
+//!   limiter — counted in the rule's `errors`); **soft** rules let the request
 //!   through marked `X-RateLimit-Exceeded`, **shadow** rules only count
 //!   ([`Strategy`]). Per-rule counters ([`RuleStats`]) are sharded atomics.
 //! * No input panics: a missing, malformed, oversized or non-UTF-8 value is a

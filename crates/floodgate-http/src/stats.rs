@@ -35,7 +35,8 @@ use crate::headers::PolicyName;
 ///   [`RateLimitLayerBuilder::refund_spawner`](crate::RateLimitLayerBuilder::refund_spawner)),
 ///   or that were not spawned because the layer's refund tasks were at their cap
 ///   ([`RateLimitLayerBuilder::max_refund_tasks`](crate::RateLimitLayerBuilder::max_refund_tasks)).
-///   Each such charge stays taken.
+///   Each such charge stays taken, but one whose refund's round trip was under
+///   way when its task was dropped: the limiter may have made that refund.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RuleStats {

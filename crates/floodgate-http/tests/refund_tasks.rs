@@ -11,20 +11,19 @@
 //! paused ones, so no test sleeps for real.
 
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 use std::time::Duration;
 
 use floodgate_http::RateLimitLayer;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use tokio::runtime::Runtime;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, ServiceExt};
 mod common;
 #[path = "common/remote.rs"]
 mod remote;
 use common::{Hello, TestResult};
 use remote::{
-    a_served_then_b, from, paused_runtime, remote_then_queue, slow_remote_then_global, Remote,
-    Tasks,
+    a_served_then_b, dropped_while_queued, from, on_threads, paused_runtime, remote_then_queue,
+    slow_remote_then_global, Remote, Tasks,
 };
 
 /// "a" is served by `layer` on `rt` and keeps the queue's slot (the queue's clock
@@ -35,32 +34,6 @@ fn a_holds_the_slot(rt: &Runtime, layer: &RateLimitLayer) -> TestResult {
         assert_eq!(a.status(), StatusCode::OK);
         Ok(())
     })
-}
-
-/// A request from `who` is charged 1 in the remote limit, waits in the queue, and
-/// its client goes away: the future is dropped on `rt` (where, with no spawner,
-/// its refund task is spawned), then `rt` runs its ready tasks.
-fn dropped_while_queued(rt: &Runtime, layer: &RateLimitLayer, who: &str) -> TestResult {
-    rt.block_on(async {
-        let mut svc = layer.layer(Hello);
-        let mut waiting = ServiceExt::<Request<()>>::ready(&mut svc)
-            .await?
-            .call(from(who));
-        let pending =
-            std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx).is_pending())).await;
-        assert!(pending, "{who} must wait for its slot");
-        drop(waiting);
-        let_spawned_tasks_run().await;
-        Ok(())
-    })
-}
-
-/// A few turns of the current-thread scheduler, no time passing: a spawned refund
-/// task runs as far as it can (the double's refund ends on its second poll).
-async fn let_spawned_tasks_run() {
-    for _ in 0..8 {
-        tokio::task::yield_now().await;
-    }
 }
 
 /// The `errors` of the remote rule.
@@ -247,23 +220,8 @@ fn the_cap_is_exact_when_threads_drop_requests_at_once() -> TestResult {
         .max_refund_tasks(CAP)
         .build()?;
     a_holds_the_slot(&paused_runtime()?, &layer)?;
-    std::thread::scope(|s| {
-        let dropping: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let layer = &layer;
-                s.spawn(move || -> Result<(), String> {
-                    let rt = paused_runtime().map_err(|e| e.to_string())?;
-                    for i in 0..EACH {
-                        dropped_while_queued(&rt, layer, &format!("user-{t}-{i}"))
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        dropping
-            .into_iter()
-            .try_for_each(|t| t.join().map_err(|_| "a thread panicked".to_owned())?)
+    on_threads(THREADS, |t, rt| {
+        (0..EACH).try_for_each(|i| dropped_while_queued(rt, &layer, &format!("user-{t}-{i}")))
     })?;
     let kept = tasks.take()?;
     assert_eq!(kept.len(), CAP, "exactly the cap's tasks");

@@ -1,6 +1,7 @@
 //! An in-memory remote limit with receipts and refunds ([`Remote`]), for the tests
 //! of a dropped request's remote refunds (review_s43_cancel.rs,
-//! review_s43_revcancel.rs, doc_claims_s43.rs): its refunds run on their second poll, so a refund
+//! review_s43_revcancel.rs, doc_claims_s43.rs, refund_tasks.rs, review_s44_cap.rs): its refunds
+//! run on their second poll, so a refund
 //! future that is made but never run gives nothing back.
 #![allow(dead_code)]
 
@@ -161,6 +162,59 @@ pub fn paused_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_time()
         .start_paused(true)
         .build()
+}
+
+/// A request from `who` is charged 1 in the remote limit, waits in the queue, and
+/// its client goes away (`layer`'s queue slot held, its clock standing): the future is dropped on `rt` (where, with no spawner,
+/// its refund task is spawned), then `rt` runs its ready tasks.
+pub fn dropped_while_queued(
+    rt: &tokio::runtime::Runtime,
+    layer: &RateLimitLayer,
+    who: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    rt.block_on(async {
+        let mut svc = layer.layer(crate::common::Hello);
+        let mut waiting = ServiceExt::<Request<()>>::ready(&mut svc)
+            .await?
+            .call(from(who));
+        let pending =
+            std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx).is_pending())).await;
+        assert!(pending, "{who} must wait for its slot");
+        drop(waiting);
+        let_spawned_tasks_run().await;
+        Ok(())
+    })
+}
+
+/// A few turns of the current-thread scheduler, no time passing: a spawned refund
+/// task runs as far as it can (the double's refund ends on its second poll).
+pub async fn let_spawned_tasks_run() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Runs `each(thread, runtime)` on `threads` threads at once, each on its own
+/// paused runtime, and joins them: the first error, or a thread's panic, as the
+/// error.
+pub fn on_threads<F>(threads: usize, each: F) -> Result<(), String>
+where
+    F: Fn(usize, &tokio::runtime::Runtime) -> Result<(), Box<dyn std::error::Error>> + Sync,
+{
+    std::thread::scope(|s| {
+        let running: Vec<_> = (0..threads)
+            .map(|t| {
+                let each = &each;
+                s.spawn(move || -> Result<(), String> {
+                    let rt = paused_runtime().map_err(|e| e.to_string())?;
+                    each(t, &rt).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .try_for_each(|t| t.join().map_err(|_| "a thread panicked".to_owned())?)
+    })
 }
 
 /// A remote rule named `name` on `remote`, keyed on `x-user`.
