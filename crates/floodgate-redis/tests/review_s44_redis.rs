@@ -108,12 +108,13 @@ fn a_key_of_another_type_fails_the_refund_before_any_write() {
 
 /// The server out of memory (`maxmemory` 1 byte, `noeviction`): a multi-limit
 /// refund that would give back on every limit fails with Redis's `OOM` error as
-/// a Redis error (its first write refused, so nothing written on any key), and
-/// once memory is allowed again the same receipt gives back, once.
+/// a retryable Redis error (its first write refused, so nothing written on any
+/// key), and once memory is allowed again the same receipt gives back, once.
 ///
 /// Fails if the refunds swallow a failed write (`redis.pcall` for the log's
 /// first `ZADD` and the string states' `SET`): the call then reports a refund
-/// that wrote nothing, or writes a part of it.
+/// that wrote nothing, or writes a part of it; and without `OOM` among the
+/// retryable errors (before session 44's review: not retryable).
 #[test]
 fn a_refund_refused_for_memory_writes_nothing_and_says_so() {
     let Some(server) = RedisServer::start() else {
@@ -136,6 +137,8 @@ fn a_refund_refused_for_memory_writes_nothing_and_says_so() {
         let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
         assert!(matches!(&e, RedisLimitError::Redis(_)), "{e:?}");
         assert!(e.to_string().contains("OOM"), "{e}");
+        // The same call succeeds once memory is freed (below): retryable.
+        assert!(e.is_retryable(), "{e:?}");
         let after = snapshots(&server, &keys);
         assert_eq!(after, before);
         assert_eq!(
