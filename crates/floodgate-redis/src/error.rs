@@ -106,8 +106,9 @@ pub enum RedisLimitError {
 impl RedisLimitError {
     /// Whether the same call may succeed later (a timeout, a connection problem, or
     /// a server that is busy: loading, `BUSY` with another script, a cluster
-    /// reconfiguring), as opposed to one that will fail again (a malformed state or
-    /// reply).
+    /// reconfiguring, out of memory — `OOM`, a script's first write refused, so
+    /// nothing written), as opposed to one that will fail again (a malformed state
+    /// or reply).
     ///
     /// # Examples
     ///
@@ -127,9 +128,11 @@ impl RedisLimitError {
                     || e.is_timeout()
                     || e.is_unrecoverable_error()
                     // The server will serve again: it is loading its data, its
-                    // cluster is reconfiguring, or another client's script runs.
+                    // cluster is reconfiguring, another client's script runs, or
+                    // it is out of memory until keys expire or maxmemory rises.
                     || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
                     || e.code() == Some("BUSY")
+                    || e.code() == Some("OOM")
             }
             RedisLimitError::MalformedReply { .. } | RedisLimitError::TimeOutOfRange { .. } => {
                 false

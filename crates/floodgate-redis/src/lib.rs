@@ -44,7 +44,8 @@
 //! * **Time** is the server's `TIME`, read inside the script: replicas with skewed
 //!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
 //!   `max(TAT, now)`, windows never return to an older window, the log judges an
-//!   earlier reading at its newest entry).
+//!   earlier reading at its newest entry); a GCRA refund at such a reading is the
+//!   exception (see **Refunds**).
 //! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
 //!   limits on one request ([`RedisLimiterBuilder::and`]: 10 a second *and* 1000 a
 //!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
@@ -161,6 +162,11 @@
 //!   gave back (a ledger in the key), is given back as far as it is still ahead of
 //!   the server's now; units booked after it that are still ahead of
 //!   `now + B·T` stay spent. A refund never gives back more than its charge took.
+//!   Judged at the server's now as read, as the in-process refund at its clock's:
+//!   exact only while readings come in order. A `TIME` that stepped back behind a
+//!   later admission's reading gives back schedule that admission had passed (the
+//!   TAT may fall below that reading), admitting up to the refunded charge's own
+//!   units more, once (the key keeps no reading beside its TAT; open).
 //! * **Fixed window, sliding window** (one limit): the in-process
 //!   [`floodgate::FixedWindow`] and [`floodgate::SlidingWindow`] refunds: the
 //!   charge's units come off the count of the current window (the sliding window's

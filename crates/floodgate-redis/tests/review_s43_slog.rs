@@ -8,11 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_totals_consistent, drive_trace, log_members, members, runtime, sliding_log as log,
-    with_refunds, RedisServer, Trace, TraceShape, TraceStep,
+    assert_totals_consistent, log_members, members, runtime, sliding_log as log, with_refunds,
+    RedisServer,
 };
-use floodgate::{Decision, ManualClock, Nanos, Policy, Receipt, SlidingLog};
-use floodgate_redis::{Algorithm, RedisLimiter, RedisReceipt};
+use floodgate::{ManualClock, Policy, SlidingLog};
+use floodgate_redis::{Algorithm, RedisLimiter};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -175,83 +175,6 @@ fn a_dropped_instant_never_holds_a_later_charge_for_an_old_receipt() {
     });
 }
 
-/// The fewest remaining of several decisions (what a multi-limit limiter reports
-/// for a peek of 0: every limit admits it).
-fn fewest(ds: &[Decision]) -> u64 {
-    ds.iter().map(Decision::remaining).min().unwrap_or(0)
-}
-
-/// A multi-limit limiter of two sliding logs and the two in-process logs of a
-/// trace: a charge admitted (with its receipt) exactly where both logs admit it,
-/// each log charged only then; a refund's answer whether either log gave back,
-/// a receipt sent a second time giving nothing; the fewest remaining the same.
-struct TwoLogs<'a> {
-    remote: &'a RedisLimiter,
-    policies: [Policy; 2],
-    clock: ManualClock,
-    logs: [SlidingLog<ManualClock>; 2],
-    key: String,
-    /// Refunds that gave back, that gave nothing, whose logs differed.
-    counts: (usize, usize, usize),
-}
-
-impl Trace for TwoLogs<'_> {
-    type Receipts = ([Receipt; 2], RedisReceipt);
-
-    fn begin(&mut self, seed: u64) {
-        self.clock = ManualClock::new();
-        self.logs = self
-            .policies
-            .map(|p| SlidingLog::with_clock(p, self.clock.clone()));
-        self.key = format!("multi{seed}");
-    }
-
-    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts> {
-        let now = Nanos::new(at.now_us * 1_000);
-        self.clock.set(now);
-        let admits = self.logs.iter().all(|l| l.peek_at(now, cost).is_allowed());
-        let (rd, rr) = self
-            .remote
-            .charge_n_at_micros(&self.key, cost, at.now_us)
-            .await
-            .unwrap();
-        assert_eq!(rd.is_allowed(), admits, "{at}");
-        assert_eq!(rr.is_some(), admits, "{at}");
-        let rr = rr?;
-        let local = self.logs.each_ref().map(|l| l.charge_at(now, cost).1);
-        Some((local, rr))
-    }
-
-    async fn refund(&mut self, at: TraceStep, ([a, b], rr): Self::Receipts) {
-        self.clock.set(Nanos::new(at.now_us * 1_000));
-        let backs = [self.logs[0].refund(a), self.logs[1].refund(b)];
-        if backs[0] != backs[1] {
-            self.counts.2 += 1;
-        }
-        // The in-process refunds read the clock: `now_us`.
-        let rback = self.remote.refund_at_micros(&rr, at.now_us).await.unwrap();
-        assert_eq!(rback, backs[0] || backs[1], "{at}");
-        if rback {
-            self.counts.0 += 1;
-        } else {
-            self.counts.1 += 1;
-        }
-        assert!(!self.remote.refund_at_micros(&rr, at.now_us).await.unwrap());
-    }
-
-    async fn after(&mut self, at: TraceStep) {
-        let now = Nanos::new(at.now_us * 1_000);
-        self.clock.set(now);
-        let local = self.logs.each_ref().map(|l| l.peek_at(now, 0));
-        let rd = self
-            .remote
-            .peek_n_at_micros(&self.key, 0, at.now_us)
-            .await
-            .unwrap();
-        assert_eq!(rd.remaining(), fewest(&local), "{at}");
-    }
-}
-
 /// Several limits, two sliding logs of other periods (4 per 300 ms and 7 per
 /// 1 s), against two in-process logs ([`drive_trace`]): random charges (all or
 /// nothing: each log charged only when both admit), refunds of the receipts held
@@ -273,29 +196,19 @@ fn a_multi_limit_refund_judges_each_log_by_its_own_period() {
         RedisLimiter::builder(Algorithm::SlidingLog, short).and(Algorithm::SlidingLog, long),
         true,
     );
-    let clock = ManualClock::new();
-    let mut trace = TwoLogs {
-        remote: &remote,
-        policies: [short, long],
-        logs: [short, long].map(|p| SlidingLog::with_clock(p, clock.clone())),
-        clock,
-        key: String::new(),
-        counts: (0, 0, 0),
+    let fresh = move || -> common::Locals {
+        let clock = ManualClock::new();
+        let logs = [short, long].map(|p| {
+            Box::new(SlidingLog::with_clock(p, clock.clone())) as Box<dyn common::InProcess>
+        });
+        (
+            logs.into(),
+            Box::new(move |now| {
+                clock.set(now);
+            }),
+        )
     };
-    let shape = TraceShape {
-        seeds: 8,
-        steps: 200,
-        max_cost: 2,
-        held: 4,
-        wait_us: 250_000,
-        back_us: 100_000,
-    };
-    rt.block_on(drive_trace(shape, &mut trace));
-    let (given, refused, partial) = trace.counts;
-    assert!(
-        given > 100 && refused > 0 && partial > 20,
-        "{given} given, {refused} refused, {partial} partial"
-    );
+    common::drive_multi_trace(&rt, &remote, "multi", Box::new(fresh));
 }
 
 /// A rolling deploy on one log key: replicas of 1 s (limit 5) and 3 s (limit 8)

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::reference::{ExactFixedWindow, ExactGcra, ExactSlidingLog, ExactSlidingWindow};
-use floodgate::{Decision, Policy};
+use floodgate::{Clock, Decision, Nanos, Policy, RateLimiter, Receipt, SlidingLog, StateCell};
 use floodgate_redis::{
-    Algorithm, OnFailure, RedisLimitError, RedisLimiter, RedisLimiterBuilder, Verdict,
+    Algorithm, OnFailure, RedisLimitError, RedisLimiter, RedisLimiterBuilder, RedisReceipt, Verdict,
 };
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
@@ -500,4 +500,168 @@ pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
             trace.after(TraceStep { seed, step, now_us }).await;
         }
     }
+}
+
+/// An in-process limit with receipts, read at an explicit instant (its refund at
+/// its own clock's).
+pub trait InProcess {
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision;
+    fn charge_at(&self, now: Nanos, cost: u32) -> Receipt;
+    fn refund(&self, receipt: Receipt) -> bool;
+}
+
+impl<A: floodgate::Algorithm, C: Clock, S: StateCell<A::State>> InProcess for RateLimiter<A, C, S> {
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        RateLimiter::peek_at(self, now, cost)
+    }
+    fn charge_at(&self, now: Nanos, cost: u32) -> Receipt {
+        RateLimiter::charge_at(self, now, cost).1
+    }
+    fn refund(&self, receipt: Receipt) -> bool {
+        RateLimiter::refund(self, receipt)
+    }
+}
+
+impl<C: Clock> InProcess for SlidingLog<C> {
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        SlidingLog::peek_at(self, now, cost)
+    }
+    fn charge_at(&self, now: Nanos, cost: u32) -> Receipt {
+        SlidingLog::charge_at(self, now, cost).1
+    }
+    fn refund(&self, receipt: Receipt) -> bool {
+        SlidingLog::refund(self, receipt)
+    }
+}
+
+/// Fresh in-process limits for a seed, in the remote limiter's order, and the
+/// function that sets the clock their refunds read.
+pub type Locals = (Vec<Box<dyn InProcess>>, Box<dyn Fn(Nanos)>);
+
+/// A multi-limit Redis limiter and the in-process limits of a trace
+/// ([`drive_trace`]): a charge admitted (with its receipt) exactly where every
+/// limit admits it, each charged only then; a refund's answer whether any limit
+/// gave back, a receipt sent a second time giving nothing; the fewest remaining
+/// after each step the in-process one.
+pub struct MultiTrace<'a> {
+    pub remote: &'a RedisLimiter,
+    /// The key of seed `s` is `{name}{s}`.
+    pub name: &'static str,
+    pub fresh: Box<dyn Fn() -> Locals>,
+    locals: Option<Locals>,
+    key: String,
+    /// Refunds that gave back, that gave nothing, whose limits differed.
+    pub counts: (usize, usize, usize),
+}
+
+impl<'a> MultiTrace<'a> {
+    pub fn new(
+        remote: &'a RedisLimiter,
+        name: &'static str,
+        fresh: Box<dyn Fn() -> Locals>,
+    ) -> MultiTrace<'a> {
+        MultiTrace {
+            remote,
+            name,
+            fresh,
+            locals: None,
+            key: String::new(),
+            counts: (0, 0, 0),
+        }
+    }
+
+    /// The in-process limits, their clock set to `now`.
+    fn at(&self, now: Nanos) -> &[Box<dyn InProcess>] {
+        let (limits, set) = self.locals.as_ref().expect("a trace begun");
+        set(now);
+        limits
+    }
+}
+
+impl Trace for MultiTrace<'_> {
+    type Receipts = (Vec<Receipt>, RedisReceipt);
+
+    fn begin(&mut self, seed: u64) {
+        self.locals = Some((self.fresh)());
+        self.key = format!("{}{seed}", self.name);
+    }
+
+    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts> {
+        let now = Nanos::new(at.now_us * 1_000);
+        let admits = self
+            .at(now)
+            .iter()
+            .all(|l| l.peek_at(now, cost).is_allowed());
+        let (rd, rr) = self
+            .remote
+            .charge_n_at_micros(&self.key, cost, at.now_us)
+            .await
+            .unwrap();
+        assert_eq!(rd.is_allowed(), admits, "{at}");
+        assert_eq!(rr.is_some(), admits, "{at}");
+        let rr = rr?;
+        let local = self
+            .at(now)
+            .iter()
+            .map(|l| l.charge_at(now, cost))
+            .collect();
+        Some((local, rr))
+    }
+
+    async fn refund(&mut self, at: TraceStep, (local, rr): Self::Receipts) {
+        let limits = self.at(Nanos::new(at.now_us * 1_000));
+        let backs: Vec<bool> = limits.iter().zip(local).map(|(l, r)| l.refund(r)).collect();
+        if backs.iter().any(|&b| b != backs[0]) {
+            self.counts.2 += 1;
+        }
+        // The in-process refunds read the clock: `now_us`.
+        let rback = self.remote.refund_at_micros(&rr, at.now_us).await.unwrap();
+        assert_eq!(rback, backs.contains(&true), "{at}: {backs:?}");
+        if rback {
+            self.counts.0 += 1;
+        } else {
+            self.counts.1 += 1;
+        }
+        assert!(!self.remote.refund_at_micros(&rr, at.now_us).await.unwrap());
+    }
+
+    async fn after(&mut self, at: TraceStep) {
+        let now = Nanos::new(at.now_us * 1_000);
+        let local: Vec<Decision> = self.at(now).iter().map(|l| l.peek_at(now, 0)).collect();
+        let fewest = local.iter().map(Decision::remaining).min().unwrap_or(0);
+        let rd = self
+            .remote
+            .peek_n_at_micros(&self.key, 0, at.now_us)
+            .await
+            .unwrap();
+        assert_eq!(rd.remaining(), fewest, "{at}: {local:?}");
+    }
+}
+
+/// Drives a [`MultiTrace`] of `remote` against the limits `fresh` makes through
+/// 8 seeded traces of 200 steps (costs 1 and 2, 4 receipts held, waits under
+/// 250 ms, readings up to 100 ms behind), keys `{name}{seed}`; the trace must
+/// refund enough to mean something: over 100 refunds that gave back, one that
+/// gave nothing, 20 where the limits differed.
+pub fn drive_multi_trace(
+    rt: &tokio::runtime::Runtime,
+    remote: &RedisLimiter,
+    name: &'static str,
+    fresh: Box<dyn Fn() -> Locals>,
+) {
+    let mut trace = MultiTrace::new(remote, name, fresh);
+    let shape = TraceShape {
+        seeds: 8,
+        steps: 200,
+        max_cost: 2,
+        held: 4,
+        wait_us: 250_000,
+        back_us: 100_000,
+    };
+    rt.block_on(drive_trace(shape, &mut trace));
+    let (given, refused, partial) = trace.counts;
+    assert!(
+        given > 100 && refused > 0 && partial > 20,
+        "{given} given, {refused} refused, {partial} partial"
+    );
 }
