@@ -1,19 +1,21 @@
-//! Session 44 review of the priority rule's peek (feature `queue`): a 429 from an
-//! earlier rule peeks a later `PriorityRule` by running its arrival rule under the
-//! queues' lock. Attacked differentially on Tokio's paused clock (which also drives
-//! the limiters): over every small arrangement of waiters (tier bounds with and
-//! without places, sheddable and unsheddable lower tiers, a holder asleep on its
-//! slot, a head just woken by the holder's departure), the peek must
+//! Session 44 review of the queue peeks (feature `queue`): a 429 from an earlier
+//! rule peeks a later `PriorityRule` (its arrival rule run under the queues' lock)
+//! or `QueueRule` / `KeyedQueueRule` (the core's reservation peek). Attacked
+//! differentially on Tokio's paused clock (which also drives the limiters): over
+//! every small arrangement of waiters (tier bounds with and without places,
+//! sheddable and unsheddable lower tiers, a holder asleep on its slot, the clock
+//! at exactly the holder's slot; queues of 0 to 4 with bounds below, at and
+//! beyond their slots; costs of 1 and 2, bursts of 1 to 3), the peek must
 //!
 //! * say what a real arrival in the same tier, polled in the same instant, meets:
-//!   refused at once (the priority rule named in the 429's `RateLimit`, with the
-//!   same `Retry-After` and the same `RateLimit` entry as the arrival's own 429) or
-//!   not (queued, or admitted at once: the priority rule not shown);
+//!   refused at once (the later rule shown in the 429's `RateLimit`, with the same
+//!   `Retry-After` and the same `RateLimit` entry as the arrival's own 429) or not
+//!   (queued, or admitted at once: the later rule not shown);
 //! * change nothing: every waiter's fate (status, and when it was answered), the
 //!   arrival's, and the rule's counters are those of a twin run without the peek;
 //! * tell a `Retry-After` that holds: the denied client, retrying after exactly
-//!   that many seconds with nothing else arriving, is not refused by the priority
-//!   rule.
+//!   that many seconds with nothing else arriving, is admitted (at once by a
+//!   priority rule, within `max_delay` by a queue).
 #![cfg(feature = "queue")]
 
 use std::future::{poll_fn, Future};
@@ -22,7 +24,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use floodgate::{KeyedLimiter, Policy, Shaper};
-use floodgate_http::{from_fn, HeaderKey, PriorityRule, RateLimitLayer, RateLimitService, Rule};
+use floodgate_http::{
+    from_fn, HeaderKey, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, RateLimitService,
+    Rule,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -35,8 +40,7 @@ use common::{tier, tier_request, Hello, TestResult, TokioClock};
 type PerUser = KeyedLimiter<String, floodgate::Gcra, TokioClock>;
 
 /// One run's layer: a per-user rule of 1 per ms (a denial it gives alone is the
-/// minimum `Retry-After: 1`), then "prio", 1 per 10 s with burst 1, `bounds` places
-/// per tier.
+/// minimum `Retry-After: 1`), then "later" ([`Later`]).
 struct Setup {
     start: Instant,
     per_user: Arc<PerUser>,
@@ -44,25 +48,43 @@ struct Setup {
     svc: RateLimitService<Hello>,
 }
 
-fn setup(bounds: &[usize]) -> Result<Setup, Box<dyn std::error::Error>> {
+fn setup(case: &Case) -> Result<Setup, Box<dyn std::error::Error>> {
+    let (burst, cost) = case.shape;
     let start = Instant::now();
     let clock = TokioClock { start };
     let per_user: Arc<PerUser> = Arc::new(KeyedLimiter::gcra_with_clock(
         Policy::new(1, Duration::from_millis(1))?.with_burst(1)?,
         clock,
     ));
-    let shaper = Shaper::with_clock(
-        Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
-        clock,
-    );
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::shared(
-            "per-user",
-            Arc::clone(&per_user),
-            HeaderKey::new("x-user")?,
-        )?)
-        .priority(PriorityRule::new("prio", shaper, bounds, from_fn(tier))?)
-        .build()?;
+    let policy = Policy::new(1, Duration::from_secs(10))?.with_burst(burst)?;
+    let builder = RateLimitLayer::builder().rule(Rule::shared(
+        "per-user",
+        Arc::clone(&per_user),
+        HeaderKey::new("x-user")?,
+    )?);
+    let builder = match case.later {
+        Later::Priority => builder.priority(
+            PriorityRule::new(
+                "later",
+                Shaper::with_clock(policy, clock),
+                case.bounds,
+                from_fn(tier),
+            )?
+            .cost(cost),
+        ),
+        Later::Queue(max_delay) => builder.queue(
+            QueueRule::new("later", Shaper::with_clock(policy, clock), max_delay)?.cost(cost),
+        ),
+        Later::KeyedQueue(max_delay) => {
+            let keyed: KeyedLimiter<String, floodgate::Gcra, TokioClock> =
+                KeyedLimiter::gcra_with_clock(policy, clock);
+            builder.queue_per_key(
+                KeyedQueueRule::new("later", HeaderKey::new("x-tier")?, keyed, max_delay)?
+                    .cost(cost),
+            )
+        }
+    };
+    let layer = builder.build()?;
     let svc = layer.layer(Hello);
     Ok(Setup {
         start,
@@ -107,32 +129,47 @@ async fn first_poll(s: &Setup, who: &str, tier: usize) -> Result<First, String> 
 /// the woken run once), and then the probes are taken in one instant.
 #[derive(Clone, Debug)]
 struct Case {
+    /// The later rule.
+    later: Later,
+    /// The later rule's burst and cost.
+    shape: (u64, u32),
     bounds: &'static [usize],
     fills: Vec<usize>,
     advance: Duration,
     probe: usize,
 }
 
+/// The rule after the per-user one, "later", on a GCRA of 1 per 10 s.
+#[derive(Clone, Copy, Debug)]
+enum Later {
+    /// A `PriorityRule` with the case's bounds.
+    Priority,
+    /// A `QueueRule` with this `max_delay` (one tier).
+    Queue(Duration),
+    /// A `KeyedQueueRule` on `x-tier` with this `max_delay` (one tier, one key).
+    KeyedQueue(Duration),
+}
+
 /// What one run saw.
 #[derive(Debug, PartialEq, Eq)]
 struct Seen {
-    /// The peek's 429: status, `Retry-After`, and the "prio" entry of `RateLimit`.
+    /// The peek's 429: status, `Retry-After`, and the "later" entry of `RateLimit`.
     peek: Option<(u16, Option<String>, Option<String>)>,
     /// The real arrival's first poll: answered at once (status, `Retry-After`,
-    /// "prio" entry), or waiting.
+    /// "later" entry), or waiting.
     arrival: Option<(u16, Option<String>, Option<String>)>,
     /// Every request's end: fills in order, then the arrival: status and instant.
     ends: Vec<(u16, Duration)>,
-    prio_stats: Option<floodgate_http::RuleStats>,
+    later_stats: Option<floodgate_http::RuleStats>,
 }
 
-/// The `RateLimit` header's item for "prio", if shown.
-fn prio_item(a: &Answer) -> Option<String> {
+/// The `RateLimit` header's item for "later", if shown.
+fn later_item(a: &Answer) -> Option<String> {
     let limits = a.header("ratelimit")?;
     limits
         .split(',')
         .map(str::trim)
-        .find(|item| item.starts_with("\"prio\""))
+        .find(|item| item.starts_with("\"later\""))
         .map(str::to_owned)
 }
 
@@ -140,7 +177,7 @@ fn summary(a: &Answer) -> (u16, Option<String>, Option<String>) {
     (
         a.status.as_u16(),
         a.header("retry-after").map(str::to_owned),
-        prio_item(a),
+        later_item(a),
     )
 }
 
@@ -152,7 +189,7 @@ async fn let_run() {
 
 /// `case`'s layer with its waiters arrived, the clock `advance`d.
 async fn arrange(case: &Case) -> Result<(Setup, Vec<First>), Box<dyn std::error::Error>> {
-    let s = setup(case.bounds)?;
+    let s = setup(case)?;
     let mut fills = Vec::new();
     for (i, &t) in case.fills.iter().enumerate() {
         fills.push(first_poll(&s, &format!("u{i}"), t).await?);
@@ -169,7 +206,7 @@ async fn run(case: &Case, peek: bool) -> Result<Seen, Box<dyn std::error::Error>
     let mut seen_peek = None;
     if peek {
         // "x" spent on the per-user rule (for a millisecond): denied there, so the
-        // priority rule is only peeked.
+        // later rule is only peeked.
         let _ = s.per_user.check(&"x".to_owned());
         match first_poll(&s, "x", case.probe).await? {
             First::Answered(a) => {
@@ -195,29 +232,39 @@ async fn run(case: &Case, peek: bool) -> Result<Seen, Box<dyn std::error::Error>
         peek: seen_peek,
         arrival: seen_arrival,
         ends,
-        prio_stats: s.layer.rule_stats("prio"),
+        later_stats: s.layer.rule_stats("later"),
     })
 }
 
-/// The denied client waits exactly its `Retry-After` and comes back: the priority
-/// rule does not refuse it at once (it may queue it).
-async fn retry_after_holds(case: &Case) -> Result<(), Box<dyn std::error::Error>> {
+/// The denied client waits exactly its `Retry-After` and comes back: admitted (at
+/// once for a priority rule) when the 429 showed the later rule.
+async fn retry_after_holds(case: &Case) -> Result<bool, Box<dyn std::error::Error>> {
     let (s, fills) = arrange(case).await?;
     let _ = s.per_user.check(&"x".to_owned());
     let First::Answered(denied) = first_poll(&s, "x", case.probe).await? else {
         return Err(format!("{case:?}: the denial waited").into());
     };
     let secs: u64 = denied.header("retry-after").unwrap_or("0").parse()?;
-    if prio_item(&denied).is_some() {
+    if later_item(&denied).is_some() {
         tokio::time::sleep(Duration::from_secs(secs)).await;
+        // The waiters due at this instant go first.
+        let_run().await;
         match first_poll(&s, "x", case.probe).await? {
-            First::Answered(a) => assert!(
-                a.status == 200 || prio_item(&a).is_none(),
-                "{case:?}: told Retry-After: {secs}, refused by the priority rule after it: {} {:?}",
+            First::Answered(a) => assert_eq!(
                 a.status,
-                a.header("retry-after")
+                200,
+                "{case:?}: told Retry-After: {secs}, then {:?} {:?}",
+                a.header("retry-after"),
+                a.body
             ),
-            First::Waiting(task) => assert_eq!(task.await??.0, 200, "{case:?}"),
+            // A queue's slot may still be up to `max_delay` away; a priority
+            // rule's waiters ahead have all gone.
+            First::Waiting(task) => {
+                if matches!(case.later, Later::Priority) {
+                    return Err(format!("{case:?}: told Retry-After: {secs}, then queued").into());
+                }
+                assert_eq!(task.await??.0, 200, "{case:?}: told Retry-After: {secs}");
+            }
         }
     }
     for f in fills {
@@ -225,7 +272,7 @@ async fn retry_after_holds(case: &Case) -> Result<(), Box<dyn std::error::Error>
             let _ = task.await??;
         }
     }
-    Ok(())
+    Ok(later_item(&denied).is_some())
 }
 
 /// Every sequence of tiers below `tiers` of length at most `len`.
@@ -247,6 +294,20 @@ fn sequences(tiers: usize, len: usize) -> Vec<Vec<usize>> {
     all
 }
 
+/// The later rule's burst and cost: one unit a slot; a burst of 2 (two go at
+/// once); 2 units a request in a burst of 3.
+const SHAPES: [(u64, u32); 3] = [(1, 1), (2, 1), (3, 2)];
+
+/// The queues' `max_delay`s: none (go at once or be refused), within one slot, a
+/// slot and a half, beyond two slots.
+const QUEUE_BOUNDS: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_secs(5),
+    Duration::from_secs(15),
+    Duration::from_secs(25),
+];
+
+/// The priority rule's places per tier.
 const BOUNDS: &[&[usize]] = &[
     &[0, 1],
     &[1, 1],
@@ -256,8 +317,8 @@ const BOUNDS: &[&[usize]] = &[
     &[1, 1, 0],
 ];
 
-/// Instants: at once; exactly when the first holder's slot comes (it leaves, the
-/// next head is woken); 5 s into the next slot.
+/// Instants: at once; exactly when the first holder's slot comes (with a burst of
+/// 1: it leaves, the next head is woken); 5 s into the next slot.
 const ADVANCES: &[Duration] = &[
     Duration::ZERO,
     Duration::from_secs(10),
@@ -268,11 +329,13 @@ const ADVANCES: &[Duration] = &[
 /// each tier.
 fn grid() -> Vec<Case> {
     let mut cases = Vec::new();
-    for &bounds in BOUNDS {
-        for fills in sequences(bounds.len(), 3) {
+    let mut push = |later, shape, bounds: &'static [usize], len| {
+        for fills in sequences(bounds.len(), len) {
             for &advance in ADVANCES {
                 for probe in 0..bounds.len() {
                     cases.push(Case {
+                        later,
+                        shape,
                         bounds,
                         fills: fills.clone(),
                         advance,
@@ -280,6 +343,18 @@ fn grid() -> Vec<Case> {
                     });
                 }
             }
+        }
+    };
+    for shape in SHAPES {
+        for &bounds in BOUNDS {
+            // Beyond one unit a slot, the two-tier bounds only.
+            if shape == (1, 1) || bounds.len() == 2 {
+                push(Later::Priority, shape, bounds, 3);
+            }
+        }
+        for max_delay in QUEUE_BOUNDS {
+            push(Later::Queue(max_delay), shape, &[1], 4);
+            push(Later::KeyedQueue(max_delay), shape, &[1], 4);
         }
     }
     cases
@@ -292,9 +367,11 @@ fn grid() -> Vec<Case> {
 /// Some(t) }` popping tier `t`'s newest waiter, as an arrival does): a shed waiter
 /// answered 429 in the peeked run only; the peek counting a would-be-queued request
 /// as refused (`Arrival::Join { shed: Some(_) }` mapped to the rule's refusal): the
-/// peek names "prio" where the arrival queues.
+/// peek shows "later" where the arrival queues; the per-key queue peeking without
+/// its bound (`peek_reserve_at(key, now, cost, Duration::ZERO)` in
+/// `KeyedQueueRule::peek`): `Retry-After` differs from the arrival's 429.
 #[tokio::test(start_paused = true)]
-async fn a_priority_peek_is_the_arrivals_answer_and_changes_nothing() -> TestResult {
+async fn a_later_queues_peek_is_the_arrivals_answer_and_changes_nothing() -> TestResult {
     let cases = grid();
     let mut refused = 0;
     for case in &cases {
@@ -302,7 +379,7 @@ async fn a_priority_peek_is_the_arrivals_answer_and_changes_nothing() -> TestRes
         let twin = run(case, false).await?;
         assert_eq!(peeked.ends, twin.ends, "{case:?}: the peek changed a fate");
         assert_eq!(peeked.arrival, twin.arrival, "{case:?}");
-        assert_eq!(peeked.prio_stats, twin.prio_stats, "{case:?}: counted");
+        assert_eq!(peeked.later_stats, twin.later_stats, "{case:?}: counted");
         let Some((_, peek_retry, peek_item)) = peeked.peek.clone() else {
             return Err("no peek".into());
         };
@@ -328,16 +405,20 @@ async fn a_priority_peek_is_the_arrivals_answer_and_changes_nothing() -> TestRes
     Ok(())
 }
 
-/// The `Retry-After` of a 429 naming the priority rule holds: after it, the same
-/// request is not refused by the priority rule (nothing else arriving).
+/// The `Retry-After` of a 429 showing the later rule holds: after it, with nothing
+/// else arriving, the same request is not refused (`priority.rs`: the waiters ahead
+/// have taken their slots and it is admitted at once; `queue.rs`: its slot is at
+/// most `max_delay` away, so it is queued at most that long).
 ///
 /// Mutation seen failing: the refusal counting one waiter fewer ahead
 /// (`refusal(ahead.saturating_sub(1), ..)` in the arrival rule): the retry comes a
 /// slot early and the full tier refuses it again.
 #[tokio::test(start_paused = true)]
-async fn a_priority_retry_after_holds() -> TestResult {
+async fn a_later_queues_retry_after_holds() -> TestResult {
+    let mut told = 0;
     for case in &grid() {
-        retry_after_holds(case).await?;
+        told += usize::from(retry_after_holds(case).await?);
     }
+    assert!(told > 0);
     Ok(())
 }
