@@ -13,6 +13,8 @@
 //! * Threads: peeks from two threads at every storage and the shaper (both cells)
 //!   write nothing: metrics, schedules, and what an outstanding receipt or
 //!   reservation gives back are what they were.
+//! * A shaper whose policy changes at runtime: the peek is still the next
+//!   reservation, on both cells.
 #![cfg(not(loom))]
 
 #[macro_use]
@@ -322,6 +324,49 @@ fn shaper_peeks_from_threads_write_nothing() {
         assert_eq!(peeked.cancel(a), twin.cancel(b));
         assert_eq!(peeked.cancel(a2), twin.cancel(b2));
         assert_eq!(peeked.state(), twin.state());
+    }
+    case::<AtomicCell<GcraState>>(Shaper::with_clock);
+    case::<LockedCell<GcraState>>(Shaper::locked_with_clock);
+}
+
+/// A shaper's policy changed at runtime (`set_policy`, tighter then looser, with
+/// reservations outstanding): at every instant, cost and bound, the peek is the
+/// reservation made right after it, on both cells, and the peeked shaper stays its
+/// never-peeked twin.
+///
+/// Mutation seen failing: `Shaper::peek_reserve_at` without the bound
+/// (`Reserve::new(self.gcra, Duration::ZERO)`): the peek refuses slots the
+/// reservation books.
+#[test]
+fn a_shaper_peek_after_a_policy_change_is_the_next_reservation() {
+    fn case<S: StateCell<GcraState>>(make: impl Fn(Policy, ManualClock) -> Shaper<ManualClock, S>) {
+        let clock = ManualClock::starting_at(Nanos::from_secs(10));
+        let mut peeked = make(policy(10, 4), clock.clone());
+        let mut twin = make(policy(10, 4), clock.clone());
+        let bounds = [Duration::ZERO, Duration::from_millis(350), Duration::MAX];
+        let mut step = 0u64;
+        for next in [policy(2, 1), policy(50, 6), policy(1, 3)] {
+            for _ in 0..12 {
+                step += 1;
+                let now = Nanos::new(clock.now().as_u64().saturating_sub(step % 3 * 40_000_000));
+                let cost = [0, 1, 2, 3, 7, u32::MAX][(step % 6) as usize];
+                let bound = bounds[(step % 3) as usize];
+                let peek = peeked.peek_reserve_at(now, cost, bound);
+                let reserved = peeked.reserve_at(now, cost, bound);
+                let unpeeked = twin.reserve_at(now, cost, bound);
+                let outcome = |r: &Result<floodgate::Reservation, ShapeError>| {
+                    r.as_ref()
+                        .map(|r| (r.decision(), r.delay()))
+                        .map_err(|e| *e)
+                };
+                assert_eq!(foretold(&peek), outcome(&reserved), "step {step}");
+                assert_eq!(outcome(&unpeeked), outcome(&reserved), "step {step}");
+                clock.advance(Duration::from_millis(70));
+            }
+            peeked.set_policy(next);
+            twin.set_policy(next);
+            assert_eq!(peeked.state(), twin.state());
+        }
     }
     case::<AtomicCell<GcraState>>(Shaper::with_clock);
     case::<LockedCell<GcraState>>(Shaper::locked_with_clock);
