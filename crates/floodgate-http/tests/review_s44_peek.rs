@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use floodgate::{KeyedLimiter, Policy, Shaper};
 use floodgate_http::{from_fn, HeaderKey, PriorityRule, RateLimitLayer, RateLimitService, Rule};
-use http::Request;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -16,7 +15,7 @@ use tower::{Layer, Service, ServiceExt};
 mod answer;
 mod common;
 use answer::Answer;
-use common::{tier, Hello, TestResult, TokioClock};
+use common::{tier, tier_request, Hello, TestResult, TokioClock};
 
 /// 1 per `secs` s, burst 1.
 fn one_per(secs: u64) -> Result<Policy, floodgate::PolicyError> {
@@ -38,18 +37,10 @@ fn per_user_then_priority(
         .build()?)
 }
 
-fn request(who: &str, tier: usize) -> Request<()> {
-    Request::get("/")
-        .header("x-user", who)
-        .header("x-tier", tier.to_string())
-        .body(())
-        .unwrap_or_default()
-}
-
 async fn send(layer: &RateLimitLayer, who: &str, tier: usize) -> Result<Answer, String> {
     let response = layer
         .layer(Hello)
-        .oneshot(request(who, tier))
+        .oneshot(tier_request(who, tier))
         .await
         .map_err(|e| e.to_string())?;
     Answer::read(response).await.map_err(|e| e.to_string())
@@ -58,7 +49,7 @@ async fn send(layer: &RateLimitLayer, who: &str, tier: usize) -> Result<Answer, 
 /// Sends a request and lets it reach its queue before returning.
 async fn arrive(svc: &RateLimitService<Hello>, who: &str, tier: usize) -> JoinHandle<u16> {
     let mut svc = svc.clone();
-    let req = request(who, tier);
+    let req = tier_request(who, tier);
     let task = tokio::spawn(async move {
         let resp = svc.call(req).await.expect("infallible");
         resp.status().as_u16()

@@ -274,7 +274,8 @@ impl ReservationPeek {
     /// # Errors
     ///
     /// [`ShapeError::TooLong`] when the slot would be further than `max_delay`,
-    /// [`ShapeError::Never`] when the cost exceeds the burst.
+    /// [`ShapeError::Never`] when the cost exceeds the burst (or the slot would pass
+    /// the end of `u64` time), as the reservation's.
     ///
     /// # Examples
     ///

@@ -49,6 +49,15 @@ pub fn tier(parts: &Parts) -> Result<usize, KeyError> {
         .ok_or(KeyError::missing("x-tier"))
 }
 
+/// A request from user `who` (`x-user`) in tier `tier` (`x-tier`).
+pub fn tier_request(who: &str, tier: usize) -> Request<()> {
+    Request::get("/")
+        .header("x-user", who)
+        .header("x-tier", tier.to_string())
+        .body(())
+        .unwrap_or_default()
+}
+
 /// Tokio's clock, in nanoseconds since `start`.
 #[derive(Clone, Copy)]
 pub struct TokioClock {
