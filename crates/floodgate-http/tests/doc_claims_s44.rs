@@ -12,13 +12,14 @@
 //!   would give … A request the rule would queue counts as admitted": a full tier
 //!   with a lower waiter to shed would queue the request, so the 429 is the earlier
 //!   rule's alone, and the peek sheds nobody.
+//! * `max_refund_tasks`: at the cap, the charges "each counted in its rule's
+//!   `errors` (and logged with feature `tracing`)" — with `--features
+//!   queue,tracing` (or `--all-features`) only.
 //!
 //! The remote limit is the in-memory double of `common/remote.rs`; no test sleeps.
 
-use floodgate_http::RateLimitLayer;
-use http::StatusCode;
 use tokio::time::Instant;
-use tower::{Layer, ServiceExt};
+use tower::Layer;
 #[path = "common/answer.rs"]
 mod answer;
 mod common;
@@ -28,15 +29,13 @@ mod priority;
 mod remote;
 use common::{Hello, TestResult};
 use priority::{arrive, per_user_then_priority, send};
-use remote::{dropped_while_queued, from, paused_runtime, remote_then_queue, Remote, Tasks};
+use remote::{
+    a_holds_the_slot, dropped_while_queued, errors, paused_runtime, remote_then_queue, Remote,
+    Tasks,
+};
 
 /// The documented default of `max_refund_tasks`.
 const DEFAULT_CAP: usize = 4096;
-
-/// The `errors` of the remote rule.
-fn errors(layer: &RateLimitLayer) -> Option<u64> {
-    layer.rule_stats("per-user").map(|s| s.errors)
-}
 
 /// A layer built without `max_refund_tasks` (a spawner that keeps every task,
 /// none run): 4096 requests dropped while queued, each holding a remote charge,
@@ -52,11 +51,7 @@ fn the_default_cap_is_4096_refund_tasks() -> TestResult {
     let tasks = Tasks::default();
     let layer = tasks.spawner(remote_then_queue(&remote)?).build()?;
     let rt = paused_runtime()?;
-    rt.block_on(async {
-        let a = layer.layer(Hello).oneshot(from("a")).await?;
-        assert_eq!(a.status(), StatusCode::OK, "a keeps the queue's slot");
-        Ok::<_, Box<dyn std::error::Error>>(())
-    })?;
+    a_holds_the_slot(&rt, &layer)?;
     for i in 0..DEFAULT_CAP {
         dropped_while_queued(&rt, &layer, &format!("u{i}"))?;
     }
@@ -124,5 +119,82 @@ async fn a_429_carries_no_priority_refusal_where_the_tier_could_shed_a_lower_wai
     // The peek shed nobody and took no place.
     assert_eq!(layer.rule_stats("prio").map(|s| s.denied), Some(0));
     assert_eq!((b.await?, c.await?, d.await?), (200, 200, 200));
+    Ok(())
+}
+
+/// The `tracing` events of one thread, by their message (feature `tracing`).
+#[cfg(feature = "tracing")]
+mod events {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Keeps each event's message and its `rule` and `max` fields.
+    #[derive(Clone, Default)]
+    pub struct Events(pub Arc<Mutex<Vec<String>>>);
+
+    struct Line(String);
+
+    impl Visit for Line {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={value:?};", field.name()));
+        }
+    }
+
+    impl Subscriber for Events {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut line = Line(String::new());
+            event.record(&mut line);
+            if let Ok(mut events) = self.0.lock() {
+                events.push(line.0);
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+}
+
+/// `max_refund_tasks`: at the cap a dropped request's charges stay taken, "each
+/// counted in its rule's `errors` (and logged with feature `tracing`)". With a
+/// cap of 1 (a spawner that keeps the task), the second request dropped while
+/// queued logs one event naming its rule and the cap; the first, spawned, logs
+/// nothing.
+///
+/// Mutation seen failing: the at-cap `tracing::warn!` in `spawn_refunds` removed
+/// (no event).
+#[cfg(feature = "tracing")]
+#[test]
+fn a_refund_not_spawned_at_the_cap_is_logged() -> TestResult {
+    let remote = Remote::new()?;
+    let (tasks, layer) = remote::kept_tasks_layer(&remote, 1)?;
+    let rt = paused_runtime()?;
+    let events = events::Events::default();
+    let seen = std::sync::Arc::clone(&events.0);
+    tracing::subscriber::with_default(events, || {
+        a_holds_the_slot(&rt, &layer)?;
+        dropped_while_queued(&rt, &layer, "b")?;
+        let at_cap = |e: &String| e.contains("refund tasks are at their cap");
+        let before = seen.lock().map_err(|e| e.to_string())?.clone();
+        assert!(!before.iter().any(at_cap), "{before:?}");
+        dropped_while_queued(&rt, &layer, "c")?;
+        let after = seen.lock().map_err(|e| e.to_string())?.clone();
+        let logged: Vec<&String> = after.iter().filter(|e| at_cap(e)).collect();
+        assert_eq!(logged.len(), 1, "{after:?}");
+        assert!(logged[0].contains("rule=per-user"), "{logged:?}");
+        assert!(logged[0].contains("max=1"), "{logged:?}");
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    assert_eq!(errors(&layer), Some(1), "c's refund, counted");
+    assert_eq!(tasks.take()?.len(), 1, "b's task, kept");
     Ok(())
 }
