@@ -4,6 +4,11 @@
 //!   it)` writes: a `ZREM` and at most one `ZADD` per member from the charge's
 //!   instant on, at most `L` members under one policy …, and at most six more for
 //!   the refund members" (and `sliding_log.lua`'s `sliding_log_refund`, the same).
+//! * `RedisLimitError::is_retryable`: true for "out of memory — `OOM`, a script's
+//!   first write refused, so nothing written" — for a decision (the refund's
+//!   case: `review_s44_redis.rs`). Out of memory, a sliding log's decision is not
+//!   refused: its first write (the trim) frees memory, and Redis then lets the
+//!   script write on.
 //!
 //! Needs `redis-server` (skipped without it unless `FLOODGATE_REQUIRE_REDIS=1`).
 
@@ -14,7 +19,7 @@ use std::time::Duration;
 
 use common::{command_stats, runtime, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, RedisLimiter};
+use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter};
 
 /// `INFO commandstats` as `{command: calls}`.
 fn calls(server: &RedisServer) -> BTreeMap<String, u64> {
@@ -115,5 +120,76 @@ fn a_sliding_log_refund_writes_a_zrem_and_a_zadd_per_member_from_its_instant_on(
                 .expect("peek");
             assert_eq!(left.remaining(), 1, "k = {k}: one unit given back");
         });
+    }
+}
+
+/// What each of `keys` holds, exactly (`DUMP`: its type and value; nil when
+/// absent).
+fn dumps(server: &RedisServer, keys: &[String]) -> Vec<Option<Vec<u8>>> {
+    keys.iter().map(|k| server.cmd(&["DUMP", k])).collect()
+}
+
+/// Each algorithm alone (5 an hour), one unit taken on "kept" first, then the
+/// server out of memory (`maxmemory` 1, `noeviction`): a check on "kept" and one
+/// on a key never seen either go through (a script whose first write frees
+/// memory — the sliding log's trim — may write on past the limit, as Redis lets
+/// any script that has written) or fail with Redis's `OOM` error, retryable,
+/// having written nothing: "kept" holds what it held, "fresh" does not exist,
+/// and with memory allowed again the same check counts one unit only. GCRA and
+/// both windows (their one write a `SET`) fail so.
+///
+/// Mutation seen failing: `is_retryable` without `OOM` among its codes.
+#[test]
+fn a_decision_refused_for_memory_is_retryable_and_writes_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let p = Policy::per_hour(5).expect("policy");
+    // Half past two, 1 January 1970: the middle of an hour's window.
+    let t = 9_000_000_000_u64;
+    let mut refused_by = Vec::new();
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let l = common::with_refunds(&rt, &server, RedisLimiter::builder(algorithm, p), false);
+        let (kept, fresh) = (format!("kept{algorithm:?}"), format!("fresh{algorithm:?}"));
+        rt.block_on(async {
+            let first = l.check_n_at_micros(&kept, 1, t).await.expect("check");
+            assert_eq!((first.is_allowed(), first.remaining()), (true, 4));
+            for (key, left) in [(&kept, 4), (&fresh, 5)] {
+                let keys = l.redis_keys(key);
+                let before = dumps(&server, &keys);
+                let _: () = server.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+                let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+                let r = l.check_n_at_micros(key, 1, t).await;
+                let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+                let Err(e) = r else {
+                    continue;
+                };
+                refused_by.push(format!("{algorithm:?} {key}"));
+                assert!(matches!(&e, RedisLimitError::Redis(_)), "{e:?}");
+                assert!(e.to_string().contains("OOM"), "{e}");
+                assert!(e.is_retryable(), "{algorithm:?}: {e:?}");
+                assert_eq!(
+                    dumps(&server, &keys),
+                    before,
+                    "{algorithm:?} {key}: written"
+                );
+                let again = l.check_n_at_micros(key, 1, t).await.expect("retried");
+                assert_eq!((again.is_allowed(), again.remaining()), (true, left - 1));
+            }
+        });
+    }
+    eprintln!("refused for memory: {refused_by:?}");
+    for algorithm in ["Gcra", "FixedWindow", "SlidingWindow"] {
+        let n = refused_by
+            .iter()
+            .filter(|r| r.starts_with(&format!("{algorithm} ")))
+            .count();
+        assert_eq!(n, 2, "{algorithm}: {refused_by:?}");
     }
 }
