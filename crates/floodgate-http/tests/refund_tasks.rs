@@ -13,33 +13,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use floodgate_http::RateLimitLayer;
-use http::StatusCode;
-use tokio::runtime::Runtime;
-use tower::{Layer, ServiceExt};
+use tower::Layer;
 mod common;
 #[path = "common/remote.rs"]
 mod remote;
 use common::{Hello, TestResult};
 use remote::{
-    a_served_then_b, dropped_while_queued, from, on_threads, paused_runtime, remote_then_queue,
-    slow_remote_then_global, Remote, Tasks,
+    a_holds_the_slot, a_served_then_b, dropped_while_queued, errors, kept_tasks_layer, on_threads,
+    paused_runtime, remote_then_queue, slow_remote_then_global, Remote,
 };
-
-/// "a" is served by `layer` on `rt` and keeps the queue's slot (the queue's clock
-/// stands): every later request waits for its own.
-fn a_holds_the_slot(rt: &Runtime, layer: &RateLimitLayer) -> TestResult {
-    rt.block_on(async {
-        let a = layer.layer(Hello).oneshot(from("a")).await?;
-        assert_eq!(a.status(), StatusCode::OK);
-        Ok(())
-    })
-}
-
-/// The `errors` of the remote rule.
-fn errors(layer: &RateLimitLayer) -> Option<u64> {
-    layer.rule_stats("per-user").map(|s| s.errors)
-}
 
 /// With two refund tasks in flight (kept by the spawner, not run), the refunds of a
 /// third dropped request are not spawned: its charge stays taken, counted in
@@ -52,11 +34,7 @@ fn errors(layer: &RateLimitLayer) -> Option<u64> {
 #[test]
 fn refund_tasks_beyond_the_cap_are_not_spawned_and_count_as_errors() -> TestResult {
     let remote = Remote::new()?;
-    let tasks = Tasks::default();
-    let layer = tasks
-        .spawner(remote_then_queue(&remote)?)
-        .max_refund_tasks(2)
-        .build()?;
+    let (tasks, layer) = kept_tasks_layer(&remote, 2)?;
     let rt = paused_runtime()?;
     a_holds_the_slot(&rt, &layer)?;
     for who in ["b", "c", "d"] {
@@ -87,11 +65,7 @@ fn refund_tasks_beyond_the_cap_are_not_spawned_and_count_as_errors() -> TestResu
 #[test]
 fn a_refund_task_dropped_unrun_counts_its_refund_and_gives_its_place_back() -> TestResult {
     let remote = Remote::new()?;
-    let tasks = Tasks::default();
-    let layer = tasks
-        .spawner(remote_then_queue(&remote)?)
-        .max_refund_tasks(1)
-        .build()?;
+    let (tasks, layer) = kept_tasks_layer(&remote, 1)?;
     let rt = paused_runtime()?;
     a_holds_the_slot(&rt, &layer)?;
     dropped_while_queued(&rt, &layer, "b")?;
@@ -214,11 +188,7 @@ fn the_cap_is_exact_when_threads_drop_requests_at_once() -> TestResult {
     const EACH: usize = 50;
     const CAP: usize = 37;
     let remote = Remote::new()?;
-    let tasks = Tasks::default();
-    let layer = tasks
-        .spawner(remote_then_queue(&remote)?)
-        .max_refund_tasks(CAP)
-        .build()?;
+    let (tasks, layer) = kept_tasks_layer(&remote, CAP)?;
     a_holds_the_slot(&paused_runtime()?, &layer)?;
     on_threads(THREADS, |t, rt| {
         (0..EACH).try_for_each(|i| dropped_while_queued(rt, &layer, &format!("user-{t}-{i}")))

@@ -14,34 +14,12 @@ use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{runtime, tools_on_path, RedisServer};
+use common::{command_stats, runtime, tools_on_path, RedisServer};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
 
 /// Decisions per phase.
 const N: u64 = 25;
-
-/// `INFO commandstats` as `{command: (calls, failed_calls)}`.
-fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
-    let info: String = server.cmd(&["INFO", "commandstats"]);
-    let mut stats = BTreeMap::new();
-    for line in info.lines() {
-        let Some((name, fields)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
-        else {
-            continue;
-        };
-        let field = |key: &str| {
-            fields
-                .split(',')
-                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
-                .map_or(0, |v| v.parse::<u64>().expect("a count"))
-        };
-        stats.insert(name.to_owned(), (field("calls"), field("failed_calls")));
-    }
-    stats
-}
 
 /// The commands `EVALSHA`, `SCRIPT` and `EVAL` of `stats`: the client-side script
 /// commands (the rest run inside scripts or come from the test's own connections).

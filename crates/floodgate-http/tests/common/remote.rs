@@ -1,6 +1,7 @@
 //! An in-memory remote limit with receipts and refunds ([`Remote`]), for the tests
 //! of a dropped request's remote refunds (review_s43_cancel.rs,
-//! review_s43_revcancel.rs, doc_claims_s43.rs, refund_tasks.rs, review_s44_cap.rs): its refunds
+//! review_s43_revcancel.rs, doc_claims_s43.rs, refund_tasks.rs, review_s44_cap.rs,
+//! doc_claims_s44.rs): its refunds
 //! run on their second poll, so a refund
 //! future that is made but never run gives nothing back.
 #![allow(dead_code)]
@@ -278,4 +279,36 @@ pub fn waiting_b(
         assert!(pending, "b must wait for its slot");
         Ok(b)
     })
+}
+
+/// "a" is served by `layer` on `rt` and keeps the queue's slot (the queue's clock
+/// stands): every later request waits for its own.
+pub fn a_holds_the_slot(
+    rt: &tokio::runtime::Runtime,
+    layer: &RateLimitLayer,
+) -> crate::common::TestResult {
+    rt.block_on(async {
+        let a = layer.layer(crate::common::Hello).oneshot(from("a")).await?;
+        assert_eq!(a.status(), StatusCode::OK);
+        Ok(())
+    })
+}
+
+/// The `errors` of the remote rule.
+pub fn errors(layer: &RateLimitLayer) -> Option<u64> {
+    layer.rule_stats("per-user").map(|s| s.errors)
+}
+
+/// `remote_then_queue` on `remote` with at most `cap` refund tasks, each kept (not
+/// run) by the returned [`Tasks`].
+pub fn kept_tasks_layer(
+    remote: &Arc<Remote>,
+    cap: usize,
+) -> Result<(Tasks, RateLimitLayer), Box<dyn std::error::Error>> {
+    let tasks = Tasks::default();
+    let layer = tasks
+        .spawner(remote_then_queue(remote)?)
+        .max_refund_tasks(cap)
+        .build()?;
+    Ok((tasks, layer))
 }

@@ -665,3 +665,25 @@ pub fn drive_multi_trace(
         "{given} given, {refused} refused, {partial} partial"
     );
 }
+
+/// `INFO commandstats` as `{command: (calls, failed_calls)}`.
+pub fn command_stats(server: &RedisServer) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let info: String = server.cmd(&["INFO", "commandstats"]);
+    let mut stats = std::collections::BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                .map_or(0, |v| v.parse::<u64>().expect("a count"))
+        };
+        stats.insert(name.to_owned(), (field("calls"), field("failed_calls")));
+    }
+    stats
+}
