@@ -197,11 +197,13 @@
 //!   that instant is still in the window at the server's now (judged, as every
 //!   reading, no earlier than the newest unit logged), the member at it loses the
 //!   charge's units (removed when none is left) and **every later member's running
-//!   total drops by as many** — `O(members after it)` writes: a `ZREM` and at
-//!   most one `ZADD` per member from the charge's instant on, at most `L` members
-//!   under one policy (every one holds a unit of the window at the refund's
-//!   reading; more only while a policy of another period or limit charges the
-//!   same key, a rolling deploy), and at most six more for the refund members.
+//!   total drops by as many** — `O(members after it)` work in two commands: one
+//!   `ZREM` of every member from the charge's instant on and one `ZADD` of those
+//!   left (each split per 2 000 members, within what a script may pass one
+//!   command), at most `L` members under one policy (every one holds a unit of the
+//!   window at the refund's reading; more only while a policy of another period or
+//!   limit charges the same key, a rolling deploy), and at most six more commands
+//!   for the refund members.
 //!   The cost is inherent to the running totals that let a decision read
 //!   `O(log² n)` members instead of the window. Once the instant has left the
 //!   window, nothing. All of the charge's units or none (units logged at one instant are interchangeable, so
