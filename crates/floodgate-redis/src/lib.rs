@@ -123,6 +123,18 @@
 //! totals fall) fails the call with a Redis error that names the key as a malformed
 //! state, before anything is written.
 //!
+//! **Out of memory** (`maxmemory` with `noeviction`): Redis refuses a script's
+//! first command that may grow memory (`SET`, `ZADD`) only while the script has
+//! run no write command (even one that changed nothing), and lets one that has go
+//! on to its end, so no call is half written. It fails with `OOM` before any write
+//! (a retryable [`RedisLimitError`]) where its first write is such a command:
+//! every refund that gives back, and a charge whose first limit writes a GCRA or
+//! window state or a fresh log's first refund member. Or it completes on every
+//! limit: a charge whose first limit is a sliding log, whose first write trims the
+//! members that left the window (`ZREMRANGEBYSCORE`, every log charge but one with
+//! a receipt on a fresh key), is decided and written past `maxmemory`, as Redis
+//! lets it.
+//!
 //! ## Redis Cluster
 //!
 //! [`connect_cluster`] gives a [`ClusterConnection`]; a limiter built on it
