@@ -123,6 +123,18 @@
 //! totals fall) fails the call with a Redis error that names the key as a malformed
 //! state, before anything is written.
 //!
+//! **Out of memory** (`maxmemory` with `noeviction`): Redis refuses a script's
+//! first command that may grow memory (`SET`, `ZADD`) only while the script has
+//! run no write command (even one that changed nothing), and lets one that has go
+//! on to its end, so no call is half written. It fails with `OOM` before any write
+//! (a retryable [`RedisLimitError`]) where its first write is such a command:
+//! every refund that gives back, and a charge whose first limit writes a GCRA or
+//! window state or a fresh log's first refund member. Or it completes on every
+//! limit: a charge whose first limit is a sliding log, whose first write trims the
+//! members that left the window (`ZREMRANGEBYSCORE`, every log charge but one with
+//! a receipt on a fresh key), is decided and written past `maxmemory`, as Redis
+//! lets it.
+//!
 //! ## Redis Cluster
 //!
 //! [`connect_cluster`] gives a [`ClusterConnection`]; a limiter built on it
@@ -197,11 +209,13 @@
 //!   that instant is still in the window at the server's now (judged, as every
 //!   reading, no earlier than the newest unit logged), the member at it loses the
 //!   charge's units (removed when none is left) and **every later member's running
-//!   total drops by as many** — `O(members after it)` writes: a `ZREM` and at
-//!   most one `ZADD` per member from the charge's instant on, at most `L` members
-//!   under one policy (every one holds a unit of the window at the refund's
-//!   reading; more only while a policy of another period or limit charges the
-//!   same key, a rolling deploy), and at most six more for the refund members.
+//!   total drops by as many** — `O(members after it)` work in two commands: one
+//!   `ZREM` of every member from the charge's instant on and one `ZADD` of those
+//!   left (each split per 2 000 members, within what a script may pass one
+//!   command), at most `L` members under one policy (every one holds a unit of the
+//!   window at the refund's reading; more only while a policy of another period or
+//!   limit charges the same key, a rolling deploy), and at most six more commands
+//!   for the refund members.
 //!   The cost is inherent to the running totals that let a decision read
 //!   `O(log² n)` members instead of the window. Once the instant has left the
 //!   window, nothing. All of the charge's units or none (units logged at one instant are interchangeable, so

@@ -10,11 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{runtime, RedisServer};
-use floodgate::{AsyncLimit, ManualClock, Nanos, Policy, RateLimiter};
+use common::{drive_trace, runtime, Reading, RedisServer, Trace, TraceShape, TraceStep};
+use floodgate::{AsyncLimit, Nanos, Policy, RateLimiter, Receipt};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisReceipt};
-use proptest::prelude::Rng;
-use proptest::test_runner::{RngAlgorithm, TestRng};
 
 async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> RedisLimiter {
     built(server, RedisLimiter::builder(algorithm, policy)).await
@@ -50,65 +48,112 @@ fn micros(d: floodgate::Decision) -> (bool, u64, u64, u128, Option<u128>) {
     (d.is_allowed(), d.limit(), d.remaining(), reset, retry)
 }
 
-/// A number below `n` from a seeded generator: the trace is the same on every run.
-fn below(rng: &mut TestRng, n: u64) -> u64 {
-    rng.next_u64() % n
+/// One Redis limit and its in-process twin on a clock read where the trace
+/// stands ([`common::drive_trace`], readings behind included): every decision (in
+/// whole microseconds) and every refund's answer the same, and each receipt sent
+/// a second time gives nothing more.
+struct OneLimit<'a, A: floodgate::Algorithm> {
+    remote: &'a RedisLimiter,
+    fresh: Box<dyn Fn(Reading) -> RateLimiter<A, Reading>>,
+    local: Option<(RateLimiter<A, Reading>, Reading)>,
+    key: String,
+    /// Per seed: the refunds made, and those that gave back.
+    counts: Vec<(usize, usize)>,
 }
 
-/// Random charges, refunds (in any order, a few outstanding at once) and waits on
-/// one key, replayed on Redis's scripts and on the in-process limiter at the same
-/// instants: every decision and every refund's answer is the same, and each
-/// receipt sent a second time gives nothing more.
-async fn replay_against_in_process<A: floodgate::Algorithm>(
-    remote: &RedisLimiter,
-    local: &RateLimiter<A, ManualClock>,
-    clock: &ManualClock,
-    seed: u64,
-) {
-    let key = format!("trace{seed}");
-    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8; 32]);
-    let mut now_us = 1_000_000_u64;
-    let mut held = Vec::new();
-    let (mut refunded, mut given) = (0, 0);
-    for step in 0..300 {
-        clock.set(Nanos::new(now_us * 1_000));
-        let op = below(&mut rng, 10);
-        if op < 5 || held.is_empty() {
-            let cost = 1 + below(&mut rng, 2) as u32;
-            let (d, r) = local.charge(cost);
-            let (rd, rr) = remote.charge_n_at_micros(&key, cost, now_us).await.unwrap();
-            assert_eq!(
-                micros(rd),
-                micros(d),
-                "seed {seed} step {step}: charge {cost}"
-            );
-            assert_eq!(rr.is_some(), r.is_charged(), "seed {seed} step {step}");
-            if let Some(rr) = rr {
-                if held.len() < 4 {
-                    held.push((r, rr));
-                }
-            }
-        } else if op < 8 {
-            let (r, rr) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
-            let back = local.refund(r);
-            let rback = remote.refund_at_micros(&rr, now_us).await.unwrap();
-            assert_eq!(rback, back, "seed {seed} step {step}: refund");
-            refunded += 1;
-            given += usize::from(back);
-            // Sent again (a lost reply, another replica): nothing more.
-            assert!(!remote.refund_at_micros(&rr, now_us).await.unwrap());
-        } else {
-            now_us += below(&mut rng, 150_000);
-            clock.set(Nanos::new(now_us * 1_000));
-        }
-        let d = local.peek(0);
-        let rd = remote.peek_n_at_micros(&key, 0, now_us).await.unwrap();
-        assert_eq!(micros(rd), micros(d), "seed {seed} step {step}: state");
+impl<A: floodgate::Algorithm> OneLimit<'_, A> {
+    /// The in-process limiter, its clock set to `at`.
+    fn at(&self, at: TraceStep) -> (&RateLimiter<A, Reading>, Nanos) {
+        let (local, clock) = self.local.as_ref().expect("a trace begun");
+        let now = Nanos::new(at.now_us * 1_000);
+        clock.set(now);
+        (local, now)
     }
-    assert!(
-        refunded > 20 && given > 10,
-        "seed {seed}: {given}/{refunded}"
+}
+
+impl<A: floodgate::Algorithm> Trace for OneLimit<'_, A> {
+    type Receipts = (Receipt, RedisReceipt);
+
+    fn begin(&mut self, seed: u64) {
+        let clock = Reading::default();
+        self.local = Some(((self.fresh)(clock.clone()), clock));
+        self.key = format!("trace{seed}");
+        self.counts.push((0, 0));
+    }
+
+    async fn charge(&mut self, at: TraceStep, cost: u32) -> Option<Self::Receipts> {
+        let (local, now) = self.at(at);
+        let (d, r) = local.charge_at(now, cost);
+        let remote = self.remote.charge_n_at_micros(&self.key, cost, at.now_us);
+        let (rd, rr) = remote.await.unwrap();
+        assert_eq!(micros(rd), micros(d), "{at}: charge {cost}");
+        assert_eq!(rr.is_some(), r.is_charged(), "{at}");
+        Some((r, rr?))
+    }
+
+    async fn refund(&mut self, at: TraceStep, (r, rr): Self::Receipts) {
+        let (local, _) = self.at(at);
+        let back = local.refund(r);
+        let rback = self.remote.refund_at_micros(&rr, at.now_us).await.unwrap();
+        assert_eq!(rback, back, "{at}: refund");
+        let seed = self.counts.last_mut().expect("a trace begun");
+        seed.0 += 1;
+        seed.1 += usize::from(back);
+        // Sent again (a lost reply, another replica): nothing more.
+        assert!(!self.remote.refund_at_micros(&rr, at.now_us).await.unwrap());
+    }
+
+    async fn after(&mut self, at: TraceStep) {
+        let (local, now) = self.at(at);
+        let d = local.peek_at(now, 0);
+        let rd = self.remote.peek_n_at_micros(&self.key, 0, at.now_us);
+        assert_eq!(micros(rd.await.unwrap()), micros(d), "{at}: state");
+    }
+}
+
+/// Random charges (1 or 2 units), refunds (in any order, up to 4 outstanding),
+/// waits (under 150 ms) and readings up to 100 ms behind on one key a seed, 12
+/// seeds of 300 steps ([`common::drive_trace`]), replayed on Redis's scripts and
+/// on the in-process limiter `fresh` makes at the same readings ([`OneLimit`]);
+/// every seed makes over 20 refunds, over 10 of them giving back. Returns the
+/// refunds made and those that gave back, over all seeds.
+fn replay_against_in_process<A: floodgate::Algorithm>(
+    server: &RedisServer,
+    algorithm: Algorithm,
+    policy: Policy,
+    fresh: Box<dyn Fn(Reading) -> RateLimiter<A, Reading>>,
+) -> (usize, usize) {
+    let rt = runtime();
+    let remote = rt.block_on(limiter(server, algorithm, policy));
+    let mut trace = OneLimit {
+        remote: &remote,
+        fresh,
+        local: None,
+        key: String::new(),
+        counts: Vec::new(),
+    };
+    let shape = TraceShape {
+        seeds: 12,
+        steps: 300,
+        max_cost: 2,
+        held: 4,
+        wait_us: 150_000,
+        back_us: 100_000,
+    };
+    rt.block_on(drive_trace(shape, &mut trace));
+    for (seed, &(refunded, given)) in (1..).zip(&trace.counts) {
+        assert!(
+            refunded > 20 && given > 10,
+            "seed {seed}: {given}/{refunded}"
+        );
+    }
+    let total = |f: fn(&(usize, usize)) -> usize| trace.counts.iter().map(f).sum::<usize>();
+    let counts = (total(|c| c.0), total(|c| c.1));
+    eprintln!(
+        "{algorithm:?}: {} refunds, {} gave back",
+        counts.0, counts.1
     );
+    counts
 }
 
 /// GCRA: Redis gives back exactly what the in-process refund does — the booking
@@ -118,16 +163,10 @@ fn gcra_refunds_give_back_what_the_in_process_refunds_give_back() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
-        // T = 100 ms, B = 4: a 400 ms schedule, passed in steps of up to 150 ms.
-        let policy = Policy::per_second(10).unwrap().with_burst(4).unwrap();
-        let remote = limiter(&server, Algorithm::Gcra, policy).await;
-        for seed in 1..=12_u64 {
-            let clock = ManualClock::new();
-            let local = RateLimiter::gcra_with_clock(policy, clock.clone());
-            replay_against_in_process(&remote, &local, &clock, seed).await;
-        }
-    });
+    // T = 100 ms, B = 4: a 400 ms schedule, passed in steps of up to 150 ms.
+    let policy = Policy::per_second(10).unwrap().with_burst(4).unwrap();
+    let fresh = move |clock| RateLimiter::gcra_with_clock(policy, clock);
+    replay_against_in_process(&server, Algorithm::Gcra, policy, Box::new(fresh));
 }
 
 /// The fixed window: the charge's units back while its window lasts, none after.
@@ -136,16 +175,10 @@ fn fixed_window_refunds_give_back_what_the_in_process_refunds_give_back() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
-        // 4 per 400 ms windows, passed in steps of up to 150 ms.
-        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
-        let remote = limiter(&server, Algorithm::FixedWindow, policy).await;
-        for seed in 1..=12_u64 {
-            let clock = ManualClock::new();
-            let local = RateLimiter::fixed_window_with_clock(policy, clock.clone()).unwrap();
-            replay_against_in_process(&remote, &local, &clock, seed).await;
-        }
-    });
+    // 4 per 400 ms windows, passed in steps of up to 150 ms.
+    let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+    let fresh = move |clock| RateLimiter::fixed_window_with_clock(policy, clock).unwrap();
+    replay_against_in_process(&server, Algorithm::FixedWindow, policy, Box::new(fresh));
 }
 
 /// A charge of 2 given back restores exactly 2 admissions, and the receipt sent a
@@ -228,16 +261,10 @@ fn sliding_window_refunds_give_back_what_the_in_process_refunds_give_back() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    runtime().block_on(async {
-        // 4 per 400 ms windows, passed in steps of up to 150 ms.
-        let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
-        let remote = limiter(&server, Algorithm::SlidingWindow, policy).await;
-        for seed in 1..=12_u64 {
-            let clock = ManualClock::new();
-            let local = RateLimiter::sliding_window_with_clock(policy, clock.clone()).unwrap();
-            replay_against_in_process(&remote, &local, &clock, seed).await;
-        }
-    });
+    // 4 per 400 ms windows, passed in steps of up to 150 ms.
+    let policy = Policy::new(4, Duration::from_millis(400)).unwrap();
+    let fresh = move |clock| RateLimiter::sliding_window_with_clock(policy, clock).unwrap();
+    replay_against_in_process(&server, Algorithm::SlidingWindow, policy, Box::new(fresh));
 }
 
 /// Two replicas charge one key concurrently and give back about half their

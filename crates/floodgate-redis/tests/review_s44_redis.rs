@@ -8,12 +8,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{runtime, with_refunds, InProcess, RedisServer};
-use floodgate::{Clock, Nanos, Policy, RateLimiter, SlidingLog};
+use floodgate::{Policy, RateLimiter, SlidingLog};
 use floodgate_redis::{
     Algorithm, RedisLimitError, RedisLimiter, RedisLimiterBuilder, RedisReceipt,
 };
@@ -329,24 +328,6 @@ fn a_key_made_again_gives_nothing_while_the_others_give_back() {
     });
 }
 
-/// A clock read where the trace stands, back included ([`floodgate::ManualClock`]
-/// never steps back): the in-process refunds are judged at the reading the Redis
-/// refund is given, as a server's `TIME` that steps back gives it.
-#[derive(Clone, Default)]
-struct Reading(Arc<AtomicU64>);
-
-impl Reading {
-    fn set(&self, now: Nanos) {
-        self.0.store(now.as_u64(), Ordering::Relaxed);
-    }
-}
-
-impl Clock for Reading {
-    fn now(&self) -> Nanos {
-        Nanos::new(self.0.load(Ordering::Relaxed))
-    }
-}
-
 /// Seeded traces of charges, refunds in any order, waits and readings that step
 /// back on GCRA (5 a second, burst 5), a fixed window (4 per 400 ms), a sliding
 /// window (6 per 800 ms) and a sliding log (7 a second) together: Redis's
@@ -374,7 +355,7 @@ fn four_algorithms_refunded_together_agree_with_the_in_process_limiters() {
         .and(Algorithm::SlidingLog, policies[3]);
     let remote = with_refunds(&rt, &server, builder, true);
     let fresh = move || -> common::Locals {
-        let clock = Reading::default();
+        let clock = common::Reading::default();
         let [g, f, s, l] = policies;
         let c = || clock.clone();
         let limits: Vec<Box<dyn InProcess>> = vec![

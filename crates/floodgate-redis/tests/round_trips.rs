@@ -398,3 +398,91 @@ fn a_multi_limit_refund_refuses_a_key_named_twice() {
     assert!(e.contains("twice") && e.contains(&key), "{e}");
     assert_eq!(server.cmd::<String>(&["GET", &key]), before);
 }
+
+/// Log members as (instant, units, running total).
+type LogRows = Vec<(u64, u64, u64)>;
+
+/// The `ZREM` and `ZADD` calls (with every command, printed) of one refund of
+/// the first of `k` one-unit charges at `k` successive instants of a sliding log
+/// with refunds (the key's first refund), and the log left.
+fn log_refund_writes(
+    server: &RedisServer,
+    rt: &tokio::runtime::Runtime,
+    k: u64,
+) -> (BTreeMap<String, u64>, LogRows) {
+    let p = Policy::new(k, Duration::from_secs(10)).expect("policy");
+    let limiter = common::sliding_log(rt, server, p);
+    let key = format!("writes{k}");
+    let t = 100_000_000_u64;
+    rt.block_on(async {
+        let mut first = None;
+        for at in t..t + k {
+            let (d, r) = limiter.charge_n_at_micros(&key, 1, at).await.unwrap();
+            assert!(d.is_allowed(), "charge at {at}");
+            first = first.or(r);
+        }
+        let first = first.expect("a receipt");
+        // The script loaded by a refund that gives nothing (another key).
+        let (_, other) = limiter.charge_n_at_micros("other", 1, t).await.unwrap();
+        let other = other.expect("a receipt");
+        assert!(limiter.refund_at_micros(&other, t + 1).await.unwrap());
+        let _: () = server.cmd(&["CONFIG", "RESETSTAT"]);
+        assert!(limiter.refund_at_micros(&first, t + k).await.unwrap());
+    });
+    let ran = run_by_scripts(&command_stats(server));
+    eprintln!(
+        "a log refund with {k} members from its instant on: {} commands {ran:?}",
+        ran.values().sum::<u64>()
+    );
+    let writes = ran
+        .into_iter()
+        .filter(|(name, _)| name == "zadd" || name == "zrem")
+        .collect();
+    (writes, common::log_members(server, &format!("test:{key}")))
+}
+
+/// A sliding-log refund rewrites the members from the charge's instant on in two
+/// commands, one `ZREM` of them all and one `ZADD` of those left (the member at
+/// the instant, emptied, is not put back), whatever their number; beside them the
+/// refund members' own writes on a key's first refund (the new ledger head, the
+/// latest instant logged and the receipt's record added, the old head removed).
+/// Before session 44 (redis2) a `ZREM` and a `ZADD` per member: 1 + k and 2 + k.
+/// The log left is the one the other charges alone would have made. The counts
+/// are printed (`--nocapture`); BENCHMARKS.md's Redis section quotes them.
+#[test]
+fn a_sliding_log_refund_writes_its_members_in_two_commands() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let t = 100_000_000_u64;
+    for k in [1, 5, 50] {
+        let (writes, left) = log_refund_writes(&server, &rt, k);
+        let zadd = 3 + u64::from(k > 1);
+        let want = BTreeMap::from([("zadd".to_owned(), zadd), ("zrem".to_owned(), 2)]);
+        assert_eq!(writes, want, "{k} members from the instant on");
+        let rest: LogRows = (1..k).map(|i| (t + i, 1, i)).collect();
+        assert_eq!(left, rest, "{k} members from the instant on");
+    }
+}
+
+/// More members than one command may take from a script (Lua's `unpack` gives
+/// about 8 000 values, a `ZADD` takes two a member): the refund splits its `ZREM`
+/// and its `ZADD` per 2 000 members — 4 501 members from the instant on, three of
+/// each — and every member is rewritten once, exactly.
+#[test]
+fn a_sliding_log_refund_of_more_members_than_a_command_takes_splits_them() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let t = 100_000_000_u64;
+    let k = 4_501;
+    let (writes, left) = log_refund_writes(&server, &rt, k);
+    // The refund members' three ZADD and one ZREM, then 4 501 names removed and
+    // 4 500 members put back, by 2 000.
+    let want = BTreeMap::from([("zadd".to_owned(), 3 + 3), ("zrem".to_owned(), 1 + 3)]);
+    assert_eq!(writes, want);
+    let rest: LogRows = (1..k).map(|i| (t + i, 1, i)).collect();
+    assert_eq!(left, rest);
+}

@@ -209,16 +209,32 @@ local function sliding_log(key, n, write, p, l)
   return reply(false, l, l - units, reset, last.at + p - now)
 end
 
+-- Members a command at most when a refund writes the log: Lua's unpack gives at
+-- most about 8000 values (LUAI_MAXCSTACK, Redis's Lua 5.1), a ZADD takes two a
+-- member, and a refund may rewrite more members than that (at most L under one
+-- policy, L up to 2^51).
+local LOG_BATCH = 2000
+
+-- Runs `command` on `key` with the values of `args`, `per` values a member, at
+-- most LOG_BATCH members a call (none for no values).
+local function batched(command, key, args, per)
+  local step = LOG_BATCH * per
+  for i = 1, #args, step do
+    redis.call(command, key, unpack(args, i, math.min(i + step - 1, #args)))
+  end
+end
+
 -- Gives back the `n` units a charge logged at instant `x` (the running total after
 -- it `total`, the ledger it saw `noted`) in incarnation `born` of the log at `key`,
 -- as the in-process log does: only while that instant is still in the window of
 -- period `p` at the reading (judged no earlier than the newest unit logged), all
 -- of them or nothing. Units logged at one instant are interchangeable: the
 -- member at `x` loses `n` (removed at 0) and every later member's running total
--- drops by `n`, the log the other charges would have made: a ZREM and at most
--- one ZADD per member from `x` on (at most L of them under one policy: each holds
--- a unit of the window at the reading; more only under a rolling deploy of another
--- period or limit) and at most six for the refund members.
+-- drops by `n`, the log the other charges would have made: one ZREM of every
+-- member from `x` on and one ZADD of those left, each split by LOG_BATCH members
+-- (at most L members under one policy: each holds a unit of the window at the
+-- reading; more only under a rolling deploy of another period or limit), and at
+-- most six commands for the refund members.
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
 -- records shared with the windows (each record a member of its own here).
 -- Returns the units given back and the function that writes them back (none for
@@ -276,13 +292,21 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
       if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
     end
     for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
+    -- Every member from x on renamed: one ZREM of the old names, then one ZADD of
+    -- the new (no new name is an old one: each total dropped by n > 0, one member
+    -- per instant), the member at x left out at 0 units. The key never holds more
+    -- members than it did: a listpack stays one.
+    local gone, put = {}, {}
     for i, m in ipairs(after) do
-      redis.call('ZREM', key, m.name)
+      gone[i] = m.name
       local units = m.units
       if i == 1 then units = units - n end
       if units > 0 then
-        redis.call('ZADD', key, fmt(m.at), fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n))
+        put[#put + 1] = fmt(m.at)
+        put[#put + 1] = fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n)
       end
     end
+    batched('ZREM', key, gone, 1)
+    batched('ZADD', key, put, 2)
   end
 end

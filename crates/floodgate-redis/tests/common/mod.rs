@@ -8,6 +8,7 @@
 use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -464,7 +465,10 @@ pub trait Trace {
 /// Drives `trace` through `shape.seeds` seeded traces of `shape.steps` steps from
 /// 10 s on: charges (half the steps, and every step with no receipt held),
 /// refunds of a receipt held (a quarter, picked at random, so in any order),
-/// waits, and now and then a reading that steps back. A receipt held across 8
+/// waits, and now and then a reading that steps back. With no receipt held after
+/// a charge refused at the reading, a step that would refund or wait waits or
+/// steps back (its charge would be refused again, and the trace would stall with
+/// the limit full for the rest of the seed: two of twelve GCRA seeds did). A receipt held across 8
 /// refunds is dropped unused: a key remembers its last 8 refunds, so the floor may
 /// refuse it (a conservative loss the in-process refunds do not take).
 pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
@@ -475,17 +479,25 @@ pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
         let mut now_us = 10_000_000_u64;
         // Each receipt held with the refunds made since.
         let mut held = Vec::new();
+        // The last charge, at this reading, was refused.
+        let mut refused = false;
         for step in 0..shape.steps {
             let at = TraceStep { seed, step, now_us };
             let op = below(&mut rng, 12);
-            if op < 6 || held.is_empty() {
+            // Nothing held and the limit full: a charge at this reading (the
+            // step's own or one in place of a refund) may be refused again
+            // forever; a step that would refund or wait waits (or steps back).
+            let stuck = held.is_empty() && refused;
+            if op < 6 || (held.is_empty() && !stuck) {
                 let cost = 1 + below(&mut rng, shape.max_cost) as u32;
-                if let Some(r) = trace.charge(at, cost).await {
+                let receipts = trace.charge(at, cost).await;
+                refused = receipts.is_none();
+                if let Some(r) = receipts {
                     if held.len() < shape.held {
                         held.push((r, 0));
                     }
                 }
-            } else if op < 9 {
+            } else if op < 9 && !stuck {
                 let (r, _) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
                 trace.refund(at, r).await;
                 for h in &mut held {
@@ -494,11 +506,31 @@ pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
                 held.retain(|h| h.1 < 8);
             } else if op < 11 {
                 now_us += below(&mut rng, shape.wait_us);
+                refused = false;
             } else {
                 now_us -= below(&mut rng, shape.back_us);
+                refused = false;
             }
             trace.after(TraceStep { seed, step, now_us }).await;
         }
+    }
+}
+
+/// A clock read where the trace stands, back included ([`floodgate::ManualClock`]
+/// never steps back): the in-process refunds are judged at the reading the Redis
+/// refund is given, as a server's `TIME` that steps back gives it.
+#[derive(Clone, Debug, Default)]
+pub struct Reading(Arc<AtomicU64>);
+
+impl Reading {
+    pub fn set(&self, now: Nanos) {
+        self.0.store(now.as_u64(), Ordering::Relaxed);
+    }
+}
+
+impl Clock for Reading {
+    fn now(&self) -> Nanos {
+        Nanos::new(self.0.load(Ordering::Relaxed))
     }
 }
 
