@@ -43,11 +43,17 @@
 //! receipt says it was judged at that instant. After every operation every tracked key
 //! is compared through peeks of 0 units (what is left) and 1 unit (where an admission
 //! would count) now and at its class's R: equal, except keys a live eviction in that
-//! very operation dropped (in the inserting key's shard), which must read as fresh;
-//! the victim was the lightest of a sample of 8 of its shard: at most `present − 8`
-//! live keys of its class forgave less (`present`: the keys of the class that have a
-//! model; units in use, then `reset_after` on the lock-free table, units alone on the
-//! log).
+//! very operation dropped (in the inserting key's shard), which must read as fresh.
+//! On the lock-free table the victim was the lightest of a sample of 8 of its shard:
+//! at most `present − 8` live keys of its class forgave less (`present`: the keys of
+//! the class that have a model; units in use, then `reset_after`). The log's eviction
+//! is run beside it as its docs specify ([`LogShadow`]: sweeps, rankings by units then
+//! the newest unit's instant then hash order from the hand, keys charged since passed
+//! over): each insert's idle drops and eviction, each `remove`'s answer and the keys
+//! held must be the shadow's; and a key evicted live must meet the contract itself —
+//! among the lightest eighth of its shard's last sweep, no heavier now than then, and
+//! no key that sweep ranked before it still held without having been charged since
+//! (so no key at its limit goes while a lighter ranked key, uncharged, stays).
 //! `reclaim_idle` removes no more keys than may be idle. Refunds are made only where
 //! the refund guarantee's premise holds: judged (at `max(clock, R)`, R known) no
 //! earlier than every decision of the key's shard; a receipt waits otherwise. A
@@ -343,6 +349,11 @@ trait Model: Limit {
     /// Whether `got` is the keyed table's refusal of `want`, judged at `at`, because
     /// admitting it would store the table's dead word (allowed: stricter).
     fn dead_refusal(&self, at: Nanos, got: &Decision, want: &Decision) -> bool;
+    /// Whether the log's twin holds no unit that counts at `at` (what the keyed log's
+    /// sweep drops); `None` on the lock-free table's twins, whose eviction samples.
+    fn log_idle(&self, _at: Nanos) -> Option<bool> {
+        None
+    }
 }
 
 impl<A: Alg> Model for RateLimiter<A, AnyClock> {
@@ -354,6 +365,9 @@ impl<A: Alg> Model for RateLimiter<A, AnyClock> {
 impl Model for SlidingLog<AnyClock> {
     fn dead_refusal(&self, _: Nanos, _: &Decision, _: &Decision) -> bool {
         false
+    }
+    fn log_idle(&self, at: Nanos) -> Option<bool> {
+        Some(self.is_idle(at))
     }
 }
 
@@ -651,12 +665,24 @@ fn run<T: Table, M: Model>(
     // refunds held back because their premise failed.
     let (mut ahead, mut waited) = (0u64, 0u64);
     let unit = setup.unit;
+    // The log's eviction, as its docs specify it (the lock-free table's samples).
+    let mut log = (kind == Kind::Log).then(|| {
+        assert_eq!(table.max_keys() % shards, 0, "a share per shard");
+        LogShadow::new(
+            &classes,
+            shards,
+            table.max_keys(),
+            setup.policy.period_nanos(),
+        )
+    });
     for (i, op) in setup.ops.iter().enumerate() {
         let before = table.metrics();
         let now = clock.now();
         // The key whose insert may have removed keys, and the instant it was judged at.
         let mut insert: Option<(Key, Nanos)> = None;
         let mut charged = false;
+        // What the log's docs say the operation removed.
+        let mut predicted = LogRemovals::default();
         // The keys whose state or judgment the operation may have changed.
         let mut scope = Scope::Nothing;
         match *op {
@@ -707,6 +733,10 @@ fn run<T: Table, M: Model>(
                     );
                     // The model stored what the table refused.
                     untracked.insert(key);
+                }
+                if let Some(log) = log.as_mut() {
+                    let logged = got.is_allowed() && cost > 0;
+                    predicted = log.decided(c, key, judged, logged, i, &models);
                 }
                 let grant = oracles
                     .entry(key)
@@ -813,7 +843,12 @@ fn run<T: Table, M: Model>(
             Op::Flood { .. } => unreachable!("floods are expanded"),
             Op::Remove { key } => {
                 scope = Scope::Class(classes.of[&key]);
-                if table.remove(key) {
+                let held = log.as_mut().map(|l| l.remove(classes.of[&key], key));
+                let removed = table.remove(key);
+                if let Some(held) = held {
+                    assert_eq!(removed, held, "remove({key}): held as the log's docs say");
+                }
+                if removed {
                     classes.removed(classes.of[&key], now);
                     models.remove(&key);
                     untracked.remove(&key);
@@ -827,6 +862,17 @@ fn run<T: Table, M: Model>(
         ahead += u64::from(classes.most.iter().any(|&r| r > clock.now()));
         assert!(after.live_keys as usize <= table.max_keys(), "{after:?}");
         let evicted = after.evicted - before.evicted;
+        if let Some(log) = &log {
+            // Which key went is the comparison's to find (it reads as fresh).
+            let reclaimed = after.reclaimed - before.reclaimed;
+            assert_eq!(
+                (reclaimed, evicted),
+                (predicted.reclaimed, u64::from(predicted.evicted.is_some())),
+                "{op:?}: the log's idle removals and live evictions, against its docs' \
+                 {predicted:?}"
+            );
+            assert_eq!(after.live_keys as usize, log.live(), "{op:?}: keys held");
+        }
         let class_of_insert = insert.map(|(key, _)| classes.of[&key]);
         match insert {
             Some((key, judged)) => {
@@ -861,9 +907,16 @@ fn run<T: Table, M: Model>(
             now: clock.now(),
             scope,
             inserted: insert,
-            by_reset: kind != Kind::Log,
+            log: log.as_ref(),
         };
-        sweep.compare(table, class_of_insert, evicted, &fresh);
+        let dropped = sweep.compare(table, class_of_insert, evicted, &fresh);
+        if log.is_some() {
+            assert_eq!(
+                dropped,
+                Vec::from_iter(predicted.evicted),
+                "{op:?}: the key evicted live is not the one the log's docs say"
+            );
+        }
     }
     if std::env::var_os("KEYED_STATS").is_some() {
         // What a corpus reaches: `KEYED_STATS=1 keyed -runs=0 corpus/keyed`.
@@ -974,9 +1027,9 @@ struct Sweep<'a, M> {
     scope: Scope,
     /// The key inserted and the instant it was judged at.
     inserted: Option<(Key, Nanos)>,
-    /// Whether eviction ranks equal units by `reset_after` (the lock-free table; the
-    /// log does not).
-    by_reset: bool,
+    /// The log's eviction as its docs specify it (`None`: the lock-free table, whose
+    /// eviction samples).
+    log: Option<&'a LogShadow>,
 }
 
 impl<M: Model> Sweep<'_, M> {
@@ -984,9 +1037,9 @@ impl<M: Model> Sweep<'_, M> {
     /// was the lightest of a sample of `EVICTION_SAMPLE` keys of its shard (or of
     /// every key, where fewer): at most `present − EVICTION_SAMPLE` live keys of its
     /// class forgive less than it did, `present` the class's keys the table may hold
-    /// (those with a model: every key the table holds has one). The lock-free table
-    /// ranks by units in use, then `reset_after`; the log by units (then its length).
-    /// Unknown where an untracked key is in the class.
+    /// (those with a model: every key the table holds has one), ranked by units in
+    /// use, then `reset_after`. Unknown where an untracked key is in the class. (The
+    /// log ranks its whole shard: [`LogShadow`] follows its docs exactly.)
     fn ranked(&self, victim: Key, inserted: Key, judged: Nanos, fresh: &impl Fn() -> M) {
         let class = self.classes.of[&victim];
         let members = &self.classes.members[class];
@@ -994,17 +1047,7 @@ impl<M: Model> Sweep<'_, M> {
             return;
         }
         let idle = fresh().peek_at(judged, 0);
-        let loss = |d: Decision| {
-            let units = d.limit() - d.remaining();
-            (
-                units,
-                if self.by_reset {
-                    d.reset_after_nanos()
-                } else {
-                    0
-                },
-            )
-        };
+        let loss = |d: Decision| (d.limit() - d.remaining(), d.reset_after_nanos());
         let lost = loss(self.models[&victim].peek_at(judged, 0));
         let others: Vec<(Key, Decision)> = members
             .iter()
@@ -1028,14 +1071,15 @@ impl<M: Model> Sweep<'_, M> {
     /// earliest instant a later decision on it can be judged at (its class's R: a key
     /// evicted live may read as idle now and still differ for a later reading earlier
     /// than now). Only `evicted` live evictions by an insert in class `insert` may
-    /// explain a difference, and the evicted key then reads as fresh.
+    /// explain a difference, and the evicted key then reads as fresh. Returns the keys
+    /// found evicted.
     fn compare<T: Table>(
         &mut self,
         table: &T,
         insert: Option<usize>,
         mut evicted: u64,
         fresh: &impl Fn() -> M,
-    ) {
+    ) -> Vec<Key> {
         let mut dropped = Vec::new();
         let keys: &[Key] = match self.scope {
             Scope::Nothing => &[],
@@ -1076,15 +1120,18 @@ impl<M: Model> Sweep<'_, M> {
                 );
             }
             if let Some((inserted, judged)) = self.inserted {
-                self.ranked(key, inserted, judged, fresh);
+                match self.log {
+                    Some(log) => log.audit(self.classes.of[&key], key, judged, self.models),
+                    None => self.ranked(key, inserted, judged, fresh),
+                }
             }
             evicted -= 1;
             dropped.push(key);
         }
-        for key in dropped {
+        for key in &dropped {
             // Its receipts are void: the eviction is a known removal in its class.
-            self.models.remove(&key);
-            if let Some(o) = self.oracles.get_mut(&key) {
+            self.models.remove(key);
+            if let Some(o) = self.oracles.get_mut(key) {
                 o.forget();
             }
         }
@@ -1097,6 +1144,299 @@ impl<M: Model> Sweep<'_, M> {
                     o.contract = false;
                 }
             }
+        }
+        dropped
+    }
+}
+
+/// What evicting a log forgives, as the keyed log's docs order it: the units still
+/// counting, then the instant its newest unit was logged at ((0, 0) where none counts).
+type Weight = (u64, u64);
+
+/// The weight of the twin `model` judged at `at`, read through a peek of 0 units (its
+/// newest unit leaves `reset_after` later, a period after it was logged).
+fn log_weight<M: Model>(model: &M, at: Nanos, period: u64) -> Weight {
+    let d = model.peek_at(at, 0);
+    let units = d.limit() - d.remaining();
+    if units == 0 {
+        return (0, 0);
+    }
+    let leaves = u128::from(at.as_u64()) + u128::from(d.reset_after_nanos());
+    let newest = leaves.saturating_sub(u128::from(period));
+    (units, u64::try_from(newest).unwrap_or(u64::MAX))
+}
+
+/// A key as a sweep of the log saw it: its weight then and its turn among keys of
+/// equal weight (how far its hash lies past the shard's hand).
+#[derive(Clone, Copy, Debug)]
+struct Rank {
+    weight: Weight,
+    turn: u64,
+    key: Key,
+}
+
+impl Rank {
+    fn order(&self) -> (Weight, u64) {
+        (self.weight, self.turn)
+    }
+}
+
+/// One shard (class) of the log, as its docs specify it.
+#[derive(Default)]
+struct ShardShadow {
+    /// The keys the shard holds.
+    present: BTreeSet<Key>,
+    /// Full-shard inserts left before the next sweep.
+    credit: usize,
+    /// The last sweep's lightest keys, heaviest first: the next evictions' victims.
+    ranked: Vec<Rank>,
+    /// Where ties start: past the hash of the heaviest key the last sweep ranked.
+    hand: u64,
+    /// Every key the last sweep saw, lightest first, and the operation it ran in.
+    swept: Vec<Rank>,
+    swept_op: usize,
+    /// The operation each key last logged units in (charged, or inserted).
+    charged: BTreeMap<Key, usize>,
+}
+
+/// What an insert into the log removed, as the shadow has it: idle logs dropped
+/// (counted as reclaimed) and the live key evicted, if any.
+#[derive(Clone, Copy, Debug, Default)]
+struct LogRemovals {
+    reclaimed: u64,
+    evicted: Option<Key>,
+}
+
+/// An insert into the log the shadow makes room for: its class, the instant it is
+/// judged at, its operation, and the twins to weigh the shard's keys by.
+struct Insert<'m, M> {
+    class: usize,
+    at: Nanos,
+    op: usize,
+    models: &'m BTreeMap<Key, M>,
+}
+
+/// The keyed log's eviction as its module docs (`keyed/log.rs`) specify it, run beside
+/// the table on the twins' weights: a shard at its share sweeps once per
+/// `max(⌊share/8⌋, 1)` full-shard inserts (at the first, then after each credit is
+/// used up), dropping idle logs and ranking the `max(⌊share/8⌋, 1)` lightest keys
+/// (weight, then hash order from a hand that each sweep moves past the heaviest key it
+/// ranked); an insert into a shard still full evicts the lightest ranked key still
+/// there and no heavier than when ranked (one charged since is passed over), ranking
+/// again when none is left. The hash is the table's: the seeds are fixed
+/// (`common/seeds.rs`), so `ahash::RandomState::new()` is the table's hasher.
+struct LogShadow {
+    share: usize,
+    wanted: usize,
+    period: u64,
+    hasher: ahash::RandomState,
+    shards: Vec<ShardShadow>,
+}
+
+impl LogShadow {
+    /// A shadow of empty shards (the probe leaves every shard empty, with no sweep
+    /// made: it never fills one) for `classes`, a table of `shards` shards holding
+    /// `max_keys` keys.
+    fn new(classes: &Classes, shards: usize, max_keys: usize, period: u64) -> Self {
+        let share = max_keys / shards;
+        let hasher = ahash::RandomState::new();
+        // The target's hasher is the table's: the keys of a class share their hash's
+        // shard bits (its high bits, after the top one).
+        let bits = shards.trailing_zeros();
+        for members in &classes.members {
+            let shard_of = |k: &Key| (hasher.hash_one(k) >> 1) >> (63 - bits);
+            assert!(
+                members.iter().all(|k| shard_of(k) == shard_of(&members[0])),
+                "the target's hasher is not the table's: class {members:?} spans shards"
+            );
+        }
+        LogShadow {
+            share,
+            wanted: (share / 8).max(1),
+            period,
+            hasher,
+            shards: classes
+                .members
+                .iter()
+                .map(|_| ShardShadow::default())
+                .collect(),
+        }
+    }
+
+    /// Keys held over every shard.
+    fn live(&self) -> usize {
+        self.shards.iter().map(|s| s.present.len()).sum()
+    }
+
+    /// `remove(key)` in class `c`: whether the shard held it.
+    fn remove(&mut self, c: usize, key: Key) -> bool {
+        self.shards[c].present.remove(&key)
+    }
+
+    /// A decision on `key` (class `c`) judged at `at` in operation `op`; `logged`:
+    /// it logged units. A key not held is inserted, after room is made for it.
+    fn decided<M: Model>(
+        &mut self,
+        c: usize,
+        key: Key,
+        at: Nanos,
+        logged: bool,
+        op: usize,
+        models: &BTreeMap<Key, M>,
+    ) -> LogRemovals {
+        let mut out = LogRemovals::default();
+        if !logged {
+            return out;
+        }
+        self.shards[c].charged.insert(key, op);
+        if self.shards[c].present.contains(&key) {
+            return out;
+        }
+        let insert = Insert {
+            class: c,
+            at,
+            op,
+            models,
+        };
+        self.make_room(&insert, &mut out);
+        self.shards[c].present.insert(key);
+        out
+    }
+
+    fn weight<M: Model>(&self, models: &BTreeMap<Key, M>, key: Key, at: Nanos) -> Weight {
+        let model = models
+            .get(&key)
+            .expect("every key the log holds has a twin");
+        log_weight(model, at, self.period)
+    }
+
+    fn idle<M: Model>(models: &BTreeMap<Key, M>, key: Key, at: Nanos) -> bool {
+        let model = models
+            .get(&key)
+            .expect("every key the log holds has a twin");
+        model.log_idle(at).expect("the log's twin")
+    }
+
+    fn make_room<M: Model>(&mut self, insert: &Insert<M>, out: &mut LogRemovals) {
+        let c = insert.class;
+        if self.shards[c].present.len() < self.share {
+            return;
+        }
+        if self.shards[c].credit == 0 {
+            self.sweep(insert, out);
+        } else {
+            self.shards[c].credit -= 1;
+        }
+        if self.shards[c].present.len() < self.share || self.evict_ranked(insert, out) {
+            return;
+        }
+        self.sweep(insert, out);
+        if self.shards[c].present.len() >= self.share {
+            self.evict_ranked(insert, out);
+        }
+    }
+
+    fn sweep<M: Model>(&mut self, insert: &Insert<M>, out: &mut LogRemovals) {
+        let Insert {
+            class: c,
+            at,
+            op,
+            models,
+        } = *insert;
+        let before = self.shards[c].present.len();
+        self.shards[c]
+            .present
+            .retain(|&k| !Self::idle(models, k, at));
+        out.reclaimed += (before - self.shards[c].present.len()) as u64;
+        let hand = self.shards[c].hand;
+        let mut swept: Vec<Rank> = self.shards[c]
+            .present
+            .iter()
+            .map(|&key| Rank {
+                weight: self.weight(models, key, at),
+                turn: self.hasher.hash_one(key).wrapping_sub(hand),
+                key,
+            })
+            .collect();
+        swept.sort_by_key(Rank::order);
+        let mut ranked: Vec<Rank> = swept.iter().take(self.wanted).copied().collect();
+        ranked.reverse();
+        let s = &mut self.shards[c];
+        if let Some(heaviest) = ranked.first() {
+            s.hand = hand.wrapping_add(heaviest.turn).wrapping_add(1);
+        }
+        s.credit = self.wanted;
+        s.ranked = ranked;
+        s.swept = swept;
+        s.swept_op = op;
+    }
+
+    fn evict_ranked<M: Model>(&mut self, insert: &Insert<M>, out: &mut LogRemovals) -> bool {
+        let Insert {
+            class: c,
+            at,
+            models,
+            ..
+        } = *insert;
+        while let Some(rank) = self.shards[c].ranked.pop() {
+            if !self.shards[c].present.contains(&rank.key)
+                || self.weight(models, rank.key, at) > rank.weight
+            {
+                continue;
+            }
+            self.shards[c].present.remove(&rank.key);
+            if Self::idle(models, rank.key, at) {
+                out.reclaimed += 1;
+            } else {
+                out.evicted = Some(rank.key);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Asserts the eviction contract of the log's docs for `victim`, which the table
+    /// evicted live from class `c` in an insert judged at `at` (before the shadow's
+    /// own choice is compared): it was among the `max(⌊share/8⌋, 1)` lightest keys of
+    /// the last sweep, it is no heavier now than then (a key charged since is passed
+    /// over), and every key that sweep ranked lighter has left or logged units since
+    /// (else it would have been evicted first) — so no key at its limit is evicted
+    /// while a lighter key of its ranking, not charged since, is still held.
+    fn audit<M: Model>(&self, c: usize, victim: Key, at: Nanos, models: &BTreeMap<Key, M>) {
+        let s = &self.shards[c];
+        let Some(place) = s.swept.iter().position(|r| r.key == victim) else {
+            panic!("evicted key {victim} was not in its shard at the last sweep");
+        };
+        let ranked = s.swept[place];
+        assert!(
+            place < self.wanted,
+            "evicted key {victim} ({:?}) was not among the {} lightest of its shard's \
+             last sweep: {place} keys ranked before it: {:?}",
+            ranked.weight,
+            self.wanted,
+            &s.swept[..place.min(16)]
+        );
+        let now = self.weight(models, victim, at);
+        assert!(
+            now <= ranked.weight,
+            "evicted key {victim} is heavier ({now:?}) than when ranked ({:?}): \
+             charged since, it should have been passed over",
+            ranked.weight
+        );
+        let limit = models[&victim].peek_at(at, 0).limit();
+        for lighter in &s.swept[..place] {
+            let since = s
+                .charged
+                .get(&lighter.key)
+                .is_some_and(|&op| op > s.swept_op);
+            assert!(
+                !s.present.contains(&lighter.key) || since,
+                "evicted key {victim} ({now:?} of a limit of {limit}{}) while key {}, \
+                 ranked before it in the same sweep ({:?}), is still held, not charged since",
+                if now.0 >= limit { ", at its limit" } else { "" },
+                lighter.key,
+                lighter.weight
+            );
         }
     }
 }
