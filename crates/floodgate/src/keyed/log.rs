@@ -17,9 +17,11 @@
 //! then `reset_after`), ranked over the whole shard: each sweep ranks the eighth of
 //! the shard's keys that are lightest, and the evictions until the next sweep take
 //! them lightest first, passing over a key heavier now than when it was ranked
-//! (charged since, at a later instant or with more units; the ranking is made
-//! again when none is left). So a key is evicted only once every key that was
-//! lighter at the sweep has been evicted or charged since — unlike a sample of a
+//! (charged since, at a later instant or with more units; a key charged since
+//! whose older units have left the window may be lighter than it was, and is
+//! evicted as ranked; the ranking is made again when none is left). So a key is
+//! evicted only once every key that was lighter at the sweep has been evicted or
+//! made heavier since — unlike a sample of a
 //! few keys in the map's order, which would be the same few every time. Keys of
 //! equal weight (keys at their limit whose newest units were logged at one reading,
 //! as under a cached clock) take turns: ties are ranked in the order of their
@@ -481,7 +483,8 @@ where
     }
 
     /// Evicts the lightest ranked key still in the shard and no heavier than when
-    /// it was ranked (one charged since is passed over). Whether one was evicted.
+    /// it was ranked (one made heavier since, by a charge, is passed over). Whether
+    /// one was evicted.
     fn evict_ranked(shard: &mut LogShard<K>, now: u64) -> bool {
         let bounds = shard.bounds;
         let period = shard.policy.period_nanos();
