@@ -336,6 +336,35 @@ fn seeded_refunds_write_what_the_per_member_refund_writes() {
 /// Half past two, the 1st of January 1970, in microseconds.
 const MID_HOUR: u64 = 9_000_000_000;
 
+/// Two sliding logs on one request, `hour` an hour and `day` a day, refunds on.
+fn two_logs(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    hour: u64,
+    day: u64,
+) -> RedisLimiter {
+    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(hour).unwrap())
+        .and(Algorithm::SlidingLog, Policy::per_day(day).unwrap());
+    with_refunds(rt, server, builder, true)
+}
+
+/// `k` one-unit charges of `key` at successive instants from [`MID_HOUR`], each
+/// admitted; the first one's receipt.
+async fn charged(l: &RedisLimiter, key: &str, k: u64) -> floodgate_redis::RedisReceipt {
+    let mut first = None;
+    for at in MID_HOUR..MID_HOUR + k {
+        let (d, r) = l.charge_n_at_micros(key, 1, at).await.unwrap();
+        assert!(d.is_allowed(), "charge at {at}");
+        first = first.or(r);
+    }
+    first.expect("a receipt")
+}
+
+/// What each of `keys` holds, exactly (`DUMP`).
+fn dumps(server: &RedisServer, keys: &[String]) -> Vec<Vec<u8>> {
+    keys.iter().map(|k| server.cmd(&["DUMP", k])).collect()
+}
+
 /// A multi-limit refund of two sliding logs (5 000 an hour and 6 000 a day) with
 /// 4 501 members each from the refunded instant on — three `ZREM` and three `ZADD`
 /// chunks a key — on a server out of memory (`maxmemory` 1, `noeviction`): the
@@ -349,30 +378,17 @@ fn a_multi_limit_log_refund_out_of_memory_writes_nothing() {
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(5_000).unwrap())
-        .and(Algorithm::SlidingLog, Policy::per_day(6_000).unwrap());
-    let l = with_refunds(&rt, &server, builder, true);
+    let l = two_logs(&rt, &server, 5_000, 6_000);
     let key = "oomrefund";
     let k = 4_501_u64;
     let keys = l.redis_keys(key);
     rt.block_on(async {
-        let mut first = None;
-        for at in MID_HOUR..MID_HOUR + k {
-            let (d, r) = l.charge_n_at_micros(key, 1, at).await.unwrap();
-            assert!(d.is_allowed(), "charge at {at}");
-            first = first.or(r);
-        }
-        let first = first.expect("a receipt");
-        let dumps = || {
-            keys.iter()
-                .map(|k| server.cmd::<Vec<u8>>(&["DUMP", k]))
-                .collect::<Vec<_>>()
-        };
-        // The refund script loaded (another key's refund that gives nothing).
+        let first = charged(&l, key, k).await;
+        // The refund script loaded (another key's refund).
         let (_, other) = l.charge_n_at_micros("other", 1, MID_HOUR).await.unwrap();
         let other = other.expect("a receipt");
         assert!(l.refund_at_micros(&other, MID_HOUR + 1).await.unwrap());
-        let before = dumps();
+        let before = dumps(&server, &keys);
         let _: () = server.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
         let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
         let out = l.refund_at_micros(&first, MID_HOUR + k).await;
@@ -385,7 +401,7 @@ fn a_multi_limit_log_refund_out_of_memory_writes_nothing() {
             }
             Ok(back) => panic!("out of memory, the refund answered {back}"),
         }
-        assert_eq!(dumps(), before, "written, then refused");
+        assert_eq!(dumps(&server, &keys), before, "written, then refused");
         assert!(l.refund_at_micros(&first, MID_HOUR + k).await.unwrap());
         for k in &keys {
             let rows = common::log_members(&server, k);
@@ -594,4 +610,34 @@ fn a_refund_over_later_totals_that_fall_is_malformed_and_writes_nothing() {
         assert!(e.contains("malformed") && e.contains(&key), "{name}: {e}");
         assert_eq!(dump(&mut conn), before, "{name}: written");
     }
+}
+
+/// A multi-limit refund of two logs whose second log's later totals fall (a
+/// member's total planted one below the one before it plus its units): the
+/// call fails as malformed, naming that key, and neither log is written — the
+/// first, well formed, not given back while the second is refused.
+#[test]
+fn a_multi_limit_refund_over_a_log_whose_totals_fall_writes_neither() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let l = two_logs(&rt, &server, 10, 20);
+    let key = "fallsmulti";
+    let keys = l.redis_keys(key);
+    rt.block_on(async {
+        let first = charged(&l, key, 3).await;
+        let last = MID_HOUR + 2;
+        let planted = format!("{last}:1:2");
+        let _: () = server.cmd(&["ZREM", &keys[1], &format!("{last}:1:3")]);
+        let _: () = server.cmd(&["ZADD", &keys[1], &last.to_string(), &planted]);
+        let before = dumps(&server, &keys);
+        let e = l
+            .refund_at_micros(&first, last)
+            .await
+            .expect_err("a refund over totals that fall");
+        let text = e.to_string();
+        assert!(text.contains("malformed") && text.contains(&keys[1]), "{e}");
+        assert_eq!(dumps(&server, &keys), before, "written");
+    });
 }
