@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{drive_trace, runtime, Reading, RedisServer, Trace, TraceShape, TraceStep};
+use common::{drive_trace, runtime, Reading, RedisServer, Trace, TraceStep};
 use floodgate::{AsyncLimit, Nanos, Policy, RateLimiter, Receipt};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisReceipt};
 
@@ -132,15 +132,7 @@ fn replay_against_in_process<A: floodgate::Algorithm>(
         key: String::new(),
         counts: Vec::new(),
     };
-    let shape = TraceShape {
-        seeds: 12,
-        steps: 300,
-        max_cost: 2,
-        held: 4,
-        wait_us: 150_000,
-        back_us: 100_000,
-    };
-    rt.block_on(drive_trace(shape, &mut trace));
+    rt.block_on(drive_trace(common::ONE_LIMIT_TRACE, &mut trace));
     for (seed, &(refunded, given)) in (1..).zip(&trace.counts) {
         assert!(
             refunded > 20 && given > 10,

@@ -266,8 +266,14 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   end
   local own = after[1]
   if not own or own.at ~= x or own.units < n or n <= 0 then return 0 end
+  -- Every later total at least the one before it plus its units, else running
+  -- totals fall: a state no script writes, which the rewrite below would keep
+  -- (or mix up, a later member named as the one at x is once renamed). So each
+  -- later total less n still holds its units (the first total holds n at least).
   for i = 2, #after do
-    if after[i].total - n < after[i].units then return malformed(key, 'running totals fall') end
+    if after[i].total - after[i - 1].total < after[i].units then
+      return malformed(key, 'running totals fall')
+    end
   end
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).

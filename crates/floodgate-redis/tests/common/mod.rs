@@ -445,6 +445,18 @@ pub struct TraceShape {
     pub back_us: u64,
 }
 
+/// The shape of `refunds.rs`'s one-limit traces (GCRA and both windows): 12 seeds
+/// of 300 steps, costs 1–2, 4 receipts held, waits under 150 ms, readings up to
+/// 100 ms behind (`review_s44_redis2.rs` counts the kinds of steps they take).
+pub const ONE_LIMIT_TRACE: TraceShape = TraceShape {
+    seeds: 12,
+    steps: 300,
+    max_cost: 2,
+    held: 4,
+    wait_us: 150_000,
+    back_us: 100_000,
+};
+
 /// The two sides of a seeded trace: a Redis limiter and the in-process model it
 /// must agree with. Each method runs one operation on both and asserts what the
 /// test promises of it.
