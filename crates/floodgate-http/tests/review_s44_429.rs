@@ -427,3 +427,71 @@ fn cost_two_429_remaining_and_retry() -> TestResult {
         Ok(())
     })
 }
+
+/// The combined 429 with the remote's refund failing (its backend down): the
+/// answer is the same (the queue's 9 s), the failure counted once in "per-user"'s
+/// `errors`, and that charge stays taken — and the retry after exactly
+/// `Retry-After` still gets through.
+#[test]
+fn combined_429_with_a_failed_remote_refund() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let p = proxy(1, |b, _| Ok(b))?;
+        spend(&p).await?;
+        p.remote.down.store(true, Ordering::SeqCst);
+        let denied = send(&p, "u").await?;
+        assert_eq!(denied.status, 429, "{}", denied.body);
+        assert_eq!(denied.header("retry-after"), Some("9"));
+        assert!(denied.body.contains("\"queue\""), "{}", denied.body);
+        assert_eq!(stat(&p, "per-user")?.errors, 1);
+        assert_eq!(
+            p.remote.left("u"),
+            1,
+            "the failed refund's charge stays taken"
+        );
+        p.remote.down.store(false, Ordering::SeqCst);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        let retried = send(&p, "u").await?;
+        assert_eq!(retried.status, 200, "{}", retried.body);
+        assert_eq!(p.remote.left("u"), 0);
+        Ok(())
+    })
+}
+
+/// What a 429 shows of an earlier remote rule with refunds: its decision as of its
+/// check, the charge counted though it was then given back (no round trip is spent
+/// to look again; `RateLimitLayer`, "How rules combine"; `HeaderOptions::legacy`).
+/// "per-user" (remote, cost 3 of its 3) admits with 0 left, "per-key" (cost 2,
+/// burst 3, 2 spent) denies with 1 left: `X-RateLimit-Remaining` is 0, the
+/// remote's `r=0`, while the remote, refunded, has all 3 again. Understated, never
+/// overstated.
+#[test]
+fn a_refunded_remote_is_shown_as_of_its_check() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let clock = TokioClock {
+            start: Instant::now(),
+        };
+        let remote = Remote::new()?;
+        let per_key: Arc<PerUser> = Arc::new(KeyedLimiter::gcra_with_clock(
+            Policy::new(1, Duration::from_secs(2))?.with_burst(3)?,
+            clock,
+        ));
+        let layer = RateLimitLayer::builder()
+            .rule(per_user("per-user", &remote)?.cost(3))
+            .rule(Rule::shared("per-key", Arc::clone(&per_key), HeaderKey::new("x-user")?)?.cost(2))
+            .build()?;
+        assert!(per_key.check_n("u", 2).is_allowed());
+        let mut svc = layer.layer(Hello);
+        let denied = Answer::read(svc.call(req("u")).await?)
+            .await
+            .map_err(|e| e.to_string())?;
+        assert_eq!(denied.status, 429, "{}", denied.body);
+        assert!(denied.body.contains("\"per-key\""), "{}", denied.body);
+        assert_eq!(remote.left("u"), 3, "refunded");
+        assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+        let limit = denied.header("ratelimit").unwrap_or_default();
+        assert!(limit.contains("\"per-user\";r=0"), "{limit}");
+        assert!(limit.contains("\"per-key\";r=1"), "{limit}");
+        Ok(())
+    })
+}
