@@ -1401,7 +1401,11 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
 ///   the hard rules' when a later hard rule denies. A queueing rule
-///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
+///   (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature `queue`) keeps the
+///   slot it took, at once or after a wait, when a later rule rejects the request
+///   or the request is dropped after it: a client that a later per-client rule
+///   denies still spends a shared queue's slot. Put the per-client rules before a
+///   shared queue.
 ///
 /// A request passed on to the inner service keeps every charge, whatever the service
 /// then does (an error, a panic, a 5xx): it reached the service.

@@ -495,3 +495,45 @@ fn a_refunded_remote_is_shown_as_of_its_check() -> TestResult {
         Ok(())
     })
 }
+
+/// A shared queue before a per-client rule keeps the slot it gave at once to a
+/// request the per-client rule then denies (documented in "How rules combine":
+/// put the per-client rules first): "u" (its per-key unit spent) is answered 429
+/// by per-key, yet the queue's one slot is gone, and "v", whom nothing else
+/// holds back, is refused by the queue for 9 s.
+#[test]
+fn a_shared_queue_before_a_denial_keeps_its_slot() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let clock = TokioClock {
+            start: Instant::now(),
+        };
+        let per_key: Arc<PerUser> =
+            Arc::new(KeyedLimiter::gcra_with_clock(Policy::per_hour(1)?, clock));
+        let shaper = Shaper::with_clock(
+            Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
+            clock,
+        );
+        let layer = RateLimitLayer::builder()
+            .queue(QueueRule::new("queue", shaper, Duration::from_secs(1))?)
+            .rule(Rule::shared(
+                "per-key",
+                Arc::clone(&per_key),
+                HeaderKey::new("x-user")?,
+            )?)
+            .build()?;
+        assert!(per_key.check("u").is_allowed());
+        let mut svc = layer.layer(Hello);
+        let u = Answer::read(svc.call(req("u")).await?)
+            .await
+            .map_err(|e| e.to_string())?;
+        assert_eq!(u.status, 429, "{}", u.body);
+        assert!(u.body.contains("\"per-key\""), "{}", u.body);
+        let v = Answer::read(svc.call(req("v")).await?)
+            .await
+            .map_err(|e| e.to_string())?;
+        assert_eq!(v.status, 429, "{}", v.body);
+        assert!(v.body.contains("\"queue\""), "{}", v.body);
+        assert_eq!(v.header("retry-after"), Some("9"));
+        Ok(())
+    })
+}
