@@ -111,6 +111,17 @@ async fn send(p: &Proxy, who: &str) -> Result<Answer, Box<dyn std::error::Error>
         .map_err(|e| e.to_string().into())
 }
 
+/// `who`'s request through `svc`, read whole.
+async fn ask(
+    svc: &mut RateLimitService<Hello>,
+    who: &str,
+) -> Result<Answer, Box<dyn std::error::Error>> {
+    let response = svc.call(req(who)).await?;
+    Answer::read(response)
+        .await
+        .map_err(|e| e.to_string().into())
+}
+
 fn stat(p: &Proxy, rule: &str) -> Result<floodgate_http::RuleStats, String> {
     p.layer
         .rule_stats(rule)
@@ -481,9 +492,7 @@ fn a_refunded_remote_is_shown_as_of_its_check() -> TestResult {
             .build()?;
         assert!(per_key.check_n("u", 2).is_allowed());
         let mut svc = layer.layer(Hello);
-        let denied = Answer::read(svc.call(req("u")).await?)
-            .await
-            .map_err(|e| e.to_string())?;
+        let denied = ask(&mut svc, "u").await?;
         assert_eq!(denied.status, 429, "{}", denied.body);
         assert!(denied.body.contains("\"per-key\""), "{}", denied.body);
         assert_eq!(remote.left("u"), 3, "refunded");
@@ -523,14 +532,10 @@ fn a_shared_queue_before_a_denial_keeps_its_slot() -> TestResult {
             .build()?;
         assert!(per_key.check("u").is_allowed());
         let mut svc = layer.layer(Hello);
-        let u = Answer::read(svc.call(req("u")).await?)
-            .await
-            .map_err(|e| e.to_string())?;
+        let u = ask(&mut svc, "u").await?;
         assert_eq!(u.status, 429, "{}", u.body);
         assert!(u.body.contains("\"per-key\""), "{}", u.body);
-        let v = Answer::read(svc.call(req("v")).await?)
-            .await
-            .map_err(|e| e.to_string())?;
+        let v = ask(&mut svc, "v").await?;
         assert_eq!(v.status, 429, "{}", v.body);
         assert!(v.body.contains("\"queue\""), "{}", v.body);
         assert_eq!(v.header("retry-after"), Some("9"));
