@@ -98,6 +98,18 @@ fn proxy_with(
     })
 }
 
+/// Tokio's clock from now, and the "per-key" limiter on it: 1 per 2 s, `burst`.
+fn per_key_rule(burst: u64) -> Result<(TokioClock, Arc<PerUser>), Box<dyn std::error::Error>> {
+    let clock = TokioClock {
+        start: Instant::now(),
+    };
+    let policy = Policy::new(1, Duration::from_secs(2))?.with_burst(burst)?;
+    Ok((
+        clock,
+        Arc::new(KeyedLimiter::gcra_with_clock(policy, clock)),
+    ))
+}
+
 /// A request from `who` in tier 0.
 fn req(who: &str) -> Request<()> {
     common::tier_request(who, 0)
@@ -478,14 +490,9 @@ fn combined_429_with_a_failed_remote_refund() -> TestResult {
 #[test]
 fn a_refunded_remote_is_shown_as_of_its_check() -> TestResult {
     remote::paused_runtime()?.block_on(async {
-        let clock = TokioClock {
-            start: Instant::now(),
-        };
+        let (_, per_key) = per_key_rule(3)?;
         let remote = Remote::new()?;
-        let per_key: Arc<PerUser> = Arc::new(KeyedLimiter::gcra_with_clock(
-            Policy::new(1, Duration::from_secs(2))?.with_burst(3)?,
-            clock,
-        ));
+
         let layer = RateLimitLayer::builder()
             .rule(per_user("per-user", &remote)?.cost(3))
             .rule(Rule::shared("per-key", Arc::clone(&per_key), HeaderKey::new("x-user")?)?.cost(2))
@@ -539,6 +546,88 @@ fn a_shared_queue_before_a_denial_keeps_its_slot() -> TestResult {
         assert_eq!(v.status, 429, "{}", v.body);
         assert!(v.body.contains("\"queue\""), "{}", v.body);
         assert_eq!(v.header("retry-after"), Some("9"));
+        Ok(())
+    })
+}
+
+/// A cost above a queue's burst, on each queueing rule: refused at `build`
+/// (`ConfigError::Cost`), never a request answered "never".
+#[test]
+fn a_queue_cost_above_its_burst_is_refused_at_build() -> TestResult {
+    let clock = TokioClock {
+        start: Instant::now(),
+    };
+    let policy = Policy::new(1, Duration::from_secs(10))?.with_burst(2)?;
+    let cost = |rule: &str| floodgate_http::ConfigError::Cost {
+        rule: rule.into(),
+        cost: 3,
+        capacity: 2,
+    };
+    let queue = QueueRule::new(
+        "q",
+        Shaper::with_clock(policy, clock),
+        Duration::from_secs(1),
+    )?;
+    let built = RateLimitLayer::builder().queue(queue.cost(3)).build();
+    assert_eq!(built.err(), Some(cost("q")));
+    let keyed: PerUser = KeyedLimiter::gcra_with_clock(policy, clock);
+    let keyed = floodgate_http::KeyedQueueRule::new(
+        "kq",
+        HeaderKey::new("x-user")?,
+        keyed,
+        Duration::from_secs(1),
+    )?;
+    let built = RateLimitLayer::builder()
+        .queue_per_key(keyed.cost(3))
+        .build();
+    assert_eq!(built.err(), Some(cost("kq")));
+    let priority = PriorityRule::new("p", Shaper::with_clock(policy, clock), &[1], from_fn(tier))?;
+    let built = RateLimitLayer::builder().priority(priority.cost(3)).build();
+    assert_eq!(built.err(), Some(cost("p")));
+    Ok(())
+}
+
+/// Behind the per-key denial (2 s), a later plan rule whose cost (5) is above the
+/// request's plan's capacity (free: burst 3; pro's 10 lets it build): the answer
+/// is the never-fits status (413 here), no `Retry-After`, the body naming the plan
+/// rule ("never" is the longest wait); the remote charge is given back.
+#[test]
+fn a_later_never_fitting_plan_answers_never() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let (_, per_key) = per_key_rule(1)?;
+        let remote = Remote::new()?;
+
+        let plans = common::even_free_odd_pro(
+            &floodgate::ManualClock::new(),
+            Policy::per_minute(3)?,
+            Policy::per_minute(10)?,
+        )?;
+        let layer = RateLimitLayer::builder()
+            .rule(per_user("per-user", &remote)?)
+            .rule(Rule::shared(
+                "per-key",
+                Arc::clone(&per_key),
+                HeaderKey::new("x-user")?,
+            )?)
+            .rule(Rule::new("plan", plans, from_fn(common::key_of))?.cost(5))
+            .never_status(http::StatusCode::PAYLOAD_TOO_LARGE)
+            .build()?;
+        assert!(per_key.check("u").is_allowed());
+        let mut svc = layer.layer(Hello);
+        for (key, status, retry) in [(2, 413, None), (1, 429, Some("2"))] {
+            let mut request = req("u");
+            request
+                .headers_mut()
+                .insert("x-key", http::HeaderValue::from(key));
+            let response = svc.call(request).await?;
+            let answer = Answer::read(response).await.map_err(|e| e.to_string())?;
+            assert_eq!(answer.status, status, "key {key}: {}", answer.body);
+            assert_eq!(answer.header("retry-after"), retry, "key {key}");
+            let named = if retry.is_some() { "per-key" } else { "plan" };
+            assert!(answer.body.contains(named), "key {key}: {}", answer.body);
+        }
+        assert_eq!(remote.left("u"), 3, "both charges given back");
+        assert_eq!(remote.refunds.load(Ordering::SeqCst), 2);
         Ok(())
     })
 }
