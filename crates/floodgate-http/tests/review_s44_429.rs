@@ -110,6 +110,17 @@ fn per_key_rule(burst: u64) -> Result<(TokioClock, Arc<PerUser>), Box<dyn std::e
     ))
 }
 
+/// "per-user" on `remote`, then "per-key" on `per_key`, each of cost 1.
+fn remote_then_per_key(
+    remote: &Arc<Remote>,
+    per_key: &Arc<PerUser>,
+) -> Result<RateLimitLayerBuilder, Box<dyn std::error::Error>> {
+    let key = HeaderKey::new("x-user")?;
+    Ok(RateLimitLayer::builder()
+        .rule(per_user("per-user", remote)?)
+        .rule(Rule::shared("per-key", Arc::clone(per_key), key)?))
+}
+
 /// A request from `who` in tier 0.
 fn req(who: &str) -> Request<()> {
     common::tier_request(who, 0)
@@ -602,13 +613,7 @@ fn a_later_never_fitting_plan_answers_never() -> TestResult {
             Policy::per_minute(3)?,
             Policy::per_minute(10)?,
         )?;
-        let layer = RateLimitLayer::builder()
-            .rule(per_user("per-user", &remote)?)
-            .rule(Rule::shared(
-                "per-key",
-                Arc::clone(&per_key),
-                HeaderKey::new("x-user")?,
-            )?)
+        let layer = remote_then_per_key(&remote, &per_key)?
             .rule(Rule::new("plan", plans, from_fn(common::key_of))?.cost(5))
             .never_status(http::StatusCode::PAYLOAD_TOO_LARGE)
             .build()?;
@@ -628,6 +633,56 @@ fn a_later_never_fitting_plan_answers_never() -> TestResult {
         }
         assert_eq!(remote.left("u"), 3, "both charges given back");
         assert_eq!(remote.refunds.load(Ordering::SeqCst), 2);
+        Ok(())
+    })
+}
+
+/// The chain with the priority rule the longest: remote, per-key (denies for 2 s),
+/// a roomy queue (would admit at once), then a priority rule of 1 per 10 s whose
+/// only place (tier 0, bound 1) "b" holds behind "a": the 429 is the priority
+/// rule's (until a plain check after "b"'s booked slot at 10 s fits: 20 s; its
+/// name; listed in `RateLimit`, the queue not), the remote charge comes back, and
+/// "u", retrying after exactly `Retry-After`, is served, "b" served before it.
+#[test]
+fn combined_429_from_a_full_priority_tier_behind_a_roomy_queue() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let (clock, per_key) = per_key_rule(1)?;
+        let remote = Remote::new()?;
+        let layer = remote_then_per_key(&remote, &per_key)?
+            .queue(QueueRule::new(
+                "queue",
+                Shaper::with_clock(Policy::per_second(100)?.with_burst(10)?, clock),
+                Duration::from_secs(1),
+            )?)
+            .priority(PriorityRule::new(
+                "priority",
+                Shaper::with_clock(
+                    Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
+                    clock,
+                ),
+                &[1],
+                from_fn(tier),
+            )?)
+            .build()?;
+        let mut svc = layer.layer(Hello);
+        assert_eq!(ask(&mut svc, "a").await?.status, 200);
+        let mut b = svc.clone();
+        let b = tokio::spawn(async move { b.call(req("b")).await.map(|r| r.status()) });
+        remote::let_spawned_tasks_run().await;
+        assert!(!b.is_finished(), "b waits in tier 0");
+        assert!(per_key.check("u").is_allowed());
+        let denied = ask(&mut svc, "u").await?;
+        assert_eq!(denied.status, 429, "{}", denied.body);
+        assert!(denied.body.contains("\"priority\""), "{}", denied.body);
+        assert_eq!(denied.header("retry-after"), Some("20"));
+        let limit = denied.header("ratelimit").unwrap_or_default();
+        assert!(limit.contains("\"priority\""), "{limit}");
+        assert!(!limit.contains("\"queue\""), "{limit}");
+        assert_eq!(remote.left("u"), 3, "the remote charge given back");
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(b.await??, 200);
+        let retried = ask(&mut svc, "u").await?;
+        assert_eq!(retried.status, 200, "{}", retried.body);
         Ok(())
     })
 }
