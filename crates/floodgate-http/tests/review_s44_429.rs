@@ -145,8 +145,8 @@ async fn ask(
         .map_err(|e| e.to_string().into())
 }
 
-fn stat(p: &Proxy, rule: &str) -> Result<floodgate_http::RuleStats, String> {
-    p.layer
+fn stat(layer: &RateLimitLayer, rule: &str) -> Result<floodgate_http::RuleStats, String> {
+    layer
         .rule_stats(rule)
         .ok_or_else(|| format!("no rule {rule}"))
 }
@@ -191,7 +191,7 @@ fn combined_429_is_the_longest_and_its_retry_after_holds() -> TestResult {
         // The remote charge given back, once; nothing failed.
         assert_eq!(p.remote.refunds.load(Ordering::SeqCst), 1);
         assert_eq!(p.remote.left("u"), 2);
-        assert_eq!(stat(&p, "per-user")?.errors, 0);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 0);
         // Nothing in the queue was reserved by the peek: its schedule as "u" left it.
         assert_eq!(
             p.queue.peek_at(p.clock.now(), 0).reset_after(),
@@ -252,7 +252,7 @@ fn soft_and_shadow_rules_never_answer_the_429() -> TestResult {
         assert!(denied.body.contains("\"queue\""), "{}", denied.body);
         assert_eq!(denied.header("x-ratelimit-limit"), Some("1"));
         // The soft rule before the denial admitted "u" and was given back.
-        assert_eq!(stat(&p, "soft-roomy")?.allowed, 2);
+        assert_eq!(stat(&p.layer, "soft-roomy")?.allowed, 2);
         assert_eq!(roomy.peek("u", 0).remaining(), roomy_before);
         tokio::time::advance(Duration::from_secs(9)).await;
         let retried = send(&p, "u").await?;
@@ -262,8 +262,8 @@ fn soft_and_shadow_rules_never_answer_the_429() -> TestResult {
 }
 
 /// Polls `who`'s request once, then drops it: whether it was still pending.
-async fn poll_once_then_drop(p: &Proxy, who: &str) -> bool {
-    let mut svc = p.svc.clone();
+async fn poll_once_then_drop(svc: &RateLimitService<Hello>, who: &str) -> bool {
+    let mut svc = svc.clone();
     let mut call = Box::pin(svc.call(req(who)));
     let pending = poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending())).await;
     drop(call);
@@ -282,17 +282,23 @@ fn dropped_at_each_await_point_gives_everything_back_once() -> TestResult {
         let p = proxy(1, |b, _| Ok(b))?;
         spend(&p).await?;
         // 1. Denied by per-key; the future is parked in the remote refund's round trip.
-        assert!(poll_once_then_drop(&p, "u").await, "parked in the refund");
+        assert!(
+            poll_once_then_drop(&p.svc, "u").await,
+            "parked in the refund"
+        );
         assert_eq!(p.remote.left("u"), 1, "the refund not yet made");
         let_spawned_tasks_run().await;
         assert_eq!(p.remote.left("u"), 2, "given back by the spawned task");
         assert_eq!(p.remote.refunds.load(Ordering::SeqCst), 1);
-        assert_eq!(stat(&p, "per-user")?.errors, 0);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 0);
         // 2. "u2" admitted by remote and per-key, then queued behind "v"'s slot: but
         //    the queue is 9 s beyond its bound, so first let 9 s pass.
         tokio::time::advance(Duration::from_secs(9)).await;
         let per_key_before = p.per_key.peek("u2", 0).remaining();
-        assert!(poll_once_then_drop(&p, "u2").await, "waiting in the queue");
+        assert!(
+            poll_once_then_drop(&p.svc, "u2").await,
+            "waiting in the queue"
+        );
         assert_eq!(p.per_key.peek("u2", 0).remaining(), per_key_before);
         assert_eq!(p.remote.left("u2"), 2, "not yet refunded");
         let_spawned_tasks_run().await;
@@ -303,7 +309,7 @@ fn dropped_at_each_await_point_gives_everything_back_once() -> TestResult {
             p.queue.peek_at(p.clock.now(), 0).reset_after(),
             Duration::from_secs(1)
         );
-        assert_eq!(stat(&p, "per-user")?.errors, 0);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 0);
         Ok(())
     })
 }
@@ -376,7 +382,7 @@ fn dropped_during_a_later_remote_charge() -> TestResult {
         };
         let p = proxy(1, late_rule)?;
         assert!(
-            poll_once_then_drop(&p, "u").await,
+            poll_once_then_drop(&p.svc, "u").await,
             "parked in late's charge"
         );
         assert_eq!(
@@ -393,16 +399,16 @@ fn dropped_during_a_later_remote_charge() -> TestResult {
             "taken in flight: stays taken (documented)"
         );
         assert_eq!(late.refunds.load(Ordering::SeqCst), 0);
-        assert_eq!(stat(&p, "per-user")?.errors, 0);
-        assert_eq!(stat(&p, "late")?.errors, 0);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 0);
+        assert_eq!(stat(&p.layer, "late")?.errors, 0);
         // The task's place was given back: a second such drop is spawned too.
         assert!(
-            poll_once_then_drop(&p, "w").await,
+            poll_once_then_drop(&p.svc, "w").await,
             "parked in late's charge"
         );
         let_spawned_tasks_run().await;
         assert_eq!(p.remote.left("w"), 3);
-        assert_eq!(stat(&p, "per-user")?.errors, 0);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 0);
         Ok(())
     })
 }
@@ -476,7 +482,7 @@ fn combined_429_with_a_failed_remote_refund() -> TestResult {
         assert_eq!(denied.status, 429, "{}", denied.body);
         assert_eq!(denied.header("retry-after"), Some("9"));
         assert!(denied.body.contains("\"queue\""), "{}", denied.body);
-        assert_eq!(stat(&p, "per-user")?.errors, 1);
+        assert_eq!(stat(&p.layer, "per-user")?.errors, 1);
         assert_eq!(
             p.remote.left("u"),
             1,
@@ -637,6 +643,26 @@ fn a_later_never_fitting_plan_answers_never() -> TestResult {
     })
 }
 
+/// remote → per-key (1 per 2 s) → a roomy queue (100 a second) → "priority" (1 per
+/// 10 s, burst 1, one place in tier 0): its limiters and the layer.
+#[allow(clippy::type_complexity)]
+fn priority_chain(
+) -> Result<(Arc<Remote>, Arc<PerUser>, RateLimitLayer), Box<dyn std::error::Error>> {
+    let (clock, per_key) = per_key_rule(1)?;
+    let remote = Remote::new()?;
+    let roomy = Shaper::with_clock(Policy::per_second(100)?.with_burst(10)?, clock);
+    let slow = Shaper::with_clock(
+        Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
+        clock,
+    );
+    let layer = remote_then_per_key(&remote, &per_key)?
+        .queue(QueueRule::new("queue", roomy, Duration::from_secs(1))?)
+        .priority(PriorityRule::new("priority", slow, &[1], from_fn(tier))?)
+        .max_refund_tasks(1)
+        .build()?;
+    Ok((remote, per_key, layer))
+}
+
 /// The chain with the priority rule the longest: remote, per-key (denies for 2 s),
 /// a roomy queue (would admit at once), then a priority rule of 1 per 10 s whose
 /// only place (tier 0, bound 1) "b" holds behind "a": the 429 is the priority
@@ -646,24 +672,7 @@ fn a_later_never_fitting_plan_answers_never() -> TestResult {
 #[test]
 fn combined_429_from_a_full_priority_tier_behind_a_roomy_queue() -> TestResult {
     remote::paused_runtime()?.block_on(async {
-        let (clock, per_key) = per_key_rule(1)?;
-        let remote = Remote::new()?;
-        let layer = remote_then_per_key(&remote, &per_key)?
-            .queue(QueueRule::new(
-                "queue",
-                Shaper::with_clock(Policy::per_second(100)?.with_burst(10)?, clock),
-                Duration::from_secs(1),
-            )?)
-            .priority(PriorityRule::new(
-                "priority",
-                Shaper::with_clock(
-                    Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
-                    clock,
-                ),
-                &[1],
-                from_fn(tier),
-            )?)
-            .build()?;
+        let (remote, per_key, layer) = priority_chain()?;
         let mut svc = layer.layer(Hello);
         assert_eq!(ask(&mut svc, "a").await?.status, 200);
         let mut b = svc.clone();
@@ -683,6 +692,35 @@ fn combined_429_from_a_full_priority_tier_behind_a_roomy_queue() -> TestResult {
         assert_eq!(b.await??, 200);
         let retried = ask(&mut svc, "u").await?;
         assert_eq!(retried.status, 200, "{}", retried.body);
+        Ok(())
+    })
+}
+
+/// Dropped while waiting in the priority rule after the remote, per-key and the
+/// queue admitted it ("a" holds the shaper's slot): the remote charge comes back by
+/// the spawned task, per-key's at once, the priority place is left, nothing is
+/// counted in `errors`, and the next arrival finds the tier empty.
+#[test]
+fn dropped_while_waiting_in_the_priority_rule() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let (remote, per_key, layer) = priority_chain()?;
+        let mut svc = layer.layer(Hello);
+        assert_eq!(ask(&mut svc, "a").await?.status, 200);
+        assert!(poll_once_then_drop(&svc, "u").await, "waiting in tier 0");
+        assert_eq!(
+            per_key.peek("u", 0).remaining(),
+            1,
+            "given back at the drop"
+        );
+        let_spawned_tasks_run().await;
+        assert_eq!(remote.left("u"), 3, "given back by the spawned task");
+        assert_eq!(remote.refunds.load(Ordering::SeqCst), 1);
+        assert_eq!(stat(&layer, "per-user")?.errors, 0);
+        let b = tokio::spawn(async move { svc.call(req("b")).await.map(|r| r.status()) });
+        let_spawned_tasks_run().await;
+        assert!(!b.is_finished(), "b takes the place u left");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(b.await??, 200);
         Ok(())
     })
 }
