@@ -1173,8 +1173,10 @@ impl HeaderOptions {
     /// the request back longest: see [`RateLimitLayer`], "How rules combine"), else
     /// the visible rule with the least `remaining` (the longest reset on a tie).
     /// On a 429 its `Remaining` is the least of the hard rules the request met
-    /// (those before the denial as they are after the refund, a remote one with the
-    /// charge it kept; the denial; the in-process ones after it, peeked): a rule
+    /// (the in-process ones before the denial as they are after the refund; a remote
+    /// one as of its check, this request's charge counted even when a refund then
+    /// gave it back — no round trip is spent to look again, so the figure may be
+    /// low, never high; the denial; the in-process ones after it, peeked): a rule
     /// whose cost is above 1 denies with up to cost − 1 units left, which another
     /// rule may not have (`remaining` counts units, not requests).
     pub fn legacy(self, format: Option<ResetFormat>) -> Self {
@@ -1399,7 +1401,11 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
 ///   the hard rules' when a later hard rule denies. A queueing rule
-///   (`QueueRule`, feature `queue`) keeps its slot once waited for.
+///   (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature `queue`) keeps the
+///   slot it took, at once or after a wait, when a later rule rejects the request
+///   or the request is dropped after it: a client that a later per-client rule
+///   denies still spends a shared queue's slot. Put the per-client rules before a
+///   shared queue.
 ///
 /// A request passed on to the inner service keeps every charge, whatever the service
 /// then does (an error, a panic, a 5xx): it reached the service.
@@ -2105,7 +2111,8 @@ fn later_denials<'s>(
     let wait = |d: &Decision| d.retry_after_nanos().unwrap_or(u64::MAX);
     let hasher = shared.headers.partition_key.as_ref();
     // The least `remaining` of every hard rule the request met, not only of those
-    // that deny: an earlier remote rule kept its charge, and a rule charging less
+    // that deny: an earlier remote rule is shown as of its check (its charge
+    // counted, even when refunded since), and a rule charging less
     // than the denier may admit with fewer units than the denier has left.
     let mut least = shown
         .iter()
