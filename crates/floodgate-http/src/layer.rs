@@ -1400,19 +1400,27 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   rule most likely to deny (per client) before the shared ones (global), so a
 ///   flooding client is stopped before it spends the global budget.
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
-///   the hard rules' when a later hard rule denies. A queueing rule
-///   (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature `queue`) keeps the
-///   slot it took, at once or after a wait, when a later rule rejects the request
-///   or the request is dropped after it: a client that a later per-client rule
-///   denies still spends a shared queue's slot. Put the per-client rules before a
-///   shared queue.
+///   the hard rules' when a later hard rule denies.
+/// * **Queueing rules** (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature
+///   `queue`): a slot free when the request arrives is taken as a plain GCRA
+///   charge with a receipt (a reservation granted with no delay is exactly that
+///   admission) and is given back like an in-process rule's charge when a later
+///   rule rejects the request or the request is dropped after it: a client that a
+///   later per-client rule denies leaves a shared queue's slot to the next client.
+///   A slot the request **waited** for stays taken: the request has had its turn,
+///   and the waiters behind it were scheduled after it. (A `QueueRule` whose
+///   charge is refused reserves a later slot; should a refund, a cancellation or
+///   the clock free the slot in between, that reservation has no delay and its
+///   slot stays taken, as before.) Putting the per-client rules before a shared
+///   queue still spares the queue's waits for requests they deny.
 ///
 /// A request passed on to the inner service keeps every charge, whatever the service
 /// then does (an error, a panic, a 5xx): it reached the service.
 ///
 /// Counters count an admission that was later refunded as allowed. The headers of a
-/// denied request show an earlier in-process rule as it is after the refund (a peek
-/// at cost 0: its `remaining` no longer counts this request); a remote rule as of
+/// denied request show an earlier in-process rule, or a queue whose slot was given
+/// back, as it is after the refund (a peek at cost 0: its `remaining` no longer
+/// counts this request); a remote rule as of
 /// its check (no round trip is spent to show it after a refund).
 ///
 /// # Responses

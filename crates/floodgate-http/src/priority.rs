@@ -19,6 +19,14 @@
 //! A request cancelled while it waits leaves its queue (and gives back the slot it
 //! was about to take, [`Shaper::cancel`]).
 //!
+//! A request that goes at once takes the free slot as a plain GCRA charge
+//! ([`Shaper::charge`]: a reservation within no delay is exactly that admission),
+//! with a receipt: when a later rule of the layer rejects the request, or the
+//! request is dropped after this rule, the slot is given back ([`Shaper::refund`]:
+//! GCRA's refund rule, a waiter's slot reserved after it kept), as every in-process
+//! charge is (see `RateLimitLayer`, "How rules combine"). A slot a request waited
+//! for in its tier stays taken.
+//!
 //! When an earlier rule denies a request, a later priority rule is peeked (taking no
 //! place and reserving nothing): under its queues' lock it runs the same arrival
 //! rule as a request would — the free slot peeked on the shaper
@@ -35,7 +43,7 @@
 //! # Design and costs
 //!
 //! The queues sit behind one `Mutex` (never held across an `.await`); the fast path
-//! — nobody waiting — takes the lock once and reserves with one compare-and-swap. At
+//! — nobody waiting — takes the lock once and charges with one compare-and-swap. At
 //! most one waiter holds a reservation at a time (the head of the highest tier,
 //! sleeping until its slot), so a later higher-tier arrival gets the next slot. When a
 //! waiter is served, shed or cancelled, every waiter is woken to look again
@@ -49,14 +57,16 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use floodgate::{Clock, Decision, GcraState, Policy, Reservation, ShapeError, Shaper, StateCell};
+use floodgate::{
+    Clock, Decision, GcraState, Policy, Receipt, Reservation, ShapeError, Shaper, StateCell,
+};
 use http::request::Parts;
 use tokio::sync::Notify;
 
 use crate::error::ConfigError;
 use crate::extract::{KeyError, KeyExtractor};
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{Check, ErasedRule, Peeked, Started};
+use crate::layer::{Check, ErasedRule, Peeked, RuleReceipt, Started};
 
 /// The longest a head-of-queue waiter reserves ahead: effectively unbounded (the
 /// queues' lengths are the bound).
@@ -296,6 +306,24 @@ where
         Decision::new(false, policy.burst(), 0, reset, retry)
     }
 
+    /// The shaper's slot now, taken as a plain GCRA charge with a receipt (a
+    /// reservation within no delay is exactly that charge: the same test, `new TAT ≤
+    /// now + τ`, the same decision), or why it is not free: the wait until it is
+    /// ([`ShapeError::TooLong`]), or never (a cost above the burst).
+    fn charge_now(&self) -> Result<(Decision, Receipt), ShapeError> {
+        let (decision, receipt) = self.shaper.charge(self.cost);
+        if decision.is_allowed() {
+            return Ok((decision, receipt));
+        }
+        Err(match decision.retry_after() {
+            Some(retry_after) => ShapeError::TooLong { retry_after },
+            None => ShapeError::Never {
+                cost: self.cost,
+                burst: self.shaper.policy().burst(),
+            },
+        })
+    }
+
     /// The arrival rule, shared by a request ([`wait_in_line`](Self::wait_in_line))
     /// and a peek ([`ErasedRule::peek_later`]): how a request of `tier` fares on the
     /// queues `q` as they are. `free` is asked only when nobody waits, for the
@@ -331,9 +359,13 @@ where
         }
     }
 
-    /// Waits in `tier`'s queue for a slot: the admission and whether it waited in a
-    /// queue, or the refusal (shed, queue full, never fits).
-    async fn wait_in_line(&self, tier: usize) -> Result<(Decision, bool), Decision> {
+    /// Waits in `tier`'s queue for a slot: the admission, whether it waited in a
+    /// queue and, for a slot taken at once, the receipt that gives it back; or the
+    /// refusal (shed, queue full, never fits).
+    async fn wait_in_line(
+        &self,
+        tier: usize,
+    ) -> Result<(Decision, bool, Option<Receipt>), Decision> {
         let tiers = &*self.tiers;
         let mut guard = Leave {
             tiers,
@@ -343,9 +375,9 @@ where
         };
         let id = {
             let mut q = tiers.lock();
-            let free = || self.shaper.reserve(self.cost, Duration::ZERO);
+            let free = || self.charge_now();
             match self.arrive(&q, tier, free) {
-                Arrival::Now(r) => return Ok((r.decision(), false)),
+                Arrival::Now((decision, receipt)) => return Ok((decision, false, Some(receipt))),
                 Arrival::Refused(refusal) => return Err(refusal),
                 Arrival::Join { shed: None } => {}
                 Arrival::Join { shed: Some(t) } => {
@@ -401,7 +433,7 @@ where
                 // bound (a year: always the whole burst); the headers show the
                 // shaper as it is now that this request has taken its slot.
                 let decision = self.shaper.peek_at(self.shaper.clock().now(), 0);
-                return Ok((decision, true));
+                return Ok((decision, true, None));
             }
             changed.await;
         }
@@ -448,13 +480,13 @@ where
         let (tier, key_error) = self.tier(parts);
         let partition_key = hasher.map(|h| h.hash(&tier));
         let check = Box::pin(async move {
-            let (decision, queued) = match self.wait_in_line(tier).await {
+            let (decision, queued, receipt) = match self.wait_in_line(tier).await {
                 Ok(admitted) => admitted,
-                Err(refused) => (refused, false),
+                Err(refused) => (refused, false, None),
             };
             Ok(Check {
                 decision,
-                receipt: None,
+                receipt: receipt.map(RuleReceipt::InProcess),
                 queued,
             })
         });
@@ -466,9 +498,13 @@ where
         }
     }
 
-    /// The slot was waited for and has passed: nothing can be given back.
-    fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
-        None
+    /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slot of
+    /// a waiter that reserved after it kept) and returns the shaper as a plain check
+    /// sees it after the refund; a slot that was waited for has passed and has no
+    /// receipt.
+    fn refund(&self, _parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        let _ = self.shaper.refund(receipt);
+        Some(self.shaper.peek_at(self.shaper.clock().now(), 0))
     }
 
     fn never_fits(&self) -> Option<(u32, u64)> {

@@ -4,12 +4,27 @@
 //! queue per key (client IP, API key) on a keyed GCRA limiter ([`KeyedQueueRule`]),
 //! where a client that sends too fast waits behind its own requests only.
 //!
-//! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`]);
+//! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`];
+//! a [`QueueRule`] first tries the slot free now with [`Shaper::charge`], below);
 //! slots are handed out in reservation order, and the request then sleeps until its
 //! slot with one `tokio::time::sleep` (no polling). A slot further away than
 //! `max_delay` is a 429 with `Retry-After` (rounded up); a cost above the burst, which
 //! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
 //! timeout layer fired) gives its units back ([`Shaper::cancel`]).
+//!
+//! A slot free when the request arrives is an admission like any in-process rule's:
+//! a reservation granted with no delay is exactly a plain GCRA admission (its test,
+//! `new TAT ≤ now + τ`, and its transition), so [`QueueRule`] takes it with
+//! [`Shaper::charge`] (reserving only when that is refused) and [`KeyedQueueRule`]
+//! keeps its reservation's receipt (the receipt that charge would give). When a later
+//! rule of the layer rejects the request, or the request is dropped after this rule,
+//! that slot is given back by its receipt ([`Shaper::refund`],
+//! [`KeyedLimiter::refund`]: GCRA's refund rule, the slots reserved after it kept),
+//! as the layer gives back every in-process charge (see `RateLimitLayer`, "How rules
+//! combine"). A slot the request waited for stays taken: the request has had its
+//! turn. A `QueueRule` request whose charge was refused and whose reservation then
+//! finds the slot free (a refund, a cancellation or the clock in between) is
+//! admitted with no delay and keeps that slot, as before.
 //!
 //! An answer's `remaining` (an admission's or a refusal's) counts the units that
 //! could still be reserved within `max_delay` (at most the burst), and its reset is
@@ -41,7 +56,7 @@ use http::request::Parts;
 use crate::error::ConfigError;
 use crate::extract::KeyExtractor;
 use crate::headers::{window_secs, PartitionKeyHasher, PolicyName};
-use crate::layer::{Check, Checked, ErasedRule, Peeked, Started};
+use crate::layer::{Check, Checked, ErasedRule, Peeked, RuleReceipt, Started};
 
 /// A queueing rule for [`RateLimitLayerBuilder::queue`](crate::RateLimitLayerBuilder::queue):
 /// one shaper for every request (a global queue).
@@ -187,6 +202,23 @@ where
     fn start<'a>(&'a self, _parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
         let partition_key = hasher.map(|h| h.hash(&()));
         let check = Box::pin(async move {
+            // A slot free now is a plain GCRA admission (a reservation granted with
+            // no delay is exactly one: `new TAT ≤ now + τ`), taken with a receipt
+            // that a later rule's denial gives back ([`ErasedRule::refund`]). Its
+            // figures are the reservation's: the schedule just after the charge, at
+            // the same instant.
+            let now = self.shaper.clock().now();
+            let (admitted, receipt) = self.shaper.charge_at(now, self.cost);
+            if admitted.is_allowed() {
+                return Ok(Check {
+                    decision: self.peek(now, 0).decision(),
+                    receipt: Some(RuleReceipt::InProcess(receipt)),
+                    queued: false,
+                });
+            }
+            // Not free now: reserve a later slot. A slot freed in between (a refund,
+            // a cancellation, the clock moving) is reserved with no delay and kept,
+            // as a waited slot is.
             match self.shaper.reserve(self.cost, self.max_delay) {
                 Ok(reservation) => {
                     let mut decision = reservation.decision();
@@ -214,9 +246,12 @@ where
         }
     }
 
-    /// The slot was waited for and has passed: nothing can be given back.
-    fn refund(&self, _parts: &Parts, _receipt: floodgate::Receipt) -> Option<floodgate::Decision> {
-        None
+    /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slots
+    /// reserved after it kept) and returns the schedule after it; a slot that was
+    /// waited for has passed and has no receipt.
+    fn refund(&self, _parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        let _ = self.shaper.refund(receipt);
+        Some(self.schedule())
     }
 
     fn never_fits(&self) -> Option<(u32, u64)> {
@@ -455,18 +490,26 @@ where
         let partition_key = hasher.map(|h| h.hash(&key));
         let check = Box::pin(async move {
             match self.limiter.reserve(&key, self.cost, self.max_delay) {
-                Ok((mut decision, delay, receipt)) => {
-                    let queued = !delay.is_zero();
-                    if queued {
-                        let pending = RefundOnDrop {
-                            limiter: &*self.limiter,
-                            key: &key,
-                            receipt: Some(receipt),
-                        };
-                        wait_for_slot(delay, pending).await;
-                        decision = self.schedule(&key);
-                    }
-                    checked(decision, queued)
+                Ok((decision, delay, receipt)) if delay.is_zero() => {
+                    // The slot is free now: this reservation is exactly a plain GCRA
+                    // charge (the same transition, `new TAT ≤ now + τ`), and its
+                    // receipt is the one that charge would give: a later rule's
+                    // denial gives it back ([`ErasedRule::refund`]).
+                    Ok(Check {
+                        decision,
+                        receipt: Some(RuleReceipt::InProcess(receipt)),
+                        queued: false,
+                    })
+                }
+                Ok((_, delay, receipt)) => {
+                    let pending = RefundOnDrop {
+                        limiter: &*self.limiter,
+                        key: &key,
+                        receipt: Some(receipt),
+                    };
+                    wait_for_slot(delay, pending).await;
+                    // The slot has passed: there is nothing a receipt could give back.
+                    checked(self.schedule(&key), true)
                 }
                 // The key's schedule now, with the reservation's own wait: when the
                 // same reservation would fit within `max_delay`.
@@ -481,9 +524,13 @@ where
         }
     }
 
-    /// The slot was waited for and has passed: nothing can be given back.
-    fn refund(&self, _parts: &Parts, _receipt: Receipt) -> Option<Decision> {
-        None
+    /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slots
+    /// reserved after it kept) and returns the key's schedule after it; a slot that
+    /// was waited for has passed and has no receipt. `None` without a usable key.
+    fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision> {
+        let key = self.extractor.extract(parts).ok()?;
+        let _ = self.limiter.refund(&key, receipt);
+        Some(self.schedule(&key))
     }
 
     fn never_fits(&self) -> Option<(u32, u64)> {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use floodgate::{Clock, KeyedLimiter, Policy, Shaper};
 use floodgate_http::{
-    from_fn, HeaderKey, PriorityRule, QueueRule, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, Rule, Strategy,
+    from_fn, HeaderKey, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer,
+    RateLimitLayerBuilder, RateLimitService, Rule, Strategy,
 };
 use http::Request;
 use tokio::time::Instant;
@@ -529,40 +529,184 @@ fn a_refunded_remote_is_shown_as_of_its_check() -> TestResult {
     })
 }
 
-/// A shared queue before a per-client rule keeps the slot it gave at once to a
-/// request the per-client rule then denies (documented in "How rules combine":
-/// put the per-client rules first): "u" (its per-key unit spent) is answered 429
-/// by per-key, yet the queue's one slot is gone, and "v", whom nothing else
-/// holds back, is refused by the queue for 9 s.
+/// Tokio's clock from now, and a queue's policy of 1 per 10 s with `burst`.
+fn slow_from_now(burst: u64) -> Result<(TokioClock, Policy), floodgate::PolicyError> {
+    let clock = TokioClock {
+        start: Instant::now(),
+    };
+    Ok((
+        clock,
+        Policy::new(1, Duration::from_secs(10))?.with_burst(burst)?,
+    ))
+}
+
+/// The queueing rules, each put before a per-client rule in
+/// [`queue_then_per_key`].
+#[derive(Clone, Copy, Debug)]
+enum First {
+    /// `QueueRule`: one shaper for every request.
+    Queue,
+    /// `KeyedQueueRule` keyed on `x-tier`: every tier-0 request on one schedule.
+    KeyedQueue,
+    /// `PriorityRule` with no place to wait (tier 0, bound 0).
+    Priority,
+}
+
+const FIRSTS: [First; 3] = [First::Queue, First::KeyedQueue, First::Priority];
+
+/// A layer of `first` ("queue": 1 per 10 s, burst 1, at most 1 s of waiting; the
+/// priority rule has no places) then "per-key" (in-process, 1 an hour, keyed on
+/// `x-user`) with "u"'s unit already spent, and a look at the queue: whether its
+/// slot is free now (a reservation of 1 would go at once), writing nothing.
+#[allow(clippy::type_complexity)]
+fn queue_then_per_key(
+    first: First,
+) -> Result<(RateLimitLayer, Box<dyn Fn() -> bool>), Box<dyn std::error::Error>> {
+    let (clock, policy) = slow_from_now(1)?;
+    let per_key: Arc<PerUser> =
+        Arc::new(KeyedLimiter::gcra_with_clock(Policy::per_hour(1)?, clock));
+    assert!(per_key.check("u").is_allowed());
+    let max_delay = Duration::from_secs(1);
+    let builder = RateLimitLayer::builder();
+    let (builder, free): (_, Box<dyn Fn() -> bool>) = match first {
+        First::Queue | First::Priority => {
+            let shaper = Arc::new(Shaper::with_clock(policy, clock));
+            let free = {
+                let shaper = Arc::clone(&shaper);
+                move || shaper.peek_reserve(1, Duration::ZERO).delay() == Ok(Duration::ZERO)
+            };
+            let builder = match first {
+                First::Queue => builder.queue(QueueRule::shared("queue", shaper, max_delay)?),
+                _ => builder.priority(PriorityRule::shared("queue", shaper, &[0], from_fn(tier))?),
+            };
+            (builder, Box::new(free))
+        }
+        First::KeyedQueue => {
+            let keyed: Arc<PerUser> = Arc::new(KeyedLimiter::gcra_with_clock(policy, clock));
+            let free = {
+                let keyed = Arc::clone(&keyed);
+                move || keyed.peek_reserve("0", 1, Duration::ZERO).delay() == Ok(Duration::ZERO)
+            };
+            let rule =
+                KeyedQueueRule::shared("queue", HeaderKey::new("x-tier")?, keyed, max_delay)?;
+            (builder.queue_per_key(rule), Box::new(free))
+        }
+    };
+    let layer = builder
+        .rule(Rule::shared("per-key", per_key, HeaderKey::new("x-user")?)?)
+        .build()?;
+    Ok((layer, free))
+}
+
+/// A queueing rule (each of the three) before a per-client rule gives back the
+/// slot it gave at once to a request the per-client rule then denies, as an
+/// in-process rule gives back its charge (see "How rules combine"): "u" (its
+/// per-key unit spent) is answered 429 by per-key, the queue's slot is free again,
+/// and the 429 shows the queue as it is after the refund (its one unit back).
 #[test]
-fn a_shared_queue_before_a_denial_keeps_its_slot() -> TestResult {
+fn an_immediate_queue_slot_is_given_back_when_a_later_rule_denies() -> TestResult {
+    for first in FIRSTS {
+        remote::paused_runtime()?.block_on(async {
+            let (layer, free) = queue_then_per_key(first)?;
+            let mut svc = layer.layer(Hello);
+            let u = ask(&mut svc, "u").await?;
+            assert_eq!(u.status, 429, "{first:?}: {}", u.body);
+            assert!(u.body.contains("\"per-key\""), "{first:?}: {}", u.body);
+            assert!(free(), "{first:?}: the queue's slot given back");
+            let limit = u.header("ratelimit").unwrap_or_default();
+            assert!(limit.contains("\"queue\";r=1"), "{first:?}: {limit}");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The user's view of the same: with a shared queue before a per-client rule, a
+/// client the per-client rule denies no longer spends the queue's slot, so "v",
+/// whom nothing else holds back, is served at once (before the fix the queue
+/// refused "v" for 9 s, and the priority rule, with no place to wait, at once).
+#[test]
+fn a_denied_client_leaves_the_queue_slot_to_the_next_client() -> TestResult {
+    for first in FIRSTS {
+        remote::paused_runtime()?.block_on(async {
+            let (layer, _) = queue_then_per_key(first)?;
+            let mut svc = layer.layer(Hello);
+            assert_eq!(ask(&mut svc, "u").await?.status, 429, "{first:?}");
+            let before = Instant::now();
+            let v = ask(&mut svc, "v").await?;
+            assert_eq!(v.status, 200, "{first:?}: {}", v.body);
+            assert_eq!(Instant::now(), before, "{first:?}: served at once");
+            let w = ask(&mut svc, "w").await?;
+            assert_eq!(w.status, 429, "{first:?}: v took the slot: {}", w.body);
+            assert!(w.body.contains("\"queue\""), "{first:?}: {}", w.body);
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+    }
+    Ok(())
+}
+
+/// A `QueueRule`'s slot taken at once (now a plain GCRA charge with a receipt)
+/// answers with the reservation's figures, as before: `remaining` counts the units
+/// that could still be reserved within `max_delay` (at most the burst), not those a
+/// plain check would still admit. 1 per 10 s, burst 2, waiting at most 10 s: the
+/// first request leaves 2 (a plain check: 1), the second 1 (a plain check: 0).
+#[test]
+fn an_immediate_queue_slot_shows_the_reservations_figures() -> TestResult {
     remote::paused_runtime()?.block_on(async {
-        let clock = TokioClock {
-            start: Instant::now(),
-        };
-        let per_key: Arc<PerUser> =
-            Arc::new(KeyedLimiter::gcra_with_clock(Policy::per_hour(1)?, clock));
-        let shaper = Shaper::with_clock(
-            Policy::new(1, Duration::from_secs(10))?.with_burst(1)?,
-            clock,
-        );
+        let (clock, policy) = slow_from_now(2)?;
+        let shaper = Arc::new(Shaper::with_clock(policy, clock));
+        let max_delay = Duration::from_secs(10);
         let layer = RateLimitLayer::builder()
-            .queue(QueueRule::new("queue", shaper, Duration::from_secs(1))?)
-            .rule(Rule::shared(
-                "per-key",
-                Arc::clone(&per_key),
-                HeaderKey::new("x-user")?,
+            .queue(QueueRule::shared("queue", Arc::clone(&shaper), max_delay)?)
+            .build()?;
+        let mut svc = layer.layer(Hello);
+        let start = Instant::now();
+        for left in ["2", "1"] {
+            let a = ask(&mut svc, "u").await?;
+            assert_eq!(a.status, 200, "{}", a.body);
+            assert_eq!(Instant::now(), start, "served at once");
+            assert_eq!(a.header("x-ratelimit-remaining"), Some(left));
+            let schedule = shaper.peek_reserve(0, max_delay).decision();
+            assert_eq!(schedule.remaining().to_string(), left);
+        }
+        Ok(())
+    })
+}
+
+/// A request dropped while a later queue makes it wait (the client went away)
+/// gives back the slot an earlier queue gave it at once, as the layer gives back
+/// every in-process charge at the drop: "first" (1 per 10 s, burst 1) admits "u"
+/// at once, "second" (its slot already taken) queues it for 10 s, the client goes
+/// away, and "first"'s slot is free again.
+#[test]
+fn dropped_in_a_later_queue_gives_the_immediate_slot_back() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let (clock, policy) = slow_from_now(1)?;
+        let first = Arc::new(Shaper::with_clock(policy, clock));
+        let second = Arc::new(Shaper::with_clock(policy, clock));
+        assert!(second.reserve(1, Duration::ZERO).is_ok());
+        let layer = RateLimitLayer::builder()
+            .queue(QueueRule::shared(
+                "first",
+                Arc::clone(&first),
+                Duration::ZERO,
+            )?)
+            .queue(QueueRule::shared(
+                "second",
+                Arc::clone(&second),
+                Duration::from_secs(20),
             )?)
             .build()?;
-        assert!(per_key.check("u").is_allowed());
-        let mut svc = layer.layer(Hello);
-        let u = ask(&mut svc, "u").await?;
-        assert_eq!(u.status, 429, "{}", u.body);
-        assert!(u.body.contains("\"per-key\""), "{}", u.body);
-        let v = ask(&mut svc, "v").await?;
-        assert_eq!(v.status, 429, "{}", v.body);
-        assert!(v.body.contains("\"queue\""), "{}", v.body);
-        assert_eq!(v.header("retry-after"), Some("9"));
+        let svc = layer.layer(Hello);
+        assert!(poll_once_then_drop(&svc, "u").await, "waiting in second");
+        let free = first.peek_reserve(1, Duration::ZERO).delay();
+        assert_eq!(free, Ok(Duration::ZERO), "first's slot given back");
+        let waited = second.peek_reserve(1, Duration::from_secs(20)).delay();
+        assert_eq!(
+            waited,
+            Ok(Duration::from_secs(10)),
+            "second's reservation cancelled"
+        );
         Ok(())
     })
 }
