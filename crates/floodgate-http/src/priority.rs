@@ -500,8 +500,8 @@ where
 
     /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slot of
     /// a waiter that reserved after it kept) and returns the shaper as a plain check
-    /// sees it after the refund; a slot that was waited for has passed and has no
-    /// receipt.
+    /// sees it after the refund; a slot that was waited for stays taken (it has no
+    /// receipt).
     fn refund(&self, _parts: &Parts, receipt: Receipt) -> Option<Decision> {
         let _ = self.shaper.refund(receipt);
         Some(self.shaper.peek_at(self.shaper.clock().now(), 0))

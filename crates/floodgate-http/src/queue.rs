@@ -150,8 +150,8 @@ where
     }
 }
 
-/// A queueing rule's answer: nothing a receipt could give back once the slot has
-/// passed (or nothing was reserved).
+/// A queueing rule's answer with no receipt: a slot waited for (it stays taken: the
+/// request has had its turn), or a refusal (nothing was reserved).
 fn checked(decision: Decision, queued: bool) -> Checked {
     Ok(Check {
         decision,
@@ -232,7 +232,7 @@ where
                         wait_for_slot(delay, pending).await;
                         decision = self.schedule();
                     }
-                    // The slot has passed: there is nothing a receipt could give back.
+                    // The slot has come: it stays taken (no receipt), by design.
                     checked(decision, queued)
                 }
                 Err(e) => checked(refused(self.schedule(), e), false),
@@ -248,7 +248,7 @@ where
 
     /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slots
     /// reserved after it kept) and returns the schedule after it; a slot that was
-    /// waited for has passed and has no receipt.
+    /// waited for stays taken (it has no receipt).
     fn refund(&self, _parts: &Parts, receipt: Receipt) -> Option<Decision> {
         let _ = self.shaper.refund(receipt);
         Some(self.schedule())
@@ -508,7 +508,7 @@ where
                         receipt: Some(receipt),
                     };
                     wait_for_slot(delay, pending).await;
-                    // The slot has passed: there is nothing a receipt could give back.
+                    // The slot has come: it stays taken (no receipt), by design.
                     checked(self.schedule(&key), true)
                 }
                 // The key's schedule now, with the reservation's own wait: when the
@@ -526,7 +526,7 @@ where
 
     /// Gives back a slot taken at once (its receipt: GCRA's refund rule, the slots
     /// reserved after it kept) and returns the key's schedule after it; a slot that
-    /// was waited for has passed and has no receipt. `None` without a usable key.
+    /// was waited for stays taken (it has no receipt). `None` without a usable key.
     fn refund(&self, parts: &Parts, receipt: Receipt) -> Option<Decision> {
         let key = self.extractor.extract(parts).ok()?;
         let _ = self.limiter.refund(&key, receipt);

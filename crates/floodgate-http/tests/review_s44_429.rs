@@ -711,6 +711,41 @@ fn dropped_in_a_later_queue_gives_the_immediate_slot_back() -> TestResult {
     })
 }
 
+/// A slot the request waited for stays taken when a later rule denies it (only a
+/// slot taken at once is given back): on a `KeyedQueueRule` (1 per 10 s, burst 1,
+/// waiting at most 20 s, keyed on `x-tier`), "a" takes the slot at once, "u" waits
+/// 10 s for the next and is then denied by per-key; "v", arriving then, waits for
+/// the slot after "u"'s (10 s more), not for "u"'s.
+#[test]
+fn a_waited_slot_stays_taken_when_a_later_rule_denies() -> TestResult {
+    remote::paused_runtime()?.block_on(async {
+        let (clock, policy) = slow_from_now(1)?;
+        let per_key: Arc<PerUser> =
+            Arc::new(KeyedLimiter::gcra_with_clock(Policy::per_hour(1)?, clock));
+        assert!(per_key.check("u").is_allowed());
+        let keyed: Arc<PerUser> = Arc::new(KeyedLimiter::gcra_with_clock(policy, clock));
+        let queue = KeyedQueueRule::shared(
+            "queue",
+            HeaderKey::new("x-tier")?,
+            keyed,
+            Duration::from_secs(20),
+        )?;
+        let layer = RateLimitLayer::builder()
+            .queue_per_key(queue)
+            .rule(Rule::shared("per-key", per_key, HeaderKey::new("x-user")?)?)
+            .build()?;
+        let mut svc = layer.layer(Hello);
+        let start = Instant::now();
+        assert_eq!(ask(&mut svc, "a").await?.status, 200);
+        let u = ask(&mut svc, "u").await?;
+        assert_eq!(u.status, 429, "{}", u.body);
+        assert_eq!(start.elapsed(), Duration::from_secs(10), "u waited");
+        assert_eq!(ask(&mut svc, "v").await?.status, 200);
+        assert_eq!(start.elapsed(), Duration::from_secs(20), "v after u's slot");
+        Ok(())
+    })
+}
+
 /// A cost above a queue's burst, on each queueing rule: refused at `build`
 /// (`ConfigError::Cost`), never a request answered "never".
 #[test]
