@@ -714,6 +714,15 @@ mod keyed_windows {
         m
     }
 
+    /// A run of the "reclamation alone" cases: the flood made the table reclaim and
+    /// nothing was evicted. (An eviction there is the table's documented rule at its
+    /// share — the hand's sample of a few keys all live, though idle ones sit
+    /// elsewhere — and may take the heavy key when it weighs as little as a flood
+    /// key; CI saw one in a run of the sliding counter's case, session 44.)
+    fn reclaimed_alone(m: &KeyedMetrics) -> bool {
+        m.reclaimed > 0 && m.evicted == 0
+    }
+
     #[test]
     fn a_heavy_fixed_window_key_holds_its_limit_through_floods_and_evictions() {
         fn case<S: Storage<u64, floodgate::FixedWindowState>>() {
@@ -727,15 +736,19 @@ mod keyed_windows {
                 },
                 |m| m.evicted > 0 && m.reclaimed > 0,
             );
-            // A table large enough for the flood: reclamation alone.
+            // A table large enough for the flood: reclamation alone. At its share
+            // the table still evicts, now and then, when the few keys its hand
+            // samples are all live though idle ones sit elsewhere (`make_room`'s
+            // documented rule): such a run is outside this case and runs again.
             exercised(
                 || {
                     let (held, m) = window_case::<_, S>(fw, 256, 2);
-                    assert_eq!(m.evicted, 0, "{m:?}");
-                    fixed_windows_hold(&held).unwrap();
+                    if m.evicted == 0 {
+                        fixed_windows_hold(&held).unwrap();
+                    }
                     m
                 },
-                |m| m.reclaimed > 0,
+                reclaimed_alone,
             );
         }
         on_every_storage!(case);
@@ -751,11 +764,12 @@ mod keyed_windows {
             exercised(
                 || {
                     let (held, m) = window_case::<_, S>(sw, 256, 2);
-                    assert_eq!(m.evicted, 0, "{m:?}");
-                    sliding_windows_hold(&held).unwrap();
+                    if m.evicted == 0 {
+                        sliding_windows_hold(&held).unwrap();
+                    }
                     m
                 },
-                |m| m.reclaimed > 0,
+                reclaimed_alone,
             );
         }
         on_every_storage!(case);
