@@ -44,8 +44,9 @@
 //! * **Time** is the server's `TIME`, read inside the script: replicas with skewed
 //!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
 //!   `max(TAT, now)`, windows never return to an older window, the log judges an
-//!   earlier reading at its newest entry); a GCRA refund at such a reading is the
-//!   exception (see **Refunds**).
+//!   earlier reading at its newest entry), and a refund never gives back what a
+//!   later admission's reading had passed (GCRA: judged no earlier than the key's
+//!   latest reading, see **Refunds**).
 //! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
 //!   limits on one request ([`RedisLimiterBuilder::and`]: 10 a second *and* 1000 a
 //!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
@@ -174,11 +175,17 @@
 //!   gave back (a ledger in the key), is given back as far as it is still ahead of
 //!   the server's now; units booked after it that are still ahead of
 //!   `now + B·T` stay spent. A refund never gives back more than its charge took.
-//!   Judged at the server's now as read, as the in-process refund at its clock's:
-//!   exact only while readings come in order. A `TIME` that stepped back behind a
-//!   later admission's reading gives back schedule that admission had passed (the
-//!   TAT may fall below that reading), admitting up to the refunded charge's own
-//!   units more, once (the key keeps no reading beside its TAT; open).
+//!   Judged at the later of the server's now and the key's **latest reading** (the
+//!   latest server time an admission on the key was judged at, kept in the key
+//!   from its first charge with a receipt): a `TIME` that stepped back (a clock
+//!   step, a failover to a replica whose clock is behind) gives back only what the
+//!   in-process refund gives on a clock in order, never schedule a later
+//!   admission had passed (the TAT stays at or above that admission's reading). A
+//!   key written before the latest reading was kept (by a version from before it,
+//!   **State**, below) has none until its next admission: a refund there is
+//!   judged at the server's now as read, exact only while readings come in order
+//!   (a `TIME` behind a later admission's reading then gives back up to the
+//!   refunded charge's own units more than that admission left, once).
 //! * **Fixed window, sliding window** (one limit): the in-process
 //!   [`floodgate::FixedWindow`] and [`floodgate::SlidingWindow`] refunds: the
 //!   charge's units come off the count of the current window (the sliding window's
@@ -229,7 +236,8 @@
 //! * **State** (refunds on): a key charged with a receipt holds the refund ledger, a
 //!   floor, the key's incarnation and the last receipts after its state — GCRA
 //!   `TAT:ledger:latest TAT:floor:incarnation:receipts` (it then expires when the
-//!   latest TAT has passed), the fixed window
+//!   latest TAT has passed; the receipts begin with its latest reading, written
+//!   `0/0/reading`, a form no receipt has), the fixed window
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
 //!   write keeps them. The sliding log's sorted set cannot hold fields beside its
@@ -267,7 +275,17 @@
 //!   left), its trim drops the refund members (that key's receipts then give
 //!   nothing back), and it judges a reading behind a newest unit given back
 //!   before that unit's instant (it does not read `logged`): upgrade every replica
-//!   of a sliding-log limiter with refunds on before the new version serves it. A limiter with refunds off still reads and
+//!   of a sliding-log limiter with refunds on before the new version serves it.
+//!   A version from before the GCRA latest reading (session 45) reads a GCRA key
+//!   that has it (the reading is one of the receipts to it, never a receipt's id)
+//!   but keeps it as it found it: its admissions do not raise it, its refunds
+//!   are judged at its now as before, and once its own refunds fill the key's 8
+//!   receipts it drops the reading (then receipts charged before any refund on
+//!   the key give nothing back: a conservative loss), after which the key has
+//!   no latest reading until a new version's admission. Until every replica runs
+//!   the new version a `TIME` that steps back may still free a later admission's
+//!   schedule on such keys, as before; no state either version writes is
+//!   malformed to the other. A limiter with refunds off still reads and
 //!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay

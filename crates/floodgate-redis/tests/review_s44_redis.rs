@@ -332,7 +332,9 @@ fn a_key_made_again_gives_nothing_while_the_others_give_back() {
 /// back on GCRA (5 a second, burst 5), a fixed window (4 per 400 ms), a sliding
 /// window (6 per 800 ms) and a sliding log (7 a second) together: Redis's
 /// multi-limit refund, each key read once and written from that read, agrees with
-/// the four in-process refunds step by step.
+/// the four in-process refunds step by step (GCRA's judged no earlier than the
+/// latest reading a charge was admitted at, as Redis judges it:
+/// [`common::AtLatestReading`]).
 ///
 /// Fails if one limit's write is made from another key's read, or skipped
 /// (`writes[#writes + 1] = write` only for the first key), or if a refund writes
@@ -356,30 +358,41 @@ fn four_algorithms_refunded_together_agree_with_the_in_process_limiters() {
     let remote = with_refunds(&rt, &server, builder, true);
     let fresh = move || -> common::Locals {
         let clock = common::Reading::default();
+        // GCRA's refund judged no earlier than the latest admission's reading, as
+        // the key's latest reading has Redis judge it: a clock of its own.
+        let gcra_clock = common::Reading::default();
         let [g, f, s, l] = policies;
         let c = || clock.clone();
+        let gcra = RateLimiter::gcra_with_clock(g, gcra_clock.clone());
         let limits: Vec<Box<dyn InProcess>> = vec![
-            Box::new(RateLimiter::gcra_with_clock(g, c())),
+            Box::new(common::AtLatestReading::new(gcra, gcra_clock.clone())),
             Box::new(RateLimiter::fixed_window_with_clock(f, c()).unwrap()),
             Box::new(RateLimiter::sliding_window_with_clock(s, c()).unwrap()),
             Box::new(SlidingLog::with_clock(l, c())),
         ];
-        (limits, Box::new(move |now| clock.set(now)))
+        let set = move |now| {
+            clock.set(now);
+            gcra_clock.set(now);
+        };
+        (limits, Box::new(set))
     };
     common::drive_multi_trace(&rt, &remote, "four", Box::new(fresh));
 }
 
-/// **Open** (as in-process, VERIFICATION.md "a refund judged at a reading earlier
-/// than an admission it sees"): GCRA's refund judged at a server `TIME` that
-/// stepped back gives back schedule that a later admission's reading had passed.
-/// 5 a second, burst 5: 3 units at 10 s (booked to 10.6 s), 2 at 10.5 s (booked
-/// on to 11 s); the first charge given back at a reading of 10 s gives back
-/// 0.6 s of schedule, the TAT falls to 10.4 s, below the later admission's
-/// reading, and at 10.5 s 5 more are admitted: 7 within the burst's second where
-/// the charge never made leaves 3 (the in-process refund, its clock never behind
-/// 10.5 s, gives back 0.1 s). Needs the key's latest reading beside its TAT.
+/// Found open in session 44 (as in-process, VERIFICATION.md "a refund judged at a
+/// reading earlier than an admission it sees"), fixed in session 45 for Redis:
+/// GCRA's refund judged at a server `TIME` that stepped back gave back schedule
+/// that a later admission's reading had passed. 5 a second, burst 5: 3 units at
+/// 10 s (booked to 10.6 s), 2 at 10.5 s (booked on to 11 s); the first charge
+/// given back at a reading of 10 s is judged at the key's latest reading, 10.5 s,
+/// and gives back 0.1 s, as the in-process refund on a clock never behind 10.5 s:
+/// 3 left at 10.5 s.
+///
+/// Fails if the refund is judged at `TIME` (`local at = now` without the clamp to
+/// `st.reading` in `gcra_refund`): 0.6 s given back, the TAT at 10.4 s, below the
+/// later admission's reading, and 5 left at 10.5 s — 7 within the burst's second
+/// where the charge never made leaves 3.
 #[test]
-#[ignore = "open: a GCRA refund at a TIME that stepped back (VERIFICATION.md, session 44)"]
 fn a_gcra_refund_at_a_time_stepped_back_frees_no_later_admissions_schedule() {
     let Some(server) = RedisServer::start() else {
         return;

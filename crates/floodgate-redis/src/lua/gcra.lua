@@ -1,10 +1,36 @@
 -- GCRA. Arguments: key, cost n, write, T (emission interval, us), B (burst).
 -- State: the theoretical arrival time (TAT) in microseconds, a string; after a
--- charge with receipts "TAT:ledger:hi:floor:incarnation:ids" (see gcra_refund),
--- which charges keep.
+-- charge with receipts "TAT:ledger:hi:floor:incarnation:records" (see
+-- gcra_refund), which charges keep. The records are the receipts refunded
+-- ("noted/end" each, see refund_ids), after the key's latest reading as a record
+-- of its own, "0/0/reading" (see `reading_record`).
 
--- The state at `key`: nil when absent, else { tat, ledger, hi, floor, born, ids }; or an
--- error reply for a value no script writes.
+-- The key's latest reading: the largest server now an admission on it was judged
+-- at (a denial writes nothing and needs none: it admits no later schedule), kept
+-- by every write in the receipts form and read by a refund, which is judged no
+-- earlier: a server time that stepped back (a clock step, a failover to a replica
+-- whose clock is behind) then frees no schedule a later admission had passed.
+-- Written as the first of the records, "0/0/reading": three numbers, a form no
+-- GCRA receipt has, so it is never a receipt's id, and the state keeps the six
+-- fields that a version without it reads. Such a version keeps the records as it
+-- found them (its admissions do not raise the reading; its refunds are judged at
+-- its now) and, once its own refunds push the records past what a key remembers,
+-- drops the oldest, this one, raising a floor of 0 to 1 (the receipts charged at
+-- ledger 0 and not yet refunded then give nothing back: a conservative loss). A
+-- state without it (written before it, or by such a version) has no known
+-- reading: its refund is judged at now, as before, and its next admission starts
+-- one.
+local function reading_record(reading, ids)
+  if not reading then return ids end
+  local record = '0/0/' .. fmt(reading)
+  if ids == '' then return record end
+  return record .. ',' .. ids
+end
+
+-- The state at `key`: nil when absent, else { tat, ledger, hi, floor, born, ids,
+-- reading } (ids: the refund records after the reading, false in the plain form;
+-- reading: false where none is known); or an error reply for a value no script
+-- writes.
 local function gcra_read(key)
   local stored = redis.call('GET', key)
   if not stored then return nil end
@@ -19,14 +45,30 @@ local function gcra_read(key)
   end
   -- Every write keeps the latest TAT at least the TAT; the key lives until it.
   if h < s then return nil, malformed(key, 'a latest TAT below the TAT') end
-  return { tat = s, ledger = l, hi = h, floor = f, born = b, ids = ids }
+  local reading = false
+  if ids then
+    local r, tail = string.match(ids, '^0/0/(%d+)(.*)$')
+    if r then
+      if tail ~= '' then
+        tail = string.match(tail, '^,(.+)$')
+        if not tail then return nil, malformed(key, 'a latest reading that is not a record of its own') end
+      end
+      reading, ids = tonumber(r), tail
+      if reading >= EXACT then return nil, malformed(key, 'a latest reading past 2^53') end
+      -- An admission at reading r books past r, and the latest TAT is at least
+      -- every TAT booked: a reading no earlier than it was written by no script.
+      if reading >= h then return nil, malformed(key, 'a latest reading not before the latest TAT') end
+    end
+  end
+  return { tat = s, ledger = l, hi = h, floor = f, born = b, ids = ids, reading = reading }
 end
 
--- Writes TAT `tat` over the state `st` (nil: none): the plain form while no
--- charge with receipts was made, else the refund fields (those of a new
--- incarnation where the state had none, see `incarnation`) kept and the key alive
--- until `hi`, the latest TAT ever written, has passed (every receipt's booking
--- ends by then). Returns the state's incarnation and ledger.
+-- Writes TAT `tat`, an admission's at now, over the state `st` (nil: none): the
+-- plain form while no charge with receipts was made, else the refund fields (those
+-- of a new incarnation where the state had none, see `incarnation`) kept, the
+-- latest reading raised to now (see `reading_record`) and the key alive until
+-- `hi`, the latest TAT ever written, has passed (every receipt's booking ends by
+-- then). Returns the state's incarnation and ledger.
 local function gcra_write(key, st, tat)
   if (not st or not st.ids) and not ISSUING then
     set_state(key, fmt(tat), tat - now)
@@ -38,8 +80,10 @@ local function gcra_write(key, st, tat)
   end
   local hi = st.hi
   if tat > hi then hi = tat end
+  local reading = now
+  if st.reading and st.reading > reading then reading = st.reading end
   set_state(key, fmt(tat) .. ':' .. fmt(st.ledger) .. ':' .. fmt(hi) .. ':' ..
-    fmt(st.floor) .. ':' .. fmt(st.born) .. ':' .. st.ids, hi - now)
+    fmt(st.floor) .. ':' .. fmt(st.born) .. ':' .. reading_record(reading, st.ids), hi - now)
   return st.born, st.ledger
 end
 
@@ -72,11 +116,16 @@ local function gcra(key, n, write, t, b)
   return reply(false, b, remaining_at(tat), tat - now, new_tat - limit_at)
 end
 
--- Gives back the part of a charge's booking [start, e) still ahead of now, as the
--- in-process GCRA refund: the refunds made since the charge (the ledger, the sum
--- of all schedule given back, less `noted`, the ledger the charge saw) may have
--- moved the booking down by at most that `shift`; units booked after it and still
--- ahead of now + B*T stay spent. Each refund is recorded by its receipt's id
+-- Gives back the part of a charge's booking [start, e) still ahead of the reading
+-- it is judged at, as the in-process GCRA refund: the refunds made since the
+-- charge (the ledger, the sum of all schedule given back, less `noted`, the
+-- ledger the charge saw) may have moved the booking down by at most that
+-- `shift`; units booked after it and still ahead of that reading + B*T stay
+-- spent. Judged at max(now, the key's latest reading): a server time behind an
+-- admission's reading would give back schedule that admission had passed (the TAT
+-- then falls below its reading and the burst admits again what it already
+-- admitted); at the latest reading, the TAT left is never below it. A state of no
+-- known reading is judged at now. Each refund is recorded by its receipt's id
 -- (noted/e, unique on the key: between two refunds every charge raises the TAT),
 -- so a receipt refunds once however often it is sent. Returns the microseconds of
 -- schedule given back (0: nothing) and the function that writes it back (none for
@@ -93,15 +142,17 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   if st.born ~= born then return 0 end
   local id = fmt(noted) .. '/' .. fmt(e)
   if not refundable(ids, id, noted, st.ledger, st.floor) then return 0 end
+  local at = now
+  if st.reading and st.reading > at then at = st.reading end
   local shift = st.ledger - noted
   local s0 = start - shift
   if s0 < 0 then s0 = 0 end
   local e0 = e - shift
   if e0 < 0 then e0 = 0 end
-  if now > s0 then s0 = now end
+  if at > s0 then s0 = at end
   local own = e0 - s0
   if own <= 0 then return 0 end
-  local passed = now + b * t - shift
+  local passed = at + b * t - shift
   if passed < e0 then passed = e0 end
   local ahead = st.tat - passed
   if ahead < 0 then ahead = 0 end
@@ -114,7 +165,8 @@ local function gcra_refund(key, start, e, noted, born, t, b)
     local tat = st.tat - back
     if tat < 0 then tat = 0 end
     local kept, floor = record_refund(ids, id, st.floor)
+    -- The latest reading kept (a refund admits nothing), the key alive as long.
     set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
-      fmt(floor) .. ':' .. fmt(st.born) .. ':' .. kept, st.hi - now)
+      fmt(floor) .. ':' .. fmt(st.born) .. ':' .. reading_record(st.reading, kept), st.hi - now)
   end
 end

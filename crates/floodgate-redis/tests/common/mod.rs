@@ -578,6 +578,46 @@ impl<C: Clock> InProcess for SlidingLog<C> {
     }
 }
 
+/// An in-process limit whose refund is judged no earlier than the latest reading
+/// a charge on it was admitted at, as Redis judges a GCRA refund (the key's
+/// latest reading): its own clock, set where the trace stands, moved up to that
+/// reading for a refund and back.
+pub struct AtLatestReading<L> {
+    pub limit: L,
+    pub clock: Reading,
+    latest: std::cell::Cell<Nanos>,
+}
+
+impl<L> AtLatestReading<L> {
+    pub fn new(limit: L, clock: Reading) -> Self {
+        AtLatestReading {
+            limit,
+            clock,
+            latest: std::cell::Cell::new(Nanos::new(0)),
+        }
+    }
+}
+
+impl<L: InProcess> InProcess for AtLatestReading<L> {
+    fn peek_at(&self, now: Nanos, cost: u32) -> Decision {
+        self.limit.peek_at(now, cost)
+    }
+    fn charge_at(&self, now: Nanos, cost: u32) -> Receipt {
+        let r = self.limit.charge_at(now, cost);
+        if r.is_charged() && now > self.latest.get() {
+            self.latest.set(now);
+        }
+        r
+    }
+    fn refund(&self, receipt: Receipt) -> bool {
+        let now = self.clock.now();
+        self.clock.set(now.max(self.latest.get()));
+        let back = self.limit.refund(receipt);
+        self.clock.set(now);
+        back
+    }
+}
+
 /// Fresh in-process limits for a seed, in the remote limiter's order, and the
 /// function that sets the clock their refunds read.
 pub type Locals = (Vec<Box<dyn InProcess>>, Box<dyn Fn(Nanos)>);
