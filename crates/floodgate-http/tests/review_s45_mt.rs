@@ -36,6 +36,9 @@ use http::{HeaderMap, Request};
 use tower::{Layer, ServiceExt};
 mod common;
 use common::{key_of, Hello, Rng};
+#[path = "common/tasks.rs"]
+mod tasks;
+use tasks::{at_once, runtime};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -47,14 +50,6 @@ fn route_of(parts: &Parts) -> Result<u64, KeyError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .ok_or(KeyError::missing("x-route"))
-}
-
-/// A multi-thread runtime of 4 workers (no time driver is needed: nothing waits).
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_time()
-        .build()
 }
 
 /// What one response said.
@@ -182,18 +177,14 @@ fn stack() -> Result<Stack, Box<dyn std::error::Error + Send + Sync>> {
 /// each of a key and a route drawn from the task's seeded stream: every response.
 async fn storm(
     svc: &RateLimitService<Hello>,
-    tasks: u64,
+    tasks: usize,
     per_task: u64,
     seed: u64,
-) -> Result<Vec<Seen>, Box<dyn std::error::Error + Send + Sync>> {
-    let barrier = Arc::new(tokio::sync::Barrier::new(usize::try_from(tasks)?));
-    let mut handles = Vec::new();
-    for t in 0..tasks {
+) -> Result<Vec<Seen>, String> {
+    at_once(tasks, |t| {
         let svc = svc.clone();
-        let barrier = Arc::clone(&barrier);
-        handles.push(tokio::spawn(async move {
-            let mut rng = Rng(seed ^ (t << 32));
-            barrier.wait().await;
+        async move {
+            let mut rng = Rng(seed ^ ((t as u64) << 32));
             let mut out = Vec::new();
             for _ in 0..per_task {
                 let (key, route) = (rng.below(KEYS), rng.below(ROUTES));
@@ -211,14 +202,10 @@ async fn storm(
                 // Interleave the tasks on the workers.
                 tokio::task::yield_now().await;
             }
-            Ok::<_, String>(out)
-        }));
-    }
-    let mut all = Vec::new();
-    for h in handles {
-        all.extend(h.await??);
-    }
-    Ok(all)
+            Ok(out)
+        }
+    })
+    .await
 }
 
 /// The admitted requests' remainings shown for `rule`, most first: the i-th may be
