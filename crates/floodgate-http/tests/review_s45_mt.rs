@@ -38,7 +38,7 @@ mod common;
 use common::{key_of, Hello, Rng};
 #[path = "common/tasks.rs"]
 mod tasks;
-use tasks::{at_once, runtime};
+use tasks::{at_once, deny_at_the_gate, runtime, Gate};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -392,62 +392,16 @@ fn a_storm_of_denials_tells_each_client_a_wait_every_rule_keeps() -> TestResult 
     Ok(())
 }
 
-/// A remote rule that holds each request until the test opens its gate (by the
-/// request's `x-req`), then denies it: it decides when each request's earlier
-/// charges are given back.
-struct Gate {
-    open: std::sync::Mutex<Vec<String>>,
-}
-
-impl floodgate::AsyncLimit<String> for Gate {
-    type Error = std::convert::Infallible;
-
-    fn check_n(
-        &self,
-        key: &String,
-        _: u32,
-    ) -> impl std::future::Future<Output = Result<floodgate::Decision, Self::Error>> + Send {
-        let key = key.clone();
-        std::future::poll_fn(move |_| {
-            let open = self.open.lock().map(|o| o.contains(&key)).unwrap_or(false);
-            if open {
-                let wait = Duration::from_secs(1);
-                std::task::Poll::Ready(Ok(floodgate::Decision::new(false, 1, 0, wait, Some(wait))))
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-    }
-
-    fn peek_n(
-        &self,
-        _: &String,
-        _: u32,
-    ) -> impl std::future::Future<Output = Result<floodgate::Decision, Self::Error>> + Send {
-        std::future::ready(Ok(floodgate::Decision::new(
-            true,
-            1,
-            1,
-            Duration::ZERO,
-            None,
-        )))
-    }
-}
-
 /// Two requests of user "u" charged in "per-key" (GCRA, 3 an hour, standing
 /// clock), both held by the gate, then turned away (429) in `order`: what "u" has
 /// left afterwards.
 fn two_denials(order: [&str; 2]) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
-    use std::task::{Context, Poll, Waker};
-    use tower::Service;
     let clock = ManualClock::new();
     let per_key = Arc::new(KeyedLimiter::<String, Gcra, ManualClock>::gcra_with_clock(
         Policy::per_hour(3)?,
         clock,
     ));
-    let gate = Arc::new(Gate {
-        open: std::sync::Mutex::new(Vec::new()),
-    });
+    let gate = Arc::new(Gate::default());
     let layer = RateLimitLayer::builder()
         .rule(Rule::shared(
             "per-key",
@@ -461,34 +415,9 @@ fn two_denials(order: [&str; 2]) -> Result<u64, Box<dyn std::error::Error + Send
         )?)
         .build()?;
     let mut svc = layer.layer(Hello);
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut call = |id: &str| -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
-        let req = Request::get("/")
-            .header("x-user", "u")
-            .header("x-req", id)
-            .body(())?;
-        let mut fut = svc.call(req);
-        assert!(
-            fut.as_mut().poll(&mut cx).is_pending(),
-            "{id} held at the gate"
-        );
-        Ok(fut)
-    };
-    let mut a = call("a")?;
-    let mut b = call("b")?;
-    assert_eq!(per_key.peek("u", 0).remaining(), 1, "both charged");
-    for id in order {
-        gate.open
-            .lock()
-            .map_err(|e| e.to_string())?
-            .push(id.to_owned());
-        let fut = if id == "a" { &mut a } else { &mut b };
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(resp)) => assert_eq!(resp.status(), 429),
-            Poll::Ready(Err(e)) => match e {},
-            Poll::Pending => return Err(format!("{id} still pending").into()),
-        }
-    }
+    deny_at_the_gate(&mut svc, &gate, order, || {
+        assert_eq!(per_key.peek("u", 0).remaining(), 1, "both charged");
+    })?;
     Ok(per_key.peek("u", 0).remaining())
 }
 
