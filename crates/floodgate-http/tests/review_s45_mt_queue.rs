@@ -79,9 +79,13 @@ fn keyed(key: u64) -> Result<Request<()>, String> {
 /// no key more than once, and a slot given back never hands out more than the
 /// queue had: the requests passed plus the slots left are at most 6.
 ///
-/// Mutation seen failing: the queue's refund giving back more than the charge
+/// Each 200's queue `remaining` is never above what the passed requests before it
+/// left.
+///
+/// Mutations seen failing: the queue's refund giving back more than the charge
 /// (`QueueRule::refund` resetting the shaper: the slots of requests that passed
-/// come back too).
+/// come back too); the immediate slot shown as the schedule before its charge
+/// (`QueueRule::start` peeking the schedule before `charge_at`).
 #[test]
 fn immediate_queue_slots_racing_later_denials_never_exceed_the_burst() -> TestResult {
     let rt = runtime()?;
@@ -113,7 +117,14 @@ fn immediate_queue_slots_racing_later_denials_never_exceed_the_burst() -> TestRe
                         .oneshot(keyed(key)?)
                         .await
                         .map_err(|e| -> String { match e {} })?;
-                    out.push((key, resp.status().as_u16()));
+                    // The queue's `r` in `RateLimit`.
+                    let r = resp
+                        .headers()
+                        .get("ratelimit")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.split("\"queue\";r=").nth(1))
+                        .and_then(|v| v.split(';').next()?.parse::<u64>().ok());
+                    out.push((key, resp.status().as_u16(), r));
                     tokio::task::yield_now().await;
                 }
                 Ok(out)
@@ -121,10 +132,21 @@ fn immediate_queue_slots_racing_later_denials_never_exceed_the_burst() -> TestRe
         }))?;
         let passed: Vec<u64> = all
             .iter()
-            .filter(|(_, s)| *s == 200)
-            .map(|(k, _)| *k)
+            .filter(|(_, s, _)| *s == 200)
+            .map(|(k, _, _)| *k)
             .collect();
         assert!(passed.len() <= 6, "{passed:?}");
+        // Each 200's queue `r`, most first: the i-th at most 5 − i (every slot of
+        // an earlier passed request still taken when it was shown).
+        let mut shown: Vec<u64> = all
+            .iter()
+            .filter(|(_, s, _)| *s == 200)
+            .map(|(_, _, r)| r.ok_or("no queue member"))
+            .collect::<Result<_, _>>()?;
+        shown.sort_unstable_by(|a, b| b.cmp(a));
+        for (i, r) in (0u64..).zip(&shown) {
+            assert!(*r <= 5 - i, "queue remaining overstated: {shown:?}");
+        }
         for k in 0..20 {
             let n = passed.iter().filter(|p| **p == k).count() as u64;
             assert!(n <= 1, "key {k} passed {n} times");
