@@ -1363,9 +1363,18 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   [`check_all`](floodgate::keyed::composite::check_all) does, with the same
 ///   consistency under concurrency: a racing request may see a charge while it is
 ///   held (a phantom denial), never the reverse — no request is admitted beyond any
-///   single limit. A request whose response future is dropped before it reaches the
-///   inner service (the client went away while it waited for a queue's slot or a
-///   remote limiter) is given back the same way. On the hot-key modes
+///   single limit. A refund gives back only what the receipt proves is still the
+///   charge's own, so under concurrency it may give back less: on a GCRA (a
+///   per-key or global limiter, a queue's immediate slot) a charge given back after
+///   a *later* charge of the same limit was given back (two requests of one client,
+///   or two through one global rule, turned away at once, their refunds landing in
+///   the reverse of their charges' order) gives back nothing, the later refund
+///   counted as maybe having moved its booking. That unit stays spent until the
+///   clock refills it: a loss, never an admission beyond the limit. The fixed
+///   window's and the sliding log's refunds are counts, exact in any order. A
+///   request whose response future is dropped before it reaches the inner service
+///   (the client went away while it waited for a queue's slot or a remote limiter)
+///   is given back the same way. On the hot-key modes
 ///   ([`LeasedGcra`], a hot key of [`HotKeyLimiter`]) a charge comes back to the
 ///   lease it was spent from, on the thread that charged it, while that lease is
 ///   unexpired (never above the lease size); otherwise (the task moved threads, the
