@@ -417,6 +417,17 @@ impl Algorithm for CancelRule {
         self.given_back.store(back, Ordering::Relaxed);
         Some((GcraState::from_tat(Nanos::new(tat)), current - tat))
     }
+
+    /// Nothing is reserved after this reservation when its booking, moved down by at
+    /// most `shift`, ends at or past the `TAT` (as [`Gcra`]'s).
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        _charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        state.tat().as_u64() > self.tat.saturating_sub(shift)
+    }
 }
 
 impl Shaper<DefaultClock> {
@@ -589,10 +600,13 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// slot has passed. Returns the units given back.
     ///
     /// Units reserved after it keep their slots, so they stay spent. When other
-    /// cancellations or refunds came since this reservation, it cannot tell whether
-    /// they moved it down (they did if they were for units before it): it then counts
-    /// as reserved after it every unit that may be, and may give back less than an
-    /// exact count would. It never gives back a slot a later reservation still holds.
+    /// cancellations or refunds that moved later units came since this reservation,
+    /// it cannot tell whether they moved it down (they did if they were for units
+    /// before it): it then counts as reserved after it every unit that may be, and
+    /// may give back less than an exact count would. One of the schedule's last
+    /// reservation moved nobody and does not count, so waiters that leave from the
+    /// last to the first each give back their units. It never gives back a slot a
+    /// later reservation still holds.
     ///
     /// A reservation another shaper granted (another [`Shaper`] or [`LockedShaper`],
     /// or one since dropped, even if this shaper now sits at its address) is not
