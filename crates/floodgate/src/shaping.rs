@@ -1062,16 +1062,16 @@ mod tests {
         assert_eq!(one.delay(), Duration::from_millis(300));
         assert_eq!(s.cancel(one), 1); // the latest: all back, TAT 5T
 
-        // Two cancellations (2T of schedule) came after `two`: `three`'s moved it down
-        // by T, `one`'s did not, and nothing tells which. So `two` may end anywhere in
-        // 4T..=6T and up to 1T of the schedule above 4T may be a later reservation's:
-        // one unit stays spent (a conservative loss), one comes back.
-        assert_eq!(s.cancel(two), 1); // TAT 4T
+        // Two cancellations came after `two`: `three`'s moved it down by T; `one`'s
+        // was of the schedule's last reservation and moved nobody, so it is not
+        // counted (`refund_moves_later`; before session 45 it was, and one unit stayed
+        // spent). `two` ends at 5T with nothing above it: both units come back.
+        assert_eq!(s.cancel(two), 2); // TAT 3T
 
         // The first slot was at the start: 1 ns later it has passed, no refund.
         s.clock().advance(Duration::from_nanos(1));
         assert_eq!(s.cancel(first), 0);
-        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 400 * MS));
+        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 300 * MS));
     }
 
     /// A reservation from another shaper (a bigger one, one with the same policy, one
