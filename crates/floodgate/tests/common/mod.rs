@@ -167,3 +167,45 @@ pub fn lease_builder(
     .lease_size(lease)
     .lifetime(lifetime)
 }
+
+/// Runs `$body` on every storage, catching each one's panic, then fails with all
+/// of their messages (so one report shows every storage). `mod common` must sit at
+/// the test crate's root.
+#[allow(unused_macros)] // not every test file that shares this module runs keyed cases
+macro_rules! every_storage_reporting {
+    ($s:ident => $body:block) => {{
+        let mut failures: Vec<String> = Vec::new();
+        {
+            type $s = floodgate::Heap;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        {
+            type $s = floodgate::Inline;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        {
+            type $s = floodgate::Fingerprint;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} storage(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }};
+}
+
+/// A caught panic's message (empty when it carried none).
+pub fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
