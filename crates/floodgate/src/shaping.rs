@@ -191,6 +191,15 @@ impl Reservation {
     /// shaper.cancel(r); // the reservation became the receipt: cancelling it again does not compile
     /// ```
     ///
+    /// ```compile_fail
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1).unwrap(), ManualClock::new());
+    /// let r = shaper.reserve(1, Duration::ZERO).unwrap();
+    /// shaper.cancel(r);
+    /// let receipt = r.into_receipt(); // cancelled: no receipt is left to take
+    /// ```
+    ///
     /// # Errors
     ///
     /// The reservation itself when its slot is later than the instant it was made at
@@ -203,16 +212,17 @@ impl Reservation {
     /// use std::time::Duration;
     /// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
     /// let max = Duration::from_secs(1);
-    /// // The slot is free now: the reservation is a charge, with that charge's receipt.
-    /// let now = shaper.reserve(1, max)?.into_receipt().expect("no delay");
-    /// assert!(now.is_charged());
+    /// // The slot is free now: the reservation is a charge, with that charge's receipt,
+    /// let receipt = shaper.reserve(1, max)?.into_receipt().expect("no delay");
+    /// assert!(receipt.is_charged());
+    /// // which gives the slot back as a charge's receipt would.
+    /// assert!(shaper.refund(receipt));
+    /// let kept = shaper.reserve(1, max)?;
+    /// assert_eq!(kept.delay(), Duration::ZERO);
     /// // The next slot is 100 ms away: no receipt, the reservation comes back.
     /// let later = shaper.reserve(1, max)?.into_receipt().expect_err("delayed");
     /// assert_eq!(later.delay(), Duration::from_millis(100));
     /// assert_eq!(shaper.cancel(later), 1);
-    /// // The receipt gives the first slot back, as a charge's receipt would.
-    /// assert!(shaper.refund(now));
-    /// assert!(shaper.charge(1).0.is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     // The `Err` is the reservation itself, handed back unchanged (as `Arc::try_unwrap`
