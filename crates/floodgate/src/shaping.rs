@@ -103,7 +103,9 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 
 /// A granted slot: the request may proceed at [`ready_at`](Reservation::ready_at).
 ///
-/// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back.
+/// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back;
+/// one granted with no delay may instead become its charge's [`Receipt`]
+/// ([`into_receipt`](Reservation::into_receipt)).
 /// A reservation belongs to the shaper that granted it: any other shaper (including
 /// a later one at the same address) refunds nothing for it. Two reservations are
 /// equal only if the same shaper granted the same slot.
