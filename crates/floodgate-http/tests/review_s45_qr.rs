@@ -176,7 +176,7 @@ async fn a_queue_answers_as_before_over_seeded_sequences() -> TestResult {
     for seed in 1..=40u64 {
         let mut rng = Rng(seed);
         let burst = 1 + rng.below(3);
-        let cost = 1 + rng.below(burst) as u32;
+        let cost = rng.below(burst + 1) as u32; // 0 (takes nothing) up to the burst
         let max_delay = [
             Duration::ZERO,
             Duration::from_millis(150),
@@ -243,7 +243,7 @@ async fn a_priority_rules_immediate_path_answers_as_before() -> TestResult {
     for seed in 1..=40u64 {
         let mut rng = Rng(seed << 32);
         let burst = 1 + rng.below(3);
-        let cost = 1 + rng.below(burst) as u32;
+        let cost = rng.below(burst + 1) as u32; // 0 (takes nothing) up to the burst
         let bounds: &[usize] = [&[0usize][..], &[1, 1], &[0, 2]][rng.below(3) as usize];
         let policy = Policy::per_second(10)?.with_burst(burst)?;
         let clock = ManualClock::starting_at(Nanos::from_secs(100));
