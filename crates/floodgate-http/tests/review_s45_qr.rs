@@ -148,22 +148,27 @@ fn arrival(rng: &mut Rng, clock: &ManualClock, seed: u64, step: usize) -> (bool,
 }
 
 /// Prints the answer's transcript line and checks its status: 200 when the
-/// queueing rule admits and the gate does, a 429 otherwise.
-fn check_status(
+/// queueing rule admits and the gate does, a 429 otherwise; for a request the gate
+/// let through whose slot was taken at once (`immediate`: the rule and the
+/// pre-merge figures), the rule's `r` is the figures' remaining.
+fn check_answer(
     step: usize,
-    status: StatusCode,
-    headers: &HeaderMap,
-    admitted: bool,
-    blocked: bool,
+    (status, headers): &(StatusCode, HeaderMap),
+    (admitted, blocked): (bool, bool),
+    immediate: Option<(&str, Decision)>,
     ctx: &str,
 ) {
-    println!("{}", line(step, status, headers));
+    println!("{}", line(step, *status, headers));
     let want = if admitted && !blocked {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    assert_eq!(status, want, "{ctx}: {headers:?}");
+    assert_eq!(*status, want, "{ctx}: {headers:?}");
+    if let (Some((rule, figures)), false) = (immediate, blocked) {
+        let shown = remaining(headers, rule);
+        assert_eq!(shown, Some(figures.remaining()), "{ctx}: {headers:?}");
+    }
 }
 
 /// A global queue then the gate, over seeded sequences: the layer's status and
@@ -209,18 +214,12 @@ async fn a_queue_answers_as_before_over_seeded_sequences() -> TestResult {
                     println!("transcript {step} dropped");
                 }
                 (None, None) => panic!("{ctx}: pending, but the twin's slot was free"),
-                (Some((status, headers)), waiting) => {
-                    check_status(step, status, &headers, admitted, blocked, &ctx);
-                    if blocked {
-                        if let Some(receipt) = receipt {
-                            let _ = twin.refund(receipt);
-                        }
-                    } else if let (Some(figures), None) = (figures, waiting.as_ref()) {
-                        assert_eq!(
-                            remaining(&headers, "queue"),
-                            Some(figures.remaining()),
-                            "{ctx}: {headers:?}"
-                        );
+                (Some(answer), waiting) => {
+                    let immediate = figures.filter(|_| waiting.is_none());
+                    let immediate = immediate.map(|f| ("queue", f));
+                    check_answer(step, &answer, (admitted, blocked), immediate, &ctx);
+                    if let (true, Some(receipt)) = (blocked, receipt) {
+                        let _ = twin.refund(receipt);
                     }
                     // A slot waited for stays taken: the twin drops (keeps) its
                     // reservation at the end of this arm.
@@ -278,18 +277,13 @@ async fn a_priority_rules_immediate_path_answers_as_before() -> TestResult {
             if !charged.is_allowed() && bounds[tier] > 0 {
                 let _kept = twin.reserve_at(now, cost, Duration::MAX).expect("fits");
             }
-            let (status, headers) = send(&svc, request(&user, tier), false)
+            let answer = send(&svc, request(&user, tier), false)
                 .await?
                 .expect("not dropped");
-            check_status(step, status, &headers, admitted, blocked, &ctx);
+            let immediate = charged.is_allowed().then_some(("priority", charged));
+            check_answer(step, &answer, (admitted, blocked), immediate, &ctx);
             if blocked {
                 let _ = twin.refund(receipt);
-            } else if charged.is_allowed() {
-                assert_eq!(
-                    remaining(&headers, "priority"),
-                    Some(charged.remaining()),
-                    "{ctx}: {headers:?}"
-                );
             }
             assert_eq!(shaper.state(), twin.state(), "{ctx}: the shaper's schedule");
         }
