@@ -46,12 +46,7 @@
 //! very operation dropped (in the inserting key's shard), which must read as fresh.
 //! On the lock-free table the victim was the lightest of a sample of 8 of its shard:
 //! at most `present − 8` live keys of its class forgave less (`present`: the keys of
-//! the class that have a model; units in use, then `reset_after`); and a live key is
-//! evicted only after a full look for idle keys found none, which in a shard of fewer
-//! than 16 keys is made at the evicting insert itself (the table's docs,
-//! `evict_sampled`): there, on GCRA (whose idle states are exactly those that read as
-//! fresh), at least a share of the class's keys other than the inserted one were live
-//! at the insert's instant. The log's eviction
+//! the class that have a model; units in use, then `reset_after`). The log's eviction
 //! is run beside it as its docs specify ([`LogShadow`]: sweeps, rankings by units then
 //! the newest unit's instant then hash order from the hand, keys charged since passed
 //! over): each insert's idle drops and eviction, each `remove`'s answer and the keys
@@ -680,9 +675,6 @@ fn run<T: Table, M: Model>(
             setup.policy.period_nanos(),
         )
     });
-    // A shard's share, where each live eviction follows a full look at its insert.
-    let share = table.max_keys() / shards;
-    let looked = (kind == Kind::Gcra && share < 16).then_some(share);
     for (i, op) in setup.ops.iter().enumerate() {
         let before = table.metrics();
         let now = clock.now();
@@ -916,7 +908,6 @@ fn run<T: Table, M: Model>(
             scope,
             inserted: insert,
             log: log.as_ref(),
-            looked,
         };
         let dropped = sweep.compare(table, class_of_insert, evicted, &fresh);
         if log.is_some() {
@@ -1039,10 +1030,6 @@ struct Sweep<'a, M> {
     /// The log's eviction as its docs specify it (`None`: the lock-free table, whose
     /// eviction samples).
     log: Option<&'a LogShadow>,
-    /// The share of each shard where every live eviction follows a full look for
-    /// idle keys made at its own insert (the lock-free table on GCRA, shares below
-    /// 16); `None` elsewhere.
-    looked: Option<usize>,
 }
 
 impl<M: Model> Sweep<'_, M> {
@@ -1078,17 +1065,6 @@ impl<M: Model> Sweep<'_, M> {
              shard may hold forgave less: {lighter:?}",
             lighter.len()
         );
-        if let Some(share) = self.looked {
-            // The look found no idle key: the shard held its share of keys (the
-            // victim among them), every one live — and a live GCRA key never reads
-            // as fresh (its `reset_after` is positive).
-            let live = others.iter().filter(|(_, d)| *d != idle).count() + 1;
-            assert!(
-                live >= share,
-                "evicted key {victim} live while its shard held an idle key: only {live} \
-                 of its keys were live at {judged:?}, its share is {share}"
-            );
-        }
     }
 
     /// Compares every tracked key through peeks of 0 and 1 unit, now and at the
