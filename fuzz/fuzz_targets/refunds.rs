@@ -467,7 +467,8 @@ fn live(policy: Policy, other: u64, clock: &AnyClock, ops: &[Op]) {
 
 /// The shaper: immediate charges, bookings (held at their slot, refunded by GCRA's
 /// rule) and reservations within a `max_delay` (held at their slot, cancelled by
-/// `cancel`, which gives back a count of units: any is taken as the whole grant).
+/// `cancel`, which gives back a count of units: any is taken as the whole grant; or,
+/// granted with no delay, kept as their charge's receipt and refunded).
 fn shaper<S: floodgate::StateCell<GcraState>>(
     shaper: &Shaper<AnyClock, S>,
     policy: Policy,
@@ -487,10 +488,10 @@ fn shaper<S: floodgate::StateCell<GcraState>>(
                 receipts.push(charge(shaper, &mut oracle, 0, at, at, cost, book));
             }
             Op::Reserve {
+                target,
                 cost,
                 stale,
                 max_delay,
-                ..
             } => {
                 let at = reading(clock, stale);
                 premise.saw(at);
@@ -504,11 +505,28 @@ fn shaper<S: floodgate::StateCell<GcraState>>(
                         &r.decision(),
                         cost,
                     );
+                    // An odd target keeps a slot granted with no delay as its charge's
+                    // receipt (refunded by GCRA's rule); a delayed one has none.
+                    let token = if target % 2 == 1 {
+                        let now = r.delay().is_zero();
+                        match r.into_receipt() {
+                            Ok(receipt) => {
+                                assert!(now, "a delayed reservation gave a receipt");
+                                Token::Receipt(receipt)
+                            }
+                            Err(r) => {
+                                assert!(!now, "a reservation with no delay gave no receipt");
+                                Token::Reservation(r)
+                            }
+                        }
+                    } else {
+                        Token::Reservation(r)
+                    };
                     receipts.push(Handle {
                         unit: 0,
                         grant,
                         removals: 0,
-                        token: Token::Reservation(r),
+                        token,
                     });
                 }
             }

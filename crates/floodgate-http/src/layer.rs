@@ -1413,18 +1413,16 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// * Soft and shadow rules never stop the walk; their admissions are refunded like
 ///   the hard rules' when a later hard rule denies.
 /// * **Queueing rules** (`QueueRule`, `KeyedQueueRule`, `PriorityRule`, feature
-///   `queue`): a slot free when the request arrives is taken as a plain GCRA
-///   charge with a receipt (a reservation granted with no delay is exactly that
-///   admission) and is given back like an in-process rule's charge when a later
-///   rule rejects the request or the request is dropped after it: a client that a
-///   later per-client rule denies leaves a shared queue's slot to the next client.
-///   A slot the request **waited** for stays taken, by design: the request has
-///   had its turn (no receipt is kept for it, though GCRA's refund rule would
-///   give back the part of its booking still ahead of the clock). A `QueueRule`
-///   whose charge is refused reserves a later slot; should a refund, a
-///   cancellation or the clock free the slot in between, that reservation has no
-///   delay and its slot stays taken, as before. Putting the per-client rules
-///   before a shared queue still spares the queue's waits for requests they deny.
+///   `queue`): each request makes one reservation; one granted with no delay (a
+///   slot free when the request arrives) is exactly a plain GCRA admission and
+///   comes with that charge's receipt, so it is given back like an in-process
+///   rule's charge when a later rule rejects the request or the request is dropped
+///   after it: a client that a later per-client rule denies leaves a shared
+///   queue's slot to the next client. A slot the request **waited** for stays
+///   taken, by design: the request has had its turn (no receipt is kept for it,
+///   though GCRA's refund rule would give back the part of its booking still
+///   ahead of the clock). Putting the per-client rules before a shared queue still
+///   spares the queue's waits for requests they deny.
 ///
 /// A request passed on to the inner service keeps every charge, whatever the service
 /// then does (an error, a panic, a 5xx): it reached the service.

@@ -19,13 +19,13 @@
 //! A request cancelled while it waits leaves its queue (and gives back the slot it
 //! was about to take, [`Shaper::cancel`]).
 //!
-//! A request that goes at once takes the free slot as a plain GCRA charge
-//! ([`Shaper::charge`]: a reservation within no delay is exactly that admission),
-//! with a receipt: when a later rule of the layer rejects the request, or the
-//! request is dropped after this rule, the slot is given back ([`Shaper::refund`]:
-//! GCRA's refund rule, a waiter's slot reserved after it kept), as every in-process
-//! charge is (see `RateLimitLayer`, "How rules combine"). A slot a request waited
-//! for in its tier stays taken.
+//! A request that goes at once reserves the free slot within no delay (exactly a
+//! plain GCRA admission) and keeps it as that charge's receipt
+//! ([`Reservation::into_receipt`]): when a later rule of the layer rejects the
+//! request, or the request is dropped after this rule, the slot is given back
+//! ([`Shaper::refund`]: GCRA's refund rule, a waiter's slot reserved after it kept),
+//! as every in-process charge is (see `RateLimitLayer`, "How rules combine"). A slot
+//! a request waited for in its tier stays taken.
 //!
 //! When an earlier rule denies a request, a later priority rule is peeked (taking no
 //! place and reserving nothing): under its queues' lock it runs the same arrival
@@ -43,7 +43,7 @@
 //! # Design and costs
 //!
 //! The queues sit behind one `Mutex` (never held across an `.await`); the fast path
-//! — nobody waiting — takes the lock once and charges with one compare-and-swap. At
+//! — nobody waiting — takes the lock once and reserves with one compare-and-swap. At
 //! most one waiter holds a reservation at a time (the head of the highest tier,
 //! sleeping until its slot), so a later higher-tier arrival gets the next slot. When a
 //! waiter is served, shed or cancelled, every waiter is woken to look again
@@ -306,22 +306,13 @@ where
         Decision::new(false, policy.burst(), 0, reset, retry)
     }
 
-    /// The shaper's slot now, taken as a plain GCRA charge with a receipt (a
-    /// reservation within no delay is exactly that charge: the same test, `new TAT ≤
-    /// now + τ`, the same decision), or why it is not free: the wait until it is
-    /// ([`ShapeError::TooLong`]), or never (a cost above the burst).
-    fn charge_now(&self) -> Result<(Decision, Receipt), ShapeError> {
-        let (decision, receipt) = self.shaper.charge(self.cost);
-        if decision.is_allowed() {
-            return Ok((decision, receipt));
-        }
-        Err(match decision.retry_after() {
-            Some(retry_after) => ShapeError::TooLong { retry_after },
-            None => ShapeError::Never {
-                cost: self.cost,
-                burst: self.shaper.policy().burst(),
-            },
-        })
+    /// The shaper's slot now, reserved within no delay, or why it is not free: the
+    /// wait until it is ([`ShapeError::TooLong`]), or never (a cost above the burst).
+    /// A reservation within no delay is exactly a plain GCRA admission (the same
+    /// test, `new TAT ≤ now + τ`, and the same decision), so its receipt is that
+    /// charge's ([`Reservation::into_receipt`]).
+    fn reserve_now(&self) -> Result<Reservation, ShapeError> {
+        self.shaper.reserve(self.cost, Duration::ZERO)
     }
 
     /// The arrival rule, shared by a request ([`wait_in_line`](Self::wait_in_line))
@@ -375,9 +366,14 @@ where
         };
         let id = {
             let mut q = tiers.lock();
-            let free = || self.charge_now();
+            let free = || self.reserve_now();
             match self.arrive(&q, tier, free) {
-                Arrival::Now((decision, receipt)) => return Ok((decision, false, Some(receipt))),
+                Arrival::Now(reservation) => {
+                    let decision = reservation.decision();
+                    // Reserved within no delay, its slot is now (`new TAT − τ ≤
+                    // now`): it always converts to its charge's receipt.
+                    return Ok((decision, false, reservation.into_receipt().ok()));
+                }
                 Arrival::Refused(refusal) => return Err(refusal),
                 Arrival::Join { shed: None } => {}
                 Arrival::Join { shed: Some(t) } => {

@@ -4,27 +4,25 @@
 //! queue per key (client IP, API key) on a keyed GCRA limiter ([`KeyedQueueRule`]),
 //! where a client that sends too fast waits behind its own requests only.
 //!
-//! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`];
-//! a [`QueueRule`] first tries the slot free now with [`Shaper::charge`], below);
-//! slots are handed out in reservation order, and the request then sleeps until its
-//! slot with one `tokio::time::sleep` (no polling). A slot further away than
-//! `max_delay` is a 429 with `Retry-After` (rounded up); a cost above the burst, which
-//! no slot can hold, is refused when the layer is built ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away, a
-//! timeout layer fired) gives its units back ([`Shaper::cancel`]).
+//! Each request reserves its slot with one compare-and-swap ([`Shaper::reserve`],
+//! [`KeyedLimiter::reserve`]); slots are handed out in reservation order, and the
+//! request then sleeps until its slot with one `tokio::time::sleep` (no polling). A
+//! slot further away than `max_delay` is a 429 with `Retry-After` (rounded up); a
+//! cost above the burst, which no slot can hold, is refused when the layer is built
+//! ([`ConfigError::Cost`]). A request cancelled while it waits (the client went away,
+//! a timeout layer fired) gives its units back ([`Shaper::cancel`]).
 //!
 //! A slot free when the request arrives is an admission like any in-process rule's:
 //! a reservation granted with no delay is exactly a plain GCRA admission (its test,
-//! `new TAT ≤ now + τ`, and its transition), so [`QueueRule`] takes it with
-//! [`Shaper::charge`] (reserving only when that is refused) and [`KeyedQueueRule`]
-//! keeps its reservation's receipt (the receipt that charge would give). When a later
-//! rule of the layer rejects the request, or the request is dropped after this rule,
-//! that slot is given back by its receipt ([`Shaper::refund`],
-//! [`KeyedLimiter::refund`]: GCRA's refund rule, the slots reserved after it kept),
-//! as the layer gives back every in-process charge (see `RateLimitLayer`, "How rules
-//! combine"). A slot the request waited for stays taken: the request has had its
-//! turn. A `QueueRule` request whose charge was refused and whose reservation then
-//! finds the slot free (a refund, a cancellation or the clock in between) is
-//! admitted with no delay and keeps that slot, as before.
+//! `new TAT ≤ now + τ`, and its transition), and the core hands it over as the
+//! receipt that charge would give
+//! ([`Reservation::into_receipt`](floodgate::Reservation::into_receipt), the keyed
+//! reservation's receipt) — one reservation per request, whether it waits or not. When a later rule of the layer rejects the request, or the request is
+//! dropped after this rule, that slot is given back by its receipt
+//! ([`Shaper::refund`], [`KeyedLimiter::refund`]: GCRA's refund rule, the slots
+//! reserved after it kept), as the layer gives back every in-process charge (see
+//! `RateLimitLayer`, "How rules combine"). A slot the request waited for stays
+//! taken: the request has had its turn.
 //!
 //! An answer's `remaining` (an admission's or a refusal's) counts the units that
 //! could still be reserved within `max_delay` (at most the burst), and its reset is
@@ -202,40 +200,32 @@ where
     fn start<'a>(&'a self, _parts: &Parts, hasher: Option<&PartitionKeyHasher>) -> Started<'a> {
         let partition_key = hasher.map(|h| h.hash(&()));
         let check = Box::pin(async move {
-            // A slot free now is a plain GCRA admission (a reservation granted with
-            // no delay is exactly one: `new TAT ≤ now + τ`), taken with a receipt
-            // that a later rule's denial gives back ([`ErasedRule::refund`]). Its
-            // figures are the reservation's: the schedule just after the charge, at
-            // the same instant.
-            let now = self.shaper.clock().now();
-            let (admitted, receipt) = self.shaper.charge_at(now, self.cost);
-            if admitted.is_allowed() {
-                return Ok(Check {
-                    decision: self.peek(now, 0).decision(),
+            let reservation = match self.shaper.reserve(self.cost, self.max_delay) {
+                Ok(reservation) => reservation,
+                // The schedule now, with the reservation's own wait: when the same
+                // reservation would fit within `max_delay`.
+                Err(e) => return checked(refused(self.schedule(), e), false),
+            };
+            let decision = reservation.decision();
+            match reservation.into_receipt() {
+                // The slot is free now: the reservation is a plain GCRA admission, and
+                // its receipt the one that charge would give: a later rule's denial
+                // gives it back ([`ErasedRule::refund`]).
+                Ok(receipt) => Ok(Check {
+                    decision,
                     receipt: Some(RuleReceipt::InProcess(receipt)),
                     queued: false,
-                });
-            }
-            // Not free now: reserve a later slot. A slot freed in between (a refund,
-            // a cancellation, the clock moving) is reserved with no delay and kept,
-            // as a waited slot is.
-            match self.shaper.reserve(self.cost, self.max_delay) {
-                Ok(reservation) => {
-                    let mut decision = reservation.decision();
+                }),
+                Err(reservation) => {
                     let delay = reservation.delay();
-                    let queued = !delay.is_zero();
-                    if queued {
-                        let pending = CancelOnDrop {
-                            shaper: &*self.shaper,
-                            reservation: Some(reservation),
-                        };
-                        wait_for_slot(delay, pending).await;
-                        decision = self.schedule();
-                    }
+                    let pending = CancelOnDrop {
+                        shaper: &*self.shaper,
+                        reservation: Some(reservation),
+                    };
+                    wait_for_slot(delay, pending).await;
                     // The slot has come: it stays taken (no receipt), by design.
-                    checked(decision, queued)
+                    checked(self.schedule(), true)
                 }
-                Err(e) => checked(refused(self.schedule(), e), false),
             }
         });
         Started {

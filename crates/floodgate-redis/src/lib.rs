@@ -282,7 +282,11 @@
 //!   are judged at its now as before, and once its own refunds fill the key's 8
 //!   receipts it drops the reading (then receipts charged before any refund on
 //!   the key give nothing back: a conservative loss), after which the key has
-//!   no latest reading until a new version's admission. Until every replica runs
+//!   no latest reading until a new version's admission. It drops the reading in
+//!   place of a receipt, so while its refunds follow the new version's
+//!   admissions the key keeps one receipt more for each; the new version's next
+//!   refund trims them back to 8 (each receipt trimmed then gives nothing back,
+//!   as any charged before the 8 a key remembers). Until every replica runs
 //!   the new version a `TIME` that steps back may still free a later admission's
 //!   schedule on such keys, as before; no state either version writes is
 //!   malformed to the other. A limiter with refunds off still reads and

@@ -10,36 +10,14 @@
 
 mod common;
 
-use common::{runtime, with_refunds, RedisServer};
+use common::{refund_driver, runtime, with_refunds, RedisServer, GIVEN_TIME};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
-/// The given-time prologue (`script.rs`): `ARGV[1]` is now, no time to live.
-const GIVEN_TIME: &str = "\
-local EXPIRE = false
-local ARG = {}
-for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
-local now = tonumber(ARGV[1])
-";
-
 const COMMON: &str = include_str!("../src/lua/common.lua");
 const SLIDING_LOG: &str = include_str!("../src/lua/sliding_log.lua");
-
-/// The one-limit refund driver (`script.rs`'s `refund_driver!` for the log).
-const REFUND_DRIVER: &str = "\
-local a = {}
-for i = 1, 6 do
-  a[i] = tonumber(ARG[i])
-  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then
-    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')
-  end
-end
-local back, write = sliding_log_refund(KEYS[1], unpack(a))
-if write then write() end
-return back
-";
 
 /// Session 43's writes (`git show 95b0607:crates/floodgate-redis/src/lua/sliding_log.lua`):
 /// a `ZREM` and at most one `ZADD` per member.
@@ -69,14 +47,20 @@ fn scripts() -> (String, String) {
         SLIDING_LOG.ends_with("  end\nend\n"),
         "the refund is not last"
     );
-    let new = [GIVEN_TIME, COMMON, SLIDING_LOG, REFUND_DRIVER].concat();
+    let new = [
+        GIVEN_TIME,
+        COMMON,
+        SLIDING_LOG,
+        refund_driver("sliding_log_refund").as_str(),
+    ]
+    .concat();
     let old = [
         GIVEN_TIME,
         COMMON,
         &SLIDING_LOG[..cut],
         PER_MEMBER,
         "  end\nend\n",
-        REFUND_DRIVER,
+        refund_driver("sliding_log_refund").as_str(),
     ]
     .concat();
     (new, old)

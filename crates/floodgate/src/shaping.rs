@@ -25,6 +25,13 @@
 //! *after* the cancelled one stay spent (their slots were already handed out), the
 //! rest return; a reservation whose slot has passed is not refunded.
 //!
+//! A reservation granted with no delay is exactly a plain GCRA admission (`new TAT ≤
+//! now + τ`, the same transition): [`Reservation::into_receipt`] turns it into the
+//! [`Receipt`] that [`Shaper::charge`] would have given, refunded by GCRA's rule
+//! ([`Shaper::refund`]) — so one reservation serves a caller that queues when it must
+//! and, when it did not, may give its slot back later as any charge can. A delayed
+//! reservation has no receipt; it is cancelled.
+//!
 //! # nginx `limit_req`
 //!
 //! For `rate=r` (`T = 1/r`):
@@ -96,7 +103,9 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 
 /// A granted slot: the request may proceed at [`ready_at`](Reservation::ready_at).
 ///
-/// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back.
+/// Drop it to keep the units, or hand it to [`Shaper::cancel`] to give them back;
+/// one granted with no delay may instead become its charge's [`Receipt`]
+/// ([`into_receipt`](Reservation::into_receipt)).
 /// A reservation belongs to the shaper that granted it: any other shaper (including
 /// a later one at the same address) refunds nothing for it. Two reservations are
 /// equal only if the same shaper granted the same slot.
@@ -118,6 +127,10 @@ pub type LockedShaper<C = DefaultClock> = Shaper<C, LockedCell<GcraState>>;
 pub struct Reservation {
     /// The id of the shaper that granted it.
     shaper: u64,
+    /// The id the shaper's receipts carry ([`into_receipt`](Reservation::into_receipt)).
+    owner: Owner,
+    /// The state the reservation replaced; `None` when it took nothing (cost 0).
+    before: Option<GcraState>,
     /// The shaper's cell generation at the reservation: a reset invalidates it.
     generation: u64,
     /// The shaper's refund ledger as the reservation noted it: how far later
@@ -151,6 +164,86 @@ impl Reservation {
     /// still be reserved within the same `max_delay`.
     pub fn decision(&self) -> Decision {
         self.decision
+    }
+
+    /// The reservation as a charge's [`Receipt`] when its slot is now (no delay), or
+    /// the reservation itself when its slot is later.
+    ///
+    /// A reservation granted with no delay is exactly a plain GCRA admission: the same
+    /// test (`new TAT ≤ now + τ`) and the same transition as
+    /// [`charge_at`](Shaper::charge_at) at the reservation's instant. Its receipt is
+    /// the one that charge would have given, and [`Shaper::refund`] judges it by
+    /// GCRA's refund rule ([`Algorithm::refund`]) exactly as it judges a charge's:
+    /// the part of the booking the clock has not reached comes back, less any slot
+    /// reserved after it that is still ahead (those stay spent). A reservation of cost
+    /// 0 gives a receipt that holds nothing (as `charge(0)`'s).
+    ///
+    /// A reservation whose slot is later is returned unchanged (`Err`): it has no
+    /// receipt, and [`Shaper::cancel`] is its only way back.
+    ///
+    /// The conversion consumes the reservation, so its units are given back at most
+    /// once: by the receipt's refund, or by a cancellation, never both.
+    ///
+    /// ```compile_fail
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1).unwrap(), ManualClock::new());
+    /// let r = shaper.reserve(1, Duration::ZERO).unwrap();
+    /// let receipt = r.into_receipt().unwrap();
+    /// shaper.cancel(r); // the reservation became the receipt: cancelling it again does not compile
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(1).unwrap(), ManualClock::new());
+    /// let r = shaper.reserve(1, Duration::ZERO).unwrap();
+    /// shaper.cancel(r);
+    /// let receipt = r.into_receipt(); // cancelled: no receipt is left to take
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The reservation itself when its slot is later than the instant it was made at
+    /// (its [`delay`](Reservation::delay) is not zero).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{ManualClock, Policy, Shaper};
+    /// use std::time::Duration;
+    /// let shaper = Shaper::with_clock(Policy::per_second(10)?.with_burst(1)?, ManualClock::new());
+    /// let max = Duration::from_secs(1);
+    /// // The slot is free now: the reservation is a charge, with that charge's receipt,
+    /// let receipt = shaper.reserve(1, max)?.into_receipt().expect("no delay");
+    /// assert!(receipt.is_charged());
+    /// // which gives the slot back as a charge's receipt would.
+    /// assert!(shaper.refund(receipt));
+    /// let kept = shaper.reserve(1, max)?;
+    /// assert_eq!(kept.delay(), Duration::ZERO);
+    /// // The next slot is 100 ms away: no receipt, the reservation comes back.
+    /// let later = shaper.reserve(1, max)?.into_receipt().expect_err("delayed");
+    /// assert_eq!(later.delay(), Duration::from_millis(100));
+    /// assert_eq!(shaper.cancel(later), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    // The `Err` is the reservation itself, handed back unchanged (as `Arc::try_unwrap`
+    // hands back the `Arc`): boxing it would allocate once per delayed request.
+    #[allow(clippy::result_large_err)]
+    pub fn into_receipt(self) -> Result<Receipt, Reservation> {
+        if self.ready_at != self.made_at {
+            return Err(self);
+        }
+        let charge = self.before.map(|before| {
+            let charged = Charged {
+                before,
+                after: GcraState::from_tat(self.tat),
+                at: self.made_at,
+                cost: self.cost,
+            };
+            (charged, self.noted)
+        });
+        Ok(Receipt::new(self.owner, 0, self.generation, charge))
     }
 }
 
@@ -544,6 +637,8 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
         let booked = decision.reset_after_nanos();
         Ok(Reservation {
             shaper: self.id,
+            owner: self.owner,
+            before: charged.map(|(c, _)| c.before),
             generation,
             noted: charged.map_or(0, |(_, noted)| noted),
             made_at: now,
@@ -856,7 +951,9 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
 
     /// Gives back what the charge behind `receipt` still provably holds (GCRA's
     /// rule, see [`Algorithm::refund`]); a receipt of another limiter, or of a charge
-    /// before a [`reset`](Shaper::reset) or a policy change, gives back nothing.
+    /// before a [`reset`](Shaper::reset) or a policy change, gives back nothing. The
+    /// receipt of a reservation granted with no delay
+    /// ([`Reservation::into_receipt`]) is a charge's receipt and is judged the same.
     ///
     /// # Examples
     ///

@@ -358,6 +358,49 @@ fn a_full_table_evicts_the_key_closest_to_idle_on(kind: Kind) {
     }
 }
 
+#[test]
+fn a_full_shard_reclaims_an_idle_key_beyond_the_hands_sample_instead_of_evicting() {
+    for kind in KINDS {
+        // Four tables, each with its one idle key elsewhere: wherever the hashes put
+        // them, the hand's 4 slots and sample of 8 live keys (12 of 256 keys) miss
+        // at least one of them, but for a chance of about (12 / 256)^4 = 5 · 10^-6.
+        for idle in [3u64, 77, 150, 222] {
+            a_full_shard_reclaims_an_idle_key_beyond_the_hands_sample_on(kind, idle);
+        }
+    }
+}
+
+/// One shard of 256 keys, all live for 50 s but key `idle` (idle after 1 s). Two
+/// seconds on, a new key finds the shard at its share: the insert reclaims `idle`
+/// (found by a full look if the hand's walk missed it) and evicts nothing; every
+/// other key keeps its state.
+fn a_full_shard_reclaims_an_idle_key_beyond_the_hands_sample_on(kind: Kind, idle: u64) {
+    let clock = ManualClock::new();
+    let limiter = keyed_as(
+        kind,
+        Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap()),
+        256,
+        1,
+        &clock,
+    );
+    for key in 0..256u64 {
+        let cost = if key == idle { 1 } else { 50 };
+        assert!(limiter.check_n(&key, cost).is_allowed());
+    }
+    clock.advance(Duration::from_secs(2));
+    assert!(limiter.check_n(&1_000, 50).is_allowed());
+    let m = limiter.metrics();
+    assert_eq!(
+        (m.live_keys, m.reclaimed, m.evicted),
+        (256, 1, 0),
+        "{kind:?}, idle key {idle}: a live key was evicted while an idle one was held"
+    );
+    for key in (0..256u64).filter(|&k| k != idle) {
+        // 50 of 100 used, 2 back since: 52 left, the state kept.
+        assert_eq!(limiter.peek(&key, 0).remaining(), 52, "{kind:?}, key {key}");
+    }
+}
+
 /// What a flood past capacity leaves on a table of `kind` hashing with `seed`: each
 /// key's remaining units (a fresh key for one evicted, its booking for one kept).
 fn what_a_flood_leaves(kind: Kind, seed: Option<u64>) -> Vec<u64> {

@@ -15,50 +15,11 @@ use std::time::Duration;
 
 use floodgate::keyed::plans::{PlanLimiter, Plans};
 use floodgate::{
-    Clock, Fingerprint, FixedWindow, Gcra, Heap, Inline, KeyedBuilder, KeyedError, KeyedLimiter,
-    LiveGcra, ManualClock, Nanos, Policy, RateLimiter, SlidingWindow, Storage,
+    Clock, FixedWindow, Gcra, KeyedBuilder, KeyedError, KeyedLimiter, LiveGcra, ManualClock, Nanos,
+    Policy, RateLimiter, SlidingWindow, Storage,
 };
 
 const S: u64 = 1_000_000_000;
-
-/// Runs `$body` on every storage, catching each one's panic, then fails with all
-/// of their messages (so one report shows every storage).
-macro_rules! every_storage_reporting {
-    ($s:ident => $body:block) => {{
-        let mut failures: Vec<String> = Vec::new();
-        {
-            type $s = Heap;
-            if let Err(e) = std::panic::catch_unwind(|| $body) {
-                failures.push(panic_text(e));
-            }
-        }
-        {
-            type $s = Inline;
-            if let Err(e) = std::panic::catch_unwind(|| $body) {
-                failures.push(panic_text(e));
-            }
-        }
-        {
-            type $s = Fingerprint;
-            if let Err(e) = std::panic::catch_unwind(|| $body) {
-                failures.push(panic_text(e));
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} storage(s) failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
-    }};
-}
-
-fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
 
 fn name<S>() -> &'static str {
     core::any::type_name::<S>()

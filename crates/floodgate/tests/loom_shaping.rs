@@ -1,5 +1,8 @@
 //! loom model of the shaper: racing reservations get distinct slots in a sequential
-//! order, and a racing cancellation refunds what the exact model says.
+//! order, and a racing cancellation refunds what the exact model says; the receipt
+//! of a reservation granted with no delay (`Reservation::into_receipt`), refunded
+//! while another reservation races it, gives back only what one of the two orders
+//! would.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 cargo test -p floodgate --release --test loom_shaping`
 #![cfg(loom)]
@@ -73,4 +76,48 @@ fn reservations_and_a_cancel_race() {
         s.saw(observed[2].unwrap() as usize);
     });
     seen.assert_each("reservations_and_a_cancel_race");
+}
+
+/// A free slot reserved and converted to its receipt, then refunded while another
+/// request reserves: in either order the two agree with a sequential run — refund
+/// first: the slot comes back and the reservation takes it now (0); reservation
+/// first: it books the next slot (`T`), which then waits after the receipt's
+/// booking, so GCRA's refund rule gives nothing back. Never both (a refund under a
+/// booked slot would hand the same instants out twice), and the schedule ends where
+/// the sequential order leaves it.
+#[test]
+fn an_immediate_reservations_receipt_races_a_reservation() {
+    let seen = Seen::new(&["refund first", "reservation first"]);
+    let s = seen.clone();
+    loom::model(move || {
+        let policy = Policy::new(1, Duration::from_nanos(T)).unwrap();
+        let shaper = Arc::new(Shaper::with_clock(policy, ManualClock::new()));
+        let max = Duration::from_nanos(10 * T);
+        let receipt = shaper
+            .reserve_at(Nanos::ZERO, 1, max)
+            .unwrap()
+            .into_receipt()
+            .unwrap();
+        let refund = {
+            let s = Arc::clone(&shaper);
+            thread::spawn(move || s.refund(receipt))
+        };
+        let reserve = {
+            let s = Arc::clone(&shaper);
+            thread::spawn(move || {
+                s.reserve_at(Nanos::ZERO, 1, max)
+                    .map(|r| r.ready_at().as_u64())
+                    .ok()
+            })
+        };
+        let observed = (refund.join().unwrap(), reserve.join().unwrap());
+        let tat = shaper.state().tat().as_u64();
+        match observed {
+            (true, Some(0)) => assert_eq!(tat, T),
+            (false, Some(slot)) if slot == T => assert_eq!(tat, 2 * T),
+            other => panic!("no sequential order gives {other:?} (TAT {tat})"),
+        }
+        s.saw(usize::from(!observed.0));
+    });
+    seen.assert_each("an_immediate_reservations_receipt_races_a_reservation");
 }

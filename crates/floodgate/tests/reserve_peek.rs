@@ -34,30 +34,11 @@ enum Op {
     GiveBack { pick: usize },
 }
 
-/// A policy of 1..=1000 per second with a burst of 1..=8.
-fn policy() -> impl Strategy<Value = Policy> {
-    (1u64..=1_000, 1u64..=8).prop_map(|(rate, burst)| {
-        Policy::per_second(rate)
-            .and_then(|p| p.with_burst(burst))
-            .expect("a valid policy")
-    })
-}
-
 /// Costs 0, 1, up to the burst, just above it and `u32::MAX`; bounds 0, up to a few
 /// seconds, and unbounded; steps within and across intervals.
 fn op(burst: u32) -> impl Strategy<Value = Op> {
-    let cost = prop_oneof![
-        2 => Just(0u32),
-        4 => Just(1u32),
-        6 => 1..=burst,
-        2 => burst + 1..=burst + 3,
-        1 => Just(u32::MAX),
-    ];
-    let max_delay = prop_oneof![
-        2 => Just(Duration::ZERO),
-        6 => (0u64..3_000_000_000).prop_map(Duration::from_nanos),
-        1 => Just(Duration::MAX),
-    ];
+    let cost = common::reservation_cost(burst);
+    let max_delay = common::reservation_bound();
     let back = prop_oneof![4 => Just(0u64), 1 => 0u64..500_000_000];
     prop_oneof![
         3 => (0u64..400_000_000).prop_map(Op::Advance),
@@ -69,7 +50,7 @@ fn op(burst: u32) -> impl Strategy<Value = Op> {
 }
 
 fn trace() -> impl Strategy<Value = (Policy, Vec<Op>)> {
-    policy().prop_flat_map(|p| {
+    common::shaper_policy().prop_flat_map(|p| {
         let burst = u32::try_from(p.burst()).expect("burst ≤ 8");
         (Just(p), prop::collection::vec(op(burst), 1..80))
     })

@@ -109,10 +109,13 @@ local function refundable(list, id, noted, ledger, floor)
 end
 
 -- Records `id` in `list`; returns the records as stored and the floor, raised
--- past the oldest one when it is forgotten.
+-- past each oldest one forgotten. The list comes back to REFUNDS_KEPT however long
+-- it was found: a GCRA key of a version without the latest reading (gcra.lua) may
+-- hold more, that version taking the reading for a receipt of its own and
+-- dropping it in a receipt's place.
 local function record_refund(list, id, floor)
   list[#list + 1] = id
-  if #list > REFUNDS_KEPT then
+  while #list > REFUNDS_KEPT do
     local oldest = tonumber(string.match(table.remove(list, 1), '^(%d+)/'))
     if oldest + 1 > floor then floor = oldest + 1 end
   end

@@ -16,7 +16,10 @@
 -- found them (its admissions do not raise the reading; its refunds are judged at
 -- its now) and, once its own refunds push the records past what a key remembers,
 -- drops the oldest, this one, raising a floor of 0 to 1 (the receipts charged at
--- ledger 0 and not yet refunded then give nothing back: a conservative loss). A
+-- ledger 0 and not yet refunded then give nothing back: a conservative loss), in
+-- place of a receipt: after each of this version's admissions its next refund
+-- keeps one receipt more than a key remembers, until this version's next refund
+-- trims them back (`record_refund`). A
 -- state without it (written before it, or by such a version) has no known
 -- reading: its refund is judged at now, as before, and its next admission starts
 -- one.

@@ -771,3 +771,32 @@ pub fn command_stats(server: &RedisServer) -> std::collections::BTreeMap<String,
     }
     stats
 }
+
+/// The given-time prologue of the crate's scripts (`script.rs` `GIVEN_TIME`), for a
+/// test that assembles a script by hand (an earlier version's transition beside
+/// the current one).
+pub const GIVEN_TIME: &str = "\
+local EXPIRE = false
+local ARG = {}
+for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
+local now = tonumber(ARGV[1])
+";
+
+/// The one-limit refund driver of `function` (`script.rs` `refund_driver!`, six
+/// arguments).
+pub fn refund_driver(function: &str) -> String {
+    format!(
+        "\
+local a = {{}}
+for i = 1, 6 do
+  a[i] = tonumber(ARG[i])
+  if not a[i] or a[i] < 0 or a[i] >= EXACT or a[i] ~= math.floor(a[i]) then
+    return redis.error_reply('floodgate: refund argument ' .. i .. ' is not a whole number below 2^53')
+  end
+end
+local back, write = {function}(KEYS[1], unpack(a))
+if write then write() end
+return back
+"
+    )
+}

@@ -1365,6 +1365,17 @@ where
     /// clock has not reached). Slots of one key are handed out first come, first
     /// served; keys do not wait for each other.
     ///
+    /// A reservation granted with no delay is exactly a plain GCRA admission (`new
+    /// TAT ≤ now + τ`, the same transition): its receipt is the one
+    /// [`charge_at`](KeyedLimiter::charge_at) would have given at the same instant,
+    /// and its refund gives back exactly what that charge's would (GCRA's
+    /// [refund rule](Algorithm::refund): the part of the booking the clock has not
+    /// reached, less any slot reserved after it that is still ahead). A delayed
+    /// reservation's receipt is its cancellation, judged by the same rule. Either
+    /// way the receipt is the reservation's only way back and is consumed by its
+    /// refund, so its units come back at most once. (The direct shaper's
+    /// counterpart is [`Reservation::into_receipt`](crate::Reservation::into_receipt).)
+    ///
     /// # Errors
     ///
     /// [`ShapeError::TooLong`] when the slot is further than `max_delay` (nothing is

@@ -74,8 +74,17 @@
 //!   limiter's reading behind its own state, whose waits count from the reading.
 //!   A denied or cost-0
 //!   request for an unknown key stores nothing, so it inserts nothing.
-//! * **Eviction when full**: if the shard is full of live keys, the one whose loss
-//!   forgives least of a sample of 8 is evicted and counted
+//! * **Eviction when full**: if the hand's walk meets only live keys, the whole
+//!   shard is searched for idle keys first (one pass under its lock) and every idle
+//!   one is reclaimed; a live key is evicted only if that pass finds none. Passes are
+//!   amortized: the next is due once the last is paid for by ⌊share / 8⌋ removals
+//!   (the idle keys it reclaimed, then the live evictions since), so a flood of
+//!   unique live keys costs one pass per ⌊share / 8⌋ inserts. Until then the walk's
+//!   sample is evicted from without a pass: a key that went idle since the last pass
+//!   may wait for the hand while live keys go. In shards of fewer than 16 keys every
+//!   eviction follows a pass at its own insert (with one thread; `evict_sampled` in
+//!   `keyed/storage/mod.rs` states the rule exactly). The key
+//!   evicted is the one whose loss forgives least of a sample of 8, counted
 //!   ([`KeyedMetrics::evicted`]): the fewest units in use now (`limit − remaining`),
 //!   then the least `reset_after` — so a heavy user is never evicted while a
 //!   lighter key is in the sample, whatever the algorithm, as long as the table's
@@ -85,8 +94,9 @@
 //!   shard lock, and one that charged the victim meanwhile — or a hot-key promotion
 //!   that sealed it — keeps it, and the next slots are sampled. *Accuracy cost*: an evicted key forgets its state,
 //!   so its next request sees a fresh key — up to one extra burst for that key. This
-//!   happens only when more keys are live at once than the capacity; size the capacity
-//!   for your live set (≈ keys seen within the longest `reset_after`).
+//!   happens only when nearly as many keys are live at once as the capacity (a shard
+//!   evicts only after a pass found more than 7/8 of its share live); size the
+//!   capacity for your live set (≈ keys seen within the longest `reset_after`).
 //! * **Retirement is exact under races**: a key is removed by first CASing its state
 //!   word to a reserved *dead* word; a concurrent decision either lands before (the
 //!   reclaimer sees it and re-judges) or fails its CAS, sees *dead* and retries on

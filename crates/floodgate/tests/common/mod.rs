@@ -167,3 +167,74 @@ pub fn lease_builder(
     .lease_size(lease)
     .lifetime(lifetime)
 }
+
+/// Runs `$body` on every storage, catching each one's panic, then fails with all
+/// of their messages (so one report shows every storage). `mod common` must sit at
+/// the test crate's root.
+#[allow(unused_macros)] // not every test file that shares this module runs keyed cases
+macro_rules! every_storage_reporting {
+    ($s:ident => $body:block) => {{
+        let mut failures: Vec<String> = Vec::new();
+        {
+            type $s = floodgate::Heap;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        {
+            type $s = floodgate::Inline;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        {
+            type $s = floodgate::Fingerprint;
+            if let Err(e) = std::panic::catch_unwind(|| $body) {
+                failures.push(common::panic_text(e));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} storage(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }};
+}
+
+/// A caught panic's message (empty when it carried none).
+pub fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// A policy of 1..=1000 per second with a burst of 1..=8 (the reservation traces).
+pub fn shaper_policy() -> impl Strategy<Value = floodgate::Policy> {
+    (1u64..=1_000, 1u64..=8).prop_map(|(rate, burst)| {
+        floodgate::Policy::per_second(rate)
+            .and_then(|p| p.with_burst(burst))
+            .expect("a valid policy")
+    })
+}
+
+/// Reservation costs: 0, 1, up to the burst, just above it and `u32::MAX`.
+pub fn reservation_cost(burst: u32) -> impl Strategy<Value = u32> {
+    prop_oneof![
+        2 => Just(0u32),
+        4 => Just(1u32),
+        6 => 1..=burst,
+        2 => burst + 1..=burst + 3,
+        1 => Just(u32::MAX),
+    ]
+}
+
+/// Reservation bounds: 0, up to a few seconds, and unbounded.
+pub fn reservation_bound() -> impl Strategy<Value = std::time::Duration> {
+    prop_oneof![
+        2 => Just(std::time::Duration::ZERO),
+        6 => (0u64..3_000_000_000).prop_map(std::time::Duration::from_nanos),
+        1 => Just(std::time::Duration::MAX),
+    ]
+}

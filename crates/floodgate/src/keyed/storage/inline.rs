@@ -589,6 +589,54 @@ mod tests {
         assert!(shard.slots.iter().all(|s| state_half(s.load_now()) == DEAD));
     }
 
+    /// A full look's credit (the shared shard code, every storage's): in a shard of
+    /// 64 keys (credit ⌊64 / 8⌋ = 8), a look that reclaims 3 idle keys defers the next
+    /// one by 8 − 3 = 5 live evictions. The idle keys are read off the slots beyond
+    /// the hand's first 40 (it starts at 0 and inspects 4 slots, then 8 live keys),
+    /// so only a full look finds them.
+    #[test]
+    fn the_keys_a_full_look_reclaims_pay_for_it() {
+        let g = Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap());
+        let t0 = Nanos::from_secs(1);
+        let t2 = Nanos::from_secs(3);
+        let build =
+            || -> InlineTable<GcraState, Exact> { KeyTable::<u64, _>::build(64, 1, Some(5)) };
+        // Where each key lands: the same seed, keys and order give the same slots.
+        let probe = build();
+        for k in 0..64 {
+            assert!(check(&probe, &g, k, t0, 50));
+        }
+        let far: Vec<u64> = probe.set.shards[0].slots[40..]
+            .iter()
+            .map(|s| s.load_now())
+            .filter(|&bits| state_half(bits) != DEAD)
+            .filter_map(|bits| (0..64u64).find(|k| InlineKey::to_bits(k) == key_half(bits)))
+            .take(3)
+            .collect();
+        assert_eq!(far.len(), 3, "keys beyond slot 40");
+        let table = build();
+        for k in 0..64 {
+            // The far keys are idle after 1 s, the others live for 50 s.
+            let cost = if far.contains(&k) { 1 } else { 50 };
+            assert!(check(&table, &g, k, t0, cost));
+        }
+        let counts = || KeyTable::<u64, _>::counts(&table);
+        // At the share, the hand's walk meets only live keys: the look reclaims the 3.
+        assert!(check(&table, &g, 1_000, t2, 50));
+        let c = counts();
+        assert_eq!((c.reclaimed, c.evicted, c.full_looks), (3, 0, 1));
+        // Back to the share, then 5 evictions without a look.
+        for k in 1_001..1_008 {
+            assert!(check(&table, &g, k, t2, 50));
+        }
+        let c = counts();
+        assert_eq!((c.live, c.evicted, c.full_looks), (64, 5, 1));
+        // The sixth is due a look (which finds nothing) first.
+        assert!(check(&table, &g, 1_008, t2, 50));
+        let c = counts();
+        assert_eq!((c.reclaimed, c.evicted, c.full_looks), (3, 6, 2));
+    }
+
     #[test]
     fn a_transition_to_the_dead_word_is_refused() {
         let slot = Slot::new(pack(

@@ -258,6 +258,16 @@ const EVICTION_SAMPLE: usize = 8;
 /// [`evict_one`]).
 const EVICTION_ATTEMPTS: usize = 4;
 
+/// A full look for idle keys (one pass over a shard's slots) is paid for by
+/// `share / FULL_LOOK_SPACING` removals (at least one): the idle keys it reclaimed
+/// and the live evictions after it. See [`evict_sampled`].
+const FULL_LOOK_SPACING: usize = 8;
+
+/// The removals that pay for a full look in a shard of `share` keys.
+fn full_look_credit(share: usize) -> usize {
+    (share / FULL_LOOK_SPACING).max(1)
+}
+
 /// The reserved *dead* state: all bits set.
 pub(crate) fn dead<S: bytemuck::Pod>() -> S {
     let mut s: S = bytemuck::Zeroable::zeroed();
@@ -274,6 +284,9 @@ pub(crate) struct Writer {
     pub(crate) live: usize,
     /// The reclamation hand: the next slot to inspect.
     pub(crate) hand: usize,
+    /// Live evictions still to make before the next full look for idle keys is due
+    /// (0: due). See [`evict_sampled`].
+    pub(crate) look_in: usize,
     /// The shard's latest refunds, so that a refund's shift counts only its own
     /// key's (see [`RefundLedger`]).
     pub(crate) recent: RecentRefunds,
@@ -286,6 +299,9 @@ pub(crate) struct WriteSide {
     pub(crate) reclaimed: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) removed: AtomicU64,
+    /// Full looks for idle keys made before an eviction (tests count them).
+    #[cfg(test)]
+    pub(crate) full_looks: AtomicU64,
 }
 
 impl WriteSide {
@@ -294,6 +310,8 @@ impl WriteSide {
             lock: Mutex::new(Writer {
                 live: 0,
                 hand: 0,
+                // The first eviction looks at the whole shard first.
+                look_in: 0,
                 // The ledger beside it starts at 0.
                 recent: RecentRefunds::starting_at(0),
             }),
@@ -301,6 +319,8 @@ impl WriteSide {
             reclaimed: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             removed: AtomicU64::new(0),
+            #[cfg(test)]
+            full_looks: AtomicU64::new(0),
         })
     }
 
@@ -438,6 +458,10 @@ pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> Tabl
         c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
         c.evicted += side.evicted.load(Ordering::Relaxed);
         c.removed += side.removed.load(Ordering::Relaxed);
+        #[cfg(test)]
+        {
+            c.full_looks += side.full_looks.load(Ordering::Relaxed);
+        }
     }
     c
 }
@@ -748,6 +772,9 @@ pub struct TableCounts {
     pub(crate) reclaimed: u64,
     pub(crate) evicted: u64,
     pub(crate) removed: u64,
+    /// Full looks for idle keys made before an eviction.
+    #[cfg(test)]
+    pub(crate) full_looks: u64,
 }
 
 /// Which of a table's hashers [`table_hasher`] makes: one seed gives each its own keys.
@@ -1000,8 +1027,10 @@ where
 /// Makes room for one more key. Below the shard's share (which includes the
 /// headroom for uneven hashing) nothing is removed: a table holds its capacity of
 /// keys, idle or not, without reclaiming or re-inserting any. At the share, the hand
-/// reclaims the idle keys it passes; if none of them was idle, the key whose loss
-/// forgives least of a small sample goes.
+/// reclaims the idle keys it passes; if none of them was idle, the shard is searched
+/// for idle keys whole when a full look is due ([`evict_sampled`]), and only if that
+/// finds none (or none is due) does the key whose loss forgives least of a small
+/// sample go.
 pub(crate) fn make_room<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
@@ -1037,7 +1066,8 @@ where
     }
 }
 
-/// Removes one key: the first idle one met, else the closest to idle of a sample.
+/// Removes one key: the first idle one met, else every idle key of the shard when a
+/// full look is due, else the closest to idle of a sample ([`evict_sampled`]).
 ///
 /// The victim is taken only if it forgives no more than when it was ranked
 /// ([`Take::Victim`]): a decision or a hot-key seal may change it meanwhile, since
@@ -1059,6 +1089,26 @@ where
 }
 
 /// One eviction attempt: `Some(Kept)` when the victim changed after it was ranked.
+///
+/// From the hand, the first idle key met is reclaimed; otherwise the first
+/// [`EVICTION_SAMPLE`] live keys met are ranked. Before one of them is evicted, if a
+/// *full look* is due, one pass over every slot of the shard (the hand's [`sweep`],
+/// under the same lock) reclaims every idle key; if it reclaimed any, no live key
+/// goes. A full look costs one pass over the slots (≈ 4/3 of the share); it is due
+/// again once it is paid for by [`full_look_credit`] (`⌊share / 8⌋`, at least 1)
+/// removals: the idle keys it reclaimed, then the live evictions after it. So a
+/// look that reclaims that many keys leaves the next one due at once, one that
+/// reclaims none defers it by `⌊share / 8⌋` evictions, and under a flood of unique
+/// live keys an insert inspects ≈ 8 × 4/3 ≈ 11 more slots, amortized.
+///
+/// The rule, then: a live key is evicted only when the hand's walk met no idle key
+/// and either a full look at this insert's instant found none, or the shard's last
+/// full look reclaimed `r` idle keys and `e` live keys have been evicted since, with
+/// `r + e` below the credit. With one thread, in shards of fewer than 16 keys
+/// (credit 1), every live eviction follows a look at its own insert that found
+/// nothing (with racing decisions, an eviction whose victims all changed after such
+/// a look leaves the next insert to evict without one). A walk that met every slot
+/// (fewer live keys than the sample) was a full look itself.
 fn evict_sampled<T, A>(
     shard: &Shard<T>,
     writer: &mut Writer,
@@ -1098,6 +1148,20 @@ where
         i = next_slot(i, shard.slots.len());
     }
     let (loss, victim) = best?;
+    if sampled == EVICTION_SAMPLE && writer.look_in == 0 {
+        // The walk stopped short of the whole shard: look at all of it for idle keys
+        // first. A pass that reclaims nothing moves no key, so `victim` and `i` stay.
+        #[cfg(test)]
+        side.full_looks.fetch_add(1, Ordering::Relaxed);
+        let before = side.reclaimed.load(Ordering::Relaxed);
+        sweep(shard, writer, algorithm, now, shard.slots.len());
+        let found = side.reclaimed.load(Ordering::Relaxed) - before;
+        let found = usize::try_from(found).unwrap_or(usize::MAX);
+        writer.look_in = full_look_credit(shard.share).saturating_sub(found);
+        if found > 0 {
+            return Some(Retired::Idle);
+        }
+    }
     // The last empty slot keeps probes finite: never insert into it.
     let rule = if writer.live + 2 >= shard.slots.len() {
         Take::Any
@@ -1106,10 +1170,15 @@ where
     };
     let how = take(shard, writer, algorithm, victim, now, rule)?;
     match how {
-        Retired::Idle => side.reclaimed.fetch_add(1, Ordering::Relaxed),
-        Retired::Live => side.evicted.fetch_add(1, Ordering::Relaxed),
-        Retired::Kept => 0,
-    };
+        Retired::Idle => {
+            side.reclaimed.fetch_add(1, Ordering::Relaxed);
+        }
+        Retired::Live => {
+            side.evicted.fetch_add(1, Ordering::Relaxed);
+            writer.look_in = writer.look_in.saturating_sub(1);
+        }
+        Retired::Kept => {}
+    }
     writer.hand = next_slot(i, shard.slots.len());
     Some(how)
 }
@@ -1358,6 +1427,23 @@ mod tests {
         assert_eq!(table.counts().live, 5);
     }
 
+    /// A flood of unique live keys through one shard of `T` (capacity 1 024, GCRA one
+    /// an hour: no key goes idle): every eviction is of a live key, each full look for
+    /// idle keys finds none, and the next is due only ⌊1 024 / 8⌋ = 128 evictions
+    /// later — one pass over the shard per 128 inserts, not one per insert.
+    fn full_looks_are_amortized_under_a_live_flood<T: KeyTable<u64, GcraState>>() {
+        let table = T::build(1024, 1, None);
+        let g = Gcra::new(Policy::per_hour(1).unwrap());
+        let t = Nanos::from_secs(10);
+        for key in 0..1024 + 20_000u64 {
+            assert!(table.decide::<Decision, _, _>(&g, &key, t, 1).is_allowed());
+        }
+        let c = table.counts();
+        assert_eq!((c.live, c.evicted, c.reclaimed), (1024, 20_000, 0));
+        // The first eviction looks (the credit starts due), then every 128th.
+        assert_eq!(c.full_looks, 20_000u64.div_ceil(128));
+    }
+
     #[test]
     fn inline_storages_remove_and_replace() {
         remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Exact>>();
@@ -1365,6 +1451,17 @@ mod tests {
         replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Exact>>();
         replace_states_rewrites_live_keys::<inline::InlineTable<GcraState, inline::Fingerprinted>>(
         );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "21 024 inserts a storage: too slow under Miri")]
+    fn full_looks_are_amortized_on_every_storage() {
+        full_looks_are_amortized_under_a_live_flood::<heap::Table<u64, GcraState>>();
+        full_looks_are_amortized_under_a_live_flood::<inline::InlineTable<GcraState, inline::Exact>>(
+        );
+        full_looks_are_amortized_under_a_live_flood::<
+            inline::InlineTable<GcraState, inline::Fingerprinted>,
+        >();
     }
 
     #[test]
