@@ -1366,11 +1366,13 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   single limit. A refund gives back only what the receipt proves is still the
 ///   charge's own, so under concurrency it may give back less: on a GCRA (a
 ///   per-key or global limiter, a queue's immediate slot) a charge given back after
-///   a *later* charge of the same limit was given back (two requests of one client,
-///   or two through one global rule, turned away at once, their refunds landing in
-///   the reverse of their charges' order) gives back nothing, the later refund
+///   a *later* charge of the same limit was given back, while a third charge was
+///   booked after that one, may give back less or nothing, the later refund
 ///   counted as maybe having moved its booking. That unit stays spent until the
-///   clock refills it: a loss, never an admission beyond the limit. The fixed
+///   clock refills it: a loss, never an admission beyond the limit. (A later
+///   charge that was still the limit's last booking when given back moved nothing
+///   and costs the earlier one nothing: two requests of one client turned away at
+///   once get both units back in either order.) The fixed
 ///   window's and the sliding log's refunds are counts, exact in any order. A
 ///   request whose response future is dropped before it reaches the inner service
 ///   (the client went away while it waited for a queue's slot or a remote limiter)

@@ -14,14 +14,15 @@
 //! the last rule showed is exactly its count, an earlier rule's never above it);
 //! and a 429 of a storm where nothing can pass tells a wait at least every rule's.
 //!
-//! Finding (open, in the core): a GCRA refund made after the refund of a *later*
-//! charge on the same limiter gives back nothing — the ledger's shift counts that
-//! later refund as having moved the earlier booking, which it did not. Two
-//! requests of one client turned away at once by a later rule, their refunds
-//! landing in the reverse of their charges' order, leave the client one unit
-//! short (until the clock refills it). [`two_denials_refunded_out_of_order`] shows
-//! it deterministically through the layer (ignored, open); the storms saw it as a
-//! per-key `remaining` below its exact count.
+//! Finding (in the core): a GCRA refund made after the refund of a *later* charge
+//! on the same limiter gave back nothing — the ledger's shift counted that later
+//! refund as having moved the earlier booking, which it did not. Two requests of
+//! one client turned away at once by a later rule, their refunds landing in the
+//! reverse of their charges' order, left the client one unit short (until the
+//! clock refilled it); the storms saw it as a per-key `remaining` below its exact
+//! count. **Fixed** where the later charge was still the limiter's last booking
+//! when given back (session 45, "order"): [`two_denials_refunded_out_of_order`].
+//! Where a third charge was booked after it, the loss stays (open, documented).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -433,14 +434,13 @@ fn two_denials_refunded_in_order() -> TestResult {
 }
 
 /// The same two denials, the later charge refunded first (B's gate opens first, as
-/// a concurrent later rule may answer): the client should have all 3 units back;
-/// it has 2. The earlier charge's refund counts B's refund as having moved its own
-/// booking (the core ledger's shift: `floodgate::cell::RefundLedger`, used by
-/// `KeyedLimiter`, `RateLimiter` and `Shaper` refunds alike), so it gives back
-/// nothing: a conservative loss of one unit, never an over-admission, until the
-/// clock refills it.
+/// a concurrent later rule may answer): the client has all 3 units back. Before
+/// session 45 ("order") it had 2: the earlier charge's refund counted B's refund
+/// as having moved its own booking (the core ledger's shift), though B's booking
+/// was the last and its refund moved nobody.
+///
+/// Mutation seen failing: `Gcra::refund_moves_later` always `true` (2 back).
 #[test]
-#[ignore = "open: a GCRA refund after a later charge's refund on the same limiter gives back nothing (core RefundLedger shift)"]
 fn two_denials_refunded_out_of_order() -> TestResult {
     assert_eq!(two_denials(["b", "a"])?, 3);
     Ok(())

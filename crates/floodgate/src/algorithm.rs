@@ -101,6 +101,40 @@ pub trait Algorithm: Send + Sync {
         None
     }
 
+    /// Whether a [`refund`](Algorithm::refund) of `charge` on `state` (with the same
+    /// `shift`) may move a booking made after the charge's: `false` only when nothing
+    /// is booked after it (GCRA: the charge's booking, moved down by at most
+    /// `shift`, still ends at the `TAT`). The cells leave a refund that moved nobody
+    /// out of the shift of every later refund: it moved no booking then, and a
+    /// booking made after it started from the schedule it left.
+    ///
+    /// The default, `true`, counts every refund (the conservative answer).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate::{Algorithm, Charged, Gcra, GcraState, Nanos, Policy};
+    /// let gcra = Gcra::new(Policy::per_second(1)?.with_burst(2)?);
+    /// let t = Nanos::from_secs(10);
+    /// let before = GcraState::default();
+    /// let mid = gcra.decide(before, t, 1).1.unwrap(); // [10 s, 11 s)
+    /// let after = gcra.decide(mid, t, 1).1.unwrap(); // [11 s, 12 s)
+    /// let first = Charged { before, after: mid, at: t, cost: 1 };
+    /// let second = Charged { before: mid, after, at: t, cost: 1 };
+    /// assert!(gcra.refund_moves_later(after, &first, 0)); // the second is after it
+    /// assert!(!gcra.refund_moves_later(after, &second, 0)); // nothing is
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    fn refund_moves_later(
+        &self,
+        state: Self::State,
+        charge: &Charged<Self::State>,
+        shift: u64,
+    ) -> bool {
+        let _ = (state, charge, shift);
+        true
+    }
+
     /// The state to keep when `self` replaces `previous` at runtime (a policy change),
     /// given the state `previous` left, read at `now`.
     ///

@@ -49,6 +49,20 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// the ledger's lock, so refunds are serialised — bounds its booking's move by what
 /// the ledger has grown since, applies itself, then adds what it gave back.
 ///
+/// The cells and the keyed shards bound it more closely with a record of their
+/// latest refunds ([`RecentRefunds`]; the lease limiter's central word takes the
+/// whole growth): a refund whose booking ended at the `TAT` it wrote over — nothing
+/// booked after it, [`Algorithm::refund_moves_later`] — moved no other booking,
+/// and a booking made after it started from the schedule it left, so it is not
+/// recorded and counts in no later refund's shift. That is the refund of the
+/// latest booking, the common case of refunds out of their charges' order (the
+/// later of two charges refunded first; queued reservations cancelled from the
+/// last): the earlier charge's refund then gives back its whole booking, where the
+/// whole growth would count the later refund as having moved it. A refund that
+/// moved later bookings still counts in every later refund's shift, also one of a
+/// booking made before its own (which it did not move): a bound, not the exact
+/// move.
+///
 /// # Memory ordering
 ///
 /// A charge reads the ledger (`Relaxed`) before its `Release` CAS; a refund's CAS on
@@ -69,18 +83,26 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// receipt carries the shard's removal generation and a refund gives back nothing
 /// once it moved. So the shift a keyed refund needs is only what refunds of the
 /// **same key** gave back since its charge. The shard remembers its latest refunds
-/// that moved something ([`RecentRefunds`], under the shard's writer lock, which
-/// also serialises the ledger's updates): each one's key tag, the ledger before it
-/// and what it moved. A refund whose note is at or past the oldest total the record
-/// still covers sums what the refunds since its note with its key's tag moved
-/// ([`refund_key_locked`](Self::refund_key_locked)); otherwise it takes the whole
-/// shard's growth, as above. Both are at least the key's own refunds' sum, so the
-/// bound stays a bound:
+/// that moved a later booking ([`RecentRefunds`], under the shard's writer lock,
+/// which also serialises the ledger's updates): each one's key tag, the ledger
+/// before it and what it moved. A refund whose note is at or past the oldest total
+/// the record still covers sums what the refunds since its note with its key's tag
+/// moved ([`refund_key_locked`](Self::refund_key_locked)); otherwise it takes the
+/// whole shard's growth, as above. Both are at least the move of the key's own
+/// booking, so the bound stays a bound (a direct cell keeps the same record, one
+/// tag for all its refunds):
 ///
-/// * every refund after the note is in the record when the note is at or past the
-///   record's reach (the total after the newest refund it dropped): refunds are
-///   recorded in ledger order, and one before the note ended at or before it (a
-///   refund that moved nothing is not recorded: it moved no booking);
+/// * every refund after the note that moved a later booking is in the record when
+///   the note is at or past the record's reach (the total after the newest refund
+///   it dropped): refunds are recorded in ledger order, and one before the note
+///   ended at or before it (a refund that moved nothing is not recorded: it moved
+///   no booking; nor is one whose booking ended at the `TAT` it wrote over: every
+///   booking still held then lay below that end — a later one would have raised
+///   the `TAT` past it, and refunds never lower the `TAT` below a booking still
+///   held — and one made after it starts from the schedule it left.
+///   [`Algorithm::refund_moves_later`] reads the refunded booking moved down by
+///   its whole shift, the lowest it can be, so it says "nobody" only when nothing
+///   can be above);
 /// * a refund of this key after the note — the only kind that moved its booking,
 ///   which the ordering argument above places after the note in the ledger's
 ///   modification order — has its key's tag and starts at or past the note;
@@ -137,21 +159,33 @@ impl RefundLedger {
     /// `tag`: the shift counts only the refunds of keys with that tag since `noted`
     /// when `recent` (the shard's record, kept under the same lock) still reaches back
     /// to it, the whole shard's growth otherwise (see the type's docs).
+    ///
+    /// `refund` also tells whether it may have moved a booking made after its own
+    /// ([`Algorithm::refund_moves_later`]): one that moved nobody is not remembered,
+    /// so it counts in no later refund's shift.
     pub(crate) fn refund_key_locked(
         &self,
         recent: &mut RecentRefunds,
         tag: u64,
         noted: u64,
-        refund: impl FnOnce(u64) -> Option<u64>,
+        refund: impl FnOnce(u64) -> Option<(u64, bool)>,
     ) -> bool {
         let total = self.given_back.load(Ordering::Relaxed);
         let shift = recent
             .shift(tag, noted, total)
             .unwrap_or_else(|| total.wrapping_sub(noted));
-        match self.settle(total, shift, refund) {
+        let mut moves_later = false;
+        let settled = self.settle(total, shift, |shift| {
+            let (moved, later) = refund(shift)?;
+            moves_later = later;
+            Some(moved)
+        });
+        match settled {
             Some(0) => true,
             Some(moved) => {
-                recent.record(tag, total, moved);
+                if moves_later {
+                    recent.record(tag, total, moved);
+                }
                 true
             }
             None => false,
@@ -177,7 +211,8 @@ impl RefundLedger {
 pub(crate) const RECENT_REFUNDS: usize = 8;
 
 /// One remembered refund: its key's tag, the ledger before it and what it moved
-/// (never 0: a refund that moved nothing is not remembered; an unused entry reads 0).
+/// (never 0: a refund that moved nothing, or moved no booking but its own, is not
+/// remembered; an unused entry reads 0).
 #[derive(Clone, Copy, Default)]
 struct Recent {
     tag: u64,
@@ -185,11 +220,13 @@ struct Recent {
     moved: u64,
 }
 
-/// The latest refunds of a keyed shard that moved a booking, oldest dropped first,
-/// and the ledger total from which it holds every such refund (its reach): written
-/// and read only under the shard's writer lock (see [`RefundLedger`]'s docs). It
-/// lives beside the lock, in the shard's write side, allocated with the table: a
-/// refund allocates nothing (208 bytes a shard, against at least 64 keys a shard).
+/// The latest refunds of a keyed shard (or a direct cell) that moved a later
+/// booking, oldest dropped first, and the ledger total from which it holds every
+/// such refund (its reach): written and read only under the lock that serialises
+/// the ledger's updates (the shard's writer lock, a cell's refund lock; see
+/// [`RefundLedger`]'s docs). It lives beside the lock, allocated with its owner: a
+/// refund allocates nothing (208 bytes a shard, against at least 64 keys a shard;
+/// 208 bytes and a mutex more a direct limiter).
 pub(crate) struct RecentRefunds {
     ring: [Recent; RECENT_REFUNDS],
     /// The entry the next refund overwrites: the oldest once the ring is full.
@@ -243,7 +280,9 @@ impl RecentRefunds {
 /// [`RefundLedger`]), the clock read after each load of the state, so every
 /// admission the refund sees was decided at a reading no later than its own (with a
 /// clock that is monotone across threads). `live` rejects a state that must not be
-/// touched (a keyed table's dead word). Returns how far it moved later bookings.
+/// touched (a keyed table's dead word). Returns how far it moved later bookings and
+/// whether any booking was after its own on the state it wrote over
+/// ([`Algorithm::refund_moves_later`]).
 pub(crate) fn refund_word<W, A>(
     algorithm: &A,
     word: &W,
@@ -251,7 +290,7 @@ pub(crate) fn refund_word<W, A>(
     shift: u64,
     mut now: impl FnMut() -> Nanos,
     live: impl Fn(&A::State) -> bool,
-) -> Option<u64>
+) -> Option<(u64, bool)>
 where
     A: Algorithm + ?Sized,
     W: CasWord<Value = A::State> + ?Sized,
@@ -261,7 +300,10 @@ where
             return (None, None);
         }
         match algorithm.refund(state, charge, shift, now()) {
-            Some((next, moved)) if live(&next) => (Some(moved), Some(next)),
+            Some((next, moved)) if live(&next) => {
+                let later = algorithm.refund_moves_later(state, charge, shift);
+                (Some((moved, later)), Some(next))
+            }
             _ => (None, None),
         }
     })
@@ -552,8 +594,12 @@ pub struct AtomicCell<S> {
     word: CachePadded<Atomic<S>>,
     /// Refund bookkeeping (touched by `charge` and `refund` only, never by `apply`).
     ledger: RefundLedger,
+    /// The latest refunds that moved a later booking ([`RecentRefunds`], one tag);
+    /// its lock serialises refunds, resets and replacements (the ledger's own lock
+    /// is not taken).
+    recent: Mutex<RecentRefunds>,
     /// Resets and replacements so far ([`StateCell::generation`]); written under
-    /// the ledger's lock.
+    /// `recent`'s lock.
     generation: AtomicU64,
 }
 
@@ -562,6 +608,7 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         AtomicCell {
             word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
             ledger: RefundLedger::new(),
+            recent: Mutex::new(RecentRefunds::starting_at(0)),
             generation: AtomicU64::new(0),
         }
     }
@@ -600,13 +647,15 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         generation: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool {
-        self.ledger.refund(noted, |shift| {
-            // Relaxed: resets write the generation under the ledger's lock, held here.
-            if self.generation.load(Ordering::Relaxed) != generation {
-                return None;
-            }
-            refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
-        })
+        let mut recent = lock(&self.recent);
+        self.ledger
+            .refund_key_locked(&mut recent, 0, noted, |shift| {
+                // Relaxed: resets write the generation under `recent`'s lock, held here.
+                if self.generation.load(Ordering::Relaxed) != generation {
+                    return None;
+                }
+                refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
+            })
     }
 
     #[inline]
@@ -620,7 +669,8 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
     }
 
     fn replace(&self, mut f: impl FnMut(S) -> S) {
-        self.ledger.refund(0, |_| {
+        let _serial = lock(&self.recent);
+        self.ledger.refund_locked(0, |_| {
             // The new state first (an RMW: ordered after every decision it saw),
             // then the generation (Release): a charge that reads the new generation
             // writes after the new state.
@@ -655,12 +705,16 @@ pub struct LockedCell<S> {
     /// The state, the refund ledger (see [`RefundLedger`]) and the generation
     /// ([`StateCell::generation`]), under one lock.
     state: CachePadded<Mutex<(S, u64, u64)>>,
+    /// The latest refunds that moved a later booking ([`RecentRefunds`], one tag):
+    /// locked by refunds alone, inside the state's lock.
+    recent: Mutex<RecentRefunds>,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
     fn fresh() -> Self {
         LockedCell {
             state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0, 0))),
+            recent: Mutex::new(RecentRefunds::starting_at(0)),
         }
     }
 
@@ -713,9 +767,15 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         if current != generation {
             return false;
         }
-        let shift = ledger.wrapping_sub(noted);
+        let mut recent = lock(&self.recent);
+        let shift = recent
+            .shift(0, noted, ledger)
+            .unwrap_or_else(|| ledger.wrapping_sub(noted));
         match algorithm.refund(state, charge, shift, now()) {
             Some((next, moved)) => {
+                if moved != 0 && algorithm.refund_moves_later(state, charge, shift) {
+                    recent.record(0, ledger, moved);
+                }
                 *guard = (next, ledger.wrapping_add(moved), current);
                 true
             }
@@ -786,7 +846,7 @@ mod tests {
         let mut seen = None;
         assert!(ledger.refund_key_locked(recent, tag, noted, |shift| {
             seen = Some(shift);
-            Some(moved)
+            Some((moved, true))
         }));
         seen.unwrap()
     }
@@ -849,7 +909,8 @@ mod tests {
         let mut recent = RecentRefunds::starting_at(0);
         assert_eq!(refund(&ledger, &mut recent, 1, 0, 5), 0);
         for _ in 0..2 * RECENT_REFUNDS {
-            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some(0)));
+            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some((0, true))));
+            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some((3, false))));
             assert!(!ledger.refund_key_locked(&mut recent, 2, 5, |_| None));
         }
         // Key 1's refund is still in the ring: a refund of key 2 noted before it

@@ -279,8 +279,10 @@ impl Algorithm for Gcra {
     /// the schedule booked after the charge whose slots may still be ahead of `now`
     /// (those slots are handed out and stay spent, as in `x/time/rate`): at most
     /// `n·T`, exactly `n·T` when it follows the charge before the clock catches up, no
-    /// other refund came between and nothing booked since waits for a later slot,
-    /// nothing once the clock has passed the booking. Every admission the refund sees
+    /// refund that moved a later booking came between (the cells leave the refund of
+    /// the schedule's last booking out of `shift`:
+    /// [`refund_moves_later`](Algorithm::refund_moves_later)) and nothing booked
+    /// since waits for a later slot, nothing once the clock has passed the booking. Every admission the refund sees
     /// must have been decided at a reading ≤ `now` (the cells read the clock after
     /// loading the state, which gives this with any clock that is monotone across
     /// threads).
@@ -328,6 +330,18 @@ impl Algorithm for Gcra {
         now: Nanos,
     ) -> Option<(GcraState, u64)> {
         self.refund_judged(state, charge, shift, now, self.tau, false)
+    }
+
+    /// Nothing is booked after the charge when its booking, moved down by at most
+    /// `shift`, ends at or past the `TAT` (it can end no higher than the `TAT`, so
+    /// it ends there: neither a booking nor a gap is above it).
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        state.tat.as_u64() > charge.after.tat.as_u64().saturating_sub(shift)
     }
 }
 

@@ -1046,6 +1046,7 @@ impl<C: Clock> LeasedGcra<C> {
         let open = |state: &GcraState| state.tat().as_u64() != u64::MAX;
         self.central_refunds.refund(noted, |shift| {
             refund_word(&self.gcra, &*self.central, &booking, shift, reading, open)
+                .map(|(moved, _)| moved)
         })
     }
 

@@ -230,6 +230,15 @@ impl Algorithm for LiveGcra {
         gcra.refund_judged(state, charge, shift, now, booked_tau, true)
     }
 
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        self.gcra().refund_moves_later(state, charge, shift)
+    }
+
     fn book(
         &self,
         state: GcraState,

@@ -692,7 +692,9 @@ pub struct ExactSlot {
 /// units is the instant `tat + n·T − B·T` at which a plain GCRA check of them would
 /// first succeed; a refund gives back the units nobody may have reserved after them
 /// (`x/time/rate`'s rule, counting as "after" all the schedule that cancellations
-/// since the reservation may have moved it by).
+/// since the reservation may have moved it by: those that moved a later
+/// reservation, while the latest 8 such reach back to the reservation, as the
+/// shaper's record does, every cancellation since otherwise).
 ///
 /// # Examples
 ///
@@ -711,7 +713,14 @@ pub struct ExactShaper {
     tat: Option<u128>,
     /// Schedule given back by every cancellation so far.
     given_back: u128,
+    /// The latest cancellations that moved a later reservation (the total before,
+    /// what they gave back), at most [`RECORDED`] + 1: the oldest is the newest the
+    /// shaper's record has dropped once it holds that many.
+    recorded: std::collections::VecDeque<(u128, u128)>,
 }
+
+/// How many cancellations the shaper's record holds (`cell::RECENT_REFUNDS`).
+const RECORDED: usize = 8;
 
 impl ExactShaper {
     /// `limit` per `period_nanos` with capacity `burst`.
@@ -726,6 +735,7 @@ impl ExactShaper {
             b: u128::from(burst),
             tat: None,
             given_back: 0,
+            recorded: std::collections::VecDeque::new(),
         })
     }
 
@@ -779,11 +789,32 @@ impl ExactShaper {
         let current = self.tat.unwrap_or(0);
         // Cancellations since this reservation may have moved it down by up to what
         // they gave back: everything above its lowest possible end may be later units.
-        let lowest_end = slot.tat.saturating_sub(self.given_back - slot.noted);
+        // One that moved no later reservation moved nobody; once the record has
+        // dropped one since the reservation, all count.
+        let reach = match self.recorded.front() {
+            Some(&(before, moved)) if self.recorded.len() > RECORDED => before + moved,
+            _ => 0,
+        };
+        let shift = if slot.noted >= reach {
+            self.recorded
+                .iter()
+                .filter(|&&(before, _)| before >= slot.noted)
+                .map(|&(_, moved)| moved)
+                .sum()
+        } else {
+            self.given_back - slot.noted
+        };
+        let lowest_end = slot.tat.saturating_sub(shift);
         let later = current.saturating_sub(lowest_end).div_ceil(self.t);
         let back = u128::from(slot.units).saturating_sub(later);
         if back > 0 {
             self.tat = Some(current.saturating_sub(back * self.t));
+            if current > lowest_end {
+                self.recorded.push_back((self.given_back, back * self.t));
+                if self.recorded.len() > RECORDED + 1 {
+                    self.recorded.pop_front();
+                }
+            }
             self.given_back += back * self.t;
         }
         back as u64

@@ -510,6 +510,17 @@ impl Algorithm for CancelRule {
         self.given_back.store(back, Ordering::Relaxed);
         Some((GcraState::from_tat(Nanos::new(tat)), current - tat))
     }
+
+    /// Nothing is reserved after this reservation when its booking, moved down by at
+    /// most `shift`, ends at or past the `TAT` (as [`Gcra`]'s).
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        _charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        state.tat().as_u64() > self.tat.saturating_sub(shift)
+    }
 }
 
 impl Shaper<DefaultClock> {
@@ -684,10 +695,13 @@ impl<C: Clock, S: StateCell<GcraState>> Shaper<C, S> {
     /// slot has passed. Returns the units given back.
     ///
     /// Units reserved after it keep their slots, so they stay spent. When other
-    /// cancellations or refunds came since this reservation, it cannot tell whether
-    /// they moved it down (they did if they were for units before it): it then counts
-    /// as reserved after it every unit that may be, and may give back less than an
-    /// exact count would. It never gives back a slot a later reservation still holds.
+    /// cancellations or refunds that moved later units came since this reservation,
+    /// it cannot tell whether they moved it down (they did if they were for units
+    /// before it): it then counts as reserved after it every unit that may be, and
+    /// may give back less than an exact count would. One of the schedule's last
+    /// reservation moved nobody and does not count, so waiters that leave from the
+    /// last to the first each give back their units. It never gives back a slot a
+    /// later reservation still holds.
     ///
     /// A reservation another shaper granted (another [`Shaper`] or [`LockedShaper`],
     /// or one since dropped, even if this shaper now sits at its address) is not
@@ -1145,16 +1159,16 @@ mod tests {
         assert_eq!(one.delay(), Duration::from_millis(300));
         assert_eq!(s.cancel(one), 1); // the latest: all back, TAT 5T
 
-        // Two cancellations (2T of schedule) came after `two`: `three`'s moved it down
-        // by T, `one`'s did not, and nothing tells which. So `two` may end anywhere in
-        // 4T..=6T and up to 1T of the schedule above 4T may be a later reservation's:
-        // one unit stays spent (a conservative loss), one comes back.
-        assert_eq!(s.cancel(two), 1); // TAT 4T
+        // Two cancellations came after `two`: `three`'s moved it down by T; `one`'s
+        // was of the schedule's last reservation and moved nobody, so it is not
+        // counted (`refund_moves_later`; before session 45 it was, and one unit stayed
+        // spent). `two` ends at 5T with nothing above it: both units come back.
+        assert_eq!(s.cancel(two), 2); // TAT 3T
 
         // The first slot was at the start: 1 ns later it has passed, no refund.
         s.clock().advance(Duration::from_nanos(1));
         assert_eq!(s.cancel(first), 0);
-        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 400 * MS));
+        assert_eq!(s.state().tat(), Nanos::new(100_000 * MS + 300 * MS));
     }
 
     /// A reservation from another shaper (a bigger one, one with the same policy, one

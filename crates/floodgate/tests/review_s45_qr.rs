@@ -459,10 +459,11 @@ fn later_reservations<S: StateCell<GcraState>>(make: Make<S>) {
             shaper.state().tat() >= Nanos::from_secs(1),
             "below the clock"
         );
-        // In order, both come back. Later first, the earlier receipt cannot tell
-        // whether that refund moved its own booking and gives back nothing (the
-        // ledger's documented caution): one unit free, never more than the burst.
-        let free = if reverse { 1 } else { 2 };
+        // Both come back, in either order: later first, that refund was of the
+        // schedule's last booking and moved nobody, so it takes nothing from the
+        // earlier receipt (session 45, "order"; before, the earlier gave back
+        // nothing and one unit stayed spent). Never more than the burst.
+        let free = 2;
         assert_eq!(
             shaper.reserve(free, Duration::ZERO).map(|r| r.delay()),
             Ok(Duration::ZERO)

@@ -1076,10 +1076,12 @@ where
     /// key since the charge (the entry may have been re-created: the charge is not in
     /// it). The refund is judged at a clock reading taken after the state is loaded.
     /// Refunds of other keys in the same shard since the charge take nothing from it
-    /// as long as the shard has made at most 8 refunds that gave anything back since
-    /// the charge (it remembers its latest 8); past that, every refund in the shard
-    /// since the charge counts as if it had moved this key's schedule (conservative:
-    /// less comes back).
+    /// as long as the shard has made at most 8 refunds that moved a later booking
+    /// since the charge (it remembers its latest 8); past that, every refund in the
+    /// shard since the charge counts as if it had moved this key's schedule
+    /// (conservative: less comes back). A refund of the key's last booking (nothing
+    /// booked after it) moved nothing else and takes nothing from a later refund of
+    /// an earlier charge.
     ///
     /// # Examples
     ///

@@ -29,10 +29,11 @@
 //!   all of it when the refund follows before the clock catches up (the usual case,
 //!   microseconds later), nothing once the clock has passed it — and less or
 //!   nothing when other refunds of the same limiter (of the same key, when keyed)
-//!   came between the charge and its refund: they may have moved its booking down.
-//!   A keyed shard tells its keys' refunds apart while it has made at most 8 that
-//!   gave anything back since the charge; past that, every refund in the shard
-//!   counts as the key's own (see [`KeyedLimiter::refund`]).
+//!   that moved a later booking came between the charge and its refund: they may
+//!   have moved its booking down (a refund of the last booking moved nobody and
+//!   takes nothing). A keyed shard tells its keys' refunds apart while it has made
+//!   at most 8 that moved a later booking since the charge; past that, every refund
+//!   in the shard counts as the key's own (see [`KeyedLimiter::refund`]).
 //! * A fixed or sliding window gives back the charged units while the state still
 //!   holds the window they were counted in; once any request has moved it to a newer
 //!   window, nothing.

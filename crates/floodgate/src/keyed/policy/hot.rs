@@ -246,6 +246,15 @@ impl Algorithm for HotGcra {
         }
         self.gcra.refund(state, charge, shift, now)
     }
+
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        self.gcra.refund_moves_later(state, charge, shift)
+    }
 }
 
 /// How a [`HotKeyLimiter`] leases and detects (see the [module docs](self)).
