@@ -397,7 +397,7 @@ where
     assert!(m.reclaimed > FLOOD / 2, "{name}, seed {seed}: {m:?}");
     for (k, g) in grants.iter_mut().enumerate() {
         assert!(
-            g.len() > 200,
+            g.len() > 1_000,
             "{name}, seed {seed}: key {k} admitted {} times",
             g.len()
         );
