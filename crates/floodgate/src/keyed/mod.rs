@@ -95,7 +95,8 @@
 //!   that sealed it — keeps it, and the next slots are sampled. *Accuracy cost*: an evicted key forgets its state,
 //!   so its next request sees a fresh key — up to one extra burst for that key. This
 //!   happens only when nearly as many keys are live at once as the capacity (a shard
-//!   evicts only after a pass found more than 7/8 of its share live); size the
+//!   evicts only after a pass found more than 7/8 of its share live, idleness
+//!   judged at the inserting request's reading); size the
 //!   capacity for your live set (≈ keys seen within the longest `reset_after`).
 //! * **Retirement is exact under races**: a key is removed by first CASing its state
 //!   word to a reserved *dead* word; a concurrent decision either lands before (the
