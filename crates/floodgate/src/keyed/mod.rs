@@ -62,8 +62,10 @@
 //!   the chance of `capacity` keys overflowing any shard is below 2^-40 (2.2 % more
 //!   slots at 125 000 keys per shard, 23 % at 1 250; none with one shard).
 //! * **Reclamation without a call**: when an insert finds its shard at its full
-//!   share, a clock hand inspects the next few slots and drops idle keys (state equal
-//!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. Each shard records
+//!   share, a clock hand inspects a few slots and drops idle keys (state equal
+//!   to a fresh one at `now`, e.g. GCRA `TAT ≤ now`): lossless. The hand steps
+//!   through the slots in an order spread over the shard, so that the keys it
+//!   drops leave no long run of occupied slots for probes to walk. Each shard records
 //!   the latest instant it removed a key at, and every decision in the shard is made
 //!   at `max(reading, that instant)`: a reading taken before the removal (a thread
 //!   preempted between its clock read and its check, a core whose TSC reads early,

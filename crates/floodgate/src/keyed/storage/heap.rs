@@ -478,6 +478,13 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "20 000 inserts: too slow under Miri")]
+    fn churn_keeps_runs_short_on_the_heap() {
+        let table: Table<u64, GcraState> = Table::build(1024, 1, Some(45));
+        super::super::tests::churn_keeps_runs_short(&table, |t| &*t.set.shards[0]);
+    }
+
+    #[test]
     #[cfg_attr(
         miri,
         ignore = "crossbeam-epoch needs -Zmiri-permissive-provenance -Zmiri-tree-borrows -Zmiri-ignore-leaks; .ci/run runs these with --include-ignored"

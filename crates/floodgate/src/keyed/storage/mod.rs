@@ -282,7 +282,8 @@ pub(crate) fn is_dead<S: bytemuck::Pod>(s: &S) -> bool {
 /// Writer-side bookkeeping, only touched under the shard's mutex.
 pub(crate) struct Writer {
     pub(crate) live: usize,
-    /// The reclamation hand: the next slot to inspect.
+    /// The reclamation hand: the next slot to inspect (it moves [`Shard::stride`]
+    /// slots at a step).
     pub(crate) hand: usize,
     /// Live evictions still to make before the next full look for idle keys is due
     /// (0: due). See [`evict_sampled`].
@@ -544,6 +545,53 @@ pub(crate) fn home_slot(hash: u64, shard_bits: u32, len: usize) -> usize {
     ((u128::from(spread) * len as u128) >> 64) as usize
 }
 
+/// The slot `stride` (≤ `len`) after `i` among `len`, wrapping.
+#[inline(always)]
+fn stride_slot(i: usize, stride: usize, len: usize) -> usize {
+    let j = i + stride;
+    if j >= len {
+        j - len
+    } else {
+        j
+    }
+}
+
+/// The step between the slots the reclamation hand inspects in a shard of `len`
+/// slots: the `s` with `s · c ≡ 1 (mod len)` for `c` the integer coprime to `len`
+/// nearest above `len / φ²` (φ the golden ratio). Slot `i` is then met at step
+/// `i · c mod len` of the hand's round: every slot once a round, and neighbouring
+/// slots at times spread evenly over it (the golden ratio's multiples), so the keys
+/// the hand has just reclaimed and those it will reach last are scattered through
+/// the shard, not gathered ahead of the hand into one run that every insert and
+/// every removal then walks (BENCHMARKS.md, "The churn insert, counted").
+pub(crate) fn hand_stride(len: usize) -> usize {
+    if len <= 2 {
+        return 1;
+    }
+    // len / φ² ≈ len · 0.381966.
+    let mut c = ((len as u128 * 381_966) / 1_000_000) as usize;
+    c = c.max(1);
+    while gcd(c, len) != 1 {
+        c += 1;
+    }
+    // The inverse of c modulo len (extended Euclid).
+    let (mut r0, mut r1) = (len as i128, c as i128);
+    let (mut t0, mut t1) = (0i128, 1i128);
+    while r1 != 0 {
+        let q = r0 / r1;
+        (r0, r1) = (r1, r0 - q * r1);
+        (t0, t1) = (t1, t0 - q * t1);
+    }
+    usize::try_from(t0.rem_euclid(len as i128)).unwrap_or(1)
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// The slot after `i` among `len`, wrapping.
 #[inline(always)]
 pub(crate) fn next_slot(i: usize, len: usize) -> usize {
@@ -596,6 +644,9 @@ pub(crate) struct Shard<T: Slots> {
     shard_bits: u32,
     /// This shard's share of the key capacity.
     share: usize,
+    /// How far the reclamation hand moves between the slots it inspects
+    /// ([`hand_stride`]).
+    pub(crate) stride: usize,
     /// What else the storage keeps per shard.
     pub(crate) extra: T::Extra,
     /// The write side, on its own cache line: inserting a key never disturbs the
@@ -840,18 +891,19 @@ impl<T: Slots> ShardSet<T> {
         seed: Option<u64>,
         make: impl Fn(usize, &ahash::RandomState) -> (Box<[T]>, T::Extra),
     ) -> Self {
-        let (share, slots) = shard_size(capacity, shards);
+        let (share, slot_count) = shard_size(capacity, shards);
         let shard_bits = shards.trailing_zeros();
         let hasher = table_hasher(seed, Salt::Table);
         let shards = (0..shards)
             .map(|_| {
-                let (slots, extra) = make(slots, &hasher);
+                let (slots, extra) = make(slot_count, &hasher);
                 CachePadded::new(Shard {
                     slots,
                     version: Version::new(),
                     removals: Removals::new(),
                     shard_bits,
                     share,
+                    stride: hand_stride(slot_count),
                     extra,
                     write: WriteSide::new(),
                 })
@@ -1019,7 +1071,7 @@ where
     let before = shard.write.reclaimed.load(Ordering::Relaxed);
     let start = writer.hand;
     writer.hand = 0;
-    sweep(shard, &mut writer, algorithm, now, shard.slots.len());
+    sweep(shard, &mut writer, algorithm, now, Walk::Whole);
     writer.hand = start % shard.slots.len();
     (shard.write.reclaimed.load(Ordering::Relaxed) - before) as usize
 }
@@ -1039,18 +1091,35 @@ where
     if writer.live < shard.share {
         return;
     }
-    sweep(shard, writer, algorithm, now, SWEEP_STEP);
+    sweep(shard, writer, algorithm, now, Walk::Hand(SWEEP_STEP));
     if writer.live >= shard.share {
         evict_one(shard, writer, algorithm, now);
     }
 }
 
-/// Moves the hand past `steps` slots, reclaiming the idle keys it meets.
-fn sweep<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos, steps: usize)
+/// How far a [`sweep`] moves the hand.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// Past this many slots, [`Shard::stride`] apart: the hand's steps at an insert.
+    Hand(usize),
+    /// Past every slot, one at a time, back to where it began: a full pass. One slot
+    /// at a time, because a key that backward shifting moves lands in the slot just
+    /// emptied (inspected again) or in a slot between it and the key's old one, not
+    /// yet passed: the pass meets every key. Steps `stride` apart could move a key
+    /// they have not met into a slot they have passed.
+    Whole,
+}
+
+/// Moves the hand as `walk` says, reclaiming the idle keys it meets.
+fn sweep<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos, walk: Walk)
 where
     T: Slots,
     A: Algorithm<State = T::State> + ?Sized,
 {
+    let (steps, stride) = match walk {
+        Walk::Hand(steps) => (steps, shard.stride),
+        Walk::Whole => (shard.slots.len(), 1),
+    };
     // Count slots the hand moves past, not iterations: after a removal a later key
     // may have shifted into the same slot, which is inspected again.
     let mut advanced = 0;
@@ -1060,7 +1129,7 @@ where
             // A later key may shift into `i`: look at it next.
             shard.write.reclaimed.fetch_add(1, Ordering::Relaxed);
         } else {
-            writer.hand = next_slot(i, shard.slots.len());
+            writer.hand = stride_slot(i, stride, shard.slots.len());
             advanced += 1;
         }
     }
@@ -1090,10 +1159,11 @@ where
 
 /// One eviction attempt: `Some(Kept)` when the victim changed after it was ranked.
 ///
-/// From the hand, the first idle key met is reclaimed; otherwise the first
-/// [`EVICTION_SAMPLE`] live keys met are ranked. Before one of them is evicted, if a
-/// *full look* is due, one pass over every slot of the shard (the hand's [`sweep`],
-/// under the same lock) reclaims every idle key; if it reclaimed any, no live key
+/// From the hand, stepping as it does ([`Shard::stride`] slots apart), the first
+/// idle key met is reclaimed; otherwise the first [`EVICTION_SAMPLE`] live keys met
+/// are ranked. Before one of them is evicted, if a *full look* is due, one pass over
+/// every slot of the shard (a [`sweep`] one slot at a time from the hand, under the
+/// same lock) reclaims every idle key; if it reclaimed any, no live key
 /// goes. A full look costs one pass over the slots (≈ 4/3 of the share); it is due
 /// again once it is paid for by [`full_look_credit`] (`⌊share / 8⌋`, at least 1)
 /// removals: the idle keys it reclaimed, then the live evictions after it. So a
@@ -1145,7 +1215,7 @@ where
                 break;
             }
         }
-        i = next_slot(i, shard.slots.len());
+        i = stride_slot(i, shard.stride, shard.slots.len());
     }
     let (loss, victim) = best?;
     if sampled == EVICTION_SAMPLE && writer.look_in == 0 {
@@ -1154,7 +1224,7 @@ where
         #[cfg(test)]
         side.full_looks.fetch_add(1, Ordering::Relaxed);
         let before = side.reclaimed.load(Ordering::Relaxed);
-        sweep(shard, writer, algorithm, now, shard.slots.len());
+        sweep(shard, writer, algorithm, now, Walk::Whole);
         let found = side.reclaimed.load(Ordering::Relaxed) - before;
         let found = usize::try_from(found).unwrap_or(usize::MAX);
         writer.look_in = full_look_credit(shard.share).saturating_sub(found);
@@ -1179,7 +1249,7 @@ where
         }
         Retired::Kept => {}
     }
-    writer.hand = next_slot(i, shard.slots.len());
+    writer.hand = stride_slot(i, shard.stride, shard.slots.len());
     Some(how)
 }
 
@@ -1444,6 +1514,62 @@ mod tests {
         assert_eq!(c.full_looks, 20_000u64.div_ceil(128));
     }
 
+    /// The most slots in a row that hold a key, around the ring: a bound on every
+    /// probe (for a key present or absent) and every backward-shift walk in `shard`.
+    pub(super) fn longest_run<T: Slots>(shard: &Shard<T>) -> usize {
+        let n = shard.slots.len();
+        let Some(start) = (0..n).find(|&i| shard.slots[i].is_empty()) else {
+            return n;
+        };
+        let (mut longest, mut run) = (0, 0);
+        for k in 1..=n {
+            if shard.slots[(start + k) % n].is_empty() {
+                run = 0;
+            } else {
+                run += 1;
+                longest = longest.max(run);
+            }
+        }
+        longest
+    }
+
+    /// Churn through one shard of `T` (capacity 1 024: 1 366 slots; GCRA 1/s, one new
+    /// key every 4 ms, 20 000 keys: keys go idle 250 inserts after their own, and at
+    /// the share the hand reclaims about one an insert): no run of occupied slots
+    /// grows past 400 (82 to 189 seen over random hash seeds, as in a shard at load
+    /// 3/4 whose keys lie at random), so no probe and no backward shift walks far;
+    /// every key of the last second is still found with its state. With a hand that
+    /// moves one slot at a time, the keys it has just reclaimed lie behind it and
+    /// those it reaches last ahead of it, denser than a slot each: one run of 850 to
+    /// 870 slots, walked by every insert and every removal (BENCHMARKS.md, "The
+    /// churn insert, counted").
+    pub(super) fn churn_keeps_runs_short<T, U>(table: &T, shard: impl Fn(&T) -> &Shard<U>)
+    where
+        T: KeyTable<u64, GcraState>,
+        U: Slots,
+    {
+        let g = Gcra::new(Policy::per_second(1).unwrap());
+        let at = |key: u64| Nanos::new((1_000 + 4 * key) * 1_000_000);
+        let mut longest = 0;
+        for key in 0..20_000u64 {
+            assert!(table
+                .decide::<Decision, _, _>(&g, &key, at(key), 1)
+                .is_allowed());
+            if key % 100 == 99 {
+                longest = longest.max(longest_run(shard(table)));
+            }
+        }
+        let c = table.counts();
+        assert_eq!(c.evicted, 0);
+        assert!(c.reclaimed > 15_000, "the hand reclaimed {}", c.reclaimed);
+        assert!(longest <= 400, "a run of {longest} occupied slots");
+        // The last second's keys are present with their state: denied again.
+        let now = at(19_999);
+        for key in 19_750..20_000u64 {
+            assert!(!table.peek(&g, &key, now, 1).is_allowed(), "key {key}");
+        }
+    }
+
     #[test]
     fn inline_storages_remove_and_replace() {
         remove_deletes_one_key::<inline::InlineTable<GcraState, inline::Exact>>();
@@ -1532,6 +1658,56 @@ mod tests {
                 ln_any <= -f64::from(OVERFLOW_BITS) * core::f64::consts::LN_2,
                 "{capacity} keys over {shards} shards of {per_shard}: ln P = {ln_any}"
             );
+        }
+    }
+
+    /// A full pass (`reclaim_idle`) over a full shard of `T` whose even keys are idle
+    /// and odd keys live reclaims every idle one, though backward shifting moves keys
+    /// as it goes, and keeps every live one.
+    fn a_full_pass_reclaims_every_idle_key<T: KeyTable<u64, GcraState>>() {
+        let table = T::build(1024, 1, Some(45));
+        let g = gcra();
+        let decide = |key: u64, secs: u64, cost: u32| {
+            let now = Nanos::from_secs(secs);
+            assert!(table
+                .decide::<Decision, _, _>(&g, &key, now, cost)
+                .is_allowed());
+        };
+        for key in 0..1024u64 {
+            decide(key, 1, 1);
+        }
+        for key in (1..1024u64).step_by(2) {
+            // TAT 11 s: live at 10 s.
+            decide(key, 9, 2);
+        }
+        assert_eq!(table.reclaim_idle(&g, Nanos::from_secs(10)), 512);
+        assert_eq!(table.counts().live, 512);
+        for key in (1..1024u64).step_by(2) {
+            assert!(!table.peek(&g, &key, Nanos::from_secs(10), 2).is_allowed());
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "3 072 inserts: slow under Miri")]
+    fn a_full_pass_reclaims_every_idle_key_on_every_storage() {
+        a_full_pass_reclaims_every_idle_key::<heap::Table<u64, GcraState>>();
+        a_full_pass_reclaims_every_idle_key::<inline::InlineTable<GcraState, inline::Exact>>();
+        a_full_pass_reclaims_every_idle_key::<inline::InlineTable<GcraState, inline::Fingerprinted>>(
+        );
+    }
+
+    #[test]
+    fn the_hands_stride_meets_every_slot_and_spreads_neighbours() {
+        for len in 1..3_000usize {
+            let s = hand_stride(len);
+            assert!(s >= 1 && (s < len || len <= 2), "{len}: {s}");
+            assert_eq!(gcd(s, len), 1, "{len}: {s}");
+            if len > 2 {
+                // Neighbouring slots are met c = s⁻¹ steps apart, c ≈ len / φ².
+                let c = (1..len).find(|c| c * s % len == 1).unwrap();
+                let ideal = len as f64 * 0.381_966;
+                assert!((c as f64 - ideal).abs() < 16.0, "{len}: c = {c}");
+            }
         }
     }
 
