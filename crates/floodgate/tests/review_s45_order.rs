@@ -176,14 +176,17 @@ fn run(
         let now = clock.now();
         for (key, target) in targets.iter().enumerate() {
             let kept: Vec<(Nanos, u32)> = grants[key].iter().flatten().copied().collect();
-            for cost in 1..=policy.burst() as u32 {
-                if target.limit().peek_at(now, cost).is_allowed() {
-                    let mut with = kept.clone();
-                    with.push((now, cost));
-                    if let Err(e) = common::conforms(policy, &with) {
-                        return Err(TestCaseError::fail(format!(
-                            "key {key}: {cost} admitted at {now:?} beyond the limit: {e}"
-                        )));
+            // Now and at later instants (a sub-period over-give shows there).
+            for at in (0..8).map(|k| Nanos::new(now.as_u64() + k * P / 2)) {
+                for cost in 1..=policy.burst() as u32 {
+                    if target.limit().peek_at(at, cost).is_allowed() {
+                        let mut with = kept.clone();
+                        with.push((at, cost));
+                        if let Err(e) = common::conforms(policy, &with) {
+                            return Err(TestCaseError::fail(format!(
+                                "key {key}: {cost} admitted at {at:?} beyond the limit: {e}"
+                            )));
+                        }
                     }
                 }
             }
