@@ -345,3 +345,126 @@ proptest! {
         check_live(policy(l1, b1), policy(l2, b2), &ops)?;
     }
 }
+
+/// Two threads charge, book (slots up to several periods ahead) and refund on one
+/// state, each its own receipts in a scripted order, so refunds land between other
+/// charges' notes and their CAS, and between a refund's load and its CAS (the stale
+/// "moved nobody" verdict). Either thread may move the clock a third of a period
+/// before a step (each reads it afterwards); every receipt a thread refunds
+/// is given up whatever the refund returns. Afterwards, no admission now or later
+/// may pass the limit with the grants still held.
+fn threaded_rounds(make: &dyn Fn(&ManualClock) -> Box<dyn Limit + Sync + '_>) {
+    let policy = policy(1, 2);
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..1_500 {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
+        let limit = make(&clock);
+        let scripts: Vec<Vec<u64>> = (0..2).map(|_| (0..8).map(|_| next()).collect()).collect();
+        let kept: Vec<(Nanos, u32)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = scripts
+                .iter()
+                .map(|script| {
+                    let (limit, clock) = (&*limit, &clock);
+                    scope.spawn(move || {
+                        let mut held: Vec<(Nanos, u32, Receipt)> = Vec::new();
+                        for &step in script {
+                            if step % 5 == 4 {
+                                clock.advance(Duration::from_nanos(P / 3));
+                            }
+                            let now = clock.now();
+                            match step % 3 {
+                                0 => {
+                                    let (d, r) = limit.charge_at(now, 1);
+                                    if d.is_allowed() && r.is_charged() {
+                                        held.push((now, 1, r));
+                                    }
+                                }
+                                1 => {
+                                    if let Some((d, wait, r)) = limit.book_at(now, 1) {
+                                        if d.is_allowed() && r.is_charged() {
+                                            let slot = now.as_u64() + wait.as_nanos() as u64;
+                                            held.push((Nanos::new(slot), 1, r));
+                                        }
+                                    }
+                                }
+                                _ if held.is_empty() => {}
+                                _ => {
+                                    // Mostly the latest, sometimes an earlier one.
+                                    let pick = if step % 7 < 4 {
+                                        held.len() - 1
+                                    } else {
+                                        (step as usize / 7) % held.len()
+                                    };
+                                    let (_, _, r) = held.remove(pick);
+                                    let _ = limit.refund(r);
+                                }
+                            }
+                        }
+                        held.into_iter()
+                            .map(|(at, cost, _)| (at, cost))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("no panic"))
+                .collect()
+        });
+        let now = clock.now();
+        for at in (0..16).map(|k| Nanos::new(now.as_u64() + k * P / 2)) {
+            for cost in 1..=2 {
+                if limit.peek_at(at, cost).is_allowed() {
+                    let mut with = kept.clone();
+                    with.push((at, cost));
+                    if let Err(e) = common::conforms(policy, &with) {
+                        panic!("round {round}: {cost} admitted at {at:?}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn racing_refunds_in_any_order_never_pass_the_limit() {
+    let gcra = Gcra::new(policy(1, 2));
+    threaded_rounds(&|clock| Box::new(RateLimiter::with_clock(gcra, clock.clone())));
+    threaded_rounds(&|clock| Box::new(RateLimiter::locked_with_clock(gcra, clock.clone())));
+    threaded_rounds(&|clock| Box::new(Shaper::with_clock(policy(1, 2), clock.clone())));
+    threaded_rounds(&|clock| {
+        let keyed = KeyedBuilder::new(gcra)
+            .shards(1)
+            .clock(clock.clone())
+            .build::<u64>()
+            .unwrap();
+        Box::new(OneKey(keyed))
+    });
+}
+
+/// Key 7 of a keyed GCRA limiter, owned, as a [`Limit`].
+struct OneKey(floodgate::KeyedLimiter<u64, Gcra, ManualClock>);
+
+impl Limit for OneKey {
+    fn now(&self) -> Nanos {
+        self.0.limit(&7).now()
+    }
+    fn charge_at(&self, now: Nanos, cost: u32) -> (floodgate::Decision, Receipt) {
+        self.0.limit(&7).charge_at(now, cost)
+    }
+    fn peek_at(&self, now: Nanos, cost: u32) -> floodgate::Decision {
+        self.0.limit(&7).peek_at(now, cost)
+    }
+    fn refund(&self, receipt: Receipt) -> bool {
+        self.0.limit(&7).refund(receipt)
+    }
+    fn book_at(&self, now: Nanos, cost: u32) -> Option<(floodgate::Decision, Duration, Receipt)> {
+        self.0.limit(&7).book_at(now, cost)
+    }
+}
