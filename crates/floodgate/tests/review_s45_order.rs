@@ -468,3 +468,38 @@ impl Limit for OneKey {
         self.0.limit(&7).book_at(now, cost)
     }
 }
+
+/// A cancellation that moved later reservations is recorded, so a later one of a
+/// reservation it moved finds it where it is. `a` (3 units), `b` and `c` reserved in
+/// turn (1 per 100 ms, burst 3): cancelling `a` gives back 1 (`b` and `c` were
+/// reserved after it: 2 stay spent) and moves `b` and `c` down 100 ms; `b` then
+/// still has `c` after it: nothing back (read at `b`'s booked end, unmoved, it
+/// would give its unit back with `c`'s slot still ahead); `c`, the last, gives its
+/// unit back.
+#[test]
+fn a_cancellation_that_moved_later_reservations_counts_in_their_cancels() {
+    let policy = Policy::new(1, Duration::from_millis(100))
+        .unwrap()
+        .with_burst(3)
+        .unwrap();
+    let clock = ManualClock::starting_at(Nanos::from_secs(100));
+    cancel_in_turn(&Shaper::with_clock(policy, clock.clone()));
+    let clock = ManualClock::starting_at(Nanos::from_secs(100));
+    cancel_in_turn(&Shaper::locked_with_clock(policy, clock.clone()));
+}
+
+fn cancel_in_turn<S: floodgate::StateCell<floodgate::GcraState>>(shaper: &Shaper<ManualClock, S>) {
+    const MS: u64 = 1_000_000;
+    let at = |ms: u64| Nanos::new(100_000 * MS + ms * MS);
+    let max = Duration::from_secs(1);
+    let a = shaper.reserve(3, max).unwrap();
+    let b = shaper.reserve(1, max).unwrap();
+    let c = shaper.reserve(1, max).unwrap();
+    assert_eq!(shaper.state().tat(), at(500));
+    assert_eq!(shaper.cancel(a), 1);
+    assert_eq!(shaper.state().tat(), at(400));
+    assert_eq!(shaper.cancel(b), 0, "c still waits after b");
+    assert_eq!(shaper.state().tat(), at(400));
+    assert_eq!(shaper.cancel(c), 1, "c is the last");
+    assert_eq!(shaper.state().tat(), at(300));
+}
