@@ -443,6 +443,13 @@ pub struct TraceShape {
     /// A reading behind the last (another replica's, a clock that stepped back)
     /// is less than this (µs) behind.
     pub back_us: u64,
+    /// Refunds take the oldest receipt held instead of one at random (the same
+    /// draws either way). A GCRA trace compared with the in-process limiter needs
+    /// it: in process a refund of the schedule's last booking counts in no later
+    /// refund's shift (session 45), which Redis's ledger does not know, so a refund
+    /// that follows a later booking's refund gives back less in Redis (a loss, never
+    /// more); refunded oldest first, the two rules agree.
+    pub in_order: bool,
 }
 
 /// The shape of `refunds.rs`'s one-limit traces (GCRA and both windows): 12 seeds
@@ -455,6 +462,7 @@ pub const ONE_LIMIT_TRACE: TraceShape = TraceShape {
     held: 4,
     wait_us: 150_000,
     back_us: 100_000,
+    in_order: false,
 };
 
 /// The two sides of a seeded trace: a Redis limiter and the in-process model it
@@ -510,7 +518,12 @@ pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
                     }
                 }
             } else if op < 9 && !stuck {
-                let (r, _) = held.swap_remove(below(&mut rng, held.len() as u64) as usize);
+                let drawn = below(&mut rng, held.len() as u64) as usize;
+                let (r, _) = if shape.in_order {
+                    held.remove(0)
+                } else {
+                    held.swap_remove(drawn)
+                };
                 trace.refund(at, r).await;
                 for h in &mut held {
                     h.1 += 1;
@@ -741,6 +754,8 @@ pub fn drive_multi_trace(
         held: 4,
         wait_us: 250_000,
         back_us: 100_000,
+        // Its GCRA is compared with the in-process one (see `in_order`).
+        in_order: true,
     };
     rt.block_on(drive_trace(shape, &mut trace));
     let (given, refused, partial) = trace.counts;
