@@ -1,0 +1,154 @@
+//! Session 46 (revprio): a leased global rule (`LeasedGcra`) through the layer on a
+//! multi-thread runtime while its clock runs and its leases expire mid-storm, a
+//! later remote rule turning half the requests away after a round trip (so a
+//! request's task may finish on another worker than the one it was charged on, and
+//! its refund goes back to a lease that may have expired meanwhile, or to the
+//! central word).
+//!
+//! The documented bound (`floodgate::lease`, "The bound"): over the readings
+//! `[a, b]`, admitted ≤ `B + ⌊(b − a)/T⌋` + the units out on lease at `a` (none: the
+//! limiter is fresh); a refunded charge is not an admission and a refund never
+//! creates a unit. So besides the requests passed, the units still held on leases
+//! plus what the central word has left never exceed what the central word could
+//! hand out over the run.
+//!
+//! No defect found here (see the report of session 46).
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use floodgate::{AsyncLimit, Clock, Decision, LeasedGcra, ManualClock, Nanos, Policy};
+use floodgate_http::{from_fn, Global, KeyError, RateLimitLayer, Rule};
+use http::request::Parts;
+use http::Request;
+use tower::Layer;
+mod common;
+#[path = "common/tasks.rs"]
+mod tasks;
+use common::Hello;
+use tasks::{at_once, counted_once, runtime, send};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// A remote rule that, after a round trip, turns away the requests whose key is
+/// `true` and admits the others.
+struct Later;
+
+impl AsyncLimit<bool> for Later {
+    type Error = Infallible;
+
+    async fn check_n(&self, deny: &bool, _: u32) -> Result<Decision, Infallible> {
+        // A round trip: pending once, after which a multi-thread runtime may go
+        // on with the task on another worker.
+        tokio::task::yield_now().await;
+        let second = Duration::from_secs(1);
+        Ok(if *deny {
+            Decision::new(false, 1, 0, second, Some(second))
+        } else {
+            Decision::new(true, 1, 1, Duration::ZERO, None)
+        })
+    }
+
+    async fn peek_n(&self, deny: &bool, _: u32) -> Result<Decision, Infallible> {
+        Ok(Decision::new(
+            !*deny,
+            1,
+            u64::from(!*deny),
+            Duration::ZERO,
+            None,
+        ))
+    }
+}
+
+/// Whether the later rule turns the request away: `x-deny: 1`.
+fn deny(parts: &Parts) -> Result<bool, KeyError> {
+    Ok(parts.headers.get("x-deny").is_some_and(|v| v == "1"))
+}
+
+/// 8 tasks × 60 requests at once (every other one turned away by the later rule)
+/// through a leased global rule of burst 20 at 100 a second (`T` = 10 ms), leases
+/// of 4 that live 2 ms, while another thread moves the clock on 1 ms at a time:
+/// leases expire and the central word refills during the storm. Then, the clock
+/// standing: passed ≤ `B + ⌊(b − a)/T⌋`, and passed + held on leases + the central
+/// word's remaining ≤ the same (a refund, to a lease or to the central word, never
+/// creates a unit); the layer counted each request once. Five storms.
+///
+/// Mutations seen failing: MUTATIONS
+#[test]
+fn a_leased_rule_keeps_its_bound_while_leases_expire_under_refunds() -> TestResult {
+    const BURST: u64 = 20;
+    let rt = runtime()?;
+    for storm in 0..5u64 {
+        let clock = ManualClock::starting_at(Nanos::from_secs(1));
+        let policy = Policy::per_second(100)?.with_burst(BURST)?;
+        let global = Arc::new(
+            LeasedGcra::builder(policy)
+                .shards(64)
+                .lease_size(4)
+                .lifetime(Duration::from_millis(2))
+                .build_with_clock(clock.clone())?,
+        );
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::shared("global", Arc::clone(&global), Global)?)
+            .rule(Rule::remote("later", Later, from_fn(deny))?)
+            .build()?;
+        let svc = layer.layer(Hello);
+        let a = clock.now().as_u64();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mover = {
+            let (clock, stop) = (clock.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    clock.advance(Duration::from_millis(1));
+                    thread::sleep(Duration::from_micros(300));
+                }
+            })
+        };
+        let out = rt.block_on(at_once(8, |t| {
+            let svc = svc.clone();
+            async move {
+                let mut out = Vec::new();
+                for i in 0..60u64 {
+                    let req = Request::get("/")
+                        .header("x-deny", if (t as u64 + i) % 2 == 0 { "1" } else { "0" })
+                        .body(())
+                        .map_err(|e| e.to_string())?;
+                    let resp = send(&svc, req).await?;
+                    let retry = resp.headers().get("retry-after").cloned();
+                    out.push((resp.status().as_u16(), retry));
+                    // About a millisecond (the timer's grain): the clock runs on.
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                Ok(out)
+            }
+        }));
+        stop.store(true, Ordering::SeqCst);
+        mover.join().map_err(|_| "the clock thread")?;
+        let out = out?;
+        let b = clock.now().as_u64();
+        let refill = (b - a) / policy.interval_nanos();
+        let bound = BURST + refill;
+        let passed = out.iter().filter(|(s, _)| *s == 200).count() as u64;
+        for (status, retry) in &out {
+            assert!(
+                *status == 200 || (*status == 429 && retry.is_some()),
+                "storm {storm}: {status} {retry:?}"
+            );
+        }
+        assert!(passed <= bound, "storm {storm}: passed {passed} > {bound}");
+        let (held, central) = (global.units_held(), global.peek(0).remaining());
+        assert!(held <= 64 * 4, "storm {storm}: held {held}");
+        assert!(
+            passed + held + central <= bound,
+            "storm {storm}: passed {passed} + held {held} + central {central} > {bound} \
+             (refill {refill}): a refund created units"
+        );
+        let stats = layer.stats();
+        counted_once(&stats, 480, passed, &format!("storm {storm}"));
+        assert!(stats[1].denied > 0 && passed > 0, "storm {storm}");
+    }
+    Ok(())
+}

@@ -1,0 +1,293 @@
+//! Session 46 (revprio): a Redis-backed rule (refunds on) through the layer under
+//! concurrency, on a `redis-server` of the test's own (skipped with a loud line
+//! where none is installed, unless `FLOODGATE_REQUIRE_REDIS=1`).
+//!
+//! * A crowd of one user's requests at once, each charged in Redis and then held
+//!   by a later rule until all are charged, then all turned away together: their
+//!   refunds run at once, in any order. The windows' and the log's refunds are
+//!   counts, documented exact in any order: the user's budget comes back whole.
+//! * A storm of one user's requests from 8 tasks through Redis and a spent-soon
+//!   global rule: never more passed than the global rule's limit, never a unit
+//!   given back that a passed request still holds.
+//!
+//! **Finding** (floodgate-redis, open): a key remembers its last 8 refunds, and a
+//! refund raises the key's floor past the ledger of the record it forgets. Every
+//! charge made before any of the crowd's refunds saw the same ledger, so the 9th
+//! refund's record pushes out one of the same ledger, the floor rises above it, and
+//! every later refund of the crowd gives back nothing: of 12 requests turned away
+//! at once, 9 units come back and 3 stay spent (fixed window, sliding window,
+//! sliding log alike). The crate docs say a receipt gives back nothing only when
+//! its charge "came before all of" the remembered ones; these came with them. A
+//! loss, never an over-admission: [`a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back`]
+//! (ignored, open).
+
+use std::convert::Infallible;
+use std::future::{ready, Future};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::{AsyncLimit, Decision, FixedWindow, ManualClock, Policy, RateLimiter};
+use floodgate_http::{from_fn, Global, KeyError, RateLimitLayer, RateLimitService, Rule};
+use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
+use http::request::Parts;
+use http::Request;
+use tower::{Layer, ServiceExt};
+mod common;
+#[path = "common/redis.rs"]
+mod redis_server;
+use common::Hello;
+use redis_server::Redis;
+#[path = "common/tasks.rs"]
+mod tasks;
+use tasks::{counted_once, send};
+
+/// The user: `x-user`.
+fn user(parts: &Parts) -> Result<String, KeyError> {
+    parts
+        .headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or(KeyError::missing("x-user"))
+}
+
+fn from(who: &str) -> Request<()> {
+    Request::get("/")
+        .header("x-user", who)
+        .body(())
+        .unwrap_or_default()
+}
+
+/// A per-user limit in Redis of `limit` a day, refunds on, every failure an error
+/// (the layer decides).
+fn per_user(
+    conn: floodgate_redis::ConnectionManager,
+    algorithm: Algorithm,
+    limit: u64,
+) -> Arc<RedisLimiter> {
+    Arc::new(
+        RedisLimiter::builder(algorithm, Policy::per_day(limit).expect("a policy"))
+            .refunds(true)
+            .prefix("s46:")
+            .timeout(Duration::from_secs(5))
+            .on_failure(OnFailure::Error)
+            .build(conn)
+            .expect("a limiter"),
+    )
+}
+
+/// A later rule that holds every request until the test lets them go, then turns
+/// it away: the earlier rules' refunds then run together.
+struct Hold {
+    held: AtomicUsize,
+    go: tokio::sync::Semaphore,
+}
+
+impl Hold {
+    fn new() -> Hold {
+        Hold {
+            held: AtomicUsize::new(0),
+            go: tokio::sync::Semaphore::new(0),
+        }
+    }
+}
+
+impl AsyncLimit<()> for Hold {
+    type Error = Infallible;
+
+    async fn check_n(&self, _: &(), _: u32) -> Result<Decision, Infallible> {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        let _ = self.go.acquire().await;
+        let wait = Duration::from_secs(60);
+        Ok(Decision::new(false, 1, 0, wait, Some(wait)))
+    }
+
+    fn peek_n(&self, _: &(), _: u32) -> impl Future<Output = Result<Decision, Infallible>> + Send {
+        ready(Ok(Decision::new(true, 1, 1, Duration::ZERO, None)))
+    }
+}
+
+/// `n` requests of user "u" at once, charged in Redis (`algorithm`, 20 a day), all
+/// held by a later rule until every one is charged, then all turned away: the
+/// units "u" has left afterwards (20 when every refund came back).
+async fn crowd_turned_away(redis: &Redis, algorithm: Algorithm, n: usize) -> u64 {
+    let conn = floodgate_redis::connect(&redis.url())
+        .await
+        .expect("a connection");
+    let limit = per_user(conn, algorithm, 20);
+    let hold = Arc::new(Hold::new());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::remote_shared("per-user", Arc::clone(&limit), from_fn(user)).expect("a rule"))
+        .rule(Rule::remote_shared("hold", Arc::clone(&hold), Global).expect("a rule"))
+        .build()
+        .expect("a layer");
+    let svc: RateLimitService<Hello> = layer.layer(Hello);
+    let key = format!("{algorithm:?}-{n}");
+    let tasks: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(svc.clone().oneshot(from(&key))))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hold.held.load(Ordering::SeqCst) < n {
+        assert!(Instant::now() < deadline, "{algorithm:?}: not all held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let left = |l: &Arc<RedisLimiter>, k: &str| {
+        let (l, k) = (Arc::clone(l), k.to_owned());
+        async move {
+            l.peek_n(&k, 0)
+                .await
+                .expect("a peek")
+                .decision()
+                .remaining()
+        }
+    };
+    assert_eq!(
+        left(&limit, &key).await,
+        20 - n as u64,
+        "{algorithm:?}: all charged"
+    );
+    hold.go.add_permits(n);
+    for t in tasks {
+        let resp = t.await.expect("a task").expect("infallible");
+        assert_eq!(resp.status(), 429, "{algorithm:?}");
+    }
+    assert_eq!(
+        layer.stats()[0].errors,
+        0,
+        "{algorithm:?}: no failed refund"
+    );
+    left(&limit, &key).await
+}
+
+/// Eight requests of one user turned away together: every charge comes back, on
+/// the fixed window, the sliding window and the sliding log (refunds of counts,
+/// exact in any order).
+///
+/// Mutation seen failing: the layer's remote refunds on a denial skipped
+/// (`Held::give_back_remote` returning at once: 12 left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crowd_of_eight_turned_away_at_once_gets_its_budget_back() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        assert_eq!(
+            crowd_turned_away(&redis, algorithm, 8).await,
+            20,
+            "{algorithm:?}"
+        );
+    }
+}
+
+/// Twelve requests of one user turned away together should get the user's whole
+/// budget back (the windows' and the log's refunds are documented exact in any
+/// order); 9 units come back and 3 stay spent: the key remembers 8 refunds, and
+/// the floor raised past the ledger of the one the 9th forgets (the ledger every
+/// charge of the crowd saw) refuses the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "open: floodgate-redis remembers 8 refunds a key; the floor raised past a forgotten record's ledger refuses every receipt charged at that ledger, so a crowd of more than 9 charges turned away at once loses all but 9 (the Lua refund records, not the layer)"]
+async fn a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let mut left = Vec::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        left.push(crowd_turned_away(&redis, algorithm, 12).await);
+    }
+    // Seen: [17, 17, 17].
+    assert_eq!(left, [20, 20, 20], "units left after 12 refunds");
+}
+
+/// 8 tasks × 4 requests of one user at once through a per-user limit in Redis (6 a
+/// day) and an in-process global fixed window of 3 (standing clock): exactly 3
+/// pass; the others were turned away by Redis or by the global rule (then given
+/// back in Redis). The units the user has left are never more than the 6 less the
+/// 3 passed (a refund never gives back a passed request's charge), on every
+/// algorithm; the counters add up.
+///
+/// Mutation seen failing: the layer giving back the remote charges of a request it
+/// passed on (`Held::keep` not clearing `remote`: 6 left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_on_one_redis_key_never_gives_back_a_passed_charge() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        let conn = floodgate_redis::connect(&redis.url())
+            .await
+            .expect("a connection");
+        let limit = per_user(conn, algorithm, 6);
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(7 * 3600));
+        let global = RateLimiter::<FixedWindow, _>::fixed_window_with_clock(
+            Policy::per_hour(3).expect("a policy"),
+            clock,
+        )
+        .expect("a window");
+        let layer = RateLimitLayer::builder()
+            .rule(
+                Rule::remote_shared("per-user", Arc::clone(&limit), from_fn(user)).expect("a rule"),
+            )
+            .rule(Rule::new("global", global, Global).expect("a rule"))
+            .build()
+            .expect("a layer");
+        let svc = layer.layer(Hello);
+        let key = format!("storm-{algorithm:?}");
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (svc, barrier, key) = (svc.clone(), Arc::clone(&barrier), key.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mut statuses = Vec::new();
+                    for _ in 0..4 {
+                        let resp = send(&svc, from(&key)).await.expect("infallible");
+                        statuses.push(resp.status().as_u16());
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        let mut passed = 0u64;
+        for t in tasks {
+            for status in t.await.expect("a task") {
+                match status {
+                    200 => passed += 1,
+                    429 => {}
+                    other => panic!("{algorithm:?}: status {other}"),
+                }
+            }
+        }
+        assert_eq!(passed, 3, "{algorithm:?}");
+        // Any refund spawned for a passed request (there should be none) has run
+        // within this.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = limit
+            .peek_n(&key, 0)
+            .await
+            .expect("a peek")
+            .decision()
+            .remaining();
+        assert!(
+            left <= 6 - passed,
+            "{algorithm:?}: {left} left after {passed} passed"
+        );
+        let stats = layer.stats();
+        assert_eq!(stats[0].errors, 0, "{algorithm:?}");
+        counted_once(&stats, 32, passed, &format!("{algorithm:?}"));
+    }
+}
