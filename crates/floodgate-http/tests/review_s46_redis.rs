@@ -9,6 +9,12 @@
 //! * A storm of one user's requests from 8 tasks through Redis and a spent-soon
 //!   global rule: never more passed than the global rule's limit, never a unit
 //!   given back that a passed request still holds.
+//! * The same storm while Redis stops answering for a while (`CLIENT PAUSE`): the
+//!   calls that time out answer per the failure policy (503, fail closed; skipped,
+//!   fail open), each counted in the rule's `errors`; an earlier rule's charge of
+//!   a 503 comes back exactly; and still never more passed than the global rule's
+//!   limit nor a passed request's unit given back (a timed-out call may still
+//!   have charged, a documented loss; none may give back twice).
 //!
 //! **Finding** (floodgate-redis, open): a key remembers its last 8 refunds, and a
 //! refund raises the key's floor past the ledger of the record it forgets. Every
@@ -28,7 +34,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::{AsyncLimit, Decision, FixedWindow, ManualClock, Policy, RateLimiter};
-use floodgate_http::{from_fn, Global, KeyError, RateLimitLayer, RateLimitService, Rule};
+use floodgate_http::{
+    from_fn, Global, KeyError, OnLimiterError, RateLimitLayer, RateLimitService, Rule,
+};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter};
 use http::request::Parts;
 use http::Request;
@@ -289,5 +297,164 @@ async fn a_storm_on_one_redis_key_never_gives_back_a_passed_charge() {
         let stats = layer.stats();
         assert_eq!(stats[0].errors, 0, "{algorithm:?}");
         counted_once(&stats, 32, passed, &format!("{algorithm:?}"));
+    }
+}
+
+/// 8 tasks send user "u"'s requests for 700 ms (one every 5 ms) through an
+/// in-process per-request rule (a window of 1 per key, every request its own key),
+/// a per-user limit in Redis (200 a day, 100 ms timeout, `OnFailure::Error`) and an
+/// in-process global window of 6; from 100 ms on Redis is paused for 300 ms
+/// (`CLIENT PAUSE`), so the calls then time out. Fail closed: each is a 503,
+/// counted in `errors`, and its per-request charge comes back exactly. Fail open:
+/// the rule is skipped, never a 503. Either way: at most 6 pass, and afterwards
+/// (Redis answering again, every queued command run) "u" has at most 200 less the
+/// requests passed through Redis's own admission left. (Seen: far fewer — the
+/// charges that timed out were run when the pause ended and kept, the documented
+/// loss of a timed-out call.)
+///
+/// Mutations seen failing: fail closed answered as fail open (the layer's
+/// `OnLimiterError::FailClosed if blocks` arm never taken: no 503); a limiter's
+/// failure not counted (`Count::Error` not bumped in `decide`: no error seen); the
+/// earlier charges of a request turned away kept (`Held::give_back` giving nothing
+/// back: per-request units spent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_pause_mid_storm_answers_per_the_failure_policy() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    for policy in [OnLimiterError::FailClosed, OnLimiterError::FailOpen] {
+        let conn = floodgate_redis::connect(&redis.url())
+            .await
+            .expect("a connection");
+        let limit = Arc::new(
+            RedisLimiter::builder(
+                Algorithm::FixedWindow,
+                Policy::per_day(20).expect("a policy"),
+            )
+            .refunds(true)
+            .prefix("s46p:")
+            .timeout(Duration::from_millis(100))
+            .on_failure(OnFailure::Error)
+            .build(conn)
+            .expect("a limiter"),
+        );
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(7 * 3600));
+        let window = |n| {
+            floodgate::KeyedBuilder::new(
+                FixedWindow::new(Policy::per_hour(n).expect("a policy")).expect("a window"),
+            )
+            .clock(clock.clone())
+            .build::<u64>()
+            .expect("a limiter")
+        };
+        let per_request = Arc::new(window(1));
+        let global = window(6);
+        let layer = RateLimitLayer::builder()
+            .rule(
+                Rule::shared(
+                    "per-request",
+                    Arc::clone(&per_request),
+                    from_fn(common::key_of),
+                )
+                .expect("a rule"),
+            )
+            .rule(
+                Rule::remote_shared("per-user", Arc::clone(&limit), from_fn(user))
+                    .expect("a rule")
+                    .on_limiter_error(policy),
+            )
+            .rule(Rule::new("global", global, from_fn(|_: &Parts| Ok(0u64))).expect("a rule"))
+            .build()
+            .expect("a layer");
+        let svc = layer.layer(Hello);
+        let key = format!("pause-{policy:?}");
+        let start = Instant::now();
+        let pauser = {
+            let url = redis.url();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let client = floodgate_redis::redis::Client::open(url).expect("a client");
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("a connection");
+                let _: () = floodgate_redis::redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(300)
+                    .arg("ALL")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("CLIENT PAUSE");
+            })
+        };
+        let tasks: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (svc, key) = (svc.clone(), key.clone());
+                tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    let mut i = 0;
+                    while start.elapsed() < Duration::from_millis(700) {
+                        let req = Request::get("/")
+                            .header("x-user", &key)
+                            .header("x-key", (t * 1_000 + i).to_string())
+                            .body(())
+                            .expect("a request");
+                        i += 1;
+                        let resp = send(&svc, req).await.expect("infallible");
+                        out.push((t * 1_000 + i - 1, resp.status().as_u16()));
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    out
+                })
+            })
+            .collect();
+        pauser.await.expect("the pauser");
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("a task"));
+        }
+        // The pause is over and every command queued behind it has run.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let count = |s: u16| all.iter().filter(|(_, x)| *x == s).count() as u64;
+        let (passed, unavailable) = (count(200), count(503));
+        let others = all.len() as u64 - passed - count(429) - unavailable;
+        assert_eq!(others, 0, "{policy:?}: only 200, 429 and 503");
+        assert!(passed <= 6, "{policy:?}: {passed} passed");
+        let stats = layer.stats();
+        assert!(stats[1].errors > 0, "{policy:?}: the pause was not felt");
+        match policy {
+            OnLimiterError::FailClosed => {
+                assert!(unavailable > 0, "{policy:?}: no 503");
+                assert!(stats[1].errors >= unavailable, "{policy:?}: {stats:?}");
+            }
+            _ => assert_eq!(unavailable, 0, "{policy:?}"),
+        }
+        // Every request that did not pass has its per-request unit back.
+        for (k, status) in &all {
+            let left = per_request.peek(k, 0).remaining();
+            assert_eq!(
+                left,
+                u64::from(*status != 200),
+                "{policy:?}: key {k} ({status})"
+            );
+        }
+        // Units given back never include a passed request's: "u" has at most 200
+        // less the passed requests Redis itself admitted (under fail open, a
+        // request may pass with Redis skipped).
+        let left = limit
+            .peek_n(&key, 0)
+            .await
+            .expect("a peek")
+            .decision()
+            .remaining();
+        let through_redis = match policy {
+            OnLimiterError::FailClosed => passed,
+            _ => 0,
+        };
+        assert!(
+            left <= 200 - through_redis,
+            "{policy:?}: {left} left, {passed} passed"
+        );
     }
 }
