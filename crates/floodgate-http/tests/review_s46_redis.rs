@@ -67,22 +67,29 @@ fn from(who: &str) -> Request<()> {
         .unwrap_or_default()
 }
 
-/// A per-user limit in Redis of `limit` a day, refunds on, every failure an error
-/// (the layer decides).
+/// A per-user limit in Redis of `limit` a day, refunds on, each call given
+/// `timeout`, every failure an error (the layer decides).
 fn per_user(
     conn: floodgate_redis::ConnectionManager,
     algorithm: Algorithm,
     limit: u64,
+    timeout: Duration,
 ) -> Arc<RedisLimiter> {
     Arc::new(
         RedisLimiter::builder(algorithm, Policy::per_day(limit).expect("a policy"))
             .refunds(true)
             .prefix("s46:")
-            .timeout(Duration::from_secs(5))
+            .timeout(timeout)
             .on_failure(OnFailure::Error)
             .build(conn)
             .expect("a limiter"),
     )
+}
+
+/// The units `key` has left on `limit`.
+async fn units_left(limit: &RedisLimiter, key: &str) -> u64 {
+    let peek = limit.peek_n(key, 0).await.expect("a peek");
+    peek.decision().remaining()
 }
 
 /// A later rule that holds every request until the test lets them go, then turns
@@ -123,7 +130,7 @@ async fn crowd_turned_away(redis: &Redis, algorithm: Algorithm, n: usize) -> u64
     let conn = floodgate_redis::connect(&redis.url())
         .await
         .expect("a connection");
-    let limit = per_user(conn, algorithm, 20);
+    let limit = per_user(conn, algorithm, 20, Duration::from_secs(5));
     let hold = Arc::new(Hold::new());
     let layer = RateLimitLayer::builder()
         .rule(Rule::remote_shared("per-user", Arc::clone(&limit), from_fn(user)).expect("a rule"))
@@ -140,18 +147,8 @@ async fn crowd_turned_away(redis: &Redis, algorithm: Algorithm, n: usize) -> u64
         assert!(Instant::now() < deadline, "{algorithm:?}: not all held");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let left = |l: &Arc<RedisLimiter>, k: &str| {
-        let (l, k) = (Arc::clone(l), k.to_owned());
-        async move {
-            l.peek_n(&k, 0)
-                .await
-                .expect("a peek")
-                .decision()
-                .remaining()
-        }
-    };
     assert_eq!(
-        left(&limit, &key).await,
+        units_left(&limit, &key).await,
         20 - n as u64,
         "{algorithm:?}: all charged"
     );
@@ -165,7 +162,23 @@ async fn crowd_turned_away(redis: &Redis, algorithm: Algorithm, n: usize) -> u64
         0,
         "{algorithm:?}: no failed refund"
     );
-    left(&limit, &key).await
+    units_left(&limit, &key).await
+}
+
+/// [`crowd_turned_away`] of `n` on a server of its own, on the fixed window, the
+/// sliding window and the sliding log: the units left on each; `None` where no
+/// server can run.
+async fn crowds_turned_away(n: usize) -> Option<Vec<u64>> {
+    let redis = Redis::start()?;
+    let mut left = Vec::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        left.push(crowd_turned_away(&redis, algorithm, n).await);
+    }
+    Some(left)
 }
 
 /// Eight requests of one user turned away together: every charge comes back, on
@@ -176,19 +189,8 @@ async fn crowd_turned_away(redis: &Redis, algorithm: Algorithm, n: usize) -> u64
 /// (`Held::give_back_remote` returning at once: 12 left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crowd_of_eight_turned_away_at_once_gets_its_budget_back() {
-    let Some(redis) = Redis::start() else {
-        return;
-    };
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
-        assert_eq!(
-            crowd_turned_away(&redis, algorithm, 8).await,
-            20,
-            "{algorithm:?}"
-        );
+    if let Some(left) = crowds_turned_away(8).await {
+        assert_eq!(left, [20, 20, 20], "units left after 8 refunds");
     }
 }
 
@@ -200,19 +202,10 @@ async fn a_crowd_of_eight_turned_away_at_once_gets_its_budget_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "open: floodgate-redis remembers 8 refunds a key; the floor raised past a forgotten record's ledger refuses every receipt charged at that ledger, so a crowd of more than 9 charges turned away at once loses all but 9 (the Lua refund records, not the layer)"]
 async fn a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back() {
-    let Some(redis) = Redis::start() else {
-        return;
-    };
-    let mut left = Vec::new();
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ] {
-        left.push(crowd_turned_away(&redis, algorithm, 12).await);
+    if let Some(left) = crowds_turned_away(12).await {
+        // Seen: [17, 17, 17].
+        assert_eq!(left, [20, 20, 20], "units left after 12 refunds");
     }
-    // Seen: [17, 17, 17].
-    assert_eq!(left, [20, 20, 20], "units left after 12 refunds");
 }
 
 /// 8 tasks × 4 requests of one user at once through a per-user limit in Redis (6 a
@@ -238,7 +231,7 @@ async fn a_storm_on_one_redis_key_never_gives_back_a_passed_charge() {
         let conn = floodgate_redis::connect(&redis.url())
             .await
             .expect("a connection");
-        let limit = per_user(conn, algorithm, 6);
+        let limit = per_user(conn, algorithm, 6, Duration::from_secs(5));
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(7 * 3600));
         let global = RateLimiter::<FixedWindow, _>::fixed_window_with_clock(
@@ -284,12 +277,7 @@ async fn a_storm_on_one_redis_key_never_gives_back_a_passed_charge() {
         // Any refund spawned for a passed request (there should be none) has run
         // within this.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let left = limit
-            .peek_n(&key, 0)
-            .await
-            .expect("a peek")
-            .decision()
-            .remaining();
+        let left = units_left(&limit, &key).await;
         assert!(
             left <= 6 - passed,
             "{algorithm:?}: {left} left after {passed} passed"
@@ -308,9 +296,9 @@ async fn a_storm_on_one_redis_key_never_gives_back_a_passed_charge() {
 /// counted in `errors`, and its per-request charge comes back exactly. Fail open:
 /// the rule is skipped, never a 503. Either way: at most 6 pass, and afterwards
 /// (Redis answering again, every queued command run) "u" has at most 200 less the
-/// requests passed through Redis's own admission left. (Seen: far fewer — the
-/// charges that timed out were run when the pause ended and kept, the documented
-/// loss of a timed-out call.)
+/// requests passed through Redis's own admission left. (Seen, fail closed: 171
+/// left after 6 passed and 23 answered 503 — every charge that timed out was run
+/// when the pause ended, and kept: the documented loss of a timed-out call.)
 ///
 /// Mutations seen failing: fail closed answered as fail open (the layer's
 /// `OnLimiterError::FailClosed if blocks` arm never taken: no 503); a limiter's
@@ -326,17 +314,11 @@ async fn a_redis_pause_mid_storm_answers_per_the_failure_policy() {
         let conn = floodgate_redis::connect(&redis.url())
             .await
             .expect("a connection");
-        let limit = Arc::new(
-            RedisLimiter::builder(
-                Algorithm::FixedWindow,
-                Policy::per_day(20).expect("a policy"),
-            )
-            .refunds(true)
-            .prefix("s46p:")
-            .timeout(Duration::from_millis(100))
-            .on_failure(OnFailure::Error)
-            .build(conn)
-            .expect("a limiter"),
+        let limit = per_user(
+            conn,
+            Algorithm::FixedWindow,
+            200,
+            Duration::from_millis(100),
         );
         let clock = ManualClock::new();
         clock.advance(Duration::from_secs(7 * 3600));
@@ -442,12 +424,7 @@ async fn a_redis_pause_mid_storm_answers_per_the_failure_policy() {
         // Units given back never include a passed request's: "u" has at most 200
         // less the passed requests Redis itself admitted (under fail open, a
         // request may pass with Redis skipped).
-        let left = limit
-            .peek_n(&key, 0)
-            .await
-            .expect("a peek")
-            .decision()
-            .remaining();
+        let left = units_left(&limit, &key).await;
         let through_redis = match policy {
             OnLimiterError::FailClosed => passed,
             _ => 0,
