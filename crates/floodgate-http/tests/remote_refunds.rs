@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floodgate::{Policy, RateLimiter};
 use floodgate_http::{from_fn, Global, RateLimitLayer, Rule};
@@ -248,7 +248,7 @@ async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
     assert!(gone.is_err(), "b must still be waiting for its slot");
     // The refund runs in a task of its own: wait for it (within the limiter's 2 s
     // timeout, and then some).
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let left = loop {
         let left = per_user
             .peek_n("b", 0)
@@ -256,7 +256,7 @@ async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
             .unwrap()
             .decision()
             .remaining();
-        if left == 3 || Instant::now() > deadline {
+        if left == 3 || std::time::Instant::now() > deadline {
             break left;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
