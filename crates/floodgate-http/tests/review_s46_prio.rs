@@ -133,15 +133,21 @@ struct Sent {
     fate: Fate,
 }
 
+/// Keys of their own for every request: `base + 100·t + i` for request `i` of
+/// task `t`.
+fn spread(base: u64) -> impl Fn(usize, u64) -> u64 + Copy + Send + 'static {
+    move |t, i| base + 100 * t as u64 + i
+}
+
 /// `tasks` tasks at once, each sending `per_task` requests one after another: the
-/// request `i` of task `t` has key `base + 100·t + i`, tier `tier_of(t, i)` and
+/// request `i` of task `t` has key `key_of(t, i)`, tier `tier_of(t, i)` and
 /// later key `t / 2` (a pair of tasks shares one). Each request is polled once — it is then answered, or waits in
 /// its queue (every earlier rule has charged it) — before the next is sent.
 async fn send_all(
     svc: &RateLimitService<Hello>,
     tasks: usize,
     per_task: u64,
-    base: u64,
+    key_of: impl Fn(usize, u64) -> u64 + Copy + Send + 'static,
     tier_of: fn(usize, u64) -> usize,
 ) -> Result<Vec<Sent>, String> {
     at_once(tasks, |t| {
@@ -149,7 +155,7 @@ async fn send_all(
         async move {
             let mut out = Vec::new();
             for i in 0..per_task {
-                let key = base + 100 * t as u64 + i;
+                let key = key_of(t, i);
                 let tier = tier_of(t, i);
                 let req = Request::get("/")
                     .header("x-key", key.to_string())
@@ -249,6 +255,9 @@ fn refusal_headers(h: &HeaderMap, retry: Option<u64>, what: &str) -> Result<(), 
 ///    exactly 7 slots (the holder's slot is booked: `TAT` 3 slots on, 5 unbooked
 ///    waiters ahead, a burst of 2: `3 + 6 − 2`).
 /// 5. 8 free and 8 tier-1 requests: nobody left to shed, all refused (7 slots).
+/// 6. 8 requests of every plan whose key the earlier rule has spent: it turns
+///    them away, and the priority rule, peeked (no place taken, nothing counted),
+///    makes their `Retry-After` its own 7 slots, longer than the window's hour.
 ///
 /// Then every waiter is dropped. Every earlier charge comes back exactly, the
 /// holder's slot too (the next slot is again the one after the burst), and the
@@ -262,7 +271,9 @@ fn refusal_headers(h: &HeaderMap, retry: Option<u64>, what: &str) -> Result<(), 
 /// (`unbooked_ahead_of` not subtracting it: phase 5 told 8 slots); the dropped
 /// holder keeping its reservation (`Leave`'s drop dropping it uncancelled: the
 /// next slot 1 800 s away, not 600 s); the earlier charges of a request turned
-/// away kept (`Held::give_back` giving nothing back: key 10 001's unit spent).
+/// away kept (`Held::give_back` giving nothing back: key 10 001's unit spent); the
+/// later priority rule not peeked (`peek_later` answering `None`: phase 6 told the
+/// window's 3 600 s).
 #[test]
 fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
     let rt = runtime()?;
@@ -271,31 +282,42 @@ fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
     let mut all: Vec<Sent> = Vec::new();
     rt.block_on(async {
         // 1. Free crowd.
-        let phase = send_all(&s.svc, 8, 2, 10_000, |_, _| 0).await?;
+        let phase = send_all(&s.svc, 8, 2, spread(10_000), |_, _| 0).await?;
         assert_eq!(answered(&phase, None, "free crowd")?, (2, 12));
         all.extend(phase);
         settle(&all, [2, 0, 0], "free crowd").await?;
         // 2. Two tier-1 requests.
-        let phase = send_all(&s.svc, 2, 1, 20_000, |_, _| 1).await?;
+        let phase = send_all(&s.svc, 2, 1, spread(20_000), |_, _| 1).await?;
         assert_eq!(answered(&phase, None, "tier 1")?, (0, 0));
         all.extend(phase);
         settle(&all, [2, 2, 0], "tier 1").await?;
         // 3. Three tier-2 requests: the lowest tier is shed first.
-        let phase = send_all(&s.svc, 3, 1, 30_000, |_, _| 2).await?;
+        let phase = send_all(&s.svc, 3, 1, spread(30_000), |_, _| 2).await?;
         assert_eq!(answered(&phase, None, "tier 2, three")?, (0, 0));
         all.extend(phase);
         settle(&all, [1, 2, 3], "tier 2, three").await?;
         // 4. A tier-2 crowd: tier 1 is shed, the holder never.
-        let phase = send_all(&s.svc, 8, 2, 40_000, |_, _| 2).await?;
+        let phase = send_all(&s.svc, 8, 2, spread(40_000), |_, _| 2).await?;
         let refused = answered(&phase, Some(7 * slot), "tier 2 crowd")?;
         assert_eq!(refused, (0, 14));
         all.extend(phase);
         settle(&all, [1, 0, 5], "tier 2 crowd").await?;
         // 5. Free and tier-1 crowds: nothing to shed.
-        let phase = send_all(&s.svc, 8, 2, 50_000, |t, _| t % 2).await?;
+        let phase = send_all(&s.svc, 8, 2, spread(50_000), |t, _| t % 2).await?;
         assert_eq!(answered(&phase, Some(7 * slot), "mixed")?, (0, 16));
         all.extend(phase);
         settle(&all, [1, 0, 5], "mixed").await?;
+        // 6. Requests of a key the per-key rule has spent, every plan: turned away
+        // by it, and the queues peeked (taking no place): the 429 tells the longer
+        // wait, the priority rule's 7 slots, not the window's hour.
+        let spent = all
+            .iter()
+            .find(|sent| matches!(sent.fate, Fate::Answered(200, _)))
+            .map(|sent| sent.key)
+            .ok_or("no request passed")?;
+        let phase = send_all(&s.svc, 8, 1, move |_, _| spent, |t, _| t % 3).await?;
+        assert_eq!(answered(&phase, Some(7 * slot), "peeked")?, (0, 8));
+        settle(&all, [1, 0, 5], "peeked").await?;
         // Which tiers were shed, each told when to retry; the rest are dropped.
         let mut shed = [0; 3];
         let mut dropped = 0;
@@ -338,7 +360,7 @@ fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
     s.shaper.cancel(r);
     let total = all.len() as u64;
     let stats: Vec<RuleStats> = s.layer.stats();
-    assert_eq!((stats[0].allowed, stats[0].denied), (total, 0));
+    assert_eq!((stats[0].allowed, stats[0].denied), (total, 8));
     let p = &stats[1];
     assert_eq!(
         (p.allowed, p.queued, p.denied, p.bad_key),
@@ -363,7 +385,7 @@ fn immediate_slots_denied_by_a_later_rule_come_back_exactly() -> TestResult {
     let rt = runtime()?;
     for round in 0..20u64 {
         let s = stack(8, true)?;
-        let all = rt.block_on(send_all(&s.svc, 8, 1, 1_000 * round, |t, _| t % 3))?;
+        let all = rt.block_on(send_all(&s.svc, 8, 1, spread(1_000 * round), |t, _| t % 3))?;
         let (ok, refused) = answered(&all, None, "storm")?;
         assert_eq!((ok, refused), (4, 4), "round {round}: one of each pair");
         let left = slots_left(&s.shaper);
@@ -392,7 +414,10 @@ fn a_crowd_beyond_the_burst_behind_a_later_rule_never_passes_it() -> TestResult 
     for round in 0..20u64 {
         let s = stack(4, true)?;
         let passed = rt.block_on(async {
-            let all = send_all(&s.svc, 8, 3, 1_000 * round, |t, i| (t + i as usize) % 3).await?;
+            let all = send_all(&s.svc, 8, 3, spread(1_000 * round), |t, i| {
+                (t + i as usize) % 3
+            })
+            .await?;
             let (passed, _) = answered(&all, None, "crowd")?;
             for sent in all {
                 if let Fate::Waiting(h) = sent.fate {
