@@ -30,12 +30,11 @@ use floodgate::{
     AsyncLimit, Decision, HotKeyLimiter, HotKeys, Inline, KeyedBuilder, LeasedGcra, ManualClock,
     Nanos, Policy, RateLimiter,
 };
-use floodgate_http::{from_fn, ConfigError, Global, KeyError, RateLimitLayer, Rule};
-use http::request::Parts;
+use floodgate_http::{from_fn, ConfigError, Global, RateLimitLayer, Rule};
 use http::{Request, Response};
 use tower::{Layer, ServiceExt};
 mod common;
-use common::{Hello, TestResult};
+use common::{client, Hello, TestResult};
 
 type Body = floodgate_http::RateLimitBody<String>;
 type Answer = Result<Response<Body>, Infallible>;
@@ -47,18 +46,6 @@ fn num(r: &Response<Body>, name: &str) -> u64 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{name} missing or not a number: {:?}", r.headers()))
-}
-
-/// The client named by the `x-client` header (a number).
-fn client(parts: &Parts) -> Result<u64, KeyError> {
-    parts
-        .headers
-        .get("x-client")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or(KeyError::Missing {
-            what: "x-client".into(),
-        })
 }
 
 fn request(client: u64) -> Request<()> {

@@ -3,71 +3,17 @@
 //! away keeps its per-user budget in Redis.
 
 use std::convert::Infallible;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floodgate::{Policy, RateLimiter};
 use floodgate_http::{from_fn, Global, RateLimitLayer, Rule};
 use floodgate_redis::{Algorithm, ConnectionManager, OnFailure, RedisLimiter};
 use http::{Request, Response, StatusCode};
 use tower::{service_fn, Layer, Service, ServiceExt};
-
-/// A `redis-server` on a free loopback port, killed on drop; `None` (after a loud
-/// line) where none is installed, unless `FLOODGATE_REQUIRE_REDIS=1`.
-struct Redis(Child, u16);
-
-impl Redis {
-    fn start() -> Option<Redis> {
-        let installed = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !installed {
-            assert!(
-                std::env::var("FLOODGATE_REQUIRE_REDIS").as_deref() != Ok("1"),
-                "FLOODGATE_REQUIRE_REDIS=1 but redis-server is not on PATH"
-            );
-            eprintln!("SKIPPED: redis-server is not on PATH; this test did not run");
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(Redis(child, port))
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.1)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+#[path = "common/redis.rs"]
+mod redis_server;
+use redis_server::Redis;
 
 fn user(parts: &http::request::Parts) -> Result<String, floodgate_http::KeyError> {
     Ok(parts
@@ -302,7 +248,7 @@ async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
     assert!(gone.is_err(), "b must still be waiting for its slot");
     // The refund runs in a task of its own: wait for it (within the limiter's 2 s
     // timeout, and then some).
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let left = loop {
         let left = per_user
             .peek_n("b", 0)
@@ -310,7 +256,7 @@ async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
             .unwrap()
             .decision()
             .remaining();
-        if left == 3 || Instant::now() > deadline {
+        if left == 3 || std::time::Instant::now() > deadline {
             break left;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

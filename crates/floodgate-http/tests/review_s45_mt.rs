@@ -194,11 +194,7 @@ async fn storm(
                     .header("x-route", route.to_string())
                     .body(())
                     .map_err(|e| e.to_string())?;
-                let resp = svc
-                    .clone()
-                    .oneshot(req)
-                    .await
-                    .map_err(|e| -> String { match e {} })?;
+                let resp = tasks::send(&svc, req).await?;
                 out.push(seen(key, route, resp.status().as_u16(), resp.headers()));
                 // Interleave the tasks on the workers.
                 tokio::task::yield_now().await;

@@ -146,6 +146,18 @@ pub fn key_of(parts: &Parts) -> Result<u64, KeyError> {
         })
 }
 
+/// The client named by the `x-client` header (a number).
+pub fn client(parts: &Parts) -> Result<u64, KeyError> {
+    parts
+        .headers
+        .get("x-client")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(KeyError::Missing {
+            what: "x-client".into(),
+        })
+}
+
 /// SplitMix64: a seeded, reproducible stream.
 pub struct Rng(pub u64);
 

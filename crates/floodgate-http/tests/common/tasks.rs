@@ -126,3 +126,25 @@ pub fn deny_at_the_gate(
     }
     Ok(())
 }
+
+/// Sends `req` through a clone of `svc`: the response.
+pub async fn send(
+    svc: &floodgate_http::RateLimitService<crate::common::Hello>,
+    req: http::Request<()>,
+) -> Result<http::Response<floodgate_http::RateLimitBody<String>>, String> {
+    use tower::ServiceExt;
+    svc.clone()
+        .oneshot(req)
+        .await
+        .map_err(|e| -> String { match e {} })
+}
+
+/// The counters of a layer of two hard rules after `total` requests of which
+/// `passed` passed: every request met the first rule once, every one it admitted
+/// met the second once, and the second admitted exactly those that passed.
+pub fn counted_once(stats: &[floodgate_http::RuleStats], total: u64, passed: u64, what: &str) {
+    assert_eq!(stats[0].allowed + stats[0].denied, total, "{what}");
+    assert_eq!(stats[1].allowed, passed, "{what}");
+    let second = stats[1].allowed + stats[1].denied;
+    assert_eq!(second, stats[0].allowed, "{what}");
+}
