@@ -234,10 +234,12 @@ fn refunds_at_a_time_stepped_back_stay_at_the_latest_reading() {
 /// one was (the TAT back at 10 s) carries another id and refunds; the first
 /// receipt, sent again, gives nothing (checked in [`Twin::refund`]).
 ///
-/// Fails if such a refund leaves the ledger as it was (`fmt(st.ledger + back)` →
-/// `fmt(st.ledger + (note and 0 or back))` in `gcra_refund`): the second charge
-/// notes the same ledger and ends at the same TAT, its id is the first's, and
-/// its refund gives nothing.
+/// Fails if such a refund leaves the ledger as it was and writes no note (the
+/// ledger of refunds that moved a booking only: `fmt(st.ledger + back)` →
+/// `fmt(st.ledger + (st.tat <= e0 and 0 or back))` and `if st.tat <= e0` →
+/// `if false` in `gcra_refund`, which passes every other test here): the second
+/// charge notes the same ledger and ends at the same TAT, its id is the
+/// first's, and its refund gives nothing.
 #[test]
 fn a_charge_booked_where_a_refunded_one_was_refunds_too() {
     let Some(server) = RedisServer::start() else {

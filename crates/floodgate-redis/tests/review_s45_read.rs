@@ -572,9 +572,11 @@ fn the_tat_never_falls_below_the_latest_reading_on_a_clock_that_steps() {
 /// 1 ms where it lies after B's refund. Every receipt sent again by any version
 /// gives nothing; the schedule left is A's 1 ms.
 ///
-/// Fails if a note is a form session 45's script does not parse (`'/' ..
-/// fmt(back)` → `':' .. fmt(back)` in `gcra_refund`: its charge over C's note is
-/// a malformed state).
+/// Fails if the new shift leaves out the ledger (`local shift = 0` in
+/// `gcra_refund`): A gives back 1 ms, where session 45's refund of B, which
+/// moved D, counts in A's shift as in process. (A note written as another
+/// field, `'/' .. fmt(back)` → `':' .. fmt(back)`, fails it too: a state of
+/// seven fields.)
 #[test]
 fn session_45s_script_and_the_new_one_share_a_key_with_notes() {
     let Some(server) = RedisServer::start() else {
