@@ -132,12 +132,13 @@ end
 -- (`Algorithm::refund_moves_later`, `RefundLedger` in floodgate's cell.rs). Its
 -- schedule still counts in the ledger (every charge notes the whole ledger, so that
 -- between two refunds that gave back every charge raises the TAT and receipt ids
--- stay unique); the record after its receipt's notes where: "0/1/before/back",
--- the ledger before it and what it gave back. Four numbers, a form no GCRA receipt
--- id (two) nor the reading (0/0/...) has. A version before it takes the note for a
--- receipt it never matches, counts it in the records it keeps, and dropping it
--- raises a floor of 0 to 1 at most (as the reading's, a conservative loss); its
--- refunds are recorded with no note, and so count in every later shift.
+-- stay unique); the record after its receipt's notes it: "0/1/before/back", the
+-- ledger before it and what it gave back. Four numbers, a form no GCRA receipt id
+-- (two) nor the reading (0/0/...) has. A version without notes (session 45 and
+-- before) takes one for a receipt it never matches, counts it in the records it
+-- keeps, and dropping it raises a floor of 0 to 1 at most (as the reading's, a
+-- conservative loss); its own refunds write no note, and so count in every later
+-- shift.
 local function lone_note(record)
   local before, back = string.match(record, '^0/1/(%d+)/(%d+)$')
   if not before then return nil end
