@@ -19,7 +19,8 @@ mod common;
 use common::{
     command_stats, redis_now_micros, refund_driver, runtime, with_refunds, RedisServer, GIVEN_TIME,
 };
-use floodgate::Policy;
+use common::{AtLatestReading, InProcess, Reading};
+use floodgate::{Nanos, Policy, RateLimiter};
 use floodgate_redis::{Algorithm, RedisLimiter};
 use redis::Value;
 
@@ -661,4 +662,79 @@ fn notes_left_first_by_session_45s_trim_go_with_the_new_scripts_next_refund() {
         }
     }
     assert_eq!(fields(&server, key)[0], TEN.to_string());
+}
+
+/// A rolling deploy under out-of-order refunds: 16 seeded traces of 300 steps on
+/// one key each, every call by session 45's script or the new one at random
+/// (charges of 1 or 2, refunds of any receipt held, waits, a `TIME` up to 2 ms
+/// behind), beside the in-process limiter at the same readings charged with
+/// what Redis admitted, its refunds judged at the latest admitted reading as
+/// Redis judges them. No call fails, the in-process limiter admits every charge
+/// Redis admits, and after every step the key's TAT is at or past the
+/// in-process one's: the mix never holds less schedule than the rule it ports
+/// (session 45's refunds keep the whole ledger growth in their shift, a loss),
+/// so it never admits more.
+///
+/// Fails if every refund is noted as having moved nobody (`if st.tat <= e0` →
+/// `if true` in `gcra_refund`): the key's TAT falls below the in-process one.
+#[test]
+fn both_versions_refunding_in_any_order_never_hold_less_than_in_process() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let versions = [Version::now(), Version::s45()];
+    let policy = Policy::per_second(1_000_000 / T)
+        .unwrap()
+        .with_burst(B)
+        .unwrap();
+    let mut given = 0;
+    for seed in 1..=16_u64 {
+        let key = format!("test:mixtrace{seed}");
+        let clock = Reading::default();
+        let local = AtLatestReading::new(
+            RateLimiter::gcra_with_clock(policy, clock.clone()),
+            clock.clone(),
+        );
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut draw = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut now = TEN;
+        let mut held: Vec<(floodgate::Receipt, [u64; 4])> = Vec::new();
+        for step in 0..300 {
+            let version = &versions[draw(2) as usize];
+            clock.set(Nanos::new(now * 1_000));
+            match draw(8) {
+                0..=3 => {
+                    let cost = 1 + draw(2);
+                    // What Redis admitted, charged in process too (where it must
+                    // fit: that schedule is at or below Redis's).
+                    if let (true, Some(rr)) = charge(&server, version, &key, cost, now) {
+                        let r = local.charge_at(Nanos::new(now * 1_000), cost as u32);
+                        assert!(r.is_charged(), "seed {seed} step {step}");
+                        held.push((r, rr));
+                    }
+                }
+                4 | 5 if !held.is_empty() => {
+                    let (r, rr) = held.swap_remove(draw(held.len() as u64) as usize);
+                    let _ = local.refund(r);
+                    given += u64::from(refund(&server, version, &key, rr, now) > 0);
+                }
+                6 => now += draw(3 * T),
+                _ => now -= draw(2 * T),
+            }
+            let state: Option<String> = server.cmd(&["GET", &key]);
+            let tat = state.map_or(0, |s| s.split(':').next().unwrap().parse().unwrap());
+            let ahead = local.peek_at(Nanos::new(now * 1_000), 0).reset_after();
+            let local_tat = now + u64::try_from(ahead.as_micros()).unwrap();
+            assert!(
+                tat.max(now) >= local_tat,
+                "seed {seed} step {step}: TAT {tat} below {local_tat}"
+            );
+        }
+    }
+    assert!(given > 200, "{given} refunds gave back");
 }
