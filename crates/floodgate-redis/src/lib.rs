@@ -174,7 +174,12 @@
 //!   booking, moved down by at most the schedule that refunds made since the charge
 //!   gave back (a ledger in the key), is given back as far as it is still ahead of
 //!   the server's now; units booked after it that are still ahead of
-//!   `now + B·T` stay spent. A refund never gives back more than its charge took.
+//!   `now + B·T` stay spent. As in process (session 45; in Redis since session
+//!   46), a refund of the schedule's last booking (nothing booked after it) moved
+//!   nobody and counts in no later refund's shift while the key remembers it
+//!   (its last 8 refunds, **State**): refunds made latest booking first give every
+//!   booking back, in any order of the charges, exactly as the in-process
+//!   limiter does. A refund never gives back more than its charge took.
 //!   Judged at the later of the server's now and the key's **latest reading** (the
 //!   latest server time an admission on the key was judged at, kept in the key
 //!   from its first charge with a receipt): a `TIME` that stepped back (a clock
@@ -237,7 +242,9 @@
 //!   floor, the key's incarnation and the last receipts after its state — GCRA
 //!   `TAT:ledger:latest TAT:floor:incarnation:receipts` (it then expires when the
 //!   latest TAT has passed; the receipts begin with its latest reading, written
-//!   `0/0/reading`, a form no receipt has), the fixed window
+//!   `0/0/reading`, a form no receipt has, and each receipt whose refund moved no
+//!   later booking is followed by a note of it, `0/1/ledger before/given back`,
+//!   another), the fixed window
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
 //!   write keeps them. The sliding log's sorted set cannot hold fields beside its
@@ -289,7 +296,14 @@
 //!   as any charged before the 8 a key remembers). Until every replica runs
 //!   the new version a `TIME` that steps back may still free a later admission's
 //!   schedule on such keys, as before; no state either version writes is
-//!   malformed to the other. A limiter with refunds off still reads and
+//!   malformed to the other. A version from before the notes (session 45 and
+//!   earlier) reads a GCRA key that has them (each is one of the receipts to it,
+//!   never a receipt's id) and keeps them; its refunds write none (they count in
+//!   every later shift: less given back, never more), and once its refunds fill
+//!   the 8 records it keeps, it drops notes as receipts (its floor then rises to
+//!   1 at most for each: receipts charged before any refund give nothing back).
+//!   The new version drops a note with its receipt, so a key holds at most 8
+//!   receipts and a note each. A limiter with refunds off still reads and
 //!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay

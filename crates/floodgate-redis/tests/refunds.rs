@@ -128,8 +128,7 @@ impl<A: floodgate::Algorithm> Trace for OneLimit<'_, A> {
     }
 }
 
-/// Random charges (1 or 2 units), refunds (in any order, up to 4 outstanding;
-/// GCRA's oldest first, see [`common::TraceShape::in_order`]),
+/// Random charges (1 or 2 units), refunds (in any order, up to 4 outstanding),
 /// waits (under 150 ms) and readings up to 100 ms behind on one key a seed, 12
 /// seeds of 300 steps ([`common::drive_trace`]), replayed on Redis's scripts and
 /// on the in-process limiter `fresh` makes at the same readings ([`OneLimit`]);
@@ -152,13 +151,7 @@ fn replay_against_in_process<A: floodgate::Algorithm>(
         at_latest: algorithm == Algorithm::Gcra,
         latest: Nanos::new(0),
     };
-    // GCRA refunds oldest first (see `TraceShape::in_order`); the windows in any
-    // order.
-    let shape = common::TraceShape {
-        in_order: algorithm == Algorithm::Gcra,
-        ..common::ONE_LIMIT_TRACE
-    };
-    rt.block_on(drive_trace(shape, &mut trace));
+    rt.block_on(drive_trace(common::ONE_LIMIT_TRACE, &mut trace));
     for (seed, &(refunded, given)) in (1..).zip(&trace.counts) {
         assert!(
             refunded > 20 && given > 10,

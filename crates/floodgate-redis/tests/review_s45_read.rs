@@ -10,14 +10,17 @@
 //! Both are assembled as the crate assembles its given-time scripts, and
 //! [`the_assembled_scripts_are_the_crates_own`] checks that the new one is byte for
 //! byte the script the crate loads. See VERIFICATION.md, "session 45: adversarial
-//! review of the Redis latest reading (revread)".
+//! review of the Redis latest reading (revread)". Session 45's own script
+//! (`fixtures/gcra_s45.lua`) runs the same way against the notes of refunds that
+//! moved nobody, which session 46 added to the records.
 
 mod common;
 
 use common::{
     command_stats, redis_now_micros, refund_driver, runtime, with_refunds, RedisServer, GIVEN_TIME,
 };
-use floodgate::Policy;
+use common::{AtLatestReading, InProcess, Reading};
+use floodgate::{Nanos, Policy, RateLimiter};
 use floodgate_redis::{Algorithm, RedisLimiter};
 use redis::Value;
 
@@ -33,6 +36,10 @@ return r
 const COMMON_NOW: &str = include_str!("../src/lua/common.lua");
 const GCRA_NOW: &str = include_str!("../src/lua/gcra.lua");
 const GCRA_PRE: &str = include_str!("fixtures/gcra_pre_s45.lua");
+/// Session 45's script, before the notes of refunds that moved nobody (`git show
+/// 115f144:crates/floodgate-redis/src/lua/gcra.lua`; `common.lua` and the drivers
+/// as today's).
+const GCRA_S45: &str = include_str!("fixtures/gcra_s45.lua");
 
 /// One version's given-time GCRA charge and refund scripts.
 struct Version {
@@ -55,6 +62,10 @@ impl Version {
     }
     fn now() -> Version {
         Version::of(COMMON_NOW, GCRA_NOW)
+    }
+    /// Session 45's scripts: the latest reading, no notes.
+    fn s45() -> Version {
+        Version::of(COMMON_NOW, GCRA_S45)
     }
     /// The pre-change `common.lua` is the current one but for `record_refund`,
     /// which dropped one record at most.
@@ -142,11 +153,17 @@ fn reading(server: &RedisServer, key: &str) -> Option<u64> {
         .map(|r| r.parse().expect("a reading"))
 }
 
-/// The receipts among the records (every record but the reading).
+/// Whether `record` is a note of a refund that moved nobody (`0/1/before/back`,
+/// session 46).
+fn is_note(record: &str) -> bool {
+    record.starts_with("0/1/") && record.split('/').count() == 4
+}
+
+/// The receipts among the records (every record but the reading and the notes).
 fn receipts(server: &RedisServer, key: &str) -> usize {
     records(server, key)
         .iter()
-        .filter(|r| !r.starts_with("0/0/"))
+        .filter(|r| !r.starts_with("0/0/") && !is_note(r))
         .count()
 }
 
@@ -349,14 +366,8 @@ fn a_malformed_reading_fails_a_multi_limit_call_and_writes_nothing() {
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::Gcra, five())
-        .and(Algorithm::Gcra, Policy::per_hour(100).unwrap());
-    let l = with_refunds(&rt, &server, builder, true);
-    let keys = l.redis_keys("m");
+    let (l, keys, r) = common::two_gcra_limits_charged(&rt, &server, five(), "m", TEN);
     rt.block_on(async {
-        let (ok, r) = l.charge_n_at_micros("m", 2, TEN).await.unwrap();
-        assert!(ok.is_allowed());
-        let r = r.unwrap();
         let first: String = server.cmd(&["GET", &keys[0]]);
         let _: () = server.cmd(&["PEXPIRE", &keys[0], "600000"]);
         let f = fields(&server, &keys[1]);
@@ -550,4 +561,180 @@ fn the_tat_never_falls_below_the_latest_reading_on_a_clock_that_steps() {
     });
     // The traces refund: not a vacuous pass.
     assert!(given > 40, "{given}");
+}
+
+/// Session 46's notes under session 45's script, in a rolling deploy: the new
+/// script charges A, B, C at 10 s and gives C back (the last booking: noted);
+/// session 45's script charges D over that state, gives B back (no note: it
+/// counts in every later shift, conservatively) and parses every state the new
+/// one wrote; the new script then gives A back as the in-process limiter does
+/// (B's refund moved D, so it counts: A's booking lies below the clock, nothing)
+/// and D, charged after C's refund (whose note is before D's charge), its whole
+/// 1 ms where it lies after B's refund. Every receipt sent again by any version
+/// gives nothing; the schedule left is A's 1 ms.
+///
+/// Fails if the new shift leaves out the ledger (`local shift = 0` in
+/// `gcra_refund`): A gives back 1 ms, where session 45's refund of B, which
+/// moved D, counts in A's shift as in process. (A note written as another
+/// field, `'/' .. fmt(back)` → `':' .. fmt(back)`, fails it too: a state of
+/// seven fields.)
+#[test]
+fn session_45s_script_and_the_new_one_share_a_key_with_notes() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (new, s45) = (Version::now(), Version::s45());
+    let key = "test:notes";
+    let [a, b, c] = [(); 3].map(|()| {
+        let (ok, r) = charge(&server, &new, key, 1, TEN);
+        assert!(ok);
+        r.unwrap()
+    });
+    assert_eq!(refund(&server, &new, key, c, TEN), T);
+    let r = records(&server, key);
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert!(is_note(&r[2]), "{r:?}");
+    let (ok, d) = charge(&server, &s45, key, 1, TEN);
+    assert!(ok);
+    assert_eq!(
+        records(&server, key),
+        r,
+        "the old script's charge keeps them"
+    );
+    assert_eq!(refund(&server, &s45, key, b, TEN), T);
+    assert_eq!(refund(&server, &new, key, a, TEN), 0);
+    assert_eq!(refund(&server, &new, key, d.unwrap(), TEN), T);
+    for receipt in [a, b, c, d.unwrap()] {
+        for version in [&new, &s45] {
+            assert_eq!(refund(&server, version, key, receipt, TEN), 0);
+        }
+    }
+    assert_eq!(fields(&server, key)[0], (TEN + T).to_string());
+    assert_eq!(receipts(&server, key), 3);
+}
+
+/// Session 45's script trims the records to 8 counting the notes: after 8
+/// refunds that moved nobody (8 receipts, 8 notes) its refund (of the lower of
+/// two bookings: no note) drops the 9 oldest records, the last a receipt whose
+/// note it leaves first, the floor past every receipt dropped. The new script's
+/// next refund (of the upper booking, moved by the old script's refund, which
+/// counts in its shift) drops that note too (a note goes with its receipt: at
+/// most one per receipt kept); every receipt refunded gives nothing again,
+/// under either script, and the schedule is empty.
+///
+/// Fails if `record_gcra_refund` keeps a note left first (`or
+/// lone_note(list[1])` dropped from its loop): the records then begin with it.
+#[test]
+fn notes_left_first_by_session_45s_trim_go_with_the_new_scripts_next_refund() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (new, s45) = (Version::now(), Version::s45());
+    let key = "test:trim";
+    let mut refunded = Vec::new();
+    for _ in 0..8 {
+        let (ok, r) = charge(&server, &new, key, 1, TEN);
+        assert!(ok);
+        assert_eq!(refund(&server, &new, key, r.unwrap(), TEN), T);
+        refunded.push(r.unwrap());
+    }
+    let r = records(&server, key);
+    assert_eq!(r.len(), 17, "{r:?}");
+    assert_eq!(r.iter().filter(|x| is_note(x)).count(), 8, "{r:?}");
+    let (_, lower) = charge(&server, &new, key, 1, TEN);
+    let (_, upper) = charge(&server, &new, key, 1, TEN);
+    assert_eq!(refund(&server, &s45, key, lower.unwrap(), TEN), T);
+    refunded.push(lower.unwrap());
+    let r = records(&server, key);
+    assert_eq!(r.len(), 9, "{r:?}");
+    assert!(
+        is_note(&r[1]),
+        "a note left first, after the reading: {r:?}"
+    );
+    assert_eq!(refund(&server, &new, key, upper.unwrap(), TEN), T);
+    refunded.push(upper.unwrap());
+    let r = records(&server, key);
+    assert!(!is_note(&r[1]), "{r:?}");
+    assert_eq!(receipts(&server, key), 5);
+    for receipt in refunded {
+        for version in [&new, &s45] {
+            assert_eq!(refund(&server, version, key, receipt, TEN), 0);
+        }
+    }
+    assert_eq!(fields(&server, key)[0], TEN.to_string());
+}
+
+/// A rolling deploy under out-of-order refunds: 16 seeded traces of 300 steps on
+/// one key each, every call by session 45's script or the new one at random
+/// (charges of 1 or 2, refunds of any receipt held, waits, a `TIME` up to 2 ms
+/// behind), beside the in-process limiter at the same readings charged with
+/// what Redis admitted, its refunds judged at the latest admitted reading as
+/// Redis judges them. No call fails, the in-process limiter admits every charge
+/// Redis admits, and after every step the key's TAT is at or past the
+/// in-process one's: the mix never holds less schedule than the rule it ports
+/// (session 45's refunds keep the whole ledger growth in their shift, a loss),
+/// so it never admits more.
+///
+/// Fails if every refund is noted as having moved nobody (`if st.tat <= e0` →
+/// `if true` in `gcra_refund`): the key's TAT falls below the in-process one.
+#[test]
+fn both_versions_refunding_in_any_order_never_hold_less_than_in_process() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let versions = [Version::now(), Version::s45()];
+    let policy = Policy::per_second(1_000_000 / T)
+        .unwrap()
+        .with_burst(B)
+        .unwrap();
+    let mut given = 0;
+    for seed in 1..=16_u64 {
+        let key = format!("test:mixtrace{seed}");
+        let clock = Reading::default();
+        let local = AtLatestReading::new(
+            RateLimiter::gcra_with_clock(policy, clock.clone()),
+            clock.clone(),
+        );
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut draw = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut now = TEN;
+        let mut held: Vec<(floodgate::Receipt, [u64; 4])> = Vec::new();
+        for step in 0..300 {
+            let version = &versions[draw(2) as usize];
+            clock.set(Nanos::new(now * 1_000));
+            match draw(8) {
+                0..=3 => {
+                    let cost = 1 + draw(2);
+                    // What Redis admitted, charged in process too (where it must
+                    // fit: that schedule is at or below Redis's).
+                    if let (true, Some(rr)) = charge(&server, version, &key, cost, now) {
+                        let r = local.charge_at(Nanos::new(now * 1_000), cost as u32);
+                        assert!(r.is_charged(), "seed {seed} step {step}");
+                        held.push((r, rr));
+                    }
+                }
+                4 | 5 if !held.is_empty() => {
+                    let (r, rr) = held.swap_remove(draw(held.len() as u64) as usize);
+                    let _ = local.refund(r);
+                    given += u64::from(refund(&server, version, &key, rr, now) > 0);
+                }
+                6 => now += draw(3 * T),
+                _ => now -= draw(2 * T),
+            }
+            let state: Option<String> = server.cmd(&["GET", &key]);
+            let tat = state.map_or(0, |s| s.split(':').next().unwrap().parse().unwrap());
+            let ahead = local.peek_at(Nanos::new(now * 1_000), 0).reset_after();
+            let local_tat = now + u64::try_from(ahead.as_micros()).unwrap();
+            assert!(
+                tat.max(now) >= local_tat,
+                "seed {seed} step {step}: TAT {tat} below {local_tat}"
+            );
+        }
+    }
+    assert!(given > 200, "{given} refunds gave back");
 }

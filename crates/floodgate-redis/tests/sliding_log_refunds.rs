@@ -140,7 +140,6 @@ fn sliding_log_refunds_give_back_what_the_in_process_refunds_give_back() {
         held: 5,
         wait_us: 200_000,
         back_us: 150_000,
-        in_order: false,
     };
     rt.block_on(drive_trace(shape, &mut trace));
     let (refunded, given, merged) = trace.counts;

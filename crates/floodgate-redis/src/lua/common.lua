@@ -110,9 +110,10 @@ end
 
 -- Records `id` in `list`; returns the records as stored and the floor, raised
 -- past each oldest one forgotten. The list comes back to REFUNDS_KEPT however long
--- it was found: a GCRA key of a version without the latest reading (gcra.lua) may
--- hold more, that version taking the reading for a receipt of its own and
--- dropping it in a receipt's place.
+-- it was found (the windows' and the log's; GCRA trims its own records with their
+-- notes, `record_gcra_refund` in gcra.lua, which comes back the same way: a key of
+-- a version without the latest reading may hold more, that version taking the
+-- reading for a receipt of its own and dropping it in a receipt's place).
 local function record_refund(list, id, floor)
   list[#list + 1] = id
   while #list > REFUNDS_KEPT do

@@ -2,8 +2,10 @@
 -- State: the theoretical arrival time (TAT) in microseconds, a string; after a
 -- charge with receipts "TAT:ledger:hi:floor:incarnation:records" (see
 -- gcra_refund), which charges keep. The records are the receipts refunded
--- ("noted/end" each, see refund_ids), after the key's latest reading as a record
--- of its own, "0/0/reading" (see `reading_record`).
+-- ("noted/end" each, see refund_ids), each one whose refund moved no later
+-- booking followed by a note of it, "0/1/before/back" (see `lone_note`), after
+-- the key's latest reading as a record of its own, "0/0/reading" (see
+-- `reading_record`).
 
 -- The key's latest reading: the largest server now an admission on it was judged
 -- at (a denial writes nothing and needs none: it admits no later schedule), kept
@@ -19,7 +21,7 @@
 -- ledger 0 and not yet refunded then give nothing back: a conservative loss), in
 -- place of a receipt: after each of this version's admissions its next refund
 -- keeps one receipt more than a key remembers, until this version's next refund
--- trims them back (`record_refund`). A
+-- trims them back (`record_gcra_refund`). A
 -- state without it (written before it, or by such a version) has no known
 -- reading: its refund is judged at now, as before, and its next admission starts
 -- one.
@@ -119,11 +121,83 @@ local function gcra(key, n, write, t, b)
   return reply(false, b, remaining_at(tat), tat - now, new_tat - limit_at)
 end
 
+-- A refund that moved no later booking: its receipt's booking, moved down by the
+-- whole shift it was given, still ended at the TAT it wrote over. The shift bounds
+-- how far the booking moved, so it ended at or past that TAT, and no booking held
+-- ends past the TAT (a later one raises it past its own end, and a refund lowers it
+-- by what it gives back, the schedule above moving down with it): nothing was
+-- booked after it, and a booking made later starts from the schedule it left. It
+-- moved no booking then, and none later: an earlier booking lies below it, a later
+-- one was placed after it. So it counts in no later refund's shift, as in process
+-- (`Algorithm::refund_moves_later`, `RefundLedger` in floodgate's cell.rs). Its
+-- schedule still counts in the ledger (every charge notes the whole ledger, so that
+-- between two refunds that gave back every charge raises the TAT and receipt ids
+-- stay unique); the record after its receipt's notes it: "0/1/before/back", the
+-- ledger before it and what it gave back. Four numbers, a form no GCRA receipt id
+-- (two) nor the reading (0/0/...) has. A version without notes (session 45 and
+-- before) takes one for a receipt it never matches, counts it in the records it
+-- keeps, and dropping it raises a floor of 0 to 1 at most (as the reading's, a
+-- conservative loss); its own refunds write no note, and so count in every later
+-- shift.
+local function lone_note(record)
+  local before, back = string.match(record, '^0/1/(%d+)/(%d+)$')
+  if not before then return nil end
+  return tonumber(before), tonumber(back)
+end
+
+-- What the refunds after the ledger stood at `noted` that moved no later booking
+-- gave back, by the notes in `list` (the refund records), or nil and an error
+-- reply for notes no script writes. Every note must lie within the ledger and
+-- after the one before it (refunds are noted in ledger order, each adding what it
+-- gave back, at least 1): those at or past `noted` are then disjoint parts of
+-- `ledger - noted`, which the shift never falls below 0 by taking off. A note
+-- forgotten (trimmed; by a version before it) only leaves its refund in the shift:
+-- a bound still, giving back less.
+local function lone_since(key, list, noted, ledger)
+  local since, reach = 0, 0
+  for i = 1, #list do
+    local before, back = lone_note(list[i])
+    if before then
+      if before >= EXACT or back >= EXACT or back < 1 or before < reach or
+        before + back > ledger then
+        return nil, malformed(key, 'a note of a refund outside the ledger')
+      end
+      reach = before + back
+      if before >= noted then since = since + back end
+    end
+  end
+  return since
+end
+
+-- Records receipt `id` in `list` (and its note `note`, if any) and trims the
+-- records to REFUNDS_KEPT receipts, the oldest first, the floor past each one
+-- dropped; a note goes with its receipt (a note left first, after a receipt a
+-- version before it dropped, goes too). Returns the records as stored and the
+-- floor.
+local function record_gcra_refund(list, id, note, floor)
+  list[#list + 1] = id
+  if note then list[#list + 1] = note end
+  local receipts = 0
+  for i = 1, #list do
+    if not lone_note(list[i]) then receipts = receipts + 1 end
+  end
+  while #list > 0 and (receipts > REFUNDS_KEPT or lone_note(list[1])) do
+    local oldest = table.remove(list, 1)
+    if not lone_note(oldest) then
+      receipts = receipts - 1
+      local noted = tonumber(string.match(oldest, '^(%d+)/'))
+      if noted + 1 > floor then floor = noted + 1 end
+    end
+  end
+  return table.concat(list, ','), floor
+end
+
 -- Gives back the part of a charge's booking [start, e) still ahead of the reading
 -- it is judged at, as the in-process GCRA refund: the refunds made since the
 -- charge (the ledger, the sum of all schedule given back, less `noted`, the
--- ledger the charge saw) may have moved the booking down by at most that
--- `shift`; units booked after it and still ahead of that reading + B*T stay
+-- ledger the charge saw, less what the noted refunds since that moved no later
+-- booking gave back, see `lone_note`) may have moved the booking down by at most
+-- that `shift`; units booked after it and still ahead of that reading + B*T stay
 -- spent. Judged at max(now, the key's latest reading): a server time behind an
 -- admission's reading would give back schedule that admission had passed (the TAT
 -- then falls below its reading and the burst admits again what it already
@@ -140,6 +214,8 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   if not st then return 0 end
   local ids, bad = refund_ids(key, st.ids)
   if bad then return bad end
+  local lone, bad_note = lone_since(key, ids, noted, st.ledger)
+  if bad_note then return bad_note end
   -- Another incarnation of the key (this one was lost and created again) holds
   -- none of the charge's units.
   if st.born ~= born then return 0 end
@@ -147,7 +223,7 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   if not refundable(ids, id, noted, st.ledger, st.floor) then return 0 end
   local at = now
   if st.reading and st.reading > at then at = st.reading end
-  local shift = st.ledger - noted
+  local shift = st.ledger - noted - lone
   local s0 = start - shift
   if s0 < 0 then s0 = 0 end
   local e0 = e - shift
@@ -164,10 +240,13 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if st.ledger + back >= EXACT then return 0 end
+  -- Nothing booked after it (`lone_note`): noted, and left out of later shifts.
+  local note = false
+  if st.tat <= e0 then note = '0/1/' .. fmt(st.ledger) .. '/' .. fmt(back) end
   return back, function()
     local tat = st.tat - back
     if tat < 0 then tat = 0 end
-    local kept, floor = record_refund(ids, id, st.floor)
+    local kept, floor = record_gcra_refund(ids, id, note, st.floor)
     -- The latest reading kept (a refund admits nothing), the key alive as long.
     set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
       fmt(floor) .. ':' .. fmt(st.born) .. ':' .. reading_record(st.reading, kept), st.hi - now)

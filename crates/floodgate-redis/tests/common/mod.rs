@@ -370,6 +370,25 @@ pub fn with_refunds(
     build(rt, server, builder)
 }
 
+/// Two GCRA limits (`first`, then 100 an hour) with refunds on, keys prefixed
+/// `test:`; their Redis keys for `key`, and the receipt of a charge of 2 on `key`
+/// at `at_us` (admitted).
+pub fn two_gcra_limits_charged(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    first: Policy,
+    key: &str,
+    at_us: u64,
+) -> (RedisLimiter, Vec<String>, RedisReceipt) {
+    let builder = RedisLimiter::builder(Algorithm::Gcra, first)
+        .and(Algorithm::Gcra, Policy::per_hour(100).unwrap());
+    let l = with_refunds(rt, server, builder, true);
+    let keys = l.redis_keys(key);
+    let (ok, r) = rt.block_on(l.charge_n_at_micros(key, 2, at_us)).unwrap();
+    assert!(ok.is_allowed());
+    (l, keys, r.expect("a receipt"))
+}
+
 /// A sliding log of `policy` with refunds on.
 pub fn sliding_log(
     rt: &tokio::runtime::Runtime,
@@ -443,13 +462,6 @@ pub struct TraceShape {
     /// A reading behind the last (another replica's, a clock that stepped back)
     /// is less than this (µs) behind.
     pub back_us: u64,
-    /// Refunds take the oldest receipt held instead of one at random (the same
-    /// draws either way). A GCRA trace compared with the in-process limiter needs
-    /// it: in process a refund of the schedule's last booking counts in no later
-    /// refund's shift (session 45), which Redis's ledger does not know, so a refund
-    /// that follows a later booking's refund gives back less in Redis (a loss, never
-    /// more); refunded oldest first, the two rules agree.
-    pub in_order: bool,
 }
 
 /// The shape of `refunds.rs`'s one-limit traces (GCRA and both windows): 12 seeds
@@ -462,7 +474,6 @@ pub const ONE_LIMIT_TRACE: TraceShape = TraceShape {
     held: 4,
     wait_us: 150_000,
     back_us: 100_000,
-    in_order: false,
 };
 
 /// The two sides of a seeded trace: a Redis limiter and the in-process model it
@@ -519,11 +530,7 @@ pub async fn drive_trace<T: Trace>(shape: TraceShape, trace: &mut T) {
                 }
             } else if op < 9 && !stuck {
                 let drawn = below(&mut rng, held.len() as u64) as usize;
-                let (r, _) = if shape.in_order {
-                    held.remove(0)
-                } else {
-                    held.swap_remove(drawn)
-                };
+                let (r, _) = held.swap_remove(drawn);
                 trace.refund(at, r).await;
                 for h in &mut held {
                     h.1 += 1;
@@ -754,8 +761,6 @@ pub fn drive_multi_trace(
         held: 4,
         wait_us: 250_000,
         back_us: 100_000,
-        // Its GCRA is compared with the in-process one (see `in_order`).
-        in_order: true,
     };
     rt.block_on(drive_trace(shape, &mut trace));
     let (given, refused, partial) = trace.counts;
