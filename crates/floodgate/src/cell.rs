@@ -15,7 +15,7 @@ use crossbeam_utils::CachePadded;
 use crate::algorithm::{Algorithm, Charged};
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::sync::{lock, Atomic, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, Atomic, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Runs one decision on an atomic word and returns what it wrote, if anything.
 ///
@@ -41,34 +41,51 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 }
 
 /// What refunds have given back on one state word (or one keyed shard), so that a
-/// later refund knows how far its own booking may have moved.
+/// later refund knows how far its own booking may have moved: the total alone, one
+/// atomic word that a charge loads and nothing else writes but a refund holding its
+/// owner's lock (see "Who serialises it").
 ///
 /// A GCRA refund lowers the TAT and with it every booking made after the refunded
 /// one; a receipt taken before that refund would then describe its booking where it
-/// no longer is. So a charge notes the ledger before its CAS, and a refund — holding
-/// the ledger's lock, so refunds are serialised — bounds its booking's move by what
-/// the ledger has grown since, applies itself, then adds what it gave back.
+/// no longer is. So a charge notes the ledger before its CAS, and a refund —
+/// serialised with every other update of the ledger — bounds its booking's move by
+/// what the ledger has grown since, applies itself, then adds what it gave back.
 ///
 /// The cells and the keyed shards bound it more closely with a record of their
-/// latest refunds ([`RecentRefunds`]; the lease limiter's central word takes the
-/// whole growth): a refund whose booking ended at the `TAT` it wrote over — nothing
-/// booked after it, [`Algorithm::refund_moves_later`] — moved no other booking,
-/// and a booking made after it started from the schedule it left, so it is not
-/// recorded and counts in no later refund's shift. That is the refund of the
-/// latest booking, the common case of refunds out of their charges' order (the
-/// later of two charges refunded first; queued reservations cancelled from the
-/// last): the earlier charge's refund then gives back its whole booking, where the
-/// whole growth would count the later refund as having moved it. A refund that
-/// moved later bookings still counts in every later refund's shift, also one of a
-/// booking made before its own (which it did not move): a bound, not the exact
+/// latest refunds ([`RecentRefunds`]; the lease limiter's central word keeps none,
+/// [`WholeGrowth`], and takes the whole growth): a refund whose booking ended at the
+/// `TAT` it wrote over — nothing booked after it, [`Algorithm::refund_moves_later`]
+/// — moved no other booking, and a booking made after it started from the schedule
+/// it left, so it is not recorded and counts in no later refund's shift. That is the
+/// refund of the latest booking, the common case of refunds out of their charges'
+/// order (the later of two charges refunded first; queued reservations cancelled
+/// from the last): the earlier charge's refund then gives back its whole booking,
+/// where the whole growth would count the later refund as having moved it. A refund
+/// that moved later bookings still counts in every later refund's shift, also one of
+/// a booking made before its own (which it did not move): a bound, not the exact
 /// move.
+///
+/// # Who serialises it
+///
+/// Every update goes through [`settle`](Self::settle) (or [`settle_total`], for a
+/// total kept under a lock), which takes the owner's record by `&mut`: the record
+/// lives under the one lock that serialises the owner's refunds, so holding it is
+/// holding that lock, and each owner has that lock and no other for its refunds:
+///
+/// * a direct [`AtomicCell`] and the lease limiter's central word: a
+///   [`SerialLedger`], the total beside a `Mutex` around the record (the cell's
+///   resets and replacements take the same lock);
+/// * a [`LockedCell`]: its state lock, with the total and the record beside the
+///   state;
+/// * a keyed shard: the shard's writer lock, whose writer-side bookkeeping holds
+///   the record (the total sits on the shard's readers' line, for the charges).
 ///
 /// # Memory ordering
 ///
 /// A charge reads the ledger (`Relaxed`) before its `Release` CAS; a refund's CAS on
 /// the same word is `AcqRel` and runs after every earlier refund's ledger update
-/// (the lock). A refund whose CAS lands after a charge's thus reads from that
-/// charge's release sequence, so the charge's ledger read happens before the
+/// (the owner's lock). A refund whose CAS lands after a charge's thus reads from
+/// that charge's release sequence, so the charge's ledger read happens before the
 /// refund's ledger update and cannot have seen it: the growth since the charge
 /// covers every refund that moved its booking.
 ///
@@ -87,10 +104,10 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// which also serialises the ledger's updates): each one's key tag, the ledger
 /// before it and what it moved. A refund whose note is at or past the oldest total
 /// the record still covers sums what the refunds since its note with its key's tag
-/// moved ([`refund_key_locked`](Self::refund_key_locked)); otherwise it takes the
-/// whole shard's growth, as above. Both are at least the move of the key's own
-/// booking, so the bound stays a bound (a direct cell keeps the same record, one
-/// tag for all its refunds):
+/// moved ([`settle`](Self::settle)); otherwise it takes the whole shard's growth,
+/// as above. Both are at least the move of the key's own booking, so the bound
+/// stays a bound (a direct cell keeps the same record, one tag for all its
+/// refunds):
 ///
 /// * every refund after the note that moved a later booking is in the record when
 ///   the note is at or past the record's reach (the total after the newest refund
@@ -118,14 +135,12 @@ pub(crate) fn charge_on<A: Algorithm + ?Sized>(
 /// reach, which assumes, as the whole-shard shift does, that a shard gives back
 /// less than `2^64` ns between a charge and its refund.
 pub(crate) struct RefundLedger {
-    lock: Mutex<()>,
     given_back: AtomicU64,
 }
 
 impl RefundLedger {
     pub(crate) fn new() -> RefundLedger {
         RefundLedger {
-            lock: Mutex::new(()),
             given_back: AtomicU64::new(0),
         }
     }
@@ -136,74 +151,127 @@ impl RefundLedger {
         self.given_back.load(Ordering::Relaxed)
     }
 
-    /// Runs `refund` (given how far the charge's booking may have moved since
-    /// `noted`) with refunds serialised, and records what it gave back.
-    pub(crate) fn refund(&self, noted: u64, refund: impl FnOnce(u64) -> Option<u64>) -> bool {
-        let _serial = lock(&self.lock);
-        self.refund_locked(noted, refund)
-    }
-
-    /// [`refund`](Self::refund) for a caller that already serialises refunds (a keyed
-    /// shard's writer lock).
-    pub(crate) fn refund_locked(
+    /// Runs `refund` for a booking of the key tagged `tag` whose charge noted
+    /// `noted`, and adds what it gave back to the total ([`settle_total`]).
+    /// `record` is the owner's record, kept under the lock that serialises this
+    /// ledger's updates (see "Who serialises it"). Returns whether `refund` ran
+    /// to the end (`Some`).
+    pub(crate) fn settle(
         &self,
-        noted: u64,
-        refund: impl FnOnce(u64) -> Option<u64>,
-    ) -> bool {
-        let total = self.given_back.load(Ordering::Relaxed);
-        self.settle(total, total.wrapping_sub(noted), refund)
-            .is_some()
-    }
-
-    /// [`refund_locked`](Self::refund_locked) for one key of a keyed shard, tagged
-    /// `tag`: the shift counts only the refunds of keys with that tag since `noted`
-    /// when `recent` (the shard's record, kept under the same lock) still reaches back
-    /// to it, the whole shard's growth otherwise (see the type's docs).
-    ///
-    /// `refund` also tells whether it may have moved a booking made after its own
-    /// ([`Algorithm::refund_moves_later`]): one that moved nobody is not remembered,
-    /// so it counts in no later refund's shift.
-    pub(crate) fn refund_key_locked(
-        &self,
-        recent: &mut RecentRefunds,
+        record: &mut impl Record,
         tag: u64,
         noted: u64,
         refund: impl FnOnce(u64) -> Option<(u64, bool)>,
     ) -> bool {
         let total = self.given_back.load(Ordering::Relaxed);
-        let shift = recent
-            .shift(tag, noted, total)
-            .unwrap_or_else(|| total.wrapping_sub(noted));
-        let mut moves_later = false;
-        let settled = self.settle(total, shift, |shift| {
-            let (moved, later) = refund(shift)?;
-            moves_later = later;
-            Some(moved)
-        });
-        match settled {
-            Some(0) => true,
+        match settle_total(record, tag, noted, total, refund) {
             Some(moved) => {
-                if moves_later {
-                    recent.record(tag, total, moved);
-                }
+                self.given_back
+                    .store(total.wrapping_add(moved), Ordering::Relaxed);
                 true
             }
             None => false,
         }
     }
+}
 
-    /// Runs `refund` with `shift` and adds what it moved to the ledger, `total`
-    /// before it (under the lock).
-    fn settle(
+/// One refund's bookkeeping with the ledger at `total`, under the lock that
+/// serialises the ledger's updates: runs `refund` with the shift its booking may
+/// have moved since `noted` — what `record` holds of the refunds tagged `tag`
+/// since, or the whole growth `total − noted` when it cannot tell (see
+/// [`RefundLedger`]) — and remembers the refund when it gave something back and
+/// may have moved a booking made after its own (`refund`'s flag,
+/// [`Algorithm::refund_moves_later`]): one that moved nobody counts in no later
+/// refund's shift. Returns what `refund` gave back, for the caller to add to the
+/// total; `None` if it gave back nothing and wrote nothing.
+pub(crate) fn settle_total(
+    record: &mut impl Record,
+    tag: u64,
+    noted: u64,
+    total: u64,
+    refund: impl FnOnce(u64) -> Option<(u64, bool)>,
+) -> Option<u64> {
+    let shift = record
+        .shift(tag, noted, total)
+        .unwrap_or_else(|| total.wrapping_sub(noted));
+    let (moved, later) = refund(shift)?;
+    if moved != 0 && later {
+        record.record(tag, total, moved);
+    }
+    Some(moved)
+}
+
+/// What an owner remembers of its latest refunds, read and written only under the
+/// lock that serialises its ledger's updates (see [`RefundLedger`]).
+pub(crate) trait Record {
+    /// What refunds tagged `tag` gave back since the ledger stood at `noted` (now
+    /// `total`), or `None` if the record cannot tell (the refund then takes the
+    /// whole growth).
+    fn shift(&self, tag: u64, noted: u64, total: u64) -> Option<u64>;
+    /// Remembers a refund tagged `tag` that moved `moved` (> 0) from the ledger's
+    /// `before`.
+    fn record(&mut self, tag: u64, before: u64, moved: u64);
+}
+
+/// No record: every refund takes the whole growth since its note. The lease
+/// limiter's central word keeps none: each receipt of one lease is judged as the
+/// last units of the same refill's booking (see [`LeasedGcra::refund`], "Back to
+/// the central word"), so the refund of a booking that ends at the `TAT` still
+/// moves the booking the next receipt of that lease is judged against, and the
+/// lease's bound rests on the `TAT` staying at or past that booking's end less the
+/// shift, which needs every central refund since in it.
+///
+/// [`LeasedGcra::refund`]: crate::LeasedGcra::refund
+pub(crate) struct WholeGrowth;
+
+impl Record for WholeGrowth {
+    fn shift(&self, _tag: u64, _noted: u64, _total: u64) -> Option<u64> {
+        None
+    }
+
+    fn record(&mut self, _tag: u64, _before: u64, _moved: u64) {}
+}
+
+/// A refund ledger that its own lock serialises, with the owner's record under
+/// that lock (see [`RefundLedger`], "Who serialises it"): a direct
+/// [`AtomicCell`]'s ([`RecentRefunds`], one tag), whose resets and replacements
+/// take the same lock, and the lease limiter's central word's ([`WholeGrowth`]).
+/// The lock is the owner's only one for its refunds.
+pub(crate) struct SerialLedger<R> {
+    ledger: RefundLedger,
+    record: Mutex<R>,
+}
+
+impl<R: Record> SerialLedger<R> {
+    pub(crate) fn new(record: R) -> SerialLedger<R> {
+        SerialLedger {
+            ledger: RefundLedger::new(),
+            record: Mutex::new(record),
+        }
+    }
+
+    /// The ledger as a charge notes it (before its CAS): one `Relaxed` load.
+    #[inline(always)]
+    pub(crate) fn note(&self) -> u64 {
+        self.ledger.note()
+    }
+
+    /// Runs `refund` (given how far the charge's booking may have moved since
+    /// `noted`) under the lock, and records what it gave back
+    /// ([`RefundLedger::settle`], one tag).
+    pub(crate) fn refund(
         &self,
-        total: u64,
-        shift: u64,
-        refund: impl FnOnce(u64) -> Option<u64>,
-    ) -> Option<u64> {
-        let moved = refund(shift)?;
-        self.given_back
-            .store(total.wrapping_add(moved), Ordering::Relaxed);
-        Some(moved)
+        noted: u64,
+        refund: impl FnOnce(u64) -> Option<(u64, bool)>,
+    ) -> bool {
+        self.ledger
+            .settle(&mut *lock(&self.record), 0, noted, refund)
+    }
+
+    /// The lock, for a step that must not interleave with a refund and gives back
+    /// nothing (a cell's reset or replacement).
+    pub(crate) fn serial(&self) -> MutexGuard<'_, R> {
+        lock(&self.record)
     }
 }
 
@@ -223,10 +291,11 @@ struct Recent {
 /// The latest refunds of a keyed shard (or a direct cell) that moved a later
 /// booking, oldest dropped first, and the ledger total from which it holds every
 /// such refund (its reach): written and read only under the lock that serialises
-/// the ledger's updates (the shard's writer lock, a cell's refund lock; see
-/// [`RefundLedger`]'s docs). It lives beside the lock, allocated with its owner: a
-/// refund allocates nothing (208 bytes a shard, against at least 64 keys a shard;
-/// 208 bytes and a mutex more a direct limiter).
+/// the ledger's updates (the shard's writer lock, a cell's [`SerialLedger`] or
+/// state lock; see [`RefundLedger`]'s docs). It lives under that lock, allocated
+/// with its owner: a refund allocates nothing (208 bytes a shard, against at least
+/// 64 keys a shard; in a direct cell it shares the state word's padded block, see
+/// [`AtomicCell`]).
 pub(crate) struct RecentRefunds {
     ring: [Recent; RECENT_REFUNDS],
     /// The entry the next refund overwrites: the oldest once the ring is full.
@@ -246,7 +315,9 @@ impl RecentRefunds {
             reach: total,
         }
     }
+}
 
+impl Record for RecentRefunds {
     /// What refunds of keys tagged `tag` gave back since the ledger stood at `noted`
     /// (now `total`), or `None` if the ring no longer holds every refund since.
     /// Totals wrap: each is placed by its distance from the reach.
@@ -577,8 +648,13 @@ pub trait StateCell<S>: Send + Sync {
 
 /// The lock-free cell: one cache-padded atomic word.
 ///
-/// `CachePadded` keeps the word alone on its cache line (128 bytes on x86_64), so a
-/// hot limiter never false-shares with its neighbours.
+/// `CachePadded` keeps the word off its neighbours' cache lines (128 bytes on
+/// x86_64), so a hot limiter never false-shares with another. The word shares its
+/// padded block only with its own refund bookkeeping (256 bytes in all for a state of
+/// up to 16 bytes): the ledger's total and the generation, which a charge loads
+/// beside the word it writes, and the [`SerialLedger`], which only refunds, resets
+/// and replacements touch — each of which also writes the word. `apply` reads and
+/// writes the word alone.
 ///
 /// # Examples
 ///
@@ -591,40 +667,46 @@ pub trait StateCell<S>: Send + Sync {
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct AtomicCell<S> {
-    word: CachePadded<Atomic<S>>,
-    /// Refund bookkeeping (touched by `charge` and `refund` only, never by `apply`).
-    ledger: RefundLedger,
-    /// The latest refunds that moved a later booking ([`RecentRefunds`], one tag);
-    /// its lock serialises refunds, resets and replacements (the ledger's own lock
-    /// is not taken).
-    recent: Mutex<RecentRefunds>,
+    cell: CachePadded<Bookkept<S>>,
+}
+
+/// An [`AtomicCell`]'s state word and its refund bookkeeping, in one padded block.
+#[repr(C)]
+struct Bookkept<S> {
+    word: Atomic<S>,
     /// Resets and replacements so far ([`StateCell::generation`]); written under
-    /// `recent`'s lock.
+    /// the ledger's lock.
     generation: AtomicU64,
+    /// What refunds gave back and the latest refunds that moved a later booking
+    /// ([`RecentRefunds`], one tag), under the lock that serialises refunds, resets
+    /// and replacements: the cell's only lock. `charge` loads the total; `apply`
+    /// touches none of it.
+    ledger: SerialLedger<RecentRefunds>,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
     fn fresh() -> Self {
         AtomicCell {
-            word: CachePadded::new(Atomic::new(bytemuck::Zeroable::zeroed())),
-            ledger: RefundLedger::new(),
-            recent: Mutex::new(RecentRefunds::starting_at(0)),
-            generation: AtomicU64::new(0),
+            cell: CachePadded::new(Bookkept {
+                word: Atomic::new(bytemuck::Zeroable::zeroed()),
+                generation: AtomicU64::new(0),
+                ledger: SerialLedger::new(RecentRefunds::starting_at(0)),
+            }),
         }
     }
 
     #[inline]
     fn load(&self) -> S {
-        self.word.load(Ordering::Relaxed)
+        self.cell.word.load(Ordering::Relaxed)
     }
 
     fn store(&self, state: S) {
-        self.word.store(state, Ordering::Relaxed);
+        self.cell.word.store(state, Ordering::Relaxed);
     }
 
     #[inline(always)]
     fn apply<A: Algorithm<State = S>>(&self, algorithm: &A, now: Nanos, cost: u32) -> Decision {
-        decide_on(algorithm, &self.word, now, cost)
+        decide_on(algorithm, &self.cell.word, now, cost)
     }
 
     #[inline]
@@ -634,8 +716,8 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         now: Nanos,
         cost: u32,
     ) -> (Decision, Option<(Charged<S>, u64)>) {
-        let noted = self.ledger.note();
-        let (decision, charge) = charge_on(algorithm, &self.word, now, cost);
+        let noted = self.cell.ledger.note();
+        let (decision, charge) = charge_on(algorithm, &self.cell.word, now, cost);
         (decision, charge.map(|c| (c, noted)))
     }
 
@@ -647,21 +729,20 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
         generation: u64,
         now: impl FnMut() -> Nanos,
     ) -> bool {
-        let mut recent = lock(&self.recent);
-        self.ledger
-            .refund_key_locked(&mut recent, 0, noted, |shift| {
-                // Relaxed: resets write the generation under `recent`'s lock, held here.
-                if self.generation.load(Ordering::Relaxed) != generation {
-                    return None;
-                }
-                refund_word(algorithm, &*self.word, charge, shift, now, |_| true)
-            })
+        let cell = &*self.cell;
+        cell.ledger.refund(noted, |shift| {
+            // Relaxed: resets write the generation under the ledger's lock, held here.
+            if cell.generation.load(Ordering::Relaxed) != generation {
+                return None;
+            }
+            refund_word(algorithm, &cell.word, charge, shift, now, |_| true)
+        })
     }
 
     #[inline]
     fn generation(&self) -> u64 {
         // Acquire: pairs with the Release bump in `replace` (see the trait docs).
-        self.generation.load(Ordering::Acquire)
+        self.cell.generation.load(Ordering::Acquire)
     }
 
     fn reset(&self) {
@@ -669,17 +750,15 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for AtomicCell<S> {
     }
 
     fn replace(&self, mut f: impl FnMut(S) -> S) {
-        let _serial = lock(&self.recent);
-        self.ledger.refund_locked(0, |_| {
-            // The new state first (an RMW: ordered after every decision it saw),
-            // then the generation (Release): a charge that reads the new generation
-            // writes after the new state.
-            update_word_ordered(&*self.word, Ordering::AcqRel, |state| ((), Some(f(state))));
-            let g = self.generation.load(Ordering::Relaxed);
-            self.generation.store(g.wrapping_add(1), Ordering::Release);
-            // Nothing given back: the ledger stays as it is.
-            Some(0)
-        });
+        let cell = &*self.cell;
+        // Serialised with refunds; nothing given back, so the ledger stays as it is.
+        let _serial = cell.ledger.serial();
+        // The new state first (an RMW: ordered after every decision it saw), then
+        // the generation (Release): a charge that reads the new generation writes
+        // after the new state.
+        update_word_ordered(&cell.word, Ordering::AcqRel, |state| ((), Some(f(state))));
+        let g = cell.generation.load(Ordering::Relaxed);
+        cell.generation.store(g.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -702,28 +781,40 @@ impl<S: bytemuck::Pod + core::fmt::Debug + Send + Sync> core::fmt::Debug for Ato
 /// # Ok::<(), floodgate::PolicyError>(())
 /// ```
 pub struct LockedCell<S> {
-    /// The state, the refund ledger (see [`RefundLedger`]) and the generation
-    /// ([`StateCell::generation`]), under one lock.
-    state: CachePadded<Mutex<(S, u64, u64)>>,
-    /// The latest refunds that moved a later booking ([`RecentRefunds`], one tag):
-    /// locked by refunds alone, inside the state's lock.
-    recent: Mutex<RecentRefunds>,
+    /// The state and its refund bookkeeping under the cell's one lock, which
+    /// serialises refunds with everything else.
+    state: CachePadded<Mutex<Locked<S>>>,
+}
+
+/// What a [`LockedCell`]'s lock guards.
+struct Locked<S> {
+    state: S,
+    /// What refunds gave back (the ledger's total: see [`RefundLedger`]).
+    given_back: u64,
+    /// [`StateCell::generation`].
+    generation: u64,
+    /// The latest refunds that moved a later booking ([`RecentRefunds`], one tag).
+    recent: RecentRefunds,
 }
 
 impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
     fn fresh() -> Self {
         LockedCell {
-            state: CachePadded::new(Mutex::new((bytemuck::Zeroable::zeroed(), 0, 0))),
-            recent: Mutex::new(RecentRefunds::starting_at(0)),
+            state: CachePadded::new(Mutex::new(Locked {
+                state: bytemuck::Zeroable::zeroed(),
+                given_back: 0,
+                generation: 0,
+                recent: RecentRefunds::starting_at(0),
+            })),
         }
     }
 
     fn load(&self) -> S {
-        lock(&self.state).0
+        lock(&self.state).state
     }
 
     fn store(&self, state: S) {
-        lock(&self.state).0 = state;
+        lock(&self.state).state = state;
     }
 
     #[inline]
@@ -739,10 +830,10 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         cost: u32,
     ) -> (Decision, Option<(Charged<S>, u64)>) {
         let mut guard = lock(&self.state);
-        let (before, noted, _) = *guard;
+        let (before, noted) = (guard.state, guard.given_back);
         let (decision, next) = algorithm.decide(before, now, cost);
         let charge = next.map(|after| {
-            guard.0 = after;
+            guard.state = after;
             let charge = Charged {
                 before,
                 after,
@@ -763,20 +854,20 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
         mut now: impl FnMut() -> Nanos,
     ) -> bool {
         let mut guard = lock(&self.state);
-        let (state, ledger, current) = *guard;
-        if current != generation {
+        let locked = &mut *guard;
+        if locked.generation != generation {
             return false;
         }
-        let mut recent = lock(&self.recent);
-        let shift = recent
-            .shift(0, noted, ledger)
-            .unwrap_or_else(|| ledger.wrapping_sub(noted));
-        match algorithm.refund(state, charge, shift, now()) {
-            Some((next, moved)) => {
-                if moved != 0 && algorithm.refund_moves_later(state, charge, shift) {
-                    recent.record(0, ledger, moved);
-                }
-                *guard = (next, ledger.wrapping_add(moved), current);
+        let (total, before) = (locked.given_back, locked.state);
+        let state = &mut locked.state;
+        let settled = settle_total(&mut locked.recent, 0, noted, total, |shift| {
+            let (next, moved) = algorithm.refund(before, charge, shift, now())?;
+            *state = next;
+            Some((moved, algorithm.refund_moves_later(before, charge, shift)))
+        });
+        match settled {
+            Some(moved) => {
+                locked.given_back = total.wrapping_add(moved);
                 true
             }
             None => false,
@@ -784,7 +875,7 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
     }
 
     fn generation(&self) -> u64 {
-        lock(&self.state).2
+        lock(&self.state).generation
     }
 
     fn reset(&self) {
@@ -793,8 +884,8 @@ impl<S: bytemuck::Pod + Send + Sync> StateCell<S> for LockedCell<S> {
 
     fn replace(&self, mut f: impl FnMut(S) -> S) {
         let mut guard = lock(&self.state);
-        guard.0 = f(guard.0);
-        guard.2 = guard.2.wrapping_add(1);
+        guard.state = f(guard.state);
+        guard.generation = guard.generation.wrapping_add(1);
     }
 }
 
@@ -844,7 +935,7 @@ mod tests {
         moved: u64,
     ) -> u64 {
         let mut seen = None;
-        assert!(ledger.refund_key_locked(recent, tag, noted, |shift| {
+        assert!(ledger.settle(recent, tag, noted, |shift| {
             seen = Some(shift);
             Some((moved, true))
         }));
@@ -909,9 +1000,9 @@ mod tests {
         let mut recent = RecentRefunds::starting_at(0);
         assert_eq!(refund(&ledger, &mut recent, 1, 0, 5), 0);
         for _ in 0..2 * RECENT_REFUNDS {
-            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some((0, true))));
-            assert!(ledger.refund_key_locked(&mut recent, 2, 5, |_| Some((3, false))));
-            assert!(!ledger.refund_key_locked(&mut recent, 2, 5, |_| None));
+            assert!(ledger.settle(&mut recent, 2, 5, |_| Some((0, true))));
+            assert!(ledger.settle(&mut recent, 2, 5, |_| Some((3, false))));
+            assert!(!ledger.settle(&mut recent, 2, 5, |_| None));
         }
         // Key 1's refund is still in the ring: a refund of key 2 noted before it
         // sees none of it.

@@ -149,7 +149,7 @@ use core::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::algorithm::Charged;
-use crate::cell::{refund_word, update_word, update_word_ordered, RefundLedger};
+use crate::cell::{refund_word, update_word, update_word_ordered, SerialLedger, WholeGrowth};
 use crate::clock::{Clock, DefaultClock, Nanos};
 use crate::decision::Decision;
 use crate::gcra::{Gcra, GcraState};
@@ -590,7 +590,7 @@ impl LeaseBuilder {
             shards: (0..shards)
                 .map(|_| CachePadded::new(Shard::new()))
                 .collect(),
-            central_refunds: RefundLedger::new(),
+            central_refunds: SerialLedger::new(WholeGrowth),
             mask: shards - 1,
             lease_size: size,
             lifetime_ticks: ticks,
@@ -612,9 +612,11 @@ pub struct LeasedGcra<C: Clock = DefaultClock> {
     central: CachePadded<Atomic<GcraState>>,
     shards: Box<[CachePadded<Shard>]>,
     /// What refunds to the central word have given back (see
-    /// [`refund`](LeasedGcra::refund), "Back to the central word"): serialises them,
-    /// and a refill notes it before its CAS.
-    central_refunds: RefundLedger,
+    /// [`refund`](LeasedGcra::refund), "Back to the central word"): its lock
+    /// serialises them, and a refill notes it before its CAS. It keeps no record of
+    /// the latest refunds: each takes the whole growth since its note
+    /// ([`WholeGrowth`]).
+    central_refunds: SerialLedger<WholeGrowth>,
     mask: usize,
     lease_size: u32,
     lifetime_ticks: u64,
@@ -1046,7 +1048,6 @@ impl<C: Clock> LeasedGcra<C> {
         let open = |state: &GcraState| state.tat().as_u64() != u64::MAX;
         self.central_refunds.refund(noted, |shift| {
             refund_word(&self.gcra, &*self.central, &booking, shift, reading, open)
-                .map(|(moved, _)| moved)
         })
     }
 

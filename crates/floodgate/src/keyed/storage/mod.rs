@@ -770,18 +770,16 @@ impl<T: Slots> Shard<T> {
             return false;
         };
         let recent = &mut writer.recent;
-        removals
-            .ledger
-            .refund_key_locked(recent, tag, noted, |shift| {
-                refund_word(
-                    algorithm,
-                    &word,
-                    charge,
-                    shift,
-                    || removals.clamp(now()),
-                    |s| !is_dead(s),
-                )
-            })
+        removals.ledger.settle(recent, tag, noted, |shift| {
+            refund_word(
+                algorithm,
+                &word,
+                charge,
+                shift,
+                || removals.clamp(now()),
+                |s| !is_dead(s),
+            )
+        })
     }
 }
 
