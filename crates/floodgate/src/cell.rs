@@ -219,7 +219,10 @@ pub(crate) trait Record {
 /// the central word"), so the refund of a booking that ends at the `TAT` still
 /// moves the booking the next receipt of that lease is judged against, and the
 /// lease's bound rests on the `TAT` staying at or past that booking's end less the
-/// shift, which needs every central refund since in it.
+/// shift, which needs every central refund since in it. (With the record instead,
+/// `lease_central_refunds::only_the_part_of_the_booking_still_ahead_comes_back`
+/// and `lease_refunds::a_refund_puts_the_units_back_on_their_lease_never_above_the_lease_size`
+/// fail: a second receipt of one lease then reads its booking unmoved.)
 ///
 /// [`LeasedGcra::refund`]: crate::LeasedGcra::refund
 pub(crate) struct WholeGrowth;
@@ -650,11 +653,11 @@ pub trait StateCell<S>: Send + Sync {
 ///
 /// `CachePadded` keeps the word off its neighbours' cache lines (128 bytes on
 /// x86_64), so a hot limiter never false-shares with another. The word shares its
-/// padded block only with its own refund bookkeeping (256 bytes in all for a state of
-/// up to 16 bytes): the ledger's total and the generation, which a charge loads
-/// beside the word it writes, and the [`SerialLedger`], which only refunds, resets
-/// and replacements touch — each of which also writes the word. `apply` reads and
-/// writes the word alone.
+/// padded block only with its own refund bookkeeping (256 bytes in all on x86_64
+/// Linux, for a state of up to 16 bytes): the ledger's total and the generation,
+/// which a charge loads beside the word it writes, and the refunds' lock and
+/// record, which only refunds, resets and replacements touch — each of which also
+/// writes the word. `apply` reads and writes the word alone.
 ///
 /// # Examples
 ///

@@ -36,7 +36,9 @@ fn drain(mut check: impl FnMut() -> bool) -> u64 {
 /// on the direct limiter, its mutex twin and the shaper's immediate charges.
 ///
 /// Mutation seen failing: the refund that moved nobody recorded like any other
-/// (`refund_key_locked` recording whatever `refund_moves_later` says): 2 left, not 3.
+/// (`settle_total` recording whatever `refund_moves_later` says; since session 46 also
+/// each cell alone: `AtomicCell::refund` or `LockedCell::refund` passing `true` for the
+/// flag): 2 left, not 3.
 #[test]
 fn two_charges_refunded_last_first_give_back_both() {
     let t = Nanos::new(10 * S);
