@@ -240,6 +240,10 @@ impl Record for WholeGrowth {
 /// [`AtomicCell`]'s ([`RecentRefunds`], one tag), whose resets and replacements
 /// take the same lock, and the lease limiter's central word's ([`WholeGrowth`]).
 /// The lock is the owner's only one for its refunds.
+///
+/// `repr(C)`: the total first, so that in an [`AtomicCell`] it follows the word and
+/// the generation on the word's own cache line.
+#[repr(C)]
 pub(crate) struct SerialLedger<R> {
     ledger: RefundLedger,
     record: Mutex<R>,
@@ -673,7 +677,9 @@ pub struct AtomicCell<S> {
     cell: CachePadded<Bookkept<S>>,
 }
 
-/// An [`AtomicCell`]'s state word and its refund bookkeeping, in one padded block.
+/// An [`AtomicCell`]'s state word and its refund bookkeeping, in one padded block;
+/// `repr(C)`: the word first, then what a charge loads (the generation, the ledger's
+/// total), then the lock and the record.
 #[repr(C)]
 struct Bookkept<S> {
     word: Atomic<S>,
@@ -1010,6 +1016,27 @@ mod tests {
         // Key 1's refund is still in the ring: a refund of key 2 noted before it
         // sees none of it.
         assert_eq!(refund(&ledger, &mut recent, 2, 0, 1), 0);
+    }
+
+    /// A direct cell's word shares its padded block with its refund bookkeeping
+    /// (session 46; 384 bytes before): 256 bytes, and the word, the generation and
+    /// the ledger's total on the block's first 64-byte line.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn a_direct_cell_keeps_its_bookkeeping_in_the_words_block() {
+        use super::{AtomicCell, Bookkept, LockedCell, SerialLedger};
+        use crate::gcra::GcraState;
+        use core::mem::{offset_of, size_of};
+        assert_eq!(size_of::<AtomicCell<GcraState>>(), 256);
+        assert_eq!(size_of::<LockedCell<GcraState>>(), 256);
+        assert_eq!(offset_of!(Bookkept<GcraState>, word), 0);
+        let total = offset_of!(Bookkept<GcraState>, ledger)
+            + offset_of!(SerialLedger<RecentRefunds>, ledger);
+        assert!(
+            total + size_of::<RefundLedger>() <= 64,
+            "the total at {total}"
+        );
+        assert!(offset_of!(Bookkept<GcraState>, generation) + 8 <= 64);
     }
 
     #[test]
