@@ -40,23 +40,42 @@ use floodgate::{
 use loom_keyed_models::{home, Placement};
 use loom_seen::{Seen, Span, PLACEMENTS};
 
-/// The shard's share of keys (one shard: the capacity).
-const SHARE: usize = 10;
+/// The shard a model runs on: its share of keys (one shard: the capacity) and how
+/// many idle keys of one home the look reclaims ahead of the key it moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    share: usize,
+    idle: usize,
+}
 
-/// Its slots: the share plus one empty slot per three keys (the table's headroom).
-const SLOTS: usize = SHARE + SHARE.div_ceil(3);
+/// The least shard a look can happen in: the hand's sweep passes 4 slots and the
+/// sample must meet 8 live keys before the idle one.
+const ONE_IDLE: Shape = Shape { share: 10, idle: 1 };
+
+/// Two idle keys in adjacent slots, both past a sample of 8 live keys: the hand's
+/// stride spreads neighbouring slots over its walk, so this needs a bigger shard.
+/// The look reclaims the first, the key behind them shifts back one slot, the pass
+/// looks at that slot again, reclaims the second, and the key shifts once more.
+const TWO_IDLE: Shape = Shape { share: 16, idle: 2 };
+
+impl Shape {
+    /// Its slots: the share plus one empty slot per three keys (the headroom).
+    fn slots(self) -> usize {
+        self.share + self.share.div_ceil(3)
+    }
+}
 
 type Table<St> = KeyedLimiter<u64, Gcra, ManualClock, St>;
 
-/// A one-shard table of [`SHARE`] keys, one per second, of burst `burst`.
-fn table<St>(burst: u64, clock: &ManualClock) -> Arc<Table<St>>
+/// A one-shard table of `share` keys, one per second, of burst `burst`.
+fn table<St>(share: usize, burst: u64, clock: &ManualClock) -> Arc<Table<St>>
 where
     St: Storage<u64, GcraState>,
 {
     let policy = Policy::per_second(1).unwrap().with_burst(burst).unwrap();
     Arc::new(
         KeyedBuilder::new(Gcra::new(policy))
-            .capacity(SHARE)
+            .capacity(share)
             .shards(1)
             .clock(clock.clone())
             .build_in::<u64, St>()
@@ -64,90 +83,116 @@ where
     )
 }
 
-/// Which keys a model puts where: `idle` in its home slot, `behind` (same home)
-/// in the slot after it, so that unlinking `idle` shifts `behind` back into
-/// `idle`'s slot, and `fillers` each in its own home slot. Inserting `newcomer` into
-/// the full shard makes a full look that reclaims `idle` (and nothing else).
+/// Which keys a model puts where: the `idle` keys, all of one home, in that slot
+/// and the next ones, `behind` (same home) in the slot after them, so that
+/// unlinking each idle key shifts `behind` back one slot, and `fillers` each in
+/// its own home slot. Inserting `newcomer` into the full shard makes a full look
+/// that reclaims the idle keys (and nothing else).
 #[derive(Clone, Debug)]
 struct Layout {
-    idle: u64,
+    shape: Shape,
+    idle: Vec<u64>,
     behind: u64,
     fillers: Vec<u64>,
     newcomer: u64,
 }
 
 impl Layout {
-    /// Fills `keyed`: `idle` charged at 0 s (idle from 1 s), `behind` and the
-    /// fillers at `live_at` (live at 1 s).
+    /// Fills `keyed`: the idle keys charged at 0 s (idle from 1 s), `behind` and
+    /// the fillers at `live_at` (live at 1 s).
     fn fill<St>(&self, keyed: &Table<St>, live_at: Nanos)
     where
         St: Storage<u64, GcraState>,
     {
-        assert!(keyed.check_n_at(&self.idle, Nanos::new(0), 1).is_allowed());
+        for k in &self.idle {
+            assert!(keyed.check_n_at(k, Nanos::new(0), 1).is_allowed());
+        }
         assert!(keyed.check_n_at(&self.behind, live_at, 1).is_allowed());
         for f in &self.fillers {
             assert!(keyed.check_n_at(f, live_at, 1).is_allowed());
         }
-        assert_eq!(keyed.metrics().live_keys, SHARE as u64);
+        assert_eq!(keyed.metrics().live_keys, self.shape.share as u64);
+    }
+
+    /// The table for this layout, of burst `burst`.
+    fn table<St>(&self, burst: u64, clock: &ManualClock) -> Arc<Table<St>>
+    where
+        St: Storage<u64, GcraState>,
+    {
+        table::<St>(self.shape.share, burst, clock)
     }
 }
 
-/// The search's answers, one a storage (by type name).
-static LAYOUTS: Mutex<Vec<(&'static str, Layout)>> = Mutex::new(Vec::new());
+/// The search's answers, by storage (type name) and shape.
+#[allow(clippy::type_complexity)]
+static LAYOUTS: Mutex<Vec<(&'static str, Shape, Layout)>> = Mutex::new(Vec::new());
 
-/// A layout in which the newcomer's insert makes a full look on storage `St`: the
-/// idle key in slot `p` with the hand's sweep and the first 8 keys of the sample
-/// all live. Found by trying placements (the idle key's slot, which 4 slots stay
-/// empty, in a fixed pseudo-random order) each in a one-thread model until one
-/// makes exactly one look and reclaims exactly the idle key.
-fn layout<St>() -> Layout
+/// A layout of `shape` in which the newcomer's insert makes a full look on storage
+/// `St`: the idle keys in slots `p…` with the hand's sweep and the first 8 keys of
+/// the sample all live. Found by trying placements (the first idle key's slot,
+/// which slots stay empty, in a fixed pseudo-random order) each in a one-thread
+/// model until one makes exactly one look (which reclaims).
+fn layout<St>(shape: Shape) -> Layout
 where
     St: Placement + Storage<u64, GcraState> + 'static,
 {
     let name = std::any::type_name::<St>();
-    if let Some((_, found)) = LAYOUTS.lock().unwrap().iter().find(|(n, _)| *n == name) {
-        return found.clone();
+    let cached = LAYOUTS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(n, s, _)| *n == name && *s == shape)
+        .map(|(_, _, l)| l.clone());
+    if let Some(found) = cached {
+        return found;
     }
+    let slots = shape.slots();
+    let per_home = shape.idle + 1;
     // Keys by home slot, each used once.
-    let mut by_home: Vec<Vec<u64>> = vec![Vec::new(); SLOTS];
-    for k in 100..20_000u64 {
-        let h = home::<St>(k, SLOTS as u64) as usize;
-        if by_home[h].len() < 2 {
+    let mut by_home: Vec<Vec<u64>> = vec![Vec::new(); slots];
+    for k in 100..50_000u64 {
+        let h = home::<St>(k, slots as u64) as usize;
+        if by_home[h].len() < per_home {
             by_home[h].push(k);
         }
     }
-    assert!(by_home.iter().all(|keys| keys.len() == 2));
-    let newcomer = 1;
+    assert!(by_home.iter().all(|keys| keys.len() == per_home));
     let mut x: u64 = 0x5EED;
-    for _ in 0..20_000 {
+    let mut next = |n: usize| {
         x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        let p = (x >> 33) as usize % SLOTS;
-        // The slots the fillers take: every other slot but 4.
-        let mut rest: Vec<usize> = (0..SLOTS)
-            .filter(|&s| s != p && s != (p + 1) % SLOTS)
-            .collect();
-        for _ in 0..(SLOTS - 2 - (SHARE - 2)) {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            let drop = (x >> 33) as usize % rest.len();
+        (x >> 33) as usize % n
+    };
+    for _ in 0..20_000 {
+        let p = next(slots);
+        let cluster: Vec<usize> = (0..per_home).map(|d| (p + d) % slots).collect();
+        // The slots the fillers take: every other slot but as many as stay empty.
+        let mut rest: Vec<usize> = (0..slots).filter(|s| !cluster.contains(s)).collect();
+        let fillers = shape.share - per_home;
+        while rest.len() > fillers {
+            let drop = next(rest.len());
             rest.remove(drop);
         }
         let candidate = Layout {
-            idle: by_home[p][0],
-            behind: by_home[p][1],
+            shape,
+            idle: by_home[p][..shape.idle].to_vec(),
+            behind: by_home[p][shape.idle],
             fillers: rest.iter().map(|&s| by_home[s][0]).collect(),
-            newcomer,
+            newcomer: 1,
         };
         if makes_one_look::<St>(&candidate) {
-            eprintln!("{name}: {candidate:?} (the idle key's slot {p})");
-            LAYOUTS.lock().unwrap().push((name, candidate.clone()));
+            eprintln!("{name}: {candidate:?} (the first idle key's slot {p})");
+            LAYOUTS
+                .lock()
+                .unwrap()
+                .push((name, shape, candidate.clone()));
             return candidate;
         }
     }
-    panic!("no placement of {SHARE} keys in {SLOTS} slots makes a full look on {name}");
+    panic!("no placement of {shape:?} ({slots} slots) makes a full look on {name}");
 }
 
 /// Whether inserting the newcomer into `layout` makes one full look that reclaims
-/// the idle key alone (one thread: one execution).
+/// something (one thread: one execution).
 fn makes_one_look<St>(layout: &Layout) -> bool
 where
     St: Storage<u64, GcraState> + 'static,
@@ -156,15 +201,17 @@ where
     let (l, o) = (layout.clone(), Arc::clone(&ok));
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = table::<St>(1, &clock);
+        let keyed = l.table::<St>(1, &clock);
         l.fill(&keyed, Nanos::from_secs(1));
         assert!(keyed
             .check_n_at(&l.newcomer, Nanos::from_secs(1), 1)
             .is_allowed());
         let m = keyed.metrics();
-        // Not `evicted == 0`: the models assert that, and a search that required it
-        // would pick, under a mutation evicting after a look, a layout hiding it.
-        let looked = keyed.full_looks() == 1 && m.reclaimed == 1;
+        // A look ran only if the hand's sweep and the sample met no idle key, so it
+        // found them all. Nothing more is asked (the models assert the counts): a
+        // search that asked more would pick, under a mutation of the look, a layout
+        // hiding it.
+        let looked = keyed.full_looks() == 1 && m.reclaimed > 0;
         o.store(looked, std::sync::atomic::Ordering::Relaxed);
     });
     ok.load(std::sync::atomic::Ordering::Relaxed)
@@ -180,6 +227,7 @@ where
 fn model_the_look<St, R>(
     model: &'static str,
     outcomes: &'static [&'static str],
+    shape: Shape,
     (burst, live_at): (u64, Nanos),
     read: fn(&Table<St>, &Layout) -> R,
     judge: fn(&Table<St>, &Layout, R, usize) -> usize,
@@ -187,12 +235,12 @@ fn model_the_look<St, R>(
     St: Placement + Storage<u64, GcraState> + 'static,
     R: Send + 'static,
 {
-    let layout = Arc::new(layout::<St>());
+    let layout = Arc::new(layout::<St>(shape));
     let seen = Seen::new(outcomes);
     let s = seen.clone();
     loom::model(move || {
         let clock = ManualClock::starting_at(Nanos::from_secs(1));
-        let keyed = table::<St>(burst, &clock);
+        let keyed = layout.table::<St>(burst, &clock);
         layout.fill(&keyed, live_at);
         let (other, keys) = (Arc::clone(&keyed), Arc::clone(&layout));
         let span = Arc::new(Span::default());
@@ -215,14 +263,16 @@ fn model_the_look<St, R>(
 /// A check of the key the look shifts back, racing the look: burst 2, the key
 /// charged once at 1 s, checked again at 1 s by the reader. Both charges stand
 /// wherever the shift was when the reader ran (a third is denied), the look evicted
-/// nothing and every filler kept its charge.
-fn a_key_the_look_moves_keeps_every_charge<St>()
+/// nothing and every filler kept its charge. On `TWO_IDLE` the key is moved twice
+/// by one look.
+fn a_key_the_look_moves_keeps_every_charge<St>(shape: Shape)
 where
     St: Placement + Storage<u64, GcraState> + 'static,
 {
     model_the_look::<St, _>(
         "a_key_the_look_moves_keeps_every_charge",
         PLACEMENTS,
+        shape,
         (2, Nanos::from_secs(1)),
         |keyed, layout| keyed.check_n_at(&layout.behind, Nanos::from_secs(1), 1),
         |keyed, layout, checked, placement| {
@@ -241,12 +291,13 @@ where
             );
             let m = keyed.metrics();
             assert_eq!(keyed.full_looks(), 1);
-            assert_eq!((m.reclaimed, m.evicted), (1, 0), "{m:?}");
-            assert_eq!(m.live_keys, SHARE as u64);
-            // The idle key is gone (fresh: 2 units), every filler keeps its unit.
-            assert!(keyed
-                .peek_at(&layout.idle, Nanos::from_secs(1), 2)
-                .is_allowed());
+            let idle = layout.idle.len() as u64;
+            assert_eq!((m.reclaimed, m.evicted), (idle, 0), "{m:?}");
+            assert_eq!(m.live_keys, (layout.shape.share as u64) - idle + 1);
+            // The idle keys are gone (fresh: 2 units), every filler keeps its unit.
+            for k in &layout.idle {
+                assert!(keyed.peek_at(k, Nanos::from_secs(1), 2).is_allowed());
+            }
             for f in &layout.fillers {
                 assert!(!keyed.peek_at(f, Nanos::from_secs(1), 2).is_allowed());
             }
@@ -265,6 +316,7 @@ where
     model_the_look::<St, _>(
         "a_peek_of_a_key_the_look_moves_sees_its_charge",
         PLACEMENTS,
+        ONE_IDLE,
         (1, Nanos::from_secs(1)),
         |keyed, layout| keyed.peek_at(&layout.behind, Nanos::from_secs(1), 1),
         |keyed, _, peeked, placement| {
@@ -295,13 +347,14 @@ where
     model_the_look::<St, _>(
         "a_key_made_live_before_the_look_is_never_reclaimed",
         &["checked first (the look found nothing)", "the look first"],
+        ONE_IDLE,
         (1, Nanos::new(500_000_000)),
-        |keyed, layout| keyed.check_n_at(&layout.idle, Nanos::from_secs(1), 1),
+        |keyed, layout| keyed.check_n_at(&layout.idle[0], Nanos::from_secs(1), 1),
         |keyed, layout, checked, _| {
             assert!(checked.is_allowed(), "idle (or fresh) at 1 s: {checked:?}");
             // The check's charge stands: denied until 2 s. A look that reclaimed the
             // key after the check made it live would leave it fresh here.
-            let again = keyed.peek_at(&layout.idle, Nanos::from_secs(1), 1);
+            let again = keyed.peek_at(&layout.idle[0], Nanos::from_secs(1), 1);
             assert_eq!(
                 again.retry_after(),
                 Some(Duration::from_secs(1)),
@@ -310,7 +363,7 @@ where
             // One key charged at ½ s went in either order, never the newcomer.
             let m = keyed.metrics();
             assert_eq!(m.evicted, 1, "{m:?}");
-            assert_eq!(m.live_keys, SHARE as u64);
+            assert_eq!(m.live_keys, layout.shape.share as u64);
             let newcomer = keyed.peek_at(&layout.newcomer, Nanos::from_secs(1), 1);
             assert_eq!(newcomer.retry_after(), Some(Duration::from_secs(1)));
             let looks = keyed.full_looks();
@@ -330,7 +383,12 @@ macro_rules! look_models {
         mod $name {
             #[test]
             fn a_key_the_look_moves_keeps_every_charge() {
-                super::a_key_the_look_moves_keeps_every_charge::<$storage>();
+                super::a_key_the_look_moves_keeps_every_charge::<$storage>(super::ONE_IDLE);
+            }
+
+            #[test]
+            fn a_key_the_look_moves_twice_keeps_every_charge() {
+                super::a_key_the_look_moves_keeps_every_charge::<$storage>(super::TWO_IDLE);
             }
 
             #[test]
