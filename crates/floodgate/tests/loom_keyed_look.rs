@@ -5,8 +5,10 @@
 //! lock-free reader of another key of the same shard runs. On every storage (`Heap`,
 //! `Inline`, `Fingerprint`):
 //!
-//! * a check of a key the look's backward shift moves keeps its charge and the
-//!   earlier one (never lost, never counted twice, never a half-moved entry);
+//! * a check of a key the look's backward shift moves — once, or twice by a look
+//!   that reclaims two idle keys ahead of it in its cluster (the pass looks again
+//!   at a slot a key shifted into) — keeps its charge and the earlier one (never
+//!   lost, never counted twice, never a half-moved entry);
 //! * a peek of that key sees its charge wherever the shift has got to (a miss while
 //!   keys move is retried under the lock);
 //! * a key that an earlier check made live at the inserting decision's reading is
@@ -18,7 +20,8 @@
 //!
 //! The shard is one of 10 keys (14 slots) — the least a look can happen in: the
 //! hand's sweep passes 4 slots and the sample must meet 8 live keys before the idle
-//! one. Which slots hold which keys is searched for once a storage ([`layout`]),
+//! one — or of 16 keys (22 slots) for the key moved twice ([`TWO_IDLE`]). Which
+//! slots hold which keys is searched for once a storage and shape ([`layout`]),
 //! with the look counter as the test, so the models do not depend on the hand's
 //! stride.
 //!
