@@ -1541,6 +1541,15 @@ where
         self.stripes.metrics(self.table.counts())
     }
 
+    /// Under loom only: how many full looks for idle keys the table's shards made
+    /// before an eviction (see the storage module's `evict_sampled`), so that a loom
+    /// model can assert the look it races actually ran.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn full_looks(&self) -> u64 {
+        self.table.counts().full_looks
+    }
+
     /// The configured key capacity.
     ///
     /// # Examples

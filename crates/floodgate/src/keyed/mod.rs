@@ -104,7 +104,8 @@
 //!   word to a reserved *dead* word; a concurrent decision either lands before (the
 //!   reclaimer sees it and re-judges) or fails its CAS, sees *dead* and retries on
 //!   the locked path. A removed slot never hands one key's state to another (loom:
-//!   `tests/loom_keyed.rs`).
+//!   `tests/loom_keyed.rs`; the full look's pass racing checks and peeks of keys it
+//!   moves or that a check makes live: `tests/loom_keyed_look.rs`).
 //!
 //! ## Why this design
 //!

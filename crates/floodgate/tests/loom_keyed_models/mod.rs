@@ -6,7 +6,8 @@
 //! slot must never hand one key's state to another, reclaiming an idle key must
 //! lose no charge, and a removal must never let a check with an earlier clock
 //! reading start the fresh state in the past, nor a refund land on the re-created
-//! state.
+//! state. `tests/loom_keyed_look.rs` (the full look's models) uses only the
+//! placement helpers ([`Placement`], [`home`]).
 #![allow(dead_code)] // each file uses the models it needs
 
 use std::sync::Arc;

@@ -300,8 +300,9 @@ pub(crate) struct WriteSide {
     pub(crate) reclaimed: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) removed: AtomicU64,
-    /// Full looks for idle keys made before an eviction (tests count them).
-    #[cfg(test)]
+    /// Full looks for idle keys made before an eviction (unit tests and the loom
+    /// models count them).
+    #[cfg(any(test, loom))]
     pub(crate) full_looks: AtomicU64,
 }
 
@@ -320,7 +321,7 @@ impl WriteSide {
             reclaimed: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             removed: AtomicU64::new(0),
-            #[cfg(test)]
+            #[cfg(any(test, loom))]
             full_looks: AtomicU64::new(0),
         })
     }
@@ -459,7 +460,7 @@ pub(crate) fn sum_counts<'a>(sides: impl Iterator<Item = &'a WriteSide>) -> Tabl
         c.reclaimed += side.reclaimed.load(Ordering::Relaxed);
         c.evicted += side.evicted.load(Ordering::Relaxed);
         c.removed += side.removed.load(Ordering::Relaxed);
-        #[cfg(test)]
+        #[cfg(any(test, loom))]
         {
             c.full_looks += side.full_looks.load(Ordering::Relaxed);
         }
@@ -822,7 +823,7 @@ pub struct TableCounts {
     pub(crate) evicted: u64,
     pub(crate) removed: u64,
     /// Full looks for idle keys made before an eviction.
-    #[cfg(test)]
+    #[cfg(any(test, loom))]
     pub(crate) full_looks: u64,
 }
 
@@ -1219,7 +1220,7 @@ where
     if sampled == EVICTION_SAMPLE && writer.look_in == 0 {
         // The walk stopped short of the whole shard: look at all of it for idle keys
         // first. A pass that reclaims nothing moves no key, so `victim` and `i` stay.
-        #[cfg(test)]
+        #[cfg(any(test, loom))]
         side.full_looks.fetch_add(1, Ordering::Relaxed);
         let before = side.reclaimed.load(Ordering::Relaxed);
         sweep(shard, writer, algorithm, now, Walk::Whole);
