@@ -70,8 +70,8 @@ impl Version {
     /// The pre-change `common.lua` is the current one but for `record_refund`,
     /// which dropped one record at most.
     fn pre() -> Version {
-        let once = "  if #list > REFUNDS_KEPT then\n";
-        let common = COMMON_NOW.replace("  while #list > REFUNDS_KEPT do\n", once);
+        let once = "  if #list > (kept or REFUNDS_KEPT) then\n";
+        let common = COMMON_NOW.replace("  while #list > (kept or REFUNDS_KEPT) do\n", once);
         assert_eq!(common.matches(once).count(), 1);
         Version::of(&common, GCRA_PRE)
     }

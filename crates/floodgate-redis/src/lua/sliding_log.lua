@@ -279,29 +279,13 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
   return n, function()
-    local was = {}
-    for _, r in ipairs(list) do was[r] = true end
-    local _, floor = record_refund(list, id, meta.floor)
     local logged = meta.logged
     if newest and newest.at > logged then logged = newest.at end
-    -- The new head first: the key never empties (it would lose its time to live,
-    -- which these writes keep). The ledger grew by n > 0: another name.
-    redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
-    redis.call('ZREM', key, meta.head)
-    if logged ~= meta.logged then
-      redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
-      if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
-    end
-    -- The record record_refund added, and the one it forgot past REFUNDS_KEPT (the
-    -- first of the list, never the new one).
-    for _, r in ipairs(list) do
-      if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
-    end
-    for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
     -- Every member from x on renamed: one ZREM of the old names, then one ZADD of
     -- the new (no new name is an old one: each total dropped by n > 0, one member
     -- per instant), the member at x left out at 0 units. The key never holds more
-    -- members than it did: a listpack stays one.
+    -- members than it did: a listpack stays one. The refund members stay (the
+    -- key never empties: it would lose its time to live, which these writes keep).
     local gone, put = {}, {}
     for i, m in ipairs(after) do
       gone[i] = m.name
@@ -314,5 +298,35 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
     end
     batched('ZREM', key, gone, 1)
     batched('ZADD', key, put, 2)
+    -- The records kept: those of a receipt that may still give back. One whose
+    -- instant is before `logged` (which never falls, and which every version's
+    -- charge logs no earlier than) with no member left there gives back nothing
+    -- again (a refund takes units only from a member at its instant, and no
+    -- member is made there again): forgotten without raising the floor. So a
+    -- crowd charged at distinct instants and given back in any order keeps a
+    -- record or two; REFUNDS_KEPT bounds the rest.
+    local was, live = {}, {}
+    for _, r in ipairs(list) do
+      was[r] = true
+      local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
+      if rx >= logged or redis.call('ZRANGEBYSCORE', key, fmt(rx), fmt(rx), 'LIMIT', 0, 1)[1] then
+        live[#live + 1] = r
+      end
+    end
+    local _, floor = record_refund(live, id, meta.floor)
+    -- The new head first, then the old one removed. The ledger grew by n > 0:
+    -- another name.
+    redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
+    redis.call('ZREM', key, meta.head)
+    if logged ~= meta.logged then
+      redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
+      if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
+    end
+    -- The record record_refund added, and those pruned or forgotten past
+    -- REFUNDS_KEPT (never the new one).
+    for _, r in ipairs(live) do
+      if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
+    end
+    for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
   end
 end
