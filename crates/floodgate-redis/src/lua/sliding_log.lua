@@ -257,12 +257,20 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   if meta.logged > t then t = meta.logged end
   -- Left the window (or an instant no charge of this key logged at).
   if x > t or t - x >= p then return 0 end
-  local found = redis.call('ZRANGEBYSCORE', key, fmt(x), '+inf', 'WITHSCORES')
-  local after = {}
+  -- The members from x on, and from the earliest instant of a record before it
+  -- (whether those instants still hold units, below): one read.
+  local from = x
+  for _, r in ipairs(list) do
+    local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
+    if rx < from then from = rx end
+  end
+  local found = redis.call('ZRANGEBYSCORE', key, fmt(from), '+inf', 'WITHSCORES')
+  local after, held = {}, {}
   for i = 1, #found, 2 do
     local m = log_member({ found[i], found[i + 1] })
     if not m then return malformed(key, 'member not instant:units:total') end
-    after[#after + 1] = m
+    held[m.at] = true
+    if m.at >= x then after[#after + 1] = m end
   end
   local own = after[1]
   if not own or own.at ~= x or own.units < n or n <= 0 then return 0 end
@@ -278,44 +286,29 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
+  local logged = meta.logged
+  if newest and newest.at > logged then logged = newest.at end
+  -- The records kept: those of a receipt that may still give back. One whose
+  -- instant is before `logged` (which never falls, and which every version's
+  -- charge logs no earlier than) with no unit left there after this refund gives
+  -- back nothing again (a refund takes units only from a member at its instant,
+  -- and no member is made there again): forgotten without raising the floor.
+  -- So a crowd charged at distinct instants and given back in any order keeps a
+  -- record or two; REFUNDS_KEPT bounds the rest.
+  local live = {}
+  for _, r in ipairs(list) do
+    local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
+    local holds = held[rx]
+    if rx == x then holds = own.units > n end
+    if rx >= logged or holds then live[#live + 1] = r end
+  end
   return n, function()
-    local logged = meta.logged
-    if newest and newest.at > logged then logged = newest.at end
-    -- Every member from x on renamed: one ZREM of the old names, then one ZADD of
-    -- the new (no new name is an old one: each total dropped by n > 0, one member
-    -- per instant), the member at x left out at 0 units. The key never holds more
-    -- members than it did: a listpack stays one. The refund members stay (the
-    -- key never empties: it would lose its time to live, which these writes keep).
-    local gone, put = {}, {}
-    for i, m in ipairs(after) do
-      gone[i] = m.name
-      local units = m.units
-      if i == 1 then units = units - n end
-      if units > 0 then
-        put[#put + 1] = fmt(m.at)
-        put[#put + 1] = fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n)
-      end
-    end
-    batched('ZREM', key, gone, 1)
-    batched('ZADD', key, put, 2)
-    -- The records kept: those of a receipt that may still give back. One whose
-    -- instant is before `logged` (which never falls, and which every version's
-    -- charge logs no earlier than) with no member left there gives back nothing
-    -- again (a refund takes units only from a member at its instant, and no
-    -- member is made there again): forgotten without raising the floor. So a
-    -- crowd charged at distinct instants and given back in any order keeps a
-    -- record or two; REFUNDS_KEPT bounds the rest.
-    local was, live = {}, {}
-    for _, r in ipairs(list) do
-      was[r] = true
-      local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
-      if rx >= logged or redis.call('ZRANGEBYSCORE', key, fmt(rx), fmt(rx), 'LIMIT', 0, 1)[1] then
-        live[#live + 1] = r
-      end
-    end
+    local was = {}
+    for _, r in ipairs(list) do was[r] = true end
     local _, floor = record_refund(live, id, meta.floor)
-    -- The new head first, then the old one removed. The ledger grew by n > 0:
-    -- another name.
+    -- The new head first: the key never empties (it would lose its time to live,
+    -- which these writes keep), and a write refused for memory (a ZADD) comes
+    -- before any other. The ledger grew by n > 0: another name.
     redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
     redis.call('ZREM', key, meta.head)
     if logged ~= meta.logged then
@@ -328,5 +321,21 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
       if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
     end
     for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end
+    -- Every member from x on renamed: one ZREM of the old names, then one ZADD of
+    -- the new (no new name is an old one: each total dropped by n > 0, one member
+    -- per instant), the member at x left out at 0 units. The key never holds more
+    -- members than it did: a listpack stays one.
+    local gone, put = {}, {}
+    for i, m in ipairs(after) do
+      gone[i] = m.name
+      local units = m.units
+      if i == 1 then units = units - n end
+      if units > 0 then
+        put[#put + 1] = fmt(m.at)
+        put[#put + 1] = fmt(m.at) .. ':' .. fmt(units) .. ':' .. fmt(m.total - n)
+      end
+    end
+    batched('ZREM', key, gone, 1)
+    batched('ZADD', key, put, 2)
   end
 end
