@@ -136,11 +136,13 @@ fn a_receipt_refunded_once_never_gives_back_again_however_many_records_went() {
 
 /// The log keeps the record of a receipt whose instant still holds units of
 /// another charge at that instant (units at one instant are interchangeable):
-/// two charges at 1 s, one at 2 s; the first refunded, then the one at 2 s (whose
-/// refund prunes the records): the first sent again takes nothing of the second's.
+/// three charges at 1 s, one at 2 s; the first two refunded (the second's refund,
+/// at the same instant, prunes the records), then the one at 2 s (which prunes
+/// them again): the first two sent again take nothing of the third's unit.
 ///
-/// Mutation seen failing: the pruning's member check left out (every record before
-/// `logged` forgotten: the second refund of the first takes the other unit at 1 s).
+/// Mutations seen failing: the pruning's member check left out (`rx >= logged`
+/// alone: every record before `logged` forgotten); the refund's own instant taken
+/// as emptied (`if rx == x then holds = false end`).
 #[test]
 fn a_log_record_is_kept_while_its_instant_holds_units() {
     let Some(server) = RedisServer::start() else {
@@ -156,12 +158,15 @@ fn a_log_record_is_kept_while_its_instant_holds_units() {
     );
     rt.block_on(async {
         let key = "shared";
-        let a = crowd(&l, key, 2, 1_000_000, 0).await;
+        let a = crowd(&l, key, 3, 1_000_000, 0).await;
         let b = crowd(&l, key, 1, 2_000_000, 0).await;
         assert!(l.refund_at_micros(&a[0], 2_000_000).await.unwrap());
+        assert!(l.refund_at_micros(&a[1], 2_000_000).await.unwrap());
+        assert!(!l.refund_at_micros(&a[0], 2_000_000).await.unwrap());
         assert!(l.refund_at_micros(&b[0], 2_000_000).await.unwrap());
         assert_eq!(left(&l, key, 2_000_000).await, 9);
         assert!(!l.refund_at_micros(&a[0], 2_000_000).await.unwrap());
+        assert!(!l.refund_at_micros(&a[1], 2_000_000).await.unwrap());
         assert_eq!(left(&l, key, 2_000_000).await, 9);
     });
 }
