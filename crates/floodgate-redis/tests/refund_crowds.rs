@@ -252,3 +252,72 @@ fn a_window_forgets_the_records_of_its_older_windows() {
         assert_eq!(records.split(',').count(), 12, "{algorithm:?}: {state}");
     }
 }
+
+/// A key at the cap: 100 charges at one reading, 64 refunded, then 10 more
+/// charged and refunded (latest first; GCRA's each followed by its note): a window
+/// keeps 64 records, GCRA (burst 100) 64 receipts and a note each; each state's length is within the bound its
+/// numbers give (every number below 2^53: at most 16 digits; a window record 4 of
+/// them, a GCRA receipt 2, a note 4, the fields before the records 6). `MEMORY
+/// USAGE` is printed (`--nocapture`), not asserted (it depends on the allocator).
+///
+/// Mutations seen failing: `REFUNDS_KEPT_WIDE` raised to 65 (65 records);
+/// `gcra_kept` without its cap (`B`: 74 receipts).
+#[test]
+fn a_key_at_the_cap_holds_64_records_within_their_bound() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let t0 = 3_600_000_000 * 1000 + 1_000_000;
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ] {
+        let policy = Policy::per_hour(100).unwrap();
+        let l = with_refunds(&rt, &server, RedisLimiter::builder(algorithm, policy), true);
+        let key = format!("cap-{algorithm:?}");
+        let redis_key = l.redis_keys(&key).remove(0);
+        rt.block_on(async {
+            let mut receipts = crowd(&l, &key, 100, t0, 0).await;
+            receipts.reverse();
+            for r in &receipts[..64] {
+                assert!(l.refund_at_micros(r, t0).await.unwrap(), "{algorithm:?}");
+            }
+            // Ten more at a later ledger, refunded: ten records of the first
+            // crowd dropped (the floor past its ledger).
+            let mut more = crowd(&l, &key, 10, t0, 0).await;
+            more.reverse();
+            for r in &more {
+                assert!(l.refund_at_micros(r, t0).await.unwrap(), "{algorithm:?}");
+            }
+        });
+        let state: String = server.cmd(&["GET", &redis_key]);
+        let records: Vec<&str> = state.rsplit(':').next().unwrap().split(',').collect();
+        let (receipts, notes) = match algorithm {
+            Algorithm::Gcra => {
+                let notes = records.iter().filter(|r| r.starts_with("0/1/")).count();
+                let reading = records.iter().filter(|r| r.starts_with("0/0/")).count();
+                (records.len() - notes - reading, notes)
+            }
+            _ => (records.len(), 0),
+        };
+        assert_eq!(receipts, 64, "{algorithm:?}");
+        let per_receipt = if algorithm == Algorithm::Gcra {
+            2 * 17
+        } else {
+            4 * 17
+        };
+        let bound = 6 * 17 + 17 + 64 * per_receipt + notes * 4 * 17;
+        assert!(
+            state.len() <= bound,
+            "{algorithm:?}: {} > {bound}",
+            state.len()
+        );
+        let bytes: u64 = server.cmd(&["MEMORY", "USAGE", &redis_key]);
+        eprintln!(
+            "{algorithm:?} at the cap: {receipts} receipts, {notes} notes, {} bytes of state, MEMORY USAGE {bytes}",
+            state.len()
+        );
+    }
+}
