@@ -87,9 +87,9 @@ fn a_crowd_of_twelve_refunded_in_any_order_gets_the_whole_limit_back() {
 /// After 30 more charges no receipt gives back again, and the units left stay 70.
 ///
 /// Mutations seen failing: the floor check left out of `refundable` (`noted <
-/// floor` never refuses: a dropped record's receipt gives back again); on the
-/// log, the pruning's member check left out (every record before `logged`
-/// forgotten: see also the two log tests below).
+/// floor` never refuses: a dropped record's receipt gives back again, fixed
+/// window); `window_records` returning none (the window's receipt 0 again); the
+/// log's records never pruned (its crowd's refunds refused past 9).
 #[test]
 fn a_receipt_refunded_once_never_gives_back_again_however_many_records_went() {
     let Some(server) = RedisServer::start() else {
