@@ -17,7 +17,8 @@
 mod common;
 
 use common::{
-    command_stats, redis_now_micros, refund_driver, runtime, with_refunds, RedisServer, GIVEN_TIME,
+    command_stats, eval, redis_now_micros, refund_driver, runtime, with_refunds, RedisServer,
+    GIVEN_TIME,
 };
 use common::{AtLatestReading, InProcess, Reading};
 use floodgate::{Nanos, Policy, RateLimiter};
@@ -87,16 +88,6 @@ const TEN: u64 = 10_000_000;
 /// What a charge answered: admitted, and the receipt `[start, end, ledger,
 /// incarnation]` when it wrote one.
 type Charge = (bool, Option<[u64; 4]>);
-
-fn eval(server: &RedisServer, script: &str, key: &str, args: &[u64]) -> redis::RedisResult<Value> {
-    let mut conn = server.connection()?;
-    redis::cmd("EVAL")
-        .arg(script)
-        .arg(1)
-        .arg(key)
-        .arg(args)
-        .query(&mut conn)
-}
 
 fn int(v: &Value) -> u64 {
     match v {

@@ -77,15 +77,9 @@ fn versions(algorithm: &str) -> (Version, Version) {
     )
 }
 
+/// `common::eval`, its reply (an error fails the test).
 fn eval(server: &RedisServer, script: &str, key: &str, args: &[u64]) -> Value {
-    let mut conn = server.connection().expect("a connection");
-    redis::cmd("EVAL")
-        .arg(script)
-        .arg(1)
-        .arg(key)
-        .arg(args)
-        .query(&mut conn)
-        .unwrap_or_else(|e| panic!("a reply: {e}"))
+    common::eval(server, script, key, args).unwrap_or_else(|e| panic!("a reply: {e}"))
 }
 
 fn int(v: &Value) -> u64 {
