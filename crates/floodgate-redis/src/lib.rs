@@ -242,7 +242,10 @@
 //!   command), at most `L` members under one policy (every one holds a unit of the
 //!   window at the refund's reading; more only while a policy of another period or
 //!   limit charges the same key, a rolling deploy), and at most six more commands
-//!   for the refund members.
+//!   for the refund members (and one `ZREM` per record it forgets, **Once**). Its
+//!   one read of the members starts at the earliest instant of a record the key
+//!   remembers, where that is before the charge's (whether those instants still
+//!   hold units decides which records it forgets).
 //!   The cost is inherent to the running totals that let a decision read
 //!   `O(log² n)` members instead of the window. Once the instant has left the
 //!   window, nothing. All of the charge's units or none (units logged at one instant are interchangeable, so
