@@ -1395,11 +1395,12 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   the refund state) keeps its charge, with no round trip
 ///   for a refund. A Redis GCRA refund follows the in-process rule above (a
 ///   refund of the key's last booking costs no earlier one anything), and a Redis
-///   key remembers its latest 8 refunds: a receipt older than all of them gives
-///   back nothing, and so do receipts charged together with them — of n requests
-///   of one key charged before any refund landed and all turned away, those
-///   refunded after the ninth give back nothing (open: a loss, never an
-///   admission; `review_s46_redis.rs`). A request whose response future is dropped before it reaches
+///   key remembers enough refunds for a crowd of one key charged before any
+///   refund landed and all turned away: up to 64 requests of one window, `B` of a
+///   GCRA key (8 to 64), any number on a sliding log charged at distinct
+///   instants all give back, in any order (floodgate-redis docs, "Refunds",
+///   **Once**); past that, the receipts refunded after the forgotten ones give
+///   back nothing (a loss, never an admission; `review_s46_redis.rs`). A request whose response future is dropped before it reaches
 ///   the inner service (the client went away while a later rule made it wait, or
 ///   during a rejection's refund round trips) is given back its remote charges
 ///   too, by a task nothing awaits: spawned with the

@@ -16,16 +16,16 @@
 //!   limit nor a passed request's unit given back (a timed-out call may still
 //!   have charged, a documented loss; none may give back twice).
 //!
-//! **Finding** (floodgate-redis, open): a key remembers its last 8 refunds, and a
-//! refund raises the key's floor past the ledger of the record it forgets. Every
-//! charge made before any of the crowd's refunds saw the same ledger, so the 9th
-//! refund's record pushes out one of the same ledger, the floor rises above it, and
-//! every later refund of the crowd gives back nothing: of 12 requests turned away
-//! at once, 9 units come back and 3 stay spent (fixed window, sliding window,
-//! sliding log alike). The crate docs say a receipt gives back nothing only when
-//! its charge "came before all of" the remembered ones; these came with them. A
-//! loss, never an over-admission: [`a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back`]
-//! (ignored, open).
+//! **Finding** (floodgate-redis, fixed in session 46's crowd records): a key
+//! remembered its last 8 refunds, and a refund raised the key's floor past the
+//! ledger of the record it forgot. Every charge made before any of the crowd's
+//! refunds saw the same ledger, so the 9th refund's record pushed out one of the
+//! same ledger, the floor rose above it, and every later refund of the crowd gave
+//! back nothing: of 12 requests turned away at once, 9 units came back and 3 stayed
+//! spent (fixed window, sliding window, sliding log alike). A loss, never an
+//! over-admission. Now a window remembers 64 refunds of its current window and a
+//! log forgets only the records of receipts that can give nothing back again:
+//! [`a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back`].
 
 use std::convert::Infallible;
 use std::future::{ready, Future};
@@ -194,16 +194,17 @@ async fn a_crowd_of_eight_turned_away_at_once_gets_its_budget_back() {
     }
 }
 
-/// Twelve requests of one user turned away together should get the user's whole
-/// budget back (the windows' and the log's refunds are documented exact in any
-/// order); 9 units come back and 3 stay spent: the key remembers 8 refunds, and
-/// the floor raised past the ledger of the one the 9th forgets (the ledger every
-/// charge of the crowd saw) refuses the rest.
+/// Twelve requests of one user turned away together get the user's whole budget
+/// back (the windows' and the log's refunds are documented exact in any order):
+/// a window remembers 64 refunds of its current window, and a log forgets the
+/// record of a receipt whose instant holds no unit any more.
+///
+/// Mutations seen failing: the windows' records kept to 8 (`REFUNDS_KEPT_WIDE`
+/// not passed in `window_refund`) and the log's never pruned: [17, 17, 17], as
+/// before the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "open: floodgate-redis remembers 8 refunds a key; the floor raised past a forgotten record's ledger refuses every receipt charged at that ledger, so a crowd of more than 9 charges turned away at once loses all but 9 (the Lua refund records, not the layer)"]
 async fn a_crowd_of_twelve_turned_away_at_once_gets_its_budget_back() {
     if let Some(left) = crowds_turned_away(12).await {
-        // Seen: [17, 17, 17].
         assert_eq!(left, [20, 20, 20], "units left after 12 refunds");
     }
 }

@@ -177,7 +177,7 @@
 //!   `now + B·T` stay spent. As in process (session 45; in Redis since session
 //!   46), a refund of the schedule's last booking (nothing booked after it) moved
 //!   nobody and counts in no later refund's shift while the key remembers it
-//!   (its last 8 refunds, **State**): refunds made latest booking first give every
+//!   (the receipts it remembers, **Once**): refunds made latest booking first give every
 //!   booking back, in any order of the charges, exactly as the in-process
 //!   limiter does. A refund never gives back more than its charge took.
 //!   Judged at the later of the server's now and the key's **latest reading** (the
@@ -201,10 +201,25 @@
 //!   key since the charge, even where the state is the charge's window again.
 //! * **Once**: a receipt is recorded when its refund gives something back, so sending
 //!   it again — a refund whose reply was lost, sent again, or the same receipt from
-//!   two replicas at once — gives back nothing more. A key remembers its last 8
-//!   refunds (a sliding log: the 8 of the latest charges, by the ledger each
-//!   charge saw); a receipt whose charge came before all of them gives back
-//!   nothing (a conservative loss, never a second refund).
+//!   two replicas at once — gives back nothing more. Each charge notes the key's
+//!   refund ledger; a key that forgets a record raises its floor past the
+//!   ledger that record's charge noted, and a receipt noted below the floor gives
+//!   back nothing (a conservative loss, never a second refund). Charges made
+//!   together, before any of their refunds, all note one ledger, so forgetting
+//!   one of their records refuses the rest: a key remembers enough for such a
+//!   crowd (session 46). A fixed or sliding window remembers the refunds of its
+//!   current window, the last 64 (a record of an older window is forgotten
+//!   without raising the floor: its receipt gives nothing back in any case); a
+//!   GCRA key the last `B` receipts refunded (at least 8, at most 64); a sliding
+//!   log forgets, without raising the floor, the record of a receipt whose
+//!   instant is before the latest instant a unit was logged at and holds no unit
+//!   (no refund takes anything there again), and remembers 8 of the others (the
+//!   8 of the latest charges, by the ledger each charge saw). So up to 64 charges
+//!   of one window, `B` of a GCRA key, and any number of a log charged at
+//!   distinct instants, all turned away together, give everything back in any
+//!   order; beyond that the first refunds forgotten raise the floor (the rest of
+//!   the crowd then gives back nothing). A log's charges at one instant share a
+//!   member: their records stay until its last unit is given back, 8 at most.
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
@@ -227,7 +242,10 @@
 //!   command), at most `L` members under one policy (every one holds a unit of the
 //!   window at the refund's reading; more only while a policy of another period or
 //!   limit charges the same key, a rolling deploy), and at most six more commands
-//!   for the refund members.
+//!   for the refund members (and one `ZREM` per record it forgets, **Once**). Its
+//!   one read of the members starts at the earliest instant of a record the key
+//!   remembers, where that is before the charge's (whether those instants still
+//!   hold units decides which records it forgets).
 //!   The cost is inherent to the running totals that let a decision read
 //!   `O(log² n)` members instead of the window. Once the instant has left the
 //!   window, nothing. All of the charge's units or none (units logged at one instant are interchangeable, so
@@ -292,8 +310,8 @@
 //!   no latest reading until a new version's admission. It drops the reading in
 //!   place of a receipt, so while its refunds follow the new version's
 //!   admissions the key keeps one receipt more for each; the new version's next
-//!   refund trims them back to 8 (each receipt trimmed then gives nothing back,
-//!   as any charged before the 8 a key remembers). Until every replica runs
+//!   refund trims them back to what it remembers (each receipt trimmed then gives nothing back,
+//!   as any charged before the receipts a key remembers). Until every replica runs
 //!   the new version a `TIME` that steps back may still free a later admission's
 //!   schedule on such keys, as before; no state either version writes is
 //!   malformed to the other. A version from before the notes (session 45 and
@@ -302,8 +320,12 @@
 //!   every later shift: less given back, never more), and once its refunds fill
 //!   the 8 records it keeps, it drops notes as receipts (its floor then rises to
 //!   1 at most for each: receipts charged before any refund give nothing back).
-//!   The new version drops a note with its receipt, so a key holds at most 8
-//!   receipts and a note each. A limiter with refunds off still reads and
+//!   The new version drops a note with its receipt, so a key holds at most 64
+//!   receipts (its burst, at least 8) and a note each. The versions before the
+//!   crowd records (session 46) remember 8 receipts of every key and read any number: on a key
+//!   of more (written by this version) their next refund trims it to 8, raising
+//!   the floor (a conservative loss); the sliding log's 8 are unchanged, as those
+//!   versions refuse a log of more refund members as malformed. A limiter with refunds off still reads and
 //!   keeps these fields where a limiter with them on wrote them.
 //!
 //! ## Replay
@@ -1050,8 +1072,10 @@ impl<C: Connection> RedisLimiter<C> {
     ///
     /// Safe to send again (after a timeout, from another replica): the server
     /// records each refund by its receipt and gives a charge back at most once. It
-    /// remembers the last 8 refunds of a key; a receipt charged before all of
-    /// them gives back nothing (a conservative loss).
+    /// remembers the refunds of a key up to a bound (a window's 64 of its current
+    /// window, GCRA's `B` between 8 and 64, a log's 8 besides those that can give
+    /// nothing back again: the crate docs, "Refunds", **Once**); a receipt charged
+    /// before all of them gives back nothing (a conservative loss).
     ///
     /// # Errors
     ///

@@ -293,7 +293,9 @@ fn run_by_scripts(stats: &BTreeMap<String, (u64, u64)>) -> BTreeMap<String, u64>
 /// for the sliding log, one read of its refund members (`ZRANGE` of rank 0, then
 /// `ZRANGEBYSCORE` of the `-inf` members) and, where the receipt may still give
 /// back, one of its newest member (`ZRANGE`) and of the members from the
-/// charge's instant on (`ZRANGEBYSCORE`). Two and four limits; the counts are
+/// charge's instant on (`ZRANGEBYSCORE`; since session 46 from the earliest
+/// remembered record's instant, here the first refund's, in the same one
+/// command). Two and four limits; the counts are
 /// printed (`--nocapture`), BENCHMARKS.md's Redis section quotes them.
 #[test]
 fn a_multi_limit_refund_reads_each_key_once() {

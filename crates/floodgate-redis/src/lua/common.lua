@@ -94,9 +94,20 @@ local function refund_ids(key, ids)
   return list
 end
 
--- How many refunds a key remembers: a receipt whose ledger is below the floor (it
--- was charged before every refund remembered) gives back nothing.
+-- How many refunds a sliding log remembers beyond those it prunes (see
+-- `sliding_log_refund`): a receipt whose ledger is below the floor (it was
+-- charged before every refund remembered) gives back nothing. 8 for the log, whose
+-- previous versions refuse a key of more refund members as malformed.
 local REFUNDS_KEPT = 8
+
+-- How many refunds of its current window a window state remembers, and how many
+-- receipts a GCRA key of burst 64 or more (at least 8, at most its burst, below):
+-- a crowd of one key charged before any of its refunds notes one ledger, and
+-- forgetting one of its refunds raises the floor past every other; as many
+-- charges as a limit admits at once (up to this many) all give back. The
+-- previous versions read any number of records and trim them to 8 on their own
+-- refunds (raising the floor: a conservative loss).
+local REFUNDS_KEPT_WIDE = 64
 
 -- Whether receipt `id` charged at ledger `noted` may still refund, against the
 -- state's ledger, floor and records.
@@ -109,14 +120,14 @@ local function refundable(list, id, noted, ledger, floor)
 end
 
 -- Records `id` in `list`; returns the records as stored and the floor, raised
--- past each oldest one forgotten. The list comes back to REFUNDS_KEPT however long
--- it was found (the windows' and the log's; GCRA trims its own records with their
+-- past each oldest one forgotten. The list comes back to `kept` (REFUNDS_KEPT
+-- when nil) however long it was found (the windows' and the log's; GCRA trims its own records with their
 -- notes, `record_gcra_refund` in gcra.lua, which comes back the same way: a key of
 -- a version without the latest reading may hold more, that version taking the
 -- reading for a receipt of its own and dropping it in a receipt's place).
-local function record_refund(list, id, floor)
+local function record_refund(list, id, floor, kept)
   list[#list + 1] = id
-  while #list > REFUNDS_KEPT do
+  while #list > (kept or REFUNDS_KEPT) do
     local oldest = tonumber(string.match(table.remove(list, 1), '^(%d+)/'))
     if oldest + 1 > floor then floor = oldest + 1 end
   end
@@ -168,6 +179,25 @@ local function window_fields_after_switch(refunds, ledger, born)
   return ':' .. fmt(ledger) .. ':' .. fmt(ledger) .. ':' .. fmt(born) .. ':', ledger
 end
 
+-- The records of `list` (a window state's, "noted/P/window/after" each) that a
+-- receipt may still match, for a refund in window `cw` of period `p` (the state's):
+-- those of that period and of no older window. The others are forgotten without
+-- raising the floor: their receipts give back nothing again in any case, as
+-- `window_refund` gives back only while the state holds the receipt's window and
+-- period, a window state never goes back to an older window of its period (every
+-- version's charges keep the later one), and a write under another period raises
+-- the floor past every receipt charged before it and drops the records
+-- (`window_fields_after_switch`), so a record of another period is none a
+-- script wrote.
+local function window_records(list, cw, p)
+  local live = {}
+  for i = 1, #list do
+    local rp, rw = string.match(list[i], '^%d+/(%d+)/(%d+)/%d+$')
+    if rp and tonumber(rp) == p and tonumber(rw) >= cw then live[#live + 1] = list[i] end
+  end
+  return live
+end
+
 -- Gives back the units of a charge of `n` counted in field `at` of a window state
 -- of `width` numbers (the window first, the period last) at `key`, charged in
 -- window `cw` of period `p` (the count after it `after`, the ledger it saw
@@ -211,7 +241,8 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
   if ledger + back >= EXACT then return 0 end
   return back, function()
     nums[at] = nums[at] - back
-    local kept, new_floor = record_refund(list, id, floor)
+    local kept, new_floor = record_refund(window_records(list, cw, p), id, floor,
+      REFUNDS_KEPT_WIDE)
     for i = 1, width do nums[i] = fmt(nums[i]) end
     local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
       fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept

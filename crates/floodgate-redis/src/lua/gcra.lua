@@ -170,18 +170,18 @@ local function lone_since(key, list, noted, ledger)
 end
 
 -- Records receipt `id` in `list` (and its note `note`, if any) and trims the
--- records to REFUNDS_KEPT receipts, the oldest first, the floor past each one
+-- records to `kept` receipts, the oldest first, the floor past each one
 -- dropped; a note goes with its receipt (a note left first, after a receipt a
 -- version before it dropped, goes too). Returns the records as stored and the
 -- floor.
-local function record_gcra_refund(list, id, note, floor)
+local function record_gcra_refund(list, id, note, floor, kept)
   list[#list + 1] = id
   if note then list[#list + 1] = note end
   local receipts = 0
   for i = 1, #list do
     if not lone_note(list[i]) then receipts = receipts + 1 end
   end
-  while #list > 0 and (receipts > REFUNDS_KEPT or lone_note(list[1])) do
+  while #list > 0 and (receipts > kept or lone_note(list[1])) do
     local oldest = table.remove(list, 1)
     if not lone_note(oldest) then
       receipts = receipts - 1
@@ -190,6 +190,15 @@ local function record_gcra_refund(list, id, note, floor)
     end
   end
   return table.concat(list, ','), floor
+end
+
+-- How many receipts a key of burst `b` remembers: its burst, at least REFUNDS_KEPT
+-- and at most REFUNDS_KEPT_WIDE. A crowd charged before any of its refunds notes
+-- one ledger; at most the burst of it was admitted at once.
+local function gcra_kept(b)
+  if b < REFUNDS_KEPT then return REFUNDS_KEPT end
+  if b > REFUNDS_KEPT_WIDE then return REFUNDS_KEPT_WIDE end
+  return b
 end
 
 -- Gives back the part of a charge's booking [start, e) still ahead of the reading
@@ -246,7 +255,7 @@ local function gcra_refund(key, start, e, noted, born, t, b)
   return back, function()
     local tat = st.tat - back
     if tat < 0 then tat = 0 end
-    local kept, floor = record_gcra_refund(ids, id, note, st.floor)
+    local kept, floor = record_gcra_refund(ids, id, note, st.floor, gcra_kept(b))
     -- The latest reading kept (a refund admits nothing), the key alive as long.
     set_state(key, fmt(tat) .. ':' .. fmt(st.ledger + back) .. ':' .. fmt(st.hi) .. ':' ..
       fmt(floor) .. ':' .. fmt(st.born) .. ':' .. reading_record(st.reading, kept), st.hi - now)

@@ -257,12 +257,20 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   if meta.logged > t then t = meta.logged end
   -- Left the window (or an instant no charge of this key logged at).
   if x > t or t - x >= p then return 0 end
-  local found = redis.call('ZRANGEBYSCORE', key, fmt(x), '+inf', 'WITHSCORES')
-  local after = {}
+  -- The members from x on, and from the earliest instant of a record before it
+  -- (whether those instants still hold units, below): one read.
+  local from = x
+  for _, r in ipairs(list) do
+    local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
+    if rx < from then from = rx end
+  end
+  local found = redis.call('ZRANGEBYSCORE', key, fmt(from), '+inf', 'WITHSCORES')
+  local after, held = {}, {}
   for i = 1, #found, 2 do
     local m = log_member({ found[i], found[i + 1] })
     if not m then return malformed(key, 'member not instant:units:total') end
-    after[#after + 1] = m
+    held[m.at] = true
+    if m.at >= x then after[#after + 1] = m end
   end
   local own = after[1]
   if not own or own.at ~= x or own.units < n or n <= 0 then return 0 end
@@ -278,23 +286,38 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- A ledger past 2^53 would leave the key malformed for every later call: such a
   -- refund gives nothing (a conservative loss, as the floor's).
   if meta.ledger + n >= EXACT then return 0 end
+  local logged = meta.logged
+  if newest and newest.at > logged then logged = newest.at end
+  -- The records kept: those of a receipt that may still give back. One whose
+  -- instant is before `logged` (which never falls, and which every version's
+  -- charge logs no earlier than) with no unit left there after this refund gives
+  -- back nothing again (a refund takes units only from a member at its instant,
+  -- and no member is made there again): forgotten without raising the floor.
+  -- So a crowd charged at distinct instants and given back in any order keeps a
+  -- record or two; REFUNDS_KEPT bounds the rest.
+  local live = {}
+  for _, r in ipairs(list) do
+    local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
+    local holds = held[rx]
+    if rx == x then holds = own.units > n end
+    if rx >= logged or holds then live[#live + 1] = r end
+  end
   return n, function()
     local was = {}
     for _, r in ipairs(list) do was[r] = true end
-    local _, floor = record_refund(list, id, meta.floor)
-    local logged = meta.logged
-    if newest and newest.at > logged then logged = newest.at end
+    local _, floor = record_refund(live, id, meta.floor)
     -- The new head first: the key never empties (it would lose its time to live,
-    -- which these writes keep). The ledger grew by n > 0: another name.
+    -- which these writes keep), and a write refused for memory (a ZADD) comes
+    -- before any other. The ledger grew by n > 0: another name.
     redis.call('ZADD', key, '-inf', log_refunds_head(meta.ledger + n, floor, born))
     redis.call('ZREM', key, meta.head)
     if logged ~= meta.logged then
       redis.call('ZADD', key, '-inf', 'refunds:logged:' .. fmt(logged))
       if meta.logged_name then redis.call('ZREM', key, meta.logged_name) end
     end
-    -- The record record_refund added, and the one it forgot past REFUNDS_KEPT (the
-    -- first of the list, never the new one).
-    for _, r in ipairs(list) do
+    -- The record record_refund added, and those pruned or forgotten past
+    -- REFUNDS_KEPT (never the new one).
+    for _, r in ipairs(live) do
       if was[r] then was[r] = nil else redis.call('ZADD', key, '-inf', 'refunds:id:' .. r) end
     end
     for r in pairs(was) do redis.call('ZREM', key, 'refunds:id:' .. r) end

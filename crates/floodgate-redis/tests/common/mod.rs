@@ -802,6 +802,23 @@ for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
 local now = tonumber(ARGV[1])
 ";
 
+/// `EVAL` of `script` on one `key` with `args`, on a fresh connection (a test that
+/// runs a script assembled by hand: an earlier version beside the current one).
+pub fn eval(
+    server: &RedisServer,
+    script: &str,
+    key: &str,
+    args: &[u64],
+) -> redis::RedisResult<redis::Value> {
+    let mut conn = server.connection()?;
+    redis::cmd("EVAL")
+        .arg(script)
+        .arg(1)
+        .arg(key)
+        .arg(args)
+        .query(&mut conn)
+}
+
 /// The one-limit refund driver of `function` (`script.rs` `refund_driver!`, six
 /// arguments).
 pub fn refund_driver(function: &str) -> String {
