@@ -1398,8 +1398,8 @@ pub type RefundTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 ///   key remembers enough refunds for a crowd of one key charged before any
 ///   refund landed and all turned away: up to 64 requests of one window, `B` of a
 ///   GCRA key (8 to 64), any number on a sliding log charged at distinct
-///   instants all give back, in any order (floodgate-redis docs, "Refunds",
-///   **Once**); past that, the receipts refunded after the forgotten ones give
+///   instants all give back — the windows' and the log's in any order, GCRA's
+///   as far as the rule above allows (floodgate-redis docs, "Refunds", **Once**); past that, the receipts refunded after the forgotten ones give
 ///   back nothing (a loss, never an admission; `review_s46_redis.rs`). A request whose response future is dropped before it reaches
 ///   the inner service (the client went away while a later rule made it wait, or
 ///   during a rejection's refund round trips) is given back its remote charges
