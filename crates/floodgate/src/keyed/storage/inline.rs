@@ -640,6 +640,50 @@ mod tests {
         assert_eq!((c.reclaimed, c.evicted, c.full_looks), (3, 6, 2));
     }
 
+    /// The eviction's sample begins where the hand's walk at that insert began, so
+    /// the slots the walk just read (in cache) are ranked too: in a shard at its
+    /// share of live keys, the one light key, read off a slot of the walk's first 4
+    /// steps, is the one evicted, and every heavy key stays.
+    #[test]
+    fn an_evictions_sample_ranks_the_slots_the_walk_just_read() {
+        let g = Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap());
+        let t0 = Nanos::from_secs(1);
+        let build =
+            || -> InlineTable<GcraState, Exact> { KeyTable::<u64, _>::build(64, 1, Some(5)) };
+        // Where each key lands: the same seed, keys and order give the same slots.
+        let probe = build();
+        for k in 0..64 {
+            assert!(check(&probe, &g, k, t0, 50));
+        }
+        let shard = &probe.set.shards[0];
+        let n = shard.slots.len();
+        // The hand starts at slot 0; the walk reads its first 4 steps, `stride` apart.
+        let walked: Vec<usize> = (0..4).map(|k| k * shard.stride % n).collect();
+        let light = walked
+            .iter()
+            .map(|&i| shard.slots[i].load_now())
+            .filter(|&bits| state_half(bits) != DEAD)
+            .find_map(|bits| (0..64u64).find(|k| InlineKey::to_bits(k) == key_half(bits)))
+            .expect("a key on the walk's first steps");
+        let table = build();
+        for k in 0..64 {
+            let cost = if k == light { 1 } else { 50 };
+            assert!(check(&table, &g, k, t0, cost));
+        }
+        // At the share, every key live: the insert evicts one.
+        assert!(check(&table, &g, 1_000, t0, 50));
+        let c = KeyTable::<u64, _>::counts(&table);
+        assert_eq!((c.live, c.evicted, c.reclaimed), (64, 1, 0));
+        // The light key went (fresh again: its whole burst), every heavy key stayed.
+        assert!(KeyTable::<u64, _>::peek(&table, &g, &light, t0, 100).is_allowed());
+        for k in (0..64).filter(|&k| k != light) {
+            assert!(
+                !KeyTable::<u64, _>::peek(&table, &g, &k, t0, 51).is_allowed(),
+                "heavy key {k} was evicted"
+            );
+        }
+    }
+
     #[test]
     #[cfg(not(miri))] // 20 000 inserts: too slow under Miri, and .ci/run runs this module's ignored tests there
     fn churn_keeps_runs_short_inline() {
