@@ -589,35 +589,47 @@ mod tests {
         assert!(shard.slots.iter().all(|s| state_half(s.load_now()) == DEAD));
     }
 
+    /// One shard for 64 keys, hash seed 5.
+    fn table_of_64() -> InlineTable<GcraState, Exact> {
+        KeyTable::<u64, _>::build(64, 1, Some(5))
+    }
+
+    /// The keys 0..64 that land, in a [`table_of_64`] filled in order, on the slots
+    /// `on(slot, stride, slot count)` picks, in slot order: the same seed, keys and
+    /// order give the same slots in every such table.
+    fn keys_of_64_on(on: impl Fn(usize, usize, usize) -> bool) -> Vec<u64> {
+        let g = Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap());
+        let probe = table_of_64();
+        for k in 0..64 {
+            assert!(check(&probe, &g, k, Nanos::from_secs(1), 50));
+        }
+        let shard = &probe.set.shards[0];
+        let n = shard.slots.len();
+        (0..n)
+            .filter(|&i| on(i, shard.stride, n))
+            .map(|i| shard.slots[i].load_now())
+            .filter(|&bits| state_half(bits) != DEAD)
+            .filter_map(|bits| (0..64u64).find(|k| InlineKey::to_bits(k) == key_half(bits)))
+            .collect()
+    }
+
     /// A full look's credit (the shared shard code, every storage's): in a shard of
     /// 64 keys (credit ⌊64 / 8⌋ = 8), a look that reclaims 3 idle keys defers the next
     /// one by 8 − 3 = 5 live evictions. The idle keys are read off slots the hand's
-    /// first 40 steps do not meet (it starts at slot 0 and inspects 4 slots, then 8
-    /// live keys, `stride` apart), so only a full look finds them.
+    /// first 40 steps do not meet (it starts at slot 0 and inspects 4 slots, then,
+    /// from the first of them, 8 live keys, `stride` apart), so only a full look
+    /// finds them.
     #[test]
     fn the_keys_a_full_look_reclaims_pay_for_it() {
         let g = Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap());
         let t0 = Nanos::from_secs(1);
         let t2 = Nanos::from_secs(3);
-        let build =
-            || -> InlineTable<GcraState, Exact> { KeyTable::<u64, _>::build(64, 1, Some(5)) };
-        // Where each key lands: the same seed, keys and order give the same slots.
-        let probe = build();
-        for k in 0..64 {
-            assert!(check(&probe, &g, k, t0, 50));
-        }
-        let shard = &probe.set.shards[0];
-        let n = shard.slots.len();
-        let met: Vec<usize> = (0..40).map(|k| k * shard.stride % n).collect();
-        let far: Vec<u64> = (0..n)
-            .filter(|i| !met.contains(i))
-            .map(|i| shard.slots[i].load_now())
-            .filter(|&bits| state_half(bits) != DEAD)
-            .filter_map(|bits| (0..64u64).find(|k| InlineKey::to_bits(k) == key_half(bits)))
+        let far: Vec<u64> = keys_of_64_on(|i, stride, n| !(0..40).any(|k| k * stride % n == i))
+            .into_iter()
             .take(3)
             .collect();
         assert_eq!(far.len(), 3, "keys the hand's walk does not meet");
-        let table = build();
+        let table = table_of_64();
         for k in 0..64 {
             // The far keys are idle after 1 s, the others live for 50 s.
             let cost = if far.contains(&k) { 1 } else { 50 };
@@ -638,6 +650,37 @@ mod tests {
         assert!(check(&table, &g, 1_008, t2, 50));
         let c = counts();
         assert_eq!((c.reclaimed, c.evicted, c.full_looks), (3, 6, 2));
+    }
+
+    /// The eviction's sample begins where the hand's walk at that insert began, so
+    /// the slots the walk just read (in cache) are ranked too: in a shard at its
+    /// share of live keys, the one light key, read off a slot of the walk's first 4
+    /// steps, is the one evicted, and every heavy key stays.
+    #[test]
+    fn an_evictions_sample_ranks_the_slots_the_walk_just_read() {
+        let g = Gcra::new(Policy::per_second(1).unwrap().with_burst(100).unwrap());
+        let t0 = Nanos::from_secs(1);
+        // The hand starts at slot 0; the walk reads its first 4 steps, `stride` apart.
+        let light = *keys_of_64_on(|i, stride, n| (0..4).any(|k| k * stride % n == i))
+            .first()
+            .expect("a key on the walk's first steps");
+        let table = table_of_64();
+        for k in 0..64 {
+            let cost = if k == light { 1 } else { 50 };
+            assert!(check(&table, &g, k, t0, cost));
+        }
+        // At the share, every key live: the insert evicts one.
+        assert!(check(&table, &g, 1_000, t0, 50));
+        let c = KeyTable::<u64, _>::counts(&table);
+        assert_eq!((c.live, c.evicted, c.reclaimed), (64, 1, 0));
+        // The light key went (fresh again: its whole burst), every heavy key stayed.
+        assert!(KeyTable::<u64, _>::peek(&table, &g, &light, t0, 100).is_allowed());
+        for k in (0..64).filter(|&k| k != light) {
+            assert!(
+                !KeyTable::<u64, _>::peek(&table, &g, &k, t0, 51).is_allowed(),
+                "heavy key {k} was evicted"
+            );
+        }
     }
 
     #[test]

@@ -1081,7 +1081,10 @@ where
 /// reclaims the idle keys it passes; if none of them was idle, the shard is searched
 /// for idle keys whole when a full look is due ([`evict_sampled`]), and only if that
 /// finds none (or none is due) does the key whose loss forgives least of a small
-/// sample go.
+/// sample go. The sample begins where the hand's walk at this insert began: the slots
+/// the walk just read, a cache line each, are ranked again from cache, and the sample
+/// reads only the slots after them (BENCHMARKS.md, "The eviction's sample,
+/// cache-simulated").
 pub(crate) fn make_room<T, A>(shard: &Shard<T>, writer: &mut Writer, algorithm: &A, now: Nanos)
 where
     T: Slots,
@@ -1090,8 +1093,11 @@ where
     if writer.live < shard.share {
         return;
     }
+    let walked_from = writer.hand;
     sweep(shard, writer, algorithm, now, Walk::Hand(SWEEP_STEP));
     if writer.live >= shard.share {
+        // The sample begins where the walk did: the slots it just read are in cache.
+        writer.hand = walked_from;
         evict_one(shard, writer, algorithm, now);
     }
 }
@@ -1158,17 +1164,17 @@ where
 
 /// One eviction attempt: `Some(Kept)` when the victim changed after it was ranked.
 ///
-/// From the hand, stepping as it does ([`Shard::stride`] slots apart), the first
-/// idle key met is reclaimed; otherwise the first [`EVICTION_SAMPLE`] live keys met
-/// are ranked. Before one of them is evicted, if a *full look* is due, one pass over
-/// every slot of the shard (a [`sweep`] one slot at a time from the hand, under the
-/// same lock) reclaims every idle key; if it reclaimed any, no live key
-/// goes. A full look costs one pass over the slots (≈ 4/3 of the share); it is due
-/// again once it is paid for by [`full_look_credit`] (`⌊share / 8⌋`, at least 1)
-/// removals: the idle keys it reclaimed, then the live evictions after it. So a
-/// look that reclaims that many keys leaves the next one due at once, one that
-/// reclaims none defers it by `⌊share / 8⌋` evictions, and under a flood of unique
-/// live keys an insert inspects ≈ 8 × 4/3 ≈ 11 more slots, amortized.
+/// From the hand (where [`make_room`]'s walk at this insert began), stepping as it does
+/// ([`Shard::stride`] slots apart), the first idle key met is reclaimed; otherwise the
+/// first [`EVICTION_SAMPLE`] live keys met are ranked. Before one of them is evicted,
+/// if a *full look* is due, one pass over every slot of the shard (a [`sweep`] one slot
+/// at a time from the hand, under the same lock) reclaims every idle key; if it
+/// reclaimed any, no live key goes. A full look costs one pass over the slots (≈ 4/3 of
+/// the share); it is due again once it is paid for by [`full_look_credit`]
+/// (`⌊share / 8⌋`, at least 1) removals: the idle keys it reclaimed, then the live
+/// evictions after it. So a look that reclaims that many keys leaves the next one due at once, one that
+/// reclaims none defers it by `⌊share / 8⌋` evictions, and under a flood of unique live
+/// keys an insert inspects ≈ 8 × 4/3 ≈ 11 more slots, amortized.
 ///
 /// The rule, then: a live key is evicted only when the hand's walk met no idle key
 /// and either a full look at this insert's instant found none, or the shard's last
