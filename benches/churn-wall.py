@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Wall-clock of `churn_count` (crates/floodgate/examples/churn_count.rs) built at two
-commits, interleaved: every repetition runs each workload × storage on both binaries
-in turn, so a host's slow spell falls on both. Prints median [min–max] in ms.
+"""Wall-clock of `churn_count` (crates/floodgate/examples/churn_count.rs) built at
+several commits, interleaved: every repetition runs each workload × storage on every
+binary in turn, so a host's slow spell falls on all of them. Prints median [min–max]
+in ms, and each binary's median ÷ the first one's.
 
-    python3 benches/churn-wall.py OLD_BINARY NEW_BINARY [REPS] [WORKLOAD ...]
+    python3 benches/churn-wall.py NAME=BINARY NAME=BINARY [...] [--reps N] [WORKLOAD ...]
 """
 import statistics
 import subprocess
@@ -12,11 +13,20 @@ import time
 
 
 def main():
-    if len(sys.argv) < 3:
+    binaries, workloads, reps = {}, [], 5
+    args = sys.argv[1:]
+    while args:
+        arg = args.pop(0)
+        if arg == "--reps":
+            reps = int(args.pop(0))
+        elif "=" in arg:
+            name, binary = arg.split("=", 1)
+            binaries[name] = binary
+        else:
+            workloads.append(arg)
+    if len(binaries) < 2 or reps < 1:
         sys.exit(__doc__)
-    binaries = {"old": sys.argv[1], "new": sys.argv[2]}
-    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-    workloads = sys.argv[4:] or ["churn", "flood", "known", "fill"]
+    workloads = workloads or ["churn", "flood", "known", "fill"]
     times = {}
     for _ in range(reps):
         for workload in workloads:
@@ -27,12 +37,15 @@ def main():
                                    stdout=subprocess.DEVNULL)
                     elapsed = (time.perf_counter() - start) * 1000
                     times.setdefault((workload, storage), {}).setdefault(name, []).append(elapsed)
-    print("| workload | storage | old, ms | new, ms | new ÷ old (medians) |")
-    print("|---|---|---|---|---|")
+    names = list(binaries)
+    print("| workload | storage | " + " | ".join(f"{n}, ms" for n in names)
+          + " | " + " | ".join(f"{n} ÷ {names[0]}" for n in names[1:]) + " |")
+    print("|---|---|" + "---|" * (2 * len(names) - 1))
     for (workload, storage), by in times.items():
-        cell = {n: f"{statistics.median(v):.1f} [{min(v):.1f}–{max(v):.1f}]" for n, v in by.items()}
-        ratio = statistics.median(by["new"]) / statistics.median(by["old"])
-        print(f"| {workload} | {storage} | {cell['old']} | {cell['new']} | {ratio:.3f} |")
+        cells = [f"{statistics.median(by[n]):.1f} [{min(by[n]):.1f}–{max(by[n]):.1f}]" for n in names]
+        base = statistics.median(by[names[0]])
+        ratios = [f"{statistics.median(by[n]) / base:.3f}" for n in names[1:]]
+        print(f"| {workload} | {storage} | " + " | ".join(cells + ratios) + " |")
 
 
 if __name__ == "__main__":
