@@ -18,6 +18,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
+mod common;
 #[allow(dead_code)] // the harness's generator only
 mod race;
 
@@ -422,7 +423,7 @@ fn reports_on_a_hot_key_under_demotion_churn_never_read_the_closed_word() {
     };
     let tau = Duration::from_secs(BURST);
     let mut bad = Vec::new();
-    for i in 0..2_000_000u32 {
+    for i in 0..common::stress_rounds(2_000_000) as u32 {
         let d = match i % 5 {
             0 => h.peek(&1, 0),
             1 => h.check_n(&1, 0),

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
 use floodgate::keyed::plans::{PlanAlgorithm, PlanId, PlanLimiter, Plans};
 use floodgate::keyed::Heap;
 use floodgate::{
@@ -286,7 +288,7 @@ fn plans_never_admit_beyond_their_limits<A: PlanAlgorithm>(seed: u64) -> TestRes
 
 #[test]
 fn gcra_plans_never_admit_beyond_their_bursts_under_refund_games() -> TestResult {
-    for seed in 0..64 {
+    for seed in 0..common::stress_rounds(64) {
         plans_never_admit_beyond_their_limits::<Gcra>(seed)?;
     }
     Ok(())
@@ -294,7 +296,7 @@ fn gcra_plans_never_admit_beyond_their_bursts_under_refund_games() -> TestResult
 
 #[test]
 fn fixed_window_plans_never_admit_beyond_their_limits_under_refund_games() -> TestResult {
-    for seed in 0..64 {
+    for seed in 0..common::stress_rounds(64) {
         plans_never_admit_beyond_their_limits::<FixedWindow>(seed)?;
     }
     Ok(())
@@ -302,7 +304,7 @@ fn fixed_window_plans_never_admit_beyond_their_limits_under_refund_games() -> Te
 
 #[test]
 fn sliding_window_plans_never_admit_beyond_their_limits_under_refund_games() -> TestResult {
-    for seed in 0..64 {
+    for seed in 0..common::stress_rounds(64) {
         plans_never_admit_beyond_their_limits::<SlidingWindow>(seed)?;
     }
     Ok(())

@@ -362,7 +362,7 @@ fn threaded_rounds(make: &dyn Fn(&ManualClock) -> Box<dyn Limit + Sync + '_>) {
         seed ^= seed << 17;
         seed
     };
-    for round in 0..1_500 {
+    for round in 0..common::stress_rounds(1_500) {
         let clock = ManualClock::starting_at(Nanos::from_secs(1_000));
         let limit = make(&clock);
         let scripts: Vec<Vec<u64>> = (0..2).map(|_| (0..8).map(|_| next()).collect()).collect();

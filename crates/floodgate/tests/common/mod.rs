@@ -238,3 +238,15 @@ pub fn reservation_bound() -> impl Strategy<Value = std::time::Duration> {
         1 => Just(std::time::Duration::MAX),
     ]
 }
+
+/// `n` divided by `FLOODGATE_STRESS_DIVISOR` (default 1, never below one round).
+/// `.ci/run` sets it under ThreadSanitizer, which makes every step of a threaded
+/// stress test several times dearer: the same races run, fewer times over.
+pub fn stress_rounds(n: u64) -> u64 {
+    let divisor = std::env::var("FLOODGATE_STRESS_DIVISOR")
+        .ok()
+        .and_then(|d| d.parse::<u64>().ok())
+        .filter(|&d| d > 0)
+        .unwrap_or(1);
+    (n / divisor).max(1)
+}

@@ -1642,6 +1642,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "pure floating-point arithmetic: nothing for Miri to check"
+    )]
     fn capacity_keys_overflow_no_shard_but_with_a_chance_below_two_to_the_minus_forty() {
         // (capacity, shards): default layouts, small shares, and the most shards a
         // builder takes. The old slack (4·√share + 8) failed the first: 0.37 per fill.
@@ -1702,6 +1706,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "millions of integer steps, no memory access: nothing for Miri to check"
+    )]
     fn the_hands_stride_meets_every_slot_and_spreads_neighbours() {
         for len in 1..3_000usize {
             let s = hand_stride(len);
