@@ -1,0 +1,532 @@
+//! Adversarial review of the Redis refunds (session 47, "redrev"): seeded random
+//! traces of charges and refunds on one key, every algorithm, checked after every
+//! step against an ABSOLUTE bound computed here from the trace alone (no model of
+//! the crate's, no in-process limiter), and against refunding a receipt twice.
+//!
+//! Each trace runs several clients (limiters on connections of their own) on one
+//! key at given times (`charge_n_at_micros` / `refund_at_micros`): charges of 1 to
+//! a few units (now and then one above the limit, always denied and without a
+//! receipt), refunds of a random receipt issued earlier (most of them recent, some
+//! old: out of order, sent again, after their window passed), clock steps forward
+//! small and large, and a few back. The bounds:
+//!
+//! * fixed window: in every window, the units admitted less those of receipts
+//!   that gave back never exceed the limit;
+//! * sliding window counter: the same per window, and at each admission the
+//!   weighted estimate `⌊prev·(P − e)/P⌋ + cur` of those net counts within the limit;
+//! * sliding log: at each admission, the net units logged in `(t − P, t]`
+//!   within the limit;
+//! * GCRA: for any run of admissions `i..=j`, the schedule they booked less the
+//!   most that the refunds between them may legitimately give back is at most
+//!   `B·T + now_j − now_i`.
+//!
+//! The state's clock is the latest reading an admission was made at (a window or a
+//! log never goes back; a refund is judged no earlier). A refund that answers
+//! `true` is counted as giving back the most it may: its whole cost, for GCRA no
+//! more than the part of its booking still ahead of that clock; a refund that
+//! gives back when it may give nothing (its window passed, its instant left the
+//! log, its booking is behind the clock) fails the trace. See VERIFICATION.md,
+//! "session 47: an absolute bound on random refund traces".
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+
+use common::{runtime, with_refunds, RedisServer};
+use floodgate::{Decision, Policy};
+use floodgate_redis::{Algorithm, RedisLimiter, RedisReceipt};
+use proptest::prelude::Rng;
+use proptest::test_runner::{RngAlgorithm, TestRng};
+
+/// The numbers of one algorithm's traces.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    algorithm: Algorithm,
+    /// Units per period (GCRA: the rate).
+    limit: u64,
+    /// Microseconds.
+    period_us: u64,
+    /// GCRA's burst (the others ignore it).
+    burst: u64,
+    /// A charge costs 1 to `max_cost` (and now and then more than the capacity).
+    max_cost: u64,
+    /// A small step forward is below this (µs); a large one is at least the
+    /// period and below four.
+    small_us: u64,
+    seeds: u64,
+    steps: u32,
+    /// Limiters on connections of their own, all on one key.
+    clients: usize,
+}
+
+impl Shape {
+    fn policy(&self) -> Policy {
+        let p = Policy::new(self.limit, std::time::Duration::from_micros(self.period_us)).unwrap();
+        if self.algorithm == Algorithm::Gcra {
+            p.with_burst(self.burst).unwrap()
+        } else {
+            p
+        }
+    }
+
+    /// What one admission may hold at most: the burst (GCRA) or the limit.
+    fn capacity(&self) -> u64 {
+        if self.algorithm == Algorithm::Gcra {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+
+    /// The span the clock steps are scaled on: a window, or GCRA's `B·T`.
+    fn span_us(&self) -> u64 {
+        if self.algorithm == Algorithm::Gcra {
+            self.burst * self.interval_us()
+        } else {
+            self.period_us
+        }
+    }
+
+    /// GCRA's `T` in whole microseconds, as floodgate defines it: `⌈P / L⌉`.
+    fn interval_us(&self) -> u64 {
+        self.period_us.div_ceil(self.limit)
+    }
+
+    fn bound(&self) -> Box<dyn Bound> {
+        let (period, limit) = (self.period_us, self.limit);
+        let windows = |weighted| Windows {
+            period,
+            limit,
+            weighted,
+            ..Windows::default()
+        };
+        match self.algorithm {
+            Algorithm::FixedWindow => Box::new(windows(false)),
+            Algorithm::SlidingWindow => Box::new(windows(true)),
+            Algorithm::SlidingLog => Box::new(Log {
+                period,
+                limit,
+                ..Log::default()
+            }),
+            _ => Box::new(Schedule::new(self.interval_us(), self.burst)),
+        }
+    }
+}
+
+/// An absolute bound, kept from the trace: each call is one admission or one
+/// refund that gave back, and says what the bound forbids of it.
+trait Bound {
+    /// Receipt `id` (the trace's admissions numbered from 0) charged `cost` at the
+    /// reading `now`, its decision `d`.
+    fn admit(&mut self, id: usize, now: u64, cost: u64, d: &Decision) -> Result<(), String>;
+    /// Receipt `id` gave back at the reading `now`.
+    fn refund(&mut self, id: usize, now: u64) -> Result<(), String>;
+}
+
+/// The windows (fixed, and the sliding window counter's aligned ones): net units
+/// per window, indexed on the state's clock.
+#[derive(Default)]
+struct Windows {
+    period: u64,
+    limit: u64,
+    weighted: bool,
+    /// The latest reading an admission was made at.
+    latest: u64,
+    /// Units admitted less units given back, per window index.
+    net: BTreeMap<u64, u64>,
+    /// Each receipt's window and cost.
+    receipts: Vec<(u64, u64)>,
+}
+
+impl Bound for Windows {
+    fn admit(&mut self, id: usize, now: u64, cost: u64, _: &Decision) -> Result<(), String> {
+        assert_eq!(id, self.receipts.len());
+        self.latest = self.latest.max(now);
+        let w = self.latest / self.period;
+        let cur = self.net.entry(w).or_insert(0);
+        *cur += cost;
+        let cur = *cur;
+        self.receipts.push((w, cost));
+        if cur > self.limit {
+            return Err(format!(
+                "window {w} holds {cur} net units, limit {}",
+                self.limit
+            ));
+        }
+        if self.weighted {
+            let prev = w.checked_sub(1).and_then(|p| self.net.get(&p)).copied();
+            let prev = prev.unwrap_or(0);
+            // The elapsed part of the window at the admission's reading (0 for a
+            // reading behind the window's start, the heaviest weight).
+            let e = now.saturating_sub(w * self.period);
+            let estimate = prev * (self.period - e) / self.period + cur;
+            if estimate > self.limit {
+                return Err(format!(
+                    "window {w}: weighted estimate {estimate} (prev {prev}, cur {cur}, e {e}) \
+                     above the limit {}",
+                    self.limit
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn refund(&mut self, id: usize, _now: u64) -> Result<(), String> {
+        let (w, cost) = self.receipts[id];
+        let current = self.latest / self.period;
+        if w != current {
+            return Err(format!(
+                "receipt {id} of window {w} gave back in window {current}"
+            ));
+        }
+        let net = self.net.get_mut(&w).expect("a window charged");
+        *net = net.checked_sub(cost).ok_or("a window below 0")?;
+        Ok(())
+    }
+}
+
+/// The sliding log: net units per logged instant.
+#[derive(Default)]
+struct Log {
+    period: u64,
+    limit: u64,
+    latest: u64,
+    /// Net units per instant.
+    net: BTreeMap<u64, u64>,
+    /// Each receipt's instant and cost.
+    receipts: Vec<(u64, u64)>,
+}
+
+impl Bound for Log {
+    fn admit(&mut self, id: usize, now: u64, cost: u64, _: &Decision) -> Result<(), String> {
+        assert_eq!(id, self.receipts.len());
+        self.latest = self.latest.max(now);
+        let t = self.latest;
+        *self.net.entry(t).or_insert(0) += cost;
+        self.receipts.push((t, cost));
+        let from = (t + 1).saturating_sub(self.period);
+        let live: u64 = self.net.range(from..=t).map(|(_, u)| u).sum();
+        if live > self.limit {
+            return Err(format!(
+                "{live} net units in ({}, {t}], limit {}",
+                t as i128 - self.period as i128,
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+
+    fn refund(&mut self, id: usize, now: u64) -> Result<(), String> {
+        let (x, cost) = self.receipts[id];
+        let t = self.latest.max(now);
+        if t - x >= self.period {
+            return Err(format!(
+                "receipt {id} logged at {x} gave back at {t}, out of the window"
+            ));
+        }
+        let net = self.net.get_mut(&x).expect("an instant charged");
+        *net = net.checked_sub(cost).ok_or("an instant below 0")?;
+        Ok(())
+    }
+}
+
+/// GCRA: the schedule booked less what refunds may have given back, in µs.
+struct Schedule {
+    t: u64,
+    burst: u64,
+    /// The latest reading an admission was made at (a refund is judged no earlier).
+    latest: u64,
+    /// Schedule booked by every admission so far less the most every refund so
+    /// far may have given back.
+    net: i128,
+    /// max over admissions i of `now_i − net` before admission i.
+    best: i128,
+    /// Each receipt's booking end (the reply's reset after its reading) and cost.
+    receipts: Vec<(u64, u64)>,
+}
+
+impl Schedule {
+    fn new(t: u64, burst: u64) -> Schedule {
+        Schedule {
+            t,
+            burst,
+            latest: 0,
+            net: 0,
+            best: i128::MIN,
+            receipts: Vec::new(),
+        }
+    }
+}
+
+impl Bound for Schedule {
+    fn admit(&mut self, id: usize, now: u64, cost: u64, d: &Decision) -> Result<(), String> {
+        assert_eq!(id, self.receipts.len());
+        self.latest = self.latest.max(now);
+        self.best = self.best.max(now as i128 - self.net);
+        self.net += (cost * self.t) as i128;
+        let end = now + d.reset_after().as_micros() as u64;
+        self.receipts.push((end, cost));
+        // For the run of admissions from the one that sets `best` to this one:
+        // booked − given back ≤ B·T + now − now_i.
+        let over = self.net + self.best - now as i128 - (self.burst * self.t) as i128;
+        if over > 0 {
+            return Err(format!(
+                "a run of admissions ending at {now} booked {over} µs past B·T + elapsed"
+            ));
+        }
+        Ok(())
+    }
+
+    fn refund(&mut self, id: usize, now: u64) -> Result<(), String> {
+        let (end, cost) = self.receipts[id];
+        let at = self.latest.max(now);
+        let most = (cost * self.t).min(end.saturating_sub(at));
+        if most == 0 {
+            return Err(format!(
+                "receipt {id} booked until {end} gave back at {at}, its booking passed"
+            ));
+        }
+        self.net -= most as i128;
+        Ok(())
+    }
+}
+
+/// What a shape's traces did, so that a trace that tries nothing fails.
+#[derive(Debug, Default)]
+struct Tally {
+    admitted: u64,
+    denied: u64,
+    /// Refunds that gave back.
+    gave: u64,
+    /// Refunds of a receipt that had given back already (all answered nothing).
+    again: u64,
+    /// Other refunds that gave nothing (window passed, floor, nothing ahead).
+    refused: u64,
+    /// The most refunds that gave back within one span of the clock (a window,
+    /// GCRA's `B·T`).
+    crowd: u64,
+}
+
+/// One trace: `shape`'s clients on one fresh key, seed `seed`. Panics with the
+/// seed, the step and the trace's last operations where a bound breaks.
+fn run_trace(
+    rt: &tokio::runtime::Runtime,
+    clients: &[RedisLimiter],
+    shape: Shape,
+    seed: u64,
+    tally: &mut Tally,
+) {
+    let key = format!("bound-{:?}-{}-{seed}", shape.algorithm, shape.limit);
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8 + 47; 32]);
+    let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n.max(1);
+    let span = shape.span_us();
+    // Far from 0, off any window's start.
+    let base = 1_000 * shape.period_us + span / 3;
+    let mut now = base;
+    let mut bound = shape.bound();
+    // Each receipt with the reading it was charged at.
+    let mut receipts: Vec<(RedisReceipt, u64)> = Vec::new();
+    let mut gave: HashSet<usize> = HashSet::new();
+    let mut log: Vec<String> = Vec::new();
+    // Refunds that gave back per span of the clock (a window, GCRA's B·T).
+    let mut crowds: BTreeMap<u64, u64> = BTreeMap::new();
+    let fail = |log: &[String], step: u32, why: String| -> ! {
+        let tail = &log[log.len().saturating_sub(60)..];
+        panic!(
+            "{:?} limit {} seed {seed} step {step}: {why}\nlast operations:\n{}",
+            shape.algorithm,
+            shape.limit,
+            tail.join("\n")
+        );
+    };
+    // 0: mixed; 1: a flood of charges; 2: a storm of refunds of the current
+    // span's receipts (a crowd given back at once); floods and storms step the
+    // clock by small steps only. Mixed goes to a flood, a flood to a storm, a
+    // storm to a flood or back to mixed.
+    let mut phase = 0;
+    for step in 0..shape.steps {
+        if below(&mut rng, 60) == 0 {
+            phase = match phase {
+                0 => 1,
+                1 => 2,
+                _ => below(&mut rng, 2),
+            };
+            log.push(format!("{step}: phase {phase}"));
+        }
+        let roll = below(&mut rng, 100);
+        let op = match phase {
+            0 => roll,
+            // Charges, then small steps forward.
+            1 if roll < 90 => roll * 40 / 90,
+            1 => 72,
+            // Refunds (a charge where none is left to give back), small steps.
+            _ if roll < 92 => 40 + roll * 30 / 92,
+            _ => 72,
+        };
+        let c = below(&mut rng, shape.clients as u64) as usize;
+        if op < 40 || receipts.is_empty() {
+            let cost = if below(&mut rng, 50) == 0 {
+                shape.capacity() + 1
+            } else {
+                1 + below(&mut rng, shape.max_cost)
+            };
+            let (d, r) = rt
+                .block_on(clients[c].charge_n_at_micros(&key, cost as u32, now))
+                .unwrap();
+            log.push(format!(
+                "{step}: client {c} charges {cost} at {now}: {}",
+                if d.is_allowed() {
+                    format!("receipt {}", receipts.len())
+                } else {
+                    "denied".to_owned()
+                }
+            ));
+            match (d.is_allowed(), r) {
+                (true, Some(r)) => {
+                    tally.admitted += 1;
+                    if let Err(why) = bound.admit(receipts.len(), now, cost, &d) {
+                        fail(&log, step, why);
+                    }
+                    receipts.push((r, now));
+                }
+                (false, None) => tally.denied += 1,
+                (allowed, r) => fail(
+                    &log,
+                    step,
+                    format!("allowed {allowed} with a receipt {}", r.is_some()),
+                ),
+            }
+        } else if op < 70 {
+            // Mostly one of the latest receipts, else any: out of order, sent
+            // again, after its window.
+            let unrefunded: Vec<usize> = (receipts.len().saturating_sub(100)..receipts.len())
+                .filter(|&i| !gave.contains(&i) && receipts[i].1 / span == now / span)
+                .collect();
+            let id = match below(&mut rng, 10) {
+                // A storm: one of the latest not given back yet.
+                0..=8 if phase == 2 && !unrefunded.is_empty() => {
+                    unrefunded[below(&mut rng, unrefunded.len() as u64) as usize]
+                }
+                0..=5 => {
+                    receipts.len() - 1 - below(&mut rng, 6.min(receipts.len() as u64)) as usize
+                }
+                _ => below(&mut rng, receipts.len() as u64) as usize,
+            };
+            let back = rt
+                .block_on(clients[c].refund_at_micros(&receipts[id].0, now))
+                .unwrap();
+            log.push(format!(
+                "{step}: client {c} refunds receipt {id} at {now}: {back}"
+            ));
+            if !back && gave.contains(&id) {
+                tally.again += 1;
+            } else if !back {
+                tally.refused += 1;
+            }
+            if back {
+                tally.gave += 1;
+                let crowd = crowds.entry(now / span).or_insert(0);
+                *crowd += 1;
+                tally.crowd = tally.crowd.max(*crowd);
+                if !gave.insert(id) {
+                    fail(&log, step, format!("receipt {id} gave back twice"));
+                }
+                if let Err(why) = bound.refund(id, now) {
+                    fail(&log, step, why);
+                }
+            }
+        } else if op < 92 {
+            now += if phase == 0 && below(&mut rng, 4) == 0 {
+                span + below(&mut rng, 3 * span)
+            } else {
+                below(&mut rng, shape.small_us)
+            };
+            log.push(format!("{step}: clock to {now}"));
+        } else {
+            now = now.saturating_sub(below(&mut rng, span / 4)).max(base);
+            log.push(format!("{step}: clock back to {now}"));
+        }
+    }
+}
+
+fn run_shape(shape: Shape) {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let clients: Vec<RedisLimiter> = (0..shape.clients)
+        .map(|_| {
+            with_refunds(
+                &rt,
+                &server,
+                RedisLimiter::builder(shape.algorithm, shape.policy()),
+                true,
+            )
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for seed in 1..=shape.seeds {
+        run_trace(&rt, &clients, shape, seed, &mut tally);
+    }
+    eprintln!("{:?} limit {}: {tally:?}", shape.algorithm, shape.limit);
+    let t = &tally;
+    assert!(
+        t.admitted > 0 && t.denied > 0 && t.gave > 0 && t.again > 0 && t.refused > 0,
+        "{tally:?}"
+    );
+}
+
+/// A tight limit, costs up to 3: many denials, refunds that free room for them.
+fn tight(algorithm: Algorithm) -> Shape {
+    Shape {
+        algorithm,
+        limit: 6,
+        period_us: 1_000_000,
+        burst: 8,
+        max_cost: 3,
+        small_us: 120_000,
+        seeds: 4,
+        steps: 400,
+        clients: 3,
+    }
+}
+
+/// A crowd: a limit of 80 of cost 1, small steps, so a window (GCRA: a burst of
+/// 64) sees more refunds than a key remembers.
+fn crowd(algorithm: Algorithm) -> Shape {
+    Shape {
+        algorithm,
+        limit: 80,
+        period_us: 1_000_000,
+        burst: 64,
+        max_cost: 2,
+        small_us: 4_000,
+        seeds: 3,
+        steps: 600,
+        clients: 3,
+    }
+}
+
+#[test]
+fn fixed_window_traces_stay_within_the_limit() {
+    run_shape(tight(Algorithm::FixedWindow));
+    run_shape(crowd(Algorithm::FixedWindow));
+}
+
+#[test]
+fn sliding_window_traces_stay_within_the_limit() {
+    run_shape(tight(Algorithm::SlidingWindow));
+    run_shape(crowd(Algorithm::SlidingWindow));
+}
+
+#[test]
+fn sliding_log_traces_stay_within_the_limit() {
+    run_shape(tight(Algorithm::SlidingLog));
+    run_shape(crowd(Algorithm::SlidingLog));
+}
+
+#[test]
+fn gcra_traces_stay_within_burst_and_rate() {
+    run_shape(tight(Algorithm::Gcra));
+    run_shape(crowd(Algorithm::Gcra));
+}
