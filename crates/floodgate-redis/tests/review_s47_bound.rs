@@ -32,7 +32,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashSet};
 
-use common::{runtime, with_refunds, RedisServer};
+use common::{charge_driver, refund_driver, runtime, with_refunds, RedisServer, GIVEN_TIME};
 use floodgate::{Decision, Policy};
 use floodgate_redis::{Algorithm, RedisLimiter, RedisReceipt};
 use proptest::prelude::Rng;
@@ -113,12 +113,24 @@ impl Shape {
     }
 }
 
+/// An admission as a bound sees it.
+#[derive(Clone, Copy, Debug)]
+struct Admission {
+    /// The reading it was made at (µs).
+    now: u64,
+    cost: u64,
+    /// Whether it gave a receipt (the next of the trace's, numbered from 0); a
+    /// plain check gives none.
+    receipt: bool,
+    /// The decision's reset after (µs): GCRA's booking ends this long after `now`.
+    reset_us: u64,
+}
+
 /// An absolute bound, kept from the trace: each call is one admission or one
 /// refund that gave back, and says what the bound forbids of it.
 trait Bound {
-    /// Receipt `id` (the trace's admissions numbered from 0) charged `cost` at the
-    /// reading `now`, its decision `d`.
-    fn admit(&mut self, id: usize, now: u64, cost: u64, d: &Decision) -> Result<(), String>;
+    /// What `a` may admit.
+    fn admit(&mut self, a: Admission) -> Result<(), String>;
     /// Receipt `id` gave back at the reading `now`.
     fn refund(&mut self, id: usize, now: u64) -> Result<(), String>;
 }
@@ -139,14 +151,16 @@ struct Windows {
 }
 
 impl Bound for Windows {
-    fn admit(&mut self, id: usize, now: u64, cost: u64, _: &Decision) -> Result<(), String> {
-        assert_eq!(id, self.receipts.len());
+    fn admit(&mut self, a: Admission) -> Result<(), String> {
+        let Admission { now, cost, .. } = a;
         self.latest = self.latest.max(now);
         let w = self.latest / self.period;
         let cur = self.net.entry(w).or_insert(0);
         *cur += cost;
         let cur = *cur;
-        self.receipts.push((w, cost));
+        if a.receipt {
+            self.receipts.push((w, cost));
+        }
         if cur > self.limit {
             return Err(format!(
                 "window {w} holds {cur} net units, limit {}",
@@ -198,12 +212,14 @@ struct Log {
 }
 
 impl Bound for Log {
-    fn admit(&mut self, id: usize, now: u64, cost: u64, _: &Decision) -> Result<(), String> {
-        assert_eq!(id, self.receipts.len());
+    fn admit(&mut self, a: Admission) -> Result<(), String> {
+        let Admission { now, cost, .. } = a;
         self.latest = self.latest.max(now);
         let t = self.latest;
         *self.net.entry(t).or_insert(0) += cost;
-        self.receipts.push((t, cost));
+        if a.receipt {
+            self.receipts.push((t, cost));
+        }
         let from = (t + 1).saturating_sub(self.period);
         let live: u64 = self.net.range(from..=t).map(|(_, u)| u).sum();
         if live > self.limit {
@@ -259,13 +275,15 @@ impl Schedule {
 }
 
 impl Bound for Schedule {
-    fn admit(&mut self, id: usize, now: u64, cost: u64, d: &Decision) -> Result<(), String> {
-        assert_eq!(id, self.receipts.len());
+    fn admit(&mut self, a: Admission) -> Result<(), String> {
+        let Admission { now, cost, .. } = a;
         self.latest = self.latest.max(now);
         self.best = self.best.max(now as i128 - self.net);
         self.net += (cost * self.t) as i128;
-        let end = now + d.reset_after().as_micros() as u64;
-        self.receipts.push((end, cost));
+        let end = now + a.reset_us;
+        if a.receipt {
+            self.receipts.push((end, cost));
+        }
         // For the run of admissions from the one that sets `best` to this one:
         // booked − given back ≤ B·T + now − now_i.
         let over = self.net + self.best - now as i128 - (self.burst * self.t) as i128;
@@ -291,6 +309,179 @@ impl Bound for Schedule {
     }
 }
 
+/// A receipt held by the trace: the crate's, or the numbers a script assembled
+/// here returned (a rolling deploy's, which the previous version can refund).
+#[derive(Clone)]
+enum Held {
+    Api(RedisReceipt),
+    Raw(Vec<u64>),
+}
+
+/// One version's given-time charge and refund scripts, assembled as the crate
+/// assembles its own (`review_s46_crowd_deploy.rs`), and the limit's parameters.
+struct Raw {
+    name: &'static str,
+    charge: redis::Script,
+    refund: redis::Script,
+    params: [u64; 2],
+}
+
+/// The current scripts of `shape`'s algorithm and session 46's (`tests/fixtures`),
+/// assembled from their files.
+fn raw_versions(shape: &Shape) -> [Raw; 2] {
+    use common::s46::{
+        COMMON_NOW, COMMON_S46, FIXED_WINDOW, GCRA_NOW, GCRA_S46, SLIDING_LOG_NOW, SLIDING_LOG_S46,
+        SLIDING_WINDOW,
+    };
+    let (function, now, before, params) = match shape.algorithm {
+        Algorithm::Gcra => (
+            "gcra",
+            GCRA_NOW,
+            GCRA_S46,
+            [shape.interval_us(), shape.burst],
+        ),
+        Algorithm::FixedWindow => (
+            "fixed_window",
+            FIXED_WINDOW,
+            FIXED_WINDOW,
+            [shape.period_us, shape.limit],
+        ),
+        Algorithm::SlidingWindow => (
+            "sliding_window",
+            SLIDING_WINDOW,
+            SLIDING_WINDOW,
+            [shape.period_us, shape.limit],
+        ),
+        _ => (
+            "sliding_log",
+            SLIDING_LOG_NOW,
+            SLIDING_LOG_S46,
+            [shape.period_us, shape.limit],
+        ),
+    };
+    let version = |name, common, algorithm| {
+        let script =
+            |driver: &str| redis::Script::new(&[GIVEN_TIME, common, algorithm, driver].concat());
+        Raw {
+            name,
+            charge: script(&charge_driver(function)),
+            refund: script(&refund_driver(&format!("{function}_refund"))),
+            params,
+        }
+    };
+    [
+        version("current script", COMMON_NOW, now),
+        version("session 46 script", COMMON_S46, before),
+    ]
+}
+
+/// Whoever serves the trace's key: limiters on connections of their own, and in a
+/// rolling deploy the current and the previous scripts run by hand.
+struct Clients<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    api: &'a [RedisLimiter],
+    /// The scripts run by hand, and the connection they run on.
+    raw: Option<(&'a [Raw; 2], redis::Connection)>,
+}
+
+impl Clients<'_> {
+    /// How many clients charge (limiters, then scripts).
+    fn count(&self) -> usize {
+        self.api.len() + self.raw.as_ref().map_or(0, |(r, _)| r.len())
+    }
+
+    fn name(&self, c: usize) -> String {
+        match c.checked_sub(self.api.len()) {
+            None => format!("client {c}"),
+            Some(v) => self.raw.as_ref().unwrap().0[v].name.to_owned(),
+        }
+    }
+
+    /// Client `c` charges `cost` on `key` at `now` (a plain check where `plain`
+    /// and `c` is a limiter): the decision and the receipt.
+    fn charge(
+        &mut self,
+        c: usize,
+        key: &str,
+        cost: u64,
+        now: u64,
+        plain: bool,
+    ) -> (Decision, Option<Held>) {
+        let Some(v) = c.checked_sub(self.api.len()) else {
+            let l = &self.api[c];
+            if plain {
+                let d = self.rt.block_on(l.check_n_at_micros(key, cost as u32, now));
+                return (d.unwrap(), None);
+            }
+            let (d, r) = self
+                .rt
+                .block_on(l.charge_n_at_micros(key, cost as u32, now))
+                .unwrap();
+            return (d, r.map(Held::Api));
+        };
+        let (versions, conn) = self.raw.as_mut().unwrap();
+        let raw = &versions[v];
+        let redis_key = &self.api[0].redis_keys(key)[0];
+        let reply: Vec<i64> = raw
+            .charge
+            .key(redis_key)
+            .arg(now)
+            .arg(cost)
+            .arg(1)
+            .arg(raw.params[0])
+            .arg(raw.params[1])
+            .invoke(conn)
+            .unwrap();
+        let [allowed, limit, remaining, reset, retry] = reply[..5] else {
+            panic!("not a decision: {reply:?}");
+        };
+        let us = |x: i64| std::time::Duration::from_micros(x as u64);
+        let retry = (retry >= 0).then(|| us(retry));
+        let d = Decision::new(
+            allowed == 1,
+            limit as u64,
+            remaining as u64,
+            us(reset),
+            retry,
+        );
+        let receipt = reply[5..].iter().map(|&x| x as u64).collect::<Vec<_>>();
+        (d, (!receipt.is_empty()).then_some(Held::Raw(receipt)))
+    }
+
+    /// Client `c` (a limiter for the crate's receipt, a script for one made by
+    /// hand, picked by `c`) refunds `held` of `key` at `now`: whether it gave
+    /// back, and who sent it.
+    fn refund(&mut self, c: usize, key: &str, held: &Held, now: u64) -> (bool, String) {
+        match held {
+            Held::Api(r) => {
+                let c = c % self.api.len();
+                let back = self
+                    .rt
+                    .block_on(self.api[c].refund_at_micros(r, now))
+                    .unwrap();
+                (back, self.name(c))
+            }
+            Held::Raw(receipt) => {
+                let redis_key = self.api[0].redis_keys(key).remove(0);
+                let (versions, conn) = self.raw.as_mut().expect("a deploy's receipt");
+                let v = c % versions.len();
+                let raw = &versions[v];
+                let mut call = raw.refund.key(redis_key);
+                call.arg(now).arg(receipt);
+                if receipt.len() == 4 {
+                    // GCRA: T and B.
+                    call.arg(raw.params[0]).arg(raw.params[1]);
+                } else {
+                    // The windows and the log: P.
+                    call.arg(raw.params[0]);
+                }
+                let back: u64 = call.invoke(conn).unwrap();
+                (back > 0, raw.name.to_owned())
+            }
+        }
+    }
+}
+
 /// What a shape's traces did, so that a trace that tries nothing fails.
 #[derive(Debug, Default)]
 struct Tally {
@@ -309,13 +500,7 @@ struct Tally {
 
 /// One trace: `shape`'s clients on one fresh key, seed `seed`. Panics with the
 /// seed, the step and the trace's last operations where a bound breaks.
-fn run_trace(
-    rt: &tokio::runtime::Runtime,
-    clients: &[RedisLimiter],
-    shape: Shape,
-    seed: u64,
-    tally: &mut Tally,
-) {
+fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) {
     let key = format!("bound-{:?}-{}-{seed}", shape.algorithm, shape.limit);
     let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed as u8 + 47; 32]);
     let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n.max(1);
@@ -325,7 +510,7 @@ fn run_trace(
     let mut now = base;
     let mut bound = shape.bound();
     // Each receipt with the reading it was charged at.
-    let mut receipts: Vec<(RedisReceipt, u64)> = Vec::new();
+    let mut receipts: Vec<(Held, u64)> = Vec::new();
     let mut gave: HashSet<usize> = HashSet::new();
     let mut log: Vec<String> = Vec::new();
     // Refunds that gave back per span of the clock (a window, GCRA's B·T).
@@ -363,31 +548,41 @@ fn run_trace(
             _ if roll < 92 => 40 + roll * 30 / 92,
             _ => 72,
         };
-        let c = below(&mut rng, shape.clients as u64) as usize;
+        let c = below(&mut rng, clients.count() as u64) as usize;
         if op < 40 || receipts.is_empty() {
             let cost = if below(&mut rng, 50) == 0 {
                 shape.capacity() + 1
             } else {
                 1 + below(&mut rng, shape.max_cost)
             };
-            let (d, r) = rt
-                .block_on(clients[c].charge_n_at_micros(&key, cost as u32, now))
-                .unwrap();
+            // Now and then a plain check, which counts and gives no receipt.
+            let plain = c < shape.clients && below(&mut rng, 10) == 0;
+            let (d, r) = clients.charge(c, &key, cost, now, plain);
             log.push(format!(
-                "{step}: client {c} charges {cost} at {now}: {}",
-                if d.is_allowed() {
-                    format!("receipt {}", receipts.len())
-                } else {
-                    "denied".to_owned()
+                "{step}: {} {} {cost} at {now}: {}",
+                clients.name(c),
+                if plain { "checks" } else { "charges" },
+                match (d.is_allowed(), plain) {
+                    (true, false) => format!("receipt {}", receipts.len()),
+                    (true, true) => "admitted".to_owned(),
+                    _ => "denied".to_owned(),
                 }
             ));
             match (d.is_allowed(), r) {
-                (true, Some(r)) => {
+                (true, r) if r.is_some() != plain => {
                     tally.admitted += 1;
-                    if let Err(why) = bound.admit(receipts.len(), now, cost, &d) {
+                    let a = Admission {
+                        now,
+                        cost,
+                        receipt: r.is_some(),
+                        reset_us: d.reset_after().as_micros() as u64,
+                    };
+                    if let Err(why) = bound.admit(a) {
                         fail(&log, step, why);
                     }
-                    receipts.push((r, now));
+                    if let Some(r) = r {
+                        receipts.push((r, now));
+                    }
                 }
                 (false, None) => tally.denied += 1,
                 (allowed, r) => fail(
@@ -412,11 +607,9 @@ fn run_trace(
                 }
                 _ => below(&mut rng, receipts.len() as u64) as usize,
             };
-            let back = rt
-                .block_on(clients[c].refund_at_micros(&receipts[id].0, now))
-                .unwrap();
+            let (back, who) = clients.refund(c, &key, &receipts[id].0, now);
             log.push(format!(
-                "{step}: client {c} refunds receipt {id} at {now}: {back}"
+                "{step}: {who} refunds receipt {id} at {now}: {back}"
             ));
             if !back && gave.contains(&id) {
                 tally.again += 1;
@@ -449,12 +642,14 @@ fn run_trace(
     }
 }
 
-fn run_shape(shape: Shape) {
+/// `shape`'s traces on a fresh server, and where `deploy`, with the current and
+/// the previous scripts run by hand as two more clients.
+fn run_shape(shape: Shape, deploy: bool) {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
-    let clients: Vec<RedisLimiter> = (0..shape.clients)
+    let api: Vec<RedisLimiter> = (0..shape.clients)
         .map(|_| {
             with_refunds(
                 &rt,
@@ -464,11 +659,21 @@ fn run_shape(shape: Shape) {
             )
         })
         .collect();
+    let versions = raw_versions(&shape);
+    let raw = deploy.then(|| (&versions, server.connection().unwrap()));
+    let mut clients = Clients {
+        rt: &rt,
+        api: &api,
+        raw,
+    };
     let mut tally = Tally::default();
     for seed in 1..=shape.seeds {
-        run_trace(&rt, &clients, shape, seed, &mut tally);
+        run_trace(&mut clients, shape, seed, &mut tally);
     }
-    eprintln!("{:?} limit {}: {tally:?}", shape.algorithm, shape.limit);
+    eprintln!(
+        "{:?} limit {} deploy {deploy}: {tally:?}",
+        shape.algorithm, shape.limit
+    );
     let t = &tally;
     assert!(
         t.admitted > 0 && t.denied > 0 && t.gave > 0 && t.again > 0 && t.refused > 0,
@@ -509,24 +714,34 @@ fn crowd(algorithm: Algorithm) -> Shape {
 
 #[test]
 fn fixed_window_traces_stay_within_the_limit() {
-    run_shape(tight(Algorithm::FixedWindow));
-    run_shape(crowd(Algorithm::FixedWindow));
+    run_shape(tight(Algorithm::FixedWindow), false);
+    run_shape(crowd(Algorithm::FixedWindow), false);
 }
 
 #[test]
 fn sliding_window_traces_stay_within_the_limit() {
-    run_shape(tight(Algorithm::SlidingWindow));
-    run_shape(crowd(Algorithm::SlidingWindow));
+    run_shape(tight(Algorithm::SlidingWindow), false);
+    run_shape(crowd(Algorithm::SlidingWindow), false);
 }
 
 #[test]
 fn sliding_log_traces_stay_within_the_limit() {
-    run_shape(tight(Algorithm::SlidingLog));
-    run_shape(crowd(Algorithm::SlidingLog));
+    run_shape(tight(Algorithm::SlidingLog), false);
+    run_shape(crowd(Algorithm::SlidingLog), false);
 }
 
 #[test]
 fn gcra_traces_stay_within_burst_and_rate() {
-    run_shape(tight(Algorithm::Gcra));
-    run_shape(crowd(Algorithm::Gcra));
+    run_shape(tight(Algorithm::Gcra), false);
+    run_shape(crowd(Algorithm::Gcra), false);
+}
+
+/// The same traces with session 46's scripts (`tests/fixtures`) and the current
+/// ones, run by hand, serving the key beside the limiters: a rolling deploy.
+#[test]
+fn traces_under_a_rolling_deploy_stay_within_the_limit() {
+    for algorithm in common::ALGORITHMS {
+        run_shape(tight(algorithm), true);
+        run_shape(crowd(algorithm), true);
+    }
 }
