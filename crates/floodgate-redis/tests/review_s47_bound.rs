@@ -57,9 +57,36 @@ struct Shape {
     steps: u32,
     /// Limiters on connections of their own, all on one key.
     clients: usize,
+    /// More limits of the limiter (`RedisLimiterBuilder::and`): the algorithm, the
+    /// limit and the period (µs; GCRA's burst its limit).
+    and: &'static [(Algorithm, u64, u64)],
 }
 
 impl Shape {
+    /// Each limit of the limiter, as a shape of one.
+    fn limits(&self) -> Vec<Shape> {
+        let more = self.and.iter().map(|&(algorithm, limit, period_us)| Shape {
+            algorithm,
+            limit,
+            period_us,
+            burst: limit,
+            and: &[],
+            ..*self
+        });
+        std::iter::once(Shape { and: &[], ..*self })
+            .chain(more)
+            .collect()
+    }
+
+    /// The limiter's builder: every limit.
+    fn builder(&self) -> floodgate_redis::RedisLimiterBuilder {
+        let limits = self.limits();
+        let first = RedisLimiter::builder(limits[0].algorithm, limits[0].policy());
+        limits[1..]
+            .iter()
+            .fold(first, |b, l| b.and(l.algorithm, l.policy()))
+    }
+
     fn policy(&self) -> Policy {
         let p = Policy::new(self.limit, std::time::Duration::from_micros(self.period_us)).unwrap();
         if self.algorithm == Algorithm::Gcra {
@@ -123,7 +150,8 @@ struct Admission {
     /// plain check gives none.
     receipt: bool,
     /// The decision's reset after (µs): GCRA's booking ends this long after `now`.
-    reset_us: u64,
+    /// None where unknown (a multi-limit decision is the tightest limit's).
+    reset_us: Option<u64>,
 }
 
 /// An absolute bound, kept from the trace: each call is one admission or one
@@ -280,7 +308,8 @@ impl Bound for Schedule {
         self.latest = self.latest.max(now);
         self.best = self.best.max(now as i128 - self.net);
         self.net += (cost * self.t) as i128;
-        let end = now + a.reset_us;
+        // Unknown: no end, the cost bounds what it gives back.
+        let end = a.reset_us.map_or(u64::MAX, |r| now + r);
         if a.receipt {
             self.receipts.push((end, cost));
         }
@@ -508,7 +537,15 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
     // Far from 0, off any window's start.
     let base = 1_000 * shape.period_us + span / 3;
     let mut now = base;
-    let mut bound = shape.bound();
+    let limits = shape.limits();
+    let mut bounds: Vec<Box<dyn Bound>> = limits.iter().map(Shape::bound).collect();
+    // A multi-limit refund answers whether any limit gave back: each limit's bound
+    // takes it as given back where that limit may give back. A GCRA limit's part
+    // may give back at a later refund of the receipt, having given nothing at an
+    // earlier one: its `true` twice is no double refund.
+    let several = limits.len() > 1;
+    let twice_is_wrong = !several || !limits.iter().any(|l| l.algorithm == Algorithm::Gcra);
+    let capacity = limits.iter().map(Shape::capacity).min().unwrap();
     // Each receipt with the reading it was charged at.
     let mut receipts: Vec<(Held, u64)> = Vec::new();
     let mut gave: HashSet<usize> = HashSet::new();
@@ -550,10 +587,11 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
         };
         let c = below(&mut rng, clients.count() as u64) as usize;
         if op < 40 || receipts.is_empty() {
-            let cost = if below(&mut rng, 50) == 0 {
-                shape.capacity() + 1
-            } else {
-                1 + below(&mut rng, shape.max_cost)
+            // Now and then the whole capacity, or more (always denied).
+            let cost = match below(&mut rng, 50) {
+                0 => capacity + 1,
+                1 => capacity,
+                _ => 1 + below(&mut rng, shape.max_cost),
             };
             // Now and then a plain check, which counts and gives no receipt.
             let plain = c < shape.clients && below(&mut rng, 10) == 0;
@@ -575,10 +613,16 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
                         now,
                         cost,
                         receipt: r.is_some(),
-                        reset_us: d.reset_after().as_micros() as u64,
+                        reset_us: Some(d.reset_after().as_micros() as u64),
                     };
-                    if let Err(why) = bound.admit(a) {
-                        fail(&log, step, why);
+                    for (bound, l) in bounds.iter_mut().zip(&limits) {
+                        let a = Admission {
+                            reset_us: if several { None } else { a.reset_us },
+                            ..a
+                        };
+                        if let Err(why) = bound.admit(a) {
+                            fail(&log, step, format!("{:?}: {why}", l.algorithm));
+                        }
                     }
                     if let Some(r) = r {
                         receipts.push((r, now));
@@ -621,11 +665,15 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
                 let crowd = crowds.entry(now / span).or_insert(0);
                 *crowd += 1;
                 tally.crowd = tally.crowd.max(*crowd);
-                if !gave.insert(id) {
+                if !gave.insert(id) && twice_is_wrong {
                     fail(&log, step, format!("receipt {id} gave back twice"));
                 }
-                if let Err(why) = bound.refund(id, now) {
-                    fail(&log, step, why);
+                for (bound, l) in bounds.iter_mut().zip(&limits) {
+                    match bound.refund(id, now) {
+                        Err(_) if several => {}
+                        Err(why) => fail(&log, step, format!("{:?}: {why}", l.algorithm)),
+                        Ok(()) => {}
+                    }
                 }
             }
         } else if op < 92 {
@@ -636,7 +684,13 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
             };
             log.push(format!("{step}: clock to {now}"));
         } else {
-            now = now.saturating_sub(below(&mut rng, span / 4)).max(base);
+            // Mostly a little (another replica's clock), now and then spans back.
+            let back = if below(&mut rng, 4) == 0 {
+                3 * span
+            } else {
+                span / 4
+            };
+            now = now.saturating_sub(below(&mut rng, back)).max(base);
             log.push(format!("{step}: clock back to {now}"));
         }
     }
@@ -650,14 +704,7 @@ fn run_shape(shape: Shape, deploy: bool) {
     };
     let rt = runtime();
     let api: Vec<RedisLimiter> = (0..shape.clients)
-        .map(|_| {
-            with_refunds(
-                &rt,
-                &server,
-                RedisLimiter::builder(shape.algorithm, shape.policy()),
-                true,
-            )
-        })
+        .map(|_| with_refunds(&rt, &server, shape.builder(), true))
         .collect();
     let versions = raw_versions(&shape);
     let raw = deploy.then(|| (&versions, server.connection().unwrap()));
@@ -693,6 +740,7 @@ fn tight(algorithm: Algorithm) -> Shape {
         seeds: 4,
         steps: 400,
         clients: 3,
+        and: &[],
     }
 }
 
@@ -709,6 +757,7 @@ fn crowd(algorithm: Algorithm) -> Shape {
         seeds: 3,
         steps: 600,
         clients: 3,
+        and: &[],
     }
 }
 
@@ -734,6 +783,45 @@ fn sliding_log_traces_stay_within_the_limit() {
 fn gcra_traces_stay_within_burst_and_rate() {
     run_shape(tight(Algorithm::Gcra), false);
     run_shape(crowd(Algorithm::Gcra), false);
+}
+
+/// Several limits on one limiter: the windows and the log (each limit's bound
+/// checked, and no receipt gives back twice), and GCRA with the log.
+#[test]
+fn multi_limit_traces_stay_within_every_limit() {
+    const S: u64 = 1_000_000;
+    let windows: [&[(Algorithm, u64, u64)]; 2] = [
+        &[
+            (Algorithm::SlidingWindow, 9, 2 * S),
+            (Algorithm::SlidingLog, 14, 3 * S),
+        ],
+        &[
+            (Algorithm::SlidingWindow, 120, 2 * S),
+            (Algorithm::SlidingLog, 150, 3 * S),
+        ],
+    ];
+    let gcra: [&[(Algorithm, u64, u64)]; 2] = [
+        &[(Algorithm::SlidingLog, 10, 2 * S)],
+        &[(Algorithm::SlidingLog, 120, 2 * S)],
+    ];
+    for (algorithm, [tight_and, crowd_and]) in
+        [(Algorithm::FixedWindow, windows), (Algorithm::Gcra, gcra)]
+    {
+        run_shape(
+            Shape {
+                and: tight_and,
+                ..tight(algorithm)
+            },
+            false,
+        );
+        run_shape(
+            Shape {
+                and: crowd_and,
+                ..crowd(algorithm)
+            },
+            false,
+        );
+    }
 }
 
 /// The same traces with session 46's scripts (`tests/fixtures`) and the current
