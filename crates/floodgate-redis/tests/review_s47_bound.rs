@@ -842,3 +842,39 @@ fn traces_under_a_rolling_deploy_stay_within_the_limit() {
         run_shape(crowd(algorithm), true);
     }
 }
+
+/// What seed 36 of 60 of the multi-limit traces found, made small: a fixed
+/// window of 20 a second and a log of 3 in 3 s. A charge of 3 at 10.2 s; its
+/// refund at 13.4 s gives back the window's part (the state is still the charge's
+/// window: no admission since) and not the log's (3.2 s after its instant); the
+/// clock steps back to 11.7 s, where the log still holds the 3 (a charge is
+/// refused); the same receipt then gives back the log's part, answering `true`
+/// again, and once more gives nothing. Each part given back once: the crate docs,
+/// "Refunds", **Several limits**.
+///
+/// Mutations seen failing: the multi-limit refund all or nothing (none written
+/// where a part gives nothing: the first refund gives nothing); the log refusing
+/// a reading before 12 s (the second refund gives nothing).
+#[test]
+fn a_multi_limit_receipt_may_answer_true_twice_each_part_once() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let builder = RedisLimiter::builder(Algorithm::FixedWindow, Policy::per_second(20).unwrap())
+        .and(
+            Algorithm::SlidingLog,
+            Policy::new(3, std::time::Duration::from_secs(3)).unwrap(),
+        );
+    let l = with_refunds(&rt, &server, builder, true);
+    let charge = |us| rt.block_on(l.charge_n_at_micros("k", 3, us)).unwrap();
+    let (d, r) = charge(10_200_000);
+    assert!(d.is_allowed());
+    let r = r.expect("a receipt");
+    let refund = |us| rt.block_on(l.refund_at_micros(&r, us)).unwrap();
+    assert!(refund(13_400_000), "the window's part");
+    assert!(!charge(11_700_000).0.is_allowed(), "the log still holds 3");
+    assert!(refund(11_700_000), "the log's part");
+    assert!(charge(11_700_000).0.is_allowed(), "the log gave its 3 back");
+    assert!(!refund(11_700_000), "both parts given back");
+}
