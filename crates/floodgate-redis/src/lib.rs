@@ -225,7 +225,10 @@
 //!   room for (another replica's cache keeps its entry until its wait has passed).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
-//!   that limit's rule above (each once, a sliding log's included), after checking
+//!   that limit's rule above (each once, a sliding log's included; a part that gave
+//!   nothing, such as a log's judged past its window, may give at a later run,
+//!   one judged earlier after the clock stepped back, so the same receipt may
+//!   answer `true` twice, each part given back once), after checking
 //!   every argument and then reading and checking every limit's state; each key
 //!   is read once, and its refund is written from that read. A state
 //!   found malformed at any key fails the run with nothing given back on any

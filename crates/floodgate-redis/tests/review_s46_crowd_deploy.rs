@@ -12,30 +12,12 @@
 
 mod common;
 
-use common::{refund_driver, RedisServer, GIVEN_TIME};
+use common::s46::{
+    COMMON_NOW, COMMON_S46, FIXED_WINDOW, GCRA_NOW, GCRA_S46, SLIDING_LOG_NOW, SLIDING_LOG_S46,
+    SLIDING_WINDOW,
+};
+use common::{charge_driver, refund_driver, RedisServer, GIVEN_TIME};
 use redis::Value;
-
-const COMMON_NOW: &str = include_str!("../src/lua/common.lua");
-const COMMON_S46: &str = include_str!("fixtures/common_s46.lua");
-const GCRA_NOW: &str = include_str!("../src/lua/gcra.lua");
-const GCRA_S46: &str = include_str!("fixtures/gcra_s46.lua");
-const FIXED_WINDOW: &str = include_str!("../src/lua/fixed_window.lua");
-const SLIDING_WINDOW: &str = include_str!("../src/lua/sliding_window.lua");
-const SLIDING_LOG_NOW: &str = include_str!("../src/lua/sliding_log.lua");
-const SLIDING_LOG_S46: &str = include_str!("fixtures/sliding_log_s46.lua");
-
-/// The one-limit charge with a receipt of `function` (`script.rs` `charge_driver!`).
-fn charge_driver(function: &str) -> String {
-    format!(
-        "\
-ISSUING = true
-local r = {function}(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))
-if r.err or not RECEIPT then return r end
-for i = 1, #RECEIPT do r[5 + i] = RECEIPT[i] end
-return r
-"
-    )
-}
 
 /// One version's given-time charge and refund scripts of one algorithm, and the
 /// limit's two parameters (P and L; T and B).

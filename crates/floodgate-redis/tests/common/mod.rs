@@ -819,6 +819,19 @@ pub fn eval(
         .query(&mut conn)
 }
 
+/// The one-limit charge with a receipt of `function` (`script.rs` `charge_driver!`).
+pub fn charge_driver(function: &str) -> String {
+    format!(
+        "\
+ISSUING = true
+local r = {function}(KEYS[1], tonumber(ARG[1]), ARG[2] == '1', tonumber(ARG[3]), tonumber(ARG[4]))
+if r.err or not RECEIPT then return r end
+for i = 1, #RECEIPT do r[5 + i] = RECEIPT[i] end
+return r
+"
+    )
+}
+
 /// The one-limit refund driver of `function` (`script.rs` `refund_driver!`, six
 /// arguments).
 pub fn refund_driver(function: &str) -> String {
@@ -836,4 +849,17 @@ if write then write() end
 return back
 "
     )
+}
+
+/// The current scripts' files and session 46's (`tests/fixtures`, from 410abd5; the
+/// windows' own files did not change), for a rolling deploy's tests.
+pub mod s46 {
+    pub const COMMON_NOW: &str = include_str!("../../src/lua/common.lua");
+    pub const COMMON_S46: &str = include_str!("../fixtures/common_s46.lua");
+    pub const GCRA_NOW: &str = include_str!("../../src/lua/gcra.lua");
+    pub const GCRA_S46: &str = include_str!("../fixtures/gcra_s46.lua");
+    pub const FIXED_WINDOW: &str = include_str!("../../src/lua/fixed_window.lua");
+    pub const SLIDING_WINDOW: &str = include_str!("../../src/lua/sliding_window.lua");
+    pub const SLIDING_LOG_NOW: &str = include_str!("../../src/lua/sliding_log.lua");
+    pub const SLIDING_LOG_S46: &str = include_str!("../fixtures/sliding_log_s46.lua");
 }
