@@ -106,7 +106,7 @@ fn crowd(key: &str, size: u64) -> Option<(RedisServer, Version, Vec<Vec<u64>>)> 
     Some((server, v, receipts))
 }
 
-/// Writes `key` as a log that keeps `records` records writes it once the first
+/// Writes `key` as a log keeping `records` records or more writes it once the first
 /// `refunded` receipts of a crowd of `size` charged at `T0` (incarnation `born`,
 /// before any refund: each noted ledger 0) came back, one unit each: the member
 /// at `T0` holding the rest, the head `refunds:ledger:0:born`, the logged
@@ -145,8 +145,9 @@ fn plant(
 ///
 /// Mutations seen failing: `LOG_REFUNDS_READ` 8 (reads "too many"); the
 /// receipts' count left at `REFUNDS_KEPT` alone (`#sort > REFUNDS_KEPT`:
-/// "too many receipts"); the log's refund keeping `LOG_REFUNDS_READ` records
-/// (the next receipt gives back, and the previous scripts refuse the key).
+/// "too many receipts"); the read's `LIMIT` left at `REFUNDS_KEPT + 3` (a
+/// receipt not among the records read gives back twice); the log's refund
+/// keeping `LOG_REFUNDS_READ` records (12 members at -inf, not 10).
 #[test]
 fn a_key_of_up_to_64_records_reads_and_refunds() {
     let size = 70;
@@ -245,7 +246,9 @@ fn past_64_records_a_key_is_malformed_and_written_nothing() {
 ///
 /// Mutation seen failing: the log's refund keeping `LOG_REFUNDS_READ` records
 /// (`record_refund(live, id, meta.floor, LOG_REFUNDS_READ)`: the previous
-/// scripts' read, "too many", after the 9th refund).
+/// scripts' read, "too many", after the 9th refund). Step 2 makes exactly that
+/// change: then the previous script is this one (keep it as a fixture), which
+/// reads what step 2 writes, and this test moves to it.
 #[test]
 fn a_key_the_new_log_writes_reads_under_the_previous_logs() {
     let key = "s47:deploy";
