@@ -273,7 +273,8 @@
 //!   `refunds:ledger:floor:incarnation` (from the first charge with a receipt),
 //!   `refunds:logged:instant` (once a refund has moved it past 0: the latest
 //!   instant a unit was logged at, as far as a refund removed it) and one
-//!   `refunds:id:receipt` per receipt the key remembers (at most 8).
+//!   `refunds:id:receipt` per receipt the key remembers (at most 8 written; up to
+//!   64 read, the first step of a rolling deploy that raises what a key keeps).
 //!   Scored `-inf`, they come before every log member, are never the newest member
 //!   while a unit is logged and never in a window, so every read of the log members
 //!   stays exact (the rank search counts them among the members before the window);

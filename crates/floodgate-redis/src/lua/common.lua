@@ -97,7 +97,8 @@ end
 -- How many refunds a sliding log remembers beyond those it prunes (see
 -- `sliding_log_refund`): a receipt whose ledger is below the floor (it was
 -- charged before every refund remembered) gives back nothing. 8 for the log, whose
--- previous versions refuse a key of more refund members as malformed.
+-- versions before session 47 refuse a key of more refund members as malformed
+-- (LOG_REFUNDS_READ below: what this version reads).
 local REFUNDS_KEPT = 8
 
 -- How many refunds of its current window a window state remembers, and how many
@@ -108,6 +109,20 @@ local REFUNDS_KEPT = 8
 -- previous versions read any number of records and trim them to 8 on their own
 -- refunds (raising the floor: a conservative loss).
 local REFUNDS_KEPT_WIDE = 64
+
+-- How many refund records a sliding log's reader accepts (`log_refunds`), apart
+-- from how many its writer keeps (REFUNDS_KEPT): step 1 of two of a rolling
+-- deploy. Raising what the log keeps in one release would let a node still
+-- running the previous script meet a key of more records than it reads, and
+-- call it malformed. So this version reads up to REFUNDS_KEPT_WIDE records (a
+-- key holds them and its head and logged members, so up to this many + 2 members
+-- at -inf) and still writes at most REFUNDS_KEPT: on a key of more, its refund
+-- trims them to REFUNDS_KEPT and raises the floor past those forgotten (a
+-- conservative loss, as the windows' previous versions). Step 2, a later release
+-- once no node runs a version before this one: the log's refund keeps
+-- REFUNDS_KEPT_WIDE records (record_refund's `kept`), so a crowd of more than 8
+-- charged at one instant gets all its refunds; nothing else changes.
+local LOG_REFUNDS_READ = REFUNDS_KEPT_WIDE
 
 -- Whether receipt `id` charged at ledger `noted` may still refund, against the
 -- state's ledger, floor and records.

@@ -9,7 +9,9 @@
 -- After a charge with receipts, the refund members (see log_refunds and
 -- sliding_log_refund), all scored -inf: "refunds:ledger:floor:incarnation"; once
 -- a refund moved it past 0, "refunds:logged:instant"; and one "refunds:id:
--- noted/x/total" per receipt the key remembers (at most REFUNDS_KEPT). Each is
+-- noted/x/total" per receipt the key remembers (a refund writes at most
+-- REFUNDS_KEPT; a reader accepts up to LOG_REFUNDS_READ, common.lua: step 1 of
+-- raising what the log keeps, step 2 writing that many). Each is
 -- at most 61 bytes (every number below 2^53, 16 digits at most), within Redis's
 -- default zset-max-listpack-value of 64: a refunded key stays a listpack.
 -- Scored -inf, they come before every log member (ranks counted from -inf count
@@ -41,7 +43,9 @@ end
 -- (the receipts remembered, "noted/x/total" each, the lowest noted first, as
 -- refundable and record_refund take them) }; or nil and an error reply. Every
 -- member at -inf must be one of them, once each, and a "refunds:" member at rank
--- 0 is at -inf.
+-- 0 is at -inf. At most LOG_REFUNDS_READ records (more than any version writes:
+-- this one writes REFUNDS_KEPT, a later one may write LOG_REFUNDS_READ), so at
+-- most that many + 2 members at -inf (with the head and the logged member).
 local function log_refunds(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if not first[1] then return nil end
@@ -51,11 +55,12 @@ local function log_refunds(key)
     end
     return nil
   end
-  local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0, REFUNDS_KEPT + 3)
+  local found = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf', 'LIMIT', 0,
+    LOG_REFUNDS_READ + 3)
   local function bad(what)
     return nil, malformed(key, 'a member at -inf is not ' .. what)
   end
-  if #found > REFUNDS_KEPT + 2 then return bad('one of the refund members (too many)') end
+  if #found > LOG_REFUNDS_READ + 2 then return bad('one of the refund members (too many)') end
   local r = { names = found, logged = 0, ids = {} }
   local sort = {}
   for _, m in ipairs(found) do
@@ -85,7 +90,7 @@ local function log_refunds(key)
     end
   end
   if not r.head then return bad('with refunds:ledger:floor:incarnation') end
-  if #sort > REFUNDS_KEPT then return bad('one of the refund members (too many receipts)') end
+  if #sort > LOG_REFUNDS_READ then return bad('one of the refund members (too many receipts)') end
   -- The lowest noted first: record_refund forgets the first one and raises the
   -- floor past it, the least loss among those remembered (any order keeps once
   -- per receipt: the floor refuses whatever record is forgotten).
@@ -234,7 +239,8 @@ end
 -- member from `x` on and one ZADD of those left, each split by LOG_BATCH members
 -- (at most L members under one policy: each holds a unit of the window at the
 -- reading; more only under a rolling deploy of another period or limit), and at
--- most six commands for the refund members.
+-- most six commands for the refund members (and one more a record forgotten on a
+-- key of more than REFUNDS_KEPT, which a later version may write).
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
 -- records shared with the windows (each record a member of its own here).
 -- Returns the units given back and the function that writes them back (none for
@@ -294,7 +300,9 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- back nothing again (a refund takes units only from a member at its instant,
   -- and no member is made there again): forgotten without raising the floor.
   -- So a crowd charged at distinct instants and given back in any order keeps a
-  -- record or two; REFUNDS_KEPT bounds the rest.
+  -- record or two; REFUNDS_KEPT bounds the rest (not LOG_REFUNDS_READ until step 2:
+  -- a version before session 47 reads no more than REFUNDS_KEPT; a key of more,
+  -- written by a later version, is trimmed to REFUNDS_KEPT, the floor raised).
   local live = {}
   for _, r in ipairs(list) do
     local rx = tonumber(string.match(r, '^%d+/(%d+)/'))

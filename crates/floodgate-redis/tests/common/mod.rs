@@ -863,3 +863,10 @@ pub mod s46 {
     pub const SLIDING_LOG_NOW: &str = include_str!("../../src/lua/sliding_log.lua");
     pub const SLIDING_LOG_S46: &str = include_str!("../fixtures/sliding_log_s46.lua");
 }
+
+/// The log's scripts as they were before session 47's reader limit
+/// (`tests/fixtures`, from 69ea949), for a rolling deploy's tests.
+pub mod s47 {
+    pub const COMMON_S47: &str = include_str!("../fixtures/common_s47.lua");
+    pub const SLIDING_LOG_S47: &str = include_str!("../fixtures/sliding_log_s47.lua");
+}
