@@ -240,8 +240,9 @@ pub fn reservation_bound() -> impl Strategy<Value = std::time::Duration> {
 }
 
 /// `n` divided by `FLOODGATE_STRESS_DIVISOR` (default 1, never below one round).
-/// `.ci/run` sets it under ThreadSanitizer, which makes every step of a threaded
-/// stress test several times dearer: the same races run, fewer times over.
+/// `.ci/run` sets it under ThreadSanitizer, which makes every step of a stress test
+/// several times dearer: the same races (and, for seed loops, the same kind of
+/// trace) run fewer times over.
 pub fn stress_rounds(n: u64) -> u64 {
     let divisor = std::env::var("FLOODGATE_STRESS_DIVISOR")
         .ok()
