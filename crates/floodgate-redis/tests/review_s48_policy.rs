@@ -569,3 +569,117 @@ fn multi_limit_switches_stay_within_every_new_limit() {
         run_shape(&server, &rt, shape, &format!("multi {i}"));
     }
 }
+
+/// Two limiters on `server`, policies `a` and `b` of `algorithm` on the same
+/// prefix.
+fn pair(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    algorithm: Algorithm,
+    a: Policy,
+    b: Policy,
+) -> [RedisLimiter; 2] {
+    [a, b].map(|p| with_refunds(rt, server, RedisLimiter::builder(algorithm, p), true))
+}
+
+/// Runs `probe` on a fresh server: it returns what went over a bound, which must
+/// be nothing.
+fn over_the_limit(probe: impl FnOnce(&RedisServer, &tokio::runtime::Runtime) -> Vec<String>) {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let over = probe(&server, &runtime());
+    assert!(over.is_empty(), "{over:#?}");
+}
+
+/// How many charges of 1 `l` admits on `key` at `at` (µs), up to 100.
+fn fill(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> u64 {
+    let admit = || {
+        rt.block_on(l.check_n_at_micros(key, 1, at))
+            .unwrap()
+            .is_allowed()
+    };
+    (0..100).take_while(|_| admit()).count() as u64
+}
+
+/// OPEN (found by this review): a clock a little behind at a switch to a shorter
+/// window loses the old policy's units. Policy A, 10 in 6 s, admits 5 at 4.01 s
+/// (A's window [0, 6)); B, 10 in 2 s, reads 3.99 s (a replica 20 ms behind) and
+/// counts A's 5 whole in its window [2, 4) (A's window ends past its start),
+/// admits 5 and writes window [2, 4) of its own period; at 4.02 s B's own state
+/// is of an older window, so [4, 6) starts fresh and admits 10: with A's 5 at
+/// 4.01 s, 15 units in B's window [4, 6). The sliding window the same, once the
+/// previous window's weight has faded (at 5.99 s: 5 + 1 + 9). The cause: a state
+/// of another period records its window, not its latest instant; a window of
+/// the new period that ends before the old window does is written as if it held
+/// all the old units, and forgets them when it moves on (`fixed_window.lua` and
+/// `sliding_window.lua`, the `sp ~= p` branch). No small fix: judging at the
+/// new period's last window within the old one would deny a clean switch's
+/// whole new window; recording the latest reading changes the state's format.
+#[test]
+#[ignore = "open: a clock behind a switch to a shorter window drops the old units (see doc)"]
+fn a_clock_behind_a_switch_drops_units_of_a_later_window() {
+    over_the_limit(|server, rt| {
+        let t0 = 600 * S;
+        let mut over = Vec::new();
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+            let [a, b] = pair(rt, server, algorithm, policy(10, 6 * S), policy(10, 2 * S));
+            let key = format!("behind-{algorithm:?}");
+            assert!(rt
+                .block_on(a.check_n_at_micros(&key, 5, t0 + 4_010_000))
+                .unwrap()
+                .is_allowed());
+            assert_eq!(fill(rt, &b, &key, t0 + 3_990_000), 5, "A's 5 counted");
+            let later = fill(rt, &b, &key, t0 + 4_020_000) + fill(rt, &b, &key, t0 + 5_990_000);
+            if later > 5 {
+                over.push(format!(
+                    "{algorithm:?}: [4 s, 6 s) holds A's 5 and {later} of B's"
+                ));
+            }
+        }
+        over
+    });
+}
+
+/// OPEN (by design, undocumented): a policy of a longer period counts only what
+/// the old policy's state still holds, not every unit within its own window.
+/// Each a limit of 10 a second, then of 25 (the log 15) in 2 s: the log trimmed
+/// the units older than its second at its last admission; the fixed window and
+/// the sliding window moved on from the window holding them. The new policy then
+/// admits beyond its own limit over its own window: the log 10 at 100 s, 1 at
+/// 101.2 s, then 14 at 101.3 s: 25 in (99.3, 101.3], limit 15. A state can keep
+/// only what its own period needs (it cannot know a later policy's); the crate
+/// docs ("A policy change") should say so: the new policy counts the units the
+/// old one still held.
+#[test]
+#[ignore = "open: a longer period does not see what the shorter one forgot (docs should say)"]
+fn a_longer_period_counts_units_the_shorter_one_forgot() {
+    over_the_limit(|server, rt| {
+        let mut over = Vec::new();
+        for (algorithm, limit_b, second_at) in [
+            (Algorithm::SlidingLog, 15, 101_200_000),
+            (Algorithm::FixedWindow, 25, 101_000_000),
+            (Algorithm::SlidingWindow, 25, 102_000_000),
+        ] {
+            let [a, b] = pair(rt, server, algorithm, policy(10, S), policy(limit_b, 2 * S));
+            let key = format!("longer-{algorithm:?}");
+            let check = |n, at| {
+                rt.block_on(a.check_n_at_micros(&key, n, at))
+                    .unwrap()
+                    .is_allowed()
+            };
+            assert!(check(10, 100 * S) && check(1, second_at));
+            let admitted = fill(rt, &b, &key, second_at + 300_000);
+            // B's window (the log: its period) back from the reading holds the 11;
+            // the sliding window's previous window [100 s, 102 s) weighs 10 at 0.85.
+            let room = match algorithm {
+                Algorithm::SlidingWindow => limit_b - 1 - 10 * 17 / 20,
+                _ => limit_b - 11,
+            };
+            if admitted > room {
+                over.push(format!("{algorithm:?}: admitted {admitted}, room {room}"));
+            }
+        }
+        over
+    });
+}
