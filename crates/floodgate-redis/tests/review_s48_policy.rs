@@ -10,9 +10,11 @@
 //! * sliding window counter: B's weighted estimate over the net units at their
 //!   instants in B's windows within `L_B`;
 //! * sliding log: the net units in `(t − P_B, t]` within `L_B`;
-//! * GCRA: for any run of admissions `i..=j` under B, the schedule booked less
-//!   the most the refunds between them may give back at most
-//!   `B_B·T_B + now_j − now_i` (`T` in whole µs, rounded up as the crate does).
+//! * GCRA: for any run of admissions `i..=j` ending under B (starting under
+//!   either: the TAT is kept), the schedule booked (each at its policy's `T`)
+//!   less the most the refunds between them may give back at most
+//!   `B_B·T_B + now_j − now_i` (`T` in whole µs, rounded up as the crate does);
+//!   stronger than runs under B alone, which a TAT reset at the switch passes.
 //!
 //! Units are logged at the state's clock (the latest admission's reading), a
 //! refund that answers `true` takes its units back at their instant (GCRA: at
@@ -99,8 +101,8 @@ struct Part {
     /// holds them (see `Limit::horizon`); the bound counts from here.
     horizon: u64,
     net: BTreeMap<u64, u64>,
-    /// GCRA, the current policy's run: booked less given back (µs), and the most
-    /// of `now_i − net` before each admission `i` of the run.
+    /// GCRA: booked (each admission at its own policy's `T`) less given back
+    /// (µs), and the most of `now_i − booked` before each admission `i`.
     booked: i128,
     best: Option<i128>,
 }
@@ -114,11 +116,9 @@ impl Part {
         self.net.range(from..to).map(|(_, u)| u).sum()
     }
 
-    /// A switch from `old` (the new policy's run starts afresh).
+    /// A switch from `old`. GCRA's runs go on across it: the TAT is kept.
     fn switch(&mut self, old: &Limit) {
         self.horizon = self.horizon.max(old.horizon(self.latest));
-        self.booked = 0;
-        self.best = None;
     }
 
     /// Admission of `cost` at `now` under `l`: where it is logged, or why the
@@ -681,5 +681,37 @@ fn a_longer_period_counts_units_the_shorter_one_forgot() {
             }
         }
         over
+    });
+}
+
+/// The sliding window at a switch counts no less than the old policy's own
+/// estimate then (the crate docs, "A policy change"): a unit fits only where it
+/// fits under both. A, 10 in 6 s, admits 10 at 5 s; B, 10 in 2 s, reads 7.9 s:
+/// on B's windows A's 10 (its window ends at 6 s) weigh 0.05 in the previous
+/// window [4 s, 6 s), 0; A's own estimate weighs them `(6 − 1.9)/6`, 6. The
+/// random traces do not demand this (their bound is B's windows alone).
+///
+/// Mutation seen failing: the floor at the old estimate removed (B admits 10).
+#[test]
+fn a_sliding_window_switch_counts_the_old_estimate() {
+    over_the_limit(|server, rt| {
+        let [a, b] = pair(
+            rt,
+            server,
+            Algorithm::SlidingWindow,
+            policy(10, 6 * S),
+            policy(10, 2 * S),
+        );
+        let t0 = 600 * S;
+        let a_admits = rt.block_on(a.check_n_at_micros("floor", 10, t0 + 5 * S));
+        assert!(a_admits.unwrap().is_allowed());
+        let old_estimate = 10 * (6 * S - 1_900_000) / (6 * S);
+        let admitted = fill(rt, &b, "floor", t0 + 7_900_000);
+        if admitted + old_estimate > 10 {
+            return vec![format!(
+                "B admitted {admitted} over A's estimate {old_estimate}"
+            )];
+        }
+        Vec::new()
     });
 }
