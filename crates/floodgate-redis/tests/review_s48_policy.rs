@@ -24,7 +24,7 @@
 //! older ones, log instants past its period — is counted from the switch on by
 //! nobody: the bound leaves units before that horizon out (see the ignored tests
 //! below, which show that a policy of a longer period admits them again). See
-//! VERIFICATION.md, "session 48: bounds across policy changes".
+//! VERIFICATION.md, "session 48: bounds across policy changes on Redis".
 
 mod common;
 
