@@ -441,27 +441,35 @@ const fn limit(algorithm: Algorithm, limit: u64, period_us: u64, burst: u64) -> 
     }
 }
 
-/// A window or log policy A (8 in 6 s) and the B's it switches with: a third of
-/// its period (a smaller limit and a larger one), twice it, 7/5 of it.
+/// A window or log policy A (8 in 6 s) and the B's it switches with: its period
+/// and a third of it (each with a smaller limit and a larger one), twice it, 7/5
+/// of it.
 fn window_shapes(algorithm: Algorithm) -> Vec<(String, Shape)> {
     let leak = |l: Limit| -> &'static [Limit] { Box::leak(Box::new([l])) };
     let a = leak(limit(algorithm, 8, P, 0));
-    [(4, P / 3), (12, P / 3), (14, 2 * P), (6, 7 * P / 5)]
-        .into_iter()
-        .map(|(l, p)| {
-            (
-                format!("{algorithm:?} 8/{P} to {l}/{p}"),
-                Shape {
-                    a,
-                    b: leak(limit(algorithm, l, p, 0)),
-                    max_cost: 3,
-                    small_us: P / 10,
-                    seeds: 2,
-                    steps: 300,
-                },
-            )
-        })
-        .collect()
+    [
+        (4, P),
+        (14, P),
+        (4, P / 3),
+        (12, P / 3),
+        (14, 2 * P),
+        (6, 7 * P / 5),
+    ]
+    .into_iter()
+    .map(|(l, p)| {
+        (
+            format!("{algorithm:?} 8/{P} to {l}/{p}"),
+            Shape {
+                a,
+                b: leak(limit(algorithm, l, p, 0)),
+                max_cost: 3,
+                small_us: P / 10,
+                seeds: 2,
+                steps: 300,
+            },
+        )
+    })
+    .collect()
 }
 
 #[test]
@@ -497,9 +505,10 @@ fn sliding_log_switches_stay_within_the_new_limit() {
     }
 }
 
-/// GCRA 6 in 6 s (T = 1 s), burst 8, and B's of a shorter `T` with a smaller
-/// burst, a longer one with a larger burst, `T` = 1.2 s, and 0.6 s with a burst
-/// of 2; 2 s / 6 rounds up to T = 333 334 µs.
+/// GCRA 6 in 6 s (T = 1 s), burst 8, and B's of the same `T` with a burst of 3
+/// and of 16, of a shorter `T` with a smaller burst, a longer one with a larger
+/// burst, `T` = 1.2 s, and 0.6 s with a burst of 2; 2 s / 6 rounds up to
+/// T = 333 334 µs.
 #[test]
 fn gcra_switches_stay_within_the_new_burst_and_rate() {
     let Some(server) = RedisServer::start() else {
@@ -508,6 +517,8 @@ fn gcra_switches_stay_within_the_new_burst_and_rate() {
     let rt = runtime();
     const A: &[Limit] = &[limit(Algorithm::Gcra, 6, P, 8)];
     for (i, b) in [
+        limit(Algorithm::Gcra, 6, P, 3),
+        limit(Algorithm::Gcra, 6, P, 16),
         limit(Algorithm::Gcra, 6, 2 * S, 3),
         limit(Algorithm::Gcra, 6, 2 * P, 12),
         limit(Algorithm::Gcra, 7, 7 * P / 5, 5),
