@@ -43,8 +43,9 @@
 //!
 //! * **Time** is the server's `TIME`, read inside the script: replicas with skewed
 //!   clocks agree. A `TIME` that steps back never moves a state back (GCRA keeps
-//!   `max(TAT, now)`, windows never return to an older window, the log judges an
-//!   earlier reading at its newest entry), and a refund never gives back what a
+//!   `max(TAT, now)`, windows never return to an older window of their period, the
+//!   log judges an earlier reading at its newest entry; at a policy change, see
+//!   below), and a refund never gives back what a
 //!   later admission's reading had passed (GCRA: judged no earlier than the key's
 //!   latest reading, see **Refunds**).
 //! * **Keys** are `prefix + key`, one key per call (Redis Cluster safe). Several
@@ -76,7 +77,16 @@
 //!   be limited. One string holds one period's windows, though: a policy that moves
 //!   on to its next window drops the units of its last one that a longer window of
 //!   the other may still count, and a write on a policy's own state keeps the key
-//!   only as long as that policy needs it (or had it). While both run, a client
+//!   only as long as that policy needs it (or had it). The new policy counts what
+//!   the old one's state still holds, nothing more: units a shorter period had
+//!   already forgotten (log entries older than its period, windows it moved on
+//!   from) do not count, so within the new policy's first period a client may get
+//!   its new limit plus those units. And a switch read on a clock behind the old
+//!   policy's latest admission (a failover to a replica whose `TIME` is behind)
+//!   counts the old units in the new period's window of that reading: a shorter
+//!   window that ends before the old one did forgets them when it moves on, though
+//!   some may have been admitted in its next window (an open finding; recording
+//!   the latest reading would change the state's format). While both run, a client
 //!   spread over both may get more than a window's limit within it; keep the
 //!   switch-over short. An **algorithm** change needs a prefix of its own: a
 //!   script cannot read another algorithm's state, so while the old replicas keep

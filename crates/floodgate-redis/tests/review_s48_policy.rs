@@ -652,47 +652,46 @@ fn a_clock_behind_a_switch_drops_units_of_a_later_window() {
     });
 }
 
-/// OPEN (by design, undocumented): a policy of a longer period counts only what
-/// the old policy's state still holds, not every unit within its own window.
-/// Each a limit of 10 a second, then of 25 (the log 15) in 2 s: the log trimmed
-/// the units older than its second at its last admission; the fixed window and
-/// the sliding window moved on from the window holding them. The new policy then
-/// admits beyond its own limit over its own window: the log 10 at 100 s, 1 at
-/// 101.2 s, then 14 at 101.3 s: 25 in (99.3, 101.3], limit 15. A state can keep
-/// only what its own period needs (it cannot know a later policy's); the crate
-/// docs ("A policy change") should say so: the new policy counts the units the
-/// old one still held.
+/// By design (the crate docs, "A policy change"): a policy of a longer period counts
+/// what the old policy's state still holds, nothing more. Each a limit of 10 a
+/// second, then of 25 (the log 15) in 2 s: at its last admission the log had
+/// trimmed the units older than its second, and the fixed and sliding windows had
+/// moved on from the window holding them, so the one unit admitted then is all
+/// the new policy counts, and it admits its limit less that one: the log 14 at
+/// 101.3 s, 25 in (99.3, 101.3] with a limit of 15. A state keeps only what its
+/// own period needs (it cannot know a later policy's). Found by this review as
+/// an over-admission of B's windows; kept as the documented behaviour.
+///
+/// Mutations seen failing: another period's state read as fresh by the fixed
+/// window, and by the sliding window (each admits 25).
 #[test]
-#[ignore = "open: a longer period does not see what the shorter one forgot (docs should say)"]
-fn a_longer_period_counts_units_the_shorter_one_forgot() {
-    over_the_limit(|server, rt| {
-        let mut over = Vec::new();
-        for (algorithm, limit_b, second_at) in [
-            (Algorithm::SlidingLog, 15, 101_200_000),
-            (Algorithm::FixedWindow, 25, 101_000_000),
-            (Algorithm::SlidingWindow, 25, 102_000_000),
-        ] {
-            let [a, b] = pair(rt, server, algorithm, policy(10, S), policy(limit_b, 2 * S));
-            let key = format!("longer-{algorithm:?}");
-            let check = |n, at| {
-                rt.block_on(a.check_n_at_micros(&key, n, at))
-                    .unwrap()
-                    .is_allowed()
-            };
-            assert!(check(10, 100 * S) && check(1, second_at));
-            let admitted = fill(rt, &b, &key, second_at + 300_000);
-            // B's window (the log: its period) back from the reading holds the 11;
-            // the sliding window's previous window [100 s, 102 s) weighs 10 at 0.85.
-            let room = match algorithm {
-                Algorithm::SlidingWindow => limit_b - 1 - 10 * 17 / 20,
-                _ => limit_b - 11,
-            };
-            if admitted > room {
-                over.push(format!("{algorithm:?}: admitted {admitted}, room {room}"));
-            }
-        }
-        over
-    });
+fn a_longer_period_counts_what_the_old_state_still_holds() {
+    let (server, rt) = match RedisServer::start() {
+        Some(server) => (server, runtime()),
+        None => return,
+    };
+    for (algorithm, limit_b, second_at) in [
+        (Algorithm::SlidingLog, 15, 101_200_000),
+        (Algorithm::FixedWindow, 25, 101_000_000),
+        (Algorithm::SlidingWindow, 25, 102_000_000),
+    ] {
+        let [a, b] = pair(
+            &rt,
+            &server,
+            algorithm,
+            policy(10, S),
+            policy(limit_b, 2 * S),
+        );
+        let key = format!("longer-{algorithm:?}");
+        let check = |n, at| {
+            rt.block_on(a.check_n_at_micros(&key, n, at))
+                .unwrap()
+                .is_allowed()
+        };
+        assert!(check(10, 100 * S) && check(1, second_at));
+        let admitted = fill(&rt, &b, &key, second_at + 300_000);
+        assert_eq!(admitted, limit_b - 1, "{algorithm:?}");
+    }
 }
 
 /// The sliding window at a switch counts no less than the old policy's own
