@@ -25,7 +25,11 @@
 //!   pairs: the same footprint as the `u128` array, so that the two differ only in the
 //!   instruction;
 //! * `u128 CAS, no load` — `cmpxchg16b` alone, on words of its own that stay zero
-//!   (it expects zero, so it always succeeds and writes).
+//!   (it expects zero, so it always succeeds and writes);
+//! * `clock + …` — the `u64`, `u128` and locked rows with a decision's clock read
+//!   before each (floodgate's `DefaultClock`), the value written depending on it as
+//!   a GCRA step's does (`max(word, now) + 1`): what the wider write costs beside the
+//!   time-stamp counter read every decision makes.
 //!
 //! The rows alternate within each round; the median and range over rounds are printed.
 
@@ -34,6 +38,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use floodgate::{Clock, DefaultClock};
 use floodgate_bench::median_and_range;
 use portable_atomic::AtomicU128;
 
@@ -65,6 +70,22 @@ macro_rules! bump {
         let _ = black_box(word.compare_exchange_weak(
             current,
             current + 1,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ));
+    }};
+}
+
+/// A decision's write on `word` after a clock reading `now`: load it, then CAS it to
+/// `max(word, now) + 1` (the stored value depends on the reading, as GCRA's does).
+macro_rules! step {
+    ($word:expr, $now:expr) => {{
+        let word = &$word;
+        let now = $now;
+        let current = word.load(Ordering::Relaxed);
+        let _ = black_box(word.compare_exchange_weak(
+            current,
+            current.max(now) + 1,
             Ordering::AcqRel,
             Ordering::Relaxed,
         ));
@@ -132,6 +153,17 @@ fn main() -> ExitCode {
         bump!(narrow[slot]);
         black_box(lock.fetch_sub(4, Ordering::Release));
     };
+    let clock = DefaultClock::new();
+    let clock_cas64 = |i: u64| step!(narrow[index(i, log2)], clock.now().as_u64());
+    let clock_cas128 = |i: u64| step!(wide[index(i, log2)], u128::from(clock.now().as_u64()));
+    let clock_locked = |i: u64| {
+        let now = clock.now().as_u64();
+        let slot = index(i, log2);
+        let lock = &locks[slot % LOCKS];
+        black_box(lock.fetch_add(4, Ordering::Acquire));
+        step!(narrow[slot], now);
+        black_box(lock.fetch_sub(4, Ordering::Release));
+    };
 
     let names = [
         "load",
@@ -141,6 +173,9 @@ fn main() -> ExitCode {
         "u128 load",
         "u64 load + CAS, 16-byte stride",
         "u128 CAS, no load",
+        "clock + u64 load + CAS",
+        "clock + u128 load + CAS",
+        "clock + lock word RMW x2 + u64 CAS",
     ];
     let mut figures: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
@@ -154,7 +189,10 @@ fn main() -> ExitCode {
                 3 => time(ops, locked),
                 4 => time(ops, load128),
                 5 => time(ops, cas64_wide_stride),
-                _ => time(ops, cas128_alone),
+                6 => time(ops, cas128_alone),
+                7 => time(ops, clock_cas64),
+                8 => time(ops, clock_cas128),
+                _ => time(ops, clock_locked),
             };
             figures[row].push(ns);
         }
