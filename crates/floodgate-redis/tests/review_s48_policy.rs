@@ -472,37 +472,30 @@ fn window_shapes(algorithm: Algorithm) -> Vec<(String, Shape)> {
     .collect()
 }
 
-#[test]
-fn fixed_window_switches_stay_within_the_new_limit() {
+/// Every window shape of `algorithm` ([`window_shapes`]) through [`run_shape`].
+fn window_switches(algorithm: Algorithm) {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
-    for (name, shape) in window_shapes(Algorithm::FixedWindow) {
+    for (name, shape) in window_shapes(algorithm) {
         run_shape(&server, &rt, shape, &name);
     }
+}
+
+#[test]
+fn fixed_window_switches_stay_within_the_new_limit() {
+    window_switches(Algorithm::FixedWindow);
 }
 
 #[test]
 fn sliding_window_switches_stay_within_the_new_limit() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let rt = runtime();
-    for (name, shape) in window_shapes(Algorithm::SlidingWindow) {
-        run_shape(&server, &rt, shape, &name);
-    }
+    window_switches(Algorithm::SlidingWindow);
 }
 
 #[test]
 fn sliding_log_switches_stay_within_the_new_limit() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
-    let rt = runtime();
-    for (name, shape) in window_shapes(Algorithm::SlidingLog) {
-        run_shape(&server, &rt, shape, &name);
-    }
+    window_switches(Algorithm::SlidingLog);
 }
 
 /// GCRA 6 in 6 s (T = 1 s), burst 8, and B's of the same `T` with a burst of 3
@@ -666,10 +659,10 @@ fn a_clock_behind_a_switch_drops_units_of_a_later_window() {
 /// window, and by the sliding window (each admits 25).
 #[test]
 fn a_longer_period_counts_what_the_old_state_still_holds() {
-    let (server, rt) = match RedisServer::start() {
-        Some(server) => (server, runtime()),
-        None => return,
+    let Some(server) = RedisServer::start() else {
+        return;
     };
+    let rt = runtime();
     for (algorithm, limit_b, second_at) in [
         (Algorithm::SlidingLog, 15, 101_200_000),
         (Algorithm::FixedWindow, 25, 101_000_000),
