@@ -81,12 +81,15 @@
 //!   the old one's state still holds, nothing more: units a shorter period had
 //!   already forgotten (log entries older than its period, windows it moved on
 //!   from) do not count, so within the new policy's first period a client may get
-//!   its new limit plus those units. And a switch read on a clock behind the old
+//!   its new limit plus those units. A switch read on a clock behind the old
 //!   policy's latest admission (a failover to a replica whose `TIME` is behind)
-//!   counts the old units in the new period's window of that reading: a shorter
-//!   window that ends before the old one did forgets them when it moves on, though
-//!   some may have been admitted in its next window (an open finding; recording
-//!   the latest reading would change the state's format). While both run, a client
+//!   is judged at that admission's reading where the window states record it
+//!   ([`RedisLimiterBuilder::latest_reading`], off by default: a version from
+//!   before session 49 cannot read the field), so the old units count in the new
+//!   period's window of that reading. Without it the switch counts them in the
+//!   window of the reading behind: a shorter window that ends before the old one
+//!   did forgets them when it moves on, though some may have been admitted in its
+//!   next window (up to the new limit more within one window). While both run, a client
 //!   spread over both may get more than a window's limit within it; keep the
 //!   switch-over short. An **algorithm** change needs a prefix of its own: a
 //!   script cannot read another algorithm's state, so while the old replicas keep
@@ -175,7 +178,8 @@
 //! [`AsyncLimit::refund`]) to give a remote rule's charge back when a later rule
 //! denies the request. With refunds off, `charge_n` is a plain `check_n` with no
 //! receipt, a refund gives nothing back without a round trip (the layer makes none),
-//! and every key keeps the plain state that every version reads (GCRA `TAT`, the
+//! and (with [`latest_reading`](RedisLimiterBuilder::latest_reading) off too) every
+//! key keeps the plain state that every version reads (GCRA `TAT`, the
 //! fixed window `window:count:period`, the sliding window
 //! `window:prev:cur:period`, the sliding log exactly its `instant:units:total`
 //! members, read with no more round trips than before).
@@ -278,7 +282,8 @@
 //!   another), the fixed window
 //!   `window:count:period:ledger:floor:incarnation:receipts`, the sliding window
 //!   `window:prev:cur:period:ledger:floor:incarnation:receipts` — and every later
-//!   write keeps them. The sliding log's sorted set cannot hold fields beside its
+//!   write keeps them (a window state's latest reading, where recorded, follows
+//!   them: `…:receipts@reading`, [`RedisLimiterBuilder::latest_reading`]). The sliding log's sorted set cannot hold fields beside its
 //!   members: it gets more members, all scored `-inf` — a head
 //!   `refunds:ledger:floor:incarnation` (from the first charge with a receipt),
 //!   `refunds:logged:instant` (once a refund has moved it past 0: the latest
@@ -600,6 +605,7 @@ pub struct RedisLimiterBuilder {
     on_failure: OnFailure,
     deny_cache: usize,
     refunds: bool,
+    latest_reading: bool,
 }
 
 impl RedisLimiterBuilder {
@@ -682,6 +688,43 @@ impl RedisLimiterBuilder {
     /// ```
     pub fn refunds(mut self, on: bool) -> Self {
         self.refunds = on;
+        self
+    }
+
+    /// Window states record their **latest reading** (default `false`: off): the
+    /// fixed and sliding windows keep the server time of the latest admission in the
+    /// key (a field after the others, `…@reading`), and judge a call read behind it
+    /// (a `TIME` that stepped back, a failover to a replica whose clock is behind)
+    /// at that reading, as the sliding log judges no reading earlier than its newest
+    /// unit. This closes the over-admission of a policy change read on such a clock
+    /// (the crate docs, "A policy change"): the new policy's windows then count the
+    /// old units in the window of the latest reading, never in an earlier one that
+    /// forgets them sooner. A call judged at a reading later than now answers its
+    /// waits (`reset_after`, `retry_after`) and sets its key's time to live from the
+    /// server's now, so both are longer by the lag, never shorter. GCRA and the
+    /// sliding log need no such field (a TAT and a log's instants carry their own
+    /// time) and ignore the option.
+    ///
+    /// **Turn on once every replica runs a version that reads the field** (this one,
+    /// session 49, or later): a version from before it reads a window key that has
+    /// it as a malformed state (an error; under [`OnFailure::Open`], an admission).
+    /// With the option off, no key gets the field, and a key that has it (written
+    /// where the option is on) keeps it, updated, on every write: turning it off
+    /// again undoes nothing until such keys expire, so downgrade no replica to a
+    /// version from before it until then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// // Every replica reads the latest reading: judge readings behind it at it.
+    /// let b = RedisLimiter::builder(Algorithm::FixedWindow, floodgate::Policy::per_minute(60)?)
+    ///     .latest_reading(true);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn latest_reading(mut self, on: bool) -> Self {
+        self.latest_reading = on;
         self
     }
 
@@ -769,13 +812,17 @@ impl RedisLimiterBuilder {
         let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
         // Off: no charge script with receipts and no refund script, so `charge_n` is
         // `check_n` and no key ever holds the refund fields.
-        let refunds = |prologue| self.refunds.then(|| script::refunds(prologue, shape));
+        let readings = self.latest_reading;
+        let refunds = |prologue| {
+            self.refunds
+                .then(|| script::refunds(prologue, readings, shape))
+        };
         Ok(RedisLimiter {
             conn,
             capacity,
             limits,
-            script: script::server_time(shape),
-            replay: script::given_time(shape),
+            script: script::server_time(shape, readings),
+            replay: script::given_time(shape, readings),
             refunds: refunds(Prologue::Server),
             replay_refunds: refunds(Prologue::Given),
             prefix: self.prefix,
@@ -911,6 +958,7 @@ impl RedisLimiter {
             on_failure: OnFailure::Open,
             deny_cache: 0,
             refunds: false,
+            latest_reading: false,
         }
     }
 }

@@ -52,6 +52,17 @@ for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
 local now = tonumber(ARGV[1])
 ";
 
+/// After the prologue: whether the window transitions record a state's latest
+/// reading (the builder's [`latest_reading`](crate::RedisLimiterBuilder::latest_reading);
+/// `READINGS` in `lua/common.lua`).
+fn readings(on: bool) -> &'static str {
+    if on {
+        "local READINGS = true\n"
+    } else {
+        "local READINGS = false\n"
+    }
+}
+
 fn transition(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::Gcra => GCRA,
@@ -103,18 +114,26 @@ pub(crate) enum Shape {
     Multi,
 }
 
-fn source(prologue: &str, shape: Shape) -> String {
+fn source(prologue: &str, recorded: bool, shape: Shape) -> String {
     match shape {
-        Shape::Single(a) => [prologue, COMMON, transition(a), single(a)].concat(),
-        Shape::Multi => every_transition(prologue, MULTI),
+        Shape::Single(a) => [
+            prologue,
+            readings(recorded),
+            COMMON,
+            transition(a),
+            single(a),
+        ]
+        .concat(),
+        Shape::Multi => every_transition(prologue, recorded, MULTI),
     }
 }
 
 /// A multi-limit script: the prologue, the helpers, every transition (and its
 /// refund), then `driver`.
-fn every_transition(prologue: &str, driver: &str) -> String {
+fn every_transition(prologue: &str, recorded: bool, driver: &str) -> String {
     [
         prologue,
+        readings(recorded),
         COMMON,
         GCRA,
         FIXED_WINDOW,
@@ -125,14 +144,15 @@ fn every_transition(prologue: &str, driver: &str) -> String {
     .concat()
 }
 
-/// The production script: time from the server.
-pub(crate) fn server_time(shape: Shape) -> Script {
-    Script::new(&source(SERVER_TIME, shape))
+/// The production script: time from the server; `readings`: whether window states
+/// record their latest reading.
+pub(crate) fn server_time(shape: Shape, readings: bool) -> Script {
+    Script::new(&source(SERVER_TIME, readings, shape))
 }
 
 /// The replay script: the same transitions, time from the caller.
-pub(crate) fn given_time(shape: Shape) -> Script {
-    Script::new(&source(GIVEN_TIME, shape))
+pub(crate) fn given_time(shape: Shape, readings: bool) -> Script {
+    Script::new(&source(GIVEN_TIME, readings, shape))
 }
 
 /// The driver of a charge with a receipt: the one-limit driver's transition, then
@@ -193,7 +213,7 @@ refund_driver!(REFUND_SLIDING_LOG, "sliding_log_refund", "6");
 /// the fixed and sliding windows, the sliding log) and for several limits (the
 /// multi-limit script, whose charges return receipts when `write` is 2, and a
 /// refund of every limit in one run).
-pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> (Script, Script) {
+pub(crate) fn refunds(prologue: Prologue, readings: bool, shape: Shape) -> (Script, Script) {
     let prologue = match prologue {
         Prologue::Server => SERVER_TIME,
         Prologue::Given => GIVEN_TIME,
@@ -201,8 +221,8 @@ pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> (Script, Script) {
     let (transition, charge, refund) = match shape {
         Shape::Multi => {
             return (
-                Script::new(&source(prologue, shape)),
-                Script::new(&every_transition(prologue, MULTI_REFUND)),
+                Script::new(&source(prologue, readings, shape)),
+                Script::new(&every_transition(prologue, readings, MULTI_REFUND)),
             );
         }
         Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
@@ -216,10 +236,19 @@ pub(crate) fn refunds(prologue: Prologue, shape: Shape) -> (Script, Script) {
             (SLIDING_LOG, CHARGE_SLIDING_LOG, REFUND_SLIDING_LOG)
         }
     };
-    (
-        Script::new(&[prologue, COMMON, transition, charge].concat()),
-        Script::new(&[prologue, COMMON, transition, refund].concat()),
-    )
+    let with = |driver| {
+        Script::new(
+            &[
+                prologue,
+                self::readings(readings),
+                COMMON,
+                transition,
+                driver,
+            ]
+            .concat(),
+        )
+    };
+    (with(charge), with(refund))
 }
 
 /// Where a script's time comes from.
@@ -513,7 +542,14 @@ mod tests {
                 "{a:?} must take now from the prologue"
             );
             let s = Shape::Single(a);
-            assert_ne!(server_time(s).get_hash(), given_time(s).get_hash());
+            assert_ne!(
+                server_time(s, false).get_hash(),
+                given_time(s, false).get_hash()
+            );
+            assert_ne!(
+                server_time(s, false).get_hash(),
+                server_time(s, true).get_hash()
+            );
         }
         assert!(!SERVER_TIME.contains("ARGV["));
     }

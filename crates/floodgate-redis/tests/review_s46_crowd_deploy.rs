@@ -16,6 +16,7 @@ use common::s46::{
     COMMON_NOW, COMMON_S46, FIXED_WINDOW, GCRA_NOW, GCRA_S46, SLIDING_LOG_NOW, SLIDING_LOG_S46,
     SLIDING_WINDOW,
 };
+use common::s48::{FIXED_WINDOW_S48, SLIDING_WINDOW_S48};
 use common::{charge_driver, refund_driver, RedisServer, GIVEN_TIME};
 use redis::Value;
 
@@ -49,8 +50,8 @@ fn versions(algorithm: &str) -> (Version, Version) {
     let hour = 3_600_000_000;
     let (now, before, params) = match algorithm {
         "gcra" => (GCRA_NOW, GCRA_S46, [hour / 100, 100]),
-        "fixed_window" => (FIXED_WINDOW, FIXED_WINDOW, [hour, 100]),
-        "sliding_window" => (SLIDING_WINDOW, SLIDING_WINDOW, [hour, 100]),
+        "fixed_window" => (FIXED_WINDOW, FIXED_WINDOW_S48, [hour, 100]),
+        "sliding_window" => (SLIDING_WINDOW, SLIDING_WINDOW_S48, [hour, 100]),
         _ => (SLIDING_LOG_NOW, SLIDING_LOG_S46, [hour, 100]),
     };
     (

@@ -366,6 +366,7 @@ fn raw_versions(shape: &Shape) -> [Raw; 2] {
         COMMON_NOW, COMMON_S46, FIXED_WINDOW, GCRA_NOW, GCRA_S46, SLIDING_LOG_NOW, SLIDING_LOG_S46,
         SLIDING_WINDOW,
     };
+    use common::s48::{FIXED_WINDOW_S48, SLIDING_WINDOW_S48};
     let (function, now, before, params) = match shape.algorithm {
         Algorithm::Gcra => (
             "gcra",
@@ -376,13 +377,13 @@ fn raw_versions(shape: &Shape) -> [Raw; 2] {
         Algorithm::FixedWindow => (
             "fixed_window",
             FIXED_WINDOW,
-            FIXED_WINDOW,
+            FIXED_WINDOW_S48,
             [shape.period_us, shape.limit],
         ),
         Algorithm::SlidingWindow => (
             "sliding_window",
             SLIDING_WINDOW,
-            SLIDING_WINDOW,
+            SLIDING_WINDOW_S48,
             [shape.period_us, shape.limit],
         ),
         _ => (

@@ -122,8 +122,10 @@ impl Part {
     }
 
     /// Admission of `cost` at `now` under `l`: where it is logged, or why the
-    /// bound breaks.
-    fn admit(&mut self, l: &Limit, now: u64, cost: u64) -> Result<u64, String> {
+    /// bound breaks. With `readings` (the states record their latest reading) a
+    /// sliding window's estimate weighs its previous window at the latest
+    /// reading, as the script judges it, else at `now`.
+    fn admit(&mut self, l: &Limit, now: u64, cost: u64, readings: bool) -> Result<u64, String> {
         self.latest = self.latest.max(now);
         let t = self.latest;
         *self.net.entry(t).or_insert(0) += cost;
@@ -139,7 +141,7 @@ impl Part {
             Algorithm::SlidingWindow => {
                 let cur = self.units(start, start + p);
                 let prev = self.units(start.saturating_sub(p), start);
-                let e = now.saturating_sub(start);
+                let e = if readings { t } else { now }.saturating_sub(start);
                 let estimate = prev * (p - e) / p + cur;
                 if estimate > limit {
                     return Err(format!(
@@ -206,6 +208,11 @@ struct Shape {
     small_us: u64,
     seeds: u64,
     steps: u32,
+    /// Both policies' limiters record window states' latest reading
+    /// (`latest_reading`): the clock then steps back freely (a window's bound is
+    /// judged at the latest reading), else never behind the windows of the latest
+    /// reading (see `a_clock_behind_a_switch_drops_units_of_a_later_window`).
+    readings: bool,
 }
 
 /// A receipt as the trace holds it.
@@ -235,10 +242,12 @@ fn limiters(
     rt: &tokio::runtime::Runtime,
     server: &RedisServer,
     limits: &[Limit],
+    readings: bool,
 ) -> Vec<RedisLimiter> {
     (0..2)
         .map(|_| {
-            let first = RedisLimiter::builder(limits[0].algorithm, limits[0].policy());
+            let first = RedisLimiter::builder(limits[0].algorithm, limits[0].policy())
+                .latest_reading(readings);
             let b = limits[1..]
                 .iter()
                 .fold(first, |b, l| b.and(l.algorithm, l.policy()));
@@ -251,7 +260,10 @@ fn limiters(
 /// once between policy A and B (a clean switch), checked after every step.
 fn run_shape(server: &RedisServer, rt: &tokio::runtime::Runtime, shape: Shape, name: &str) {
     let policies = [shape.a, shape.b];
-    let clients = [limiters(rt, server, shape.a), limiters(rt, server, shape.b)];
+    let clients = [
+        limiters(rt, server, shape.a, shape.readings),
+        limiters(rt, server, shape.b, shape.readings),
+    ];
     let several = shape.a.len() > 1;
     let capacity = policies
         .iter()
@@ -335,7 +347,7 @@ fn run_shape(server: &RedisServer, rt: &tokio::runtime::Runtime, shape: Shape, n
                 tally.admitted += 1;
                 let mut at = Vec::new();
                 for (part, l) in parts.iter_mut().zip(policies[current]) {
-                    match part.admit(l, now, cost) {
+                    match part.admit(l, now, cost, shape.readings) {
                         Ok(t) => at.push(t),
                         Err(why) => fail(&log, format!("{:?}: {why}", l.algorithm)),
                     }
@@ -402,11 +414,11 @@ fn run_shape(server: &RedisServer, rt: &tokio::runtime::Runtime, shape: Shape, n
                 };
                 log.push(format!("{step}: clock to {now}"));
             } else {
-                // A little back (another replica's clock); a window state's
-                // never behind the windows of the latest reading (see
+                // A little back (another replica's clock); without the latest
+                // reading, never behind the windows of the latest reading (see
                 // `a_clock_behind_a_switch_drops_units_of_a_later_window`).
                 let mut floor = base;
-                for (i, part) in parts.iter().enumerate() {
+                for (i, part) in parts.iter().enumerate().filter(|_| !shape.readings) {
                     for l in policies.iter().map(|p| &p[i]) {
                         if matches!(
                             l.algorithm,
@@ -444,7 +456,7 @@ const fn limit(algorithm: Algorithm, limit: u64, period_us: u64, burst: u64) -> 
 /// A window or log policy A (8 in 6 s) and the B's it switches with: its period
 /// and a third of it (each with a smaller limit and a larger one), twice it, 7/5
 /// of it.
-fn window_shapes(algorithm: Algorithm) -> Vec<(String, Shape)> {
+fn window_shapes(algorithm: Algorithm, readings: bool) -> Vec<(String, Shape)> {
     let leak = |l: Limit| -> &'static [Limit] { Box::leak(Box::new([l])) };
     let a = leak(limit(algorithm, 8, P, 0));
     [
@@ -466,36 +478,48 @@ fn window_shapes(algorithm: Algorithm) -> Vec<(String, Shape)> {
                 small_us: P / 10,
                 seeds: 2,
                 steps: 300,
+                readings,
             },
         )
     })
     .collect()
 }
 
-/// Every window shape of `algorithm` ([`window_shapes`]) through [`run_shape`].
-fn window_switches(algorithm: Algorithm) {
+/// Every window shape of `algorithm` ([`window_shapes`]) through [`run_shape`],
+/// with the limiters' `latest_reading` option as `readings`.
+fn window_switches(algorithm: Algorithm, readings: bool) {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
-    for (name, shape) in window_shapes(algorithm) {
+    for (name, shape) in window_shapes(algorithm, readings) {
         run_shape(&server, &rt, shape, &name);
     }
 }
 
 #[test]
 fn fixed_window_switches_stay_within_the_new_limit() {
-    window_switches(Algorithm::FixedWindow);
+    window_switches(Algorithm::FixedWindow, false);
 }
 
 #[test]
 fn sliding_window_switches_stay_within_the_new_limit() {
-    window_switches(Algorithm::SlidingWindow);
+    window_switches(Algorithm::SlidingWindow, false);
 }
 
 #[test]
 fn sliding_log_switches_stay_within_the_new_limit() {
-    window_switches(Algorithm::SlidingLog);
+    window_switches(Algorithm::SlidingLog, false);
+}
+
+/// The window traces again with the latest reading recorded (session 49), the
+/// clock stepping back freely, up to a quarter of A's period, across switches.
+///
+/// Mutations seen failing: see `a_clock_behind_a_switch_is_judged_at_the_latest_reading`.
+#[test]
+fn window_switches_with_the_latest_reading_stay_within_the_new_limit() {
+    window_switches(Algorithm::FixedWindow, true);
+    window_switches(Algorithm::SlidingWindow, true);
 }
 
 /// GCRA 6 in 6 s (T = 1 s), burst 8, and B's of the same `T` with a burst of 3
@@ -527,6 +551,7 @@ fn gcra_switches_stay_within_the_new_burst_and_rate() {
             small_us: S / 2,
             seeds: 2,
             steps: 300,
+            readings: false,
         };
         run_shape(&server, &rt, shape, &format!("gcra {i}"));
     }
@@ -561,16 +586,19 @@ fn multi_limit_switches_stay_within_every_new_limit() {
             &[limit(Gcra, 6, 2 * S, 3), limit(SlidingLog, 6, 2 * P, 0)],
         ),
     ];
-    for (i, (a, b)) in SHAPES.into_iter().enumerate() {
-        let shape = Shape {
-            a,
-            b,
-            max_cost: 3,
-            small_us: P / 10,
-            seeds: 2,
-            steps: 300,
-        };
-        run_shape(&server, &rt, shape, &format!("multi {i}"));
+    for readings in [false, true] {
+        for (i, (a, b)) in SHAPES.into_iter().enumerate() {
+            let shape = Shape {
+                a,
+                b,
+                max_cost: 3,
+                small_us: P / 10,
+                seeds: 2,
+                steps: 300,
+                readings,
+            };
+            run_shape(&server, &rt, shape, &format!("multi {i} {readings}"));
+        }
     }
 }
 
@@ -606,7 +634,9 @@ fn fill(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> u
     (0..100).take_while(|_| admit()).count() as u64
 }
 
-/// OPEN (found by this review): a clock a little behind at a switch to a shorter
+/// Found by this review, and closed where window states record their latest
+/// reading (`RedisLimiterBuilder::latest_reading`, session 49; see the next test):
+/// without it, a clock a little behind at a switch to a shorter
 /// window loses the old policy's units. Policy A, 10 in 6 s, admits 5 at 4.01 s
 /// (A's window [0, 6)); B, 10 in 2 s, reads 3.99 s (a replica 20 ms behind) and
 /// counts A's 5 whole in its window [2, 4) (A's window ends past its start),
@@ -619,15 +649,37 @@ fn fill(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> u
 /// all the old units, and forgets them when it moves on (`fixed_window.lua` and
 /// `sliding_window.lua`, the `sp ~= p` branch). No small fix: judging at the
 /// new period's last window within the old one would deny a clean switch's
-/// whole new window; recording the latest reading changes the state's format.
+/// whole new window; recording the latest reading changes the state's format,
+/// which a version from before it reads as malformed: hence an option.
 #[test]
-#[ignore = "open: a clock behind a switch to a shorter window drops the old units (see doc)"]
+#[ignore = "open without the latest reading: a clock behind a switch to a shorter window drops the old units (see doc)"]
 fn a_clock_behind_a_switch_drops_units_of_a_later_window() {
+    clock_behind_a_switch(false);
+}
+
+/// The same with window states recording their latest reading: B's reading 20 ms
+/// behind A's admission is judged at it, so A's 5 count in B's window [4, 6) and
+/// B admits 5 more there in all.
+///
+/// Mutations seen failing: the reading not parsed (`window_reading` returning 0),
+/// not judged at (`at` left at now, in either window script), not written
+/// (`reading_field` returning '').
+#[test]
+fn a_clock_behind_a_switch_is_judged_at_the_latest_reading() {
+    clock_behind_a_switch(true);
+}
+
+/// Policy A (10 in 6 s) admits 5 at 4.01 s; B (10 in 2 s) reads 3.99 s, then 4.02
+/// s and 5.99 s: B's window [4, 6) must hold no more than B's limit with A's 5.
+fn clock_behind_a_switch(latest_reading: bool) {
     over_the_limit(|server, rt| {
         let t0 = 600 * S;
         let mut over = Vec::new();
         for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
-            let [a, b] = pair(rt, server, algorithm, policy(10, 6 * S), policy(10, 2 * S));
+            let [a, b] = [policy(10, 6 * S), policy(10, 2 * S)].map(|p| {
+                let builder = RedisLimiter::builder(algorithm, p).latest_reading(latest_reading);
+                with_refunds(rt, server, builder, true)
+            });
             let key = format!("behind-{algorithm:?}");
             assert!(rt
                 .block_on(a.check_n_at_micros(&key, 5, t0 + 4_010_000))

@@ -178,6 +178,30 @@ local function window_refund_fields(key, rest)
   return rest, tonumber(ledger), tonumber(born)
 end
 
+-- A window state's latest reading: the server time (us) of the latest admission
+-- written on it, after its other fields as "@reading" (the crate docs, "A policy
+-- change": a reading behind it is judged at it). Written where READINGS is on (the
+-- prologue: the limiter's `latest_reading` option) or the state had one, so a key
+-- of a limiter without the option keeps the form an older version reads. Returns
+-- the fields before it and the reading (0: none), or nil and an error reply.
+local function window_reading(key, rest)
+  if not string.find(rest, '@', 1, true) then return rest, 0 end
+  local fields, r = string.match(rest, '^([^@]*)@(%d+)$')
+  r = tonumber(r)
+  if not fields or not r or r >= EXACT then
+    return nil, malformed(key, 'not a window state with a latest reading')
+  end
+  return fields, r
+end
+
+-- The "@reading" a window write appends (see window_reading): `at`, the instant
+-- the write was judged at (never before the state's reading `r`), where READINGS
+-- is on or the state had one.
+local function reading_field(r, at)
+  if not READINGS and r == 0 then return '' end
+  return '@' .. fmt(at)
+end
+
 -- The refund fields of a window state written over one of another period (a
 -- rolling deploy): its count was rebuilt from the other period's, which may have
 -- dropped the units of a receipt charged before (its own windows ended) while the
@@ -234,6 +258,10 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
     if not x or tonumber(x) >= EXACT then return malformed(key, 'not a window state') end
     nums[i] = tonumber(x)
   end
+  local reading = ''
+  local fields, r = window_reading(key, rest)
+  if not fields then return r end
+  if r > 0 then rest, reading = fields, '@' .. fmt(r) end
   local ledger, floor, incarnation_here, ids = 0, 0, 0, ''
   if rest ~= '' then
     ledger, floor, incarnation_here, ids = string.match(rest, '^:(%d+):(%d+):(%d+):([%d/,]*)$')
@@ -260,7 +288,7 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
       REFUNDS_KEPT_WIDE)
     for i = 1, width do nums[i] = fmt(nums[i]) end
     local value = table.concat(nums, ':') .. ':' .. fmt(ledger + back) .. ':' ..
-      fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept
+      fmt(new_floor) .. ':' .. fmt(born) .. ':' .. kept .. reading
     -- The key's time to live as it was (it may be another period's, longer).
     local left = EXPIRE and redis.call('PTTL', key) or -1
     if left > 0 then

@@ -2,9 +2,13 @@
 -- State: "window:count:P", window = floor(now / P); after a charge with receipts
 -- "window:count:P:ledger:floor:incarnation:ids" (see window_refund_fields and
 -- fixed_window_refund), which every later write keeps, in any window and under
--- any period, while the key lives.
+-- any period, while the key lives; and last, with the latest reading,
+-- "...@reading" (see window_reading).
 local function fixed_window(key, n, write, p, l)
-  local w = fdiv(now, p)
+  -- The instant judged: now, or the state's latest reading where now is behind it.
+  local at = now
+  local reading = 0
+  local w = fdiv(at, p)
   local count = 0
   local keep = 0
   -- The refund fields, kept as they are: '' before any charge with receipts.
@@ -15,8 +19,14 @@ local function fixed_window(key, n, write, p, l)
   if stored then
     local sw, sc, sp, rest = string.match(stored, '^(%d+):(%d+):(%d+)(.*)$')
     if rest then
+      rest, reading = window_reading(key, rest)
+      if not rest then return reading end
       refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
+    end
+    if reading > at then
+      at = reading
+      w = fdiv(at, p)
     end
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
@@ -28,14 +38,18 @@ local function fixed_window(key, n, write, p, l)
     -- fresh on each switch would let callers spread over both go unlimited. Its
     -- units were all admitted before its window's end: while that end is past this
     -- window's start they count here, whole (never fewer than this window holds).
-    -- Units admitted now count for that period until its window ends.
+    -- Units admitted now count for that period until its window ends. Judged at
+    -- the latest reading where now is behind it: every unit of the state was
+    -- admitted at or before it, so none of them is in a later window of this
+    -- period than the one counting them (a reading behind, on a replica's clock,
+    -- would count them in an earlier window, which forgets them sooner).
     if sp == p and sw >= w then
       w = sw
       count = sc
     elseif sp ~= p then
       refunds, ledger = window_fields_after_switch(refunds, ledger, born)
       if (sw + 1) * sp > w * p then count = sc end
-      keep = (fdiv(now, sp) + 1) * sp - now
+      keep = (fdiv(at, sp) + 1) * sp - now
     end
   end
   if not stored then refunds, ledger, born = window_refund_fields(key, '') end
@@ -48,7 +62,8 @@ local function fixed_window(key, n, write, p, l)
   end
   if count + n <= l then
     if write then
-      set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p) .. refunds, reset, keep)
+      set_window_state(key, fmt(w) .. ':' .. fmt(count + n) .. ':' .. fmt(p) .. refunds ..
+        reading_field(reading, at), reset, keep)
       -- The window, the count after the charge, the ledger it saw, the cost, the
       -- key's incarnation.
       RECEIPT = { w, count + n, ledger, n, born }

@@ -1,9 +1,13 @@
 -- Sliding window counter. Arguments: key, cost n, write, P (period, us), L (limit).
 -- State: "window:prev:cur:P" (prev = the count of window - 1); after a charge
 -- with receipts "window:prev:cur:P:ledger:floor:incarnation:ids" (see
--- window_refund_fields and sliding_window_refund), which every later write keeps.
+-- window_refund_fields and sliding_window_refund), which every later write keeps;
+-- and last, with the latest reading, "...@reading" (see window_reading).
 local function sliding_window(key, n, write, p, l)
-  local w = fdiv(now, p)
+  -- The instant judged: now, or the state's latest reading where now is behind it.
+  local at = now
+  local reading = 0
+  local w = fdiv(at, p)
   local prev, cur = 0, 0
   local keep = 0
   -- The refund fields, kept as they are: '' before any charge with receipts.
@@ -14,8 +18,14 @@ local function sliding_window(key, n, write, p, l)
   if stored then
     local sw, sp, sc, speriod, rest = string.match(stored, '^(%d+):(%d+):(%d+):(%d+)(.*)$')
     if rest then
+      rest, reading = window_reading(key, rest)
+      if not rest then return reading end
       refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
+    end
+    if reading > at then
+      at = reading
+      w = fdiv(at, p)
     end
     sw, sp, sc, speriod = tonumber(sw), tonumber(sp), tonumber(sc), tonumber(speriod)
     if not sw or not sp or not sc or not speriod then
@@ -32,7 +42,8 @@ local function sliding_window(key, n, write, p, l)
     -- whole into this window if its end is past this window's start, into the
     -- previous one (weighted) if past that one's start (never fewer than the
     -- windows hold). Units admitted now count for that period until the end of
-    -- its next window.
+    -- its next window. Judged at the latest reading where now is behind it (as
+    -- the fixed window: no unit of the state is in a later window than counts it).
     if speriod == p and sw >= w then
       w, prev, cur = sw, sp, sc
     elseif speriod == p and sw == w - 1 then
@@ -53,27 +64,27 @@ local function sliding_window(key, n, write, p, l)
       -- Nor fewer than the other policy's own estimate now (it weighs its previous
       -- window over its own period): at a switch a unit fits only where it fits
       -- under both.
-      local ow = fdiv(now, speriod)
+      local ow = fdiv(at, speriod)
       local other = 0
       if sw >= ow then
-        local oe = now - sw * speriod
+        local oe = at - sw * speriod
         if oe < 0 then oe = 0 end
         other = fdiv(sp * (speriod - oe), speriod) + sc
       elseif sw == ow - 1 then
-        other = fdiv(sc * (speriod - (now - ow * speriod)), speriod)
+        other = fdiv(sc * (speriod - (at - ow * speriod)), speriod)
       end
-      local e = now - here
+      local e = at - here
       if e < 0 then e = 0 end
       local mine = fdiv(prev * (p - e), p) + cur
       if other > mine then cur = cur + other - mine end
-      keep = (fdiv(now, speriod) + 2) * speriod - now
+      keep = (fdiv(at, speriod) + 2) * speriod - now
     end
   end
   if not stored then refunds, ledger, born = window_refund_fields(key, '') end
   local start = w * p
-  local at = now
-  if start > at then at = start end
-  local e = at - start
+  local from = at
+  if start > from then from = start end
+  local e = from - start
   -- estimate = floor(prev * (P - e) / P) + cur; prev * (P - e) <= L * P < 2^53.
   local estimate = fdiv(prev * (p - e), p) + cur
   local function reset(c)
@@ -89,7 +100,8 @@ local function sliding_window(key, n, write, p, l)
   end
   if estimate + n <= l then
     if write then
-      local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p) .. refunds
+      local state = fmt(w) .. ':' .. fmt(prev) .. ':' .. fmt(cur + n) .. ':' .. fmt(p) .. refunds ..
+        reading_field(reading, at)
       set_window_state(key, state, reset(cur + n), keep)
       -- The window, the current count after the charge, the ledger it saw, the cost,
       -- the key's incarnation.

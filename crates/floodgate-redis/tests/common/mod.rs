@@ -800,6 +800,7 @@ local EXPIRE = false
 local ARG = {}
 for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
 local now = tonumber(ARGV[1])
+local READINGS = false
 ";
 
 /// `EVAL` of `script` on one `key` with `args`, on a fresh connection (a test that
@@ -852,7 +853,8 @@ return back
 }
 
 /// The current scripts' files and session 46's (`tests/fixtures`, from 410abd5; the
-/// windows' own files did not change), for a rolling deploy's tests.
+/// windows' own files did not change until session 49: `s48`), for a rolling
+/// deploy's tests.
 pub mod s46 {
     pub const COMMON_NOW: &str = include_str!("../../src/lua/common.lua");
     pub const COMMON_S46: &str = include_str!("../fixtures/common_s46.lua");
@@ -869,4 +871,13 @@ pub mod s46 {
 pub mod s47 {
     pub const COMMON_S47: &str = include_str!("../fixtures/common_s47.lua");
     pub const SLIDING_LOG_S47: &str = include_str!("../fixtures/sliding_log_s47.lua");
+}
+
+/// The window scripts as they were before session 49's latest reading
+/// (`tests/fixtures`, from ab66d6d, as in session 46; their helpers then differ
+/// from `s47::COMMON_S47` only in the log's reader limit), for a rolling deploy's
+/// tests.
+pub mod s48 {
+    pub const FIXED_WINDOW_S48: &str = include_str!("../fixtures/fixed_window_s48.lua");
+    pub const SLIDING_WINDOW_S48: &str = include_str!("../fixtures/sliding_window_s48.lua");
 }
