@@ -29,7 +29,13 @@
 //! * `clock + …` — the `u64`, `u128` and locked rows with a decision's clock read
 //!   before each (floodgate's `DefaultClock`), the value written depending on it as
 //!   a GCRA step's does (`max(word, now) + 1`): what the wider write costs beside the
-//!   time-stamp counter read every decision makes.
+//!   time-stamp counter read every decision makes;
+//! * `clock + u64 CAS, 16-byte stride` and `clock + pin + u64 CAS, 16-byte stride` —
+//!   the write of an inline slot whose state half were CASed alone as 64 bits (the
+//!   key half beside it, the same footprint as the `u128` row), bare and under a
+//!   crossbeam-epoch pin (what the heap storage's readers take, and what a slot
+//!   reused only after a grace period would need): the estimate of what that redesign
+//!   could buy before its ABA argument is written (issue 10, BENCHMARKS.md).
 //!
 //! The rows alternate within each round; the median and range over rounds are printed.
 
@@ -38,6 +44,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crossbeam_epoch as epoch;
 use floodgate::{Clock, DefaultClock};
 use floodgate_bench::median_and_range;
 use portable_atomic::AtomicU128;
@@ -164,6 +171,13 @@ fn main() -> ExitCode {
         step!(narrow[slot], now);
         black_box(lock.fetch_sub(4, Ordering::Release));
     };
+    let clock_cas64_wide_stride = |i: u64| step!(pairs[index(i, log2)][1], clock.now().as_u64());
+    let clock_pin_cas64_wide_stride = |i: u64| {
+        let now = clock.now().as_u64();
+        let guard = epoch::pin();
+        step!(pairs[index(i, log2)][1], now);
+        drop(black_box(guard));
+    };
 
     let names = [
         "load",
@@ -176,6 +190,8 @@ fn main() -> ExitCode {
         "clock + u64 load + CAS",
         "clock + u128 load + CAS",
         "clock + lock word RMW x2 + u64 CAS",
+        "clock + u64 CAS, 16-byte stride",
+        "clock + pin + u64 CAS, 16-byte stride",
     ];
     let mut figures: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for round in 1..=rounds {
@@ -192,13 +208,15 @@ fn main() -> ExitCode {
                 6 => time(ops, cas128_alone),
                 7 => time(ops, clock_cas64),
                 8 => time(ops, clock_cas128),
-                _ => time(ops, clock_locked),
+                9 => time(ops, clock_locked),
+                10 => time(ops, clock_cas64_wide_stride),
+                _ => time(ops, clock_pin_cas64_wide_stride),
             };
             figures[row].push(ns);
         }
     }
     for (name, ns) in names.iter().zip(figures) {
-        println!("{name:<36} {} ns", median_and_range(ns));
+        println!("{name:<40} {} ns", median_and_range(ns));
     }
     ExitCode::SUCCESS
 }
