@@ -706,8 +706,9 @@ impl RedisLimiterBuilder {
     /// time) and ignore the option.
     ///
     /// **Turn on once every replica runs a version that reads the field** (this one,
-    /// session 49, or later): a version from before it reads a window key that has
-    /// it as a malformed state (an error; under [`OnFailure::Open`], an admission).
+    /// session 49, or later; a new deployment with no older replica can start with
+    /// it on): a version from before it reads a window key that has it as a
+    /// malformed state (an error; under [`OnFailure::Open`], an admission).
     /// With the option off, no key gets the field, and a key that has it (written
     /// where the option is on) keeps it, updated, on every write: turning it off
     /// again undoes nothing until such keys expire, so downgrade no replica to a
