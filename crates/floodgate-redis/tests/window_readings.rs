@@ -166,16 +166,18 @@ fn a_reading_behind_the_field_is_judged_at_it_and_waits_from_now() {
     assert_eq!(d.reset_after(), Duration::from_micros(2_010_000), "{d:?}");
 }
 
-/// A field that is not `@digits` after the state, or past 2^53 µs, is a malformed
-/// state: an error naming the key, with the option on or off, and nothing written.
-/// Mutation seen failing: `window_reading` without its 2^53 bound.
+/// A field that is not `@digits` after the state, or a time past 2^52 µs (as the
+/// scripts refuse a `now`: the windows' sums on it must stay below 2^53), is a
+/// malformed state: an error naming the key, with the option on or off, and nothing
+/// written; 2^52 itself is read. Mutations seen failing: `window_reading` without
+/// its bound, or with the bound at 2^53.
 #[test]
 fn a_malformed_reading_is_refused_and_writes_nothing() {
     let Some(server) = RedisServer::start() else {
         return;
     };
     let rt = runtime();
-    let top = 1_u64 << 53;
+    let top = (1_u64 << 52) + 1;
     let w = T0 / (2 * S);
     for (algorithm, fields) in [
         (Algorithm::FixedWindow, format!("{w}:1:2000000")),
@@ -188,6 +190,7 @@ fn a_malformed_reading_is_refused_and_writes_nothing() {
             "@1@2".to_owned(),
             "@1.5".to_owned(),
             format!("@{top}"),
+            format!("@{}", 1_u64 << 53),
             "@7:0:0:5:".to_owned(),
             ":0:0:5:@7:".to_owned(),
         ] {
@@ -215,6 +218,12 @@ fn a_malformed_reading_is_refused_and_writes_nothing() {
         assert!(admits(&rt, &l, "k", T0));
         let s = state(&server, "test:k");
         assert!(s.ends_with(&format!(":0:0:5:@{}", T0 + 9)), "{s}");
+        // The latest time a reading may be: read, and judged there.
+        let last = 1_u64 << 52;
+        let _: () = server.cmd(&["SET", "test:k", &format!("{fields}@{last}")]);
+        assert!(admits(&rt, &l, "k", T0));
+        let s = state(&server, "test:k");
+        assert!(s.starts_with(&format!("{}:", last / (2 * S))), "{s}");
     }
 }
 

@@ -182,13 +182,15 @@ end
 -- written on it, after its other fields as "@reading" (the crate docs, "A policy
 -- change": a reading behind it is judged at it). Written where READINGS is on (the
 -- prologue: the limiter's `latest_reading` option) or the state had one, so a key
--- of a limiter without the option keeps the form an older version reads. Returns
--- the fields before it and the reading (0: none), or nil and an error reply.
+-- of a limiter without the option keeps the form an older version reads. A
+-- reading is a time, at most 2^52 as `now` is (so the windows' sums on it stay
+-- exact). Returns the fields before it and the reading (0: none), or nil and an
+-- error reply.
 local function window_reading(key, rest)
   if not string.find(rest, '@', 1, true) then return rest, 0 end
   local fields, r = string.match(rest, '^([^@]*)@(%d+)$')
   r = tonumber(r)
-  if not fields or not r or r >= EXACT then
+  if not fields or not r or r > EXACT / 2 then
     return nil, malformed(key, 'not a window state with a latest reading')
   end
   return fields, r
