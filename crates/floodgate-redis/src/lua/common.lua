@@ -182,13 +182,16 @@ end
 -- written on it, after its other fields as "@reading" (the crate docs, "A policy
 -- change": a reading behind it is judged at it). Written where READINGS is on (the
 -- prologue: the limiter's `latest_reading` option) or the state had one, so a key
--- of a limiter without the option keeps the form an older version reads. Returns
--- the fields before it and the reading (0: none), or nil and an error reply.
+-- of a limiter without the option keeps the form an older version reads. A
+-- reading past 2^52 (EXACT / 2: no script's `now` is later) is one no script
+-- wrote, and a window judged at it could end past 2^53, a state every later read
+-- refuses. Returns the fields before it and the reading (0: none), or nil and an
+-- error reply.
 local function window_reading(key, rest)
   if not string.find(rest, '@', 1, true) then return rest, 0 end
   local fields, r = string.match(rest, '^([^@]*)@(%d+)$')
   r = tonumber(r)
-  if not fields or not r or r >= EXACT then
+  if not fields or not r or r > EXACT / 2 then
     return nil, malformed(key, 'not a window state with a latest reading')
   end
   return fields, r
@@ -261,7 +264,8 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
   local reading = ''
   local fields, r = window_reading(key, rest)
   if not fields then return r end
-  if r > 0 then rest, reading = fields, '@' .. fmt(r) end
+  -- Any reading, 0 included (a charge at instant 0 writes "@0").
+  if fields ~= rest then rest, reading = fields, '@' .. fmt(r) end
   local ledger, floor, incarnation_here, ids = 0, 0, 0, ''
   if rest ~= '' then
     ledger, floor, incarnation_here, ids = string.match(rest, '^:(%d+):(%d+):(%d+):([%d/,]*)$')
