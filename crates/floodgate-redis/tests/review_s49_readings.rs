@@ -130,6 +130,35 @@ fn a_reading_of_zero_is_refunded_like_any_other() {
     }
 }
 
+/// A charge read behind the field is judged in the field's window, and so is its
+/// receipt: the refund finds that window and gives back (a receipt naming the
+/// window of the reading behind would give back nothing, the state never going
+/// back to it). One unit at 2.01 s (window [2 s, 4 s) of 2 s), a charge of 3 read
+/// at 1.99 s, refunded at 1.995 s: 9 fit again at 1.99 s. Mutation seen failing:
+/// either script's receipt naming `fdiv(now, p)`.
+#[test]
+fn a_charge_behind_the_field_is_refunded_in_the_fields_window() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    for algorithm in WINDOWS {
+        let key = format!("refund-{algorithm:?}");
+        let l = limiter(&rt, &server, algorithm, 2, true, true);
+        let (d, _) = rt
+            .block_on(l.charge_n_at_micros(&key, 1, T + 2_010_000))
+            .unwrap();
+        assert!(d.is_allowed());
+        let (d, r) = rt
+            .block_on(l.charge_n_at_micros(&key, 3, T + 1_990_000))
+            .unwrap();
+        assert!(d.is_allowed());
+        let back = rt.block_on(l.refund_at_micros(&r.unwrap(), T + 1_995_000));
+        assert!(matches!(back, Ok(true)), "{key}: {back:?}");
+        assert_eq!(fill(&rt, &l, &key, T + 1_990_000), 9, "{key}");
+    }
+}
+
 /// A replica without the option judges a reading behind a field it finds at that
 /// field, as one with it does: a mixed configuration (the option on some
 /// replicas only) keeps the switch of `review_s48_policy.rs`'s finding closed. A
