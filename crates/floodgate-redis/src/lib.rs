@@ -87,7 +87,8 @@
 //!   ([`RedisLimiterBuilder::latest_reading`], off by default: a version from
 //!   before session 49 cannot read the field), so the old units count in the new
 //!   period's window of that reading. Without it the switch counts them in the
-//!   window of the reading behind: a shorter window that ends before the old one
+//!   window of the reading behind (no earlier than the old window's start, which
+//!   an admission judged in that window wrote): a shorter window that ends before the old one
 //!   did forgets them when it moves on, though some may have been admitted in its
 //!   next window (up to the new limit more within one window). While both run, a client
 //!   spread over both may get more than a window's limit within it; keep the
@@ -703,14 +704,18 @@ impl RedisLimiterBuilder {
     /// waits (`reset_after`, `retry_after`) and sets its key's time to live from the
     /// server's now, so both are longer by the lag, never shorter. GCRA and the
     /// sliding log need no such field (a TAT and a log's instants carry their own
-    /// time) and ignore the option.
+    /// time) and ignore the option. A key is covered from its first admission by a
+    /// limiter with the option on, as long as every replica that writes it has the
+    /// option on: one with it off records none of its own admissions on a key that
+    /// had no field (a reading behind a state's window is still judged no earlier
+    /// than that window's start, with the option or without).
     ///
     /// **Turn on once every replica runs a version that reads the field** (this one,
     /// session 49, or later; a new deployment with no older replica can start with
     /// it on): a version from before it reads a window key that has it as a
     /// malformed state (an error; under [`OnFailure::Open`], an admission).
     /// With the option off, no key gets the field, and a key that has it (written
-    /// where the option is on) keeps it, updated, on every write: turning it off
+    /// where the option is on) keeps it on every write (admissions raise it): turning it off
     /// again undoes nothing until such keys expire, so downgrade no replica to a
     /// version from before it until then.
     ///

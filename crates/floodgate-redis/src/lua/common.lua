@@ -184,10 +184,11 @@ end
 -- prologue: the limiter's `latest_reading` option) or the state had one, so a key
 -- of a limiter without the option keeps the form an older version reads. A
 -- reading is a time, at most 2^52 as `now` is (so the windows' sums on it stay
--- exact). Returns the fields before it and the reading (0: none), or nil and an
--- error reply.
+-- exact). Returns the fields before it and the reading (-1: none; a field "@0",
+-- a charge at instant 0 through the replay calls, is one), or nil and an error
+-- reply.
 local function window_reading(key, rest)
-  if not string.find(rest, '@', 1, true) then return rest, 0 end
+  if not string.find(rest, '@', 1, true) then return rest, -1 end
   local fields, r = string.match(rest, '^([^@]*)@(%d+)$')
   r = tonumber(r)
   if not fields or not r or r > EXACT / 2 then
@@ -196,11 +197,26 @@ local function window_reading(key, rest)
   return fields, r
 end
 
+-- The instant a window transition judges a state of window `sw` of period `sp`
+-- with latest reading `r` (-1: none) at: now, or later where now is behind the
+-- reading or the window's start (an admission judged in that window wrote the
+-- state: each of its units was admitted at or after its start, of any period).
+-- Nil where the window starts past 2^52 (no script's time is later: the state is
+-- malformed).
+local function judged_at(r, sw, sp)
+  local start = sw * sp
+  if start > EXACT / 2 then return nil end
+  local at = now
+  if r > at then at = r end
+  if start > at then at = start end
+  return at
+end
+
 -- The "@reading" a window write appends (see window_reading): `at`, the instant
 -- the write was judged at (never before the state's reading `r`), where READINGS
 -- is on or the state had one.
 local function reading_field(r, at)
-  if not READINGS and r == 0 then return '' end
+  if not READINGS and r < 0 then return '' end
   return '@' .. fmt(at)
 end
 
@@ -263,7 +279,8 @@ local function window_refund(key, width, at, cw, after, noted, n, born, p)
   local reading = ''
   local fields, r = window_reading(key, rest)
   if not fields then return r end
-  if r > 0 then rest, reading = fields, '@' .. fmt(r) end
+  -- Any reading, 0 included (a charge at instant 0 writes "@0"), kept as found.
+  if r >= 0 then rest, reading = fields, '@' .. fmt(r) end
   local ledger, floor, incarnation_here, ids = 0, 0, 0, ''
   if rest ~= '' then
     ledger, floor, incarnation_here, ids = string.match(rest, '^:(%d+):(%d+):(%d+):([%d/,]*)$')

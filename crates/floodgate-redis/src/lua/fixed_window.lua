@@ -5,9 +5,9 @@
 -- any period, while the key lives; and last, with the latest reading,
 -- "...@reading" (see window_reading).
 local function fixed_window(key, n, write, p, l)
-  -- The instant judged: now, or the state's latest reading where now is behind it.
+  -- The instant judged: now, or later where now is behind the state (judged_at).
   local at = now
-  local reading = 0
+  local reading = -1
   local w = fdiv(at, p)
   local count = 0
   local keep = 0
@@ -24,14 +24,13 @@ local function fixed_window(key, n, write, p, l)
       refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
     end
-    if reading > at then
-      at = reading
-      w = fdiv(at, p)
-    end
     sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if not sw or not sc or not sp then return malformed(key, 'not window:count:period') end
     if sp == 0 then return malformed(key, 'period 0') end
     if (sw + 1) * sp >= EXACT then return malformed(key, 'window ends past 2^53 us') end
+    at = judged_at(reading, sw, sp)
+    if not at then return malformed(key, 'window starts past 2^52 us') end
+    w = fdiv(at, p)
     -- A window state never goes back to an older window. One of another period
     -- counts other windows (its index is read on its own period, never on this
     -- one): both policies may be in force at once (a rolling deploy), and starting
@@ -39,10 +38,11 @@ local function fixed_window(key, n, write, p, l)
     -- units were all admitted before its window's end: while that end is past this
     -- window's start they count here, whole (never fewer than this window holds).
     -- Units admitted now count for that period until its window ends. Judged at
-    -- the latest reading where now is behind it: every unit of the state was
-    -- admitted at or before it, so none of them is in a later window of this
-    -- period than the one counting them (a reading behind, on a replica's clock,
-    -- would count them in an earlier window, which forgets them sooner).
+    -- the latest reading (or the stored window's start) where now is behind it:
+    -- every unit of the state was admitted at or before the latest reading, so
+    -- none of them is in a later window of this period than the one counting
+    -- them (a reading behind, on a replica's clock, would count them in an
+    -- earlier window, which forgets them sooner).
     if sp == p and sw >= w then
       w = sw
       count = sc

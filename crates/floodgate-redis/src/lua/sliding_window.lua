@@ -4,9 +4,9 @@
 -- window_refund_fields and sliding_window_refund), which every later write keeps;
 -- and last, with the latest reading, "...@reading" (see window_reading).
 local function sliding_window(key, n, write, p, l)
-  -- The instant judged: now, or the state's latest reading where now is behind it.
+  -- The instant judged: now, or later where now is behind the state (judged_at).
   local at = now
-  local reading = 0
+  local reading = -1
   local w = fdiv(at, p)
   local prev, cur = 0, 0
   local keep = 0
@@ -23,16 +23,15 @@ local function sliding_window(key, n, write, p, l)
       refunds, ledger, born = window_refund_fields(key, rest)
       if not refunds then return ledger end
     end
-    if reading > at then
-      at = reading
-      w = fdiv(at, p)
-    end
     sw, sp, sc, speriod = tonumber(sw), tonumber(sp), tonumber(sc), tonumber(speriod)
     if not sw or not sp or not sc or not speriod then
       return malformed(key, 'not window:prev:cur:period')
     end
     if speriod == 0 then return malformed(key, 'period 0') end
     if (sw + 1) * speriod >= EXACT then return malformed(key, 'window ends past 2^53 us') end
+    at = judged_at(reading, sw, speriod)
+    if not at then return malformed(key, 'window starts past 2^52 us') end
+    w = fdiv(at, p)
     -- Never back to an older window: an earlier reading is judged at the start of
     -- the stored one. Windows of another period count other windows (read on
     -- their own period): both policies may be in force at once (a rolling deploy),
@@ -42,8 +41,9 @@ local function sliding_window(key, n, write, p, l)
     -- whole into this window if its end is past this window's start, into the
     -- previous one (weighted) if past that one's start (never fewer than the
     -- windows hold). Units admitted now count for that period until the end of
-    -- its next window. Judged at the latest reading where now is behind it (as
-    -- the fixed window: no unit of the state is in a later window than counts it).
+    -- its next window. Judged at the latest reading (or the stored window's
+    -- start) where now is behind it (as the fixed window: no unit of the state is
+    -- in a later window than counts it).
     if speriod == p and sw >= w then
       w, prev, cur = sw, sp, sc
     elseif speriod == p and sw == w - 1 then
