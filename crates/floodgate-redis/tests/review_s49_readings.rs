@@ -8,47 +8,13 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{redis_now_micros, runtime, with_refunds, RedisServer};
-use floodgate::Policy;
-use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter, Verdict};
+use common::readings::{fill, limiter, state, WINDOWS};
+use common::{redis_now_micros, runtime, RedisServer};
+use floodgate_redis::{Algorithm, RedisLimitError, Verdict};
 
 const S: u64 = 1_000_000;
 /// 2026-12-01 00:00:00 in µs since the epoch: a multiple of 6 s.
 const T: u64 = 1_796_083_200_000_000;
-const WINDOWS: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
-
-/// 10 per `period_s` seconds of `algorithm`, keys `test:…`, the latest reading as
-/// `readings`, refunds as `refunds`, every failure an error.
-fn limiter(
-    rt: &tokio::runtime::Runtime,
-    server: &RedisServer,
-    algorithm: Algorithm,
-    period_s: u64,
-    readings: bool,
-    refunds: bool,
-) -> RedisLimiter {
-    let policy = Policy::new(10, Duration::from_secs(period_s)).unwrap();
-    let b = RedisLimiter::builder(algorithm, policy).latest_reading(readings);
-    with_refunds(rt, server, b, refunds)
-}
-
-fn state(server: &RedisServer, key: &str) -> String {
-    server.cmd(&["GET", key])
-}
-
-/// How many single units `l` admits on `key` at `at`, up to 20.
-fn fill(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> u64 {
-    (0..20)
-        .take_while(|_| {
-            rt.block_on(l.check_n_at_micros(key, 1, at))
-                .unwrap()
-                .is_allowed()
-        })
-        .count() as u64
-}
-
 /// A window state's fields before the reading: window `w` of a period of 2 s,
 /// one unit.
 fn plain(algorithm: Algorithm, w: u64) -> String {

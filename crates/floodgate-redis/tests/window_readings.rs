@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::readings::{admits, fill, limiter, state, WINDOWS};
 use common::s47::COMMON_S47;
 use common::s48::FIXED_WINDOW_S48;
 use common::{eval, runtime, with_refunds, RedisServer, GIVEN_TIME};
@@ -19,32 +20,6 @@ use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter};
 /// epoch): the start of a window of 2 s.
 const T0: u64 = 1_796_083_202_000_000;
 const S: u64 = 1_000_000;
-const WINDOWS: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
-
-/// 10 in 2 s of `algorithm`, keys `test:…`, with refunds and the latest reading as
-/// given, every failure an error.
-fn limiter(
-    rt: &tokio::runtime::Runtime,
-    server: &RedisServer,
-    algorithm: Algorithm,
-    readings: bool,
-    refunds: bool,
-) -> RedisLimiter {
-    let policy = Policy::new(10, Duration::from_secs(2)).unwrap();
-    let b = RedisLimiter::builder(algorithm, policy).latest_reading(readings);
-    with_refunds(rt, server, b, refunds)
-}
-
-fn state(server: &RedisServer, key: &str) -> String {
-    server.cmd(&["GET", key])
-}
-
-fn admits(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> bool {
-    rt.block_on(l.check_n_at_micros(key, 1, at))
-        .unwrap()
-        .is_allowed()
-}
-
 /// With the option off no write adds the field (checks, charges with receipts,
 /// refunds: a key an older version reads); with it on every admission writes the
 /// later of the field and its reading, and a peek writes nothing. A limiter with
@@ -61,8 +36,8 @@ fn only_the_option_adds_the_field_and_every_write_keeps_it() {
         for refunds in [false, true] {
             let key = format!("form-{algorithm:?}-{refunds}");
             let redis_key = format!("test:{key}");
-            let off = limiter(&rt, &server, algorithm, false, refunds);
-            let on = limiter(&rt, &server, algorithm, true, refunds);
+            let off = limiter(&rt, &server, algorithm, 2, false, refunds);
+            let on = limiter(&rt, &server, algorithm, 2, true, refunds);
             let (_, receipt) = rt.block_on(off.charge_n_at_micros(&key, 1, T0)).unwrap();
             assert!(admits(&rt, &off, &key, T0 + 1));
             if let Some(r) = receipt {
@@ -126,17 +101,14 @@ fn a_reading_behind_the_field_is_judged_at_it_and_waits_from_now() {
         return;
     };
     let rt = runtime();
-    let on = limiter(&rt, &server, Algorithm::SlidingWindow, true, false);
-    let off = limiter(&rt, &server, Algorithm::SlidingWindow, false, false);
-    let fill = |l: &RedisLimiter, key: &str, at: u64| {
-        (0..20).take_while(|_| admits(&rt, l, key, at)).count()
-    };
+    let on = limiter(&rt, &server, Algorithm::SlidingWindow, 2, true, false);
+    let off = limiter(&rt, &server, Algorithm::SlidingWindow, 2, false, false);
     for (l, fits, wait) in [(&on, 2, 600_001), (&off, 0, 200_001)] {
         let key = format!("behind-{fits}");
-        assert_eq!(fill(l, &key, T0 + S), 10);
-        assert_eq!(fill(l, &key, T0 + 3 * S), 5);
+        assert_eq!(fill(&rt, l, &key, T0 + S), 10);
+        assert_eq!(fill(&rt, l, &key, T0 + 3 * S), 5);
         assert!(admits(&rt, l, &key, T0 + 3_600_000));
-        assert_eq!(fill(l, &key, T0 + 3 * S), fits, "{key}");
+        assert_eq!(fill(&rt, l, &key, T0 + 3 * S), fits, "{key}");
         let d = rt
             .block_on(l.check_n_at_micros(&key, 1, T0 + 3 * S))
             .unwrap();
@@ -154,7 +126,7 @@ fn a_reading_behind_the_field_is_judged_at_it_and_waits_from_now() {
     )
     .latest_reading(true);
     let a = with_refunds(&rt, &server, a, false);
-    let b = limiter(&rt, &server, Algorithm::FixedWindow, true, false);
+    let b = limiter(&rt, &server, Algorithm::FixedWindow, 2, true, false);
     let t = T0 - 2 * S + 600 * S; // a multiple of 6 s
     assert_eq!(t % (6 * S), 0);
     assert!(admits(&rt, &a, "switch", t + 4_010_000));
@@ -196,7 +168,7 @@ fn a_malformed_reading_is_refused_and_writes_nothing() {
         ] {
             let planted = format!("{fields}{tail}");
             for readings in [false, true] {
-                let l = limiter(&rt, &server, algorithm, readings, true);
+                let l = limiter(&rt, &server, algorithm, 2, readings, true);
                 let _: () = server.cmd(&["SET", "test:k", &planted]);
                 match rt.block_on(l.check_n_at_micros("k", 1, T0)) {
                     Err(RedisLimitError::Redis(e)) => {
@@ -213,7 +185,7 @@ fn a_malformed_reading_is_refused_and_writes_nothing() {
         }
         // The field after the refund fields, empty receipts included, is read.
         let fine = format!("{fields}:0:0:5:@{}", T0 + 9);
-        let l = limiter(&rt, &server, algorithm, false, true);
+        let l = limiter(&rt, &server, algorithm, 2, false, true);
         let _: () = server.cmd(&["SET", "test:k", &fine]);
         assert!(admits(&rt, &l, "k", T0));
         let s = state(&server, "test:k");

@@ -881,3 +881,47 @@ pub mod s48 {
     pub const FIXED_WINDOW_S48: &str = include_str!("../fixtures/fixed_window_s48.lua");
     pub const SLIDING_WINDOW_S48: &str = include_str!("../fixtures/sliding_window_s48.lua");
 }
+
+/// The windows' latest reading (session 49): the tests' shared limiter and reads.
+pub mod readings {
+    use std::time::Duration;
+
+    use floodgate::Policy;
+    use floodgate_redis::{Algorithm, RedisLimiter};
+
+    use super::{with_refunds, RedisServer};
+
+    pub const WINDOWS: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
+
+    /// 10 per `period_s` seconds of `algorithm`, keys `test:…`, the latest reading
+    /// as `readings`, refunds as `refunds`, every failure an error.
+    pub fn limiter(
+        rt: &tokio::runtime::Runtime,
+        server: &RedisServer,
+        algorithm: Algorithm,
+        period_s: u64,
+        readings: bool,
+        refunds: bool,
+    ) -> RedisLimiter {
+        let policy = Policy::new(10, Duration::from_secs(period_s)).unwrap();
+        let b = RedisLimiter::builder(algorithm, policy).latest_reading(readings);
+        with_refunds(rt, server, b, refunds)
+    }
+
+    /// The string at `key`.
+    pub fn state(server: &RedisServer, key: &str) -> String {
+        server.cmd(&["GET", key])
+    }
+
+    /// Whether `l` admits one unit on `key` at `at` (µs).
+    pub fn admits(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> bool {
+        rt.block_on(l.check_n_at_micros(key, 1, at))
+            .unwrap()
+            .is_allowed()
+    }
+
+    /// How many single units `l` admits on `key` at `at`, up to 20.
+    pub fn fill(rt: &tokio::runtime::Runtime, l: &RedisLimiter, key: &str, at: u64) -> u64 {
+        (0..20).take_while(|_| admits(rt, l, key, at)).count() as u64
+    }
+}
