@@ -106,3 +106,35 @@ fn a_switch_charged_at_the_window_start_is_refunded() {
         assert_eq!(fill(&rt, &b, &key, BEHIND), 5, "{key}: {s}");
     }
 }
+
+/// Without the field, a switch read behind the stored window's start is judged at
+/// that start: A (6 s) admits 5 at 6.01 s (window [6 s, 12 s)); B (2 s) fills at
+/// 5.99 s, 6 s and 7.99 s, judged at 6 s, in its window [6 s, 8 s) on top of A's 5:
+/// 5 in all. Judged at the clock behind, B's window [4 s, 6 s) counted A's 5 and
+/// forgot them at 6 s (the fixed window; the sliding window once its previous
+/// window faded, at 7.99 s): 15.
+///
+/// Mutation seen failing: `judged_at` without the window start (15, either
+/// script).
+#[test]
+fn a_switch_behind_the_window_start_is_judged_there_without_the_field() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    for algorithm in WINDOWS {
+        let key = format!("start-{algorithm:?}");
+        let a = limiter(&rt, &server, algorithm, 6, false, false);
+        let b = limiter(&rt, &server, algorithm, 2, false, false);
+        for _ in 0..5 {
+            assert!(admits(&rt, &a, &key, AHEAD));
+        }
+        let got: u64 = [T + 5_990_000, T + 6 * S, T + 7_990_000]
+            .iter()
+            .map(|&at| fill(&rt, &b, &key, at))
+            .sum();
+        let s = state(&server, &format!("test:{key}"));
+        assert_eq!(got, 5, "{key}: {s}");
+        assert!(!s.contains('@'), "{key}: a field with the option off: {s}");
+    }
+}
