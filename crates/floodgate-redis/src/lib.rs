@@ -88,10 +88,13 @@
 //!   before session 49 cannot read the field), so the old units count in the new
 //!   period's window of that reading. Without it the switch counts them in the
 //!   window of the reading behind (no earlier than the old window's start, which
-//!   an admission judged in that window wrote): a shorter window that ends before the old one
-//!   did forgets them when it moves on, though some may have been admitted in its
-//!   next window (up to the new limit more within one window). While both run, a client
-//!   spread over both may get more than a window's limit within it; keep the
+//!   an admission judged in that window wrote): a window of the new period that ends
+//!   before the old one did forgets them when it moves on, though some may have been
+//!   admitted in its next window (up to the new limit more within one window). A
+//!   longer window too: switched there and back on such a clock, a policy counts
+//!   its own units in its window before theirs (the other period's window that held
+//!   them started earlier) and forgets them when that one ends. While both run, a
+//!   client spread over both may get more than a window's limit within it; keep the
 //!   switch-over short. An **algorithm** change needs a prefix of its own: a
 //!   script cannot read another algorithm's state, so while the old replicas keep
 //!   it alive the new ones get [`RedisLimitError::Redis`] for its keys, and under

@@ -200,7 +200,10 @@ end
 -- The instant a window transition judges a state of window `sw` of period `sp`
 -- with latest reading `r` (-1: none) at: now, or later where now is behind the
 -- reading or the window's start (an admission judged in that window wrote the
--- state: each of its units was admitted at or after its start, of any period).
+-- state: a window index is first written from an instant in it, and kept by
+-- later writes and refunds; its units may be older — a sliding window's previous
+-- count, units carried over from another period — but judging there counts each
+-- of them in no earlier window than judging at now would: none forgotten sooner).
 -- Nil where the window starts past 2^52 (no script's time is later: the state is
 -- malformed).
 local function judged_at(r, sw, sp)
