@@ -67,24 +67,22 @@ local function sliding_window(key, n, write, p, l)
       local ow = fdiv(at, speriod)
       local other = 0
       if sw >= ow then
+        -- at >= sw * speriod (judged_at): oe >= 0.
         local oe = at - sw * speriod
-        if oe < 0 then oe = 0 end
         other = fdiv(sp * (speriod - oe), speriod) + sc
       elseif sw == ow - 1 then
         other = fdiv(sc * (speriod - (at - ow * speriod)), speriod)
       end
       local e = at - here
-      if e < 0 then e = 0 end
       local mine = fdiv(prev * (p - e), p) + cur
       if other > mine then cur = cur + other - mine end
       keep = (fdiv(at, speriod) + 2) * speriod - now
     end
   end
   if not stored then refunds, ledger, born = window_refund_fields(key, '') end
+  -- w is at's window (or the stored one, which is at's: judged_at), so e >= 0.
   local start = w * p
-  local from = at
-  if start > from then from = start end
-  local e = from - start
+  local e = at - start
   -- estimate = floor(prev * (P - e) / P) + cur; prev * (P - e) <= L * P < 2^53.
   local estimate = fdiv(prev * (p - e), p) + cur
   local function reset(c)
