@@ -108,14 +108,16 @@ fn check_headers(r: &Response<Body>, limits: &[u64]) -> Result<(), String> {
 }
 
 /// How [`drive`] sends: `threads` threads, `rounds` rounds of `per_round` requests
-/// each, from `clients` clients per thread (request `i` of thread `t` is client
-/// `t × 1 000 + i % clients`), the clock moving `step` between rounds; every
-/// response's `x-ratelimit-limit` is one of `limits`.
+/// each, from `clients` clients per thread, each sending `in_a_row` requests before
+/// the next client's (request `i` of thread `t` is client
+/// `t × 1 000 + (i / in_a_row) % clients`), the clock moving `step` between rounds;
+/// every response's `x-ratelimit-limit` is one of `limits`.
 struct Run {
     threads: u64,
     rounds: usize,
     per_round: u64,
     clients: u64,
+    in_a_row: u64,
     step: Duration,
     limits: &'static [u64],
 }
@@ -129,6 +131,7 @@ fn drive(layer: &RateLimitLayer, clock: &ManualClock, run: Run) -> Tally {
         rounds,
         per_round,
         clients,
+        in_a_row,
         step,
         limits,
     } = run;
@@ -145,7 +148,7 @@ fn drive(layer: &RateLimitLayer, clock: &ManualClock, run: Run) -> Tally {
                     for i in 0..per_round {
                         let svc = layer.layer(Hello);
                         let r = rt
-                            .block_on(svc.oneshot(request(t * 1_000 + i % clients)))
+                            .block_on(svc.oneshot(request(t * 1_000 + (i / in_a_row) % clients)))
                             .expect("infallible");
                         // Judged after the run: a panic here would leave the
                         // others waiting at the barrier.
@@ -195,6 +198,7 @@ fn a_leased_global_rule_admits_at_most_its_bound_from_many_threads() -> TestResu
         rounds,
         per_round: 40,
         clients: 1_000,
+        in_a_row: 1,
         step: Duration::from_millis(10),
         limits: &[BURST],
     };
@@ -232,12 +236,18 @@ fn refunds_of_later_denials_create_no_leased_unit() -> TestResult {
         .rule(Rule::shared("global", Arc::clone(&global), Global)?)
         .rule(Rule::new("per-client", per_client, from_fn(client))?)
         .build()?;
-    // Clients repeat: 30 a thread, three requests each.
+    // 30 clients a thread, three requests each in a row: every thread's third
+    // request is a later-rule denial whatever the threads' interleaving. Before the
+    // first of them the threads have passed at most 2 each and hold at most a lease
+    // (8) each: 40 of the 200, so the global rule admits it. (Clients taken in turn,
+    // the third requests come after 60 a thread: four threads in step exhaust the
+    // burst at about 50 each, and no request ever reached the later rule.)
     let run = Run {
         threads: 4,
         rounds: 1,
         per_round: 90,
         clients: 30,
+        in_a_row: 3,
         step: Duration::ZERO,
         limits: &[BURST, 2],
     };
