@@ -166,11 +166,12 @@ fn a_blocked_server_times_out_promptly() {
     until_decided(&rt, &error, Duration::from_secs(5));
     until_decided(&rt, &open, Duration::from_secs(5));
 
-    // DEBUG SLEEP 0.3 from a raw connection: the server blocks for 300 ms.
-    let mut raw = send_raw(&server, &["DEBUG", "SLEEP", "0.3"]);
-    // Give the server time to start sleeping; 200 ms of the sleep remain for two
-    // calls of 50 ms.
-    std::thread::sleep(Duration::from_millis(100));
+    // The server stops answering the limiter: `CLIENT PAUSE ... WRITE` holds every
+    // script (a write command) until `CLIENT UNPAUSE`, and its +OK says the pause is
+    // in place. A block the test ends, not the clock: a `DEBUG SLEEP 0.3` had ended
+    // if this thread was descheduled 200 ms, and the calls were decided. The 30 s
+    // only bounds a build whose calls ignore their timeout (it fails below).
+    let _: () = server.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
 
     let t0 = Instant::now();
     let e = rt.block_on(error.check_n("k", 1)).unwrap_err();
@@ -186,10 +187,8 @@ fn a_blocked_server_times_out_promptly() {
         "two calls took {dt:?} with a {TIMEOUT:?} timeout"
     );
 
-    // The sleep really happened (its +OK), and the connection serves again.
-    let mut ok = [0_u8; 5];
-    raw.read_exact(&mut ok).unwrap();
-    assert_eq!(&ok, b"+OK\r\n");
+    // Unpaused, the connection serves again.
+    let _: () = server.cmd(&["CLIENT", "UNPAUSE"]);
     until_decided(&rt, &error, Duration::from_secs(5));
 }
 
