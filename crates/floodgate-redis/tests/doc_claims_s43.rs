@@ -21,8 +21,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{runtime, RedisServer, ALGORITHMS};
@@ -253,13 +251,14 @@ fn a_gcra_refund_keeps_the_key_until_its_latest_tat() {
     });
 }
 
-/// The server blocked (`DEBUG SLEEP 2` on a raw connection) while a refund is sent
-/// with a timeout of 500 ms: the refund is a `Timeout` error, not a wait for the
-/// server. Its command may still run once the server wakes; sent again, the
-/// receipt gives the charge of 2 back once in all: 4 units left, not 5 or 6.
+/// The server blocked (scripts held by `CLIENT PAUSE ... WRITE` until the test
+/// unpauses it) while a refund is sent with a timeout of 500 ms: the refund is a
+/// `Timeout` error, not a wait for the server. Its command may still run once the
+/// server is unpaused; sent again, the receipt gives the charge of 2 back once in
+/// all: 4 units left, not 5 or 6.
 ///
 /// Mutation seen failing: `refund_on` sending its script without the timeout
-/// (`script::send` for `send_timed`): `Ok(true)` after the sleep.
+/// (`script::send` for `send_timed`): `Ok(true)` once the pause's 30 s cap ends.
 #[test]
 fn a_refund_times_out_and_is_safe_to_send_again() {
     let Some(server) = RedisServer::start() else {
@@ -278,17 +277,14 @@ fn a_refund_times_out_and_is_safe_to_send_again() {
         .is_allowed());
     let (_, r) = rt.block_on(l.charge_n("k", 2)).unwrap();
     let r = r.expect("a receipt");
-    let url = server.url();
-    let addr = url.trim_start_matches("redis://").trim_end_matches('/');
-    let mut raw = TcpStream::connect(addr).unwrap();
-    raw.write_all(b"*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$1\r\n2\r\n")
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Every script (a write command) held until `CLIENT UNPAUSE`, the pause in
+    // place once its +OK is read: a block the test ends, not the clock (a
+    // `DEBUG SLEEP 2` had ended if this thread was descheduled 1.7 s). The 30 s
+    // only bounds a refund sent without its timeout (`Ok(true)` then).
+    let _: () = server.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
     let e = rt.block_on(l.refund(&r)).unwrap_err();
     assert!(matches!(e, RedisLimitError::Timeout { .. }), "{e}");
-    let mut ok = [0_u8; 5];
-    raw.read_exact(&mut ok).unwrap();
-    assert_eq!(&ok, b"+OK\r\n", "the server slept");
+    let _: () = server.cmd(&["CLIENT", "UNPAUSE"]);
     // Sent again: given back by one of the two sends, once.
     let _ = rt.block_on(l.refund(&r)).unwrap();
     assert!(!rt.block_on(l.refund(&r)).unwrap());
