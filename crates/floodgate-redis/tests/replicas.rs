@@ -776,8 +776,8 @@ fn a_redis_slower_than_the_timeout_admits_under_fail_open_and_still_charges() {
     const LIMIT: u64 = 4;
     const REQUESTS: usize = 6;
     let policy = slow_policy(Algorithm::Gcra, LIMIT, Duration::ZERO);
-    // The limiter's defaults, fail open, with a timeout far shorter than the pause
-    // below and far longer than a call to an idle local Redis.
+    // The limiter's defaults, fail open, with a timeout far longer than a call to an
+    // idle local Redis.
     let builder = RedisLimiter::builder(Algorithm::Gcra, policy)
         .prefix("replicas:")
         .timeout(Duration::from_secs(1));
@@ -788,9 +788,12 @@ fn a_redis_slower_than_the_timeout_admits_under_fail_open_and_still_charges() {
         assert_eq!(replica.get(&rt, "warm-up").status, 200);
     }
 
-    // Redis stops answering for 4 s: every call times out, and the layer, handed the
-    // fallback as a decision, admits them all.
-    let _: () = server.cmd(&["CLIENT", "PAUSE", "4000", "ALL"]);
+    // Redis stops answering the scripts (write commands, held by `CLIENT PAUSE ...
+    // WRITE` until the test unpauses it; its +OK: in place): every call times out,
+    // and the layer, handed the fallback as a decision, admits them all. A pause of
+    // 4 s had ended if this thread was descheduled 3 s before the requests; the 30 s
+    // only bounds a broken build.
+    let _: () = server.cmd(&["CLIENT", "PAUSE", "30000", "WRITE"]);
     let requests = (0..REQUESTS).map(|i| get_as(replicas[i % 2].addr, "c"));
     for r in at_once(&rt, requests) {
         assert_eq!(
@@ -799,12 +802,20 @@ fn a_redis_slower_than_the_timeout_admits_under_fail_open_and_still_charges() {
             "{r:?}"
         );
     }
-    // The calls were sent: once Redis runs them, they charge. The key is full
-    // although no client was told so, and the next request is denied.
-    std::thread::sleep(Duration::from_secs(4));
-    match rt.block_on(view.peek_n("c", 0)) {
-        Ok(Verdict::Decided(d)) => assert_eq!(d.remaining(), 0, "{d:?}"),
-        other => panic!("Redis's own answer expected: {other:?}"),
+    // The calls were sent: once Redis runs them (unpaused), they charge. The key is
+    // full although no client was told so, and the next request is denied.
+    let _: () = server.cmd(&["CLIENT", "UNPAUSE"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match rt.block_on(view.peek_n("c", 0)) {
+            Ok(Verdict::Decided(d)) if d.remaining() == 0 => break,
+            Ok(Verdict::Decided(d)) => assert!(
+                std::time::Instant::now() < deadline,
+                "the held calls did not charge: {d:?}"
+            ),
+            other => panic!("Redis's own answer expected: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     assert_denied(&replicas[0].get(&rt, "c"), "shared", LIMIT);
     assert_eq!(total(&replicas, "shared"), (REQUESTS as u64 + 2, 1, 0));
