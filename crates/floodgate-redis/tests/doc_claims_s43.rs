@@ -56,9 +56,11 @@ fn a_receipt_of_another_limiter_gives_nothing_back() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    // An hour with a quarter of it left at least in the windows.
+    let hour = common::an_hour(&server);
     runtime().block_on(async {
-        let five = Policy::per_hour(5).unwrap();
-        let six = Policy::per_hour(6).unwrap();
+        let five = Policy::new(5, hour).unwrap();
+        let six = Policy::new(6, hour).unwrap();
         for algorithm in ALGORITHMS {
             let own = on(&server, "a:", RedisLimiter::builder(algorithm, five)).await;
             let other_limit = on(&server, "a:", RedisLimiter::builder(algorithm, six)).await;
@@ -309,8 +311,10 @@ fn a_write_with_refunds_off_keeps_the_refund_fields() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    // An hour with a quarter of it left at least in the windows.
+    let hour = common::an_hour(&server);
     runtime().block_on(async {
-        let five = Policy::per_hour(5).unwrap();
+        let five = Policy::new(5, hour).unwrap();
         for (algorithm, plain_fields) in [
             (Algorithm::Gcra, 1),
             (Algorithm::FixedWindow, 3),

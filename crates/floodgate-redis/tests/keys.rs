@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{build, limiter, mid_window_periods, runtime, RedisServer, ALGORITHMS};
+use common::{an_hour, build, limiter, mid_window_periods, runtime, RedisServer, ALGORITHMS};
 use floodgate::Policy;
 use floodgate_redis::{Algorithm, OnFailure, RedisLimitError, RedisLimiter, Verdict};
 
@@ -71,7 +71,8 @@ fn peeks_zero_costs_impossible_costs_and_denials_write_nothing() {
         return;
     };
     let rt = runtime();
-    let policy = Policy::per_hour(3).unwrap();
+    // 3 an hour, with a quarter of an hour left at least in the window.
+    let policy = Policy::new(3, an_hour(&server)).unwrap();
     for algorithm in ALGORITHMS {
         let _: () = server.cmd(&["FLUSHALL"]);
         let l = slow(&rt, &server, algorithm, policy);
@@ -143,9 +144,11 @@ fn several_limits_share_a_hash_tag_and_charge_all_or_nothing() {
     let conn = rt
         .block_on(floodgate_redis::connect(&server.url()))
         .unwrap();
-    // A burst of 5 an hour, and at most 2 in a fixed hour.
-    let l = RedisLimiter::builder(Algorithm::Gcra, Policy::per_hour(5).unwrap())
-        .and(Algorithm::FixedWindow, Policy::per_hour(2).unwrap())
+    // A burst of 5 an hour, and at most 2 in a fixed hour (a quarter of it left at
+    // least).
+    let hour = an_hour(&server);
+    let l = RedisLimiter::builder(Algorithm::Gcra, Policy::new(5, hour).unwrap())
+        .and(Algorithm::FixedWindow, Policy::new(2, hour).unwrap())
         .prefix("test:")
         .timeout(Duration::from_secs(5))
         .on_failure(OnFailure::Error)

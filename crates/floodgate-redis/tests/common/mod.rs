@@ -342,6 +342,16 @@ pub fn redis_now_micros(server: &RedisServer) -> u64 {
     time[0] * 1_000_000 + time[1]
 }
 
+/// "An hour" for a window on the server's clock: the first of
+/// [`mid_window_periods`] from an hour on, so that no window ends for a quarter of
+/// an hour at least. An hour's windows end at every full hour: a test on the
+/// server's clock that ran across one saw its window's units come back.
+pub fn an_hour(server: &RedisServer) -> Duration {
+    mid_window_periods(server, Duration::from_secs(3_600))
+        .next()
+        .expect("a period in the middle of its window")
+}
+
 /// Periods of whole seconds from `shortest` on, shortest first, such that Redis's
 /// clock now stands in the middle half of each one's current window (windows are
 /// aligned to the epoch): at least a quarter of the period passes before it ends.
