@@ -695,21 +695,15 @@ mod keyed_windows {
         (held, table.metrics())
     }
 
-    /// Runs `run` (which checks its own race) until its table reached what the case
-    /// is about (`reached`), at most 5 times: on a loaded machine the workers can
-    /// finish before the flood has made the table reclaim or evict, and such a run
-    /// proves nothing.
+    /// Runs `run` (which checks its own race) and asserts that its table reached
+    /// what the case is about (`reached`). The harness's ticker makes all its
+    /// `MAX_TICKS` moves, flooding at each, whatever the schedule (even after the
+    /// workers finished), so every run floods the table as far as the case needs.
     fn exercised(
-        mut run: impl FnMut() -> KeyedMetrics,
+        run: impl FnOnce() -> KeyedMetrics,
         reached: impl Fn(&KeyedMetrics) -> bool,
     ) -> KeyedMetrics {
-        let mut m = run();
-        for _ in 1..5 {
-            if reached(&m) {
-                break;
-            }
-            m = run();
-        }
+        let m = run();
         assert!(reached(&m), "the flood never reached the case: {m:?}");
         m
     }
