@@ -251,6 +251,11 @@ mod async_waits {
         refunded: bool,
     }
 
+    /// The booking a wait has made, if any.
+    fn slot_of(booked: &Mutex<Booked>) -> Option<(Nanos, u32)> {
+        booked.lock().unwrap().slot
+    }
+
     /// A [`Limit`] that records the booking a wait makes through it (one per wait).
     struct Recorder<L> {
         inner: L,
@@ -299,12 +304,21 @@ mod async_waits {
             .unwrap()
     }
 
-    /// Moves `clock` by 1..=`step` ns at a time until `stop`.
-    fn ticker(clock: ManualClock, step: u64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    /// Moves `clock` by 1..=`step` ns at a time until `stop`, each move under
+    /// `hold`: whoever holds that lock holds the clock still.
+    fn ticker(
+        clock: ManualClock,
+        step: u64,
+        stop: Arc<AtomicBool>,
+        hold: Arc<Mutex<()>>,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             let mut rng = Rng::new(0x71C);
             while !stop.load(Ordering::Acquire) {
-                clock.advance(Duration::from_nanos(1 + rng.below(step)));
+                {
+                    let _moving = hold.lock().unwrap();
+                    clock.advance(Duration::from_nanos(1 + rng.below(step)));
+                }
                 // Paced, so that waiters are often dropped before their slots.
                 std::thread::sleep(Duration::from_micros(rng.below(40)));
             }
@@ -318,6 +332,13 @@ mod async_waits {
     /// has booked, some of its waits (mostly the latest) are aborted wherever they
     /// are. Sleeps follow the manual clock (yielding until it passes the slot).
     /// Returns the bookings still held: `(slot, cost)`.
+    ///
+    /// The first wave runs on a held clock: its `WAVE` units or more book at one
+    /// instant against a burst of 3, so its latest slot lies ahead of the clock and
+    /// its wait cannot finish; that wait is aborted too, and gives back (nothing
+    /// books after it), whatever the schedule. (A free clock can outrun every
+    /// wave's waiters on a loaded machine, so that every abort lands on a finished
+    /// wait and no refund is tested.)
     fn waits_with_aborts<L>(
         limit: &'static L,
         clock: &ManualClock,
@@ -327,24 +348,16 @@ mod async_waits {
         L: Limit + Sync,
     {
         let stop = Arc::new(AtomicBool::new(false));
-        let tick = ticker(clock.clone(), T / 2, stop.clone());
+        let hold = Arc::new(Mutex::new(()));
+        let tick = ticker(clock.clone(), T / 2, stop.clone(), hold.clone());
         let rt = runtime();
         let records: Vec<Arc<Mutex<Booked>>> = rt.block_on(async {
             let mut rng = Rng::new(0xA5);
-            let mut records = Vec::new();
+            let mut records: Vec<Arc<Mutex<Booked>>> = Vec::new();
             // Waves of a few waiters (a long queue would leave every dropped wait
-            // with later bookings waiting, so nothing would come back). At least
-            // `WAVES`, and more (up to 4×) until some aborted wait gave back: on a
-            // loaded machine the clock can outrun the waiters, so that every abort
-            // lands on a finished wait and the run would test no refund.
-            let mut waves = 0;
-            while waves < WAVES
-                || (waves < 4 * WAVES
-                    && !records
-                        .iter()
-                        .any(|r: &Arc<Mutex<Booked>>| r.lock().unwrap().refunded))
-            {
-                waves += 1;
+            // with later bookings waiting, so nothing would come back).
+            for wave in 0..WAVES {
+                let held = (wave == 0).then(|| hold.lock().unwrap());
                 let mut handles = Vec::new();
                 for _ in 0..WAVE {
                     let booked = Arc::new(Mutex::new(Booked::default()));
@@ -386,6 +399,17 @@ mod async_waits {
                     let among = if rng.below(2) == 0 { 2 } else { WAVE as u64 };
                     let back = rng.below(among);
                     handles[WAVE - 1 - back as usize].abort();
+                }
+                if held.is_some() {
+                    // The latest slot, ahead of the held clock: still sleeping.
+                    let latest = (0..WAVE)
+                        .max_by_key(|&i| slot_of(&records[records.len() - WAVE + i]))
+                        .expect("a wave");
+                    let h = handles.swap_remove(latest);
+                    h.abort();
+                    let e = h.await.expect_err("a wait behind a held clock never ends");
+                    assert!(e.is_cancelled());
+                    drop(held);
                 }
                 for h in handles {
                     match h.await {
@@ -472,7 +496,7 @@ mod async_waits {
         let clock = ManualClock::new();
         let shaper = leak(Shaper::with_clock(p(), Recording(clock.clone())));
         let stop = Arc::new(AtomicBool::new(false));
-        let tick = ticker(clock.clone(), T / 4, stop.clone());
+        let tick = ticker(clock.clone(), T / 4, stop.clone(), Arc::default());
         let max_delay = Duration::from_nanos(4 * T);
         let rt = runtime();
         const TASKS: usize = 600;
