@@ -472,6 +472,8 @@ mod async_waits {
     tokio::task_local! {
         /// The shaper clock's last reading in this task.
         static READ: std::cell::Cell<Option<Nanos>>;
+        /// A gate on the task's next clock reading: `(arrived, open)`.
+        static GATE: std::cell::Cell<Option<Arc<(AtomicBool, AtomicBool)>>>;
     }
 
     /// A manual clock whose readings the current task can see.
@@ -481,38 +483,119 @@ mod async_waits {
     #[cfg(feature = "tokio")]
     impl Clock for Recording {
         fn now(&self) -> Nanos {
+            // A gated task stops here (blocking its worker thread) until let through.
+            let _ = GATE.try_with(|g| {
+                if let Some(gate) = g.take() {
+                    gate.0.store(true, Ordering::Release);
+                    while !gate.1.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                }
+            });
             let now = self.0.now();
             let _ = READ.try_with(|r| r.set(Some(now)));
             now
         }
     }
 
+    /// What a task of the `until_ready` test returns: the wait's outcome, the
+    /// shaper's reading, the cost.
+    #[cfg(feature = "tokio")]
+    type Waited = (Result<Duration, floodgate::ShapeError>, Nanos, u32);
+
+    /// A task waiting on `shaper` for `cost` units, its clock readings recorded.
+    #[cfg(feature = "tokio")]
+    fn wait_task(
+        shaper: &'static Shaper<Recording>,
+        cost: u32,
+        max_delay: Duration,
+    ) -> impl std::future::Future<Output = Waited> {
+        READ.scope(std::cell::Cell::new(None), async move {
+            let out = shaper.until_ready(cost, max_delay).await;
+            let read = READ.with(|r| r.get()).expect("the shaper read its clock");
+            (out, read, cost)
+        })
+    }
+
     /// `Shaper::until_ready` (Tokio's own timer, a bounded delay) with tasks aborted
     /// on a multi-threaded runtime: every completed wait waited at most `max_delay`,
     /// and the completed waits' slots (the shaper's reading plus the wait) conform.
+    ///
+    /// A prologue on a held clock gives every run a completed wait, a refused one
+    /// and an aborted one that had booked, whatever the schedule (a free clock can
+    /// outrun a slow spawner on a loaded machine, so that nothing is refused and
+    /// every wait ends before its abort).
     #[cfg(feature = "tokio")]
     #[test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the prologue holds the ticker's lock on the block_on thread, which no \
+                  task needs: only the ticker thread waits for it"
+    )]
     fn shaper_until_ready_dropped_concurrently_stays_bounded_and_conforms() {
         let clock = ManualClock::new();
         let shaper = leak(Shaper::with_clock(p(), Recording(clock.clone())));
         let stop = Arc::new(AtomicBool::new(false));
-        let tick = ticker(clock.clone(), T / 4, stop.clone(), Arc::default());
+        let hold = Arc::new(Mutex::new(()));
+        let tick = ticker(clock.clone(), T / 4, stop.clone(), hold.clone());
         let max_delay = Duration::from_nanos(4 * T);
         let rt = runtime();
         const TASKS: usize = 600;
         let (done, refused, aborted) = rt.block_on(async {
+            let (mut done, mut refused, mut aborted) = (Vec::new(), 0, 0);
+            let mut tally = |out: Result<Waited, tokio::task::JoinError>| match out {
+                Ok((Ok(delay), read, cost)) => {
+                    assert!(delay <= max_delay, "waited {delay:?}");
+                    done.push((read.saturating_add(delay), cost));
+                }
+                Ok((Err(_), _, _)) => refused += 1,
+                Err(e) => {
+                    assert!(e.is_cancelled());
+                    aborted += 1;
+                }
+            };
+            {
+                let _held = hold.lock().unwrap();
+                // The burst (3 units) at the held instant: no wait.
+                tally(tokio::spawn(wait_task(shaper, 3, max_delay)).await);
+                // One unit more waits 1 ms: aborted while it is inside its clock
+                // reading (a gate holds it there), it books, and its first sleep is
+                // cancelled. Only a worker preempted for the whole 1 ms between
+                // booking and sleeping ends the wait first; then another try.
+                for _ in 0..3 {
+                    let gate = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
+                    let h = tokio::spawn(GATE.scope(
+                        std::cell::Cell::new(Some(gate.clone())),
+                        wait_task(shaper, 1, max_delay),
+                    ));
+                    while !gate.0.load(Ordering::Acquire) {
+                        tokio::task::yield_now().await;
+                    }
+                    h.abort();
+                    gate.1.store(true, Ordering::Release);
+                    let cancelled = h.await;
+                    let was = cancelled.is_err();
+                    tally(cancelled);
+                    if was {
+                        break;
+                    }
+                }
+                // Three units at a time: the schedule only grows on a held clock,
+                // so one of them would wait past `max_delay`.
+                for _ in 0..4 {
+                    let out = tokio::spawn(wait_task(shaper, 3, max_delay)).await;
+                    let was = matches!(out, Ok((Err(_), _, _)));
+                    tally(out);
+                    if was {
+                        break;
+                    }
+                }
+            }
             let mut rng = Rng::new(0x5E);
             let mut handles = Vec::new();
             for _ in 0..TASKS {
                 let cost = 1 + rng.below(3) as u32;
-                handles.push(tokio::spawn(READ.scope(
-                    std::cell::Cell::new(None),
-                    async move {
-                        let out = shaper.until_ready(cost, max_delay).await;
-                        let read = READ.with(|r| r.get()).expect("the shaper read its clock");
-                        (out, read, cost)
-                    },
-                )));
+                handles.push(tokio::spawn(wait_task(shaper, cost, max_delay)));
                 if rng.below(3) == 0 {
                     // Mostly among the latest waits, whose cancellations give back.
                     let among = if rng.below(2) == 0 { 3 } else { 30 };
@@ -523,25 +606,18 @@ mod async_waits {
                     tokio::time::sleep(Duration::from_micros(rng.below(300))).await;
                 }
             }
-            let (mut done, mut refused, mut aborted) = (Vec::new(), 0, 0);
             for h in handles {
-                match h.await {
-                    Ok((Ok(delay), read, cost)) => {
-                        assert!(delay <= max_delay, "waited {delay:?}");
-                        done.push((read.saturating_add(delay), cost));
-                    }
-                    Ok((Err(_), _, _)) => refused += 1,
-                    Err(e) => {
-                        assert!(e.is_cancelled());
-                        aborted += 1;
-                    }
-                }
+                tally(h.await);
             }
             (done, refused, aborted)
         });
         stop.store(true, Ordering::Release);
         tick.join().unwrap();
-        assert!(refused > 0 && aborted > 0 && !done.is_empty());
+        assert!(
+            refused > 0 && aborted > 0 && !done.is_empty(),
+            "refused {refused}, aborted {aborted}, done {}",
+            done.len()
+        );
         conforms(p(), &done).unwrap();
     }
 }
