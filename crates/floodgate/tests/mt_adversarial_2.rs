@@ -251,6 +251,11 @@ mod async_waits {
         refunded: bool,
     }
 
+    /// The booking a wait has made, if any.
+    fn slot_of(booked: &Mutex<Booked>) -> Option<(Nanos, u32)> {
+        booked.lock().unwrap().slot
+    }
+
     /// A [`Limit`] that records the booking a wait makes through it (one per wait).
     struct Recorder<L> {
         inner: L,
@@ -299,12 +304,21 @@ mod async_waits {
             .unwrap()
     }
 
-    /// Moves `clock` by 1..=`step` ns at a time until `stop`.
-    fn ticker(clock: ManualClock, step: u64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    /// Moves `clock` by 1..=`step` ns at a time until `stop`, each move under
+    /// `hold`: whoever holds that lock holds the clock still.
+    fn ticker(
+        clock: ManualClock,
+        step: u64,
+        stop: Arc<AtomicBool>,
+        hold: Arc<Mutex<()>>,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             let mut rng = Rng::new(0x71C);
             while !stop.load(Ordering::Acquire) {
-                clock.advance(Duration::from_nanos(1 + rng.below(step)));
+                {
+                    let _moving = hold.lock().unwrap();
+                    clock.advance(Duration::from_nanos(1 + rng.below(step)));
+                }
                 // Paced, so that waiters are often dropped before their slots.
                 std::thread::sleep(Duration::from_micros(rng.below(40)));
             }
@@ -318,6 +332,13 @@ mod async_waits {
     /// has booked, some of its waits (mostly the latest) are aborted wherever they
     /// are. Sleeps follow the manual clock (yielding until it passes the slot).
     /// Returns the bookings still held: `(slot, cost)`.
+    ///
+    /// The first wave runs on a held clock: its `WAVE` units or more book at one
+    /// instant against a burst of 3, so its latest slot lies ahead of the clock and
+    /// its wait cannot finish; that wait is aborted too, and gives back (nothing
+    /// books after it), whatever the schedule. (A free clock can outrun every
+    /// wave's waiters on a loaded machine, so that every abort lands on a finished
+    /// wait and no refund is tested.)
     fn waits_with_aborts<L>(
         limit: &'static L,
         clock: &ManualClock,
@@ -327,24 +348,16 @@ mod async_waits {
         L: Limit + Sync,
     {
         let stop = Arc::new(AtomicBool::new(false));
-        let tick = ticker(clock.clone(), T / 2, stop.clone());
+        let hold = Arc::new(Mutex::new(()));
+        let tick = ticker(clock.clone(), T / 2, stop.clone(), hold.clone());
         let rt = runtime();
         let records: Vec<Arc<Mutex<Booked>>> = rt.block_on(async {
             let mut rng = Rng::new(0xA5);
-            let mut records = Vec::new();
+            let mut records: Vec<Arc<Mutex<Booked>>> = Vec::new();
             // Waves of a few waiters (a long queue would leave every dropped wait
-            // with later bookings waiting, so nothing would come back). At least
-            // `WAVES`, and more (up to 4×) until some aborted wait gave back: on a
-            // loaded machine the clock can outrun the waiters, so that every abort
-            // lands on a finished wait and the run would test no refund.
-            let mut waves = 0;
-            while waves < WAVES
-                || (waves < 4 * WAVES
-                    && !records
-                        .iter()
-                        .any(|r: &Arc<Mutex<Booked>>| r.lock().unwrap().refunded))
-            {
-                waves += 1;
+            // with later bookings waiting, so nothing would come back).
+            for wave in 0..WAVES {
+                let held = (wave == 0).then(|| hold.lock().unwrap());
                 let mut handles = Vec::new();
                 for _ in 0..WAVE {
                     let booked = Arc::new(Mutex::new(Booked::default()));
@@ -386,6 +399,17 @@ mod async_waits {
                     let among = if rng.below(2) == 0 { 2 } else { WAVE as u64 };
                     let back = rng.below(among);
                     handles[WAVE - 1 - back as usize].abort();
+                }
+                if held.is_some() {
+                    // The latest slot, ahead of the held clock: still sleeping.
+                    let latest = (0..WAVE)
+                        .max_by_key(|&i| slot_of(&records[records.len() - WAVE + i]))
+                        .expect("a wave");
+                    let h = handles.swap_remove(latest);
+                    h.abort();
+                    let e = h.await.expect_err("a wait behind a held clock never ends");
+                    assert!(e.is_cancelled());
+                    drop(held);
                 }
                 for h in handles {
                     match h.await {
@@ -448,6 +472,8 @@ mod async_waits {
     tokio::task_local! {
         /// The shaper clock's last reading in this task.
         static READ: std::cell::Cell<Option<Nanos>>;
+        /// A gate on the task's next clock reading: `(arrived, open)`.
+        static GATE: std::cell::Cell<Option<Arc<(AtomicBool, AtomicBool)>>>;
     }
 
     /// A manual clock whose readings the current task can see.
@@ -457,38 +483,119 @@ mod async_waits {
     #[cfg(feature = "tokio")]
     impl Clock for Recording {
         fn now(&self) -> Nanos {
+            // A gated task stops here (blocking its worker thread) until let through.
+            let _ = GATE.try_with(|g| {
+                if let Some(gate) = g.take() {
+                    gate.0.store(true, Ordering::Release);
+                    while !gate.1.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                }
+            });
             let now = self.0.now();
             let _ = READ.try_with(|r| r.set(Some(now)));
             now
         }
     }
 
+    /// What a task of the `until_ready` test returns: the wait's outcome, the
+    /// shaper's reading, the cost.
+    #[cfg(feature = "tokio")]
+    type Waited = (Result<Duration, floodgate::ShapeError>, Nanos, u32);
+
+    /// A task waiting on `shaper` for `cost` units, its clock readings recorded.
+    #[cfg(feature = "tokio")]
+    fn wait_task(
+        shaper: &'static Shaper<Recording>,
+        cost: u32,
+        max_delay: Duration,
+    ) -> impl std::future::Future<Output = Waited> {
+        READ.scope(std::cell::Cell::new(None), async move {
+            let out = shaper.until_ready(cost, max_delay).await;
+            let read = READ.with(|r| r.get()).expect("the shaper read its clock");
+            (out, read, cost)
+        })
+    }
+
     /// `Shaper::until_ready` (Tokio's own timer, a bounded delay) with tasks aborted
     /// on a multi-threaded runtime: every completed wait waited at most `max_delay`,
     /// and the completed waits' slots (the shaper's reading plus the wait) conform.
+    ///
+    /// A prologue on a held clock gives every run a completed wait, a refused one
+    /// and an aborted one that had booked, whatever the schedule (a free clock can
+    /// outrun a slow spawner on a loaded machine, so that nothing is refused and
+    /// every wait ends before its abort).
     #[cfg(feature = "tokio")]
     #[test]
+    #[expect(
+        clippy::await_holding_lock,
+        reason = "the prologue holds the ticker's lock on the block_on thread, which no \
+                  task needs: only the ticker thread waits for it"
+    )]
     fn shaper_until_ready_dropped_concurrently_stays_bounded_and_conforms() {
         let clock = ManualClock::new();
         let shaper = leak(Shaper::with_clock(p(), Recording(clock.clone())));
         let stop = Arc::new(AtomicBool::new(false));
-        let tick = ticker(clock.clone(), T / 4, stop.clone());
+        let hold = Arc::new(Mutex::new(()));
+        let tick = ticker(clock.clone(), T / 4, stop.clone(), hold.clone());
         let max_delay = Duration::from_nanos(4 * T);
         let rt = runtime();
         const TASKS: usize = 600;
         let (done, refused, aborted) = rt.block_on(async {
+            let (mut done, mut refused, mut aborted) = (Vec::new(), 0, 0);
+            let mut tally = |out: Result<Waited, tokio::task::JoinError>| match out {
+                Ok((Ok(delay), read, cost)) => {
+                    assert!(delay <= max_delay, "waited {delay:?}");
+                    done.push((read.saturating_add(delay), cost));
+                }
+                Ok((Err(_), _, _)) => refused += 1,
+                Err(e) => {
+                    assert!(e.is_cancelled());
+                    aborted += 1;
+                }
+            };
+            {
+                let _held = hold.lock().unwrap();
+                // The burst (3 units) at the held instant: no wait.
+                tally(tokio::spawn(wait_task(shaper, 3, max_delay)).await);
+                // One unit more waits 1 ms: aborted while it is inside its clock
+                // reading (a gate holds it there), it books, and its first sleep is
+                // cancelled. Only a worker preempted for the whole 1 ms between
+                // booking and sleeping ends the wait first; then another try.
+                for _ in 0..3 {
+                    let gate = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
+                    let h = tokio::spawn(GATE.scope(
+                        std::cell::Cell::new(Some(gate.clone())),
+                        wait_task(shaper, 1, max_delay),
+                    ));
+                    while !gate.0.load(Ordering::Acquire) {
+                        tokio::task::yield_now().await;
+                    }
+                    h.abort();
+                    gate.1.store(true, Ordering::Release);
+                    let cancelled = h.await;
+                    let was = cancelled.is_err();
+                    tally(cancelled);
+                    if was {
+                        break;
+                    }
+                }
+                // Three units at a time: the schedule only grows on a held clock,
+                // so one of them would wait past `max_delay`.
+                for _ in 0..4 {
+                    let out = tokio::spawn(wait_task(shaper, 3, max_delay)).await;
+                    let was = matches!(out, Ok((Err(_), _, _)));
+                    tally(out);
+                    if was {
+                        break;
+                    }
+                }
+            }
             let mut rng = Rng::new(0x5E);
             let mut handles = Vec::new();
             for _ in 0..TASKS {
                 let cost = 1 + rng.below(3) as u32;
-                handles.push(tokio::spawn(READ.scope(
-                    std::cell::Cell::new(None),
-                    async move {
-                        let out = shaper.until_ready(cost, max_delay).await;
-                        let read = READ.with(|r| r.get()).expect("the shaper read its clock");
-                        (out, read, cost)
-                    },
-                )));
+                handles.push(tokio::spawn(wait_task(shaper, cost, max_delay)));
                 if rng.below(3) == 0 {
                     // Mostly among the latest waits, whose cancellations give back.
                     let among = if rng.below(2) == 0 { 3 } else { 30 };
@@ -499,25 +606,18 @@ mod async_waits {
                     tokio::time::sleep(Duration::from_micros(rng.below(300))).await;
                 }
             }
-            let (mut done, mut refused, mut aborted) = (Vec::new(), 0, 0);
             for h in handles {
-                match h.await {
-                    Ok((Ok(delay), read, cost)) => {
-                        assert!(delay <= max_delay, "waited {delay:?}");
-                        done.push((read.saturating_add(delay), cost));
-                    }
-                    Ok((Err(_), _, _)) => refused += 1,
-                    Err(e) => {
-                        assert!(e.is_cancelled());
-                        aborted += 1;
-                    }
-                }
+                tally(h.await);
             }
             (done, refused, aborted)
         });
         stop.store(true, Ordering::Release);
         tick.join().unwrap();
-        assert!(refused > 0 && aborted > 0 && !done.is_empty());
+        assert!(
+            refused > 0 && aborted > 0 && !done.is_empty(),
+            "refused {refused}, aborted {aborted}, done {}",
+            done.len()
+        );
         conforms(p(), &done).unwrap();
     }
 }
@@ -695,21 +795,15 @@ mod keyed_windows {
         (held, table.metrics())
     }
 
-    /// Runs `run` (which checks its own race) until its table reached what the case
-    /// is about (`reached`), at most 5 times: on a loaded machine the workers can
-    /// finish before the flood has made the table reclaim or evict, and such a run
-    /// proves nothing.
+    /// Runs `run` (which checks its own race) and asserts that its table reached
+    /// what the case is about (`reached`). The harness's ticker makes all its
+    /// `MAX_TICKS` moves, flooding at each, whatever the schedule (even after the
+    /// workers finished), so every run floods the table as far as the case needs.
     fn exercised(
-        mut run: impl FnMut() -> KeyedMetrics,
+        run: impl FnOnce() -> KeyedMetrics,
         reached: impl Fn(&KeyedMetrics) -> bool,
     ) -> KeyedMetrics {
-        let mut m = run();
-        for _ in 1..5 {
-            if reached(&m) {
-                break;
-            }
-            m = run();
-        }
+        let m = run();
         assert!(reached(&m), "the flood never reached the case: {m:?}");
         m
     }

@@ -43,8 +43,15 @@ pub fn stall(rng: &mut Rng) {
 }
 
 /// Runs `workers` threads of `work(thread index)` while a ticker moves `clock` by
-/// 1..=`step` ns at a time (at most [`MAX_TICKS`] times) and runs `side` after each
-/// move; returns what the workers return, in thread order.
+/// 1..=`step` ns at a time, exactly [`MAX_TICKS`] times, and runs `side` after each
+/// move and after each turn of its loop once the clock stands; returns what the
+/// workers return, in thread order.
+///
+/// The ticker runs until the workers are done *and* it has made all its moves, so
+/// every run moves the clock `MAX_TICKS` times and runs `side` at least as often,
+/// whatever the schedule: a ticker that starts only after the workers finished
+/// (a loaded machine) still floods, flips or reclaims what a test's `side` does.
+/// Whether those moves overlap the workers is the schedule's sample.
 pub fn race<T: Send>(
     clock: &ManualClock,
     step: u64,
@@ -57,7 +64,7 @@ pub fn race<T: Send>(
         let ticker = s.spawn(|| {
             let mut rng = Rng::new(0xC10C);
             let mut ticks = 0;
-            while running.load(Ordering::Acquire) > 0 {
+            while ticks < MAX_TICKS || running.load(Ordering::Acquire) > 0 {
                 // A bounded run of virtual time (the window checks size their
                 // counters by it): then the clock stands and the workers finish.
                 if ticks < MAX_TICKS {
