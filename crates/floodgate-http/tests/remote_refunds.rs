@@ -222,9 +222,12 @@ async fn a_failed_refund_is_counted_and_the_denial_stands() {
 }
 
 /// Session 43, end to end (feature `queue`): a real Redis limit with refunds as a
-/// remote rule, then a global queue of one request a second (burst 1, waiting at
-/// most 5 s). "a" takes the queue's slot; "b" is charged in Redis and waits about
-/// 1 s for its own; its client goes away after 100 ms. The response future is
+/// remote rule, then a global queue of one request a minute (burst 1, waiting at
+/// most 5 min) on a standing clock. "a" takes the queue's slot; "b" is charged in
+/// Redis and waits a minute for its own; its client goes away after 100 ms. (On
+/// the production clock at one a second, a runtime that stalled a second between
+/// "a" and "b" served "b" at once: only a stall of a minute after b's first poll
+/// could serve it now.) The response future is
 /// dropped on the runtime, which runs the refund in a spawned task: "b"'s per-user
 /// budget in Redis comes back whole, with no error counted; "a", served, keeps its
 /// charge.
@@ -236,10 +239,13 @@ async fn a_request_dropped_in_a_later_queue_gets_its_redis_charge_back() {
     };
     let conn = floodgate_redis::connect(&redis.url()).await.unwrap();
     let per_user = per_user_limit(conn, 3, true);
-    let queue = floodgate::Shaper::new(Policy::per_second(1).unwrap().with_burst(1).unwrap());
+    let queue = floodgate::Shaper::with_clock(
+        Policy::per_minute(1).unwrap().with_burst(1).unwrap(),
+        floodgate::ManualClock::new(),
+    );
     let layer = RateLimitLayer::builder()
         .rule(Rule::remote_shared("per-user", Arc::clone(&per_user), from_fn(user)).unwrap())
-        .queue(floodgate_http::QueueRule::new("queue", queue, Duration::from_secs(5)).unwrap())
+        .queue(floodgate_http::QueueRule::new("queue", queue, Duration::from_secs(300)).unwrap())
         .build()
         .unwrap();
     let mut svc = global_spent_on_a(&layer).await;

@@ -137,18 +137,28 @@ fn a_hot_key_rule_under_promotion_churn_passes_at_most_its_burst_with_true_heade
     )?
     .build()?;
     let stop = Arc::new(AtomicBool::new(false));
+    // The churn flips the key once before it looks at `stop`, and the workers start
+    // after that first flip: a churn thread first run after the workers had ended
+    // (a start order the scheduler may pick) used to count no flip at all.
+    let (flipped, first_flip) = std::sync::mpsc::channel();
     let churn = {
         let (hot, stop) = (Arc::clone(&hot), Arc::clone(&stop));
         thread::spawn(move || {
             let mut flips = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            loop {
                 let _ = hot.promote(&7);
                 let _ = hot.demote(&7);
                 flips += 1;
+                if flips == 1 {
+                    let _ = flipped.send(());
+                }
+                if stop.load(Ordering::Relaxed) {
+                    break flips;
+                }
             }
-            flips
         })
     };
+    first_flip.recv()?;
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let layer = layer.clone();
@@ -209,24 +219,37 @@ fn a_leased_global_rule_on_a_multi_thread_runtime_keeps_its_burst() -> TestResul
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .build()?;
+    // 300 tasks of two requests each: first one the later rule denies (its key 0),
+    // then one it admits (a fresh key). The second task to start sends its first
+    // request when at most the first task's 2 have been decided and at most 4 leases
+    // of 3 are out (one a worker): 14 of the 60, so the global rule admits it and the
+    // later rule, its key 0 spent by the first task's, denies it — whatever the
+    // workers' interleaving. (600 tasks of one request each: the fresh ones run
+    // before the others spend the burst, and no request meets the later denial.)
     let passed: u64 = rt.block_on(async {
-        let tasks: Vec<_> = (0..600u64)
-            .map(|n| {
+        let tasks: Vec<_> = (0..300u64)
+            .map(|m| {
                 let svc = layer.layer(Hello);
                 tokio::spawn(async move {
-                    let r = svc
-                        .oneshot(request(1, n % 2 == 1, n))
-                        .await
-                        .expect("infallible");
-                    (r.status() == 200, untrue(&r, &[BURST, 1], 60))
+                    let mut seen = Vec::new();
+                    for (deny, n) in [(true, 2 * m + 1), (false, 2 * m)] {
+                        let r = svc
+                            .clone()
+                            .oneshot(request(1, deny, n))
+                            .await
+                            .expect("infallible");
+                        seen.push((r.status() == 200, untrue(&r, &[BURST, 1], 60)));
+                    }
+                    seen
                 })
             })
             .collect();
         let mut passed = 0;
         for t in tasks {
-            let (ok, why) = t.await.expect("a task");
-            assert!(why.is_none(), "{why:?}");
-            passed += u64::from(ok);
+            for (ok, why) in t.await.expect("a task") {
+                assert!(why.is_none(), "{why:?}");
+                passed += u64::from(ok);
+            }
         }
         passed
     });

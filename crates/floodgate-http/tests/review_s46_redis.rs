@@ -29,7 +29,7 @@
 
 use std::convert::Infallible;
 use std::future::{ready, Future};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -352,9 +352,15 @@ async fn a_redis_pause_mid_storm_answers_per_the_failure_policy() {
             .expect("a layer");
         let svc = layer.layer(Hello);
         let key = format!("pause-{policy:?}");
+        // The pauser pauses Redis again (300 ms each time, 20 times at most) until a
+        // call has timed out (`errors`), and the tasks send until it is done and
+        // 700 ms have passed: whether one pause is felt depends on the runtime's
+        // timing (a pauser first run after the tasks' 700 ms, or tasks that all sleep
+        // through the pause, feel none).
+        let done = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
         let pauser = {
-            let url = redis.url();
+            let (url, layer, done) = (redis.url(), layer.clone(), Arc::clone(&done));
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let client = floodgate_redis::redis::Client::open(url).expect("a client");
@@ -362,22 +368,32 @@ async fn a_redis_pause_mid_storm_answers_per_the_failure_policy() {
                     .get_multiplexed_async_connection()
                     .await
                     .expect("a connection");
-                let _: () = floodgate_redis::redis::cmd("CLIENT")
-                    .arg("PAUSE")
-                    .arg(300)
-                    .arg("ALL")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("CLIENT PAUSE");
+                for _ in 0..20 {
+                    let _: () = floodgate_redis::redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(300)
+                        .arg("ALL")
+                        .query_async(&mut conn)
+                        .await
+                        .expect("CLIENT PAUSE");
+                    // Past the pause, and past the 100 ms timeout of a call it held.
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    if layer.stats()[1].errors > 0 {
+                        break;
+                    }
+                }
+                done.store(true, Ordering::SeqCst);
             })
         };
         let tasks: Vec<_> = (0..8u64)
             .map(|t| {
-                let (svc, key) = (svc.clone(), key.clone());
+                let (svc, key, done) = (svc.clone(), key.clone(), Arc::clone(&done));
                 tokio::spawn(async move {
                     let mut out = Vec::new();
                     let mut i = 0;
-                    while start.elapsed() < Duration::from_millis(700) {
+                    while !done.load(Ordering::SeqCst)
+                        || start.elapsed() < Duration::from_millis(700)
+                    {
                         let req = Request::get("/")
                             .header("x-user", &key)
                             .header("x-key", (t * 1_000 + i).to_string())
