@@ -58,7 +58,7 @@ use crate::limiter::RateLimiter;
 /// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
 /// #     match f.as_mut().poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
 /// # }
-/// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let per_ip: KeyedLimiter<u64> = KeyedLimiter::gcra(Policy::per_hour(1)?);
 /// let d = block_on(AsyncLimit::check_n(&per_ip, &7, 1)).unwrap();
 /// assert!(d.is_allowed());
 /// let d = block_on(per_ip.peek_n(&7, 1)).unwrap();

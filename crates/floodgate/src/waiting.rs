@@ -429,14 +429,16 @@ where
     /// # Examples
     ///
     /// ```
-    /// use floodgate::{Jitter, KeyedLimiter, Policy};
+    /// use floodgate::{Gcra, Jitter, KeyedBuilder, ManualClock, Policy};
     /// use std::time::Duration;
     /// # let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
     /// # rt.block_on(async {
-    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(10)?.with_burst(1)?);
+    /// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(10)?.with_burst(1)?))
+    ///     .clock(ManualClock::new()) // stands still unless advanced: the wait is exact
+    ///     .build::<String>()?;
     /// keyed.until_key_ready_with("alice", 1, Jitter::NONE, tokio::time::sleep).await?;
     /// let waited = keyed.until_key_ready_with("alice", 1, Jitter::NONE, tokio::time::sleep).await?;
-    /// assert!(waited > Duration::from_millis(90) && waited <= Duration::from_millis(100));
+    /// assert_eq!(waited, Duration::from_millis(100)); // the booked slot, one interval on
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```

@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// ```
 /// use floodgate::{KeyedLimiter, Pair, Policy};
 /// use std::net::IpAddr;
-/// let keyed: KeyedLimiter<(IpAddr, String)> = KeyedLimiter::gcra(Policy::per_second(1)?);
+/// let keyed: KeyedLimiter<(IpAddr, String)> = KeyedLimiter::gcra(Policy::per_hour(1)?);
 /// let ip: IpAddr = "192.0.2.7".parse()?;
 /// assert!(keyed.check(&Pair(&ip, "alice")).is_allowed()); // inserts (ip, "alice")
 /// assert!(!keyed.check(&Pair(&ip, "alice")).is_allowed()); // found: no allocation
@@ -221,7 +221,7 @@ impl InlineKey for IpAddr {
 /// ```
 /// use floodgate::{Gcra, Ipv6Prefix, KeyedBuilder, Policy};
 /// use std::net::Ipv6Addr;
-/// let per_net = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_inline::<Ipv6Prefix>()?;
+/// let per_net = KeyedBuilder::new(Gcra::new(Policy::per_hour(1)?)).build_inline::<Ipv6Prefix>()?;
 /// let a: Ipv6Addr = "2001:db8:0:1::1".parse()?;
 /// let b: Ipv6Addr = "2001:db8:0:1::ffff".parse()?;
 /// assert!(per_net.check(&Ipv6Prefix::new(a)).is_allowed());

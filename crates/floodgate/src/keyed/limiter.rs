@@ -689,7 +689,7 @@ impl<A, C> KeyedBuilder<A, C> {
     /// # Examples
     ///
     /// ```
-    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_second(1)?))
+    /// let keyed = floodgate::KeyedBuilder::new(floodgate::Gcra::new(floodgate::Policy::per_hour(1)?))
     ///     .build_fingerprint::<String>()?;
     /// assert!(keyed.check("alice").is_allowed());
     /// assert!(!keyed.check("alice").is_allowed());
@@ -863,7 +863,7 @@ where
     ///
     /// ```
     /// use floodgate::{KeyedLimiter, Policy};
-    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_second(1)?);
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_hour(1)?);
     /// assert!(keyed.check("alice").is_allowed()); // &str looks up a String key
     /// assert!(!keyed.check("alice").is_allowed());
     /// # Ok::<(), floodgate::PolicyError>(())
@@ -1213,7 +1213,7 @@ where
     ///
     /// ```
     /// use floodgate::{KeyedLimiter, Policy};
-    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_minute(1)?);
+    /// let keyed: KeyedLimiter<String> = KeyedLimiter::gcra(Policy::per_hour(1)?);
     /// assert!(keyed.check("banned").is_allowed());
     /// assert!(!keyed.check("banned").is_allowed());
     /// assert!(keyed.remove("banned"));

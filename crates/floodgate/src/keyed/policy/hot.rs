@@ -648,7 +648,7 @@ where
     ///
     /// ```
     /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, Policy};
-    /// let limiter = HotKeyLimiter::<u64>::new(Policy::per_second(1)?, KeyedBuilder::default(), HotKeys::default())?;
+    /// let limiter = HotKeyLimiter::<u64>::new(Policy::per_hour(1)?, KeyedBuilder::default(), HotKeys::default())?;
     /// assert!(limiter.check(&1).is_allowed());
     /// assert!(!limiter.check(&1).is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1044,8 +1044,12 @@ where
     /// # Examples
     ///
     /// ```
-    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, Policy};
-    /// let limiter = HotKeyLimiter::<u64>::new(Policy::per_second(100)?, KeyedBuilder::default(), HotKeys::default().slots(1))?;
+    /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, ManualClock, Policy};
+    /// let limiter = HotKeyLimiter::<u64, _>::new(
+    ///     Policy::per_second(100)?,
+    ///     KeyedBuilder::default().clock(ManualClock::new()),
+    ///     HotKeys::default().slots(1),
+    /// )?;
     /// assert!(limiter.promote(&1));
     /// let _ = limiter.check(&1); // units out on lease: key 1 is not idle
     /// assert!(!limiter.promote(&2)); // the one slot is busy
@@ -1259,7 +1263,7 @@ where
     ///
     /// ```
     /// use floodgate::{HotKeys, HotKeyLimiter, KeyedBuilder, Policy};
-    /// let limiter = HotKeyLimiter::<u64>::new(Policy::per_second(1)?, KeyedBuilder::default(), HotKeys::default())?;
+    /// let limiter = HotKeyLimiter::<u64>::new(Policy::per_hour(1)?, KeyedBuilder::default(), HotKeys::default())?;
     /// let _ = (limiter.check(&1), limiter.check(&1));
     /// let m = limiter.metrics();
     /// assert_eq!((m.allowed, m.denied, m.live_keys), (1, 1, 1));

@@ -1128,10 +1128,11 @@ where
     ///
     /// ```
     /// use floodgate::keyed::plans::{PlanLimiter, Plans};
-    /// use floodgate::KeyedBuilder;
+    /// use floodgate::{KeyedBuilder, ManualClock};
     /// let plans = Plans::classic();
     /// let pro = plans.id("pro").unwrap();
-    /// let limiter = PlanLimiter::new(&plans, move |_: &&str| pro, KeyedBuilder::default())?;
+    /// let table = KeyedBuilder::default().clock(ManualClock::new());
+    /// let limiter = PlanLimiter::new(&plans, move |_: &&str| pro, table)?;
     /// let burst = limiter.check(&"acme").remaining() + 1;
     /// for _ in 1..burst { assert!(limiter.check(&"acme").is_allowed()); }
     /// assert!(!limiter.check(&"acme").is_allowed());

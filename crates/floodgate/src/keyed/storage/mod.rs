@@ -84,7 +84,7 @@ pub struct Inline;
 ///
 /// ```
 /// use floodgate::{Gcra, KeyedBuilder, Policy};
-/// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_second(1)?)).build_fingerprint::<String>()?;
+/// let keyed = KeyedBuilder::new(Gcra::new(Policy::per_hour(1)?)).build_fingerprint::<String>()?;
 /// assert!(keyed.check("alice").is_allowed());
 /// assert!(!keyed.check("alice").is_allowed());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
