@@ -112,18 +112,44 @@ fn quick_json_is_a_well_formed_table() {
                 assert!(m["admitted_fraction"].as_f64() > Some(0.9), "{row}");
             }
         }
+        // The ratio columns pair the two cells' runs round by round.
+        let runs = |cell: &serde_json::Value| -> Option<Vec<f64>> {
+            let runs = cell["runs_mdps"].as_array()?;
+            runs.iter().map(serde_json::Value::as_f64).collect()
+        };
         for (column, baseline) in [("vs_mutex_twin", "mutex_twin"), ("vs_governor", "governor")] {
-            let ratio = row["floodgate"]["mdps"]
-                .as_f64()
-                .zip(row[baseline]["mdps"].as_f64())
-                .map(|(a, b)| a / b);
-            match (ratio, row[column].as_f64()) {
-                (Some(ratio), Some(reported)) => {
-                    assert!((ratio - reported).abs() <= 1e-9 * ratio, "{row}")
-                }
-                (None, None) => assert!(row[column].is_null(), "{row}"),
-                _ => panic!("{column} does not match the columns: {row}"),
+            let paired: Option<Vec<f64>> = runs(&row["floodgate"])
+                .zip(runs(&row[baseline]))
+                .map(|(a, b)| a.iter().zip(&b).map(|(a, b)| a / b).collect());
+            let reported = &row[column];
+            let Some(paired) = paired else {
+                assert!(reported.is_null(), "{column} without its cells: {row}");
+                continue;
+            };
+            let listed: Vec<f64> = reported["runs"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{column}: {row}"))
+                .iter()
+                .map(|r| r.as_f64().unwrap())
+                .collect();
+            assert_eq!(listed.len(), paired.len(), "{row}");
+            for (l, p) in listed.iter().zip(&paired) {
+                assert!((l - p).abs() <= 1e-9 * p, "{column}: {row}");
             }
+            let mut sorted = paired.clone();
+            sorted.sort_by(f64::total_cmp);
+            let mid = sorted.len() / 2;
+            let median = if sorted.len() % 2 == 1 {
+                sorted[mid]
+            } else {
+                (sorted[mid - 1] + sorted[mid]) / 2.0
+            };
+            let spread = sorted[sorted.len() - 1] / sorted[0];
+            let got = reported["median"].as_f64().unwrap();
+            assert!((got - median).abs() <= 1e-9 * median, "{column}: {row}");
+            let got = reported["spread"].as_f64().unwrap();
+            assert!((got - spread).abs() <= 1e-9 * spread, "{column}: {row}");
+            assert_eq!(reported["unstable"].as_bool(), Some(spread > 1.2), "{row}");
         }
     }
 }

@@ -125,14 +125,14 @@ struct Row {
     #[serde(flatten)]
     cells: BTreeMap<&'static str, Measured>,
     /// floodgate ÷ mutex twin.
-    vs_mutex_twin: Option<f64>,
+    vs_mutex_twin: Option<Ratio>,
     /// floodgate ÷ governor.
-    vs_governor: Option<f64>,
+    vs_governor: Option<Ratio>,
     /// Leased mode ÷ the no-write ceiling, with a TSC read per decision and coarse.
-    leased_vs_ceiling: Option<f64>,
-    leased_coarse_vs_ceiling: Option<f64>,
+    leased_vs_ceiling: Option<Ratio>,
+    leased_coarse_vs_ceiling: Option<Ratio>,
     /// Leased mode ÷ governor.
-    leased_vs_governor: Option<f64>,
+    leased_vs_governor: Option<Ratio>,
     /// Wall time of this row's runs, all contenders and repeats.
     ran_s: f64,
 }
@@ -158,13 +158,31 @@ fn millions_per_second(run: &Measurement) -> f64 {
 /// The median of the rates of `runs` in million operations per second (the mean of
 /// the middle two for an even count); `None` for no runs.
 fn median_rate(runs: &[Measurement]) -> Option<f64> {
-    let mut rates: Vec<f64> = runs.iter().map(millions_per_second).collect();
-    rates.sort_by(f64::total_cmp);
-    let mid = rates.len() / 2;
-    match rates.len() {
+    median(runs.iter().map(millions_per_second).collect())
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` for
+/// none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
         0 => None,
-        n if n % 2 == 1 => Some(rates[mid]),
-        _ => Some((rates[mid - 1] + rates[mid]) / 2.0),
+        n if n % 2 == 1 => Some(values[mid]),
+        _ => Some((values[mid - 1] + values[mid]) / 2.0),
+    }
+}
+
+/// Max ÷ min of `values` and whether it is above [`UNSTABLE_SPREAD`]: `(0.0, true)`
+/// when it is not a finite number (a zero among them), which no reader can trust.
+fn spread_of(values: &[f64]) -> (f64, bool) {
+    let max = values.iter().copied().fold(f64::MIN, f64::max);
+    let min = values.iter().copied().fold(f64::MAX, f64::min);
+    let spread = if min > 0.0 { max / min } else { f64::INFINITY };
+    if spread.is_finite() {
+        (spread, spread > UNSTABLE_SPREAD)
+    } else {
+        (0.0, true)
     }
 }
 
@@ -172,16 +190,14 @@ impl Measured {
     fn from_samples(samples: &[Measurement]) -> Option<Measured> {
         let mdps = median_rate(samples)?;
         let rates: Vec<f64> = samples.iter().map(millions_per_second).collect();
-        let max = rates.iter().copied().fold(f64::MIN, f64::max);
-        let min = rates.iter().copied().fold(f64::MAX, f64::min);
-        let spread = if min > 0.0 { max / min } else { f64::INFINITY };
+        let (spread, unstable) = spread_of(&rates);
         let operations: u64 = samples.iter().map(|s| s.ops).sum();
         let admitted: u64 = samples.iter().map(|s| s.admitted).sum();
         Some(Measured {
             mdps,
             runs_mdps: rates,
-            spread: if spread.is_finite() { spread } else { 0.0 },
-            unstable: !spread.is_finite() || spread > UNSTABLE_SPREAD,
+            spread,
+            unstable,
             admitted_fraction: if operations == 0 {
                 0.0
             } else {
@@ -198,11 +214,63 @@ impl Row {
     }
 }
 
-fn ratio(a: Option<&Measured>, b: Option<&Measured>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b.mdps > 0.0 => Some(a.mdps / b.mdps),
-        _ => None,
+/// One contender's throughput ÷ another's in the same row, taken run by run.
+///
+/// Run `i` of every cell belongs to round `i`, and a row's cells run one after the
+/// other in each round, so the two runs of a pair were measured within about a second
+/// of each other: a change of the machine's speed between rounds (another guest on
+/// the host, a frequency step) moves both and cancels out of their ratio, where it
+/// would stay in the ratio of the two cells' medians. On the 2-vCPU VMs of
+/// BENCHMARKS.md the paired ratios moved less between invocations ("The main job's
+/// ratios, paired by round").
+#[derive(Serialize, Clone, Debug, PartialEq)]
+struct Ratio {
+    /// The median of the per-round ratios.
+    median: f64,
+    /// Per round: the one's run ÷ the other's.
+    runs: Vec<f64>,
+    /// Largest per-round ratio ÷ smallest.
+    spread: f64,
+    /// `spread` above [`UNSTABLE_SPREAD`]: the rounds disagree on the comparison.
+    unstable: bool,
+}
+
+/// `a ÷ b`, round by round; `None` without both cells or with a round whose `b` run
+/// measured nothing.
+fn ratio(a: Option<&Measured>, b: Option<&Measured>) -> Option<Ratio> {
+    let (a, b) = (a?, b?);
+    if a.runs_mdps.len() != b.runs_mdps.len() || b.runs_mdps.iter().any(|&r| r <= 0.0) {
+        return None;
     }
+    let runs: Vec<f64> = a
+        .runs_mdps
+        .iter()
+        .zip(&b.runs_mdps)
+        .map(|(a, b)| a / b)
+        .collect();
+    let median = median(runs.clone())?;
+    let (spread, unstable) = spread_of(&runs);
+    Some(Ratio {
+        median,
+        runs,
+        spread,
+        unstable,
+    })
+}
+
+/// A ratio as the table prints it: `median x/spread`, `!` when the rounds disagree.
+fn ratio_text(r: Option<&Ratio>) -> String {
+    r.map_or_else(
+        || "n/a ".to_owned(),
+        |r| {
+            format!(
+                "{:.2}x/{:.2}{}",
+                r.median,
+                r.spread,
+                if r.unstable { "!" } else { " " }
+            )
+        },
+    )
 }
 
 /// One cell of the matrix: a contender at a key count and a thread count.
@@ -821,14 +889,17 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
         "each cell: median/spread of {} run{} of {:.0} ms (after {:.0} ms warm-up); spread = \
          fastest run / slowest run; ! = spread above {:.1}: runs disagree, do not trust the \
          median; total {:.1} s\n\
-         compare columns of one row: an unmarked row can still move by 10 % or more between \
+         vs mutex, vs governor: floodgate / the other, run by run (a row's cells run back \
+         to back in each round): median/spread of the rounds' ratios, ! above {:.1}\n\
+         compare within a row: an unmarked cell can still move by 10 % or more between \
          invocations on a shared or virtual machine (BENCHMARKS.md, \"The main job at 90 s\")",
         report.repeats,
         if report.repeats == 1 { "" } else { "s" },
         report.run_ms,
         report.warm_up_ms,
         report.unstable_spread,
-        report.total_s
+        report.total_s,
+        report.unstable_spread
     )?;
     let mut described: Vec<&str> = Vec::new();
     for row in &report.rows {
@@ -847,7 +918,7 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
     for implementation in &columns {
         header += &format!(" {:>12}", implementation.heading());
     }
-    header += &format!(" {:>9} {:>12} {:>7}", "vs mutex", "vs governor", "ran");
+    header += &format!(" {:>13} {:>13} {:>7}", "vs mutex ", "vs governor ", "ran");
     writeln!(out, "{header}")?;
     for row in &report.rows {
         let mut line = format!(
@@ -860,25 +931,22 @@ fn write_table(out: &mut impl Write, report: &Report) -> io::Result<()> {
                 None => line += &format!(" {:>12}", "n/a "),
             }
         }
-        for (r, width) in [(row.vs_mutex_twin, 9), (row.vs_governor, 12)] {
-            match r {
-                Some(r) => line += &format!(" {:>width$}", format!("{r:.2}x")),
-                None => line += &format!(" {:>width$}", "n/a"),
-            }
+        for r in [&row.vs_mutex_twin, &row.vs_governor] {
+            line += &format!(" {:>13}", ratio_text(r.as_ref()));
         }
         line += &format!(" {:>6.1}s", row.ran_s);
         writeln!(out, "{line}")?;
     }
-    let x = |r: Option<f64>| r.map_or("n/a".to_owned(), |r| format!("{r:.2}x"));
+    let x = |r: &Option<Ratio>| ratio_text(r.as_ref()).trim_end().to_owned();
     for row in report.rows.iter().filter(|r| r.leased_vs_ceiling.is_some()) {
         writeln!(
             out,
             "hot key, {} thread{}: leased = {} the no-write ceiling ({} governor), leased-coarse = {} the ceiling",
             row.threads,
             if row.threads == 1 { "" } else { "s" },
-            x(row.leased_vs_ceiling),
-            x(row.leased_vs_governor),
-            x(row.leased_coarse_vs_ceiling)
+            x(&row.leased_vs_ceiling),
+            x(&row.leased_vs_governor),
+            x(&row.leased_coarse_vs_ceiling)
         )?;
     }
     Ok(())
@@ -984,6 +1052,43 @@ mod tests {
         let shaky = Measured::from_samples(&[rate(100), rate(110), rate(121)]).unwrap();
         assert!(shaky.unstable);
         assert_eq!(cell_text(&shaky), "110.00/1.21!");
+    }
+
+    #[test]
+    fn ratios_pair_the_runs_of_one_round() {
+        let cell = |runs: &[f64]| Measured {
+            mdps: median(runs.to_vec()).unwrap(),
+            runs_mdps: runs.to_vec(),
+            spread: spread_of(runs).0,
+            unstable: spread_of(runs).1,
+            admitted_fraction: 1.0,
+            ran_s: 1.0,
+        };
+        // The machine ran at full speed in round 1, at half in rounds 0 and 2: both
+        // contenders moved together, and their comparison did not.
+        let (a, b) = (cell(&[10.0, 20.0, 10.0]), cell(&[5.0, 10.0, 5.0]));
+        let r = ratio(Some(&a), Some(&b)).unwrap();
+        assert_eq!((r.median, r.spread, r.unstable), (2.0, 1.0, false));
+        assert_eq!(r.runs, [2.0, 2.0, 2.0]);
+        assert_eq!(ratio_text(Some(&r)), "2.00x/1.00 ");
+        // The medians' ratio (20 / 10) would say 2; the rounds say 1, 2, 1.
+        let (a, b) = (cell(&[10.0, 20.0, 40.0]), cell(&[10.0, 10.0, 40.0]));
+        let r = ratio(Some(&a), Some(&b)).unwrap();
+        assert_eq!((r.median, r.spread, r.unstable), (1.0, 2.0, true));
+        assert_eq!(ratio_text(Some(&r)), "1.00x/2.00!");
+        // Even counts take the mean of the middle two ratios.
+        let r = ratio(Some(&cell(&[3.0, 8.0])), Some(&cell(&[1.0, 2.0]))).unwrap();
+        assert_eq!((r.median, r.spread), (3.5, 4.0 / 3.0));
+        // No ratio without both cells, with a round the other measured nothing in, or
+        // with runs that do not pair up.
+        assert_eq!(ratio(Some(&a), None), None);
+        assert_eq!(ratio(None, Some(&b)), None);
+        assert_eq!(ratio(Some(&a), Some(&cell(&[1.0, 0.0, 1.0]))), None);
+        assert_eq!(ratio(Some(&a), Some(&cell(&[1.0, 1.0]))), None);
+        assert_eq!(ratio_text(None), "n/a ");
+        // A round in which the one measured nothing: a ratio of 0, never trusted.
+        let r = ratio(Some(&cell(&[0.0, 1.0, 1.0])), Some(&b)).unwrap();
+        assert_eq!((r.spread, r.unstable), (0.0, true));
     }
 
     #[test]
