@@ -307,6 +307,15 @@ impl Algorithm for SwitchGcra {
     ) -> Option<(GcraState, u64)> {
         self.gcra().refund(state, charge, shift, now)
     }
+
+    fn refund_moves_later(
+        &self,
+        state: GcraState,
+        charge: &Charged<GcraState>,
+        shift: u64,
+    ) -> bool {
+        self.gcra().refund_moves_later(state, charge, shift)
+    }
 }
 
 /// What the target needs of an algorithm: its plans' algorithm, the model's, and how
