@@ -399,7 +399,9 @@ fn immediate_slots_denied_by_a_later_rule_come_back_exactly() -> TestResult {
 
 /// A crowd beyond the burst behind the later rule: 8 tasks × 3 requests of mixed
 /// plans at once, a burst of 4 (the rest wait, shed or refused; the waiters are
-/// dropped at the end), the later rule admitting one request per pair of tasks.
+/// dropped at the end, and one that was served first — its reservation due at once
+/// because a slot came back before it reserved — counts as passed), the later rule
+/// admitting one request per pair of tasks.
 /// Some immediate slots are given back while a waiter holds the next slot (that
 /// refund gives back nothing: the waiter's slot stays booked), so the count is
 /// not exact; but never more than the burst passes, and the slots left plus the
@@ -418,15 +420,19 @@ fn a_crowd_beyond_the_burst_behind_a_later_rule_never_passes_it() -> TestResult 
                 (t + i as usize) % 3
             })
             .await?;
-            let (passed, _) = answered(&all, None, "crowd")?;
+            let (mut passed, _) = answered(&all, None, "crowd")?;
             for sent in all {
                 if let Fate::Waiting(h) = sent.fate {
                     h.abort();
                     match h.await {
-                        Ok(Ok(resp)) => {
-                            let status = resp.status().as_u16();
-                            assert!(status == 429, "round {round}: a waiter {status}");
-                        }
+                        // A waiter passes when an immediate slot came back (a later
+                        // denial's refund) between its joining the queue and its
+                        // reserving, so that its reservation was due at once: it
+                        // counts like any request that passed.
+                        Ok(Ok(resp)) => match resp.status().as_u16() {
+                            200 => passed += 1,
+                            status => assert_eq!(status, 429, "round {round}: a waiter"),
+                        },
                         Ok(Err(e)) => match e {},
                         Err(e) => assert!(e.is_cancelled(), "round {round}: {e}"),
                     }
