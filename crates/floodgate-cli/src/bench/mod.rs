@@ -217,7 +217,7 @@ impl Row {
 /// One contender's throughput ÷ another's in the same row, taken run by run.
 ///
 /// Run `i` of every cell belongs to round `i`, and a row's cells run one after the
-/// other in each round, so the two runs of a pair were measured within about a second
+/// other in each round, so the two runs of a pair were measured within a second or two
 /// of each other: a change of the machine's speed between rounds (another guest on
 /// the host, a frequency step) moves both and cancels out of their ratio, where it
 /// would stay in the ratio of the two cells' medians. On the 2-vCPU VMs of
