@@ -373,9 +373,17 @@ fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
 /// Immediate slots given back by a later rule's denials, from many tasks at once:
 /// a burst of 8 and 8 requests, one per task, of mixed plans (none waits: the
 /// burst holds them all); the later rule (a fixed window of 1 an hour per pair of
-/// tasks) admits one of each pair. The four denied requests' slots come back
-/// exactly, whatever order the refunds land in: the slots left plus the requests
-/// passed are the burst, and the later rule counted each request once.
+/// tasks) admits one of each pair. The four denied requests' slots come back,
+/// never more: the slots left plus the requests passed are at most the burst, and
+/// the later rule counted each request once. Not always all four: GCRA's refund
+/// rule ("How rules combine" in `RateLimitLayer`'s docs) gives back less or
+/// nothing for a charge refunded after a later charge's refund moved a booking
+/// still held (slots X, Y, Z taken in that order, Y then X denied: X's refund
+/// counts Y's as maybe having moved it). Which order the refunds land in is the
+/// scheduler's (CI failed on "4 passed, 3 left"; a 30 ms stall of every eighth
+/// request between this rule and the later one reproduces it). The first refund
+/// to land always gives its whole slot back (no refund before it moved
+/// anything), so at least one comes back.
 ///
 /// Mutations seen failing: `PriorityRule::refund` ignoring its receipt (`let _ =
 /// receipt`: 4 passed, 0 left); the refund giving back more than the charge
@@ -389,7 +397,11 @@ fn immediate_slots_denied_by_a_later_rule_come_back_exactly() -> TestResult {
         let (ok, refused) = answered(&all, None, "storm")?;
         assert_eq!((ok, refused), (4, 4), "round {round}: one of each pair");
         let left = slots_left(&s.shaper);
-        assert_eq!(ok + left, 8, "round {round}: {ok} passed, {left} left");
+        // Never more than the burst; at least the first refund's slot back.
+        assert!(
+            (ok + 1..=8).contains(&(ok + left)),
+            "round {round}: {ok} passed, {left} left"
+        );
         let stats = s.layer.stats();
         assert_eq!(stats[2].allowed + stats[2].denied, 8);
         assert_eq!(stats[2].allowed as usize, ok);
