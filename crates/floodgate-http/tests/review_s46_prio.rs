@@ -380,8 +380,9 @@ fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
 /// nothing for a charge refunded after a later charge's refund moved a booking
 /// still held (slots X, Y, Z taken in that order, Y then X denied: X's refund
 /// counts Y's as maybe having moved it). Which order the refunds land in is the
-/// scheduler's (two concurrent runs with `--test-threads 8` failed on "4 passed, 3 left"; a 30 ms stall of every eighth
-/// request between this rule and the later one reproduces it). The first refund
+/// scheduler's (two concurrent runs with `--test-threads 8` failed on "4 passed,
+/// 3 left"; a 30 ms stall of every eighth request between this rule and the later
+/// one reproduces it). The first refund
 /// to land always gives its whole slot back (no refund before it moved
 /// anything), so at least one comes back.
 ///
