@@ -204,15 +204,17 @@ fn detection_promotes_a_key_hit_from_two_threads_only() {
         let _ = limiter.check(&1);
     }
     assert!(!limiter.is_hot(&1));
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for _ in 0..100 {
-                    let _ = limiter.check(&2);
-                }
-            });
+    // Two threads, one after the other: samples within one window count whether or
+    // not the threads overlap, and overlapping ones may skip samples (a busy lock
+    // skips one: a thread stalled holding it let the other's 100 checks all go by).
+    let hit = || {
+        for _ in 0..100 {
+            let _ = limiter.check(&2);
         }
-    });
+    };
+    std::thread::scope(|s| s.spawn(hit).join().unwrap());
+    assert!(!limiter.is_hot(&2), "one other thread alone");
+    std::thread::scope(|s| s.spawn(hit).join().unwrap());
     assert!(limiter.is_hot(&2));
     assert!(!limiter.is_hot(&1));
     assert_eq!(limiter.hot_metrics().promotions, 1);
