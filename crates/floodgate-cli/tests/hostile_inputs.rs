@@ -5,10 +5,15 @@ use std::process::{Command, Output};
 
 /// `floodgate replay --algorithm gcra --limit 10 --per 1s [extra] FILE`, the file
 /// holding `input` (a file, not a pipe: the binary stops reading at a bad line).
+/// The file's name carries the process id, as in `review_s41_inputs.rs`: two runs of
+/// this binary at once (two `cargo test`s on one target dir) rewrote the same file
+/// while the other's binary read it (once, status 0 where 2 was expected: the
+/// binary read the file cut short).
 fn replay(extra: &[&str], input: &str, name: &str) -> Output {
+    let name = format!("{name}-{}", std::process::id());
     let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::write(&file, input).expect("the input file is written");
-    Command::new(env!("CARGO_BIN_EXE_floodgate"))
+    let output = Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .args([
             "replay",
             "--algorithm",
@@ -21,7 +26,10 @@ fn replay(extra: &[&str], input: &str, name: &str) -> Output {
         .args(extra)
         .arg(&file)
         .output()
-        .expect("the floodgate binary runs")
+        .expect("the floodgate binary runs");
+    // Near a megabyte each: one name per process, so remove it.
+    let _ = std::fs::remove_file(&file);
+    output
 }
 
 /// A bad field of a long line (each under the 1 MiB line limit) was quoted whole:
