@@ -1,35 +1,16 @@
 //! Hostile input lines to `floodgate replay`, through the built binary: a field of
 //! a near-megabyte line is quoted in the error message cut, as the line is.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 /// `floodgate replay --algorithm gcra --limit 10 --per 1s [extra] FILE`, the file
-/// holding `input` (a file, not a pipe: the binary stops reading at a bad line).
-/// The file's name carries the process id, as in `review_s41_inputs.rs`: two runs of
-/// this binary at once (two `cargo test`s on one target dir) rewrote the same file
-/// while the other's binary read it (once, status 0 where 2 was expected: the
-/// binary read the file cut short).
-fn replay(extra: &[&str], input: &str, name: &str) -> Output {
-    let name = format!("{name}-{}", std::process::id());
-    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    std::fs::write(&file, input).expect("the input file is written");
-    let output = Command::new(env!("CARGO_BIN_EXE_floodgate"))
-        .args([
-            "replay",
-            "--algorithm",
-            "gcra",
-            "--limit",
-            "10",
-            "--per",
-            "1s",
-        ])
-        .args(extra)
-        .arg(&file)
-        .output()
-        .expect("the floodgate binary runs");
-    // Near a megabyte each: one name per process, so remove it.
-    let _ = std::fs::remove_file(&file);
-    output
+/// holding `input` ([`common::replay_file`]).
+fn replay(extra: &[&str], input: &str) -> Output {
+    let gcra = ["--algorithm", "gcra", "--limit", "10", "--per", "1s"];
+    let args: Vec<&str> = gcra.iter().chain(extra).copied().collect();
+    common::replay_file(&args, input.as_bytes())
 }
 
 /// A bad field of a long line (each under the 1 MiB line limit) was quoted whole:
@@ -59,8 +40,8 @@ fn a_long_bad_field_is_quoted_cut_like_the_line() {
             "invalid $time_local \"111",
         ),
     ];
-    for (i, (extra, input, needle)) in cases.into_iter().enumerate() {
-        let output = replay(extra, &input, &format!("hostile_long_field_{i}"));
+    for (extra, input, needle) in cases {
+        let output = replay(extra, &input);
         let err = String::from_utf8_lossy(&output.stderr);
         assert_eq!(
             output.status.code(),

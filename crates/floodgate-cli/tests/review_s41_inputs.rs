@@ -1,30 +1,9 @@
 //! Session 41's review of what `floodgate replay` reads: hostile and unusual input,
 //! through the built binary. Each test is named after what a user saw before its fix.
 
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
 
-/// `floodgate replay <args> FILE`, the file (one per call) holding `input`: a file,
-/// not a pipe, as the binary stops reading at a bad line. The name carries the
-/// process id: the call counter is per process, and two runs of this binary at once
-/// (two `cargo test`s on one target dir, or a runner with a process per test) wrote
-/// each other's inputs into the same `review-s41-N.input` and read the wrong lines.
-fn replay(args: &[&str], input: &[u8]) -> Output {
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let name = format!(
-        "review-s41-{}-{}.input",
-        std::process::id(),
-        CALLS.fetch_add(1, Ordering::Relaxed)
-    );
-    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    std::fs::write(&file, input).expect("the input file is written");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
-    command.arg("replay").args(args).arg(&file);
-    let output = command.output().expect("the floodgate binary runs");
-    // Each run's files would pile up under target/tmp: one name per process.
-    let _ = std::fs::remove_file(&file);
-    output
-}
+use common::replay_file as replay;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8(bytes.to_vec()).expect("the output is UTF-8")

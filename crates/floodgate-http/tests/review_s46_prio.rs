@@ -382,9 +382,8 @@ fn crowds_of_every_plan_shed_exactly_the_documented_waiters() -> TestResult {
 /// counts Y's as maybe having moved it). Which order the refunds land in is the
 /// scheduler's (two concurrent runs with `--test-threads 8` failed on "4 passed,
 /// 3 left"; a 30 ms stall of every eighth request between this rule and the later
-/// one reproduces it). The first refund
-/// to land always gives its whole slot back (no refund before it moved
-/// anything), so at least one comes back.
+/// one reproduces it). The first refund to land always gives its whole slot back
+/// (no refund before it moved anything), so at least one comes back.
 ///
 /// Mutations seen failing: `PriorityRule::refund` ignoring its receipt (`let _ =
 /// receipt`: 4 passed, 0 left); the refund giving back more than the charge
