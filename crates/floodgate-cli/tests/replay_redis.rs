@@ -64,25 +64,46 @@ impl RedisServer {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // exited: the port was taken
                 }
-                if server.pong() {
+                // Another server may answer on the port (ours, unable to bind it,
+                // exits): only our own process counts.
+                if server.process_id() == Some(server.child.id()) {
                     return Some(server);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
+            // Dropping it stops ours if it is still starting.
         }
         panic!("redis-server did not start on a free loopback port");
     }
 
-    /// Whether the server answers `PING` (inline protocol, no client library).
-    fn pong(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut reply = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok()
-            && s.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
+    /// The process id of the server answering on the port (`INFO server`, inline
+    /// protocol, no client library), or `None` while none answers.
+    fn process_id(&self) -> Option<u32> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        s.write_all(b"INFO server\r\n").ok()?;
+        // A bulk reply: `$<len>\r\n<len bytes>\r\n`.
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&reply);
+            if let Some((head, body)) = text.split_once("\r\n") {
+                let len: usize = head.strip_prefix('$')?.parse().ok()?;
+                if body.len() >= len {
+                    return body
+                        .get(..len)?
+                        .lines()
+                        .find_map(|l| l.trim().strip_prefix("process_id:"))?
+                        .parse()
+                        .ok();
+                }
+            }
+            let n = s.read(&mut chunk).ok()?;
+            if n == 0 {
+                return None;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+        }
     }
 
     fn url(&self) -> String {

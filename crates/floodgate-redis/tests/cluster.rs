@@ -123,13 +123,17 @@ impl Cluster {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn redis-server");
+            // Another server may answer on the port (ours, unable to bind it, exits):
+            // only our own process counts.
+            let pid = format!("process_id:{}", child.id());
             let mut node = Node { port, child };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = node.child.try_wait() {
                     break; // exited: a port was taken
                 }
-                if node.query::<String>(&["PING"]).is_ok() {
+                let info = node.query::<String>(&["INFO", "server"]);
+                if info.is_ok_and(|info| info.lines().any(|l| l.trim() == pid)) {
                     return node;
                 }
                 std::thread::sleep(Duration::from_millis(20));
