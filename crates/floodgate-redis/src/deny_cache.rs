@@ -5,7 +5,10 @@
 //!
 //! Sound because a denial can only get stronger without this process seeing it:
 //! other callers add traffic. Only a refund gives units back (refunds on): this
-//! process's own refund forgets the key's entry (`DenyCache::forget`); another
+//! process's own refund forgets the key's entry (`DenyCache::forget`), and a denial
+//! of the key sent before that and answered after it is not recorded (Redis may have
+//! decided it before the refund; keys are counted in 64 shards, so a refund drops
+//! such late denials of its shard's other keys too: a round trip more); another
 //! replica's refund is not seen, so the entry errs towards denying until its wait
 //! ends, never towards admitting. The wait is
 //! counted from when the request was **sent** (before Redis decided), so a cached
@@ -15,6 +18,7 @@
 //! live denials a new one is simply not cached.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -31,10 +35,30 @@ struct Entry {
     decision: Decision,
 }
 
+/// How many shards of keys count forgets.
+const SHARDS: usize = 64;
+
 struct Map {
     entries: HashMap<String, Entry>,
     /// No entry expires before this: a full map is swept only once one can have.
     earliest: Option<Instant>,
+    /// Forgets so far, per shard of keys (by `entries`' hash of the key).
+    forgets: [u64; SHARDS],
+}
+
+impl Map {
+    fn shard(&self, key: &str) -> usize {
+        // The remainder is below SHARDS: no truncation.
+        (self.entries.hasher().hash_one(key) % SHARDS as u64) as usize
+    }
+}
+
+/// What a lookup that found no denial saw: its key's shard's forgets then. A
+/// denial is recorded only while no forget has been made in that shard since.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    shard: usize,
+    forgets: u64,
 }
 
 pub(crate) struct DenyCache {
@@ -49,6 +73,7 @@ impl DenyCache {
             map: Mutex::new(Map {
                 entries: HashMap::new(),
                 earliest: None,
+                forgets: [0; SHARDS],
             }),
         }
     }
@@ -58,20 +83,28 @@ impl DenyCache {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The cached denial of `cost` on `key` at `now`, aged to `now`.
-    pub(crate) fn lookup(&self, key: &str, cost: u32, now: Instant) -> Option<Decision> {
+    /// The cached denial of `cost` on `key` at `now`, aged to `now`; else the ticket
+    /// to record the answer of the request sent now with.
+    pub(crate) fn lookup(&self, key: &str, cost: u32, now: Instant) -> Result<Decision, Ticket> {
         let mut map = self.lock();
-        let entry = map.entries.get(key)?;
+        let shard = map.shard(key);
+        let miss = Ticket {
+            shard,
+            forgets: map.forgets[shard],
+        };
+        let Some(entry) = map.entries.get(key) else {
+            return Err(miss);
+        };
         if now >= entry.until {
             map.entries.remove(key);
-            return None;
+            return Err(miss);
         }
         if cost != entry.cost {
-            return None;
+            return Err(miss);
         }
         let d = entry.decision;
         let elapsed = now.saturating_duration_since(entry.sent);
-        Some(Decision::new(
+        Ok(Decision::new(
             false,
             d.limit(),
             d.remaining(),
@@ -80,8 +113,16 @@ impl DenyCache {
         ))
     }
 
-    /// Remembers `decision` on `key` for `cost` if it is a denial that can end.
-    pub(crate) fn record(&self, key: &str, cost: u32, sent: Instant, decision: Decision) {
+    /// Remembers `decision` on `key` for `cost` if it is a denial that can end and
+    /// no forget was made in the key's shard since `ticket` (the request's lookup).
+    pub(crate) fn record(
+        &self,
+        key: &str,
+        cost: u32,
+        sent: Instant,
+        ticket: Ticket,
+        decision: Decision,
+    ) {
         let Some(retry) = decision.retry_after() else {
             return; // allowed has Some(0); "never" is None
         };
@@ -94,6 +135,9 @@ impl DenyCache {
             return;
         }
         let mut map = self.lock();
+        if map.forgets[ticket.shard] != ticket.forgets {
+            return; // a refund since: Redis may have decided before it
+        }
         // The latest denial of a key replaces its entry: the cost now asked for.
         if !map.entries.contains_key(key) && map.entries.len() >= self.capacity {
             if map.earliest.is_some_and(|e| e <= now) {
@@ -116,9 +160,13 @@ impl DenyCache {
         );
     }
 
-    /// Drops `key`'s cached denial, if any (a refund made room on it).
+    /// Drops `key`'s cached denial, if any (a refund made room on it), and any
+    /// denial in its shard sent before now and not yet recorded.
     pub(crate) fn forget(&self, key: &str) {
-        self.lock().entries.remove(key);
+        let mut map = self.lock();
+        let shard = map.shard(key);
+        map.forgets[shard] = map.forgets[shard].wrapping_add(1);
+        map.entries.remove(key);
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -129,6 +177,14 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records as a call would: the ticket of a lookup at `sent`.
+    fn record(cache: &DenyCache, key: &str, cost: u32, sent: Instant, decision: Decision) {
+        let ticket = cache
+            .lookup(key, 0, sent)
+            .expect_err("cost 0 is never cached");
+        cache.record(key, cost, sent, ticket, decision);
+    }
 
     fn denied(retry_ms: Option<u64>) -> Decision {
         Decision::new(
@@ -144,18 +200,21 @@ mod tests {
     fn a_denial_answers_its_own_cost_until_it_ends() {
         let cache = DenyCache::new(4);
         let t0 = Instant::now();
-        cache.record("k", 3, t0, denied(Some(60_000)));
-        assert_eq!(cache.lookup("k", 2, t0), None, "a smaller cost may fit");
-        assert_eq!(cache.lookup("k", 4, t0), None, "a larger cost waits longer");
+        record(&cache, "k", 3, t0, denied(Some(60_000)));
+        assert!(cache.lookup("k", 2, t0).is_err(), "a smaller cost may fit");
+        assert!(
+            cache.lookup("k", 4, t0).is_err(),
+            "a larger cost waits longer"
+        );
         let d = cache.lookup("k", 3, t0 + Duration::from_secs(1)).unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(59)));
         assert_eq!(d.reset_after(), Duration::from_secs(9));
         // A later denial of another cost replaces the entry.
-        cache.record("k", 2, t0, denied(Some(30_000)));
-        assert_eq!(cache.lookup("k", 3, t0), None);
-        assert!(cache.lookup("k", 2, t0).is_some());
-        assert_eq!(cache.lookup("k", 2, t0 + Duration::from_secs(30)), None);
+        record(&cache, "k", 2, t0, denied(Some(30_000)));
+        assert!(cache.lookup("k", 3, t0).is_err());
+        assert!(cache.lookup("k", 2, t0).is_ok());
+        assert!(cache.lookup("k", 2, t0 + Duration::from_secs(30)).is_err());
         assert_eq!(cache.len(), 0, "an expired entry is dropped when found");
     }
 
@@ -163,9 +222,10 @@ mod tests {
     fn never_allowed_and_zero_costs_are_not_cached() {
         let cache = DenyCache::new(4);
         let t0 = Instant::now();
-        cache.record("never", 9, t0, denied(None));
-        cache.record("zero", 0, t0, denied(Some(60_000)));
-        cache.record(
+        record(&cache, "never", 9, t0, denied(None));
+        record(&cache, "zero", 0, t0, denied(Some(60_000)));
+        record(
+            &cache,
             "allowed",
             1,
             t0,
@@ -179,9 +239,22 @@ mod tests {
         let cache = DenyCache::new(2);
         let t0 = Instant::now();
         for key in ["a", "b", "c"] {
-            cache.record(key, 1, t0, denied(Some(60_000)));
+            record(&cache, key, 1, t0, denied(Some(60_000)));
         }
         assert_eq!(cache.len(), 2);
-        assert!(cache.lookup("c", 1, t0).is_none());
+        assert!(cache.lookup("c", 1, t0).is_err());
+    }
+
+    #[test]
+    fn a_denial_sent_before_a_forget_is_not_recorded_after_it() {
+        let cache = DenyCache::new(4);
+        let t0 = Instant::now();
+        let before = cache.lookup("k", 1, t0).expect_err("empty");
+        cache.forget("k");
+        cache.record("k", 1, t0, before, denied(Some(60_000)));
+        assert_eq!(cache.len(), 0, "a refund came between");
+        let after = cache.lookup("k", 1, t0).expect_err("empty");
+        cache.record("k", 1, t0, after, denied(Some(60_000)));
+        assert!(cache.lookup("k", 1, t0).is_ok());
     }
 }

@@ -241,6 +241,8 @@
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
+//!   A denial of the key sent before the refund's reply came and answered after it
+//!   is not cached either (Redis may have decided it before the refund).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
 //!   nothing, and so is its refund: one script run gives back every limit's part by
 //!   that limit's rule above (each once, a sliding log's included; a part that gave
@@ -371,7 +373,7 @@ use core::future::Future;
 use core::time::Duration;
 use std::time::Instant;
 
-use deny_cache::DenyCache;
+use deny_cache::{DenyCache, Ticket};
 use floodgate::{AsyncLimit, AsyncReceipt, Decision, Policy};
 use redis::aio::{ConnectionLike, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -1115,15 +1117,13 @@ impl<C: Connection> RedisLimiter<C> {
                 return self.decide(keys, cost, true).await.map(|v| (v, None));
             };
             let sent = Instant::now();
-            if let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) {
-                if let Some(d) = cache.lookup(first, cost, sent) {
-                    return Ok((Verdict::Cached(d), None));
-                }
-            }
-            let first = keys.first().cloned().unwrap_or_default();
+            let pending = match self.cached(&keys, cost, sent) {
+                Ok(d) => return Ok((Verdict::Cached(d), None)),
+                Err(pending) => pending,
+            };
             let outcome = self.charge_with_receipt(charge, keys, cost, None).await;
-            if let (Some(cache), Ok((d, _))) = (&self.deny_cache, &outcome) {
-                cache.record(&first, cost, sent, *d);
+            if let (Some((cache, key, ticket)), Ok((d, _))) = (pending, &outcome) {
+                cache.record(&key, cost, sent, ticket, *d);
             }
             match outcome {
                 Ok((d, receipt)) => Ok((Verdict::Decided(d), receipt)),
@@ -1320,17 +1320,32 @@ impl<C: Connection> RedisLimiter<C> {
         write: bool,
     ) -> Result<Verdict, RedisLimitError> {
         let sent = Instant::now();
-        if let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) {
-            if let Some(d) = cache.lookup(first, cost, sent) {
-                return Ok(Verdict::Cached(d));
-            }
-        }
-        let cache_key = self.deny_cache.as_ref().and(keys.first().cloned());
+        let pending = match self.cached(&keys, cost, sent) {
+            Ok(d) => return Ok(Verdict::Cached(d)),
+            Err(pending) => pending,
+        };
         let outcome = self.run(&self.script, keys, cost, write, None).await;
-        if let (Some(cache), Some(key), Ok(d)) = (&self.deny_cache, cache_key, &outcome) {
-            cache.record(&key, cost, sent, *d);
+        if let (Some((cache, key, ticket)), Ok(d)) = (pending, &outcome) {
+            cache.record(&key, cost, sent, ticket, *d);
         }
         self.verdict(outcome)
+    }
+
+    /// The denial cache's answer for a call on `keys` sent at `sent`; else where
+    /// Redis's answer is to be recorded, and with what ticket (none with the cache
+    /// off).
+    fn cached(
+        &self,
+        keys: &[String],
+        cost: u32,
+        sent: Instant,
+    ) -> Result<Decision, Option<(&DenyCache, String, Ticket)>> {
+        let (Some(cache), Some(first)) = (&self.deny_cache, keys.first()) else {
+            return Err(None);
+        };
+        cache
+            .lookup(first, cost, sent)
+            .map_err(|ticket| Some((cache, first.clone(), ticket)))
     }
 
     /// The SHA1 that the production script runs under (`EVALSHA`): for monitoring

@@ -4,11 +4,15 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{runtime, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, Verdict};
+use floodgate_redis::redis::aio::ConnectionLike;
+use floodgate_redis::redis::{Cmd, Pipeline, RedisFuture, Value};
+use floodgate_redis::{Algorithm, ConnectionManager, OnFailure, RedisLimiter, Verdict};
 
 fn cached_limiter(
     rt: &tokio::runtime::Runtime,
@@ -221,4 +225,113 @@ fn a_refund_that_gives_back_forgets_the_cached_denial() {
         .decision()
         .is_allowed());
     assert_eq!(l.cached_denials(), 1);
+}
+
+/// A connection that, once armed, holds the reply of its next command until
+/// released: Redis has decided, and the caller has not yet seen it.
+#[derive(Clone)]
+struct Held {
+    inner: ConnectionManager,
+    armed: Arc<Mutex<bool>>,
+    replied: Arc<AtomicBool>,
+    release: Arc<AtomicBool>,
+}
+
+impl ConnectionLike for Held {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let hold = std::mem::take(&mut *self.armed.lock().unwrap());
+        Box::pin(async move {
+            let reply = self.inner.req_packed_command(cmd).await;
+            if hold {
+                self.replied.store(true, Ordering::SeqCst);
+                while !self.release.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// A denial that Redis decided before this process's refund, whose reply comes back
+/// after the refund forgot the key's entry, is not cached: the refund's room
+/// admits the key's next call. Before session 53 the late denial was recorded over
+/// the forgotten entry and answered "denied" for the rest of the hour.
+#[test]
+fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // A burst of 2, one more an hour.
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
+    let conn = Held {
+        inner: rt
+            .block_on(floodgate_redis::connect(&server.url()))
+            .unwrap(),
+        armed: Arc::default(),
+        replied: Arc::default(),
+        release: Arc::default(),
+    };
+    let l = Arc::new(
+        RedisLimiter::builder(Algorithm::Gcra, policy)
+            .prefix("test:")
+            .timeout(Duration::from_secs(5))
+            .on_failure(OnFailure::Error)
+            .deny_cache(16)
+            .refunds(true)
+            .build(conn.clone())
+            .unwrap(),
+    );
+    assert!(rt
+        .block_on(l.charge_n("k", 1))
+        .unwrap()
+        .0
+        .decision()
+        .is_allowed());
+    let (second, receipt) = rt.block_on(l.charge_n("k", 1)).unwrap();
+    assert!(second.decision().is_allowed());
+
+    // The check script loaded (a NOSCRIPT reply is not a decision to hold).
+    assert!(rt
+        .block_on(l.peek_n("other", 1))
+        .unwrap()
+        .decision()
+        .is_allowed());
+    // Redis denies; the reply is held until the refund is made.
+    *conn.armed.lock().unwrap() = true;
+    let late = rt.spawn({
+        let l = Arc::clone(&l);
+        async move { l.check_n("k", 1).await }
+    });
+    while !conn.replied.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(rt.block_on(l.refund(&receipt.unwrap())).unwrap());
+    conn.release.store(true, Ordering::SeqCst);
+    let denied = rt.block_on(late).unwrap().unwrap();
+    assert!(
+        matches!(denied, Verdict::Decided(d) if !d.is_allowed()),
+        "{denied:?}"
+    );
+
+    assert_eq!(l.cached_denials(), 0, "the late denial was cached");
+    let after = rt.block_on(l.check_n("k", 1)).unwrap();
+    assert!(
+        after.decision().is_allowed() && !after.is_cached(),
+        "{after:?}"
+    );
 }
