@@ -208,12 +208,18 @@ fn a_refund_keeps_every_key_alive_as_long_as_it_was() {
 /// Two replicas on one Redis, eight tasks each charging (one or two units, at
 /// one of three instants of one hour's window) and giving most charges back at
 /// once through both replicas together: of the two sends of one receipt at most
-/// one gives back, and the units held at the end are exactly those admitted less
-/// those given back, within the limit, on every limit (the windows and the log
-/// move alike: the tightest remaining is each one's).
+/// one gives back, the units the client holds are within the limit, and each
+/// limit holds exactly what it admitted less what its ledger gave back, never
+/// more given back than the client counted (the log may give back less: a
+/// conservative loss, below; the tightest remaining is the limit holding most).
+/// Before session 53 it demanded every limit hold exactly what the client held,
+/// which failed in 2 of 8 runs with the tasks' first sends held 5 ms after
+/// `SCRIPT LOAD` (the log then gave back up to 5 units fewer than the windows).
 ///
 /// Fails if a refund does not record its receipt (`record_refund` skipped in a
-/// window's or the log's write): the second send gives back again.
+/// window's or the log's write): the second send gives back again; and (session
+/// 53) if a window refund gives back one unit fewer than asked (too few given
+/// back: the crowd stalls) or writes its ledger one unit high.
 #[test]
 fn two_replicas_racing_multi_limit_refunds_never_admit_beyond_the_limit() {
     let Some(server) = RedisServer::start() else {
@@ -279,13 +285,59 @@ fn two_replicas_racing_multi_limit_refunds_never_admit_beyond_the_limit() {
         raced > 100 && given > 40,
         "{raced} raced, {given} given back"
     );
+    // Each limit holds exactly what it admitted less what it gave back, its
+    // ledger (the units given back on the key). A receipt answers `true` when any
+    // part gave back: the log remembers 8 refunds, and its instants t and t + 2
+    // hold task 0's units to the end, so every refund there stays remembered;
+    // where a crowd's refunds outrun that, the floor refuses the late ones on the
+    // log while the windows give back (a conservative loss, the crate docs'
+    // "Refunds", **Once**). So no limit gave back more than the client counted,
+    // and the tightest holds at least what the client holds.
+    let keys = replicas[0].redis_keys("race");
+    let fields = |key: &str, n: usize| -> Vec<u64> {
+        let state: String = server.cmd(&["GET", key]);
+        let f: Vec<u64> = state
+            .split(':')
+            .take(n)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(f.len(), n, "{key}: {state}");
+        f
+    };
+    // window:count:P:ledger:…, window:prev:cur:P:ledger:…
+    let (fixed, sliding) = (fields(&keys[0], 4), fields(&keys[2], 5));
+    let log = common::members(&server, &keys[1]);
+    let head = log
+        .iter()
+        .find_map(|(m, _)| {
+            let rest = m.strip_prefix("refunds:")?;
+            rest.starts_with(|c: char| c.is_ascii_digit())
+                .then_some(rest)
+        })
+        .expect("the log's refund head");
+    let log_ledger: u64 = head.split(':').next().unwrap().parse().unwrap();
+    let log_units: u64 = common::log_members(&server, &keys[1])
+        .iter()
+        .map(|m| m.1)
+        .sum();
+    let mut most_held = 0;
+    for (limit, units, ledger) in [
+        ("fixed window", fixed[1], fixed[3]),
+        ("sliding log", log_units, log_ledger),
+        ("sliding window", sliding[2], sliding[4]),
+    ] {
+        let what = format!("{limit}: {admitted} admitted, {given} given back, {ledger} on it");
+        assert!(ledger <= given, "{what}");
+        assert_eq!(units, admitted - ledger, "{what}");
+        most_held = most_held.max(units);
+    }
     let left = rt
         .block_on(replicas[0].peek_n_at_micros("race", 0, t + 3))
         .unwrap()
         .remaining();
     assert_eq!(
         left,
-        LIMIT - held,
+        LIMIT - most_held,
         "{admitted} admitted, {given} given back"
     );
 }
