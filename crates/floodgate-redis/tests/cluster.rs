@@ -315,8 +315,7 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
 
     // Single-key calls, routed by slot: a key on each node, every algorithm, exact.
     for algorithm in ALGORITHMS {
-        let builder =
-            RedisLimiter::builder(algorithm, policy).prefix(format!("route:{algorithm:?}:"));
+        let builder = common::builder(algorithm, policy).prefix(format!("route:{algorithm:?}:"));
         let limiter = build(&rt, &cluster, builder);
         let keys = cluster.key_per_node(|k| limiter.redis_keys(k)[0].clone());
         for (&node, key) in &keys {
@@ -331,7 +330,7 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
     // Several limits on hash-tagged keys, one slot per key, on each node: 3 a minute
     // (GCRA) and 2 a minute (log), all or nothing, on the server's clock.
     let minute = Duration::from_secs(60);
-    let builder = RedisLimiter::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
+    let builder = common::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
         .and(
             Algorithm::SlidingLog,
             Policy::new(2, minute).expect("policy"),
@@ -363,7 +362,7 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
     // (IMPORTING / MIGRATING, MIGRATE, SETSLOT NODE everywhere); the limiter follows
     // the redirect and the state moved with the key.
     let algorithm = Algorithm::SlidingLog;
-    let builder = RedisLimiter::builder(algorithm, policy).prefix("moved:");
+    let builder = common::builder(algorithm, policy).prefix("moved:");
     let limiter = build(&rt, &cluster, builder);
     let key = "k-moved";
     let stored = limiter.redis_keys(key)[0].clone();
@@ -411,7 +410,7 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
 
     // NOSCRIPT: every node forgets every script; a fresh key on another node than the
     // last call's gets the script loaded again and decides as fresh.
-    let builder = RedisLimiter::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
+    let builder = common::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
         .prefix("noscript:");
     let limiter = build(&rt, &cluster, builder);
     let keys = cluster.key_per_node(|k| limiter.redis_keys(k)[0].clone());
@@ -451,7 +450,7 @@ fn every_key_of_a_multi_limit_call_shares_one_slot() {
     };
     let rt = runtime();
     let minute = Duration::from_secs(60);
-    let builder = RedisLimiter::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
+    let builder = common::builder(Algorithm::Gcra, Policy::new(3, minute).expect("policy"))
         .and(
             Algorithm::FixedWindow,
             Policy::new(2, minute).expect("policy"),
@@ -502,7 +501,7 @@ fn a_slot_in_mid_migration_is_followed_with_asking() {
     let (limit, period_us) = (4, 1_000_000);
     let policy = Policy::new(limit, Duration::from_micros(period_us)).expect("policy");
     let algorithm = Algorithm::FixedWindow;
-    let single = RedisLimiter::builder(algorithm, policy).prefix("ask:");
+    let single = common::builder(algorithm, policy).prefix("ask:");
     let multi = single.clone().and(algorithm, policy).prefix("ask-multi:");
     let (before, after) = TRACE.split_at(5);
     for builder in [single, multi] {

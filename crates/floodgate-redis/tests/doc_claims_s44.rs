@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::{command_stats, runtime, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter};
+use floodgate_redis::{Algorithm, RedisLimitError};
 
 /// `INFO commandstats` as `{command: calls}`.
 fn calls(server: &RedisServer) -> BTreeMap<String, u64> {
@@ -74,7 +74,7 @@ fn a_sliding_log_refund_writes_its_later_members_in_one_zrem_and_one_zadd() {
         let limiter = common::with_refunds(
             &rt,
             &server,
-            RedisLimiter::builder(Algorithm::SlidingLog, p),
+            common::builder(Algorithm::SlidingLog, p),
             true,
         );
         let key = format!("writes{k}");
@@ -153,7 +153,7 @@ fn a_decision_refused_for_memory_is_retryable_and_writes_nothing() {
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
     ] {
-        let l = common::with_refunds(&rt, &server, RedisLimiter::builder(algorithm, p), false);
+        let l = common::with_refunds(&rt, &server, common::builder(algorithm, p), false);
         let (kept, fresh) = (format!("kept{algorithm:?}"), format!("fresh{algorithm:?}"));
         rt.block_on(async {
             let first = l.check_n_at_micros(&kept, 1, t).await.expect("check");

@@ -20,12 +20,7 @@ fn five() -> Policy {
 
 /// GCRA of [`five`] alone, refunds `on` (or off), keys prefixed `test:`.
 fn gcra_five(rt: &tokio::runtime::Runtime, server: &RedisServer, on: bool) -> RedisLimiter {
-    with_refunds(
-        rt,
-        server,
-        RedisLimiter::builder(Algorithm::Gcra, five()),
-        on,
-    )
+    with_refunds(rt, server, common::builder(Algorithm::Gcra, five()), on)
 }
 
 /// 10 s and 10.5 s, in microseconds.
@@ -78,7 +73,7 @@ fn a_multi_limit_refund_at_a_time_stepped_back_frees_no_later_admissions_schedul
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::Gcra, five())
+    let builder = common::builder(Algorithm::Gcra, five())
         .and(Algorithm::FixedWindow, Policy::per_hour(1000).unwrap());
     let l = with_refunds(&rt, &server, builder, true);
     rt.block_on(async {
@@ -248,7 +243,7 @@ fn a_state_with_the_latest_reading_is_read_by_a_version_without_it() {
     };
     let rt = runtime();
     let one = gcra_five(&rt, &server, true);
-    let multi: RedisLimiterBuilder = RedisLimiter::builder(Algorithm::Gcra, five())
+    let multi: RedisLimiterBuilder = common::builder(Algorithm::Gcra, five())
         .and(Algorithm::FixedWindow, Policy::per_hour(1000).unwrap());
     let multi = with_refunds(&rt, &server, multi, true);
     rt.block_on(async {

@@ -59,7 +59,7 @@ fn a_crowd_of_twelve_refunded_in_any_order_gets_the_whole_limit_back() {
         (Algorithm::SlidingWindow, Policy::per_hour(20).unwrap(), 0),
         (Algorithm::SlidingLog, Policy::per_hour(20).unwrap(), 1),
     ] {
-        let l = with_refunds(&rt, &server, RedisLimiter::builder(algorithm, policy), true);
+        let l = with_refunds(&rt, &server, common::builder(algorithm, policy), true);
         rt.block_on(async {
             let key = &format!("crowd-{algorithm:?}");
             let receipts = crowd(&l, key, 12, t0, step).await;
@@ -104,7 +104,7 @@ fn a_receipt_refunded_once_never_gives_back_again_however_many_records_went() {
         (Algorithm::SlidingLog, 1),
     ] {
         let policy = Policy::per_hour(100).unwrap();
-        let l = with_refunds(&rt, &server, RedisLimiter::builder(algorithm, policy), true);
+        let l = with_refunds(&rt, &server, common::builder(algorithm, policy), true);
         rt.block_on(async {
             let key = &format!("many-{algorithm:?}");
             let mut receipts = crowd(&l, key, 60, t0, step).await;
@@ -153,7 +153,7 @@ fn a_log_record_is_kept_while_its_instant_holds_units() {
     let l = with_refunds(
         &rt,
         &server,
-        RedisLimiter::builder(Algorithm::SlidingLog, policy),
+        common::builder(Algorithm::SlidingLog, policy),
         true,
     );
     rt.block_on(async {
@@ -190,7 +190,7 @@ fn a_log_record_at_the_latest_logged_instant_is_kept() {
     let l = with_refunds(
         &rt,
         &server,
-        RedisLimiter::builder(Algorithm::SlidingLog, policy),
+        common::builder(Algorithm::SlidingLog, policy),
         true,
     );
     rt.block_on(async {
@@ -225,7 +225,7 @@ fn a_window_forgets_the_records_of_its_older_windows() {
     let t0 = hour * 1000 + 1_000_000;
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let policy = Policy::per_hour(100).unwrap();
-        let l = with_refunds(&rt, &server, RedisLimiter::builder(algorithm, policy), true);
+        let l = with_refunds(&rt, &server, common::builder(algorithm, policy), true);
         let redis_key = l.redis_keys(&format!("windows-{algorithm:?}")).remove(0);
         rt.block_on(async {
             let key = &format!("windows-{algorithm:?}");
@@ -275,7 +275,7 @@ fn a_key_at_the_cap_holds_64_records_within_their_bound() {
         Algorithm::Gcra,
     ] {
         let policy = Policy::per_hour(100).unwrap();
-        let l = with_refunds(&rt, &server, RedisLimiter::builder(algorithm, policy), true);
+        let l = with_refunds(&rt, &server, common::builder(algorithm, policy), true);
         let key = format!("cap-{algorithm:?}");
         let redis_key = l.redis_keys(&key).remove(0);
         rt.block_on(async {

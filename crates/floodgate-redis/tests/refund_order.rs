@@ -43,7 +43,7 @@ impl Twin {
             with_refunds(
                 &rt,
                 server,
-                RedisLimiter::builder(Algorithm::Gcra, policy()),
+                common::builder(Algorithm::Gcra, policy()),
                 true,
             )
         };

@@ -15,7 +15,7 @@ use floodgate::{AsyncLimit, Nanos, Policy, RateLimiter, Receipt};
 use floodgate_redis::{Algorithm, OnFailure, RedisLimiter, RedisReceipt};
 
 async fn limiter(server: &RedisServer, algorithm: Algorithm, policy: Policy) -> RedisLimiter {
-    built(server, RedisLimiter::builder(algorithm, policy)).await
+    built(server, common::builder(algorithm, policy)).await
 }
 
 /// A limiter with refunds turned on ([`RedisLimiterBuilder::refunds`]).
@@ -294,11 +294,10 @@ fn two_replicas_charging_and_refunding_never_admit_beyond_the_limit() {
     const NOW: u64 = 7_000_000_000;
     runtime().block_on(async {
         let policy = Policy::per_hour(6).unwrap();
-        let builder = |a| RedisLimiter::builder(a, policy);
+        let builder = |a| common::builder(a, policy);
         // Several limits: the fixed window's (the log's) 6 binds, GCRA's 7 does not.
-        let several = |a| {
-            RedisLimiter::builder(Algorithm::Gcra, policy.with_burst(7).unwrap()).and(a, policy)
-        };
+        let several =
+            |a| common::builder(Algorithm::Gcra, policy.with_burst(7).unwrap()).and(a, policy);
         for (algorithm, builder) in [
             ("gcra", builder(Algorithm::Gcra)),
             ("fixed", builder(Algorithm::FixedWindow)),
@@ -409,8 +408,7 @@ fn a_multi_limit_refund_gives_back_every_limit_once() {
     runtime().block_on(async {
         let gcra = Policy::per_hour(1).unwrap().with_burst(3).unwrap();
         let window = Policy::new(4, Duration::from_secs(10)).unwrap();
-        let builder =
-            RedisLimiter::builder(Algorithm::Gcra, gcra).and(Algorithm::FixedWindow, window);
+        let builder = common::builder(Algorithm::Gcra, gcra).and(Algorithm::FixedWindow, window);
         let a = built(&server, builder.clone()).await;
         let b = built(&server, builder).await;
         let t = 2_003_000_000;
@@ -529,22 +527,17 @@ fn with_refunds_off_a_charged_and_refunded_key_stays_in_the_plain_form() {
     let hour = common::an_hour(&server);
     runtime().block_on(async {
         let policy = Policy::new(5, hour).unwrap();
-        let several =
-            RedisLimiter::builder(Algorithm::Gcra, policy).and(Algorithm::FixedWindow, policy);
+        let several = common::builder(Algorithm::Gcra, policy).and(Algorithm::FixedWindow, policy);
         for (name, builder, fields) in [
-            (
-                "gcra",
-                RedisLimiter::builder(Algorithm::Gcra, policy),
-                vec![1],
-            ),
+            ("gcra", common::builder(Algorithm::Gcra, policy), vec![1]),
             (
                 "fixed",
-                RedisLimiter::builder(Algorithm::FixedWindow, policy),
+                common::builder(Algorithm::FixedWindow, policy),
                 vec![3],
             ),
             (
                 "sliding",
-                RedisLimiter::builder(Algorithm::SlidingWindow, policy),
+                common::builder(Algorithm::SlidingWindow, policy),
                 vec![4],
             ),
             ("several", several, vec![1, 3]),

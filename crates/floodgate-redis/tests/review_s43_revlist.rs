@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use common::{log_members, members, runtime, with_refunds, RedisServer};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, RedisLimiter, RedisLimiterBuilder};
+use floodgate_redis::{Algorithm, RedisLimiterBuilder};
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
 /// Two sliding logs on one request (5 an hour, 4 in 10 s).
 fn two_logs() -> RedisLimiterBuilder {
-    RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(5).unwrap()).and(
+    common::builder(Algorithm::SlidingLog, Policy::per_hour(5).unwrap()).and(
         Algorithm::SlidingLog,
         Policy::new(4, Duration::from_secs(10)).unwrap(),
     )
@@ -78,7 +78,7 @@ fn a_multi_limit_refund_with_a_malformed_window_leaves_the_log_as_it_was() {
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(5).unwrap())
+    let builder = common::builder(Algorithm::SlidingLog, Policy::per_hour(5).unwrap())
         .and(Algorithm::FixedWindow, Policy::per_hour(5).unwrap())
         .and(Algorithm::Gcra, Policy::per_hour(5).unwrap());
     let l = with_refunds(&rt, &server, builder, true);
@@ -112,8 +112,8 @@ fn a_checked_multi_limit_refund_still_gives_back_and_reports_it() {
     let rt = runtime();
     let hour = Policy::per_hour(5).unwrap();
     let builders = [
-        RedisLimiter::builder(Algorithm::FixedWindow, hour).and(Algorithm::SlidingWindow, hour),
-        RedisLimiter::builder(Algorithm::Gcra, hour).and(
+        common::builder(Algorithm::FixedWindow, hour).and(Algorithm::SlidingWindow, hour),
+        common::builder(Algorithm::Gcra, hour).and(
             Algorithm::Gcra,
             Policy::per_hour(5).unwrap().with_burst(5).unwrap(),
         ),
@@ -150,7 +150,7 @@ fn two_logs_refunded_in_one_run_give_each_receipt_back_at_most_once() {
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(40).unwrap()).and(
+    let builder = common::builder(Algorithm::SlidingLog, Policy::per_hour(40).unwrap()).and(
         Algorithm::SlidingLog,
         Policy::new(30, Duration::from_secs(10)).unwrap(),
     );

@@ -12,7 +12,7 @@ use common::{
     RedisServer,
 };
 use floodgate::{ManualClock, Policy, SlidingLog};
-use floodgate_redis::{Algorithm, RedisLimiter};
+use floodgate_redis::Algorithm;
 use proptest::prelude::Rng;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 
@@ -193,7 +193,7 @@ fn a_multi_limit_refund_judges_each_log_by_its_own_period() {
     let remote = with_refunds(
         &rt,
         &server,
-        RedisLimiter::builder(Algorithm::SlidingLog, short).and(Algorithm::SlidingLog, long),
+        common::builder(Algorithm::SlidingLog, short).and(Algorithm::SlidingLog, long),
         true,
     );
     let fresh = move || -> common::Locals {
@@ -228,7 +228,7 @@ fn replicas_of_three_periods_never_give_back_units_not_their_own() {
     let rt = runtime();
     let builder = |limit, ms| {
         let p = Policy::new(limit, Duration::from_millis(ms)).unwrap();
-        RedisLimiter::builder(Algorithm::SlidingLog, p)
+        common::builder(Algorithm::SlidingLog, p)
     };
     let replicas = [
         with_refunds(&rt, &server, builder(5, 1_000), true),

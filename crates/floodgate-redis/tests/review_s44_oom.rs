@@ -46,7 +46,7 @@ enum Outcome {
 /// `algorithms` in this order on one request, each 5 an hour.
 fn limits(algorithms: &[Algorithm]) -> RedisLimiterBuilder {
     let p = Policy::per_hour(5).unwrap();
-    let mut builder = RedisLimiter::builder(algorithms[0], p);
+    let mut builder = common::builder(algorithms[0], p);
     for &a in &algorithms[1..] {
         builder = builder.and(a, p);
     }

@@ -21,7 +21,7 @@ use floodgate_redis::{
 /// most), each `limit` an hour.
 fn all_four(limit: u64) -> RedisLimiterBuilder {
     let p = Policy::per_hour(limit).unwrap();
-    RedisLimiter::builder(Algorithm::SlidingLog, p)
+    common::builder(Algorithm::SlidingLog, p)
         .and(Algorithm::Gcra, p)
         .and(Algorithm::FixedWindow, p)
         .and(Algorithm::SlidingWindow, p)
@@ -174,7 +174,7 @@ fn a_refund_keeps_every_key_alive_as_long_as_it_was() {
         .next()
         .expect("a period");
     let p = Policy::new(5, period).unwrap();
-    let builder = RedisLimiter::builder(Algorithm::SlidingLog, p)
+    let builder = common::builder(Algorithm::SlidingLog, p)
         .and(Algorithm::Gcra, p)
         .and(Algorithm::FixedWindow, p)
         .and(Algorithm::SlidingWindow, p);
@@ -229,7 +229,7 @@ fn two_replicas_racing_multi_limit_refunds_never_admit_beyond_the_limit() {
     const LIMIT: u64 = 12;
     let builder = || {
         let p = Policy::per_hour(LIMIT).unwrap();
-        RedisLimiter::builder(Algorithm::FixedWindow, p)
+        common::builder(Algorithm::FixedWindow, p)
             .and(Algorithm::SlidingLog, p)
             .and(Algorithm::SlidingWindow, p)
     };
@@ -407,7 +407,7 @@ fn four_algorithms_refunded_together_agree_with_the_in_process_limiters() {
         Policy::new(6, Duration::from_millis(800)).unwrap(),
         Policy::per_second(7).unwrap(),
     ];
-    let builder = RedisLimiter::builder(Algorithm::Gcra, policies[0])
+    let builder = common::builder(Algorithm::Gcra, policies[0])
         .and(Algorithm::FixedWindow, policies[1])
         .and(Algorithm::SlidingWindow, policies[2])
         .and(Algorithm::SlidingLog, policies[3]);
@@ -455,12 +455,7 @@ fn a_gcra_refund_at_a_time_stepped_back_frees_no_later_admissions_schedule() {
     };
     let rt = runtime();
     let policy = Policy::per_second(5).unwrap().with_burst(5).unwrap();
-    let g = with_refunds(
-        &rt,
-        &server,
-        RedisLimiter::builder(Algorithm::Gcra, policy),
-        true,
-    );
+    let g = with_refunds(&rt, &server, common::builder(Algorithm::Gcra, policy), true);
     rt.block_on(async {
         let (a, r) = g.charge_n_at_micros("back", 3, 10_000_000).await.unwrap();
         assert!(a.is_allowed());

@@ -327,7 +327,7 @@ fn two_logs(
     hour: u64,
     day: u64,
 ) -> RedisLimiter {
-    let builder = RedisLimiter::builder(Algorithm::SlidingLog, Policy::per_hour(hour).unwrap())
+    let builder = common::builder(Algorithm::SlidingLog, Policy::per_hour(hour).unwrap())
         .and(Algorithm::SlidingLog, Policy::per_day(day).unwrap());
     with_refunds(rt, server, builder, true)
 }

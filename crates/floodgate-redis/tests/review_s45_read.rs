@@ -22,7 +22,7 @@ use common::{
 };
 use common::{AtLatestReading, InProcess, Reading};
 use floodgate::{Nanos, Policy, RateLimiter};
-use floodgate_redis::{Algorithm, RedisLimiter};
+use floodgate_redis::Algorithm;
 use redis::Value;
 
 /// The one-limit GCRA charge with a receipt (`script.rs` `CHARGE_GCRA`).
@@ -171,12 +171,7 @@ fn the_assembled_scripts_are_the_crates_own() {
     };
     let rt = runtime();
     let policy = Policy::per_second(1000).unwrap().with_burst(B).unwrap();
-    let l = with_refunds(
-        &rt,
-        &server,
-        RedisLimiter::builder(Algorithm::Gcra, policy),
-        true,
-    );
+    let l = with_refunds(&rt, &server, common::builder(Algorithm::Gcra, policy), true);
     rt.block_on(async {
         let (_, r) = l.charge_n_at_micros("own", 1, TEN).await.unwrap();
         assert!(l.refund_at_micros(&r.unwrap(), TEN).await.unwrap());
@@ -418,12 +413,7 @@ fn command_counts_and_times_to_live_are_as_before() {
     let rt = runtime();
     // 1 a second, burst 100: the key lives ~100 s.
     let policy = Policy::per_second(1).unwrap().with_burst(100).unwrap();
-    let l = with_refunds(
-        &rt,
-        &server,
-        RedisLimiter::builder(Algorithm::Gcra, policy),
-        true,
-    );
+    let l = with_refunds(&rt, &server, common::builder(Algorithm::Gcra, policy), true);
     let key = &l.redis_keys("ttl")[0];
     rt.block_on(async {
         // Load the scripts first so that only the calls measured run commands.
@@ -495,16 +485,11 @@ fn the_tat_never_falls_below_the_latest_reading_on_a_clock_that_steps() {
         return;
     };
     let rt = runtime();
-    let on = with_refunds(
-        &rt,
-        &server,
-        RedisLimiter::builder(Algorithm::Gcra, five()),
-        true,
-    );
+    let on = with_refunds(&rt, &server, common::builder(Algorithm::Gcra, five()), true);
     let off = with_refunds(
         &rt,
         &server,
-        RedisLimiter::builder(Algorithm::Gcra, five()),
+        common::builder(Algorithm::Gcra, five()),
         false,
     );
     let below = |rng: &mut TestRng, n: u64| rng.next_u64() % n;

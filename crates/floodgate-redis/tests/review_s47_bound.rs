@@ -85,7 +85,7 @@ impl Shape {
     /// The limiter's builder: every limit.
     fn builder(&self) -> floodgate_redis::RedisLimiterBuilder {
         let limits = self.limits();
-        let first = RedisLimiter::builder(limits[0].algorithm, limits[0].policy());
+        let first = common::builder(limits[0].algorithm, limits[0].policy());
         limits[1..]
             .iter()
             .fold(first, |b, l| b.and(l.algorithm, l.policy()))
@@ -888,11 +888,10 @@ fn a_multi_limit_receipt_may_answer_true_twice_each_part_once() {
         return;
     };
     let rt = runtime();
-    let builder = RedisLimiter::builder(Algorithm::FixedWindow, Policy::per_second(20).unwrap())
-        .and(
-            Algorithm::SlidingLog,
-            Policy::new(3, std::time::Duration::from_secs(3)).unwrap(),
-        );
+    let builder = common::builder(Algorithm::FixedWindow, Policy::per_second(20).unwrap()).and(
+        Algorithm::SlidingLog,
+        Policy::new(3, std::time::Duration::from_secs(3)).unwrap(),
+    );
     let l = with_refunds(&rt, &server, builder, true);
     let charge = |us| rt.block_on(l.charge_n_at_micros("k", 3, us)).unwrap();
     let (d, r) = charge(10_200_000);

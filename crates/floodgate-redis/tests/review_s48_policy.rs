@@ -246,8 +246,8 @@ fn limiters(
 ) -> Vec<RedisLimiter> {
     (0..2)
         .map(|_| {
-            let first = RedisLimiter::builder(limits[0].algorithm, limits[0].policy())
-                .latest_reading(readings);
+            let first =
+                common::builder(limits[0].algorithm, limits[0].policy()).latest_reading(readings);
             let b = limits[1..]
                 .iter()
                 .fold(first, |b, l| b.and(l.algorithm, l.policy()));
@@ -611,7 +611,7 @@ fn pair(
     a: Policy,
     b: Policy,
 ) -> [RedisLimiter; 2] {
-    [a, b].map(|p| with_refunds(rt, server, RedisLimiter::builder(algorithm, p), true))
+    [a, b].map(|p| with_refunds(rt, server, common::builder(algorithm, p), true))
 }
 
 /// Runs `probe` on a fresh server: it returns what went over a bound, which must
@@ -677,7 +677,7 @@ fn clock_behind_a_switch(latest_reading: bool) {
         let mut over = Vec::new();
         for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
             let [a, b] = [policy(10, 6 * S), policy(10, 2 * S)].map(|p| {
-                let builder = RedisLimiter::builder(algorithm, p).latest_reading(latest_reading);
+                let builder = common::builder(algorithm, p).latest_reading(latest_reading);
                 with_refunds(rt, server, builder, true)
             });
             let key = format!("behind-{algorithm:?}");

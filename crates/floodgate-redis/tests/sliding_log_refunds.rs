@@ -259,7 +259,7 @@ fn a_receipt_of_a_lost_log_gives_nothing_back_on_its_successor() {
     let off = built(
         &rt,
         &server,
-        RedisLimiter::builder(Algorithm::SlidingLog, policy),
+        common::builder(Algorithm::SlidingLog, policy),
         false,
     );
     rt.block_on(async {
@@ -404,7 +404,7 @@ fn with_refunds_off_the_log_keeps_its_members_and_the_refund_member() {
     };
     let rt = runtime();
     let policy = Policy::new(4, Duration::from_micros(P)).unwrap();
-    let builder = || RedisLimiter::builder(Algorithm::SlidingLog, policy);
+    let builder = || common::builder(Algorithm::SlidingLog, policy);
     let on = built(&rt, &server, builder(), true);
     let off = built(&rt, &server, builder(), false);
     rt.block_on(async {
@@ -471,7 +471,7 @@ fn a_multi_limit_refund_gives_back_the_sliding_logs_part() {
     let rt = runtime();
     let gcra = Policy::per_hour(1).unwrap().with_burst(5).unwrap();
     let window = Policy::new(4, Duration::from_secs(10)).unwrap();
-    let builder = RedisLimiter::builder(Algorithm::Gcra, gcra).and(Algorithm::SlidingLog, window);
+    let builder = common::builder(Algorithm::Gcra, gcra).and(Algorithm::SlidingLog, window);
     let a = built(&rt, &server, builder.clone(), true);
     let b = built(&rt, &server, builder, true);
     rt.block_on(async {

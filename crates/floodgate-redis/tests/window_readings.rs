@@ -14,7 +14,7 @@ use common::s47::COMMON_S47;
 use common::s48::FIXED_WINDOW_S48;
 use common::{eval, runtime, with_refunds, RedisServer, GIVEN_TIME};
 use floodgate::Policy;
-use floodgate_redis::{Algorithm, RedisLimitError, RedisLimiter};
+use floodgate_redis::{Algorithm, RedisLimitError};
 
 /// A time the given-time script runs at (2026-12-01 00:00:02, in µs since the
 /// epoch): the start of a window of 2 s.
@@ -75,7 +75,7 @@ fn only_the_option_adds_the_field_and_every_write_keeps_it() {
     }
     // Several limits: each window key gets its own field.
     let policy = Policy::new(10, Duration::from_secs(2)).unwrap();
-    let b = RedisLimiter::builder(Algorithm::FixedWindow, policy)
+    let b = common::builder(Algorithm::FixedWindow, policy)
         .and(Algorithm::SlidingWindow, policy)
         .latest_reading(true);
     let multi = with_refunds(&rt, &server, b, false);
@@ -120,7 +120,7 @@ fn a_reading_behind_the_field_is_judged_at_it_and_waits_from_now() {
         );
     }
     // A fixed window of 2 s after one of 6 s: A admits at 4.01 s, B reads 3.99 s.
-    let a = RedisLimiter::builder(
+    let a = common::builder(
         Algorithm::FixedWindow,
         Policy::new(10, Duration::from_secs(6)).unwrap(),
     )

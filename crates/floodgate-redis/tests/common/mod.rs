@@ -202,6 +202,18 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// How long a test's call waits for Redis unless the test sets its own timeout: far
+/// above a loaded machine's stalls. The first call of a limiter loads its script
+/// (three round trips), which the default 50 ms does not always cover on a busy
+/// 2-core machine, and a test of semantics must not turn into a test of the host's
+/// scheduling (session 53's stall runs: 40 ms before the load failed such tests).
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `RedisLimiter::builder` with [`TEST_TIMEOUT`]; a later `.timeout(..)` replaces it.
+pub fn builder(algorithm: Algorithm, policy: Policy) -> RedisLimiterBuilder {
+    RedisLimiter::builder(algorithm, policy).timeout(TEST_TIMEOUT)
+}
+
 /// A limiter on `server` (connects inside the runtime).
 pub fn limiter(
     rt: &tokio::runtime::Runtime,
