@@ -12,7 +12,9 @@ use common::{runtime, RedisServer};
 use floodgate::Policy;
 use floodgate_redis::redis::aio::ConnectionLike;
 use floodgate_redis::redis::{Cmd, Pipeline, RedisFuture, Value};
-use floodgate_redis::{Algorithm, ConnectionManager, OnFailure, RedisLimiter, Verdict};
+use floodgate_redis::{
+    Algorithm, ConnectionManager, OnFailure, RedisLimiter, RedisLimiterBuilder, Verdict,
+};
 
 fn cached_limiter(
     rt: &tokio::runtime::Runtime,
@@ -23,13 +25,17 @@ fn cached_limiter(
     let conn = rt
         .block_on(floodgate_redis::connect(&server.url()))
         .unwrap();
+    cached_builder(policy, keys).build(conn).unwrap()
+}
+
+/// GCRA under `policy`, keys prefixed `test:`, a 1 s timeout reported as an error,
+/// a denial cache of `keys` keys.
+fn cached_builder(policy: Policy, keys: usize) -> RedisLimiterBuilder {
     RedisLimiter::builder(Algorithm::Gcra, policy)
         .prefix("test:")
         .timeout(Duration::from_secs(1))
         .on_failure(OnFailure::Error)
         .deny_cache(keys)
-        .build(conn)
-        .unwrap()
 }
 
 #[test]
@@ -194,11 +200,7 @@ fn a_refund_that_gives_back_forgets_the_cached_denial() {
     let conn = rt
         .block_on(floodgate_redis::connect(&server.url()))
         .unwrap();
-    let l = RedisLimiter::builder(Algorithm::Gcra, policy)
-        .prefix("test:")
-        .timeout(Duration::from_secs(1))
-        .on_failure(OnFailure::Error)
-        .deny_cache(16)
+    let l = cached_builder(policy, 16)
         .refunds(true)
         .build(conn)
         .unwrap();
@@ -286,16 +288,9 @@ fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
         replied: Arc::default(),
         release: Arc::default(),
     };
-    let l = Arc::new(
-        RedisLimiter::builder(Algorithm::Gcra, policy)
-            .prefix("test:")
-            .timeout(Duration::from_secs(5))
-            .on_failure(OnFailure::Error)
-            .deny_cache(16)
-            .refunds(true)
-            .build(conn.clone())
-            .unwrap(),
-    );
+    // 5 s: the held check waits for the refund, which a loaded machine may delay.
+    let builder = cached_builder(policy, 16).timeout(common::TEST_TIMEOUT);
+    let l = Arc::new(builder.refunds(true).build(conn.clone()).unwrap());
     assert!(rt
         .block_on(l.charge_n("k", 1))
         .unwrap()

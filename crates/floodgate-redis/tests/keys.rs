@@ -310,11 +310,8 @@ fn a_one_limit_key_never_reaches_a_multi_limit_limiters_state() {
     let multi = build(
         &rt,
         &server,
-        // The 5 s of `slow`: the first call loads the script (three round trips),
-        // which a loaded machine may not finish within the default 50 ms.
-        RedisLimiter::builder(Algorithm::Gcra, hourly)
+        common::builder(Algorithm::Gcra, hourly)
             .and(Algorithm::Gcra, Policy::per_day(100).unwrap())
-            .timeout(Duration::from_secs(5))
             .on_failure(OnFailure::Error),
     );
     let single = slow(&rt, &server, Algorithm::Gcra, hourly);

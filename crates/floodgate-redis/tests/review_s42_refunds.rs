@@ -284,9 +284,7 @@ fn a_receipt_gives_nothing_once_another_period_wrote_the_key() {
     });
     // Several limits: both of each limiter's limits of one period.
     let several = |p: Policy| {
-        let b = RedisLimiter::builder(Algorithm::FixedWindow, p).and(Algorithm::SlidingWindow, p);
-        // The 5 s of `limiter`, not the default 50 ms a loaded machine may miss.
-        let b = b.timeout(Duration::from_secs(5));
+        let b = common::builder(Algorithm::FixedWindow, p).and(Algorithm::SlidingWindow, p);
         common::build(&rt, &server, b.on_failure(OnFailure::Error).refunds(true))
     };
     let multi = (
