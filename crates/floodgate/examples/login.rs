@@ -11,7 +11,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Policy};
+use floodgate::{Gcra, KeyedBuilder, KeyedLimiter, ManualClock, Pair, Policy};
 
 /// Outcome of one login attempt.
 enum Login {
@@ -37,7 +37,8 @@ struct Server {
 
 impl Server {
     fn login(&self, ip: IpAddr, user: &str, password: &str) -> Login {
-        let key = (ip, user.to_owned());
+        // A borrowed key: a known (IP, user) pair is found without allocating.
+        let key = Pair(&ip, user);
         let (gate, receipt) = self.failures.charge(&key, 1);
         if !gate.is_allowed() {
             // Do not even look at the password.
