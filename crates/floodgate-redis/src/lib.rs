@@ -241,6 +241,8 @@
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
+//!   So does a refund whose reply never came (a timeout or a lost connection after
+//!   Redis may have run it): only a reply of nothing given back keeps the entry.
 //!   A denial of the key sent before the refund's reply came and answered after it
 //!   is not cached either (Redis may have decided it before the refund).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
@@ -1297,18 +1299,21 @@ impl<C: Connection> RedisLimiter<C> {
                 evalsha.arg(limit.params[1]);
             }
         }
-        let reply = self.send_timed(refund, &evalsha).await?;
-        let gave = if several {
-            script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
-        } else {
-            script::given_back(&reply).map(|back| back > 0)
-        }?;
+        let gave = self.send_timed(refund, &evalsha).await.and_then(|reply| {
+            if several {
+                script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
+            } else {
+                script::given_back(&reply).map(|back| back > 0)
+            }
+        });
         // What was given back may admit a cost the cache remembers denied: the
-        // next call asks Redis.
-        if let (true, Some(cache)) = (gave, &self.deny_cache) {
+        // next call asks Redis. So may a refund whose reply was lost (a timeout
+        // after Redis ran it, a dropped connection): only a reply of nothing
+        // given back keeps the entry.
+        if let (false, Some(cache)) = (matches!(gave, Ok(false)), &self.deny_cache) {
             cache.forget(&receipt.cached_as);
         }
-        Ok(gave)
+        gave
     }
 
     /// A production decision: the denial cache, else one script run, under the
@@ -1493,7 +1498,8 @@ pub struct RedisReceipt {
     /// charge).
     parts: Vec<ReceiptPart>,
     /// The key the local denial cache knows the charged key by (its first Redis
-    /// key): a refund that gives something back forgets its cached denial.
+    /// key): a refund that gives something back, or whose reply was lost, forgets
+    /// its cached denial.
     cached_as: String,
 }
 

@@ -13,7 +13,8 @@ use floodgate::Policy;
 use floodgate_redis::redis::aio::ConnectionLike;
 use floodgate_redis::redis::{Cmd, Pipeline, RedisFuture, Value};
 use floodgate_redis::{
-    Algorithm, ConnectionManager, OnFailure, RedisLimiter, RedisLimiterBuilder, Verdict,
+    Algorithm, ConnectionManager, OnFailure, RedisLimiter, RedisLimiterBuilder, RedisReceipt,
+    Verdict,
 };
 
 fn cached_limiter(
@@ -215,18 +216,9 @@ fn a_refund_that_gives_back_forgets_the_cached_denial() {
 
     assert!(rt.block_on(l.refund(&receipt.unwrap())).unwrap());
     assert_eq!(l.cached_denials(), 0, "the refund forgot the denial");
-    let after = rt.block_on(l.check_n("k", 1)).unwrap();
-    assert!(
-        after.decision().is_allowed() && !after.is_cached(),
-        "{after:?}"
-    );
+    asks_redis_and_is_admitted(&rt, &l);
     // Spent again: denied, and cached again.
-    assert!(!rt
-        .block_on(l.check_n("k", 1))
-        .unwrap()
-        .decision()
-        .is_allowed());
-    assert_eq!(l.cached_denials(), 1);
+    denied_and_cached(&rt, &l);
 }
 
 /// A connection that, once armed, holds the reply of its next command until
@@ -268,6 +260,61 @@ impl ConnectionLike for Held {
     }
 }
 
+/// `k`'s next call is denied, and the denial cached.
+fn denied_and_cached<C>(rt: &tokio::runtime::Runtime, l: &RedisLimiter<C>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let denied = rt.block_on(l.check_n("k", 1)).unwrap();
+    assert!(!denied.decision().is_allowed(), "{denied:?}");
+    assert_eq!(l.cached_denials(), 1);
+}
+
+/// `k`'s next call goes to Redis (no cached denial) and is admitted.
+fn asks_redis_and_is_admitted<C>(rt: &tokio::runtime::Runtime, l: &RedisLimiter<C>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let after = rt.block_on(l.check_n("k", 1)).unwrap();
+    assert!(
+        after.decision().is_allowed() && !after.is_cached(),
+        "{after:?}"
+    );
+}
+
+/// A limiter with refunds on, timeout `timeout`, on a [`Held`] connection to
+/// `server`, whose key `k` (a burst of 2, one more an hour) has spent its burst in
+/// two charges: the connection and the second charge's receipt.
+fn held_and_spent(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    timeout: Duration,
+) -> (Held, RedisLimiter<Held>, RedisReceipt) {
+    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
+    let conn = Held {
+        inner: rt
+            .block_on(floodgate_redis::connect(&server.url()))
+            .unwrap(),
+        armed: Arc::default(),
+        replied: Arc::default(),
+        release: Arc::default(),
+    };
+    let l = cached_builder(policy, 16)
+        .timeout(timeout)
+        .refunds(true)
+        .build(conn.clone())
+        .unwrap();
+    assert!(rt
+        .block_on(l.charge_n("k", 1))
+        .unwrap()
+        .0
+        .decision()
+        .is_allowed());
+    let (second, receipt) = rt.block_on(l.charge_n("k", 1)).unwrap();
+    assert!(second.decision().is_allowed());
+    (conn, l, receipt.unwrap())
+}
+
 /// A denial that Redis decided before this process's refund, whose reply comes back
 /// after the refund forgot the key's entry, is not cached: the refund's room
 /// admits the key's next call. Before session 53 the late denial was recorded over
@@ -278,27 +325,9 @@ fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
         return;
     };
     let rt = runtime();
-    // A burst of 2, one more an hour.
-    let policy = Policy::per_hour(1).and_then(|p| p.with_burst(2)).unwrap();
-    let conn = Held {
-        inner: rt
-            .block_on(floodgate_redis::connect(&server.url()))
-            .unwrap(),
-        armed: Arc::default(),
-        replied: Arc::default(),
-        release: Arc::default(),
-    };
     // 5 s: the held check waits for the refund, which a loaded machine may delay.
-    let builder = cached_builder(policy, 16).timeout(common::TEST_TIMEOUT);
-    let l = Arc::new(builder.refunds(true).build(conn.clone()).unwrap());
-    assert!(rt
-        .block_on(l.charge_n("k", 1))
-        .unwrap()
-        .0
-        .decision()
-        .is_allowed());
-    let (second, receipt) = rt.block_on(l.charge_n("k", 1)).unwrap();
-    assert!(second.decision().is_allowed());
+    let (conn, l, receipt) = held_and_spent(&rt, &server, common::TEST_TIMEOUT);
+    let l = Arc::new(l);
 
     // The check script loaded (a NOSCRIPT reply is not a decision to hold).
     assert!(rt
@@ -315,7 +344,7 @@ fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
     while !conn.replied.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(rt.block_on(l.refund(&receipt.unwrap())).unwrap());
+    assert!(rt.block_on(l.refund(&receipt)).unwrap());
     conn.release.store(true, Ordering::SeqCst);
     let denied = rt.block_on(late).unwrap().unwrap();
     assert!(
@@ -324,9 +353,36 @@ fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
     );
 
     assert_eq!(l.cached_denials(), 0, "the late denial was cached");
-    let after = rt.block_on(l.check_n("k", 1)).unwrap();
+    asks_redis_and_is_admitted(&rt, &l);
+}
+
+/// A refund whose reply never comes back (held past the limiter's timeout, after
+/// Redis ran it) still forgets the key's cached denial: the caller cannot tell what
+/// was given back, and the key's next call asks Redis, which admits with the
+/// refunded room. Before session 54 only a reply of units given back forgot the
+/// entry, and the cache went on answering "denied" for the rest of the hour.
+#[test]
+fn a_refund_whose_reply_is_lost_forgets_the_cached_denial() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let (conn, l, receipt) = held_and_spent(&rt, &server, Duration::from_secs(1));
+    // The refund script loaded (a NOSCRIPT reply is not the reply to hold).
+    let (other, other_receipt) = rt.block_on(l.charge_n("other", 1)).unwrap();
+    assert!(other.decision().is_allowed());
+    assert!(rt.block_on(l.refund(&other_receipt.unwrap())).unwrap());
+    denied_and_cached(&rt, &l);
+
+    // Redis runs the refund; its reply is held past the 1 s timeout.
+    *conn.armed.lock().unwrap() = true;
+    let lost = rt.block_on(l.refund(&receipt));
+    conn.release.store(true, Ordering::SeqCst);
+    assert!(conn.replied.load(Ordering::SeqCst), "Redis ran the refund");
     assert!(
-        after.decision().is_allowed() && !after.is_cached(),
-        "{after:?}"
+        matches!(lost, Err(floodgate_redis::RedisLimitError::Timeout { .. })),
+        "{lost:?}"
     );
+    assert_eq!(l.cached_denials(), 0, "the lost refund kept the denial");
+    asks_redis_and_is_admitted(&rt, &l);
 }
