@@ -232,12 +232,15 @@
 //!   log forgets, without raising the floor, the record of a receipt whose
 //!   instant is before the latest instant a unit was logged at and holds no unit
 //!   (no refund takes anything there again), and remembers 8 of the others (the
-//!   8 of the latest charges, by the ledger each charge saw). So up to 64 charges
+//!   8 of the latest charges, by the ledger each charge saw; 64 with
+//!   [`RedisLimiterBuilder::wide_log_refunds`], once every replica reads them).
+//!   So up to 64 charges
 //!   of one window, `B` of a GCRA key, and any number of a log charged at
 //!   distinct instants, all turned away together, give everything back in any
 //!   order; beyond that the first refunds forgotten raise the floor (the rest of
 //!   the crowd then gives back nothing). A log's charges at one instant share a
-//!   member: their records stay until its last unit is given back, 8 at most.
+//!   member: their records stay until its last unit is given back, 8 at most
+//!   (64 with the wide log option).
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
@@ -296,8 +299,9 @@
 //!   `refunds:ledger:floor:incarnation` (from the first charge with a receipt),
 //!   `refunds:logged:instant` (once a refund has moved it past 0: the latest
 //!   instant a unit was logged at, as far as a refund removed it) and one
-//!   `refunds:id:receipt` per receipt the key remembers (at most 8 written; up to
-//!   64 read, the first step of a rolling deploy that raises what a key keeps).
+//!   `refunds:id:receipt` per receipt the key remembers (at most 8 written, 64
+//!   with [`RedisLimiterBuilder::wide_log_refunds`]; up to 64 read since session
+//!   47, the first step of a rolling deploy that raises what a key keeps).
 //!   Scored `-inf`, they come before every log member, are never the newest member
 //!   while a unit is logged and never in a window, so every read of the log members
 //!   stays exact (the rank search counts them among the members before the window);
@@ -614,6 +618,7 @@ pub struct RedisLimiterBuilder {
     deny_cache: usize,
     refunds: bool,
     latest_reading: bool,
+    wide_log_refunds: bool,
 }
 
 impl RedisLimiterBuilder {
@@ -741,6 +746,39 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// A sliding log keeps up to **64 refund records**, not 8 (default `false`:
+    /// off; refunds on, crate docs "Refunds", **Once**): a crowd of up to 64
+    /// charges of one key at one instant, all turned away together, then gives
+    /// every unit back in any order, where with the option off the refunds after
+    /// the 9th give nothing (the floor raised past the crowd's ledger: a
+    /// conservative loss, never a second refund). Only the log's refund writes
+    /// differently; every other script and key format is unchanged, and a key of
+    /// more records is still read by a limiter with the option off (its next
+    /// refund there trims them to 8, raising the floor: the same loss).
+    ///
+    /// **Turn on once every replica runs a version that reads 64 records** (session
+    /// 47 or later; a new deployment with no older replica can start with it on):
+    /// a version from before it reads a log key of more than 8 records as
+    /// malformed (an error; under [`OnFailure::Open`], an admission). Turning it
+    /// off again is safe for every version from session 47 on. A log key then
+    /// holds up to 66 members at `-inf` beside its units.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use floodgate_redis::{Algorithm, RedisLimiter};
+    /// // Every replica reads 64 records: a log's crowd of up to 64 gives all back.
+    /// let b = RedisLimiter::builder(Algorithm::SlidingLog, floodgate::Policy::per_minute(60)?)
+    ///     .refunds(true)
+    ///     .wide_log_refunds(true);
+    /// assert!(b.check().is_ok());
+    /// # Ok::<(), floodgate::PolicyError>(())
+    /// ```
+    pub fn wide_log_refunds(mut self, on: bool) -> Self {
+        self.wide_log_refunds = on;
+        self
+    }
+
     /// Adds a limit on the same keys: a call is admitted only if **every** limit
     /// admits it, and then charges all of them (all or nothing, in one script run).
     ///
@@ -825,17 +863,20 @@ impl RedisLimiterBuilder {
         let capacity = limits.iter().map(|l| l.capacity).min().unwrap_or(0);
         // Off: no charge script with receipts and no refund script, so `charge_n` is
         // `check_n` and no key ever holds the refund fields.
-        let readings = self.latest_reading;
+        let writes = script::Writes {
+            readings: self.latest_reading,
+            wide_log: self.wide_log_refunds,
+        };
         let refunds = |prologue| {
             self.refunds
-                .then(|| script::refunds(prologue, readings, shape))
+                .then(|| script::refunds(prologue, writes, shape))
         };
         Ok(RedisLimiter {
             conn,
             capacity,
             limits,
-            script: script::server_time(shape, readings),
-            replay: script::given_time(shape, readings),
+            script: script::server_time(shape, writes),
+            replay: script::given_time(shape, writes),
             refunds: refunds(Prologue::Server),
             replay_refunds: refunds(Prologue::Given),
             prefix: self.prefix,
@@ -972,6 +1013,7 @@ impl RedisLimiter {
             deny_cache: 0,
             refunds: false,
             latest_reading: false,
+            wide_log_refunds: false,
         }
     }
 }

@@ -52,14 +52,27 @@ for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
 local now = tonumber(ARGV[1])
 ";
 
-/// After the prologue: whether the window transitions record a state's latest
-/// reading (the builder's [`latest_reading`](crate::RedisLimiterBuilder::latest_reading);
-/// `READINGS` in `lua/common.lua`).
-fn readings(on: bool) -> &'static str {
-    if on {
-        "local READINGS = true\n"
-    } else {
-        "local READINGS = false\n"
+/// What the scripts write that a version before a rolling deploy's last step cannot
+/// read: the builder's options that are off until every replica reads them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Writes {
+    /// Window states record their latest reading (the builder's
+    /// [`latest_reading`](crate::RedisLimiterBuilder::latest_reading); `READINGS`
+    /// in `lua/common.lua`).
+    pub(crate) readings: bool,
+    /// A sliding log keeps up to 64 refund records, not 8 (the builder's
+    /// [`wide_log_refunds`](crate::RedisLimiterBuilder::wide_log_refunds);
+    /// `WIDE_LOG` in `lua/sliding_log.lua`).
+    pub(crate) wide_log: bool,
+}
+
+impl Writes {
+    /// The lines after the prologue that set them.
+    fn lua(self) -> String {
+        format!(
+            "local READINGS = {}\nlocal WIDE_LOG = {}\n",
+            self.readings, self.wide_log
+        )
     }
 }
 
@@ -114,26 +127,19 @@ pub(crate) enum Shape {
     Multi,
 }
 
-fn source(prologue: &str, recorded: bool, shape: Shape) -> String {
+fn source(prologue: &str, writes: Writes, shape: Shape) -> String {
     match shape {
-        Shape::Single(a) => [
-            prologue,
-            readings(recorded),
-            COMMON,
-            transition(a),
-            single(a),
-        ]
-        .concat(),
-        Shape::Multi => every_transition(prologue, recorded, MULTI),
+        Shape::Single(a) => [prologue, &writes.lua(), COMMON, transition(a), single(a)].concat(),
+        Shape::Multi => every_transition(prologue, writes, MULTI),
     }
 }
 
 /// A multi-limit script: the prologue, the helpers, every transition (and its
 /// refund), then `driver`.
-fn every_transition(prologue: &str, recorded: bool, driver: &str) -> String {
+fn every_transition(prologue: &str, writes: Writes, driver: &str) -> String {
     [
         prologue,
-        readings(recorded),
+        &writes.lua(),
         COMMON,
         GCRA,
         FIXED_WINDOW,
@@ -144,15 +150,14 @@ fn every_transition(prologue: &str, recorded: bool, driver: &str) -> String {
     .concat()
 }
 
-/// The production script: time from the server; `readings`: whether window states
-/// record their latest reading.
-pub(crate) fn server_time(shape: Shape, readings: bool) -> Script {
-    Script::new(&source(SERVER_TIME, readings, shape))
+/// The production script: time from the server, writing as `writes` says.
+pub(crate) fn server_time(shape: Shape, writes: Writes) -> Script {
+    Script::new(&source(SERVER_TIME, writes, shape))
 }
 
 /// The replay script: the same transitions, time from the caller.
-pub(crate) fn given_time(shape: Shape, readings: bool) -> Script {
-    Script::new(&source(GIVEN_TIME, readings, shape))
+pub(crate) fn given_time(shape: Shape, writes: Writes) -> Script {
+    Script::new(&source(GIVEN_TIME, writes, shape))
 }
 
 /// The driver of a charge with a receipt: the one-limit driver's transition, then
@@ -213,7 +218,7 @@ refund_driver!(REFUND_SLIDING_LOG, "sliding_log_refund", "6");
 /// the fixed and sliding windows, the sliding log) and for several limits (the
 /// multi-limit script, whose charges return receipts when `write` is 2, and a
 /// refund of every limit in one run).
-pub(crate) fn refunds(prologue: Prologue, readings: bool, shape: Shape) -> (Script, Script) {
+pub(crate) fn refunds(prologue: Prologue, writes: Writes, shape: Shape) -> (Script, Script) {
     let prologue = match prologue {
         Prologue::Server => SERVER_TIME,
         Prologue::Given => GIVEN_TIME,
@@ -221,8 +226,8 @@ pub(crate) fn refunds(prologue: Prologue, readings: bool, shape: Shape) -> (Scri
     let (transition, charge, refund) = match shape {
         Shape::Multi => {
             return (
-                Script::new(&source(prologue, readings, shape)),
-                Script::new(&every_transition(prologue, readings, MULTI_REFUND)),
+                Script::new(&source(prologue, writes, shape)),
+                Script::new(&every_transition(prologue, writes, MULTI_REFUND)),
             );
         }
         Shape::Single(Algorithm::Gcra) => (GCRA, CHARGE_GCRA, REFUND_GCRA),
@@ -236,18 +241,8 @@ pub(crate) fn refunds(prologue: Prologue, readings: bool, shape: Shape) -> (Scri
             (SLIDING_LOG, CHARGE_SLIDING_LOG, REFUND_SLIDING_LOG)
         }
     };
-    let with = |driver| {
-        Script::new(
-            &[
-                prologue,
-                self::readings(readings),
-                COMMON,
-                transition,
-                driver,
-            ]
-            .concat(),
-        )
-    };
+    let with =
+        |driver| Script::new(&[prologue, &writes.lua(), COMMON, transition, driver].concat());
     (with(charge), with(refund))
 }
 
@@ -542,14 +537,27 @@ mod tests {
                 "{a:?} must take now from the prologue"
             );
             let s = Shape::Single(a);
+            let plain = Writes::default();
             assert_ne!(
-                server_time(s, false).get_hash(),
-                given_time(s, false).get_hash()
+                server_time(s, plain).get_hash(),
+                given_time(s, plain).get_hash()
             );
-            assert_ne!(
-                server_time(s, false).get_hash(),
-                server_time(s, true).get_hash()
-            );
+            // Each option is its own script (a replica's SHA1 names what it writes).
+            for option in [
+                Writes {
+                    readings: true,
+                    ..plain
+                },
+                Writes {
+                    wide_log: true,
+                    ..plain
+                },
+            ] {
+                assert_ne!(
+                    server_time(s, plain).get_hash(),
+                    server_time(s, option).get_hash()
+                );
+            }
         }
         assert!(!SERVER_TIME.contains("ARGV["));
     }

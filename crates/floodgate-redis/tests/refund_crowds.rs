@@ -321,3 +321,49 @@ fn a_key_at_the_cap_holds_64_records_within_their_bound() {
         );
     }
 }
+
+/// A sliding log's crowd of 20 charges at one instant (a limit of 100), all
+/// refunded: with `wide_log_refunds` every refund gives back and the whole limit
+/// returns, on one limit and on a log beside a fixed window (the multi-limit
+/// refund runs the same log refund); with the option off the 9th refund forgets
+/// the first record and raises the floor past the crowd's ledger, so the log
+/// gives 9 back and 89 units are left (the documented loss the option ends).
+///
+/// Mutation seen failing: the log's refund keeping `REFUNDS_KEPT` whatever
+/// `WIDE_LOG` says (9 give back with the option on).
+#[test]
+fn a_log_crowd_at_one_instant_gives_all_back_with_wide_log_refunds() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    let t0 = 3_600_000_000 * 1000 + 1_000_000;
+    let policy = Policy::per_hour(100).unwrap();
+    for (wide, multi) in [(true, false), (true, true), (false, false), (false, true)] {
+        let mut builder = common::builder(Algorithm::SlidingLog, policy);
+        if multi {
+            builder = builder.and(Algorithm::FixedWindow, Policy::per_hour(1000).unwrap());
+        }
+        let builder = builder.wide_log_refunds(wide);
+        let l = with_refunds(&rt, &server, builder, true);
+        rt.block_on(async {
+            let key = &format!("one-instant-{wide}-{multi}");
+            let receipts = crowd(&l, key, 20, t0, 0).await;
+            let mut back = 0;
+            for r in shuffled(receipts) {
+                back += u64::from(l.refund_at_micros(&r, t0).await.unwrap());
+            }
+            // A multi-limit refund answers `true` when any part gave back (the
+            // window's does, 64 records kept): the log's part shows in what is left
+            // (the tightest limit's units).
+            let given = if wide || multi { 20 } else { 9 };
+            let left_now = if wide { 100 } else { 89 };
+            assert_eq!(back, given, "wide {wide}, multi {multi}");
+            assert_eq!(
+                left(&l, key, t0).await,
+                left_now,
+                "wide {wide}, multi {multi}"
+            );
+        });
+    }
+}

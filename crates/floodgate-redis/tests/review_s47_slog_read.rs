@@ -4,7 +4,8 @@
 //! (`REFUNDS_KEPT`), so a key it writes reads under the previous scripts
 //! (`fixtures/sliding_log_s46.lua`, and `fixtures/sliding_log_s47.lua` with
 //! `fixtures/common_s47.lua`: `git show 69ea949:crates/floodgate-redis/src/lua/…`),
-//! and a key a later version writes with more records (step 2) reads under it.
+//! and a key a later version writes with more records (step 2: the builder's
+//! `wide_log_refunds`, session 54) reads under it.
 //! Those keys are planted here member by member, in the form the script writes:
 //! `plant` is checked against the script's own members first.
 
@@ -42,6 +43,19 @@ fn version(common: &str, log: &str) -> Version {
 
 fn new() -> Version {
     version(COMMON_NOW, SLIDING_LOG_NOW)
+}
+
+/// The new script with `wide_log_refunds` on (step 2: the log's refund keeps 64
+/// records).
+fn wide() -> Version {
+    let flag = "local WIDE_LOG = true\n";
+    let given_time = GIVEN_TIME.replace("local WIDE_LOG = false\n", flag);
+    assert!(given_time.contains(flag));
+    let v = version(COMMON_NOW, SLIDING_LOG_NOW);
+    Version {
+        charge: v.charge.replacen(GIVEN_TIME, &given_time, 1),
+        refund: v.refund.replacen(GIVEN_TIME, &given_time, 1),
+    }
 }
 
 /// The previous versions: session 46's and the one before session 47's change.
@@ -247,8 +261,9 @@ fn past_64_records_a_key_is_malformed_and_written_nothing() {
 /// Mutation seen failing: the log's refund keeping `LOG_REFUNDS_READ` records
 /// (`record_refund(live, id, meta.floor, LOG_REFUNDS_READ)`: the previous
 /// scripts' read, "too many", after the 9th refund). Step 2 makes exactly that
-/// change: then the previous script is this one (keep it as a fixture), which
-/// reads what step 2 writes, and this test moves to it.
+/// change behind `wide_log_refunds` (session 54, off by default): with the option
+/// off this test holds as it is; `the_wide_log_keeps_64_records_which_the_narrow_one_reads`
+/// is step 2's.
 #[test]
 fn a_key_the_new_log_writes_reads_under_the_previous_logs() {
     let key = "s47:deploy";
@@ -282,4 +297,69 @@ fn a_key_the_new_log_writes_reads_under_the_previous_logs() {
     for (name, old) in previous() {
         assert_eq!(left(&server, &old, key), Ok(89), "{name}");
     }
+}
+
+/// Step 2 (session 54, `wide_log_refunds`): a crowd of 66 at one instant charged
+/// and refunded, one by one, by the new script with the option on. After each
+/// refund the key is exactly what `plant` writes for that many refunds keeping up
+/// to 64 records (the 65th with the floor raised to 1; so the planted keys of the
+/// tests above are the ones step 2 writes), the script with the option off reads it (the units left) and refunds
+/// nothing twice; the first 65 give back (the 65th trims the records to 64 and
+/// raises the floor past the crowd's ledger), the 66th nothing. The scripts from
+/// before session 47 read the key until it holds 9 records and call it
+/// malformed from then on: why the option waits until no replica runs them.
+///
+/// Mutations seen failing: `WIDE_LOG` ignored (the refund keeps 8: the key is not
+/// the planted one after the 9th refund); `REFUNDS_KEPT_WIDE` 65 in the refund
+/// (the 66th gives back: a key of 65 records, which no reader reads).
+#[test]
+fn the_wide_log_keeps_64_records_which_the_narrow_one_reads() {
+    let key = "s54:wide";
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let (w, narrow) = (wide(), new());
+    let receipts: Vec<Vec<u64>> = (0..66).map(|_| charge(&server, &w, key)).collect();
+    let born = receipts[0][4];
+    let mut back = 0;
+    for (i, r) in receipts.iter().enumerate() {
+        let refunded = i as u64 + 1;
+        back += refund(&server, &w, key, r).expect("a refund");
+        if refunded <= 65 {
+            assert_eq!(back, refunded, "refund {refunded}");
+            plant(
+                &server,
+                "planted",
+                (66, refunded, refunded.min(64)),
+                born,
+                true,
+            );
+            if refunded == 65 {
+                // The first record forgotten: the floor raised past its ledger, 0.
+                let _: i64 = server.cmd(&["ZREM", "planted", &format!("refunds:65:0:{born}")]);
+                let _: i64 =
+                    server.cmd(&["ZADD", "planted", "-inf", &format!("refunds:65:1:{born}")]);
+            }
+            assert_eq!(
+                members(&server, key),
+                members(&server, "planted"),
+                "after {refunded} refunds"
+            );
+        }
+        assert_eq!(left(&server, &narrow, key), Ok(LIMIT - 66 + back));
+        assert_eq!(refund(&server, &narrow, key, r), Ok(0), "again");
+        for (name, old) in previous() {
+            let read = left(&server, &old, key);
+            if refunded <= 8 {
+                assert_eq!(read, Ok(LIMIT - 66 + back), "{name} after {refunded}");
+            } else {
+                assert!(
+                    read.as_ref().is_err_and(|e| e.contains("malformed")),
+                    "{name} after {refunded}: {read:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(back, 65, "the 66th refund came after the floor rose");
+    assert_eq!(refund_members(&server, key), 66, "64 records, head, logged");
 }

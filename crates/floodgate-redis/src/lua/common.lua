@@ -118,10 +118,11 @@ local REFUNDS_KEPT_WIDE = 64
 -- key holds them and its head and logged members, so up to this many + 2 members
 -- at -inf) and still writes at most REFUNDS_KEPT: on a key of more, its refund
 -- trims them to REFUNDS_KEPT and raises the floor past those forgotten (a
--- conservative loss, as the windows' previous versions). Step 2, a later release
--- once no node runs a version before this one: the log's refund keeps
--- REFUNDS_KEPT_WIDE records (record_refund's `kept`), so a crowd of more than 8
--- charged at one instant gets all its refunds; nothing else changes.
+-- conservative loss, as the windows' previous versions). Step 2, once no node
+-- runs a version before this one (the builder's `wide_log_refunds`, WIDE_LOG in
+-- the prologue, session 54): the log's refund keeps REFUNDS_KEPT_WIDE records
+-- (record_refund's `kept`), so a crowd of more than 8 charged at one instant gets
+-- all its refunds; nothing else changes.
 local LOG_REFUNDS_READ = REFUNDS_KEPT_WIDE
 
 -- Whether receipt `id` charged at ledger `noted` may still refund, against the

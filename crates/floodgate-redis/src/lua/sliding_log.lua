@@ -10,8 +10,9 @@
 -- sliding_log_refund), all scored -inf: "refunds:ledger:floor:incarnation"; once
 -- a refund moved it past 0, "refunds:logged:instant"; and one "refunds:id:
 -- noted/x/total" per receipt the key remembers (a refund writes at most
--- REFUNDS_KEPT; a reader accepts up to LOG_REFUNDS_READ, common.lua: step 1 of
--- raising what the log keeps, step 2 writing that many). Each is
+-- REFUNDS_KEPT, REFUNDS_KEPT_WIDE where WIDE_LOG is on; a reader accepts up to
+-- LOG_REFUNDS_READ, common.lua: step 1 of raising what the log keeps, WIDE_LOG
+-- step 2 writing that many). Each is
 -- at most 61 bytes (every number below 2^53, 16 digits at most), within Redis's
 -- default zset-max-listpack-value of 64: a refunded key stays a listpack.
 -- Scored -inf, they come before every log member (ranks counted from -inf count
@@ -240,7 +241,7 @@ end
 -- (at most L members under one policy: each holds a unit of the window at the
 -- reading; more only under a rolling deploy of another period or limit), and at
 -- most six commands for the refund members (and one more a record forgotten on a
--- key of more than REFUNDS_KEPT, which a later version may write).
+-- key of more than this refund keeps, which a refund with WIDE_LOG on writes).
 -- Once per receipt (noted/x/total), by the ledger (units given back), floor and
 -- records shared with the windows (each record a member of its own here).
 -- Returns the units given back and the function that writes them back (none for
@@ -300,9 +301,10 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   -- back nothing again (a refund takes units only from a member at its instant,
   -- and no member is made there again): forgotten without raising the floor.
   -- So a crowd charged at distinct instants and given back in any order keeps a
-  -- record or two; REFUNDS_KEPT bounds the rest (not LOG_REFUNDS_READ until step 2:
-  -- a version before session 47 reads no more than REFUNDS_KEPT; a key of more,
-  -- written by a later version, is trimmed to REFUNDS_KEPT, the floor raised).
+  -- record or two; REFUNDS_KEPT bounds the rest, or REFUNDS_KEPT_WIDE where
+  -- WIDE_LOG is on (step 2, the builder's `wide_log_refunds`: a version before
+  -- session 47 reads no more than REFUNDS_KEPT; with it off, a key of more,
+  -- written with it on, is trimmed to REFUNDS_KEPT, the floor raised).
   local live = {}
   for _, r in ipairs(list) do
     local rx = tonumber(string.match(r, '^%d+/(%d+)/'))
@@ -313,7 +315,8 @@ local function sliding_log_refund(key, x, n, total, noted, born, p)
   return n, function()
     local was = {}
     for _, r in ipairs(list) do was[r] = true end
-    local _, floor = record_refund(live, id, meta.floor)
+    local _, floor = record_refund(live, id, meta.floor,
+      WIDE_LOG and REFUNDS_KEPT_WIDE or REFUNDS_KEPT)
     -- The new head first: the key never empties (it would lose its time to live,
     -- which these writes keep), and a write refused for memory (a ZADD) comes
     -- before any other. The ledger grew by n > 0: another name.

@@ -823,6 +823,7 @@ local ARG = {}
 for i = 2, #ARGV do ARG[i - 1] = ARGV[i] end
 local now = tonumber(ARGV[1])
 local READINGS = false
+local WIDE_LOG = false
 ";
 
 /// `EVAL` of `script` on one `key` with `args`, on a fresh connection (a test that
