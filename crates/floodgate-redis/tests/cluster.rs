@@ -1048,10 +1048,16 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
         "a split refund: {refund:?}"
     );
     // Asked of the importing node, which holds none of them: refused too.
+    // (Its last send, to the old owner, meets `ASK`: the sends run out on a
+    // redirect, which the cluster's move will settle — retryable, as `TRYAGAIN`.)
     let unheld = charge(&fresh, t0 + 2);
     assert!(
         refused_with(&unheld, &[ErrorKind::TryAgain, ErrorKind::Ask]),
         "fresh keys mid-migration: {unheld:?}"
+    );
+    assert!(
+        unheld.is_err_and(|e| e.is_retryable()),
+        "fresh keys mid-migration"
     );
     let tryagain = error_replies(&cluster)
         .get("TRYAGAIN")
@@ -1091,6 +1097,10 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
     assert!(
         refused_with(&unheld, &[ErrorKind::TryAgain, ErrorKind::Ask]),
         "fresh keys on the importing node: {unheld:?}"
+    );
+    assert!(
+        unheld.is_err_and(|e| e.is_retryable()),
+        "fresh keys, importing"
     );
 
     // The move ends: decided as before (MOVED), the refund given back once.
