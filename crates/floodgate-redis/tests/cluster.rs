@@ -887,9 +887,18 @@ fn slots_moving_under_traffic_keep_every_key_s_count() {
             "{name}: unclear outcomes {:?}",
             tally.unclear
         );
+        // One key's call never meets TRYAGAIN, and follows MOVED and ASK: it keeps
+        // deciding while its slot moves. A multi-limit call may meet TRYAGAIN for as
+        // long as its keys are split between the nodes (the client waits 10 ms
+        // after each of its first 4 sends), a clear error after which nothing was
+        // charged.
         assert!(
-            tally.decided > 0 && tally.mid_migration > 0,
-            "{name}: {tally:?}"
+            name == "multi" || tally.refused == 0,
+            "{name}: a one-key call refused while its slot moved: {tally:?}"
+        );
+        assert!(
+            tally.mid_migration > 0 && tally.admitted_mid_migration > 0,
+            "{name}: no call decided while its slot moved: {tally:?}"
         );
 
         // A fresh look through either replica, at a later reading: what the key holds.
