@@ -678,12 +678,10 @@ impl Tally {
 }
 
 /// What the clients of a key share: the replay clock (one microsecond a call, all
-/// keys), refunds left to make on the key, whether to stop, and whether the key's
-/// slot is moving.
+/// keys), whether to stop, and whether the key's slot is moving.
 #[derive(Clone)]
 struct Traffic {
     clock: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    refunds_left: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     migrating: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -699,8 +697,8 @@ const MAX_CALLS: u64 = 20_000;
 
 /// One client: charges of 1 or 2 on `key` through `charging`, one call a
 /// millisecond, until told to stop. It keeps its receipts; denied, it refunds one
-/// through `refunding` (another replica) while the key's refunds last — its oldest,
-/// every fourth time its latest — so the key keeps admitting at its limit.
+/// through `refunding` (another replica) — its oldest, every fourth time its
+/// latest — so the key keeps admitting at its limit.
 async fn hammer(
     charging: std::sync::Arc<RedisLimiter<ClusterConnection>>,
     refunding: std::sync::Arc<RedisLimiter<ClusterConnection>>,
@@ -735,23 +733,16 @@ async fn hammer(
                             .push(format!("{key}: an admission without a receipt")),
                     }
                 } else {
-                    let take = |n: u64| n.checked_sub(1);
                     let refund = if i % 4 == 0 {
                         receipts.pop_back()
                     } else {
                         receipts.pop_front()
                     };
                     if let Some((receipt, units)) = refund {
-                        if traffic
-                            .refunds_left
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take)
-                            .is_ok()
-                        {
-                            match refunding.refund_at_micros(&receipt, traffic.now()).await {
-                                Ok(true) => tally.given_back += units,
-                                Ok(false) => tally.gave_nothing += 1,
-                                Err(e) => tally.failed(&e, units, true),
-                            }
+                        match refunding.refund_at_micros(&receipt, traffic.now()).await {
+                            Ok(true) => tally.given_back += units,
+                            Ok(false) => tally.gave_nothing += 1,
+                            Err(e) => tally.failed(&e, units, true),
                         }
                     }
                 }
@@ -831,12 +822,10 @@ fn slots_moving_under_traffic_keep_every_key_s_count() {
             let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &stored]);
             flag = Some(slots.entry(slot).or_default().clone());
         }
-        // A multi-limit call's windows remember 64 refunds each: it makes fewer, so
-        // both of its limits give every refund back (none forgets a record first).
-        let refunds = if name == "multi" { 60 } else { 400 };
+        // (A multi-limit call's two windows, charged and refunded together, remember
+        // and forget the same receipts: a refund gives back on both or neither.)
         let traffic = Traffic {
             clock: clock.clone(),
-            refunds_left: Arc::new(AtomicU64::new(refunds)),
             stop: stop.clone(),
             migrating: flag.expect("a key"),
         };
