@@ -962,8 +962,9 @@ fn refused_with<T: std::fmt::Debug>(
 /// 54): Redis runs no script on a slot whose keys it holds only some of
 /// (`TRYAGAIN`), so the call — a charge, a peek, a refund — fails whole, a clear
 /// and retryable error after the client's sends, and writes nothing on either node.
-/// Once its last key has moved it decides on the importing node (`ASK`) with the
-/// state that moved, and after the move as before. A multi-limit call on keys that
+/// Once its last key has moved it decides on the importing node (`ASK`, and the
+/// scripts loaded again there after a `NOSCRIPT`) with the state that moved, and
+/// after the move as before. A multi-limit call on keys that
 /// exist on neither node (fresh, or expired) is refused the same way until the
 /// slot's move ends: the importing node runs a several-key command only on keys it
 /// holds.
@@ -1083,9 +1084,23 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
 
     // Every key moved, the slot still migrating: decided on the importing node with
     // the state that moved; the unwritten keys are still refused.
+    // Every node has forgotten the scripts, too: the importing node answers the
+    // asked call `NOSCRIPT`, the client loads it and asks again.
     migrate(&stored[1]);
+    for node in &cluster.nodes {
+        let _: () = node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    let noscript = |replies: BTreeMap<String, u64>| replies.get("NOSCRIPT").copied();
+    let noscript_before = noscript(error_replies(&cluster)).unwrap_or(0);
     let (allowed, left, _) = remaining(charge(&limiter, t0 + 3));
-    assert_eq!((allowed, left), (true, 0), "the third unit, after ASK");
+    let asked = (allowed, left);
+    assert_eq!(asked, (true, 0), "the third unit, after ASK and NOSCRIPT");
+    let noscript_after = noscript(error_replies(&cluster)).unwrap_or(0);
+    assert_eq!(
+        noscript_after - noscript_before,
+        1,
+        "one NOSCRIPT, on the asked node"
+    );
     let refund = rt.block_on(limiter.refund_at_micros(&first, t0 + 4));
     assert!(
         matches!(refund, Ok(true)),
