@@ -106,9 +106,10 @@ pub enum RedisLimitError {
 impl RedisLimitError {
     /// Whether the same call may succeed later (a timeout, a connection problem, or
     /// a server that is busy: loading, `BUSY` with another script, a cluster
-    /// reconfiguring, out of memory — `OOM`, a script's first write refused, so
-    /// nothing written), as opposed to one that will fail again (a malformed state
-    /// or reply).
+    /// reconfiguring — `TRYAGAIN`, `CLUSTERDOWN`, or a slot still moving when the
+    /// limiter's sends ran out on `MOVED` or `ASK` —, out of memory — `OOM`, a
+    /// script's first write refused, so nothing written), as opposed to one that
+    /// will fail again (a malformed state or reply).
     ///
     /// # Examples
     ///
@@ -131,6 +132,9 @@ impl RedisLimitError {
                     // cluster is reconfiguring, another client's script runs, or
                     // it is out of memory until keys expire or maxmemory rises.
                     || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
+                    // A Cluster slot still moving when the client's sends ran out: a
+                    // redirect (`MOVED`, `ASK`) that the end of the move settles.
+                    || matches!(e.kind(), redis::ErrorKind::Moved | redis::ErrorKind::Ask)
                     || e.code() == Some("BUSY")
                     || e.code() == Some("OOM")
             }
@@ -171,5 +175,24 @@ impl std::error::Error for RedisLimitError {
 impl From<redis::RedisError> for RedisLimitError {
     fn from(e: redis::RedisError) -> Self {
         RedisLimitError::Redis(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedisLimitError;
+    use redis::ErrorKind;
+
+    /// Session 54: a Cluster redirect left when the limiter's sends ran out (a slot
+    /// still moving) is retryable, as `TRYAGAIN` is; a script's error is not.
+    #[test]
+    fn a_redirect_left_after_the_sends_is_retryable() {
+        let error = |kind, detail: &str| {
+            RedisLimitError::Redis(redis::RedisError::from((kind, "server", detail.to_owned())))
+        };
+        assert!(error(ErrorKind::Ask, "7629 127.0.0.1:7001").is_retryable());
+        assert!(error(ErrorKind::Moved, "7629 127.0.0.1:7001").is_retryable());
+        assert!(error(ErrorKind::TryAgain, "later").is_retryable());
+        assert!(!error(ErrorKind::ResponseError, "WRONGTYPE").is_retryable());
     }
 }

@@ -159,7 +159,14 @@
 //! ([`RedisLimiter<ClusterConnection>`](RedisLimiter)) sends each script run to the
 //! node owning its key's slot, follows `MOVED` and `ASK` while slots migrate, and
 //! loads the script on every primary after a `NOSCRIPT`. Every call touches one slot:
-//! one key, or a multi-limit call's hash-tagged keys.
+//! one key, or a multi-limit call's hash-tagged keys. A one-key call keeps deciding
+//! while its slot moves. A multi-limit call on a slot in mid-migration runs only
+//! where one node holds all of its keys: Redis refuses it unrun (`TRYAGAIN`) while
+//! the migration has split them between the two nodes, and while they exist on
+//! neither (fresh or expired keys) until the move ends; after its sends (5 at most,
+//! 10 ms after each `TRYAGAIN`) the call fails with a retryable
+//! [`RedisLimitError`], answered by the failure policy, and nothing is written on
+//! either node.
 //!
 //! ## Local denial cache
 //!

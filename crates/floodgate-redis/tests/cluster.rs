@@ -527,3 +527,614 @@ fn a_slot_in_mid_migration_is_followed_with_asking() {
         replay_matches(&rt, &limiter, &mut model, key, start, after);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Session 54: slots moving under traffic.
+// ---------------------------------------------------------------------------
+
+/// One command and its reply on a fresh connection to `node`, flagged `ASKING`
+/// first: what the node holds in a slot it is importing.
+fn asking<T: redis::FromRedisValue>(node: &Node, args: &[&str]) -> T {
+    let mut conn = node.connection().expect("a connection to the node");
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore().cmd(args[0]);
+    for a in &args[1..] {
+        pipe.arg(*a);
+    }
+    let (reply,): (T,) = pipe
+        .query(&mut conn)
+        .unwrap_or_else(|e| panic!("ASKING {args:?} on port {}: {e}", node.port));
+    reply
+}
+
+/// How many error replies of each kind (`ASK`, `MOVED`, `TRYAGAIN`, …) every node
+/// has sent, summed (`INFO errorstats`).
+fn error_replies(cluster: &Cluster) -> BTreeMap<String, u64> {
+    let mut sum = BTreeMap::new();
+    for node in &cluster.nodes {
+        let info: String = node.cmd(&["INFO", "errorstats"]);
+        for line in info.lines() {
+            let Some((name, rest)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let Some(kind) = name.strip_prefix("errorstat_") else {
+                continue;
+            };
+            let count = rest
+                .split(',')
+                .find_map(|f| f.strip_prefix("count="))
+                .and_then(|c| c.parse::<u64>().ok())
+                .unwrap_or(0);
+            *sum.entry(kind.to_owned()).or_insert(0) += count;
+        }
+    }
+    sum
+}
+
+impl Cluster {
+    /// Moves `slot` from its owner `from` to node `to` the way `redis-cli --cluster
+    /// reshard` does, while clients keep calling: IMPORTING / MIGRATING, then its keys
+    /// one at a time (`MIGRATE`, `pause` before each: the slot stays in mid-migration
+    /// meanwhile, its keys split between the nodes), then `SETSLOT NODE` on the new
+    /// owner, the old one and the rest. `migrating` is true from the first SETSLOT to
+    /// the last. Returns how many keys moved.
+    fn move_slot_slowly(
+        &self,
+        slot: i64,
+        from: usize,
+        to: usize,
+        pause: Duration,
+        migrating: &std::sync::atomic::AtomicBool,
+    ) -> usize {
+        use std::sync::atomic::Ordering;
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let (src_id, dst_id) = (src.id(), dst.id());
+        let (slot_s, port) = (slot.to_string(), dst.port.to_string());
+        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
+        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+        migrating.store(true, Ordering::SeqCst);
+        let mut moved = 0;
+        // Bounded: the keys of a slot are few, and a migrating node creates none
+        // (a missing key is asked of the importing node).
+        for _ in 0..1000 {
+            let keys: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "1"]);
+            let Some(key) = keys.first() else { break };
+            std::thread::sleep(pause);
+            let _: String = src.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]);
+            moved += 1;
+        }
+        let left: i64 = src.cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot_s]);
+        assert_eq!(left, 0, "slot {slot} still has keys on port {}", src.port);
+        std::thread::sleep(pause);
+        for node in [dst, src].into_iter().chain(&self.nodes) {
+            let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
+        }
+        migrating.store(false, Ordering::SeqCst);
+        moved
+    }
+}
+
+/// What one client saw on one key while its slot moved.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Calls Redis decided (charges and the refunds' replies aside).
+    decided: u64,
+    /// Of those, decided while a slot was in mid-migration.
+    mid_migration: u64,
+    /// Units admitted.
+    admitted: u64,
+    /// Admissions decided while the key's slot was in mid-migration.
+    admitted_mid_migration: u64,
+    /// Refunds that answered `false` (a record forgotten: a conservative loss).
+    gave_nothing: u64,
+    /// Units of the refunds that answered `true`.
+    given_back: u64,
+    /// Calls that Redis refused unrun through the client's last send (`MOVED`, `ASK`,
+    /// `TRYAGAIN`, `CLUSTERDOWN`): nothing charged, nothing given back.
+    refused: u64,
+    /// Units of charges and refunds that timed out (they may have run).
+    unsure_charged: u64,
+    unsure_given: u64,
+    /// Anything else: the test fails on it.
+    unclear: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.decided += other.decided;
+        self.mid_migration += other.mid_migration;
+        self.admitted += other.admitted;
+        self.admitted_mid_migration += other.admitted_mid_migration;
+        self.gave_nothing += other.gave_nothing;
+        self.given_back += other.given_back;
+        self.refused += other.refused;
+        self.unsure_charged += other.unsure_charged;
+        self.unsure_given += other.unsure_given;
+        self.unclear.extend(other.unclear);
+    }
+
+    /// Files a failed call: refused unrun, timed out (`unsure` gets its units), or
+    /// unclear.
+    fn failed(&mut self, e: &floodgate_redis::RedisLimitError, units: u64, refund: bool) {
+        use floodgate_redis::RedisLimitError;
+        use redis::ErrorKind;
+        match e {
+            RedisLimitError::Redis(r)
+                if matches!(
+                    r.kind(),
+                    ErrorKind::Moved
+                        | ErrorKind::Ask
+                        | ErrorKind::TryAgain
+                        | ErrorKind::ClusterDown
+                ) =>
+            {
+                self.refused += 1;
+            }
+            RedisLimitError::Timeout { .. } if refund => self.unsure_given += units,
+            RedisLimitError::Timeout { .. } => self.unsure_charged += units,
+            other => self.unclear.push(format!("refund {refund}: {other:?}")),
+        }
+    }
+}
+
+/// What the clients of a key share: the replay clock (one microsecond a call, all
+/// keys), whether to stop, and whether the key's slot is moving.
+#[derive(Clone)]
+struct Traffic {
+    clock: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    migrating: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Traffic {
+    fn now(&self) -> u64 {
+        TODAY_MICROS + self.clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The most calls one client makes (it stops earlier, when the slots stop moving).
+const MAX_CALLS: u64 = 20_000;
+
+/// One client: charges of 1 or 2 on `key` through `charging`, one call a
+/// millisecond, until told to stop. It keeps its receipts; denied, it refunds one
+/// through `refunding` (another replica) — its oldest, every fourth time its
+/// latest — so the key keeps admitting at its limit.
+async fn hammer(
+    charging: std::sync::Arc<RedisLimiter<ClusterConnection>>,
+    refunding: std::sync::Arc<RedisLimiter<ClusterConnection>>,
+    key: String,
+    traffic: Traffic,
+    seed: u64,
+) -> Tally {
+    use std::sync::atomic::Ordering;
+    let mut tally = Tally::default();
+    let mut receipts = std::collections::VecDeque::new();
+    for i in 0..MAX_CALLS {
+        if traffic.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let cost = 1 + (i + seed) % 2;
+        let during = traffic.migrating.load(Ordering::SeqCst);
+        let charged = charging
+            .charge_n_at_micros(&key, cost as u32, traffic.now())
+            .await;
+        let during = during || traffic.migrating.load(Ordering::SeqCst);
+        match charged {
+            Ok((d, receipt)) => {
+                tally.decided += 1;
+                tally.mid_migration += u64::from(during);
+                if d.is_allowed() {
+                    tally.admitted += cost;
+                    tally.admitted_mid_migration += u64::from(during);
+                    match receipt {
+                        Some(receipt) => receipts.push_back((receipt, cost)),
+                        None => tally
+                            .unclear
+                            .push(format!("{key}: an admission without a receipt")),
+                    }
+                } else {
+                    let refund = if i % 4 == 0 {
+                        receipts.pop_back()
+                    } else {
+                        receipts.pop_front()
+                    };
+                    if let Some((receipt, units)) = refund {
+                        match refunding.refund_at_micros(&receipt, traffic.now()).await {
+                            Ok(true) => tally.given_back += units,
+                            Ok(false) => tally.gave_nothing += 1,
+                            Err(e) => tally.failed(&e, units, true),
+                        }
+                    }
+                }
+            }
+            Err(e) => tally.failed(&e, cost, false),
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tally
+}
+
+/// Slots moving under traffic (session 54): two replicas (limiters on their own
+/// Cluster connections), two clients each, charge and refund a key of every
+/// algorithm and a multi-limit call's hash-tagged keys on the replay clock, while
+/// every one of those keys' slots moves around the three nodes, key by key, six
+/// times. Every call decides or is refused unrun (`MOVED`, `ASK` or `TRYAGAIN`
+/// through the client's last send: a clear, retryable-or-not error, nothing
+/// charged); nothing is charged twice or lost: at the end each key, on its final
+/// owner alone, holds exactly the units the clients were admitted less those given
+/// back (GCRA, whose refund may give back part of a charge: between the two), so
+/// no more than its limit was ever admitted net of refunds.
+#[test]
+fn slots_moving_under_traffic_keep_every_key_s_count() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let hour = Duration::from_secs(3600);
+    let single_limit = 40;
+    let (multi_fw, multi_sw) = (30, 40);
+
+    // (limit held by the tightest limit, exact count or GCRA's bounds, the two replicas)
+    let mut keys = vec![];
+    for algorithm in ALGORITHMS {
+        let builder = common::builder(algorithm, Policy::new(single_limit, hour).expect("policy"))
+            .refunds(true)
+            .prefix(format!("hot:{algorithm:?}:"));
+        let replicas = [
+            Arc::new(build(&rt, &cluster, builder.clone())),
+            Arc::new(build(&rt, &cluster, builder)),
+        ];
+        keys.push((
+            format!("{algorithm:?}"),
+            single_limit,
+            algorithm != Algorithm::Gcra,
+            replicas,
+        ));
+    }
+    let multi = common::builder(
+        Algorithm::FixedWindow,
+        Policy::new(multi_fw, hour).expect("policy"),
+    )
+    .and(
+        Algorithm::SlidingWindow,
+        Policy::new(multi_sw, hour).expect("policy"),
+    )
+    .refunds(true)
+    .prefix("hot-multi:");
+    let replicas = [
+        Arc::new(build(&rt, &cluster, multi.clone())),
+        Arc::new(build(&rt, &cluster, multi)),
+    ];
+    keys.push(("multi".to_owned(), multi_fw, true, replicas));
+    let key = "k";
+
+    // Each slot's flag: true while it moves.
+    let mut slots: BTreeMap<i64, Arc<AtomicBool>> = BTreeMap::new();
+    let clock = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = vec![];
+    for (name, _, _, [a, b]) in &keys {
+        let mut flag = None;
+        for stored in a.redis_keys(key) {
+            let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &stored]);
+            flag = Some(slots.entry(slot).or_default().clone());
+        }
+        // (A multi-limit call's two windows, charged and refunded together, remember
+        // and forget the same receipts: a refund gives back on both or neither.)
+        let traffic = Traffic {
+            clock: clock.clone(),
+            stop: stop.clone(),
+            migrating: flag.expect("a key"),
+        };
+        let mut each = vec![];
+        for (seed, (charging, refunding)) in
+            [(a, b), (a, b), (b, a), (b, a)].into_iter().enumerate()
+        {
+            each.push(rt.spawn(hammer(
+                charging.clone(),
+                refunding.clone(),
+                key.to_owned(),
+                traffic.clone(),
+                seed as u64,
+            )));
+        }
+        clients.push((name.clone(), each));
+    }
+
+    // Every slot around the ring twice, one slot at a time, each key after a pause.
+    let before = error_replies(&cluster);
+    let mut owners: BTreeMap<i64, usize> =
+        slots.keys().map(|&s| (s, cluster.slot_owner(s))).collect();
+    let mut keys_moved = 0;
+    for _round in 0..6 {
+        for (&slot, owner) in &mut owners {
+            let to = (*owner + 1) % cluster.nodes.len();
+            let pause = Duration::from_millis(15);
+            keys_moved += cluster.move_slot_slowly(slot, *owner, to, pause, &slots[&slot]);
+            *owner = to;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let replies = error_replies(&cluster);
+    let redirects = |kind: &str| replies.get(kind).unwrap_or(&0) - before.get(kind).unwrap_or(&0);
+
+    let now = TODAY_MICROS + clock.load(Ordering::SeqCst) + 1_000;
+    let mut report = vec![];
+    for ((name, limit, exact, [a, b]), (_, each)) in keys.iter().zip(clients) {
+        let mut tally = Tally::default();
+        for client in each {
+            let done = rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(60), client).await })
+                .unwrap_or_else(|_| panic!("{name}: a client still runs a minute after the stop"));
+            tally.add(done.expect("a client panicked"));
+        }
+        assert!(
+            tally.unclear.is_empty(),
+            "{name}: unclear outcomes {:?}",
+            tally.unclear
+        );
+        // One key's call never meets TRYAGAIN, and follows MOVED and ASK: it keeps
+        // deciding while its slot moves. A multi-limit call may meet TRYAGAIN for as
+        // long as its keys are split between the nodes (the client waits 10 ms
+        // after each of its first 4 sends), a clear error after which nothing was
+        // charged.
+        assert!(
+            name == "multi" || tally.refused == 0,
+            "{name}: a one-key call refused while its slot moved: {tally:?}"
+        );
+        assert!(
+            tally.mid_migration > 0 && tally.admitted_mid_migration > 0,
+            "{name}: no call decided while its slot moved: {tally:?}"
+        );
+
+        // A fresh look through either replica, at a later reading: what the key holds.
+        let remaining: Vec<u64> = [a, b]
+            .iter()
+            .map(|l| {
+                let d = rt
+                    .block_on(l.check_n_at_micros(key, 0, now))
+                    .unwrap_or_else(|e| panic!("{name}: the final look: {e}"));
+                d.remaining()
+            })
+            .collect();
+        assert_eq!(remaining[0], remaining[1], "{name}: the replicas disagree");
+        let held = limit - remaining[0];
+        let net = tally.admitted - tally.given_back;
+        assert!(
+            tally.admitted <= limit + tally.given_back + tally.unsure_given,
+            "{name}: admitted past the limit: {tally:?}"
+        );
+        let (low, high) = if *exact {
+            (net - tally.unsure_given, net + tally.unsure_charged)
+        } else {
+            (
+                net - tally.unsure_given,
+                tally.admitted + tally.unsure_charged,
+            )
+        };
+        assert!(
+            (low..=high).contains(&held),
+            "{name}: holds {held} of {limit}, the clients saw {tally:?}"
+        );
+
+        // Its state is on the slot's final owner alone.
+        for stored in a.redis_keys(key) {
+            let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &stored]);
+            let owner = owners[&slot];
+            assert_eq!(cluster.slot_owner(slot), owner, "{stored}: the map");
+            let there: i64 = cluster.nodes[owner].cmd(&["EXISTS", &stored]);
+            assert_eq!(there, 1, "{stored} is not on its final owner");
+            for (i, node) in cluster.nodes.iter().enumerate() {
+                let n: i64 = node.cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]);
+                assert!(
+                    i == owner || n == 0,
+                    "{stored}: slot {slot} has keys on node {i} too"
+                );
+            }
+        }
+        report.push(format!("{name}: holds {held}/{limit}, {tally:?}"));
+    }
+    eprintln!(
+        "{keys_moved} keys moved; redirects ASK {} MOVED {} TRYAGAIN {}\n{}",
+        redirects("ASK"),
+        redirects("MOVED"),
+        redirects("TRYAGAIN"),
+        report.join("\n")
+    );
+    assert!(
+        redirects("MOVED") > 0 && redirects("ASK") > 0,
+        "{replies:?}"
+    );
+}
+
+/// Whether a call failed with Redis's reply of `kind`.
+fn refused_with<T: std::fmt::Debug>(
+    got: &Result<T, floodgate_redis::RedisLimitError>,
+    kinds: &[redis::ErrorKind],
+) -> bool {
+    matches!(got, Err(floodgate_redis::RedisLimitError::Redis(e)) if kinds.contains(&e.kind()))
+}
+
+/// A multi-limit call whose keys a migration has split between two nodes (session
+/// 54): Redis runs no script on a slot whose keys it holds only some of
+/// (`TRYAGAIN`), so the call — a charge, a peek, a refund — fails whole, a clear
+/// and retryable error after the client's sends, and writes nothing on either node.
+/// Once its last key has moved it decides on the importing node (`ASK`, and the
+/// scripts loaded again there after a `NOSCRIPT`) with the state that moved, and
+/// after the move as before. A multi-limit call on keys that
+/// exist on neither node (fresh, or expired) is refused the same way until the
+/// slot's move ends: the importing node runs a several-key command only on keys it
+/// holds.
+#[test]
+fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
+    use redis::ErrorKind;
+
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let hour = Duration::from_secs(3600);
+    let builder = common::builder(
+        Algorithm::FixedWindow,
+        Policy::new(3, hour).expect("policy"),
+    )
+    .and(Algorithm::SlidingLog, Policy::new(4, hour).expect("policy"))
+    .refunds(true)
+    .prefix("split:");
+    let limiter = build(&rt, &cluster, builder.clone());
+    // Another prefix, the same hash tag: keys of the same slot that nobody wrote.
+    let fresh = build(&rt, &cluster, builder.prefix("split-fresh:"));
+    let key = "k";
+    let (stored, unwritten) = (limiter.redis_keys(key), fresh.redis_keys(key));
+    let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", &stored[0]]);
+    for k in stored.iter().chain(&unwritten) {
+        assert_eq!(
+            cluster.nodes[0].cmd::<i64>(&["CLUSTER", "KEYSLOT", k]),
+            slot,
+            "{k}"
+        );
+    }
+    let from = cluster.slot_owner(slot);
+    let to = (from + 1) % cluster.nodes.len();
+    let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let t0 = TODAY_MICROS;
+    let charge = |l: &RedisLimiter<ClusterConnection>, now: u64| {
+        rt.block_on(l.charge_n_at_micros(key, 1, now))
+    };
+    let remaining = |got: Result<(Decision, Option<floodgate_redis::RedisReceipt>), _>| {
+        let (d, receipt) = got.unwrap_or_else(|e| panic!("not decided: {e}"));
+        (d.is_allowed(), d.remaining(), receipt)
+    };
+
+    let (allowed, left, first) = remaining(charge(&limiter, t0));
+    assert_eq!((allowed, left), (true, 2));
+    let first = first.expect("a receipt");
+    let (allowed, left, _) = remaining(charge(&limiter, t0 + 1));
+    assert_eq!((allowed, left), (true, 1));
+    let window_before: String = src.cmd(&["GET", &stored[0]]);
+    let log_before: Vec<String> = src.cmd(&["ZRANGE", &stored[1], "0", "-1", "WITHSCORES"]);
+
+    // Mid-migration, the window's key moved, the log's not yet.
+    let (src_id, dst_id, slot_s) = (src.id(), dst.id(), slot.to_string());
+    let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
+    let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+    let port = dst.port.to_string();
+    let migrate = |k: &str| {
+        let _: String = src.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", k]);
+    };
+    migrate(&stored[0]);
+    let tryagain_before = error_replies(&cluster)
+        .get("TRYAGAIN")
+        .copied()
+        .unwrap_or(0);
+    let split = charge(&limiter, t0 + 2);
+    assert!(
+        refused_with(&split, &[ErrorKind::TryAgain]),
+        "a split charge: {split:?}"
+    );
+    assert!(split.is_err_and(|e| e.is_retryable()));
+    let peek = rt.block_on(limiter.peek_n_at_micros(key, 1, t0 + 2));
+    assert!(
+        refused_with(&peek, &[ErrorKind::TryAgain]),
+        "a split peek: {peek:?}"
+    );
+    let refund = rt.block_on(limiter.refund_at_micros(&first, t0 + 2));
+    assert!(
+        refused_with(&refund, &[ErrorKind::TryAgain]),
+        "a split refund: {refund:?}"
+    );
+    // Asked of the importing node, which holds none of them: refused too.
+    // (Its last send, to the old owner, meets `ASK`: the sends run out on a
+    // redirect, which the cluster's move will settle — retryable, as `TRYAGAIN`.)
+    let unheld = charge(&fresh, t0 + 2);
+    assert!(
+        refused_with(&unheld, &[ErrorKind::TryAgain, ErrorKind::Ask]),
+        "fresh keys mid-migration: {unheld:?}"
+    );
+    assert!(
+        unheld.is_err_and(|e| e.is_retryable()),
+        "fresh keys mid-migration"
+    );
+    let tryagain = error_replies(&cluster)
+        .get("TRYAGAIN")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        tryagain - tryagain_before >= 3 * 5,
+        "each split call is sent 5 times: {} TRYAGAIN replies",
+        tryagain - tryagain_before
+    );
+    // Nothing written on either node.
+    let window_now: String = asking(dst, &["GET", &stored[0]]);
+    assert_eq!(window_now, window_before, "the window moved and unchanged");
+    let log_now: Vec<String> = src.cmd(&["ZRANGE", &stored[1], "0", "-1", "WITHSCORES"]);
+    assert_eq!(log_now, log_before, "the log, not moved yet, unchanged");
+    for k in &unwritten {
+        let there: i64 = asking(dst, &["EXISTS", k]);
+        assert_eq!(there, 0, "{k} written on the importing node");
+        let ask = src.query::<i64>(&["EXISTS", k]);
+        assert!(
+            ask.is_err_and(|e| e.kind() == ErrorKind::Ask),
+            "{k} on the old owner"
+        );
+    }
+
+    // Every key moved, the slot still migrating: decided on the importing node with
+    // the state that moved; the unwritten keys are still refused.
+    // Every node has forgotten the scripts, too: the importing node answers the
+    // asked call `NOSCRIPT`, the client loads it and asks again.
+    migrate(&stored[1]);
+    for node in &cluster.nodes {
+        let _: () = node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    let noscript = |replies: BTreeMap<String, u64>| replies.get("NOSCRIPT").copied();
+    let noscript_before = noscript(error_replies(&cluster)).unwrap_or(0);
+    let (allowed, left, _) = remaining(charge(&limiter, t0 + 3));
+    let asked = (allowed, left);
+    assert_eq!(asked, (true, 0), "the third unit, after ASK and NOSCRIPT");
+    let noscript_after = noscript(error_replies(&cluster)).unwrap_or(0);
+    assert_eq!(
+        noscript_after - noscript_before,
+        1,
+        "one NOSCRIPT, on the asked node"
+    );
+    let refund = rt.block_on(limiter.refund_at_micros(&first, t0 + 4));
+    assert!(
+        matches!(refund, Ok(true)),
+        "the first charge given back: {refund:?}"
+    );
+    let unheld = charge(&fresh, t0 + 4);
+    assert!(
+        refused_with(&unheld, &[ErrorKind::TryAgain, ErrorKind::Ask]),
+        "fresh keys on the importing node: {unheld:?}"
+    );
+    assert!(
+        unheld.is_err_and(|e| e.is_retryable()),
+        "fresh keys, importing"
+    );
+
+    // The move ends: decided as before (MOVED), the refund given back once.
+    for node in [dst, src].into_iter().chain(&cluster.nodes) {
+        let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
+    }
+    let (allowed, left, _) = remaining(charge(&fresh, t0 + 5));
+    assert_eq!((allowed, left), (true, 2), "fresh keys after the move");
+    let (allowed, left, _) = remaining(charge(&limiter, t0 + 5));
+    assert_eq!((allowed, left), (true, 0), "the room the refund made");
+    let (allowed, left, _) = remaining(charge(&limiter, t0 + 6));
+    assert_eq!((allowed, left), (false, 0), "the limit");
+    let again = rt.block_on(limiter.refund_at_micros(&first, t0 + 6));
+    assert!(
+        matches!(again, Ok(false)),
+        "a refund given twice: {again:?}"
+    );
+    let window: String = dst.cmd(&["GET", &stored[0]]);
+    assert_eq!(
+        window.split(':').nth(1),
+        Some("3"),
+        "the window's count: {window}"
+    );
+}
