@@ -166,7 +166,10 @@
 //! neither (fresh or expired keys) until the move ends; after its sends (5 at most,
 //! 10 ms after each `TRYAGAIN`) the call fails with a retryable
 //! [`RedisLimitError`], answered by the failure policy, and nothing is written on
-//! either node.
+//! either node. Under the default [`OnFailure::Open`] such calls are admitted, so a
+//! multi-limit key is unlimited while its slot moves: where that matters, give a
+//! multi-limit limiter [`OnFailure::Closed`] or [`OnFailure::Error`] (and retry a
+//! retryable error after a short wait), or reshard at a quiet hour.
 //!
 //! ## Local denial cache
 //!
