@@ -254,8 +254,9 @@
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
 //!   room for (another replica's cache keeps its entry until its wait has passed).
-//!   So does a refund whose reply never came (a timeout or a lost connection after
-//!   Redis may have run it): only a reply of nothing given back keeps the entry.
+//!   So does a refund whose reply never came (a timeout, a lost connection, or a
+//!   caller that stopped waiting for it, after Redis may have run it): only a reply
+//!   of nothing given back keeps the entry.
 //!   A denial of the key sent before the refund's reply came and answered after it
 //!   is not cached either (Redis may have decided it before the refund).
 //! * **Several limits** ([`RedisLimiterBuilder::and`]): the charge was all or
@@ -1351,6 +1352,15 @@ impl<C: Connection> RedisLimiter<C> {
                 evalsha.arg(limit.params[1]);
             }
         }
+        // What was given back may admit a cost the cache remembers denied: the
+        // next call asks Redis. So may a refund whose reply was lost (a timeout
+        // after Redis ran it, a dropped connection, a caller that stopped waiting:
+        // this future dropped, the guard's drop forgets): only a reply of nothing
+        // given back keeps the entry.
+        let mut forget = ForgetOnDrop {
+            cache: self.deny_cache.as_ref(),
+            key: &receipt.cached_as,
+        };
         let gave = self.send_timed(refund, &evalsha).await.and_then(|reply| {
             if several {
                 script::given_back_each(&reply).map(|backs| backs.iter().any(|&b| b > 0))
@@ -1358,13 +1368,10 @@ impl<C: Connection> RedisLimiter<C> {
                 script::given_back(&reply).map(|back| back > 0)
             }
         });
-        // What was given back may admit a cost the cache remembers denied: the
-        // next call asks Redis. So may a refund whose reply was lost (a timeout
-        // after Redis ran it, a dropped connection): only a reply of nothing
-        // given back keeps the entry.
-        if let (false, Some(cache)) = (matches!(gave, Ok(false)), &self.deny_cache) {
-            cache.forget(&receipt.cached_as);
+        if matches!(gave, Ok(false)) {
+            forget.cache = None;
         }
+        drop(forget);
         gave
     }
 
@@ -1509,6 +1516,22 @@ impl<C: Connection> RedisLimiter<C> {
             OnFailure::Error => return Err(error),
         };
         Ok(Verdict::Fallback { decision, error })
+    }
+}
+
+/// Forgets `key`'s cached denial when dropped, unless `cache` was taken away: a
+/// refund in flight forgets it however its future ends (a reply, an error, or
+/// dropped by its caller after Redis may have run it).
+struct ForgetOnDrop<'a> {
+    cache: Option<&'a DenyCache>,
+    key: &'a str,
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache {
+            cache.forget(self.key);
+        }
     }
 }
 

@@ -214,11 +214,22 @@ fn a_refund_that_gives_back_forgets_the_cached_denial() {
     assert!(rt.block_on(l.check_n("k", 1)).unwrap().is_cached());
     assert_eq!(l.cached_denials(), 1);
 
-    assert!(rt.block_on(l.refund(&receipt.unwrap())).unwrap());
+    let receipt = receipt.unwrap();
+    assert!(rt.block_on(l.refund(&receipt)).unwrap());
     assert_eq!(l.cached_denials(), 0, "the refund forgot the denial");
     asks_redis_and_is_admitted(&rt, &l);
     // Spent again: denied, and cached again.
     denied_and_cached(&rt, &l);
+    // The same receipt again gives nothing back (Redis answers 0): the entry stays,
+    // and the next call is answered locally (session 54's review; mutation seen
+    // failing: every refund reply forgetting).
+    assert!(!rt.block_on(l.refund(&receipt)).unwrap());
+    assert_eq!(
+        l.cached_denials(),
+        1,
+        "a refund of nothing forgot the denial"
+    );
+    assert!(rt.block_on(l.check_n("k", 1)).unwrap().is_cached());
 }
 
 /// A connection that, once armed, holds the reply of its next command until
@@ -356,6 +367,15 @@ fn a_denial_decided_before_a_refund_is_not_cached_after_it() {
     asks_redis_and_is_admitted(&rt, &l);
 }
 
+/// The refund script loaded on `l` (a NOSCRIPT reply is not the reply to hold),
+/// and `k` denied and cached.
+fn refund_loaded_and_denied(rt: &tokio::runtime::Runtime, l: &RedisLimiter<Held>) {
+    let (other, other_receipt) = rt.block_on(l.charge_n("other", 1)).unwrap();
+    assert!(other.decision().is_allowed());
+    assert!(rt.block_on(l.refund(&other_receipt.unwrap())).unwrap());
+    denied_and_cached(rt, l);
+}
+
 /// A refund whose reply never comes back (held past the limiter's timeout, after
 /// Redis ran it) still forgets the key's cached denial: the caller cannot tell what
 /// was given back, and the key's next call asks Redis, which admits with the
@@ -368,11 +388,7 @@ fn a_refund_whose_reply_is_lost_forgets_the_cached_denial() {
     };
     let rt = runtime();
     let (conn, l, receipt) = held_and_spent(&rt, &server, Duration::from_secs(1));
-    // The refund script loaded (a NOSCRIPT reply is not the reply to hold).
-    let (other, other_receipt) = rt.block_on(l.charge_n("other", 1)).unwrap();
-    assert!(other.decision().is_allowed());
-    assert!(rt.block_on(l.refund(&other_receipt.unwrap())).unwrap());
-    denied_and_cached(&rt, &l);
+    refund_loaded_and_denied(&rt, &l);
 
     // Redis runs the refund; its reply is held past the 1 s timeout.
     *conn.armed.lock().unwrap() = true;
@@ -384,5 +400,33 @@ fn a_refund_whose_reply_is_lost_forgets_the_cached_denial() {
         "{lost:?}"
     );
     assert_eq!(l.cached_denials(), 0, "the lost refund kept the denial");
+    asks_redis_and_is_admitted(&rt, &l);
+}
+
+/// A refund whose caller stops waiting for it (its future dropped: a caller's own
+/// timeout, a `select!`, a client gone) after Redis ran it forgets the key's cached
+/// denial too, as a refund whose reply the limiter's own timeout lost: the reply
+/// never came. Before session 54's review the dropped refund skipped the forget,
+/// and the cache answered "denied" for the rest of the hour though the refund had
+/// made room.
+#[test]
+fn a_refund_dropped_by_its_caller_forgets_the_cached_denial() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = runtime();
+    // The limiter's own timeout far past the caller's.
+    let (conn, l, receipt) = held_and_spent(&rt, &server, common::TEST_TIMEOUT);
+    refund_loaded_and_denied(&rt, &l);
+
+    // Redis runs the refund; its reply is held, and the caller gives up first.
+    *conn.armed.lock().unwrap() = true;
+    let dropped = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(300), l.refund(&receipt)).await
+    });
+    conn.release.store(true, Ordering::SeqCst);
+    assert!(dropped.is_err(), "the caller's timeout: {dropped:?}");
+    assert!(conn.replied.load(Ordering::SeqCst), "Redis ran the refund");
+    assert_eq!(l.cached_denials(), 0, "the dropped refund kept the denial");
     asks_redis_and_is_admitted(&rt, &l);
 }
