@@ -64,6 +64,8 @@ struct Shape {
     /// More limits of the limiter (`RedisLimiterBuilder::and`): the algorithm, the
     /// limit and the period (µs; GCRA's burst its limit).
     and: &'static [(Algorithm, u64, u64)],
+    /// Which limiters turn `wide_log_refunds` on, by client (cycled; empty: none).
+    wide: &'static [bool],
 }
 
 impl Shape {
@@ -416,6 +418,8 @@ struct Clients<'a> {
     api: &'a [RedisLimiter],
     /// The scripts run by hand, and the connection they run on.
     raw: Option<(&'a [Raw; 2], redis::Connection)>,
+    /// A connection that counts a sliding log's refund members after each refund.
+    probe: redis::Connection,
 }
 
 impl Clients<'_> {
@@ -530,6 +534,9 @@ struct Tally {
     /// The most refunds that gave back within one span of the clock (a window,
     /// GCRA's `B·T`).
     crowd: u64,
+    /// The most refund records (`refunds:id:` members) a sliding log's key held
+    /// after a refund.
+    records: u64,
 }
 
 /// One trace: `shape`'s clients on one fresh key, seed `seed`. Panics with the
@@ -670,6 +677,18 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
             } else if !back {
                 tally.refused += 1;
             }
+            for (l, redis_key) in limits.iter().zip(clients.api[0].redis_keys(&key)) {
+                if l.algorithm == Algorithm::SlidingLog {
+                    let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                        .arg(&redis_key)
+                        .arg("-inf")
+                        .arg("-inf")
+                        .query(&mut clients.probe)
+                        .unwrap();
+                    let n = ids.iter().filter(|m| m.starts_with("refunds:id:")).count();
+                    tally.records = tally.records.max(n as u64);
+                }
+            }
             if back {
                 tally.gave += 1;
                 let crowd = crowds.entry(now / span).or_insert(0);
@@ -708,13 +727,15 @@ fn run_trace(clients: &mut Clients, shape: Shape, seed: u64, tally: &mut Tally) 
 
 /// `shape`'s traces on a fresh server, and where `deploy`, with the current and
 /// the previous scripts run by hand as two more clients.
-fn run_shape(shape: Shape, deploy: bool) {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
+fn run_shape(shape: Shape, deploy: bool) -> Option<Tally> {
+    let server = RedisServer::start()?;
     let rt = runtime();
     let api: Vec<RedisLimiter> = (0..shape.clients)
-        .map(|_| with_refunds(&rt, &server, shape.builder(), true))
+        .map(|c| {
+            let wide = !shape.wide.is_empty() && shape.wide[c % shape.wide.len()];
+            let builder = shape.builder().wide_log_refunds(wide);
+            with_refunds(&rt, &server, builder, true)
+        })
         .collect();
     let versions = raw_versions(&shape);
     let raw = deploy.then(|| (&versions, server.connection().unwrap()));
@@ -722,6 +743,7 @@ fn run_shape(shape: Shape, deploy: bool) {
         rt: &rt,
         api: &api,
         raw,
+        probe: server.connection().unwrap(),
     };
     let mut tally = Tally::default();
     // A longer search: FLOODGATE_BOUND_SEEDS=n runs seeds 1 to n.
@@ -733,14 +755,15 @@ fn run_shape(shape: Shape, deploy: bool) {
         run_trace(&mut clients, shape, seed, &mut tally);
     }
     eprintln!(
-        "{:?} limit {} deploy {deploy}: {tally:?}",
-        shape.algorithm, shape.limit
+        "{:?} limit {} deploy {deploy} wide {:?}: {tally:?}",
+        shape.algorithm, shape.limit, shape.wide
     );
     let t = &tally;
     assert!(
         t.admitted > 0 && t.denied > 0 && t.gave > 0 && t.again > 0 && t.refused > 0,
         "{tally:?}"
     );
+    Some(tally)
 }
 
 /// A tight limit, costs up to 3: many denials, refunds that free room for them.
@@ -760,6 +783,7 @@ fn tight(algorithm: Algorithm) -> Shape {
         clients: 3,
         and: &[],
         back_pct: 8,
+        wide: &[],
     }
 }
 
@@ -779,6 +803,7 @@ fn crowd(algorithm: Algorithm) -> Shape {
         clients: 3,
         and: &[],
         back_pct: 8,
+        wide: &[],
     }
 }
 
@@ -903,4 +928,56 @@ fn a_multi_limit_receipt_may_answer_true_twice_each_part_once() {
     assert!(refund(11_700_000), "the log's part");
     assert!(charge(11_700_000).0.is_allowed(), "the log gave its 3 back");
     assert!(!refund(11_700_000), "both parts given back");
+}
+
+/// Session 54's review: the log's traces with `wide_log_refunds` on every limiter,
+/// and on every other one (step 2 of the rolling deploy half done: limiters
+/// keeping 64 records and 8 on the same keys), alone and as the second of two
+/// limits. A crowd (clocks behind the newest instant log at it) leaves keys of more
+/// than 8 records, and of 64 where every limiter keeps them: no receipt gives back
+/// twice and every limit's bound holds.
+///
+/// Mutations seen failing: `record_refund` not raising the floor past a record it
+/// trims (a receipt gives back twice); the log's refund keeping 65 records where
+/// `WIDE_LOG` is on, and its reader taking one member at -inf fewer (a key the
+/// refund wrote read as malformed); the option ignored (8 records at most).
+#[test]
+fn sliding_log_traces_with_wide_log_refunds_stay_within_the_limit() {
+    const S: u64 = 1_000_000;
+    for wide in [&[true][..], &[true, false]] {
+        let mut records = 0;
+        for shape in [
+            tight(Algorithm::SlidingLog),
+            jitter(Algorithm::SlidingLog),
+            wide_crowd(&[]),
+            wide_crowd(&[(Algorithm::SlidingLog, 150, 3 * S)]),
+        ] {
+            let Some(tally) = run_shape(Shape { wide, ..shape }, false) else {
+                return;
+            };
+            records = records.max(tally.records);
+        }
+        // The traces reach keys of more records than a limiter without the option
+        // keeps (8), and where every limiter has it, of as many as a key keeps.
+        let most = if wide.contains(&false) {
+            9..=63
+        } else {
+            64..=64
+        };
+        assert!(
+            most.contains(&records),
+            "{wide:?}: {records} records at most"
+        );
+    }
+}
+
+/// A crowd of the log (a limit of 200, clocks behind as often as ahead, so many
+/// charges log at the newest instant), `and` more limits after it.
+fn wide_crowd(and: &'static [(Algorithm, u64, u64)]) -> Shape {
+    Shape {
+        limit: 200,
+        back_pct: 25,
+        and,
+        ..crowd(Algorithm::SlidingLog)
+    }
 }
