@@ -109,7 +109,10 @@ impl RedisLimitError {
     /// reconfiguring — `TRYAGAIN`, `CLUSTERDOWN`, or a slot still moving when the
     /// limiter's sends ran out on `MOVED` or `ASK` —, out of memory — `OOM`, a
     /// script's first write refused, so nothing written), as opposed to one that
-    /// will fail again (a malformed state or reply).
+    /// will fail again (a malformed state or reply). One exception it cannot tell:
+    /// a limiter on a plain connection to one node of a Redis Cluster meets `MOVED`
+    /// for every key another node owns, and no retry helps there — build it on
+    /// [`connect_cluster`](crate::connect_cluster) instead.
     ///
     /// # Examples
     ///
