@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -1137,4 +1138,475 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
         Some("3"),
         "the window's count: {window}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Session 54 (later): slots moving on the server's clock, and an aborted migration.
+// ---------------------------------------------------------------------------
+
+/// The server's `TIME`, in microseconds since the epoch (every node runs on this
+/// machine's clock).
+fn server_micros(node: &Node) -> u64 {
+    let time: Vec<String> = node.cmd(&["TIME"]);
+    let secs: u64 = time[0].parse().expect("TIME seconds");
+    let micros: u64 = time[1].parse().expect("TIME microseconds");
+    secs * 1_000_000 + micros
+}
+
+/// A period of whole seconds (10 to 20 minutes) whose window, on the epoch-aligned
+/// grid the window scripts use, holds the server's now in its second quarter: a
+/// test of a few seconds on the server's clock never crosses a window's end, so its
+/// decisions are the same at each of its readings (GCRA and the log, at 4 a
+/// period, free a unit only after minutes).
+fn mid_window_period(node: &Node) -> Duration {
+    let now_s = server_micros(node) / 1_000_000;
+    let secs = (600..1200)
+        .find(|&p| (p / 4..p / 2).contains(&(now_s % p)))
+        .expect("a period of 10 to 20 minutes with now in its second quarter");
+    Duration::from_secs(secs)
+}
+
+/// Where `key` lies: every node holding it in its slot, owner or not
+/// (`CLUSTER GETKEYSINSLOT` lists a node's keys whatever the slot's owner).
+fn holders(cluster: &Cluster, key: &str) -> Vec<usize> {
+    let slot: i64 = cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]);
+    let slot = slot.to_string();
+    (0..cluster.nodes.len())
+        .filter(|&i| {
+            let keys: Vec<String> =
+                cluster.nodes[i].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]);
+            keys.iter().any(|k| k == key)
+        })
+        .collect()
+}
+
+/// The absolute expiry (ms since the epoch, `PEXPIRETIME`) of `key` on `node`, asked
+/// with `ASKING` (what a node importing the slot holds).
+fn expiry_ms(node: &Node, key: &str) -> i64 {
+    asking(node, &["PEXPIRETIME", key])
+}
+
+/// Where the expiry (ms) of a key of `algorithm` must lie: its TTL is the time until
+/// its state is fresh again (crate docs, "Keys"), from its last write. `written` is
+/// a server reading taken before that write, `now` one taken after it, `admitted`
+/// every unit the key ever admitted (GCRA keeps it until its latest TAT). Windows
+/// end on the epoch-aligned grid; a sliding window is fresh a period after its
+/// current one ends; the log a period after its newest unit.
+fn expiry_bounds(
+    algorithm: Algorithm,
+    period: Duration,
+    limit: u64,
+    written: u64,
+    now: u64,
+    admitted: u64,
+) -> (i64, i64) {
+    let p = u64::try_from(period.as_micros()).expect("a short period");
+    let end = (now / p + 1) * p;
+    let (lo, hi) = match algorithm {
+        Algorithm::Gcra => (written + p / limit, now + admitted * (p / limit)),
+        Algorithm::FixedWindow => (end, end),
+        Algorithm::SlidingWindow => (end + p, end + p),
+        Algorithm::SlidingLog => (written + p, now + p),
+        other => panic!("no expiry known for {other:?}"),
+    };
+    // Rounded up to a millisecond, on Redis's clock of whole milliseconds.
+    let ms = |us: u64| i64::try_from(us / 1_000).expect("ms");
+    (ms(lo) - 2, ms(hi) + 2)
+}
+
+/// The Redis keys of `key` on `limiter`, each with the algorithm of its limit.
+fn keys_of(
+    limiter: &RedisLimiter<ClusterConnection>,
+    algorithms: &[Algorithm],
+    key: &str,
+) -> Vec<(String, Algorithm)> {
+    limiter
+        .redis_keys(key)
+        .into_iter()
+        .zip(algorithms.iter().copied())
+        .collect()
+}
+
+/// A limiter of every algorithm with refunds on, `limit` a [`mid_window_period`],
+/// each under the prefix `name:Algorithm:`; and the period.
+fn server_clock_limiters(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    limit: u64,
+    name: &str,
+) -> (Duration, Vec<(Algorithm, RedisLimiter<ClusterConnection>)>) {
+    let period = mid_window_period(&cluster.nodes[0]);
+    let policy = Policy::new(limit, period).expect("policy");
+    let limiters = ALGORITHMS
+        .into_iter()
+        .map(|algorithm| {
+            let builder = common::builder(algorithm, policy)
+                .refunds(true)
+                .prefix(format!("{name}:{algorithm:?}:"));
+            (algorithm, build(rt, cluster, builder))
+        })
+        .collect();
+    (period, limiters)
+}
+
+/// One key of every algorithm, and a multi-limit call's two keys (a fixed window
+/// and a log), charged with receipts on the **server's clock** (the production
+/// scripts: `charge_n`, `peek_n`, `refund`, which set each key's TTL), while each
+/// one's slot moves: first into mid-migration (every key moved, the old owner
+/// answers `ASK`), then to the new owner (`MOVED`). `MIGRATE` carries each key's
+/// expiry: on the new owner it expires when it did on the old one (later by at most
+/// the move's own milliseconds: `MIGRATE` sends the time left), within what its
+/// state needs; the state decides as before the move (the same remaining, a
+/// `retry_after` shorter by no more than the time between the two peeks); receipts
+/// issued before the move, and during it, give back exactly once after it, on the
+/// importing node and on the new owner; and the limit holds to the unit.
+#[test]
+fn server_clock_keys_keep_their_state_ttl_and_receipts_when_their_slot_moves() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limit = 4;
+    let (period, limiters) = server_clock_limiters(&rt, &cluster, limit, "clock");
+    let policy = Policy::new(limit, period).expect("policy");
+    let mut cases: Vec<(String, Vec<Algorithm>, RedisLimiter<ClusterConnection>)> = limiters
+        .into_iter()
+        .map(|(algorithm, l)| (format!("{algorithm:?}"), vec![algorithm], l))
+        .collect();
+    let multi = common::builder(Algorithm::FixedWindow, policy)
+        .and(Algorithm::SlidingLog, policy)
+        .refunds(true)
+        .prefix("clock-multi:");
+    cases.push((
+        "multi".to_owned(),
+        vec![Algorithm::FixedWindow, Algorithm::SlidingLog],
+        build(&rt, &cluster, multi),
+    ));
+    let key = "k";
+    let clock = &cluster.nodes[0];
+
+    for (name, algorithms, limiter) in &cases {
+        let stored = keys_of(limiter, algorithms, key);
+        let slot: i64 = clock.cmd(&["CLUSTER", "KEYSLOT", &stored[0].0]);
+        let from = cluster.slot_owner(slot);
+        let to = (from + 1) % cluster.nodes.len();
+        let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
+        // Units admitted so far, and a server reading taken before the last admission.
+        let (admitted, written) = (Cell::new(0), Cell::new(0));
+        let charge = || {
+            let before = server_micros(clock);
+            let (v, receipt) = rt
+                .block_on(limiter.charge_n(key, 1))
+                .unwrap_or_else(|e| panic!("{name}: a charge: {e}"));
+            let d = match v {
+                floodgate_redis::Verdict::Decided(d) => d,
+                other => panic!("{name}: not decided: {other:?}"),
+            };
+            if d.is_allowed() {
+                admitted.set(admitted.get() + 1);
+                written.set(before);
+            }
+            (d, receipt)
+        };
+        let peek = |cost: u32| decided(rt.block_on(limiter.peek_n(key, cost)));
+        let refund = |r: &floodgate_redis::RedisReceipt| {
+            rt.block_on(limiter.refund(r))
+                .unwrap_or_else(|e| panic!("{name}: a refund: {e}"))
+        };
+        let bounds = |algorithm| {
+            expiry_bounds(
+                algorithm,
+                period,
+                limit,
+                written.get(),
+                server_micros(clock),
+                admitted.get(),
+            )
+        };
+        // The state decides as it did at `peeked`, when a peek of 3 got `waits`: one
+        // more unit fits, 3 do not, and their wait has run down by no more than the
+        // time since.
+        let decides_as_before = |waits: &Decision, peeked: Instant, phase: &str| {
+            let (fits, waits_now) = (peek(1), peek(3));
+            let between = peeked.elapsed();
+            assert_eq!(
+                (fits.is_allowed(), fits.remaining()),
+                (true, 1),
+                "{name}: {phase}"
+            );
+            let (w0, w1) = (
+                waits.retry_after().expect("a wait"),
+                waits_now.retry_after().expect("a wait"),
+            );
+            assert!(
+                !waits_now.is_allowed() && w1 <= w0 && w1 + between >= w0,
+                "{name}, {phase}: waited {w0:?}, then {w1:?} after {between:?}"
+            );
+        };
+        let (d, first) = charge();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 3), "{name}");
+        let (d, second) = charge();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{name}");
+        let (first, second) = (first.expect("a receipt"), second.expect("a receipt"));
+
+        // Before the move: each key's expiry within what its state needs.
+        let mut expiries = vec![];
+        for (k, algorithm) in &stored {
+            let (lo, hi) = bounds(*algorithm);
+            let at = expiry_ms(src, k);
+            assert!(
+                (lo..=hi).contains(&at),
+                "{name}: {k} expires at {at} ms, not in {lo}..={hi}"
+            );
+            expiries.push(at);
+        }
+        let peeked = Instant::now();
+        let (fits, waits) = (peek(1), peek(3));
+        assert_eq!((fits.is_allowed(), fits.remaining()), (true, 1), "{name}");
+        assert!(!waits.is_allowed(), "{name}: 3 more fit in 2: {waits:?}");
+
+        // Mid-migration (`ASK`): the keys and their expiries moved.
+        let moving = Instant::now();
+        let moved = cluster.migrate_keys(slot, from, to);
+        let slack = i64::try_from(moving.elapsed().as_millis()).expect("ms") + 2;
+        for ((k, _), before) in stored.iter().zip(&expiries) {
+            assert!(moved.contains(k), "{name}: {k} not moved");
+            assert_eq!(holders(&cluster, k), [to], "{name}: {k}");
+            let at = expiry_ms(dst, k);
+            assert!(
+                (*before..=before + slack).contains(&at),
+                "{name}: {k} expired at {before} ms on its old owner, at {at} ms on the new"
+            );
+        }
+        decides_as_before(&waits, peeked, "asked");
+
+        // A receipt from before the move gives back once, on the importing node.
+        assert!(refund(&first), "{name}: the first charge given back");
+        assert!(!refund(&first), "{name}: the first charge given back twice");
+        let d = peek(1);
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{name}");
+        let (d, third) = charge();
+        assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{name}: asked");
+        let third = third.expect("a receipt");
+        for (k, algorithm) in &stored {
+            let (lo, hi) = bounds(*algorithm);
+            let at = expiry_ms(dst, k);
+            assert!(
+                (lo..=hi).contains(&at),
+                "{name}: {k} written while asked expires at {at} ms, not in {lo}..={hi}"
+            );
+        }
+
+        // The move ends (`MOVED`): the same state, the receipts once more.
+        let peeked = Instant::now();
+        let waits = peek(3);
+        let (slot_s, dst_id) = (slot.to_string(), dst.id());
+        for node in [dst, src].into_iter().chain(&cluster.nodes) {
+            let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
+        }
+        decides_as_before(&waits, peeked, "moved");
+        assert!(!refund(&first), "{name}: the first charge, after the move");
+        assert!(refund(&second), "{name}: the second charge given back");
+        assert!(
+            refund(&third),
+            "{name}: the charge made while asked given back"
+        );
+        assert!(
+            !refund(&second) && !refund(&third),
+            "{name}: given back twice"
+        );
+        let mut more = 0;
+        loop {
+            let (d, _) = charge();
+            if !d.is_allowed() {
+                break;
+            }
+            more += 1;
+            assert!(more <= limit, "{name}: admitted past the limit");
+        }
+        assert_eq!(more, limit, "{name}: the room after three refunds");
+        for (k, algorithm) in &stored {
+            assert_eq!(holders(&cluster, k), [to], "{name}: {k}");
+            let (lo, hi) = bounds(*algorithm);
+            let at = expiry_ms(dst, k);
+            assert!(
+                (lo..=hi).contains(&at),
+                "{name}: {k} at the end expires at {at} ms, not in {lo}..={hi}"
+            );
+        }
+    }
+}
+
+/// `MIGRATE` of `keys` from `node` (a node importing their slot, or holding them
+/// without owning it) to port `to`, flagged `ASKING` so that `node` serves them.
+fn migrate_back(node: &Node, to: u16, keys: &[&str]) {
+    let port = to.to_string();
+    let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    args.extend(keys);
+    let ok: String = asking(node, &args);
+    assert_eq!(ok, "OK", "MIGRATE {keys:?} back");
+}
+
+/// A migration aborted midway (session 54), one slot holding a key of every
+/// algorithm (one-key limiters on keys with one hash tag), charged with receipts
+/// on the server's clock. Half of the keys move, the slot in mid-migration, and each
+/// key is charged there (`ASK` for the moved ones); then the operator gives up:
+///
+/// * **moved back** (`SETSLOT STABLE` on the old owner, `MIGRATE` from the
+///   importing node, `SETSLOT STABLE` there): every key lies on the old owner alone, with the state
+///   and the expiry it had, decides from it, its receipts (charged before the move
+///   and on the importing node) give back once, and it admits exactly its limit;
+/// * **`SETSLOT STABLE` on both nodes, keys left on the importing node**: the old
+///   owner serves the slot again without them; the stranded copies are read by no
+///   call (their node answers `MOVED`), so those keys decide as fresh ones (crate
+///   docs: "a vanished key decides as a fresh one") — their units are forgotten
+///   while they are stranded, as Redis Cluster loses them, and the keys left on
+///   the old owner keep deciding from their state. Moved back before any write
+///   (the node holding them flagged `IMPORTING` for the `MIGRATE`, as
+///   `redis-cli --cluster fix` does), they decide from their state again: never
+///   two states of one key read, never more than the limit admitted over the
+///   whole run where no call was made on a stranded key.
+#[test]
+fn an_aborted_migration_leaves_every_key_one_state() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let rt = runtime();
+    let limit = 4;
+    let (_, limiters) = server_clock_limiters(&rt, &cluster, limit, "abort");
+    let clock = &cluster.nodes[0];
+
+    for (case, key) in [("moved back", "k{back}"), ("stable", "k{stable}")] {
+        let stored: Vec<String> = limiters
+            .iter()
+            .map(|(_, l)| l.redis_keys(key).remove(0))
+            .collect();
+        let slot: i64 = clock.cmd(&["CLUSTER", "KEYSLOT", &stored[0]]);
+        for k in &stored {
+            assert_eq!(clock.cmd::<i64>(&["CLUSTER", "KEYSLOT", k]), slot, "{k}");
+        }
+        let from = cluster.slot_owner(slot);
+        let to = (from + 1) % cluster.nodes.len();
+        let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
+        let (src_id, dst_id, slot_s) = (src.id(), dst.id(), slot.to_string());
+        let charge = |i: usize| {
+            let (algorithm, limiter) = &limiters[i];
+            let (v, receipt) = rt
+                .block_on(limiter.charge_n(key, 1))
+                .unwrap_or_else(|e| panic!("{case} {algorithm:?}: a charge: {e}"));
+            match v {
+                floodgate_redis::Verdict::Decided(d) => (d, receipt),
+                other => panic!("{case} {algorithm:?}: not decided: {other:?}"),
+            }
+        };
+        // The room left: a peek of one unit reports what would remain after it.
+        let remaining = |i: usize| {
+            let d = decided(rt.block_on(limiters[i].1.peek_n(key, 1)));
+            if d.is_allowed() {
+                d.remaining() + 1
+            } else {
+                0
+            }
+        };
+        let refund = |i: usize, r: &floodgate_redis::RedisReceipt| {
+            rt.block_on(limiters[i].1.refund(r))
+                .unwrap_or_else(|e| panic!("{case} {:?}: a refund: {e}", limiters[i].0))
+        };
+
+        // Two units each on the old owner, then half of the keys move.
+        let mut receipts = vec![];
+        for i in 0..limiters.len() {
+            assert!(charge(i).0.is_allowed(), "{case} {i}");
+            let (d, r) = charge(i);
+            assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{case} {i}");
+            receipts.push(vec![r.expect("a receipt")]);
+        }
+        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
+        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+        let (moved, stayed) = stored.split_at(2);
+        let port = dst.port.to_string();
+        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        migrate.extend(moved.iter().map(String::as_str));
+        let _: String = src.cmd(&migrate);
+        // A unit each mid-migration: the moved keys on the importing node (`ASK`).
+        for (i, k) in stored.iter().enumerate() {
+            let (d, r) = charge(i);
+            assert_eq!((d.is_allowed(), d.remaining()), (true, 1), "{case} {k}");
+            receipts[i].push(r.expect("a receipt"));
+            let at = if i < 2 { to } else { from };
+            assert_eq!(holders(&cluster, k), [at], "{case}: {k} mid-migration");
+        }
+        let expiries: Vec<i64> = moved.iter().map(|k| expiry_ms(dst, k)).collect();
+
+        if case == "moved back" {
+            // The old owner first (a migrating node answers `ASK` for a key it
+            // lacks, even to the `RESTORE` that brings it back, and `SETSLOT NODE`
+            // clears its migration only once it holds no key of the slot), then
+            // the keys, then the importing node.
+            let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "STABLE"]);
+            let moving = Instant::now();
+            let keys: Vec<&str> = moved.iter().map(String::as_str).collect();
+            migrate_back(dst, src.port, &keys);
+            let slack = i64::try_from(moving.elapsed().as_millis()).expect("ms") + 2;
+            let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "STABLE"]);
+            for (k, before) in moved.iter().zip(&expiries) {
+                let at: i64 = src.cmd(&["PEXPIRETIME", k]);
+                assert!(
+                    (*before..=before + slack).contains(&at),
+                    "{k} expired at {before} ms on the importing node, at {at} ms back"
+                );
+            }
+        } else {
+            for node in [dst, src] {
+                let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "STABLE"]);
+            }
+            assert_eq!(cluster.slot_owner(slot), from);
+            for (i, k) in stored.iter().enumerate() {
+                let stranded = i < 2;
+                assert_eq!(
+                    holders(&cluster, k),
+                    [if stranded { to } else { from }],
+                    "{k} after STABLE"
+                );
+                let read = dst.query::<i64>(&["EXISTS", k]);
+                assert!(
+                    read.is_err_and(|e| e.kind() == redis::ErrorKind::Moved),
+                    "{k}: the importing node still serves the slot"
+                );
+                // Stranded: read as fresh on the old owner (a peek writes nothing).
+                let want = if stranded { limit } else { 1 };
+                assert_eq!(remaining(i), want, "{k} after STABLE");
+            }
+            // Moved back as `redis-cli --cluster fix` would, before any write.
+            let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
+            let keys: Vec<&str> = moved.iter().map(String::as_str).collect();
+            migrate_back(dst, src.port, &keys);
+            let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "STABLE"]);
+        }
+
+        // Every key on the old owner alone, one state, decided from it.
+        assert_eq!(cluster.slot_owner(slot), from, "{case}");
+        for (i, k) in stored.iter().enumerate() {
+            assert_eq!(holders(&cluster, k), [from], "{case}: {k}");
+            assert_eq!(remaining(i), 1, "{case}: {k}");
+        }
+        assert!(stayed.iter().all(|k| holders(&cluster, k) == [from]));
+        // Receipts from before the migration and from the importing node: once.
+        for (i, rs) in receipts.iter().enumerate() {
+            for r in rs {
+                assert!(refund(i, r), "{case} {i}: a charge given back");
+                assert!(!refund(i, r), "{case} {i}: a charge given back twice");
+            }
+            assert_eq!(remaining(i), 3, "{case} {i}: after two refunds");
+            let mut more = 0;
+            while charge(i).0.is_allowed() {
+                more += 1;
+                assert!(more <= limit, "{case} {i}: admitted past the limit");
+            }
+            assert_eq!(more, 3, "{case} {i}: the room two refunds made");
+        }
+        for k in &stored {
+            assert_eq!(holders(&cluster, k), [from], "{case}: {k} at the end");
+        }
+    }
 }
