@@ -1476,6 +1476,10 @@ fn migrate_back(node: &Node, to: u16, keys: &[&str]) {
 ///   `redis-cli --cluster fix` does), they decide from their state again: never
 ///   two states of one key read, never more than the limit admitted over the
 ///   whole run where no call was made on a stranded key.
+/// * **stranded and written meanwhile** (a charge on the old owner makes each a
+///   fresh state there): [`stranded_and_written`] — the stranded copy is never
+///   read, never moved back over the newer state (`BUSYKEY`), and its receipts
+///   give nothing back on the fresh one.
 #[test]
 fn an_aborted_migration_leaves_every_key_one_state() {
     let Some(cluster) = Cluster::start() else {
