@@ -53,8 +53,9 @@
 //!   day) run in one script, all or nothing, on hash-tagged keys `prefix{key}:i` that
 //!   share a Cluster slot. Each write sets a TTL (`PX`/`PEXPIRE`) of the time until
 //!   the state is fresh again, rounded up to a millisecond (a window state's may be
-//!   longer: a policy change, below), so idle keys vanish and a vanished key decides
-//!   as a fresh one.
+//!   longer: a policy change, below, or a Cluster move, whose `MIGRATE` adds the few
+//!   milliseconds it took, kept for the rest of that window), so idle keys vanish
+//!   and a vanished key decides as a fresh one.
 //!   Fixed window, sliding window and GCRA keep one string per key; the sliding log
 //!   keeps a sorted set with one member per admitted instant (and, once charged
 //!   with a receipt, refund members: **Refunds**, below).
@@ -169,7 +170,11 @@
 //! either node. Under the default [`OnFailure::Open`] such calls are admitted, so a
 //! multi-limit key is unlimited while its slot moves: where that matters, give a
 //! multi-limit limiter [`OnFailure::Closed`] or [`OnFailure::Error`] (and retry a
-//! retryable error after a short wait), or reshard at a quiet hour.
+//! retryable error after a short wait), or reshard at a quiet hour. Finish a move
+//! once started rather than abort it: a key left on the importing node when both
+//! nodes are set `STABLE` is not read (the owner answers for its slot), so its key
+//! decides as a fresh one there — up to a whole limit more — until it is moved back,
+//! which Redis refuses (`BUSYKEY`) once the owner has written the key again.
 //!
 //! ## Local denial cache
 //!
