@@ -36,6 +36,8 @@
 //! model).
 #![cfg(not(loom))]
 
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -203,7 +205,7 @@ fn run_trace(limit: &dyn Limit, cap: u64, p: u64, trace: &[Step]) -> Result<(), 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     /// GCRA (lock-free and the mutex twin), a token bucket, and the shaper as a limit
     /// (a plain GCRA check): the decision's numbers mean what the docs say.
@@ -471,7 +473,7 @@ fn a_wait_that_can_never_fit_fails_at_once_without_sleeping() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(crate::common::cases(128))]
 
     /// `set_algorithm` / `SlidingLog::set_policy` change a limit at runtime ("keeping
     /// state as `carry_over` says"): the decisions after the change keep every
@@ -774,7 +776,7 @@ fn the_default_clocks_read_unix_time() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(crate::common::cases(128))]
 
     /// keyed/mod.rs: after a removal in the shard at instant `R`, "every decision in
     /// the shard is made at `max(reading, R)`", "answered exactly as an unbounded map
@@ -1042,7 +1044,7 @@ fn reservations_are_equal_only_for_the_same_shaper_and_slot() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     /// keyed/limiter.rs `reserve`: "`Shaper::reserve` for one key of many … Slots of
     /// one key are handed out first come, first served; keys do not wait for each
@@ -1079,7 +1081,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2_000))]
+    #![proptest_config(crate::common::cases(2_000))]
 
     /// policy.rs: "after construction `L·T ≤ 2^62` and `B·T ≤ 2^62` hold"; `T = ⌈P/L⌉`
     /// "means the sustained rate `1/T` is never above the stated `L/P`", below it by
@@ -1261,7 +1263,7 @@ fn a_decision_reads_the_clock_once() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     /// limiter.rs `book_at`: "Books `cost` units at the earliest instant they fit,
     /// however far ahead … the decision (denied only for "never"), the delay until

@@ -81,7 +81,7 @@ fn cold_keys_match_the_keyed_table<S: Storage<u64, floodgate::GcraState>>(ops: &
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(crate::common::cases(64))]
 
     #[test]
     fn cold_keys_are_the_keyed_tables_exact_gcra(ops in prop::collection::vec(op(), 1..200)) {

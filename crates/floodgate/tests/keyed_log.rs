@@ -3,6 +3,8 @@
 //! limit under threads, and judging readings earlier than a removal at the removal.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -129,7 +131,7 @@ fn run_against_one_log_per_key(ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     #[test]
     fn the_keyed_log_matches_one_sliding_log_per_key(ops in prop::collection::vec(op(), 1..200)) {

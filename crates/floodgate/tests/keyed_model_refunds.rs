@@ -8,6 +8,8 @@
 //! the table must never be more permissive than that replay.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::time::Duration;
 
 use floodgate::{
@@ -162,7 +164,7 @@ fn run<St: Storage<u64, floodgate::GcraState>>(ops: &[Op]) -> Result<(), TestCas
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(1_000))]
 
     #[test]
     fn keyed_multi_key_removals_refunds_policy_changes_heap(ops in proptest::collection::vec(op(), 1..60)) {

@@ -402,7 +402,7 @@ where
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(crate::common::cases(64))]
 
     #[test]
     fn plans_on_every_algorithm_and_storage_match_one_limiter_per_key(

@@ -344,7 +344,7 @@ fn bounded_run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     #[test]
     #[cfg_attr(miri, ignore = "quanta executes CPUID")]

@@ -82,7 +82,7 @@ fn run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::common::cases(256))]
 
     #[test]
     fn admits_at_most_the_central_gcra_plus_the_units_on_lease(

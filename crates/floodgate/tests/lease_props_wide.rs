@@ -3,6 +3,8 @@
 //! one-tick lifetimes, sub-tick clock steps and clocks that start late.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::time::Duration;
 
 use floodgate::{
@@ -47,7 +49,7 @@ fn steps(burst: u64) -> impl Strategy<Value = Vec<Step>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(crate::common::cases(400))]
 
     /// The lease bound with any cost (u32::MAX included), any shard number, tiny
     /// lifetimes (one expiry tick) and sub-tick clock steps.
@@ -121,7 +123,7 @@ fn op(burst: u64) -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(crate::common::cases(300))]
 
     /// One thread, keys promoted and demoted at random: per key, admissions over every
     /// interval within B + ⌊(b − a)/T⌋ + one lease (this thread owns one shard of each

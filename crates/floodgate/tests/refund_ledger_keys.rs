@@ -245,7 +245,7 @@ mod interleavings {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #![proptest_config(crate::common::cases(1024))]
         #[test]
         fn interleaved_keys_never_beat_the_exact_bound(
             limit in 1u64..5, burst in 1u64..5,

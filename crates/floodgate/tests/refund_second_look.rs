@@ -325,7 +325,7 @@ mod schedules {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(1_500))]
+        #![proptest_config(crate::common::cases(1_500))]
 
         /// Limits 1..=3 per 1 µs (T = 1000, 500 and 334 ns: one rounds up), bursts
         /// up to 5, costs up to 3, up to 40 operations.

@@ -208,7 +208,7 @@ fn keyed_case<S: Storage<u64, GcraState>>(policy: Policy, ops: &[Op]) -> Result<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(256))]
 
     #[test]
     fn a_shapers_peek_is_its_next_reservation((policy, ops) in trace()) {

@@ -212,7 +212,7 @@ fn keyed_case<St: Storage<u64, GcraState>>(policy: Policy, ops: &[Op]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(256))]
 
     /// A free slot taken by one reservation refunds exactly as a charge's: the shaper
     /// and its mutex twin.

@@ -184,7 +184,7 @@ fn run_exact<St: Storage<u64, floodgate::GcraState>>(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(crate::common::cases(512))]
     /// The per-key ledger against each key's own limiter: exact while the shard
     /// remembers every refund between, never more permissive past that.
     #[test]

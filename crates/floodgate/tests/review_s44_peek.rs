@@ -180,7 +180,7 @@ fn full_table_case<S: Storage<u64, GcraState>>(ops: &[Op]) -> Result<(), TestCas
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(192))]
 
     /// Mutations seen failing: the table's peek judging a live key at the caller's
     /// instant instead of the one clamped to the shard's latest removal (heap and

@@ -320,10 +320,7 @@ fn check_live(first: Policy, second: Policy, ops: &[Op]) -> Result<(), TestCaseE
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::common::cases(512))]
 
     /// Charges, bookings, reservations with delays, refunds and cancellations in any
     /// order, the clock moving between them: no key's usage ever passes the limit.

@@ -25,7 +25,7 @@ fn case() -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(300))]
 
     #[test]
     fn log_and_model_agree((period, limit, start, ops) in case()) {

@@ -100,7 +100,7 @@ fn case() -> impl Strategy<Value = (u64, u64, u64, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(crate::common::cases(400))]
 
     #[test]
     fn fixed_window_atomic_twin_and_model_agree((period, limit, start, ops) in case()) {

@@ -230,7 +230,7 @@ mod schedules {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(crate::common::cases(2_000))]
 
         #[test]
         fn live_grants_conform_whatever_is_given_back(

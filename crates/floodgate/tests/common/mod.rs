@@ -22,6 +22,17 @@ macro_rules! each_storage {
 
 use proptest::prelude::*;
 
+/// The property tests' config: `default` cases, or `PROPTEST_CASES` where it is set.
+/// proptest reads that variable only for a config left at its defaults, so a count
+/// written in a test would ignore it: CI's ThreadSanitizer run shrinks every
+/// property with it, and a campaign raises them.
+pub fn cases(default: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok());
+    ProptestConfig::with_cases(cases.unwrap_or(default))
+}
+
 /// Replays grants (instant, cost) in time order on a fresh GCRA of `policy`: every one
 /// must be admitted. This is the bound every set of live (not given back) grants of a
 /// shaper or a GCRA limiter must meet, whatever was reserved, cancelled or refunded.
