@@ -168,7 +168,8 @@
 //! 10 ms after each `TRYAGAIN`) the call fails with a retryable
 //! [`RedisLimitError`], answered by the failure policy, and nothing is written on
 //! either node. Under the default [`OnFailure::Open`] such calls are admitted, so a
-//! multi-limit key is unlimited while its slot moves: where that matters, give a
+//! multi-limit key whose keys are split or new goes unlimited until its slot has
+//! moved: where that matters, give a
 //! multi-limit limiter [`OnFailure::Closed`] or [`OnFailure::Error`] (and retry a
 //! retryable error after a short wait), or reshard at a quiet hour. Finish a move
 //! once started rather than abort it: a key left on the importing node when both
@@ -258,7 +259,8 @@
 //!   (64 with the wide log option).
 //! * A refund that gives something back clears the key's entry in the local denial
 //!   cache: the key's next call goes to Redis, which may admit what the refund made
-//!   room for (another replica's cache keeps its entry until its wait has passed).
+//!   room for (another replica's cache, or another limiter's in this process, keeps
+//!   its entry until its wait has passed: the cache is the limiter's own).
 //!   So does a refund whose reply never came (a timeout, a lost connection, or a
 //!   caller that stopped waiting for it, after Redis may have run it): only a reply
 //!   of nothing given back keeps the entry.
