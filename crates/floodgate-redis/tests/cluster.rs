@@ -57,6 +57,20 @@ impl Node {
     fn id(&self) -> String {
         self.cmd(&["CLUSTER", "MYID"])
     }
+
+    /// Flags `slot` as moving from this node to `dst`: IMPORTING there, MIGRATING
+    /// here (the slot in mid-migration until `SETSLOT NODE` or `STABLE`).
+    fn start_moving(&self, slot: &str, dst: &Node) {
+        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &self.id()]);
+        let _: () = self.cmd(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &dst.id()]);
+    }
+}
+
+/// The arguments of a `MIGRATE` of `keys` to the node on loopback port `port`.
+fn migrate_args<'a>(port: &'a str, keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut args = vec!["MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS"];
+    args.extend(keys);
+    args
 }
 
 struct Cluster {
@@ -195,20 +209,25 @@ impl Cluster {
         panic!("no node owns slot {slot}:\n{map}");
     }
 
+    /// Ends a move of `slot` from node `src` to node `dst`: `SETSLOT NODE` on the new
+    /// owner, the old one and every node, as `redis-cli --cluster reshard` does.
+    fn finish_move(&self, slot: &str, src: &Node, dst: &Node) {
+        let dst_id = dst.id();
+        for node in [dst, src].into_iter().chain(&self.nodes) {
+            let _: () = node.cmd(&["CLUSTER", "SETSLOT", slot, "NODE", &dst_id]);
+        }
+    }
+
     /// Starts moving `slot` from node `from` to node `to` (IMPORTING / MIGRATING) and
     /// moves its keys (MIGRATE); the slot stays in mid-migration: the old owner
     /// answers `ASK` for the keys it no longer has. Returns the keys moved.
     fn migrate_keys(&self, slot: i64, from: usize, to: usize) -> Vec<String> {
         let (src, dst) = (&self.nodes[from], &self.nodes[to]);
-        let (src_id, dst_id) = (src.id(), dst.id());
         let slot = slot.to_string();
-        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
-        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+        src.start_moving(&slot, dst);
         let in_slot: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]);
         let port = dst.port.to_string();
-        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-        migrate.extend(in_slot.iter().map(String::as_str));
-        let _: String = src.cmd(&migrate);
+        let _: String = src.cmd(&migrate_args(&port, in_slot.iter().map(String::as_str)));
         in_slot
     }
 
@@ -376,10 +395,7 @@ fn a_three_node_cluster_routes_redirects_and_reloads_scripts() {
     let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
     let in_slot = cluster.migrate_keys(slot, from, to);
     assert!(in_slot.contains(&stored), "{stored} not in slot {slot}");
-    let (slot_s, dst_id) = (slot.to_string(), dst.id());
-    for node in [dst, src].into_iter().chain(&cluster.nodes) {
-        let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
-    }
+    cluster.finish_move(&slot.to_string(), src, dst);
     assert_eq!(cluster.slot_owner(slot), to);
     let moved = src.query::<i64>(&["EXISTS", &stored]);
     assert!(
@@ -589,10 +605,8 @@ impl Cluster {
     ) -> usize {
         use std::sync::atomic::Ordering;
         let (src, dst) = (&self.nodes[from], &self.nodes[to]);
-        let (src_id, dst_id) = (src.id(), dst.id());
         let (slot_s, port) = (slot.to_string(), dst.port.to_string());
-        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
-        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+        src.start_moving(&slot_s, dst);
         migrating.store(true, Ordering::SeqCst);
         let mut moved = 0;
         // Bounded: the keys of a slot are few, and a migrating node creates none
@@ -601,15 +615,13 @@ impl Cluster {
             let keys: Vec<String> = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "1"]);
             let Some(key) = keys.first() else { break };
             std::thread::sleep(pause);
-            let _: String = src.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]);
+            let _: String = src.cmd(&migrate_args(&port, [key.as_str()]));
             moved += 1;
         }
         let left: i64 = src.cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot_s]);
         assert_eq!(left, 0, "slot {slot} still has keys on port {}", src.port);
         std::thread::sleep(pause);
-        for node in [dst, src].into_iter().chain(&self.nodes) {
-            let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
-        }
+        self.finish_move(&slot_s, src, dst);
         migrating.store(false, Ordering::SeqCst);
         moved
     }
@@ -1019,12 +1031,11 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
     let log_before: Vec<String> = src.cmd(&["ZRANGE", &stored[1], "0", "-1", "WITHSCORES"]);
 
     // Mid-migration, the window's key moved, the log's not yet.
-    let (src_id, dst_id, slot_s) = (src.id(), dst.id(), slot.to_string());
-    let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
-    let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+    let slot_s = slot.to_string();
+    src.start_moving(&slot_s, dst);
     let port = dst.port.to_string();
     let migrate = |k: &str| {
-        let _: String = src.cmd(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", k]);
+        let _: String = src.cmd(&migrate_args(&port, [k]));
     };
     migrate(&stored[0]);
     let tryagain_before = error_replies(&cluster)
@@ -1118,9 +1129,7 @@ fn a_multi_limit_call_split_by_a_migration_is_refused_whole() {
     );
 
     // The move ends: decided as before (MOVED), the refund given back once.
-    for node in [dst, src].into_iter().chain(&cluster.nodes) {
-        let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
-    }
+    cluster.finish_move(&slot_s, src, dst);
     let (allowed, left, _) = remaining(charge(&fresh, t0 + 5));
     assert_eq!((allowed, left), (true, 2), "fresh keys after the move");
     let (allowed, left, _) = remaining(charge(&limiter, t0 + 5));
@@ -1409,10 +1418,7 @@ fn server_clock_keys_keep_their_state_ttl_and_receipts_when_their_slot_moves() {
         // The move ends (`MOVED`): the same state, the receipts once more.
         let peeked = Instant::now();
         let waits = peek(3);
-        let (slot_s, dst_id) = (slot.to_string(), dst.id());
-        for node in [dst, src].into_iter().chain(&cluster.nodes) {
-            let _: () = node.cmd(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]);
-        }
+        cluster.finish_move(&slot.to_string(), src, dst);
         decides_as_before(&waits, peeked, "moved");
         assert!(!refund(&first), "{name}: the first charge, after the move");
         assert!(refund(&second), "{name}: the second charge given back");
@@ -1451,9 +1457,7 @@ fn server_clock_keys_keep_their_state_ttl_and_receipts_when_their_slot_moves() {
 /// without owning it) to port `to`, flagged `ASKING` so that `node` serves them.
 fn migrate_back(node: &Node, to: u16, keys: &[&str]) {
     let port = to.to_string();
-    let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-    args.extend(keys);
-    let ok: String = asking(node, &args);
+    let ok: String = asking(node, &migrate_args(&port, keys.iter().copied()));
     assert_eq!(ok, "OK", "MIGRATE {keys:?} back");
 }
 
@@ -1502,7 +1506,7 @@ fn an_aborted_migration_leaves_every_key_one_state() {
         let from = cluster.slot_owner(slot);
         let to = (from + 1) % cluster.nodes.len();
         let (src, dst) = (&cluster.nodes[from], &cluster.nodes[to]);
-        let (src_id, dst_id, slot_s) = (src.id(), dst.id(), slot.to_string());
+        let (src_id, slot_s) = (src.id(), slot.to_string());
         let charge = |i: usize| {
             let (algorithm, limiter) = &limiters[i];
             let (v, receipt) = rt
@@ -1535,13 +1539,10 @@ fn an_aborted_migration_leaves_every_key_one_state() {
             assert_eq!((d.is_allowed(), d.remaining()), (true, 2), "{case} {i}");
             receipts.push(vec![r.expect("a receipt")]);
         }
-        let _: () = dst.cmd(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]);
-        let _: () = src.cmd(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]);
+        src.start_moving(&slot_s, dst);
         let (moved, stayed) = stored.split_at(2);
         let port = dst.port.to_string();
-        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-        migrate.extend(moved.iter().map(String::as_str));
-        let _: String = src.cmd(&migrate);
+        let _: String = src.cmd(&migrate_args(&port, moved.iter().map(String::as_str)));
         // A unit each mid-migration: the moved keys on the importing node (`ASK`).
         for (i, k) in stored.iter().enumerate() {
             let (d, r) = charge(i);
