@@ -169,9 +169,9 @@
 //! [`RedisLimitError`], answered by the failure policy, and nothing is written on
 //! either node. Under the default [`OnFailure::Open`] such calls are admitted, so a
 //! multi-limit key whose keys are split or new goes unlimited until its slot has
-//! moved: where that matters, give a
-//! multi-limit limiter [`OnFailure::Closed`] or [`OnFailure::Error`] (and retry a
-//! retryable error after a short wait), or reshard at a quiet hour. Finish a move
+//! moved: where that matters, give a multi-limit limiter [`OnFailure::Closed`] or
+//! [`OnFailure::Error`] (and retry a retryable error after a short wait), or
+//! reshard at a quiet hour. Finish a move
 //! once started rather than abort it: a key left on the importing node when both
 //! nodes are set `STABLE` is not read (the owner answers for its slot), so its key
 //! decides as a fresh one there — up to a whole limit more — until it is moved back,
